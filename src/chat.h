@@ -1,0 +1,54 @@
+/* chat.h — chat templates applied in C.
+ *
+ * kvbatch does not run Jinja. It recognises the common template families from
+ * the text of `tokenizer.chat_template` and formats messages itself. An
+ * unknown template is an error (the CLI offers --chat-template NAME).
+ *
+ * Ownership: chat_apply returns a kvb_malloc'd NUL-terminated string, caller
+ * frees. chat_detect copies nothing it returns beyond the default system
+ * prompt, which it kvb_mallocs into *out (freed by chat_template_free). */
+#ifndef KVB_CHAT_H
+#define KVB_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "status.h"
+
+enum chat_family {
+    CHAT_CHATML = 0,  /* <|im_start|>role\n…<|im_end|>\n (SmolLM2, Qwen2) */
+    CHAT_LLAMA3,      /* <|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|> */
+    CHAT_LLAMA2,      /* [INST] <<SYS>>…<</SYS>> … [/INST] (Llama 2, Mistral, TinyLlama-chat uses zephyr) */
+    CHAT_ZEPHYR,      /* <|system|>\n…</s>\n<|user|>\n… (TinyLlama-chat) */
+    CHAT_GEMMA,       /* <start_of_turn>user\n…<end_of_turn>\n */
+    CHAT_FAMILY_COUNT_
+};
+
+struct chat_template {
+    enum chat_family family;
+    char *default_system; /* system prompt the template inserts when none is given, or NULL */
+};
+
+struct chat_msg {
+    const char *role;    /* "system", "user", "assistant" */
+    const char *content; /* NUL-terminated */
+};
+
+/* Recognises a family from template text (len bytes, need not be NUL-terminated).
+ * KVB_ERR_UNSUPPORTED with a message when it cannot. */
+enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_template *out,
+                                     struct kvb_err *err);
+/* By name: "chatml", "llama3", "llama2", "mistral" (= llama2), "zephyr", "gemma". */
+enum kvb_status chat_template_from_name(const char *name, struct chat_template *out,
+                                        struct kvb_err *err);
+void chat_template_free(struct chat_template *t); /* frees default_system; accepts NULL */
+const char *chat_family_name(enum chat_family f);
+
+/* Formats msgs and, when add_generation_prompt, the opening of the
+ * assistant's turn. The result contains special-token text (e.g.
+ * "<|im_start|>") to be tokenized with TOK_PARSE_SPECIAL. BOS is not
+ * included: the caller adds it by the tokenizer's rule. */
+enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                           bool add_generation_prompt, char **out, struct kvb_err *err);
+
+#endif

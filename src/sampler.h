@@ -1,0 +1,52 @@
+/* sampler.h — next-token selection with per-request seeded randomness.
+ *
+ * Pipeline (in this order, as llama.cpp/vLLM apply them): repetition,
+ * presence and frequency penalties over the tokens seen so far → temperature
+ * → top-k → top-p → min-p → draw. temperature == 0 is greedy argmax (ties go to
+ * the lowest id) and ignores the truncation settings.
+ *
+ * Determinism: the RNG is a private xoshiro-style generator seeded from
+ * params.seed only, so the same seed, logits and history give the same token
+ * on every machine and whatever else runs in the batch.
+ *
+ * Ownership: struct sampler owns its history and scratch; logits passed in
+ * are modified in place (penalties, scaling) and not retained. */
+#ifndef KVB_SAMPLER_H
+#define KVB_SAMPLER_H
+
+#include <stdint.h>
+
+#include "status.h"
+
+struct sampler_params {
+    float temperature;        /* 0 = greedy; default 1 */
+    int32_t top_k;            /* <= 0: disabled */
+    float top_p;              /* in (0, 1]; 1 = disabled */
+    float min_p;              /* in [0, 1); 0 = disabled */
+    float repetition_penalty; /* 1 = disabled; >1 discourages repeats (CTRL style) */
+    float presence_penalty;   /* OpenAI semantics, 0 = disabled */
+    float frequency_penalty;  /* OpenAI semantics, 0 = disabled */
+    uint64_t seed;
+};
+
+void sampler_params_default(struct sampler_params *p);
+
+struct sampler;
+
+enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, struct sampler **out);
+void sampler_free(struct sampler *s); /* accepts NULL */
+/* Resets history and RNG to the state right after create. */
+void sampler_reset(struct sampler *s);
+
+/* Records a token as seen for the penalties (prompt tokens count for the
+ * repetition penalty only if the caller accepts them). */
+void sampler_accept(struct sampler *s, int32_t token);
+
+/* Picks the next token from logits[n_vocab] (modified in place). Does not
+ * accept it: call sampler_accept with the result. */
+enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_token);
+
+/* log-softmax of raw logits at `token` (for OpenAI-style logprobs). */
+float sampler_logprob(const float *logits, int32_t n_vocab, int32_t token);
+
+#endif
