@@ -43,7 +43,15 @@ enum kvb_status kvb_err_wrap(struct kvb_err *err, enum kvb_status st, const char
         va_end(ap);
         memcpy(old, err->msg, sizeof old);
         old[sizeof old - 1] = '\0';
-        snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+        /* Truncation is acceptable: the message stays readable. */
+        size_t np = strlen(prefix);
+        if (np > sizeof err->msg - 3) np = sizeof err->msg - 3;
+        memcpy(err->msg, prefix, np);
+        memcpy(err->msg + np, ": ", 2);
+        size_t room = sizeof err->msg - np - 3, no = strlen(old);
+        if (no > room) no = room;
+        memcpy(err->msg + np + 2, old, no);
+        err->msg[np + 2 + no] = '\0';
     }
     return st;
 }
