@@ -2,10 +2,55 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
+#include "cli_util.h"
+
+struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+};
+
+static const struct command commands[] = {
+    {"generate", cli_generate, "complete one prompt (streamed to stdout)"},
+    {"tokenize", cli_tokenize, "print the token ids of a text"},
+    {"logits", cli_logits, "write the raw logits of a prompt (for checking against a reference)"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "kvbatch — offline batch runner for large language models\n"
+        "\n"
+        "usage: kvbatch COMMAND [options]     (kvbatch COMMAND --help for its options)\n"
+        "\n"
+        "commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f,
+        "\n"
+        "The default model is models/SmolLM2-135M-Instruct.Q4_1.gguf (scripts/fetch-model.sh\n"
+        "downloads it) or $KVBATCH_MODEL.\n"
+        "Exit status: 0 success, 1 the work could not be done, 2 bad command line.\n");
+}
+
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "kvbatch: under construction\n");
-    return 2;
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return CLI_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kvbatch 0.1.0\n");
+        return CLI_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "kvbatch: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return CLI_EXIT_USAGE;
 }

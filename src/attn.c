@@ -1,0 +1,65 @@
+/* attn.c — plain C attention and layer ops (see attn.h). Written as simple
+ * loops over contiguous floats so the compiler can vectorise them; the order
+ * of each reduction is fixed (index order). */
+#include "attn.h"
+
+#include <math.h>
+
+void attn_rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps)
+{
+    float ss = 0.0f;
+    for (int32_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int32_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, enum rope_kind kind,
+               int32_t pos, const float *inv_freq)
+{
+    const int32_t half = rope_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        const float theta = (float)pos * inv_freq[i];
+        const float c = cosf(theta), s = sinf(theta);
+        for (int32_t h = 0; h < n_heads; h++) {
+            float *v = x + (int64_t)h * head_dim;
+            int32_t a = kind == ROPE_NORM ? 2 * i : i;
+            int32_t b = kind == ROPE_NORM ? 2 * i + 1 : i + half;
+            const float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+void attn_swiglu(float *g, const float *u, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos,
+               float scale, float *scores)
+{
+    float maxs = -INFINITY;
+    for (int32_t p = 0; p < n_pos; p++) {
+        const float *k = kv->k_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
+                         (int64_t)(p % kv->block_size) * kv->row_stride;
+        float d = 0.0f;
+        for (int32_t i = 0; i < head_dim; i++) d += q[i] * k[i];
+        d *= scale;
+        scores[p] = d;
+        if (d > maxs) maxs = d;
+    }
+    float sum = 0.0f;
+    for (int32_t p = 0; p < n_pos; p++) {
+        scores[p] = expf(scores[p] - maxs);
+        sum += scores[p];
+    }
+    const float inv = 1.0f / sum;
+    for (int32_t i = 0; i < head_dim; i++) out[i] = 0.0f;
+    for (int32_t p = 0; p < n_pos; p++) {
+        const float *v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
+                         (int64_t)(p % kv->block_size) * kv->row_stride;
+        const float w = scores[p] * inv;
+        for (int32_t i = 0; i < head_dim; i++) out[i] += w * v[i];
+    }
+}

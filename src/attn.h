@@ -1,0 +1,40 @@
+/* attn.h — CPU attention over paged KV, and the small per-token ops of a
+ * transformer layer (RMSNorm, RoPE, SwiGLU).
+ *
+ * Every output element is computed by a fixed sequence of float operations
+ * that depends only on that token's inputs (never on the batch it came in),
+ * which the engine's determinism guarantee rests on. */
+#ifndef KVB_ATTN_H
+#define KVB_ATTN_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; out may alias x. */
+void attn_rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps);
+
+/* Rotates n_heads heads of head_dim floats at position pos (first rope_dim
+ * dims of each head). inv_freq has rope_dim/2 entries. */
+void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, enum rope_kind kind,
+               int32_t pos, const float *inv_freq);
+
+/* g[i] = silu(g[i]) * u[i]. */
+void attn_swiglu(float *g, const float *u, int64_t n);
+
+/* One query head over positions [0, n_pos) of one sequence:
+ * out = softmax(q·K^T * scale) V. K/V rows are found through the block
+ * table: position p lives in block table[p / block_size], slot p % block_size,
+ * at k_base + block * block_stride + slot * row_stride (same for v_base).
+ * scores is scratch of n_pos floats. */
+struct attn_kv_view {
+    const float *k_base, *v_base; /* pool base already offset to this layer and kv head */
+    int64_t block_stride;         /* floats between consecutive blocks */
+    int64_t row_stride;           /* floats between consecutive slots */
+    int32_t block_size;
+    const int32_t *table;
+};
+void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos,
+               float scale, float *scores);
+
+#endif

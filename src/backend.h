@@ -1,0 +1,72 @@
+/* backend.h — the seam between the engine and the hardware that runs the model.
+ *
+ * A backend owns the KV block storage (host memory for the CPU, device memory
+ * for CUDA) and runs one forward pass over a packed batch: any mix of prefill
+ * chunks and single decode tokens from different sequences. Block *ids* and
+ * their refcounts are managed above the backend (kv.h); the backend only
+ * stores K/V at (block id, slot) and reads them back through each sequence's
+ * block table.
+ *
+ * Everything above this header is backend-agnostic. A backend is created by
+ * its own constructor (be_cpu_create, …) and freed through its vtable. */
+#ifndef KVB_BACKEND_H
+#define KVB_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "quant.h"
+#include "status.h"
+
+struct model;
+
+/* One sequence's part of a step. */
+struct be_seq {
+    const int32_t *tokens;      /* (n_tokens) new tokens, at positions pos..pos+n_tokens-1 */
+    int32_t n_tokens;
+    int32_t pos;                /* tokens of this sequence already in the KV cache */
+    const int32_t *block_table; /* KV block ids covering positions [0, pos + n_tokens) */
+    int32_t n_blocks;
+    enum { BE_LOGITS_NONE = 0, BE_LOGITS_LAST, BE_LOGITS_ALL } logits;
+};
+
+struct be_batch {
+    const struct be_seq *seqs;
+    int32_t n_seqs;
+};
+
+struct backend {
+    const char *name;      /* "cpu", "cuda" */
+    int32_t block_size;    /* tokens per KV block */
+    int32_t n_blocks;      /* blocks in the pool */
+    int64_t block_bytes;   /* bytes of K+V of one block, all layers */
+    void *impl;
+
+    /* Runs the batch. Writes logits rows (n_vocab floats each) into `logits`
+     * in sequence order: one row for BE_LOGITS_LAST, n_tokens rows for
+     * BE_LOGITS_ALL, none for BE_LOGITS_NONE. */
+    enum kvb_status (*forward)(struct backend *be, const struct be_batch *batch, float *logits,
+                               struct kvb_err *err);
+    void (*free)(struct backend *be);
+};
+
+struct be_cpu_opts {
+    int n_threads;        /* <= 0: one per CPU */
+    int32_t block_size;   /* tokens per KV block, > 0 */
+    int32_t n_blocks;     /* KV pool size in blocks, > 0 */
+    enum mm_impl impl;    /* MM_IMPL_AUTO unless forcing the scalar reference */
+};
+
+/* The model must outlive the backend. */
+enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *opts, struct backend **out,
+                              struct kvb_err *err);
+/* Name of the matmul implementation in use ("avx2", "scalar", …). */
+const char *be_cpu_impl_name(const struct backend *be);
+int be_cpu_threads(const struct backend *be);
+
+static inline void be_free(struct backend *be)
+{
+    if (be) be->free(be);
+}
+
+#endif

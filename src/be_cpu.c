@@ -1,0 +1,291 @@
+/* be_cpu.c — the CPU backend: one forward pass over a packed batch, every
+ * weight matrix applied to all of the step's tokens at once (so each weight
+ * is read once per step), attention read through per-sequence block tables.
+ *
+ * KV pool layout, per block: [layer][K | V][slot][n_head_kv * head_dim] f32.
+ * Keeping a block's K and V for all layers together makes one block one
+ * contiguous span, which is what the persistent cache copies in and out. */
+#include "backend.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "attn.h"
+#include "model.h"
+#include "tpool.h"
+
+struct cpu_be {
+    struct backend be;
+    const struct model *m;
+    struct tpool *pool;
+    struct mm_ctx *mm;
+    float *kv;             /* (n_blocks, block floats) */
+    int64_t block_floats;  /* n_layer * 2 * block_size * kv_dim */
+    int64_t kv_dim;        /* n_head_kv * head_dim */
+    float *inv_freq;       /* (rope_dim / 2) */
+
+    /* Per-step scratch, grown to the largest step seen. */
+    int64_t cap_tok;
+    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up;
+    int32_t *tok_pos, *tok_seq;
+    int64_t cap_out;
+    float *out_rows;       /* normalised rows whose logits are wanted */
+    int64_t cap_scores;    /* per thread */
+    float *scores;         /* (n_threads, cap_scores) */
+};
+
+static void cpu_free(struct backend *be)
+{
+    struct cpu_be *c = (struct cpu_be *)be;
+    if (!c) return;
+    mm_ctx_free(c->mm);
+    tpool_free(c->pool);
+    kvb_free(c->kv);
+    kvb_free(c->inv_freq);
+    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->att, c->tmp, c->gate, c->up, c->out_rows, c->scores};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvb_free(bufs[i]);
+    kvb_free(c->tok_pos);
+    kvb_free(c->tok_seq);
+    kvb_free(c);
+}
+
+static enum kvb_status grow(float **p, int64_t n)
+{
+    float *np = kvb_aligned_alloc(64, sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!np) return KVB_ERR_NOMEM;
+    kvb_free(*p);
+    *p = np;
+    return KVB_OK;
+}
+
+static enum kvb_status ensure_tokens(struct cpu_be *c, int64_t n_tok)
+{
+    if (n_tok <= c->cap_tok) return KVB_OK;
+    const struct model_hparams *hp = &c->m->hp;
+    const int64_t e = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
+    KVB_FORWARD_IF_ERROR(grow(&c->x, n_tok * e));
+    KVB_FORWARD_IF_ERROR(grow(&c->xn, n_tok * e));
+    KVB_FORWARD_IF_ERROR(grow(&c->q, n_tok * qd));
+    KVB_FORWARD_IF_ERROR(grow(&c->k, n_tok * c->kv_dim));
+    KVB_FORWARD_IF_ERROR(grow(&c->v, n_tok * c->kv_dim));
+    KVB_FORWARD_IF_ERROR(grow(&c->att, n_tok * qd));
+    KVB_FORWARD_IF_ERROR(grow(&c->tmp, n_tok * (e > qd ? e : qd)));
+    KVB_FORWARD_IF_ERROR(grow(&c->gate, n_tok * hp->n_ff));
+    KVB_FORWARD_IF_ERROR(grow(&c->up, n_tok * hp->n_ff));
+    int32_t *pp = kvb_realloc(c->tok_pos, sizeof(int32_t) * (size_t)n_tok);
+    if (!pp) return KVB_ERR_NOMEM;
+    c->tok_pos = pp;
+    int32_t *ps = kvb_realloc(c->tok_seq, sizeof(int32_t) * (size_t)n_tok);
+    if (!ps) return KVB_ERR_NOMEM;
+    c->tok_seq = ps;
+    c->cap_tok = n_tok;
+    return KVB_OK;
+}
+
+/* ---- attention, parallel over (token, head) ---------------------------------- */
+
+struct attn_job {
+    struct cpu_be *c;
+    const struct be_batch *batch;
+    int layer;
+    int64_t n_tok;
+};
+
+static void attn_worker(void *arg, int ith, int nth)
+{
+    struct attn_job *j = arg;
+    struct cpu_be *c = j->c;
+    const struct model_hparams *hp = &c->m->hp;
+    const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const int64_t n_items = j->n_tok * hp->n_head;
+    const int64_t lo = n_items * ith / nth, hi = n_items * (ith + 1) / nth;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = c->scores + (int64_t)ith * c->cap_scores;
+    const int64_t bs = c->be.block_size;
+    for (int64_t it = lo; it < hi; it++) {
+        const int64_t t = it / hp->n_head;
+        const int32_t h = (int32_t)(it % hp->n_head), g = h / group;
+        const struct be_seq *s = &j->batch->seqs[c->tok_seq[t]];
+        struct attn_kv_view view = {
+            .k_base = c->kv + (int64_t)j->layer * 2 * bs * c->kv_dim + (int64_t)g * hd,
+            .v_base = c->kv + ((int64_t)j->layer * 2 + 1) * bs * c->kv_dim + (int64_t)g * hd,
+            .block_stride = c->block_floats,
+            .row_stride = c->kv_dim,
+            .block_size = (int32_t)bs,
+            .table = s->block_table,
+        };
+        attn_head(c->att + t * hp->n_head * hd + (int64_t)h * hd, c->q + t * hp->n_head * hd + (int64_t)h * hd, hd,
+                  &view, c->tok_pos[t] + 1, scale, scores);
+    }
+}
+
+/* ---- forward ------------------------------------------------------------------ */
+
+static enum kvb_status check_batch(const struct cpu_be *c, const struct be_batch *b, int64_t *n_tok,
+                                   int64_t *n_out, int32_t *max_pos, struct kvb_err *err)
+{
+    *n_tok = 0;
+    *n_out = 0;
+    *max_pos = 0;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        const struct be_seq *s = &b->seqs[i];
+        if (s->n_tokens <= 0 || s->pos < 0)
+            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: %d tokens at position %d", i, s->n_tokens, s->pos);
+        int64_t end = (int64_t)s->pos + s->n_tokens;
+        if ((end + c->be.block_size - 1) / c->be.block_size > s->n_blocks)
+            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: %d blocks cannot hold %lld positions", i,
+                            s->n_blocks, (long long)end);
+        for (int32_t bi = 0; bi < s->n_blocks; bi++)
+            if (s->block_table[bi] < 0 || s->block_table[bi] >= c->be.n_blocks)
+                return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: block id %d out of range", i,
+                                s->block_table[bi]);
+        for (int32_t t = 0; t < s->n_tokens; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= c->m->hp.n_vocab)
+                return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: token id %d out of range", i, s->tokens[t]);
+        *n_tok += s->n_tokens;
+        *n_out += s->logits == BE_LOGITS_ALL ? s->n_tokens : s->logits == BE_LOGITS_LAST ? 1 : 0;
+        if (end > *max_pos) *max_pos = (int32_t)end;
+    }
+    return KVB_OK;
+}
+
+static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *batch, float *logits,
+                                   struct kvb_err *err)
+{
+    struct cpu_be *c = (struct cpu_be *)be;
+    const struct model *m = c->m;
+    const struct model_hparams *hp = &m->hp;
+    const int64_t e = hp->n_embd, hd = hp->head_dim, qd = (int64_t)hp->n_head * hd, kvd = c->kv_dim;
+    const int64_t bs = be->block_size;
+    int64_t n_tok, n_out;
+    int32_t max_pos;
+    KVB_FORWARD_IF_ERROR(check_batch(c, batch, &n_tok, &n_out, &max_pos, err));
+    if (n_tok == 0) return KVB_OK;
+    if (ensure_tokens(c, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for a %lld-token step", (long long)n_tok);
+    if (max_pos > c->cap_scores) {
+        if (grow(&c->scores, (int64_t)max_pos * tpool_size(c->pool)) != KVB_OK)
+            return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for attention scores");
+        c->cap_scores = max_pos;
+    }
+    if (n_out > c->cap_out) {
+        if (grow(&c->out_rows, n_out * e) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+        c->cap_out = n_out;
+    }
+
+    /* Embeddings and per-token bookkeeping. */
+    int64_t t = 0;
+    for (int32_t i = 0; i < batch->n_seqs; i++) {
+        const struct be_seq *s = &batch->seqs[i];
+        for (int32_t j = 0; j < s->n_tokens; j++, t++) {
+            c->tok_pos[t] = s->pos + j;
+            c->tok_seq[t] = i;
+            KVB_FORWARD_IF_ERROR(model_embed(m, s->tokens[j], c->x + t * e));
+        }
+    }
+
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        for (t = 0; t < n_tok; t++) attn_rmsnorm(c->xn + t * e, c->x + t * e, L->attn_norm, (int32_t)e, hp->rms_eps);
+        KVB_FORWARD_IF_ERROR(mm_set_input(c->mm, c->xn, e, n_tok));
+        KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &L->wq, c->q));
+        KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &L->wk, c->k));
+        KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &L->wv, c->v));
+        for (t = 0; t < n_tok; t++) {
+            float *qt = c->q + t * qd, *kt = c->k + t * kvd, *vt = c->v + t * kvd;
+            if (L->bq) {
+                for (int64_t i = 0; i < qd; i++) qt[i] += L->bq[i];
+                for (int64_t i = 0; i < kvd; i++) kt[i] += L->bk[i];
+                for (int64_t i = 0; i < kvd; i++) vt[i] += L->bv[i];
+            }
+            if (L->q_norm) {
+                for (int32_t h = 0; h < hp->n_head; h++) attn_rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int32_t)hd, hp->rms_eps);
+                for (int32_t h = 0; h < hp->n_head_kv; h++) attn_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int32_t)hd, hp->rms_eps);
+            }
+            attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq);
+            attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq);
+            /* Store this token's K and V in its KV slot before attention, so
+             * tokens of the same step see each other causally. */
+            const struct be_seq *s = &batch->seqs[c->tok_seq[t]];
+            const int32_t p = c->tok_pos[t];
+            float *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_floats;
+            memcpy(blk + ((int64_t)l * 2 * bs + p % bs) * kvd, kt, sizeof(float) * (size_t)kvd);
+            memcpy(blk + (((int64_t)l * 2 + 1) * bs + p % bs) * kvd, vt, sizeof(float) * (size_t)kvd);
+        }
+        struct attn_job job = {c, batch, l, n_tok};
+        tpool_run(c->pool, attn_worker, &job);
+        KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &L->wo, c->att, n_tok, c->tmp));
+        for (int64_t i = 0; i < n_tok * e; i++) c->x[i] += c->tmp[i];
+
+        for (t = 0; t < n_tok; t++) attn_rmsnorm(c->xn + t * e, c->x + t * e, L->ffn_norm, (int32_t)e, hp->rms_eps);
+        KVB_FORWARD_IF_ERROR(mm_set_input(c->mm, c->xn, e, n_tok));
+        KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &L->w_gate, c->gate));
+        KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &L->w_up, c->up));
+        attn_swiglu(c->gate, c->up, n_tok * hp->n_ff);
+        KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &L->w_down, c->gate, n_tok, c->tmp));
+        for (int64_t i = 0; i < n_tok * e; i++) c->x[i] += c->tmp[i];
+    }
+
+    /* Final norm and output head, only for the rows whose logits are wanted. */
+    int64_t r = 0;
+    t = 0;
+    for (int32_t i = 0; i < batch->n_seqs; i++) {
+        const struct be_seq *s = &batch->seqs[i];
+        for (int32_t j = 0; j < s->n_tokens; j++, t++) {
+            bool want = s->logits == BE_LOGITS_ALL || (s->logits == BE_LOGITS_LAST && j == s->n_tokens - 1);
+            if (want) attn_rmsnorm(c->out_rows + (r++) * e, c->x + t * e, m->output_norm, (int32_t)e, hp->rms_eps);
+        }
+    }
+    if (n_out > 0) KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &m->output, c->out_rows, n_out, logits));
+    return KVB_OK;
+}
+
+enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *opts, struct backend **out,
+                              struct kvb_err *err)
+{
+    if (opts->block_size <= 0 || opts->n_blocks <= 0)
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "block size %d and block count %d must be positive",
+                        opts->block_size, opts->n_blocks);
+    struct cpu_be *c = kvb_calloc(1, sizeof *c);
+    if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    const struct model_hparams *hp = &m->hp;
+    c->m = m;
+    c->be.name = "cpu";
+    c->be.impl = c;
+    c->be.forward = cpu_forward;
+    c->be.free = cpu_free;
+    c->be.block_size = opts->block_size;
+    c->be.n_blocks = opts->n_blocks;
+    c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    c->block_floats = (int64_t)hp->n_layer * 2 * opts->block_size * c->kv_dim;
+    c->be.block_bytes = c->block_floats * (int64_t)sizeof(float);
+    enum kvb_status st = tpool_create(opts->n_threads, &c->pool);
+    if (st != KVB_OK) {
+        cpu_free(&c->be);
+        return kvb_errf(err, st, "cannot start %d threads", opts->n_threads);
+    }
+    st = mm_ctx_create(c->pool, opts->impl, &c->mm, err);
+    if (st != KVB_OK) {
+        cpu_free(&c->be);
+        return st;
+    }
+    size_t kv_bytes = (size_t)c->be.block_bytes * (size_t)opts->n_blocks;
+    c->kv = kvb_aligned_alloc(64, kv_bytes);
+    c->inv_freq = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));
+    if (!c->kv || !c->inv_freq) {
+        cpu_free(&c->be);
+        return kvb_errf(err, KVB_ERR_NOMEM, "cannot allocate %zu MiB of KV cache (lower --kv-mem or the context)",
+                        kv_bytes >> 20);
+    }
+    for (int32_t i = 0; i < hp->rope_dim / 2; i++)
+        c->inv_freq[i] = (float)pow((double)hp->rope_base, -2.0 * i / (double)hp->rope_dim);
+    *out = &c->be;
+    return KVB_OK;
+}
+
+const char *be_cpu_impl_name(const struct backend *be)
+{
+    return mm_ctx_impl_name(((const struct cpu_be *)be)->mm);
+}
+
+int be_cpu_threads(const struct backend *be) { return tpool_size(((const struct cpu_be *)be)->pool); }

@@ -1,0 +1,77 @@
+/* model.h — a llama-family model's hyperparameters and weights, read from a
+ * GGUF file.
+ *
+ * Weights are not copied: struct mm_weight points into the GGUF mapping,
+ * which struct model keeps open (owns) until model_free. The few small vectors
+ * the forward pass wants as f32 (norm weights, biases) are converted into
+ * buffers the model owns when the file stores them in another type.
+ *
+ * Architectures: "llama" (Llama 2/3, SmolLM2, TinyLlama, Mistral), "qwen2"
+ * (QKV bias, NeoX RoPE), "qwen3" (QK norm, NeoX RoPE). Anything else is
+ * KVB_ERR_UNSUPPORTED naming the architecture. Every tensor keeps its own type
+ * (files named for one quantization mix several); a type kvbatch cannot
+ * compute with is refused naming the tensor. */
+#ifndef KVB_MODEL_H
+#define KVB_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf.h"
+#include "quant.h"
+#include "status.h"
+
+enum model_arch { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 };
+
+enum rope_kind {
+    ROPE_NORM = 0, /* rotate pairs (x[2i], x[2i+1]): llama as GGUF stores it */
+    ROPE_NEOX      /* rotate pairs (x[i], x[i + d/2]): qwen2/qwen3 */
+};
+
+struct model_hparams {
+    int32_t n_vocab;
+    int32_t n_ctx_train; /* context length the model was trained for */
+    int32_t n_embd;      /* hidden size */
+    int32_t n_ff;        /* feed-forward inner size */
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;    /* n_embd / n_head unless the file says otherwise */
+    int32_t rope_dim;    /* dimensions rotated per head (<= head_dim) */
+    float rope_base;
+    float rms_eps;
+    enum rope_kind rope;
+};
+
+struct model_layer {
+    const float *attn_norm;           /* (n_embd) */
+    struct mm_weight wq, wk, wv, wo;  /* (n_head*hd, n_embd) (n_head_kv*hd, n_embd) x2, (n_embd, n_head*hd) */
+    const float *bq, *bk, *bv;        /* qwen2 biases or NULL */
+    const float *q_norm, *k_norm;     /* qwen3 per-head RMSNorm (head_dim) or NULL */
+    const float *ffn_norm;            /* (n_embd) */
+    struct mm_weight w_gate, w_up;    /* (n_ff, n_embd) */
+    struct mm_weight w_down;          /* (n_embd, n_ff) */
+};
+
+struct model {
+    enum model_arch arch;
+    struct model_hparams hp;
+    struct gguf_file *gguf;      /* owned */
+    struct mm_weight tok_embd;   /* (n_vocab, n_embd): one row per token */
+    const float *output_norm;    /* (n_embd) */
+    struct mm_weight output;     /* (n_vocab, n_embd); == tok_embd when tied */
+    bool tied_output;
+    struct model_layer *layers;  /* (n_layer), owned */
+    uint64_t weight_bytes;       /* bytes of all tensors, for reports */
+    char name[128];              /* general.name or the file's base name */
+    void **owned;                /* f32 conversions owned by the model */
+    int n_owned;
+};
+
+enum kvb_status model_load(const char *path, struct model **out, struct kvb_err *err);
+void model_free(struct model *m); /* accepts NULL */
+
+/* Dequantizes the embedding row of `token` into out (n_embd floats). */
+enum kvb_status model_embed(const struct model *m, int32_t token, float *out);
+
+#endif
