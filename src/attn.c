@@ -63,3 +63,13 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
         for (int32_t i = 0; i < head_dim; i++) out[i] += w * v[i];
     }
 }
+
+bool attn_have_avx2(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}

@@ -7,6 +7,7 @@
 #ifndef KVB_ATTN_H
 #define KVB_ATTN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "model.h"
@@ -36,5 +37,13 @@ struct attn_kv_view {
 };
 void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos,
                float scale, float *scores);
+
+/* AVX2+FMA versions (attn_avx2.c): same contracts, except that `scores`
+ * must have room for n_pos rounded up to a multiple of 8. Call only when
+ * attn_have_avx2(). */
+void attn_head_avx2(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos,
+                    float scale, float *scores);
+void attn_swiglu_avx2(float *g, const float *u, int64_t n);
+bool attn_have_avx2(void);
 
 #endif

@@ -24,6 +24,7 @@ struct cpu_be {
     int64_t block_floats;  /* n_layer * 2 * block_size * kv_dim */
     int64_t kv_dim;        /* n_head_kv * head_dim */
     float *inv_freq;       /* (rope_dim / 2) */
+    bool simd;             /* AVX2 attention/activation kernels (else the scalar reference) */
 
     /* Per-step scratch, grown to the largest step seen. */
     int64_t cap_tok;
@@ -115,8 +116,10 @@ static void attn_worker(void *arg, int ith, int nth)
             .block_size = (int32_t)bs,
             .table = s->block_table,
         };
-        attn_head(c->att + t * hp->n_head * hd + (int64_t)h * hd, c->q + t * hp->n_head * hd + (int64_t)h * hd, hd,
-                  &view, c->tok_pos[t] + 1, scale, scores);
+        float *o = c->att + t * hp->n_head * hd + (int64_t)h * hd;
+        const float *qh = c->q + t * hp->n_head * hd + (int64_t)h * hd;
+        if (c->simd) attn_head_avx2(o, qh, hd, &view, c->tok_pos[t] + 1, scale, scores);
+        else attn_head(o, qh, hd, &view, c->tok_pos[t] + 1, scale, scores);
     }
 }
 
@@ -163,10 +166,10 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     KVB_FORWARD_IF_ERROR(check_batch(c, batch, &n_tok, &n_out, &max_pos, err));
     if (n_tok == 0) return KVB_OK;
     if (ensure_tokens(c, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for a %lld-token step", (long long)n_tok);
-    if (max_pos > c->cap_scores) {
-        if (grow(&c->scores, (int64_t)max_pos * tpool_size(c->pool)) != KVB_OK)
+    if (max_pos + 8 > c->cap_scores) { /* +8: the SIMD path pads to whole vectors */
+        if (grow(&c->scores, ((int64_t)max_pos + 8) * tpool_size(c->pool)) != KVB_OK)
             return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for attention scores");
-        c->cap_scores = max_pos;
+        c->cap_scores = max_pos + 8;
     }
     if (n_out > c->cap_out) {
         if (grow(&c->out_rows, n_out * e) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
@@ -221,7 +224,8 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         KVB_FORWARD_IF_ERROR(mm_set_input(c->mm, c->xn, e, n_tok));
         KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &L->w_gate, c->gate));
         KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &L->w_up, c->up));
-        attn_swiglu(c->gate, c->up, n_tok * hp->n_ff);
+        if (c->simd) attn_swiglu_avx2(c->gate, c->up, n_tok * hp->n_ff);
+        else attn_swiglu(c->gate, c->up, n_tok * hp->n_ff);
         KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &L->w_down, c->gate, n_tok, c->tmp));
         for (int64_t i = 0; i < n_tok * e; i++) c->x[i] += c->tmp[i];
     }
@@ -257,6 +261,7 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     c->be.block_size = opts->block_size;
     c->be.n_blocks = opts->n_blocks;
     c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    c->simd = opts->impl != MM_IMPL_SCALAR && attn_have_avx2();
     c->block_floats = (int64_t)hp->n_layer * 2 * opts->block_size * c->kv_dim;
     c->be.block_bytes = c->block_floats * (int64_t)sizeof(float);
     enum kvb_status st = tpool_create(opts->n_threads, &c->pool);

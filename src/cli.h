@@ -7,5 +7,6 @@
 int cli_generate(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_logits(int argc, char **argv);
+int cli_report(int argc, char **argv);
 
 #endif

@@ -47,7 +47,8 @@ struct mm_weight {
 enum mm_impl {
     MM_IMPL_AUTO = 0, /* best the CPU supports, chosen at run time */
     MM_IMPL_SCALAR,   /* plain C reference path */
-    MM_IMPL_AVX2      /* AVX2+FMA (+F16C); refused when the CPU lacks it */
+    MM_IMPL_AVX2,     /* AVX2+FMA (+F16C); refused when the CPU lacks it */
+    MM_IMPL_AVX512    /* AVX-512 F/BW/VL + VNNI; refused when the CPU lacks it */
 };
 
 struct mm_ctx;
@@ -55,7 +56,7 @@ struct mm_ctx;
 enum kvb_status mm_ctx_create(struct tpool *pool, enum mm_impl impl, struct mm_ctx **out,
                               struct kvb_err *err);
 void mm_ctx_free(struct mm_ctx *ctx); /* accepts NULL */
-/* "scalar" or "avx2" (what AUTO resolved to). */
+/* "scalar", "avx2" or "avx512" (what AUTO resolved to). */
 const char *mm_ctx_impl_name(const struct mm_ctx *ctx);
 
 /* Two-step form so several weights with the same n_in share one quantized
@@ -68,5 +69,14 @@ enum kvb_status mm_apply(struct mm_ctx *ctx, const struct mm_weight *w, float *y
 /* Both steps at once. */
 enum kvb_status mm_matmul(struct mm_ctx *ctx, const struct mm_weight *w, const float *x,
                           int64_t n_tok, float *y);
+
+/* mm_apply() for n weights that share the input set by mm_set_input() (Q, K
+ * and V; gate and up), in one parallel run instead of n: y[i] gets n_tok rows
+ * of w[i]->n_out floats. Results are bit-identical to n mm_apply() calls. */
+enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w, float *const *y,
+                           int n);
+
+/* Whether this CPU can run `impl` (AUTO and SCALAR: always). */
+bool mm_impl_available(enum mm_impl impl);
 
 #endif

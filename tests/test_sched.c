@@ -11,7 +11,7 @@
 #include "alloc.h"
 #include "backend.h"
 #include "model.h"
-#include "sched.h"
+#include "scheduler.h"
 #include "testutil.h"
 #include "tok.h"
 

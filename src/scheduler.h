@@ -1,4 +1,4 @@
-/* sched.h — the batch engine's scheduler: continuous batching of many
+/* scheduler.h — the batch engine's scheduler: continuous batching of many
  * sequences over one backend, with paged KV blocks shared through the radix
  * prefix tree.
  *

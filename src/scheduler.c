@@ -1,8 +1,8 @@
-/* sched.c — continuous batching over paged KV with radix prefix sharing
- * (see sched.h for the policy). One struct seq per request; `waiting` and
+/* scheduler.c — continuous batching over paged KV with radix prefix sharing
+ * (see scheduler.h for the policy). One struct seq per request; `waiting` and
  * `running` are small arrays of pointers (bounded by the caller's look-ahead
  * window and max_batch), so linear scans are cheaper than anything clever. */
-#include "sched.h"
+#include "scheduler.h"
 
 #include <string.h>
 #include <time.h>
