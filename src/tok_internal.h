@@ -1,0 +1,93 @@
+/* tok_internal.h — what the tokenizer's files share: the layout of struct
+ * tok, token attributes, and the per-fragment encoders. Not a public header:
+ * only tok*.c include it; everyone else uses tok.h.
+ *
+ * The tokenizer is split by job: tok_load.c reads the vocabulary, tok.c
+ * drives an encode (special-token partition, BOS/EOS), tok_pre.c splits text
+ * into words the way each pre-tokenizer's regex would, tok_bpe.c does
+ * byte-level BPE, tok_spm.c SentencePiece BPE, tok_decode.c turns ids back
+ * into bytes; tok_map.c and tok_heap.c are their hash map and merge queue. */
+#ifndef KVB_TOK_INTERNAL_H
+#define KVB_TOK_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+#include "tok.h"
+#include "tok_map.h"
+
+/* Token attributes, a bit set as in the reference (a token can gain CONTROL
+ * on top of its stored type, e.g. an end-of-turn token stored as normal). */
+enum tok_attr {
+    TOK_ATTR_UNDEFINED = 0,
+    TOK_ATTR_UNKNOWN = 1u << 0,
+    TOK_ATTR_UNUSED = 1u << 1,
+    TOK_ATTR_NORMAL = 1u << 2,
+    TOK_ATTR_CONTROL = 1u << 3,
+    TOK_ATTR_USER_DEFINED = 1u << 4,
+    TOK_ATTR_BYTE = 1u << 5,
+    TOK_ATTR_LSTRIP = 1u << 7, /* special-token match eats white space before it */
+    TOK_ATTR_RSTRIP = 1u << 8  /* … and after it */
+};
+
+enum tok_kind {
+    TOK_KIND_SPM, /* tokenizer.ggml.model = "llama" */
+    TOK_KIND_BPE  /* tokenizer.ggml.model = "gpt2" */
+};
+
+/* Pre-tokenizer splits (BPE only), each a fixed sequence of regex passes. */
+enum tok_split {
+    TOK_SPLIT_DEFAULT, /* punctuation runs, GPT-2, \p{N}+, [0-9]{3} (the reference's fallback) */
+    TOK_SPLIT_GPT2,    /* the GPT-2 regex */
+    TOK_SPLIT_DIGITS,  /* \p{N} one by one, then the GPT-2 regex (starcoder, smollm, refact) */
+    TOK_SPLIT_LLAMA3,  /* the Llama 3 regex (\p{N}{1,3}) */
+    TOK_SPLIT_QWEN2    /* the Llama 3 regex with \p{N} one by one */
+};
+
+struct tok_entry {
+    uint32_t off;   /* into tok.text; the text is also NUL-terminated there */
+    uint32_t len;   /* bytes */
+    float score;    /* SPM merge priority (higher merges first) */
+    uint32_t attr;  /* enum tok_attr bits */
+};
+
+struct tok {
+    enum tok_kind kind;
+    enum tok_split split;
+    int32_t n_vocab;
+    struct tok_entry *tokens; /* (n_vocab) */
+    char *text;               /* all token texts, NUL-separated */
+    char *merge_text;         /* BPE: all merge strings "left right", NUL-separated */
+    struct tok_map vocab;     /* token text → id */
+    struct tok_map ranks;     /* BPE: "left right" → merge rank (lower merges first) */
+    int32_t *special;         /* ids matched in raw text before tokenizing, longest text first */
+    size_t n_special;
+    int32_t *eog;             /* sorted ids that end generation */
+    size_t n_eog;
+    int32_t bos, eos, unk;    /* -1 when absent */
+    bool add_bos, add_space_prefix, ignore_merges;
+    int32_t byte_tok[256];    /* SPM byte fallback: id of <0xNN> (or of the 1-byte token), -1 none */
+};
+
+/* A growing array of ids. */
+struct tok_ids {
+    int32_t *v;
+    size_t n, cap;
+};
+enum kvb_status tok_ids_push(struct tok_ids *ids, int32_t id);
+
+/* Encoders of one raw-text fragment (no special tokens inside), appending to
+ * out. SPM: prefix_space prepends " " first (the SentencePiece dummy prefix). */
+enum kvb_status tok_spm_encode(const struct tok *t, const char *text, size_t len, bool prefix_space,
+                               struct tok_ids *out);
+enum kvb_status tok_bpe_encode(const struct tok *t, const char *text, size_t len, struct tok_ids *out);
+
+/* The GPT-2 byte ↔ printable-character mapping used by byte-level BPE: byte b
+ * is written as code point tok_byte_to_cpt(b); the inverse gives -1 for a
+ * code point that stands for no byte. */
+uint32_t tok_byte_to_cpt(uint8_t b);
+int tok_cpt_to_byte(uint32_t cpt);
+
+#endif

@@ -1,0 +1,33 @@
+/* tok_pre.h — pre-tokenizer: splits a run of code points into the words that
+ * byte-level BPE then merges within, exactly as the reference's regex passes
+ * would, but by hand (no regex engine).
+ *
+ * Each pass of a split sees the chunks the previous pass made and never looks
+ * across a chunk boundary — that is how the reference runs its regex list,
+ * and it matters (" 1" stays one word for GPT-2 but becomes " " + "1" once
+ * digits are split out first). */
+#ifndef KVB_TOK_PRE_H
+#define KVB_TOK_PRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+#include "tok_internal.h"
+
+/* Word boundaries: ends[i] is the code-point index one past word i; the last
+ * end is n. Reused across calls (tok_pre_words_free releases). */
+struct tok_pre_words {
+    size_t *ends;
+    size_t n, cap;
+    size_t *tmp; /* scratch for multi-pass splits */
+    size_t tmp_n, tmp_cap;
+    uint8_t *flags; /* per code point class bits (tok_pre.c) */
+    size_t flags_cap;
+};
+
+/* Splits cpts[0..n) per `split` into w (previous contents replaced). */
+enum kvb_status tok_pre_split(enum tok_split split, const uint32_t *cpts, size_t n, struct tok_pre_words *w);
+void tok_pre_words_free(struct tok_pre_words *w);
+
+#endif
