@@ -1,0 +1,23 @@
+/* metrics_internal.h — what metrics.c shares with metrics_report.c and
+ * nothing else: the raw connection and the SQLite-to-kvb_status translation. */
+#ifndef KVB_METRICS_INTERNAL_H
+#define KVB_METRICS_INTERNAL_H
+
+#include <sqlite3.h>
+
+#include "metrics.h"
+
+/* The handle's connection; owned by the handle. */
+sqlite3 *metrics_sqlite(struct metrics_db *db);
+
+/* The kvb_status for a SQLite result code. */
+enum kvb_status metrics_sql_status(int rc);
+
+/* Fills err with "path: what: sqlite message (code text)" and returns the
+ * translated status. `sql` may be NULL (then only the code's text is used). */
+enum kvb_status metrics_sql_err(sqlite3 *sql, const char *path, struct kvb_err *err, int rc, const char *what);
+
+/* Wall-clock time, unix seconds with a fraction. */
+double metrics_now_unix(void);
+
+#endif
