@@ -1,0 +1,364 @@
+/* job_output.c — result and error lines in the OpenAI Batch output format,
+ * and the deterministic keys that name them.
+ *
+ * Every line is one JSON object ending in "\n", valid whatever bytes the
+ * model produced: strings are escaped here and invalid UTF-8 becomes U+FFFD.
+ * Keys are hashes (XXH3-128) of the custom_id, or of the line number for
+ * lines without a usable one, so a rerun writes the same ids and resume can
+ * recognise what is done. Field order follows what OpenAI writes, which
+ * makes diffs against OpenAI or vLLM output easy to read. */
+#include "job.h"
+
+#include <string.h>
+#include <xxhash.h>
+
+#include "alloc.h"
+#include "job_json.h"
+
+/* ---- keys -------------------------------------------------------------------------- */
+
+/* Separate seeds keep the two key spaces apart: no custom_id can hash to the
+ * key of a line number. The values are arbitrary but fixed forever, since
+ * output files written earlier are resumed by them. */
+#define KEY_SEED_CUSTOM_ID 0x6b7662617463682dULL /* "kvbatch-" */
+#define KEY_SEED_LINE 0x6b766261746c696eULL      /* "kvbatlin" */
+
+static void key_hex(XXH128_hash_t h, struct job_key *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    uint64_t parts[2] = {h.high64, h.low64};
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 16; k++) out->hex[p * 16 + k] = digits[(parts[p] >> (60 - 4 * k)) & 15];
+    out->hex[JOB_KEY_LEN] = '\0';
+}
+
+void job_key_custom_id(const char *custom_id, size_t len, struct job_key *out)
+{
+    key_hex(XXH3_128bits_withSeed(custom_id, len, KEY_SEED_CUSTOM_ID), out);
+}
+
+void job_key_line(uint64_t line_no, struct job_key *out)
+{
+    unsigned char b[8];
+    for (int k = 0; k < 8; k++) b[k] = (unsigned char)(line_no >> (8 * k)); /* fixed byte order */
+    key_hex(XXH3_128bits_withSeed(b, sizeof b, KEY_SEED_LINE), out);
+}
+
+void job_key_error(const char *custom_id, size_t len, const struct job_error *e, struct job_key *out)
+{
+    if (!custom_id || (e->code && strcmp(e->code, JOB_ERR_DUPLICATE_CUSTOM_ID) == 0))
+        job_key_line(e->line_no, out);
+    else
+        job_key_custom_id(custom_id, len, out);
+}
+
+/* ---- buffer ------------------------------------------------------------------------ */
+
+void job_buf_free(struct job_buf *b)
+{
+    if (!b) return;
+    kvb_free(b->data);
+    memset(b, 0, sizeof *b);
+}
+
+/* A writer over a job_buf that remembers the first allocation failure, so
+ * the formatters read as straight-line code and check once at the end. */
+struct w {
+    struct job_buf *b;
+    size_t start;
+    bool oom;
+};
+
+static bool reserve(struct w *w, size_t extra)
+{
+    if (w->oom) return false;
+    struct job_buf *b = w->b;
+    if (b->cap - b->len >= extra) return true;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap - b->len < extra) {
+        if (cap > SIZE_MAX / 2) {
+            w->oom = true;
+            return false;
+        }
+        cap *= 2;
+    }
+    char *d = kvb_realloc(b->data, cap);
+    if (!d) {
+        w->oom = true;
+        return false;
+    }
+    b->data = d;
+    b->cap = cap;
+    return true;
+}
+
+static void put(struct w *w, const char *s, size_t n)
+{
+    if (!reserve(w, n)) return;
+    memcpy(w->b->data + w->b->len, s, n);
+    w->b->len += n;
+}
+
+static void puts_(struct w *w, const char *s) { put(w, s, strlen(s)); }
+
+static void put_i64(struct w *w, int64_t v)
+{
+    char t[24];
+    int n = snprintf(t, sizeof t, "%lld", (long long)v);
+    put(w, t, (size_t)n);
+}
+
+/* Logprobs as OpenAI writes them: JSON has no -inf, so anything at or below
+ * -9999 (and NaN) is -9999.0. %.9g round-trips a float. */
+static void put_logprob(struct w *w, float lp)
+{
+    double v = lp;
+    if (!(v > -9999.0)) v = -9999.0;
+    char t[40];
+    int n = snprintf(t, sizeof t, "%.9g", v);
+    for (int k = 0; k < n; k++)
+        if (t[k] == ',') t[k] = '.'; /* in case a caller changed LC_NUMERIC after all */
+    put(w, t, (size_t)n);
+}
+
+static void put_str(struct w *w, const char *s, size_t n)
+{
+    static const char hexd[] = "0123456789abcdef";
+    /* worst case 6 output bytes per input byte (\u00XX); reserve per run of
+     * plain bytes instead to keep large texts cheap */
+    if (!reserve(w, n + 2)) return;
+    put(w, "\"", 1);
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n && !w->oom) {
+        size_t run = i;
+        while (run < n && u[run] >= 0x20 && u[run] < 0x80 && u[run] != '"' && u[run] != '\\') run++;
+        if (run > i) {
+            put(w, s + i, run - i);
+            i = run;
+            continue;
+        }
+        unsigned char c = u[i];
+        if (c < 0x80) {
+            char e[7] = {'\\', 0, 0, 0, 0, 0, 0};
+            size_t el = 2;
+            switch (c) {
+            case '"': e[1] = '"'; break;
+            case '\\': e[1] = '\\'; break;
+            case '\b': e[1] = 'b'; break;
+            case '\f': e[1] = 'f'; break;
+            case '\n': e[1] = 'n'; break;
+            case '\r': e[1] = 'r'; break;
+            case '\t': e[1] = 't'; break;
+            default:
+                e[1] = 'u';
+                e[2] = '0';
+                e[3] = '0';
+                e[4] = hexd[c >> 4];
+                e[5] = hexd[c & 15];
+                el = 6;
+                break;
+            }
+            put(w, e, el);
+            i++;
+            continue;
+        }
+        size_t bad = 0, k = job_utf8_seq(u + i, n - i, &bad);
+        if (k) {
+            put(w, s + i, k);
+            i += k;
+        } else {
+            put(w, "\xEF\xBF\xBD", 3); /* U+FFFD */
+            i += bad;
+        }
+    }
+    put(w, "\"", 1);
+}
+
+static void put_cstr_or_null(struct w *w, const char *s)
+{
+    if (s) put_str(w, s, strlen(s));
+    else puts_(w, "null");
+}
+
+static enum kvb_status finish(struct w *w)
+{
+    if (w->oom) {
+        w->b->len = w->start;
+        return KVB_ERR_NOMEM;
+    }
+    return KVB_OK;
+}
+
+enum kvb_status job_buf_json_string(struct job_buf *out, const char *s, size_t len)
+{
+    struct w w = {.b = out, .start = out->len};
+    put_str(&w, s, len);
+    return finish(&w);
+}
+
+/* ---- logprobs ------------------------------------------------------------------------ */
+
+static void put_bytes(struct w *w, const char *s, size_t n)
+{
+    puts_(w, "[");
+    for (size_t k = 0; k < n; k++) {
+        if (k) puts_(w, ",");
+        put_i64(w, (unsigned char)s[k]);
+    }
+    puts_(w, "]");
+}
+
+static void put_chat_logprobs(struct w *w, const struct job_choice *ch)
+{
+    puts_(w, "{\"content\":[");
+    for (size_t t = 0; t < ch->n_logprobs; t++) {
+        const struct job_token_logprob *lp = &ch->logprobs[t];
+        if (t) puts_(w, ",");
+        puts_(w, "{\"token\":");
+        put_str(w, lp->token, lp->token_len);
+        puts_(w, ",\"logprob\":");
+        put_logprob(w, lp->logprob);
+        puts_(w, ",\"bytes\":");
+        put_bytes(w, lp->token, lp->token_len);
+        puts_(w, ",\"top_logprobs\":[");
+        for (size_t a = 0; a < lp->n_top; a++) {
+            const struct job_top_logprob *tp = &lp->top[a];
+            if (a) puts_(w, ",");
+            puts_(w, "{\"token\":");
+            put_str(w, tp->token, tp->token_len);
+            puts_(w, ",\"logprob\":");
+            put_logprob(w, tp->logprob);
+            puts_(w, ",\"bytes\":");
+            put_bytes(w, tp->token, tp->token_len);
+            puts_(w, "}");
+        }
+        puts_(w, "]}");
+    }
+    puts_(w, "],\"refusal\":null}");
+}
+
+/* The legacy completions shape: parallel arrays, alternatives as a map from
+ * token text to logprob, text_offset in bytes from the start of the text. */
+static void put_completion_logprobs(struct w *w, const struct job_choice *ch)
+{
+    puts_(w, "{\"tokens\":[");
+    for (size_t t = 0; t < ch->n_logprobs; t++) {
+        if (t) puts_(w, ",");
+        put_str(w, ch->logprobs[t].token, ch->logprobs[t].token_len);
+    }
+    puts_(w, "],\"token_logprobs\":[");
+    for (size_t t = 0; t < ch->n_logprobs; t++) {
+        if (t) puts_(w, ",");
+        put_logprob(w, ch->logprobs[t].logprob);
+    }
+    puts_(w, "],\"top_logprobs\":[");
+    for (size_t t = 0; t < ch->n_logprobs; t++) {
+        const struct job_token_logprob *lp = &ch->logprobs[t];
+        if (t) puts_(w, ",");
+        puts_(w, "{");
+        for (size_t a = 0; a < lp->n_top; a++) {
+            if (a) puts_(w, ",");
+            put_str(w, lp->top[a].token, lp->top[a].token_len);
+            puts_(w, ":");
+            put_logprob(w, lp->top[a].logprob);
+        }
+        puts_(w, "}");
+    }
+    puts_(w, "],\"text_offset\":[");
+    int64_t off = 0;
+    for (size_t t = 0; t < ch->n_logprobs; t++) {
+        if (t) puts_(w, ",");
+        put_i64(w, off);
+        off += (int64_t)ch->logprobs[t].token_len;
+    }
+    puts_(w, "]}");
+}
+
+/* ---- lines ---------------------------------------------------------------------------- */
+
+enum kvb_status job_format_result(struct job_buf *out, const struct job_result *r)
+{
+    struct w w = {.b = out, .start = out->len};
+    struct job_key key;
+    job_key_custom_id(r->custom_id, r->custom_id_len, &key);
+    bool chat = r->url == JOB_URL_CHAT;
+
+    puts_(&w, "{\"id\":\"batch_req_");
+    puts_(&w, key.hex);
+    puts_(&w, "\",\"custom_id\":");
+    put_str(&w, r->custom_id, r->custom_id_len);
+    puts_(&w, ",\"response\":{\"status_code\":200,\"request_id\":\"req_");
+    puts_(&w, key.hex);
+    puts_(&w, chat ? "\",\"body\":{\"id\":\"chatcmpl-" : "\",\"body\":{\"id\":\"cmpl-");
+    puts_(&w, key.hex);
+    puts_(&w, chat ? "\",\"object\":\"chat.completion\",\"created\":" : "\",\"object\":\"text_completion\",\"created\":");
+    put_i64(&w, r->created);
+    puts_(&w, ",\"model\":");
+    put_cstr_or_null(&w, r->model);
+    puts_(&w, ",\"choices\":[");
+    for (size_t c = 0; c < r->n_choices; c++) {
+        const struct job_choice *ch = &r->choices[c];
+        if (c) puts_(&w, ",");
+        puts_(&w, "{\"index\":");
+        put_i64(&w, (int64_t)c);
+        if (chat) {
+            puts_(&w, ",\"message\":{\"role\":\"assistant\",\"content\":");
+            put_str(&w, ch->text, ch->text_len);
+            puts_(&w, "}");
+        } else {
+            puts_(&w, ",\"text\":");
+            put_str(&w, ch->text, ch->text_len);
+        }
+        puts_(&w, ",\"logprobs\":");
+        if (!ch->has_logprobs) puts_(&w, "null");
+        else if (chat) put_chat_logprobs(&w, ch);
+        else put_completion_logprobs(&w, ch);
+        puts_(&w, ",\"finish_reason\":");
+        puts_(&w, ch->finish == JOB_FINISH_LENGTH ? "\"length\"}" : "\"stop\"}");
+    }
+    puts_(&w, "],\"usage\":{\"prompt_tokens\":");
+    put_i64(&w, r->prompt_tokens);
+    puts_(&w, ",\"completion_tokens\":");
+    put_i64(&w, r->completion_tokens);
+    puts_(&w, ",\"total_tokens\":");
+    put_i64(&w, r->prompt_tokens + r->completion_tokens);
+    puts_(&w, ",\"prompt_tokens_details\":{\"cached_tokens\":");
+    put_i64(&w, r->cached_tokens);
+    puts_(&w, "}},\"system_fingerprint\":");
+    put_cstr_or_null(&w, r->system_fingerprint);
+    puts_(&w, "}},\"error\":null}\n");
+    return finish(&w);
+}
+
+enum kvb_status job_format_error(struct job_buf *out, const char *custom_id, size_t custom_id_len,
+                                 const struct job_error *e)
+{
+    struct w w = {.b = out, .start = out->len};
+    struct job_key key;
+    job_key_error(custom_id, custom_id_len, e, &key);
+    const char *code = e->code ? e->code : JOB_ERR_SERVER;
+    bool server = strcmp(code, JOB_ERR_SERVER) == 0;
+
+    puts_(&w, "{\"id\":\"batch_req_");
+    puts_(&w, key.hex);
+    puts_(&w, "\",\"custom_id\":");
+    if (custom_id) put_str(&w, custom_id, custom_id_len);
+    else puts_(&w, "null");
+    puts_(&w, server ? ",\"response\":{\"status_code\":500" : ",\"response\":{\"status_code\":400");
+    puts_(&w, ",\"request_id\":\"req_");
+    puts_(&w, key.hex);
+    puts_(&w, "\",\"body\":{\"error\":{\"message\":");
+    put_str(&w, e->message, strnlen(e->message, sizeof e->message));
+    puts_(&w, server ? ",\"type\":\"server_error\",\"param\":" : ",\"type\":\"invalid_request_error\",\"param\":");
+    if (e->param[0]) put_str(&w, e->param, strnlen(e->param, sizeof e->param));
+    else puts_(&w, "null");
+    puts_(&w, ",\"code\":");
+    put_cstr_or_null(&w, code);
+    puts_(&w, "}}},\"error\":{\"code\":");
+    put_cstr_or_null(&w, code);
+    puts_(&w, ",\"message\":");
+    put_str(&w, e->message, strnlen(e->message, sizeof e->message));
+    puts_(&w, "}}\n");
+    return finish(&w);
+}

@@ -1,0 +1,176 @@
+/* fuzz_jobs.c — libFuzzer target for the JSONL request parser and the
+ * output writer: whatever bytes arrive, parsing ends in a request or an
+ * error, and the line written for it is one valid JSON object.
+ *
+ * Properties checked (a violation traps, so the replay test fails too):
+ *   - job_parse_line returns KVB_OK or KVB_ERR_FORMAT (no crash, no leak);
+ *   - an accepted request keeps every documented range, and its strings are
+ *     valid UTF-8 with no NUL inside and a NUL after;
+ *   - an error names its line number first;
+ *   - the result or error line for it ends in exactly one "\n", is accepted
+ *     by an independent strict jsmn and by the module's strict reader, and
+ *     is the same bytes when written twice;
+ *   - the same bytes read through job_reader (small max_line) split into
+ *     lines that each parse without crashing.
+ * This file is test code, so it may stop the process when a property fails. */
+#define JSMN_STATIC
+#define JSMN_STRICT
+#include <jsmn.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "job.h"
+#include "job_json.h"
+
+#define REQUIRE(c) \
+    do { if (!(c)) { fprintf(stderr, "fuzz_jobs: %s:%d: %s\n", __FILE__, __LINE__, #c); __builtin_trap(); } } while (0)
+
+static void check_text(const char *s, size_t n)
+{
+    REQUIRE(s != NULL);
+    REQUIRE(s[n] == '\0');
+    size_t i = 0;
+    while (i < n) {
+        size_t bad = 0, k = job_utf8_seq((const unsigned char *)s + i, n - i, &bad);
+        REQUIRE(k > 0);
+        REQUIRE(s[i] != '\0');
+        i += k;
+    }
+}
+
+static void check_request(const struct job_request *r)
+{
+    check_text(r->custom_id, r->custom_id_len);
+    REQUIRE(r->custom_id_len > 0);
+    if (r->model) check_text(r->model, strlen(r->model));
+    if (r->url == JOB_URL_CHAT) {
+        REQUIRE(r->n_messages >= 1 && r->messages && !r->prompt);
+        for (size_t k = 0; k < r->n_messages; k++) {
+            check_text(r->messages[k].content, r->messages[k].content_len);
+            REQUIRE(r->messages[k].role <= JOB_ROLE_DEVELOPER);
+        }
+    } else {
+        REQUIRE(r->url == JOB_URL_COMPLETION && r->prompt && !r->messages);
+        check_text(r->prompt, r->prompt_len);
+    }
+    REQUIRE(r->max_tokens >= 1);
+    REQUIRE(r->temperature >= 0.0f && r->temperature <= 2.0f);
+    REQUIRE(r->top_p > 0.0f && r->top_p <= 1.0f);
+    REQUIRE(r->top_k >= 0);
+    REQUIRE(r->min_p >= 0.0f && r->min_p <= 1.0f);
+    REQUIRE(r->n_stop >= 0 && r->n_stop <= JOB_MAX_STOP);
+    for (int k = 0; k < r->n_stop; k++) {
+        check_text(r->stop[k], r->stop_len[k]);
+        REQUIRE(r->stop_len[k] > 0);
+    }
+    REQUIRE(r->presence_penalty >= -2.0f && r->presence_penalty <= 2.0f);
+    REQUIRE(r->frequency_penalty >= -2.0f && r->frequency_penalty <= 2.0f);
+    REQUIRE(r->repetition_penalty > 0.0f && r->repetition_penalty <= 2.0f);
+    REQUIRE(r->n >= 1 && r->n <= JOB_MAX_N);
+    REQUIRE(r->top_logprobs >= 0 && r->top_logprobs <= JOB_MAX_TOP_LOGPROBS);
+}
+
+static void check_line(const char *s, size_t len)
+{
+    REQUIRE(len >= 2 && s[len - 1] == '\n');
+    REQUIRE(memchr(s, '\n', len - 1) == NULL);
+    size_t n = len - 1;
+    jsmn_parser p;
+    jsmn_init(&p);
+    int count = jsmn_parse(&p, s, n, NULL, 0);
+    REQUIRE(count > 0);
+    jsmntok_t *t = malloc((size_t)count * sizeof *t);
+    REQUIRE(t != NULL);
+    jsmn_init(&p);
+    REQUIRE(jsmn_parse(&p, s, n, t, (unsigned)count) == count);
+    REQUIRE(t[0].type == JSMN_OBJECT && t[0].start == 0 && (size_t)t[0].end == n);
+    free(t);
+    struct job_json j;
+    const char *why;
+    size_t where;
+    REQUIRE(job_json_parse(s, n, &j, &why, &where) == KVB_OK);
+    REQUIRE(job_json_get(&j, 0, "id") >= 0);
+    REQUIRE(job_json_get(&j, 0, "response") >= 0);
+    job_json_free(&j);
+}
+
+/* A result as the engine would write it: the prompt text echoed as each
+ * choice, cut into pseudo-tokens at arbitrary byte positions (so partial
+ * UTF-8 reaches the logprobs writer). */
+static void write_result(const struct job_request *r, struct job_buf *b)
+{
+    const char *text = r->prompt ? r->prompt : r->messages[r->n_messages - 1].content;
+    size_t len = r->prompt ? r->prompt_len : r->messages[r->n_messages - 1].content_len;
+    size_t ntok = len < 64 ? len : 64;
+    struct job_token_logprob lp[64];
+    struct job_top_logprob top[64][2];
+    for (size_t k = 0; k < ntok; k++) {
+        size_t start = k * len / ntok, end = (k + 1) * len / ntok;
+        lp[k] = (struct job_token_logprob){.token = text + start, .token_len = end - start,
+                                           .logprob = -(float)k / 3.0f, .top = top[k], .n_top = 2};
+        top[k][0] = (struct job_top_logprob){text + start, end - start, lp[k].logprob};
+        top[k][1] = (struct job_top_logprob){text, end - start, -1e30f};
+    }
+    struct job_choice ch[JOB_MAX_N];
+    for (int c = 0; c < r->n; c++)
+        ch[c] = (struct job_choice){.text = text, .text_len = len, .finish = c & 1 ? JOB_FINISH_LENGTH : JOB_FINISH_STOP,
+                                    .has_logprobs = r->logprobs, .logprobs = lp, .n_logprobs = ntok};
+    struct job_result res = {.custom_id = r->custom_id, .custom_id_len = r->custom_id_len, .url = r->url,
+                             .model = r->model ? r->model : "fuzz", .created = 1, .choices = ch,
+                             .n_choices = (size_t)r->n, .prompt_tokens = (int64_t)len, .completion_tokens = 1};
+    REQUIRE(job_format_result(b, &res) == KVB_OK);
+}
+
+static void one_line(const char *data, size_t size, uint64_t line_no)
+{
+    struct job_request r;
+    struct job_error e;
+    enum kvb_status st = job_parse_line(data, size, line_no, &r, &e);
+    REQUIRE(st == KVB_OK || st == KVB_ERR_FORMAT);
+    struct job_buf b = {0}, b2 = {0};
+    if (st == KVB_OK) {
+        check_request(&r);
+        write_result(&r, &b);
+        write_result(&r, &b2);
+    } else {
+        char want[32];
+        snprintf(want, sizeof want, "line %llu: ", (unsigned long long)line_no);
+        REQUIRE(strncmp(e.message, want, strlen(want)) == 0);
+        REQUIRE(e.code != NULL);
+        if (r.custom_id) check_text(r.custom_id, r.custom_id_len);
+        REQUIRE(job_format_error(&b, r.custom_id, r.custom_id_len, &e) == KVB_OK);
+        REQUIRE(job_format_error(&b2, r.custom_id, r.custom_id_len, &e) == KVB_OK);
+    }
+    check_line(b.data, b.len);
+    REQUIRE(b.len == b2.len && memcmp(b.data, b2.data, b.len) == 0);
+    job_buf_free(&b);
+    job_buf_free(&b2);
+    job_request_free(&r);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    one_line((const char *)data, size, 1);
+
+    if (size == 0) return 0;
+    FILE *f = fmemopen((void *)data, size, "rb");
+    if (!f) return 0;
+    struct job_reader *rd;
+    if (job_reader_create(f, 1 + size / 2, &rd, NULL) == KVB_OK) {
+        struct job_line l;
+        bool got;
+        uint64_t total = 0;
+        while (job_reader_next(rd, &l, &got, NULL) == KVB_OK && got) {
+            REQUIRE(l.len <= l.full_len && l.offset == total);
+            total += l.full_len + l.terminated;
+            if (!l.too_long && !job_line_is_blank(l.data, l.len)) one_line(l.data, l.len, l.line_no + 1);
+        }
+        REQUIRE(total == size);
+        job_reader_free(rd);
+    }
+    fclose(f);
+    return 0;
+}
