@@ -7,6 +7,7 @@
 int cli_generate(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_logits(int argc, char **argv);
+int cli_run(int argc, char **argv);
 int cli_report(int argc, char **argv);
 
 #endif

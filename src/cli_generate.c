@@ -170,6 +170,7 @@ int cli_generate(int argc, char **argv)
     double t1 = cli_now();
     struct tok_stream ts;
     tok_stream_init(&ts, llm.tok);
+    ts.at_start = false; /* a continuation keeps its leading space (SentencePiece) */
     int64_t n_gen = 0;
     bool failed = false;
     while (n_gen < n_predict) {

@@ -12,9 +12,11 @@ struct command {
 };
 
 static const struct command commands[] = {
+    {"run", cli_run, "run a JSONL job of requests (OpenAI Batch format) to a JSONL result file"},
     {"generate", cli_generate, "complete one prompt (streamed to stdout)"},
     {"tokenize", cli_tokenize, "print the token ids of a text"},
     {"logits", cli_logits, "write the raw logits of a prompt (for checking against a reference)"},
+    {"report", cli_report, "summarise a run recorded in a metrics database"},
 };
 
 static void usage(FILE *f)

@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "alloc.h"
 
@@ -197,6 +198,31 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
     return KVB_OK;
 }
 
+/* Identity of the weights, independent of the file's path and metadata
+ * order: what the persistent cache and the metrics key on. Hashing all the
+ * bytes (~10 GB/s) costs little next to reading them for the first forward. */
+static enum kvb_status compute_fingerprint(struct model *m)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (!st) return KVB_ERR_NOMEM;
+    XXH3_128bits_reset(st);
+    XXH3_128bits_update(st, &m->hp, sizeof m->hp);
+    for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
+        XXH3_128bits_update(st, t->name.ptr, (size_t)t->name.len);
+        uint32_t type = (uint32_t)t->type;
+        XXH3_128bits_update(st, &type, sizeof type);
+        XXH3_128bits_update(st, t->ne, sizeof t->ne);
+        XXH64_hash_t h = XXH3_64bits(t->data, (size_t)t->n_bytes);
+        XXH3_128bits_update(st, &h, sizeof h);
+    }
+    XXH128_hash_t h = XXH3_128bits_digest(st);
+    XXH3_freeState(st);
+    snprintf(m->fingerprint, sizeof m->fingerprint, "%016llx%016llx", (unsigned long long)h.high64,
+             (unsigned long long)h.low64);
+    return KVB_OK;
+}
+
 enum kvb_status model_load(const char *path, struct model **out, struct kvb_err *err)
 {
     struct model *m = kvb_calloc(1, sizeof *m);
@@ -204,6 +230,7 @@ enum kvb_status model_load(const char *path, struct model **out, struct kvb_err 
     enum kvb_status st = gguf_open(path, &m->gguf, err);
     if (st == KVB_OK) st = load_hparams(m, err);
     if (st == KVB_OK) st = load_weights(m, err);
+    if (st == KVB_OK && compute_fingerprint(m) != KVB_OK) st = kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     if (st != KVB_OK) {
         kvb_err_wrap(err, st, "%s", path);
         model_free(m);

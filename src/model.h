@@ -64,6 +64,8 @@ struct model {
     struct model_layer *layers;  /* (n_layer), owned */
     uint64_t weight_bytes;       /* bytes of all tensors, for reports */
     char name[128];              /* general.name or the file's base name */
+    char fingerprint[33];        /* 128-bit hex identity of the weights: hash of every tensor's
+                                    name, type, shape and bytes, plus the hyperparameters */
     void **owned;                /* f32 conversions owned by the model */
     int n_owned;
 };

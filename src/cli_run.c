@@ -1,0 +1,85 @@
+/* cli_run.c — `kvbatch run`: option parsing; the work is in runner.c. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cli_util.h"
+#include "runner.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvbatch run --input JOBS.jsonl --output RESULTS.jsonl [options]\n"
+        "\n"
+        "Runs every request of a JSONL job (OpenAI Batch format, or the shorthand\n"
+        "{\"custom_id\":…, \"prompt\"|\"messages\":…}) and writes one result line per\n"
+        "non-blank input line, as requests finish. Bad lines become error lines that\n"
+        "name the line and field; the job goes on. Requests that share a prompt\n"
+        "prefix share its KV cache, and are run close together to make that happen.\n"
+        "\n"
+        "  -m, --model PATH         GGUF model (default: $KVBATCH_MODEL or\n"
+        "                           models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+        "  -i, --input PATH         the job file ('-' = standard input)\n"
+        "  -o, --output PATH        the result file (replaced unless --resume)\n"
+        "      --metrics DB         SQLite metrics database (default: kvbatch.db beside the output)\n"
+        "      --resume             keep the results already in the output, run the rest\n"
+        "  -t, --threads N          worker threads (default: all cores)\n"
+        "      --max-batch N        sequences running at once (default 32)\n"
+        "      --max-step-tokens N  tokens per forward pass, prefill chunks and decodes together (default 512)\n"
+        "      --kv-mem SIZE        memory for the KV cache, e.g. 512M, 2G (default 1G)\n"
+        "      --block-size N       tokens per KV block (default 16)\n"
+        "  -c, --ctx N              most tokens per sequence, prompt + output (default: min(model's, 4096))\n"
+        "      --lookahead N        requests read ahead to group shared prefixes (default max(256, 4 x batch))\n"
+        "      --chat-template NAME chatml | llama3 | llama2 | mistral | zephyr | gemma (default: detected)\n"
+        "      --scalar             plain C reference kernels (slow; for checking)\n"
+        "  -q, --quiet              no progress or summary on stderr\n"
+        "  -h, --help               this text\n"
+        "\n"
+        "Exit status: 0 the job ran to the end (even if some lines were bad); 1 it could not\n"
+        "run (model, input or output unusable); 2 bad command line; 128+N interrupted by\n"
+        "signal N (results so far are on disk: rerun with --resume).\n");
+}
+
+int cli_run(int argc, char **argv)
+{
+    char model_path[PATH_MAX];
+    cli_default_model(model_path, sizeof model_path);
+    struct run_opts o = {
+        .model_path = model_path,
+        .max_batch = 32,
+        .max_step_tokens = 512,
+        .block_size = 16,
+        .kv_mem = (uint64_t)1 << 30,
+    };
+    int64_t v;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = NULL;
+#define VAL() do { if (!(val = cli_opt_value(argc, argv, &i))) return CLI_EXIT_USAGE; } while (0)
+#define INT(lo, hi, dst) do { VAL(); if (!cli_parse_i64(a, val, lo, hi, &v)) return CLI_EXIT_USAGE; dst = (int32_t)v; } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return CLI_EXIT_OK; }
+        else if (!strcmp(a, "-m") || cli_opt_is(a, "--model")) { VAL(); o.model_path = val; }
+        else if (!strcmp(a, "-i") || cli_opt_is(a, "--input")) { VAL(); o.input_path = val; }
+        else if (!strcmp(a, "-o") || cli_opt_is(a, "--output")) { VAL(); o.output_path = val; }
+        else if (cli_opt_is(a, "--metrics")) { VAL(); o.metrics_path = val; }
+        else if (!strcmp(a, "--resume")) o.resume = true;
+        else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) INT(1, 1024, o.n_threads);
+        else if (cli_opt_is(a, "--max-batch")) INT(1, 4096, o.max_batch);
+        else if (cli_opt_is(a, "--max-step-tokens")) INT(1, 1 << 20, o.max_step_tokens);
+        else if (cli_opt_is(a, "--block-size")) INT(1, 1024, o.block_size);
+        else if (!strcmp(a, "-c") || cli_opt_is(a, "--ctx")) INT(16, 1 << 20, o.n_ctx);
+        else if (cli_opt_is(a, "--lookahead")) INT(1, 1 << 20, o.lookahead);
+        else if (cli_opt_is(a, "--kv-mem")) { VAL(); if (!cli_parse_size(a, val, &o.kv_mem)) return CLI_EXIT_USAGE; }
+        else if (cli_opt_is(a, "--chat-template")) { VAL(); o.chat_template = val; }
+        else if (!strcmp(a, "--scalar")) o.scalar = true;
+        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o.quiet = true;
+        else { fprintf(stderr, "kvbatch run: unknown option '%s' (see --help)\n", a); return CLI_EXIT_USAGE; }
+#undef INT
+#undef VAL
+    }
+    if (!o.input_path || !o.output_path) {
+        fprintf(stderr, "kvbatch run: --input and --output are required (see --help)\n");
+        return CLI_EXIT_USAGE;
+    }
+    return run_job(&o);
+}

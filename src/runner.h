@@ -1,0 +1,40 @@
+/* runner.h — `kvbatch run`: a JSONL job through the scheduler to a JSONL
+ * result file, with metrics.
+ *
+ * Streams the input (memory bounded by the look-ahead window, not the file),
+ * turns each line into token ids (chat template or plain prompt), submits
+ * requests to the scheduler, and writes one result or error line per
+ * non-blank input line as requests finish, flushed at once. With resume, the
+ * ids already in the output are skipped and a torn last line is cut off
+ * first. SIGINT/SIGTERM stop admission; what is finished is written and the
+ * run is marked interrupted.
+ *
+ * Prints its own messages; returns the process exit code. */
+#ifndef KVB_RUNNER_H
+#define KVB_RUNNER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct run_opts {
+    const char *model_path;
+    const char *input_path;    /* "-" reads standard input */
+    const char *output_path;
+    const char *metrics_path;  /* NULL: kvbatch.db beside the output */
+    const char *chat_template; /* NULL: detect from the model */
+    int n_threads;             /* <= 0: all cores */
+    int32_t max_batch;         /* sequences running at once */
+    int32_t max_step_tokens;   /* tokens per forward pass */
+    int32_t block_size;        /* tokens per KV block */
+    int32_t n_ctx;             /* 0: min(model's, 4096) */
+    int32_t lookahead;         /* requests read ahead for prefix grouping; 0: default */
+    uint64_t kv_mem;           /* bytes for the KV pool */
+    bool resume, quiet, scalar;
+};
+
+/* Exit codes: 0 the job ran to the end (even with bad lines), 1 it could not
+ * run (model, input or output unusable; a write failed), 2 bad usage is the
+ * CLI's, 128+signal when interrupted. */
+int run_job(const struct run_opts *o);
+
+#endif
