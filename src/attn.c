@@ -5,6 +5,8 @@
 
 #include <math.h>
 
+#include "dtype.h"
+
 void attn_rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps)
 {
     float ss = 0.0f;
@@ -41,10 +43,10 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
 {
     float maxs = -INFINITY;
     for (int32_t p = 0; p < n_pos; p++) {
-        const float *k = kv->k_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
+        const uint16_t *k = kv->k_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
                          (int64_t)(p % kv->block_size) * kv->row_stride;
         float d = 0.0f;
-        for (int32_t i = 0; i < head_dim; i++) d += q[i] * k[i];
+        for (int32_t i = 0; i < head_dim; i++) d += q[i] * kvb_fp16_to_f32(k[i]);
         d *= scale;
         scores[p] = d;
         if (d > maxs) maxs = d;
@@ -57,10 +59,10 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
     const float inv = 1.0f / sum;
     for (int32_t i = 0; i < head_dim; i++) out[i] = 0.0f;
     for (int32_t p = 0; p < n_pos; p++) {
-        const float *v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
+        const uint16_t *v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
                          (int64_t)(p % kv->block_size) * kv->row_stride;
         const float w = scores[p] * inv;
-        for (int32_t i = 0; i < head_dim; i++) out[i] += w * v[i];
+        for (int32_t i = 0; i < head_dim; i++) out[i] += w * kvb_fp16_to_f32(v[i]);
     }
 }
 

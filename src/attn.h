@@ -23,15 +23,17 @@ void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, en
 /* g[i] = silu(g[i]) * u[i]. */
 void attn_swiglu(float *g, const float *u, int64_t n);
 
-/* One query head over positions [0, n_pos) of one sequence:
+/* One query head over positions [0, n_pos) of one sequence (K/V stored as
+ * IEEE half floats, as llama.cpp stores them by default: half the memory
+ * and bandwidth of f32, and what the persistent cache writes):
  * out = softmax(q·K^T * scale) V. K/V rows are found through the block
  * table: position p lives in block table[p / block_size], slot p % block_size,
  * at k_base + block * block_stride + slot * row_stride (same for v_base).
  * scores is scratch of n_pos floats. */
 struct attn_kv_view {
-    const float *k_base, *v_base; /* pool base already offset to this layer and kv head */
-    int64_t block_stride;         /* floats between consecutive blocks */
-    int64_t row_stride;           /* floats between consecutive slots */
+    const uint16_t *k_base, *v_base; /* fp16 pool base already offset to this layer and kv head */
+    int64_t block_stride;            /* elements between consecutive blocks */
+    int64_t row_stride;              /* elements between consecutive slots */
     int32_t block_size;
     const int32_t *table;
 };

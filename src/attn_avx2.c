@@ -64,18 +64,19 @@ void attn_head_avx2(float *out, const float *q, int32_t head_dim, const struct a
     const int32_t nv = head_dim / 8;
     __m256 qv[32];
     for (int32_t j = 0; j < nv; j++) qv[j] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * j), _mm256_set1_ps(scale));
+#define LOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
     float maxs = -INFINITY;
     for (int32_t p = 0; p < n_pos; p++) {
-        const float *k = kv->k_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
+        const uint16_t *k = kv->k_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
                          (int64_t)(p % kv->block_size) * kv->row_stride;
-        __m256 a0 = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
+        __m256 a0 = _mm256_mul_ps(qv[0], LOADH(k));
         __m256 a1 = _mm256_setzero_ps();
         int32_t j = 1;
         for (; j + 1 < nv; j += 2) {
-            a1 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k + 8 * j), a1);
-            a0 = _mm256_fmadd_ps(qv[j + 1], _mm256_loadu_ps(k + 8 * j + 8), a0);
+            a1 = _mm256_fmadd_ps(qv[j], LOADH(k + 8 * j), a1);
+            a0 = _mm256_fmadd_ps(qv[j + 1], LOADH(k + 8 * j + 8), a0);
         }
-        if (j < nv) a1 = _mm256_fmadd_ps(qv[j], _mm256_loadu_ps(k + 8 * j), a1);
+        if (j < nv) a1 = _mm256_fmadd_ps(qv[j], LOADH(k + 8 * j), a1);
         const float d = hsum256(_mm256_add_ps(a0, a1));
         scores[p] = d;
         if (d > maxs) maxs = d;
@@ -95,11 +96,12 @@ void attn_head_avx2(float *out, const float *q, int32_t head_dim, const struct a
     __m256 acc[32];
     for (int32_t j = 0; j < nv; j++) acc[j] = _mm256_setzero_ps();
     for (int32_t p = 0; p < n_pos; p++) {
-        const float *v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
+        const uint16_t *v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
                          (int64_t)(p % kv->block_size) * kv->row_stride;
         const __m256 w = _mm256_set1_ps(scores[p]);
-        for (int32_t j = 0; j < nv; j++) acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * j), acc[j]);
+        for (int32_t j = 0; j < nv; j++) acc[j] = _mm256_fmadd_ps(w, LOADH(v + 8 * j), acc[j]);
     }
+#undef LOADH
     const __m256 iv = _mm256_set1_ps(inv);
     for (int32_t j = 0; j < nv; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(acc[j], iv));
 }

@@ -63,6 +63,8 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
 /* Name of the matmul implementation in use ("avx2", "scalar", …). */
 const char *be_cpu_impl_name(const struct backend *be);
 int be_cpu_threads(const struct backend *be);
+/* Bytes of one KV block (K and V, all layers, fp16) for this model. */
+int64_t be_cpu_block_bytes(const struct model *m, int32_t block_size);
 
 static inline void be_free(struct backend *be)
 {

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "dtype.h"
 #include "attn.h"
 #include "model.h"
 #include "tpool.h"
@@ -20,8 +21,8 @@ struct cpu_be {
     const struct model *m;
     struct tpool *pool;
     struct mm_ctx *mm;
-    float *kv;             /* (n_blocks, block floats) */
-    int64_t block_floats;  /* n_layer * 2 * block_size * kv_dim */
+    uint16_t *kv;          /* (n_blocks, block_elems) fp16 */
+    int64_t block_elems;   /* n_layer * 2 * block_size * kv_dim */
     int64_t kv_dim;        /* n_head_kv * head_dim */
     float *inv_freq;       /* (rope_dim / 2) */
     bool simd;             /* AVX2 attention/activation kernels (else the scalar reference) */
@@ -111,7 +112,7 @@ static void attn_worker(void *arg, int ith, int nth)
         struct attn_kv_view view = {
             .k_base = c->kv + (int64_t)j->layer * 2 * bs * c->kv_dim + (int64_t)g * hd,
             .v_base = c->kv + ((int64_t)j->layer * 2 + 1) * bs * c->kv_dim + (int64_t)g * hd,
-            .block_stride = c->block_floats,
+            .block_stride = c->block_elems,
             .row_stride = c->kv_dim,
             .block_size = (int32_t)bs,
             .table = s->block_table,
@@ -211,9 +212,12 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
              * tokens of the same step see each other causally. */
             const struct be_seq *s = &batch->seqs[c->tok_seq[t]];
             const int32_t p = c->tok_pos[t];
-            float *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_floats;
-            memcpy(blk + ((int64_t)l * 2 * bs + p % bs) * kvd, kt, sizeof(float) * (size_t)kvd);
-            memcpy(blk + (((int64_t)l * 2 + 1) * bs + p % bs) * kvd, vt, sizeof(float) * (size_t)kvd);
+            uint16_t *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_elems;
+            uint16_t *kd = blk + ((int64_t)l * 2 * bs + p % bs) * kvd, *vd = blk + (((int64_t)l * 2 + 1) * bs + p % bs) * kvd;
+            for (int64_t i = 0; i < kvd; i++) {
+                kd[i] = kvb_f32_to_fp16(kt[i]);
+                vd[i] = kvb_f32_to_fp16(vt[i]);
+            }
         }
         struct attn_job job = {c, batch, l, n_tok};
         tpool_run(c->pool, attn_worker, &job);
@@ -262,8 +266,8 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     c->be.n_blocks = opts->n_blocks;
     c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     c->simd = opts->impl != MM_IMPL_SCALAR && attn_have_avx2();
-    c->block_floats = (int64_t)hp->n_layer * 2 * opts->block_size * c->kv_dim;
-    c->be.block_bytes = c->block_floats * (int64_t)sizeof(float);
+    c->block_elems = (int64_t)hp->n_layer * 2 * opts->block_size * c->kv_dim;
+    c->be.block_bytes = be_cpu_block_bytes(m, opts->block_size);
     enum kvb_status st = tpool_create(opts->n_threads, &c->pool);
     if (st != KVB_OK) {
         cpu_free(&c->be);
@@ -294,3 +298,8 @@ const char *be_cpu_impl_name(const struct backend *be)
 }
 
 int be_cpu_threads(const struct backend *be) { return tpool_size(((const struct cpu_be *)be)->pool); }
+
+int64_t be_cpu_block_bytes(const struct model *m, int32_t block_size)
+{
+    return (int64_t)m->hp.n_layer * 2 * block_size * m->hp.n_head_kv * m->hp.head_dim * (int64_t)sizeof(uint16_t);
+}

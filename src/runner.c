@@ -646,8 +646,7 @@ static bool setup(struct runner *r)
     struct be_cpu_opts bo = {.n_threads = o->n_threads, .block_size = o->block_size, .n_blocks = 1,
                              .impl = o->scalar ? MM_IMPL_SCALAR : MM_IMPL_AUTO};
     /* Size the pool from --kv-mem: bytes per block depend on the model. */
-    int64_t block_bytes = (int64_t)r->model->hp.n_layer * 2 * o->block_size * r->model->hp.n_head_kv *
-                          r->model->hp.head_dim * (int64_t)sizeof(float);
+    int64_t block_bytes = be_cpu_block_bytes(r->model, o->block_size);
     int64_t n_blocks = (int64_t)(o->kv_mem / (uint64_t)block_bytes);
     int64_t need = (r->n_ctx + o->block_size - 1) / o->block_size;
     if (n_blocks < need) {
