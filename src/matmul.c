@@ -1,0 +1,267 @@
+/* matmul.c — the matrix-product context: implementation choice, input
+ * buffers, per-thread scratch and the split of output rows over threads.
+ *
+ * The arithmetic lives in the implementations behind struct mm_kernels
+ * (matmul_impl.h). This file only decides who computes which rows: each
+ * thread takes one contiguous range of output rows for all tokens, so the
+ * way rows are split (and so the thread count) never changes how a single
+ * output element is computed. */
+#include <string.h>
+
+#include "alloc.h"
+#include "matmul_impl.h"
+#include "quant.h"
+#include "tpool.h"
+
+/* Rows are handed to threads in multiples of this, so that every thread
+ * sees whole row panels of the SIMD kernels (performance only). */
+#define ROW_GRAIN 16
+/* Below this many tokens the input is quantized on the calling thread: a
+ * parallel run costs more than quantizing a few rows. */
+#define PAR_QUANT_MIN_TOK 8
+
+struct mm_ctx {
+    struct tpool *pool; /* borrowed */
+    int nth;
+    enum mm_impl impl;
+    const struct mm_kernels *k;
+
+    float *xf;          /* (n_tok, xf_stride) float copy of the input */
+    size_t xf_cap;      /* bytes */
+    uint8_t *xq;        /* (n_tok, xq_stride) quantized input */
+    size_t xq_cap;      /* bytes */
+    struct mm_input in;
+    bool have_input;
+    bool have_xq;       /* n_in was a whole number of 32-blocks */
+
+    void **scratch;     /* [nth] per-thread buffers */
+    size_t *scratch_cap; /* [nth] bytes */
+};
+
+/* CPU features, read with cpuid rather than __builtin_cpu_supports (whose
+ * feature names differ between compilers): the instruction sets, and that
+ * the OS saves the vector state (XCR0) so the registers may be used. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+static uint64_t xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+
+struct cpu_features {
+    bool avx2, avx512;
+};
+
+static struct cpu_features cpu_features(void)
+{
+    struct cpu_features f = {false, false};
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
+    if (!osxsave || !avx) return f;
+    uint64_t x = xcr0();
+    if ((x & 0x6) != 0x6) return f; /* SSE and AVX state */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+    f.avx2 = (b & (1u << 5)) && fma && f16c;
+    bool avx512f = b & (1u << 16), avx512bw = b & (1u << 30), avx512vl = b & (1u << 31);
+    bool vnni = c & (1u << 11);
+    f.avx512 = f.avx2 && avx512f && avx512bw && avx512vl && vnni && (x & 0xE0) == 0xE0;
+    return f;
+}
+#else
+struct cpu_features {
+    bool avx2, avx512;
+};
+static struct cpu_features cpu_features(void) { return (struct cpu_features){false, false}; }
+#endif
+
+static bool cpu_has_avx2(void) { return cpu_features().avx2; }
+static bool cpu_has_avx512(void) { return cpu_features().avx512; }
+
+bool mm_impl_available(enum mm_impl impl)
+{
+    switch (impl) {
+    case MM_IMPL_AUTO:
+    case MM_IMPL_SCALAR: return true;
+    case MM_IMPL_AVX2: return cpu_has_avx2();
+    case MM_IMPL_AVX512: return cpu_has_avx512();
+    }
+    return false;
+}
+
+enum kvb_status mm_ctx_create(struct tpool *pool, enum mm_impl impl, struct mm_ctx **out,
+                              struct kvb_err *err)
+{
+    if (!pool || !out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "mm_ctx_create: NULL argument");
+    if (impl == MM_IMPL_AUTO)
+        impl = cpu_has_avx512() ? MM_IMPL_AVX512 : cpu_has_avx2() ? MM_IMPL_AVX2 : MM_IMPL_SCALAR;
+    const struct mm_kernels *k;
+    switch (impl) {
+    case MM_IMPL_SCALAR: k = &mm_kernels_scalar; break;
+    case MM_IMPL_AVX2: k = &mm_kernels_avx2; break;
+    case MM_IMPL_AVX512: k = &mm_kernels_avx512; break;
+    default: return kvb_errf(err, KVB_ERR_INVALID_ARG, "mm_ctx_create: unknown impl %d", (int)impl);
+    }
+    if (!mm_impl_available(impl))
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "mm_ctx_create: this CPU cannot run the %s matmul (use MM_IMPL_AUTO)",
+                        k->name);
+    struct mm_ctx *c = kvb_calloc(1, sizeof *c);
+    if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "mm_ctx_create: out of memory");
+    c->pool = pool;
+    c->nth = tpool_size(pool);
+    c->impl = impl;
+    c->k = k;
+    c->scratch = kvb_calloc((size_t)c->nth, sizeof *c->scratch);
+    c->scratch_cap = kvb_calloc((size_t)c->nth, sizeof *c->scratch_cap);
+    if (!c->scratch || !c->scratch_cap) {
+        mm_ctx_free(c);
+        return kvb_errf(err, KVB_ERR_NOMEM, "mm_ctx_create: out of memory");
+    }
+    *out = c;
+    return KVB_OK;
+}
+
+void mm_ctx_free(struct mm_ctx *ctx)
+{
+    if (!ctx) return;
+    if (ctx->scratch)
+        for (int i = 0; i < ctx->nth; i++) kvb_free(ctx->scratch[i]);
+    kvb_free(ctx->scratch);
+    kvb_free(ctx->scratch_cap);
+    kvb_free(ctx->xf);
+    kvb_free(ctx->xq);
+    kvb_free(ctx);
+}
+
+const char *mm_ctx_impl_name(const struct mm_ctx *ctx) { return ctx->k->name; }
+
+/* Grows an aligned buffer to at least `need` bytes (contents not kept). */
+static enum kvb_status grow(void **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap && *buf) return KVB_OK;
+    size_t n = need + need / 4 + 64; /* headroom: shapes vary from step to step */
+    n = (n + 63) & ~(size_t)63;
+    void *p = kvb_aligned_alloc(64, n);
+    if (!p) return KVB_ERR_NOMEM;
+    kvb_free(*buf);
+    *buf = p;
+    *cap = n;
+    return KVB_OK;
+}
+
+struct quant_job {
+    struct mm_ctx *ctx;
+    const float *x;
+};
+
+static void quant_tokens(struct mm_ctx *c, const float *x, int64_t t0, int64_t t1)
+{
+    const struct mm_input *in = &c->in;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *src = x + t * in->n_in;
+        float *dst = c->xf + t * in->xf_stride;
+        memcpy(dst, src, (size_t)in->n_in * sizeof(float));
+        memset(dst + in->n_in, 0, (size_t)(in->xf_stride - in->n_in) * sizeof(float));
+        if (c->have_xq) c->k->quantize(src, in->n_in, c->xq + (size_t)t * in->xq_stride);
+    }
+}
+
+static void quant_worker(void *arg, int ith, int nth)
+{
+    struct quant_job *j = arg;
+    int64_t n = j->ctx->in.n_tok;
+    int64_t t0 = n * ith / nth, t1 = n * (ith + 1) / nth;
+    quant_tokens(j->ctx, j->x, t0, t1);
+}
+
+enum kvb_status mm_set_input(struct mm_ctx *ctx, const float *x, int64_t n_in, int64_t n_tok)
+{
+    if (!ctx || (!x && n_tok > 0) || n_in <= 0 || n_tok < 0) return KVB_ERR_INVALID_ARG;
+    ctx->have_input = false;
+    int64_t xf_stride = (n_in + 15) & ~(int64_t)15;
+    bool q = n_in % 32 == 0;
+    size_t xq_stride = q ? ctx->k->act_bytes(n_in) : 0;
+    size_t n = (size_t)(n_tok > 0 ? n_tok : 1);
+    KVB_FORWARD_IF_ERROR(grow((void **)&ctx->xf, &ctx->xf_cap, n * (size_t)xf_stride * sizeof(float)));
+    if (q) KVB_FORWARD_IF_ERROR(grow((void **)&ctx->xq, &ctx->xq_cap, n * xq_stride));
+    ctx->in = (struct mm_input){n_in, n_tok, ctx->xf, xf_stride, ctx->xq, xq_stride};
+    ctx->have_xq = q;
+    if (n_tok >= PAR_QUANT_MIN_TOK && ctx->nth > 1) {
+        struct quant_job j = {ctx, x};
+        tpool_run(ctx->pool, quant_worker, &j);
+    } else {
+        quant_tokens(ctx, x, 0, n_tok);
+    }
+    ctx->have_input = true;
+    return KVB_OK;
+}
+
+static enum kvb_status check_weight(const struct mm_ctx *ctx, const struct mm_weight *w)
+{
+    if (!w || !w->data || w->n_out <= 0) return KVB_ERR_INVALID_ARG;
+    if (!quant_type_supported(w->type)) return KVB_ERR_UNSUPPORTED;
+    if (!ctx->have_input || w->n_in != ctx->in.n_in) return KVB_ERR_INVALID_ARG;
+    uint64_t rb;
+    if (!ggml_type_row_bytes((uint32_t)w->type, (uint64_t)w->n_in, &rb) || w->row_bytes < rb)
+        return KVB_ERR_INVALID_ARG;
+    if (mm_type_is_quantized(w->type) && !ctx->have_xq) return KVB_ERR_INVALID_ARG;
+    return KVB_OK;
+}
+
+struct apply_job {
+    struct mm_ctx *ctx;
+    const struct mm_weight *const *w;
+    float *const *y;
+    int n;
+};
+
+static void apply_worker(void *arg, int ith, int nth)
+{
+    struct apply_job *j = arg;
+    for (int i = 0; i < j->n; i++) {
+        const struct mm_weight *w = j->w[i];
+        /* Whole grains per thread; the last thread takes the remainder. */
+        int64_t grains = (w->n_out + ROW_GRAIN - 1) / ROW_GRAIN;
+        int64_t g0 = grains * ith / nth, g1 = grains * (ith + 1) / nth;
+        int64_t r0 = g0 * ROW_GRAIN, r1 = g1 * ROW_GRAIN;
+        if (r1 > w->n_out) r1 = w->n_out;
+        if (r0 >= r1) continue;
+        j->ctx->k->rows(w, &j->ctx->in, j->y[i], r0, r1, j->ctx->scratch[ith]);
+    }
+}
+
+enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w, float *const *y,
+                           int n)
+{
+    if (!ctx || (n > 0 && (!w || !y)) || n < 0) return KVB_ERR_INVALID_ARG;
+    size_t need = 0;
+    for (int i = 0; i < n; i++) {
+        KVB_FORWARD_IF_ERROR(check_weight(ctx, w[i]));
+        if (!y[i]) return KVB_ERR_INVALID_ARG;
+        size_t s = ctx->k->scratch_bytes(w[i], ctx->in.n_tok);
+        if (s > need) need = s;
+    }
+    if (n == 0 || ctx->in.n_tok == 0) return KVB_OK;
+    for (int i = 0; i < ctx->nth; i++)
+        KVB_FORWARD_IF_ERROR(grow(&ctx->scratch[i], &ctx->scratch_cap[i], need));
+    struct apply_job j = {ctx, w, y, n};
+    tpool_run(ctx->pool, apply_worker, &j);
+    return KVB_OK;
+}
+
+enum kvb_status mm_apply(struct mm_ctx *ctx, const struct mm_weight *w, float *y)
+{
+    return mm_apply_n(ctx, &w, &y, 1);
+}
+
+enum kvb_status mm_matmul(struct mm_ctx *ctx, const struct mm_weight *w, const float *x,
+                          int64_t n_tok, float *y)
+{
+    if (!w) return KVB_ERR_INVALID_ARG;
+    KVB_FORWARD_IF_ERROR(mm_set_input(ctx, x, w->n_in, n_tok));
+    return mm_apply(ctx, w, y);
+}

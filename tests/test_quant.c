@@ -1,0 +1,656 @@
+/* test_quant.c — weight dequantization and the quantized matrix products.
+ *
+ * (a) quant_dequant_row on hand-built blocks with known values, one per type,
+ *     including the packed 6-bit scales of Q4_K and the split 6-bit values of
+ *     Q6_K;
+ * (b) mm_matmul against double-precision references, for every supported
+ *     type and every implementation this CPU can run, over shapes that are
+ *     not multiples of any tile: tightly against the dequantized weights times
+ *     the *quantized* input (what the kernels compute up to float rounding),
+ *     and loosely against the float input (the quantization error bound);
+ * (c) the determinism contract: a token's outputs are bit-identical whether
+ *     it is computed alone or inside any batch, with 1, 2 or 3 threads, and
+ *     through mm_apply_n;
+ * (d) each SIMD implementation against the scalar one;
+ * plus argument errors and allocation failure. With arguments
+ * `dequant TYPE N` it is instead a filter used by tests/pytest_quant.py. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "dtype.h"
+#include "quant.h"
+#include "testutil.h"
+#include "tpool.h"
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t x = rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return rng_state = x;
+}
+
+/* Uniform in [lo, hi). */
+static float rng_uniform(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
+}
+
+static void put_half(uint8_t *p, float f)
+{
+    uint16_t h = kvb_f32_to_fp16(f);
+    memcpy(p, &h, 2);
+}
+
+static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+
+static int check_row(const char *what, const float *got, const float *want, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float tol = 1e-6f * fabsf(want[i]);
+        if (!(fabsf(got[i] - want[i]) <= tol)) {
+            CHECK_MSG(0, "%s: element %d is %.9g, want %.9g", what, i, got[i], want[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ---- (a) dequantization of hand-built blocks ----------------------------------- */
+
+static void test_dequant_q4_0(void)
+{
+    uint8_t b[18];
+    put_half(b, 0.5f);
+    for (int j = 0; j < 16; j++) b[2 + j] = (uint8_t)(j | (15 - j) << 4);
+    float got[32], want[32];
+    for (int j = 0; j < 16; j++) {
+        want[j] = 0.5f * (float)(j - 8);
+        want[j + 16] = 0.5f * (float)(15 - j - 8);
+    }
+    CHECK(quant_dequant_row(GGML_TYPE_Q4_0, b, got, 32) == KVB_OK);
+    check_row("Q4_0", got, want, 32);
+}
+
+static void test_dequant_q4_1(void)
+{
+    uint8_t b[20];
+    put_half(b, 0.5f);
+    put_half(b + 2, -1.0f);
+    for (int j = 0; j < 16; j++) b[4 + j] = (uint8_t)(j | (15 - j) << 4);
+    float got[32], want[32];
+    for (int j = 0; j < 16; j++) {
+        want[j] = -1.0f + 0.5f * (float)j;
+        want[j + 16] = -1.0f + 0.5f * (float)(15 - j);
+    }
+    CHECK(quant_dequant_row(GGML_TYPE_Q4_1, b, got, 32) == KVB_OK);
+    check_row("Q4_1", got, want, 32);
+}
+
+/* Q5: element e has the 5-bit value (e * 11 + 3) % 32; the low 4 bits go in
+ * the nibbles (element j < 16 low, j + 16 high) and bit 4 in bit e of qh. */
+static void build_q5(uint8_t *qh_at, uint8_t *qs, int *vals)
+{
+    uint32_t qh = 0;
+    memset(qs, 0, 16);
+    for (int e = 0; e < 32; e++) {
+        int v = (e * 11 + 3) % 32;
+        vals[e] = v;
+        qs[e % 16] |= (uint8_t)((v & 15) << (e < 16 ? 0 : 4));
+        if (v & 16) qh |= 1u << e;
+    }
+    put_u32(qh_at, qh);
+}
+
+static void test_dequant_q5(void)
+{
+    int vals[32];
+    float got[32], want[32];
+    uint8_t b0[22];
+    put_half(b0, 0.25f);
+    build_q5(b0 + 2, b0 + 6, vals);
+    for (int e = 0; e < 32; e++) want[e] = 0.25f * (float)(vals[e] - 16);
+    CHECK(quant_dequant_row(GGML_TYPE_Q5_0, b0, got, 32) == KVB_OK);
+    check_row("Q5_0", got, want, 32);
+
+    uint8_t b1[24];
+    put_half(b1, 0.25f);
+    put_half(b1 + 2, -3.0f);
+    build_q5(b1 + 4, b1 + 8, vals);
+    for (int e = 0; e < 32; e++) want[e] = 0.25f * (float)vals[e] - 3.0f;
+    CHECK(quant_dequant_row(GGML_TYPE_Q5_1, b1, got, 32) == KVB_OK);
+    check_row("Q5_1", got, want, 32);
+}
+
+static void test_dequant_q8_0(void)
+{
+    uint8_t b[2 * 34];
+    float got[64], want[64];
+    for (int blk = 0; blk < 2; blk++) {
+        put_half(b + 34 * blk, blk ? -2.0f : 0.125f);
+        for (int j = 0; j < 32; j++) {
+            int8_t q = (int8_t)(j * 8 - 128 + blk);
+            memcpy(b + 34 * blk + 2 + j, &q, 1);
+            want[32 * blk + j] = (blk ? -2.0f : 0.125f) * (float)q;
+        }
+    }
+    CHECK(quant_dequant_row(GGML_TYPE_Q8_0, b, got, 64) == KVB_OK);
+    check_row("Q8_0", got, want, 64);
+}
+
+static void test_dequant_q4_K(void)
+{
+    /* Scales and mins above 15 exercise the 2 high bits stored apart. */
+    static const uint8_t sc[8] = {1, 63, 17, 32, 45, 5, 60, 33};
+    static const uint8_t mn[8] = {0, 7, 63, 16, 48, 1, 31, 62};
+    uint8_t b[144];
+    memset(b, 0, sizeof b);
+    put_half(b, 0.5f);
+    put_half(b + 2, 0.25f);
+    uint8_t *scales = b + 4;
+    for (int j = 0; j < 4; j++) {
+        scales[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        scales[j + 4] = (uint8_t)(mn[j] | (mn[j + 4] >> 4) << 6);
+        scales[j + 8] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+    }
+    int q[256];
+    for (int e = 0; e < 256; e++) {
+        q[e] = (e * 7 + 3) % 16;
+        int s = e / 32, l = e % 32;
+        b[16 + 32 * (s / 2) + l] |= (uint8_t)(q[e] << (4 * (s % 2)));
+    }
+    float got[256], want[256];
+    for (int e = 0; e < 256; e++) {
+        int s = e / 32;
+        want[e] = 0.5f * (float)sc[s] * (float)q[e] - 0.25f * (float)mn[s];
+    }
+    CHECK(quant_dequant_row(GGML_TYPE_Q4_K, b, got, 256) == KVB_OK);
+    check_row("Q4_K", got, want, 256);
+}
+
+static void test_dequant_q6_K(void)
+{
+    static const int8_t sc[16] = {-128, 127, 1, -1, 2, -3, 50, -60, 7, 0, 33, -33, 100, -100, 9, 64};
+    uint8_t b[210];
+    memset(b, 0, sizeof b);
+    memcpy(b + 192, sc, 16);
+    put_half(b + 208, 0.125f);
+    int q[256];
+    for (int e = 0; e < 256; e++) {
+        q[e] = (e * 5 + 11) % 64;
+        /* Element e of half n, quarter k, position l: low 4 bits in the
+         * low (k < 2) or high nibble of ql[64n + 32(k%2) + l], high 2 bits
+         * in bits 2k..2k+1 of qh[32n + l]. */
+        int n = e / 128, k = (e % 128) / 32, l = e % 32;
+        b[64 * n + 32 * (k % 2) + l] |= (uint8_t)((q[e] & 15) << (4 * (k / 2)));
+        b[128 + 32 * n + l] |= (uint8_t)((q[e] >> 4) << (2 * k));
+    }
+    float got[256], want[256];
+    for (int e = 0; e < 256; e++) want[e] = 0.125f * (float)sc[e / 16] * (float)(q[e] - 32);
+    CHECK(quant_dequant_row(GGML_TYPE_Q6_K, b, got, 256) == KVB_OK);
+    check_row("Q6_K", got, want, 256);
+}
+
+static void test_dequant_float(void)
+{
+    float src[5] = {1.5f, -2.25f, 0.0f, 65504.0f, -1e-3f}, got[5], want[5];
+    uint16_t h[5], bf[5];
+    for (int i = 0; i < 5; i++) {
+        h[i] = kvb_f32_to_fp16(src[i]);
+        bf[i] = kvb_f32_to_bf16(src[i]);
+    }
+    CHECK(quant_dequant_row(GGML_TYPE_F32, src, got, 5) == KVB_OK);
+    check_row("F32", got, src, 5);
+    for (int i = 0; i < 5; i++) want[i] = kvb_fp16_to_f32(h[i]);
+    CHECK(quant_dequant_row(GGML_TYPE_F16, h, got, 5) == KVB_OK);
+    check_row("F16", got, want, 5);
+    for (int i = 0; i < 5; i++) want[i] = kvb_bf16_to_f32(bf[i]);
+    CHECK(quant_dequant_row(GGML_TYPE_BF16, bf, got, 5) == KVB_OK);
+    check_row("BF16", got, want, 5);
+}
+
+static void test_dequant_errors(void)
+{
+    uint8_t b[64] = {0};
+    float y[64];
+    CHECK(quant_dequant_row(GGML_TYPE_Q4_1, b, y, 33) == KVB_ERR_INVALID_ARG);
+    CHECK(quant_dequant_row(GGML_TYPE_Q4_K, b, y, 32) == KVB_ERR_INVALID_ARG);
+    CHECK(quant_dequant_row(GGML_TYPE_Q2_K, b, y, 256) == KVB_ERR_UNSUPPORTED);
+    CHECK(quant_dequant_row(GGML_TYPE_Q8_1, b, y, 32) == KVB_ERR_UNSUPPORTED);
+    CHECK(!quant_type_supported(GGML_TYPE_IQ4_NL));
+    CHECK(quant_type_supported(GGML_TYPE_Q6_K));
+    CHECK(quant_type_supported(GGML_TYPE_BF16));
+}
+
+/* ---- random weights ----------------------------------------------------------- */
+
+static const enum ggml_type all_types[] = {
+    GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K,
+};
+#define N_TYPES ((int)(sizeof all_types / sizeof all_types[0]))
+
+static const char *type_name(enum ggml_type t) { return ggml_type_get_traits((uint32_t)t)->name; }
+
+static int is_float_type(enum ggml_type t)
+{
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
+}
+
+/* A random (n_out, n_in) weight matrix: random bytes for the quantized
+ * values, then finite, realistic scales written over the f16 fields. */
+static uint8_t *make_weights(enum ggml_type type, int64_t n_in, int64_t n_out, size_t *row_bytes)
+{
+    const struct ggml_type_traits *tr = ggml_type_get_traits((uint32_t)type);
+    uint64_t rb = 0;
+    if (!ggml_type_row_bytes((uint32_t)type, (uint64_t)n_in, &rb)) return NULL;
+    *row_bytes = (size_t)rb;
+    uint8_t *w = malloc((size_t)rb * (size_t)n_out);
+    if (!w) return NULL;
+    size_t total = (size_t)rb * (size_t)n_out;
+    for (size_t i = 0; i < total; i++) w[i] = (uint8_t)(rng_next() >> 56);
+    if (is_float_type(type)) {
+        size_t n = total / tr->block_bytes;
+        for (size_t i = 0; i < n; i++) {
+            float f = rng_uniform(-1.0f, 1.0f);
+            if (type == GGML_TYPE_F32) memcpy(w + 4 * i, &f, 4);
+            else if (type == GGML_TYPE_F16) put_half(w + 2 * i, f);
+            else {
+                uint16_t b = kvb_f32_to_bf16(f);
+                memcpy(w + 2 * i, &b, 2);
+            }
+        }
+        return w;
+    }
+    size_t nblk = total / tr->block_bytes;
+    for (size_t i = 0; i < nblk; i++) {
+        uint8_t *b = w + i * tr->block_bytes;
+        float sgn = (rng_next() & 1) ? 1.0f : -1.0f;
+        switch (type) {
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q5_0: put_half(b, sgn * rng_uniform(0.002f, 0.05f)); break;
+        case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_1:
+            put_half(b, rng_uniform(0.002f, 0.05f));
+            put_half(b + 2, rng_uniform(-0.5f, 0.1f));
+            break;
+        case GGML_TYPE_Q8_0: put_half(b, sgn * rng_uniform(0.0005f, 0.01f)); break;
+        case GGML_TYPE_Q4_K:
+            put_half(b, rng_uniform(0.0005f, 0.002f));
+            put_half(b + 2, rng_uniform(0.0005f, 0.004f));
+            break;
+        case GGML_TYPE_Q6_K: put_half(b + 208, sgn * rng_uniform(0.0001f, 0.001f)); break;
+        default: break;
+        }
+    }
+    return w;
+}
+
+static float *make_input(int64_t n_in, int64_t n_tok)
+{
+    float *x = malloc(sizeof(float) * (size_t)(n_in * n_tok));
+    for (int64_t i = 0; i < n_in * n_tok; i++) {
+        float v = rng_uniform(-1.0f, 1.0f);
+        /* A few large values, as activations have, so block scales vary. */
+        if ((rng_next() & 63) == 0) v *= 20.0f;
+        x[i] = v;
+    }
+    return x;
+}
+
+/* The input quantization the kernels use (see matmul_scalar.c), written out
+ * again here so the reference does not borrow from the code under test:
+ * per block of 32, d = amax/127 and q = round-to-nearest-even(x / d). */
+static void quantize_ref(const float *x, int64_t n, double *xq, double *half_step)
+{
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float v = x[32 * b + j] * id;
+            v = v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v;
+            xq[32 * b + j] = (double)d * (double)nearbyintf(v);
+            half_step[32 * b + j] = 0.5 * (double)d;
+        }
+    }
+}
+
+/* ---- (b) products against references -------------------------------------------- */
+
+struct refs {
+    double *yq;   /* (n_tok, n_out): dequantized weights . quantized input */
+    double *magq; /* (n_tok, n_out): sum |w * xq| */
+    double *yf;   /* (n_tok, n_out): dequantized weights . float input */
+    double *errf; /* (n_tok, n_out): bound on |yq - yf| from input quantization */
+};
+
+static void make_refs(enum ggml_type type, const uint8_t *w, size_t rb, const float *x,
+                      int64_t n_in, int64_t n_out, int64_t n_tok, struct refs *r)
+{
+    size_t n = (size_t)(n_out * n_tok);
+    r->yq = calloc(n, sizeof(double));
+    r->magq = calloc(n, sizeof(double));
+    r->yf = calloc(n, sizeof(double));
+    r->errf = calloc(n, sizeof(double));
+    float *wd = malloc(sizeof(float) * (size_t)n_in);
+    double *xq = malloc(sizeof(double) * (size_t)n_in);
+    double *hs = malloc(sizeof(double) * (size_t)n_in);
+    int quantized = !is_float_type(type);
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *xt = x + t * n_in;
+        if (quantized) quantize_ref(xt, n_in, xq, hs);
+        for (int64_t k = 0; quantized == 0 && k < n_in; k++) {
+            xq[k] = xt[k];
+            hs[k] = 0.0;
+        }
+        for (int64_t o = 0; o < n_out; o++) {
+            CHECK(quant_dequant_row(type, w + (size_t)o * rb, wd, n_in) == KVB_OK);
+            double a = 0, m = 0, f = 0, e = 0;
+            for (int64_t k = 0; k < n_in; k++) {
+                a += (double)wd[k] * xq[k];
+                m += fabs((double)wd[k] * xq[k]);
+                f += (double)wd[k] * (double)xt[k];
+                e += fabs((double)wd[k]) * hs[k];
+            }
+            size_t i = (size_t)(t * n_out + o);
+            r->yq[i] = a;
+            r->magq[i] = m;
+            r->yf[i] = f;
+            r->errf[i] = e;
+        }
+    }
+    free(wd);
+    free(xq);
+    free(hs);
+}
+
+static void free_refs(struct refs *r)
+{
+    free(r->yq);
+    free(r->magq);
+    free(r->yf);
+    free(r->errf);
+}
+
+static const char *impl_label(enum mm_impl impl)
+{
+    switch (impl) {
+    case MM_IMPL_SCALAR: return "scalar";
+    case MM_IMPL_AVX2: return "avx2";
+    case MM_IMPL_AVX512: return "avx512";
+    default: return "auto";
+    }
+}
+
+static const enum mm_impl impls[] = {MM_IMPL_SCALAR, MM_IMPL_AVX2, MM_IMPL_AVX512};
+#define N_IMPLS 3
+
+/* Relative float tolerance for a sum of `terms` float additions of values
+ * whose absolute sum is the magnitude: a worst-case rounding bound with some
+ * room (scale products and int->float conversions add a few more roundings). */
+static double float_tol(int64_t terms) { return (double)(terms + 16) * 1.2e-7; }
+
+/* Runs one shape of one type through every available implementation. */
+static void check_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, int64_t n_out,
+                        int64_t n_tok)
+{
+    size_t rb;
+    uint8_t *w = make_weights(type, n_in, n_out, &rb);
+    float *x = make_input(n_in, n_tok);
+    struct refs r;
+    make_refs(type, w, rb, x, n_in, n_out, n_tok, &r);
+    struct mm_weight mw = {type, n_in, n_out, w, rb};
+    size_t ny = (size_t)(n_out * n_tok);
+    float *y = malloc(sizeof(float) * ny);
+    float *y_scalar = malloc(sizeof(float) * ny);
+    int64_t terms = is_float_type(type) ? n_in : n_in / 32;
+    for (int ii = 0; ii < N_IMPLS; ii++) {
+        if (!mm_impl_available(impls[ii])) continue;
+        struct mm_ctx *ctx = NULL;
+        CHECK(mm_ctx_create(pool, impls[ii], &ctx, NULL) == KVB_OK);
+        if (!ctx) continue;
+        CHECK(strcmp(mm_ctx_impl_name(ctx), impl_label(impls[ii])) == 0);
+        for (size_t i = 0; i < ny; i++) y[i] = NAN;
+        CHECK(mm_matmul(ctx, &mw, x, n_tok, y) == KVB_OK);
+        int bad = 0;
+        for (size_t i = 0; i < ny && bad < 3; i++) {
+            double tq = float_tol(terms) * r.magq[i] + 1e-30;
+            double tf = 1.001 * r.errf[i] + tq;
+            if (!(fabs(y[i] - r.yq[i]) <= tq) || !(fabs(y[i] - r.yf[i]) <= tf)) {
+                CHECK_MSG(0, "%s %s n_in=%lld n_out=%lld n_tok=%lld [t=%lld r=%lld]: got %.9g, "
+                          "ref(quantized x) %.9g (tol %.3g), ref(float x) %.9g (tol %.3g)",
+                          impl_label(impls[ii]), type_name(type), (long long)n_in,
+                          (long long)n_out, (long long)n_tok, (long long)(i / (size_t)n_out),
+                          (long long)(i % (size_t)n_out), y[i], r.yq[i], tq, r.yf[i], tf);
+                bad++;
+            }
+        }
+        if (impls[ii] == MM_IMPL_SCALAR) {
+            memcpy(y_scalar, y, sizeof(float) * ny);
+        } else {
+            /* (d) SIMD vs scalar: both are within float rounding of the same
+             * exact value, so within twice the tolerance of each other. */
+            for (size_t i = 0; i < ny && bad < 3; i++) {
+                double tol = 2.0 * float_tol(terms) * r.magq[i] + 1e-30;
+                if (!(fabs((double)y[i] - (double)y_scalar[i]) <= tol)) {
+                    CHECK_MSG(0, "%s vs scalar %s n_in=%lld: [%zu] %.9g vs %.9g (tol %.3g)",
+                              impl_label(impls[ii]), type_name(type), (long long)n_in, i, y[i],
+                              y_scalar[i], tol);
+                    bad++;
+                }
+            }
+        }
+        mm_ctx_free(ctx);
+    }
+    free_refs(&r);
+    free(y);
+    free(y_scalar);
+    free(x);
+    free(w);
+}
+
+static void test_products(struct tpool *pool)
+{
+    static const int64_t n_in_32[] = {32, 64, 96, 288, 576, 1536, 2048};
+    static const int64_t n_in_256[] = {256, 512, 768, 2048};
+    static const int64_t n_in_f[] = {1, 5, 17, 100, 576, 1030};
+    static const int64_t outs[] = {1, 7, 33, 67};
+    static const int64_t toks[] = {1, 2, 5, 37};
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        enum ggml_type type = all_types[ti];
+        const int64_t *ins;
+        int n_ins;
+        if (is_float_type(type)) {
+            ins = n_in_f;
+            n_ins = (int)(sizeof n_in_f / sizeof n_in_f[0]);
+        } else if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
+            ins = n_in_256;
+            n_ins = (int)(sizeof n_in_256 / sizeof n_in_256[0]);
+        } else {
+            ins = n_in_32;
+            n_ins = (int)(sizeof n_in_32 / sizeof n_in_32[0]);
+        }
+        /* Walk the shape lists diagonally so every size meets several others
+         * without running the full cross product through the scalar path. */
+        for (int i = 0; i < n_ins; i++)
+            for (int j = 0; j < 4; j++) check_shape(pool, type, ins[i], outs[(i + j) % 4], toks[j]);
+    }
+}
+
+/* ---- (c) determinism -------------------------------------------------------------- */
+
+static void test_determinism_type(struct tpool **pools, int n_pools, enum mm_impl impl,
+                                  enum ggml_type type, int64_t n_in, int64_t n_out)
+{
+    const int64_t n_tok = 37;
+    size_t rb;
+    uint8_t *w = make_weights(type, n_in, n_out, &rb);
+    float *x = make_input(n_in, n_tok);
+    struct mm_weight mw = {type, n_in, n_out, w, rb};
+    size_t ny = (size_t)(n_out * n_tok);
+    float *ref = malloc(sizeof(float) * ny);
+    float *y = malloc(sizeof(float) * ny);
+    float *xr = malloc(sizeof(float) * (size_t)(n_in * n_tok));
+    const char *tn = type_name(type), *il = impl_label(impl);
+
+    struct mm_ctx *ctx = NULL;
+    CHECK(mm_ctx_create(pools[0], impl, &ctx, NULL) == KVB_OK);
+    CHECK(mm_matmul(ctx, &mw, x, n_tok, ref) == KVB_OK);
+
+    /* Each token alone. */
+    for (int64_t t = 0; t < n_tok; t++) {
+        CHECK(mm_matmul(ctx, &mw, x + t * n_in, 1, y) == KVB_OK);
+        if (memcmp(y, ref + t * n_out, sizeof(float) * (size_t)n_out) != 0) {
+            CHECK_MSG(0, "%s %s: token %lld alone differs from the batch", il, tn, (long long)t);
+            break;
+        }
+    }
+    /* Tokens in reverse order, and in odd-sized sub-batches (every tile edge). */
+    for (int64_t t = 0; t < n_tok; t++)
+        memcpy(xr + t * n_in, x + (n_tok - 1 - t) * n_in, sizeof(float) * (size_t)n_in);
+    CHECK(mm_matmul(ctx, &mw, xr, n_tok, y) == KVB_OK);
+    for (int64_t t = 0; t < n_tok; t++)
+        if (memcmp(y + (n_tok - 1 - t) * n_out, ref + t * n_out, sizeof(float) * (size_t)n_out)) {
+            CHECK_MSG(0, "%s %s: reversed batch differs at token %lld", il, tn, (long long)t);
+            break;
+        }
+    for (int64_t t0 = 0, len = 2; t0 < n_tok; t0 += len, len = len % 7 + 1) {
+        int64_t l = t0 + len > n_tok ? n_tok - t0 : len;
+        CHECK(mm_matmul(ctx, &mw, x + t0 * n_in, l, y) == KVB_OK);
+        if (memcmp(y, ref + t0 * n_out, sizeof(float) * (size_t)(l * n_out))) {
+            CHECK_MSG(0, "%s %s: sub-batch [%lld, +%lld) differs", il, tn, (long long)t0,
+                      (long long)l);
+            break;
+        }
+    }
+    /* mm_apply_n with the same weight three times (different thread grains). */
+    float *ys[3] = {y, malloc(sizeof(float) * ny), malloc(sizeof(float) * ny)};
+    const struct mm_weight *ws[3] = {&mw, &mw, &mw};
+    CHECK(mm_set_input(ctx, x, n_in, n_tok) == KVB_OK);
+    CHECK(mm_apply_n(ctx, ws, ys, 3) == KVB_OK);
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(memcmp(ys[i], ref, sizeof(float) * ny) == 0, "%s %s: mm_apply_n output %d", il,
+                  tn, i);
+    free(ys[1]);
+    free(ys[2]);
+    mm_ctx_free(ctx);
+
+    /* Other thread counts. */
+    for (int p = 1; p < n_pools; p++) {
+        ctx = NULL;
+        CHECK(mm_ctx_create(pools[p], impl, &ctx, NULL) == KVB_OK);
+        CHECK(mm_matmul(ctx, &mw, x, n_tok, y) == KVB_OK);
+        CHECK_MSG(memcmp(y, ref, sizeof(float) * ny) == 0, "%s %s: %d threads differ from 1",
+                  il, tn, tpool_size(pools[p]));
+        mm_ctx_free(ctx);
+    }
+    free(xr);
+    free(y);
+    free(ref);
+    free(x);
+    free(w);
+}
+
+static void test_determinism(struct tpool **pools, int n_pools)
+{
+    for (int ii = 0; ii < N_IMPLS; ii++) {
+        if (!mm_impl_available(impls[ii])) continue;
+        for (int ti = 0; ti < N_TYPES; ti++) {
+            enum ggml_type type = all_types[ti];
+            int k = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+            /* n_out 67 and 50: not a multiple of any row tile or thread grain. */
+            test_determinism_type(pools, n_pools, impls[ii], type, k ? 512 : 576, 67);
+            test_determinism_type(pools, n_pools, impls[ii], type, k ? 256 : (is_float_type(type) ? 100 : 96), 50);
+        }
+    }
+}
+
+/* ---- errors ----------------------------------------------------------------------- */
+
+static void test_errors(struct tpool *pool)
+{
+    struct mm_ctx *ctx = NULL;
+    CHECK(mm_ctx_create(pool, MM_IMPL_AUTO, &ctx, NULL) == KVB_OK);
+    uint8_t wbuf[4 * 20] = {0};
+    float x[64] = {0}, y[8];
+    struct mm_weight w = {GGML_TYPE_Q4_1, 64, 2, wbuf, 40};
+    CHECK(mm_apply(ctx, &w, y) == KVB_ERR_INVALID_ARG); /* no input yet */
+    CHECK(mm_set_input(ctx, x, 32, 1) == KVB_OK);
+    CHECK(mm_apply(ctx, &w, y) == KVB_ERR_INVALID_ARG); /* n_in mismatch */
+    CHECK(mm_matmul(ctx, &w, x, 1, y) == KVB_OK);
+    struct mm_weight w2 = {GGML_TYPE_Q2_K, 256, 1, wbuf, 84};
+    CHECK(mm_matmul(ctx, &w2, x, 0, y) == KVB_ERR_UNSUPPORTED);
+    struct mm_weight w3 = {GGML_TYPE_Q4_1, 64, 2, wbuf, 39}; /* row too short */
+    CHECK(mm_matmul(ctx, &w3, x, 1, y) == KVB_ERR_INVALID_ARG);
+    struct mm_weight w4 = {GGML_TYPE_F32, 5, 2, x, 20}; /* float weights, odd n_in: fine */
+    CHECK(mm_matmul(ctx, &w4, x, 2, y) == KVB_OK);
+    struct mm_weight w5 = {GGML_TYPE_Q8_0, 40, 1, wbuf, 34}; /* not whole blocks */
+    CHECK(mm_matmul(ctx, &w5, x, 1, y) == KVB_ERR_INVALID_ARG);
+    mm_ctx_free(ctx);
+    mm_ctx_free(NULL);
+
+    /* Allocation failures are reported, never crash. */
+    for (long n = 0; n < 4; n++) {
+        ctx = NULL;
+        kvb_alloc_fail_after(n);
+        enum kvb_status st = mm_ctx_create(pool, MM_IMPL_SCALAR, &ctx, NULL);
+        if (st == KVB_OK) st = mm_matmul(ctx, &w, x, 1, y);
+        kvb_alloc_fail_after(-1);
+        CHECK(st == KVB_OK || st == KVB_ERR_NOMEM);
+        mm_ctx_free(ctx);
+    }
+}
+
+/* `test_quant dequant TYPE N`: dequantizes one row of N elements read from
+ * stdin to raw f32 on stdout, so that tests/pytest_quant.py can compare with
+ * gguf-py's independent numpy implementation. */
+static int dequant_filter(int type, long n)
+{
+    uint64_t rb;
+    if (!ggml_type_row_bytes((uint32_t)type, (uint64_t)n, &rb)) return 2;
+    unsigned char *b = malloc((size_t)rb);
+    float *y = malloc(sizeof(float) * (size_t)n);
+    int rc = 0;
+    if (!b || !y || fread(b, 1, (size_t)rb, stdin) != rb) rc = 2;
+    else if (quant_dequant_row((enum ggml_type)type, b, y, n) != KVB_OK) rc = 3;
+    else if (fwrite(y, sizeof(float), (size_t)n, stdout) != (size_t)n) rc = 4;
+    free(b);
+    free(y);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && strcmp(argv[1], "dequant") == 0) return dequant_filter(atoi(argv[2]), atol(argv[3]));
+
+    test_dequant_q4_0();
+    test_dequant_q4_1();
+    test_dequant_q5();
+    test_dequant_q8_0();
+    test_dequant_q4_K();
+    test_dequant_q6_K();
+    test_dequant_float();
+    test_dequant_errors();
+
+    struct tpool *pools[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) CHECK(tpool_create(i + 1, &pools[i]) == KVB_OK);
+    if (!pools[0] || !pools[1] || !pools[2]) return tu_finish();
+    for (int ii = 0; ii < N_IMPLS; ii++)
+        fprintf(stderr, "impl %s: %s\n", impl_label(impls[ii]),
+                mm_impl_available(impls[ii]) ? "tested" : "not supported by this CPU, skipped");
+
+    test_errors(pools[1]);
+    test_products(pools[1]);
+    test_determinism(pools, 3);
+    for (int i = 0; i < 3; i++) tpool_free(pools[i]);
+    return tu_finish();
+}
