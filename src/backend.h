@@ -47,6 +47,10 @@ struct backend {
      * BE_LOGITS_ALL, none for BE_LOGITS_NONE. */
     enum kvb_status (*forward)(struct backend *be, const struct be_batch *batch, float *logits,
                                struct kvb_err *err);
+    /* Copy one block's K/V (block_bytes, layout [layer][K|V][slot][kv_dim])
+     * out of / into the pool: how the persistent cache spills and restores. */
+    enum kvb_status (*kv_block_read)(struct backend *be, int32_t block, void *dst);
+    enum kvb_status (*kv_block_write)(struct backend *be, int32_t block, const void *src);
     void (*free)(struct backend *be);
 };
 

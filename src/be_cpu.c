@@ -248,6 +248,22 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     return KVB_OK;
 }
 
+static enum kvb_status cpu_block_read(struct backend *be, int32_t block, void *dst)
+{
+    struct cpu_be *c = (struct cpu_be *)be;
+    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
+    memcpy(dst, c->kv + (int64_t)block * c->block_elems, (size_t)be->block_bytes);
+    return KVB_OK;
+}
+
+static enum kvb_status cpu_block_write(struct backend *be, int32_t block, const void *src)
+{
+    struct cpu_be *c = (struct cpu_be *)be;
+    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
+    memcpy(c->kv + (int64_t)block * c->block_elems, src, (size_t)be->block_bytes);
+    return KVB_OK;
+}
+
 enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *opts, struct backend **out,
                               struct kvb_err *err)
 {
@@ -262,6 +278,8 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     c->be.impl = c;
     c->be.forward = cpu_forward;
     c->be.free = cpu_free;
+    c->be.kv_block_read = cpu_block_read;
+    c->be.kv_block_write = cpu_block_write;
     c->be.block_size = opts->block_size;
     c->be.n_blocks = opts->n_blocks;
     c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;

@@ -32,6 +32,12 @@ static void usage(FILE *f)
         "  -c, --ctx N              most tokens per sequence, prompt + output (default: min(model's, 4096))\n"
         "      --lookahead N        requests read ahead to group shared prefixes (default max(256, 4 x batch))\n"
         "      --chat-template NAME chatml | llama3 | llama2 | mistral | zephyr | gemma (default: detected)\n"
+        "      --cache-dir DIR      persistent prefix cache (default: $KVBATCH_CACHE_DIR, else\n"
+        "                           $XDG_CACHE_HOME/kvbatch, else ~/.cache/kvbatch)\n"
+        "      --no-cache           do not read or write the persistent prefix cache\n"
+        "      --cache-max-size SIZE  cap on the cache (default 10G, never more than free disk)\n"
+        "      --cache-level N      zstd level for cache values, 1..19 (default 3)\n"
+        "      --cache-lossy8       store cached K/V as 8-bit (4x smaller, lossy: outputs may change)\n"
         "      --scalar             plain C reference kernels (slow; for checking)\n"
         "  -q, --quiet              no progress or summary on stderr\n"
         "  -h, --help               this text\n"
@@ -71,6 +77,11 @@ int cli_run(int argc, char **argv)
         else if (cli_opt_is(a, "--lookahead")) INT(1, 1 << 20, o.lookahead);
         else if (cli_opt_is(a, "--kv-mem")) { VAL(); if (!cli_parse_size(a, val, &o.kv_mem)) return CLI_EXIT_USAGE; }
         else if (cli_opt_is(a, "--chat-template")) { VAL(); o.chat_template = val; }
+        else if (cli_opt_is(a, "--cache-dir")) { VAL(); o.cache_dir = val; }
+        else if (!strcmp(a, "--no-cache")) o.no_cache = true;
+        else if (cli_opt_is(a, "--cache-max-size")) { VAL(); if (!cli_parse_size(a, val, &o.cache_max_size)) return CLI_EXIT_USAGE; }
+        else if (cli_opt_is(a, "--cache-level")) { int32_t lvl; INT(1, 19, lvl); o.cache_level = lvl; }
+        else if (!strcmp(a, "--cache-lossy8")) o.cache_lossy8 = true;
         else if (!strcmp(a, "--scalar")) o.scalar = true;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o.quiet = true;
         else { fprintf(stderr, "kvbatch run: unknown option '%s' (see --help)\n", a); return CLI_EXIT_USAGE; }

@@ -23,6 +23,7 @@
 #include "job.h"
 #include "metrics.h"
 #include "model.h"
+#include "pstore.h"
 #include "scheduler.h"
 #include "tok.h"
 
@@ -49,7 +50,8 @@ struct choice {
     enum job_finish finish;
     bool done;
     bool cut_at_stop; /* text was cut at a stop string: bytes held back are dropped */
-    int32_t cached;
+    int32_t cached;       /* prompt tokens reused from the in-run prefix tree */
+    int32_t cached_store; /* prompt tokens loaded from the persistent store */
     double t_admit, t_first, t_end;
     /* logprobs, when asked: token texts live in arena */
     struct job_buf arena;
@@ -85,6 +87,8 @@ struct runner {
     struct job_idset *seen_ids;  /* custom_ids met in this input */
     struct metrics_db *db;
     int64_t run_id;
+    struct pstore *ps;           /* persistent prefix cache, or NULL */
+    struct pstore_model pm;
     struct job_buf line;
     float *scratch;              /* (n_vocab) for logprobs */
     bool write_failed;
@@ -194,7 +198,7 @@ static void emit_result(struct runner *r, struct slot *s)
         .n_choices = (size_t)q->n,
         .prompt_tokens = s->n_prompt,
         .completion_tokens = completion,
-        .cached_tokens = s->ch[0].cached,
+        .cached_tokens = s->ch[0].cached + s->ch[0].cached_store,
     };
     r->line.len = 0;
     if (!oom && job_format_result(&r->line, &res) == KVB_OK) {
@@ -221,6 +225,7 @@ static void emit_result(struct runner *r, struct slot *s)
         .input_line = (int64_t)q->line_no,
         .prompt_tokens = s->n_prompt,
         .cached_tokens_run = s->ch[0].cached,
+        .cached_tokens_store = s->ch[0].cached_store,
         .completion_tokens = completion,
         .has_timing = true,
         .queue_s = admit - s->t_submit,
@@ -236,6 +241,7 @@ static void emit_result(struct runner *r, struct slot *s)
     r->tot.prompt_tokens += s->n_prompt;
     r->tot.completion_tokens += completion;
     r->tot.cached_tokens_run += s->ch[0].cached;
+    r->tot.cached_tokens_store += s->ch[0].cached_store;
     r->lines_done++;
 }
 
@@ -348,6 +354,7 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
     struct choice *c = &s->ch[info->user_id % JOB_MAX_N];
     c->done = true;
     c->cached = info->cached_tokens;
+    c->cached_store = info->store_tokens;
     c->t_admit = info->t_admit;
     c->t_end = info->t_end;
     if (why == SCHED_FINISH_LENGTH) c->finish = JOB_FINISH_LENGTH;
@@ -533,7 +540,7 @@ static void progress(struct runner *r, bool final)
     sched_get_stats(r->sched, &st);
     double el = now - r->t0;
     double tps = el > 0 ? (double)(st.prefill_computed + st.decode_tokens) / el : 0;
-    double reuse = st.prompt_tokens ? 100.0 * (double)st.cached_tokens / (double)st.prompt_tokens : 0;
+    double reuse = st.prompt_tokens ? 100.0 * (double)(st.cached_tokens + st.store_tokens) / (double)st.prompt_tokens : 0;
     char total[32] = "?", eta[32] = "?";
     if (r->total_lines >= 0) {
         snprintf(total, sizeof total, "%lld", (long long)r->total_lines);
@@ -566,6 +573,33 @@ static int64_t count_lines(FILE *f)
 }
 
 /* ---- set-up and the loop ------------------------------------------------------------ */
+
+/* The persistent cache is an optimisation: when it cannot be opened the job
+ * runs without it, with a warning. */
+static void open_store(struct runner *r)
+{
+    const struct run_opts *o = r->o;
+    char dir[4096];
+    if (o->cache_dir) snprintf(dir, sizeof dir, "%s", o->cache_dir);
+    else pstore_default_dir(dir, sizeof dir);
+    struct pstore_opts po = {.max_size = o->cache_max_size, .zstd_level = o->cache_level, .lossy8 = o->cache_lossy8,
+                             .n_threads = o->n_threads, .quiet = o->quiet};
+    struct kvb_err err = {{0}};
+    if (pstore_open(dir, &po, &r->ps, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: warning: persistent cache off: %s\n", err.msg);
+        r->ps = NULL;
+        return;
+    }
+    const struct model_hparams *hp = &r->model->hp;
+    memcpy(r->pm.fingerprint, r->model->fingerprint, sizeof r->pm.fingerprint);
+    r->pm.name = r->model->name;
+    r->pm.dtype = PSTORE_DTYPE_F16;
+    r->pm.block_size = o->block_size;
+    r->pm.n_layer = hp->n_layer;
+    r->pm.kv_dim = hp->n_head_kv * hp->head_dim;
+    sched_set_store(r->sched, r->ps, &r->pm);
+    if (!o->quiet) fprintf(stderr, "kvbatch run: persistent prefix cache in %s\n", dir);
+}
 
 static bool open_output(struct runner *r)
 {
@@ -669,6 +703,7 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: %s\n", err.msg);
         return false;
     }
+    if (!o->no_cache) open_store(r);
     r->n_slots = o->lookahead > 0 ? o->lookahead : (o->max_batch * 4 > 256 ? o->max_batch * 4 : 256);
     r->slots = kvb_calloc((size_t)r->n_slots, sizeof *r->slots);
     if (!r->slots) {
@@ -710,6 +745,7 @@ static void teardown(struct runner *r)
         if (r->slots[i].used) free_slot(r, &r->slots[i]);
     kvb_free(r->slots);
     sched_free(r->sched);
+    pstore_close(r->ps); /* writes what is still queued */
     be_free(r->be);
     chat_template_free(&r->tmpl);
     tok_free(r->tok);
@@ -766,6 +802,13 @@ int run_job(const struct run_opts *o)
     struct sched_stats st;
     sched_get_stats(r.sched, &st);
     r.tot.prefill_tokens_computed = st.prefill_computed;
+    struct pstore_stats pst = {0};
+    if (r.ps) {
+        pstore_flush(r.ps);
+        pstore_get_stats(r.ps, &pst);
+        r.tot.store_bytes_read = (int64_t)pst.bytes_read;
+        r.tot.store_bytes_written = (int64_t)pst.bytes_written;
+    }
     r.tot.wall_seconds = cli_now() - r.t0;
     enum metrics_run_status status = fatal || r.write_failed ? METRICS_RUN_FAILED
                                      : stop_signal            ? METRICS_RUN_INTERRUPTED
@@ -776,10 +819,11 @@ int run_job(const struct run_opts *o)
     if (!o->quiet) {
         fprintf(stderr,
                 "kvbatch run: %s: %lld requests (%lld ok, %lld failed, %lld already done), %lld prompt tokens "
-                "(%lld reused, %lld computed), %lld generated, %.1f s\n",
+                "(%lld reused in-run, %lld from the cache, %lld computed), %lld generated, %.1f s\n",
                 metrics_run_status_name(status), (long long)r.tot.requests_total, (long long)r.tot.requests_ok,
                 (long long)r.tot.requests_failed, (long long)r.skipped, (long long)r.tot.prompt_tokens,
-                (long long)st.cached_tokens, (long long)st.prefill_computed, (long long)r.tot.completion_tokens,
+                (long long)st.cached_tokens, (long long)st.store_tokens, (long long)st.prefill_computed,
+                (long long)r.tot.completion_tokens,
                 r.tot.wall_seconds);
     }
     if (stop_signal) {

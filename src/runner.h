@@ -29,6 +29,11 @@ struct run_opts {
     int32_t n_ctx;             /* 0: min(model's, 4096) */
     int32_t lookahead;         /* requests read ahead for prefix grouping; 0: default */
     uint64_t kv_mem;           /* bytes for the KV pool */
+    const char *cache_dir;     /* persistent prefix cache; NULL: the default directory */
+    bool no_cache;             /* do not use the persistent cache at all */
+    uint64_t cache_max_size;   /* 0: the store's default (10 GiB, within free disk) */
+    int cache_level;           /* zstd level; 0: default */
+    bool cache_lossy8;         /* 8-bit lossy cache values */
     bool resume, quiet, scalar;
 };
 

@@ -19,6 +19,9 @@ struct seq {
     int32_t *blocks;
     int32_t n_blocks, cap_blocks;
     int32_t n_new;      /* tokens fed in the current step */
+    struct pstore_key *keys; /* (n_prompt / B) chain keys, when a store is attached */
+    int32_t n_spilled;  /* prompt blocks already handed to (or found in) the store */
+    int32_t store_tokens;
     int32_t cached_tokens;
     bool admitted_once;
     uint64_t admit_seq; /* admission order, for choosing whom to preempt */
@@ -41,6 +44,10 @@ struct sched {
     struct be_seq *bseqs;
     struct seq **bsrc; /* seq behind each be_seq */
     struct sched_stats st;
+    struct pstore *ps;               /* optional persistent store */
+    const struct pstore_model *pm;
+    uint8_t *staging;                /* block buffers for loads and spills */
+    int32_t cap_staging;             /* in blocks */
 };
 
 static double now_s(void)
@@ -54,6 +61,7 @@ static void seq_free(struct seq *q)
 {
     if (!q) return;
     sampler_free(q->smp);
+    kvb_free(q->keys);
     kvb_free(q->tokens);
     kvb_free(q->blocks);
     kvb_free(q);
@@ -108,9 +116,27 @@ void sched_free(struct sched *s)
     kvb_free(s->scratch);
     kvb_free(s->bseqs);
     kvb_free(s->bsrc);
+    kvb_free(s->staging);
     radix_free(s->radix);
     kv_alloc_free(s->kv);
     kvb_free(s);
+}
+
+void sched_set_store(struct sched *s, struct pstore *ps, const struct pstore_model *pm)
+{
+    s->ps = ps;
+    s->pm = pm;
+}
+
+static bool ensure_staging(struct sched *s, int32_t n_blocks)
+{
+    if (n_blocks <= s->cap_staging) return true;
+    uint8_t *ns = kvb_aligned_alloc(64, (size_t)s->be->block_bytes * (size_t)n_blocks);
+    if (!ns) return false;
+    kvb_free(s->staging);
+    s->staging = ns;
+    s->cap_staging = n_blocks;
+    return true;
 }
 
 static enum kvb_status push_waiting(struct sched *s, struct seq *q)
@@ -148,6 +174,11 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
     }
     memcpy(q->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
     q->n_tokens = q->n_prompt = n_prompt;
+    if (s->ps && n_prompt >= s->B) {
+        int32_t nk = n_prompt / s->B;
+        q->keys = kvb_malloc(sizeof *q->keys * (size_t)nk);
+        if (q->keys) pstore_chain_keys(s->pm, q->tokens, nk, q->keys); /* no keys: no store for q */
+    }
     q->max_tokens = max_tokens < 0 ? 0 : max_tokens;
     q->t_submit = now_s();
     s->st.prompt_tokens += n_prompt;
@@ -162,6 +193,7 @@ static void info_of(const struct seq *q, struct sched_seq_info *info, const floa
         .n_prompt = q->n_prompt,
         .n_generated = q->n_tokens - q->n_prompt,
         .cached_tokens = q->cached_tokens,
+        .store_tokens = q->store_tokens,
         .t_submit = q->t_submit,
         .t_admit = q->t_admit,
         .t_first_token = q->t_first,
@@ -215,6 +247,8 @@ static bool better_to_wait(const struct sched *s, const struct seq *q, int32_t c
     return false;
 }
 
+static int32_t load_from_store(struct sched *s, struct seq *q);
+
 static void admit(struct sched *s)
 {
     if (s->n_running >= s->o.max_batch || s->n_waiting == 0) return;
@@ -244,18 +278,76 @@ static void admit(struct sched *s)
          * so the step yields logits. */
         int32_t m = radix_match(s->radix, q->tokens, q->n_tokens - 1, q->blocks, q->cap_blocks);
         q->n_blocks = m;
-        q->n_computed = m * s->B;
+        int32_t loaded = load_from_store(s, q);
+        q->n_computed = q->n_blocks * s->B;
+        if (q->n_spilled < q->n_blocks) q->n_spilled = q->n_blocks;
         if (!q->admitted_once) {
-            q->cached_tokens = q->n_computed;
+            q->cached_tokens = m * s->B;
+            q->store_tokens = loaded * s->B;
             q->t_admit = now_s();
             q->admitted_once = true;
-            s->st.cached_tokens += q->n_computed;
+            s->st.cached_tokens += q->cached_tokens;
+            s->st.store_tokens += q->store_tokens;
         }
         q->admit_seq = ++s->admit_counter;
         s->running[s->n_running++] = q;
         if (q->max_tokens == 0) finish(s, s->n_running - 1, SCHED_FINISH_LENGTH);
     }
     kvb_free(score);
+}
+
+/* Loads the prompt blocks after the q->n_blocks the prefix tree gave, as
+ * far as the store has them (always leaving one token to compute), into
+ * fresh KV blocks, and shares them through the tree. Returns blocks loaded. */
+static int32_t load_from_store(struct sched *s, struct seq *q)
+{
+    if (!s->ps || !q->keys) return 0;
+    const int32_t from = q->n_blocks;
+    int32_t want = (q->n_tokens - 1) / s->B;
+    if (want > q->n_prompt / s->B) want = q->n_prompt / s->B; /* only prompt blocks are stored */
+    if (want - from > 256) want = from + 256; /* one load's worth; the rest next admission or computed */
+    if (want <= from || !ensure_staging(s, want - from)) return 0;
+    /* Blocks to land in; eviction of cached blocks is fine, preemption is not
+     * worth it for an optimisation. */
+    int32_t got = 0;
+    while (from + got < want) {
+        int32_t id = kv_take(s->kv);
+        if (id < 0 && radix_evict(s->radix, 1) > 0) id = kv_take(s->kv);
+        if (id < 0) break;
+        q->blocks[from + got++] = id;
+    }
+    void *dst[256];
+    for (int32_t i = 0; i < got; i++) dst[i] = s->staging + (size_t)i * (size_t)s->be->block_bytes;
+    int32_t n_loaded = 0;
+    double t0 = now_s();
+    if (got > 0 && pstore_load_chain(s->ps, s->pm, q->tokens, q->keys, from, from + got, dst, &n_loaded, NULL) != KVB_OK)
+        n_loaded = 0; /* a store failure is a miss */
+    for (int32_t i = 0; i < n_loaded; i++)
+        if (s->be->kv_block_write(s->be, q->blocks[from + i], dst[i]) != KVB_OK) {
+            n_loaded = i;
+            break;
+        }
+    s->st.store_load_s += now_s() - t0;
+    for (int32_t i = n_loaded; i < got; i++) kv_unref(s->kv, q->blocks[from + i]);
+    q->n_blocks = from + n_loaded;
+    if (n_loaded > 0) radix_insert(s->radix, q->tokens, q->n_blocks, q->blocks);
+    return n_loaded;
+}
+
+/* Hands q's newly computed full prompt blocks to the store. */
+static void spill_to_store(struct sched *s, struct seq *q)
+{
+    if (!s->ps || !q->keys) return;
+    int32_t full = (q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) / s->B;
+    if (full <= q->n_spilled || !ensure_staging(s, 1)) return;
+    for (int32_t i = q->n_spilled; i < full; i++) {
+        if (pstore_contains(s->ps, &q->keys[i])) continue;
+        if (s->be->kv_block_read(s->be, q->blocks[i], s->staging) != KVB_OK) break;
+        pstore_put(s->ps, s->pm, &q->keys[i], i > 0 ? &q->keys[i - 1] : NULL, q->tokens + (int64_t)i * s->B,
+                   s->staging);
+        s->st.store_blocks_spilled++;
+    }
+    q->n_spilled = full;
 }
 
 /* Puts the most recently admitted running sequence back to waiting. */
@@ -365,6 +457,7 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         if (full > 0 && radix_insert(s->radix, q->tokens, full, q->blocks) != KVB_OK) {
             /* Sharing is an optimisation: carry on without it. */
         }
+        spill_to_store(s, q);
         if (s->bseqs[b].logits != BE_LOGITS_LAST) continue;
         const float *lg = s->logits + (int64_t)row++ * s->n_vocab;
         memcpy(s->scratch, lg, sizeof(float) * (size_t)s->n_vocab);

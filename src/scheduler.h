@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "pstore.h"
 #include "sampler.h"
 #include "status.h"
 
@@ -51,6 +52,7 @@ struct sched_seq_info {
     int32_t n_prompt;
     int32_t n_generated;
     int32_t cached_tokens;     /* prompt tokens reused from the prefix tree at (first) admission */
+    int32_t store_tokens;      /* prompt tokens loaded from the persistent store at (first) admission */
     double t_submit, t_admit, t_first_token, t_end; /* monotonic seconds */
     const float *logits;       /* on_token only: the logits the token was sampled from (n_vocab) */
 };
@@ -69,6 +71,9 @@ struct sched_callbacks {
 struct sched_stats {
     int64_t prompt_tokens;        /* submitted */
     int64_t cached_tokens;        /* reused from the prefix tree at admission */
+    int64_t store_tokens;         /* loaded from the persistent store at admission */
+    int64_t store_blocks_spilled; /* prompt blocks handed to the store */
+    double store_load_s;          /* time spent loading from the store */
     int64_t prefill_computed;     /* prompt (and recomputed) tokens pushed through forward */
     int64_t decode_tokens;        /* generated tokens fed back */
     int64_t steps;
@@ -79,6 +84,12 @@ struct sched_stats {
 enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct sched_opts *o,
                              const struct sched_callbacks *cb, struct sched **out, struct kvb_err *err);
 void sched_free(struct sched *s); /* accepts NULL; drops unfinished sequences silently */
+
+/* Attaches a persistent prefix store (borrowed; must outlive the scheduler):
+ * at admission, prompt blocks the prefix tree does not hold are looked up
+ * there and loaded instead of prefilled; full prompt blocks that are computed
+ * are handed to it. Call before the first submit. */
+void sched_set_store(struct sched *s, struct pstore *ps, const struct pstore_model *pm);
 
 /* Queues a request. max_tokens: most tokens to generate (the context may cut
  * it shorter: finish LENGTH). The prompt must fit: n_prompt < n_ctx,

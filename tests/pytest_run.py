@@ -274,6 +274,9 @@ def main():
         print("SKIP: kvbatch binary or model missing (scripts/fetch-model.sh)")
         return 77
     with tempfile.TemporaryDirectory() as tmp:
+        # A private persistent cache: runs after the first find it warm, so
+        # the determinism and resume checks also cover cold vs warm.
+        os.environ["KVBATCH_CACHE_DIR"] = os.path.join(tmp, "cache")
         for t in (test_example, test_errors, test_determinism, test_resume, test_sigterm):
             t0 = time.time()
             t(tmp)

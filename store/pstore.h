@@ -1,0 +1,144 @@
+/* pstore.h — the persistent prefix cache: KV blocks of prompt prefixes,
+ * compressed with zstd, kept in an LMDB environment that any later run, in
+ * any process, can read.
+ *
+ * Keys. Block i of a prompt is named by a chained hash:
+ *   key[0] = H(seed, tokens of block 0), key[i] = H(key[i-1], tokens of block i)
+ * where seed = H(model fingerprint, KV dtype, block size, format version). A
+ * key therefore names a whole prefix, a lookup walks the chain until the
+ * first miss, and two models (or block sizes, or formats) never share keys.
+ *
+ * Values. A header (magic, format version, model identity, shape, dtype,
+ * the block's token ids, raw and compressed lengths, checksum of the raw
+ * bytes) followed by zstd of the byte-shuffled K/V of the block for all
+ * layers. A reader checks every field; a value that fails is a miss, is
+ * removed, and is logged — never fed to the model. A hash collision is caught
+ * by the stored token ids.
+ *
+ * Writes go through a writer thread that batches them into LMDB write
+ * transactions (and compresses them), so the engine never waits on disk.
+ * Several processes may share one directory (LMDB: one writer at a time,
+ * many readers). A size cap is kept by least-recently-used eviction of
+ * leaves only, so every block that remains is reachable (its parent chain is
+ * whole). Full disk or map-full turns writing off for the rest of the run
+ * with a warning; reading goes on.
+ *
+ * Thread-safety: one struct pstore is used by one engine thread; the writer
+ * and decompression threads are internal.
+ *
+ * Ownership: pstore_put copies what it is given. Buffers passed to
+ * pstore_load_chain are the caller's. */
+#ifndef KVB_PSTORE_H
+#define KVB_PSTORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "status.h"
+
+#define PSTORE_FORMAT_VERSION 1
+
+struct pstore;
+
+struct pstore_key {
+    uint8_t b[16];
+};
+
+enum pstore_dtype { PSTORE_DTYPE_F16 = 1, PSTORE_DTYPE_F32 = 2 };
+
+/* What is stored: the identity of the model and the shape of one block. */
+struct pstore_model {
+    char fingerprint[33];    /* the model's weight fingerprint, 32 hex digits */
+    const char *name;        /* human name for `cache stats` (copied) */
+    enum pstore_dtype dtype; /* element type of the K/V data */
+    int32_t block_size;      /* tokens per block */
+    int32_t n_layer;
+    int32_t kv_dim;          /* n_head_kv * head_dim */
+    /* raw block bytes = n_layer * 2 * block_size * kv_dim * sizeof(dtype);
+     * layout [layer][K|V][slot][kv_dim], as the backend's pool holds it. */
+};
+
+struct pstore_opts {
+    uint64_t max_size;  /* cap on stored bytes; 0 = 10 GiB. Also kept under free disk space. */
+    int zstd_level;     /* 0 = default (3) */
+    bool lossy8;        /* store K/V as int8 with a per-row scale (lossy; off by default) */
+    int n_threads;      /* decompression threads; 0 = one per CPU */
+    bool quiet;         /* no warnings on stderr (they are still counted) */
+};
+
+struct pstore_stats {
+    uint64_t blocks_loaded, bytes_read;          /* values read and accepted (compressed bytes) */
+    uint64_t blocks_written, bytes_written;      /* values written (compressed bytes) */
+    uint64_t raw_bytes_written;                  /* the same values uncompressed */
+    uint64_t blocks_dropped;                     /* puts not written (queue full, writing off) */
+    uint64_t damaged;                            /* values found bad and removed */
+    uint64_t evicted;                            /* values removed by the size cap */
+    bool writing_disabled;                       /* after map-full / disk-full */
+};
+
+/* The default directory: $KVBATCH_CACHE_DIR, else $XDG_CACHE_HOME/kvbatch,
+ * else $HOME/.cache/kvbatch. */
+void pstore_default_dir(char *buf, size_t cap);
+
+/* Opens (creating the directory and environment if needed). */
+enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, struct pstore **out,
+                            struct kvb_err *err);
+/* Writes everything still queued, then closes. Accepts NULL. */
+void pstore_close(struct pstore *ps);
+
+/* keys[i] for the first n_blocks full blocks of tokens (block_size each). */
+void pstore_chain_keys(const struct pstore_model *m, const int32_t *tokens, int32_t n_blocks,
+                       struct pstore_key *keys);
+
+/* Loads consecutive blocks from..n-1 of a chain (keys from pstore_chain_keys,
+ * tokens the same prompt) into dst[0..], each raw block bytes long, stopping
+ * at the first miss or damaged value. *n_loaded = blocks loaded (0..n-from).
+ * One read transaction; values decompressed in parallel. Errors other than
+ * misses (e.g. the environment became unreadable) return a status, and the
+ * caller treats them as a miss. */
+enum kvb_status pstore_load_chain(struct pstore *ps, const struct pstore_model *m, const int32_t *tokens,
+                                  const struct pstore_key *keys, int32_t from, int32_t n, void *const *dst,
+                                  int32_t *n_loaded, struct kvb_err *err);
+
+/* Whether the store already holds key (a cheap check before copying a block
+ * out of the backend to put it). */
+bool pstore_contains(struct pstore *ps, const struct pstore_key *key);
+
+/* Queues block `index` of a chain for writing: its key, its parent's key
+ * (NULL for block 0), its tokens (block_size) and raw data. Copies all; never
+ * blocks on disk. Returns KVB_OK also when the put is dropped (counted). */
+enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
+                           const struct pstore_key *parent, const int32_t *tokens, const void *data);
+
+/* Waits until every queued put is written (tests, end of run). */
+void pstore_flush(struct pstore *ps);
+
+void pstore_get_stats(const struct pstore *ps, struct pstore_stats *out);
+
+/* ---- management (kvbatch cache …) ------------------------------------------- */
+
+/* Entries, bytes, compression ratio, per-model breakdown. */
+enum kvb_status pstore_print_stats(struct pstore *ps, FILE *out, struct kvb_err *err);
+/* Checks every value (header, tokens, checksum, decompression); removes the
+ * bad ones and those whose parent is missing. Reports counts. */
+enum kvb_status pstore_verify(struct pstore *ps, FILE *out, uint64_t *n_bad, struct kvb_err *err);
+/* Evicts least recently used leaves until the stored bytes are <= max_size. */
+enum kvb_status pstore_gc(struct pstore *ps, uint64_t max_size, uint64_t *n_evicted, struct kvb_err *err);
+/* Removes every entry, or only those of one model (fingerprint non-NULL). */
+enum kvb_status pstore_clear(struct pstore *ps, const char *fingerprint, uint64_t *n_removed,
+                             struct kvb_err *err);
+
+/* ---- the value codec (exposed for tests and the fuzz target) --------------- */
+
+/* Encodes one block into a kvb_malloc'd value. */
+enum kvb_status pstore_value_encode(const struct pstore_model *m, const int32_t *tokens, const void *data,
+                                    int zstd_level, bool lossy8, uint8_t **out, size_t *out_len,
+                                    struct kvb_err *err);
+/* Decodes and checks a value against the model, and (if tokens non-NULL)
+ * against the expected token ids; writes raw block bytes into dst.
+ * KVB_ERR_FORMAT (message says which check failed) for anything wrong. */
+enum kvb_status pstore_value_decode(const struct pstore_model *m, const int32_t *tokens, const uint8_t *val,
+                                    size_t len, void *dst, struct kvb_err *err);
+
+#endif
