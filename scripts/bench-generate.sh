@@ -17,7 +17,8 @@ MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 text=$(for i in $(seq 1 40); do
   printf 'Section %d. The history of the printing press begins in the fifteenth century, when movable type changed how knowledge travelled across Europe. Printers, scholars and merchants built networks that carried books from Mainz to Venice and beyond. ' "$i"
 done)
-ids=$("$BIN" tokenize --model "$MODEL" "$text" | tr ' ' '\n' | head -n 512 | tr '\n' ' ')
+all_ids=$("$BIN" tokenize --model "$MODEL" "$text")
+ids=$(echo "$all_ids" | cut -d' ' -f1-512)
 n=$(echo "$ids" | wc -w)
 [ "$n" -eq 512 ] || { echo "bench-generate: prompt has $n tokens, expected 512" >&2; exit 1; }
 

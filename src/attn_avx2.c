@@ -66,9 +66,13 @@ void attn_head_avx2(float *out, const float *q, int32_t head_dim, const struct a
     for (int32_t j = 0; j < nv; j++) qv[j] = _mm256_mul_ps(_mm256_loadu_ps(q + 8 * j), _mm256_set1_ps(scale));
 #define LOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
     float maxs = -INFINITY;
-    for (int32_t p = 0; p < n_pos; p++) {
-        const uint16_t *k = kv->k_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
-                         (int64_t)(p % kv->block_size) * kv->row_stride;
+    /* Walk block by block: no division per position. */
+    const uint16_t *k = NULL;
+    for (int32_t p = 0, slot = kv->block_size; p < n_pos; p++, slot++, k += kv->row_stride) {
+        if (slot == kv->block_size) {
+            slot = 0;
+            k = kv->k_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride;
+        }
         __m256 a0 = _mm256_mul_ps(qv[0], LOADH(k));
         __m256 a1 = _mm256_setzero_ps();
         int32_t j = 1;
@@ -95,9 +99,12 @@ void attn_head_avx2(float *out, const float *q, int32_t head_dim, const struct a
     const float inv = 1.0f / hsum256(sum);
     __m256 acc[32];
     for (int32_t j = 0; j < nv; j++) acc[j] = _mm256_setzero_ps();
-    for (int32_t p = 0; p < n_pos; p++) {
-        const uint16_t *v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
-                         (int64_t)(p % kv->block_size) * kv->row_stride;
+    const uint16_t *v = NULL;
+    for (int32_t p = 0, slot = kv->block_size; p < n_pos; p++, slot++, v += kv->row_stride) {
+        if (slot == kv->block_size) {
+            slot = 0;
+            v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride;
+        }
         const __m256 w = _mm256_set1_ps(scores[p]);
         for (int32_t j = 0; j < nv; j++) acc[j] = _mm256_fmadd_ps(w, LOADH(v + 8 * j), acc[j]);
     }

@@ -2,6 +2,7 @@
 #include "tpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <unistd.h>
@@ -134,5 +135,10 @@ void tpool_run(struct tpool *pool, tpool_fn fn, void *arg)
     atomic_store_explicit(&pool->pending, pool->n - 1, memory_order_relaxed);
     kick(pool);
     fn(arg, 0, pool->n);
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) cpu_relax();
+    /* Workers are usually done within microseconds; if one is not (another
+     * process took its core), yield rather than burn the core it needs. */
+    for (long spins = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < SPIN_ITERS) cpu_relax();
+        else sched_yield();
+    }
 }
