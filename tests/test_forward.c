@@ -109,7 +109,13 @@ static void test_scalar_vs_simd(void)
         double nmse = num / den;
         if (nmse > worst) worst = nmse;
         top_agree += argmax(a + t * nv, (int32_t)nv) == argmax(b + t * nv, (int32_t)nv);
-        CHECK_MSG(nmse < 1e-4, "position %zu: NMSE %.3g, max abs diff %.3g", t, nmse, mx);
+        /* Each kernel pair agrees to ~1e-6 relative (test_quant), but every
+         * layer re-quantizes activations to 8 bits, so a last-bit difference
+         * can flip one rounding and the flip travels through 30 layers: the
+         * two paths end up at quantization-noise distance (NMSE ~1e-3 seen),
+         * not float-rounding distance. A real bug (wrong block layout, wrong
+         * scale) gives NMSE of order 1. */
+        CHECK_MSG(nmse < 3e-2, "position %zu: NMSE %.3g, max abs diff %.3g", t, nmse, mx);
     }
     printf("simd vs scalar: worst NMSE %.3g over %zu positions, top-1 agrees at %d\n", worst, n, top_agree);
     CHECK((size_t)top_agree >= n - 1);
