@@ -9,5 +9,6 @@ int cli_tokenize(int argc, char **argv);
 int cli_logits(int argc, char **argv);
 int cli_run(int argc, char **argv);
 int cli_report(int argc, char **argv);
+int cli_cache(int argc, char **argv);
 
 #endif

@@ -63,16 +63,19 @@ struct pstore_opts {
     uint64_t max_size;  /* cap on stored bytes; 0 = 10 GiB. Also kept under free disk space. */
     int zstd_level;     /* 0 = default (3) */
     bool lossy8;        /* store K/V as int8 with a per-row scale (lossy; off by default) */
-    int n_threads;      /* decompression threads; 0 = one per CPU */
+    int n_threads;      /* decompression threads (loads) and compression threads (writer); 0 = one per CPU */
     bool quiet;         /* no warnings on stderr (they are still counted) */
+    uint64_t map_size;  /* LMDB map (address space) in bytes; 0 = automatic: max(2 x cap,
+                           cap + 256 MiB). Tests set it small to provoke map-full. */
 };
 
 struct pstore_stats {
     uint64_t blocks_loaded, bytes_read;          /* values read and accepted (compressed bytes) */
     uint64_t blocks_written, bytes_written;      /* values written (compressed bytes) */
     uint64_t raw_bytes_written;                  /* the same values uncompressed */
-    uint64_t blocks_dropped;                     /* puts not written (queue full, writing off) */
-    uint64_t damaged;                            /* values found bad and removed */
+    uint64_t blocks_dropped;                     /* puts not written (queue full, writing off,
+                                                    parent no longer stored) */
+    uint64_t damaged;                            /* values found bad and removed (loads, verify) */
     uint64_t evicted;                            /* values removed by the size cap */
     bool writing_disabled;                       /* after map-full / disk-full */
 };
@@ -81,7 +84,10 @@ struct pstore_stats {
  * else $HOME/.cache/kvbatch. */
 void pstore_default_dir(char *buf, size_t cap);
 
-/* Opens (creating the directory and environment if needed). */
+/* Opens (creating the directory and environment if needed). dir NULL or ""
+ * = pstore_default_dir; opts NULL = all defaults. One process must not open
+ * the same directory twice at once (LMDB's rule: closing one handle would
+ * drop the other's locks); other processes may. */
 enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, struct pstore **out,
                             struct kvb_err *err);
 /* Writes everything still queued, then closes. Accepts NULL. */
@@ -96,25 +102,40 @@ void pstore_chain_keys(const struct pstore_model *m, const int32_t *tokens, int3
  * at the first miss or damaged value. *n_loaded = blocks loaded (0..n-from).
  * One read transaction; values decompressed in parallel. Errors other than
  * misses (e.g. the environment became unreadable) return a status, and the
- * caller treats them as a miss. */
+ * caller treats them as a miss. dst[i] past *n_loaded may hold garbage.
+ * A lossy8 value is a miss unless the store was opened with lossy8 (so a
+ * lossless run's outputs never depend on a lossy run's); a lossless store
+ * replaces such a value when it puts the block. A damaged value is removed
+ * together with the entries below it (unreachable from now on). */
 enum kvb_status pstore_load_chain(struct pstore *ps, const struct pstore_model *m, const int32_t *tokens,
                                   const struct pstore_key *keys, int32_t from, int32_t n, void *const *dst,
                                   int32_t *n_loaded, struct kvb_err *err);
 
 /* Whether the store already holds key (a cheap check before copying a block
- * out of the backend to put it). */
+ * out of the backend to put it). Also true while the put is still queued;
+ * a lossy8 value counts only for a store opened with lossy8. */
 bool pstore_contains(struct pstore *ps, const struct pstore_key *key);
 
 /* Queues block `index` of a chain for writing: its key, its parent's key
  * (NULL for block 0), its tokens (block_size) and raw data. Copies all; never
- * blocks on disk. Returns KVB_OK also when the put is dropped (counted). */
+ * blocks on disk. Returns KVB_OK also when the put is dropped (counted):
+ * when the queue is full (256 puts or 64 MiB waiting), when writing is off,
+ * or, at write time, when the parent is not in the store (so no entry is
+ * ever unreachable): put a chain's blocks in order. KVB_ERR_INVALID_ARG for
+ * a bad model or NULL arguments. */
 enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
                            const struct pstore_key *parent, const int32_t *tokens, const void *data);
 
-/* Waits until every queued put is written (tests, end of run). */
+/* Waits until every queued put (and LRU touch, and damaged-value removal)
+ * is written (tests, end of run; pstore_close does it too). */
 void pstore_flush(struct pstore *ps);
 
 void pstore_get_stats(const struct pstore *ps, struct pstore_stats *out);
+
+/* The effective size cap in bytes (opts.max_size, or 10 GiB, lowered to
+ * what the disk can hold), and the directory. */
+uint64_t pstore_max_size(const struct pstore *ps);
+const char *pstore_dir(const struct pstore *ps);
 
 /* ---- management (kvbatch cache …) ------------------------------------------- */
 
@@ -137,7 +158,11 @@ enum kvb_status pstore_value_encode(const struct pstore_model *m, const int32_t 
                                     struct kvb_err *err);
 /* Decodes and checks a value against the model, and (if tokens non-NULL)
  * against the expected token ids; writes raw block bytes into dst.
- * KVB_ERR_FORMAT (message says which check failed) for anything wrong. */
+ * KVB_ERR_FORMAT (message says which check failed) for anything wrong;
+ * KVB_ERR_NOT_FOUND for a sound value that stands for other tokens (a hash
+ * collision): a miss, but not damage. Accepts lossy8 values (the store
+ * itself reads them only when opened with lossy8). dst may hold garbage
+ * after a failure. */
 enum kvb_status pstore_value_decode(const struct pstore_model *m, const int32_t *tokens, const uint8_t *val,
                                     size_t len, void *dst, struct kvb_err *err);
 

@@ -1,0 +1,1177 @@
+/* test_pstore.c — the persistent prefix cache (store/pstore.h):
+ *  - the value codec: lossless round trip is bit-exact on any f16/f32 bit
+ *    pattern (Inf, NaN, -0, subnormals); lossy8 error is measured and
+ *    bounded; every truncation and byte flip is refused or harmless;
+ *    compression ratio and single-thread throughput on KV-like data (printed);
+ *  - chain keys: differ per model, dtype, block size and parent;
+ *  - the store: put -> flush -> load is bit-exact; a chain stops at the first
+ *    miss; damaged values (garbage, truncated, other version, other model)
+ *    are misses that are counted and removed, with what hung below them;
+ *    a value for other tokens (a collision) is a miss but not damage;
+ *    two processes writing and reading one directory at once;
+ *    GC under a small cap evicts least recently used leaves and leaves
+ *    every chain whole; map-full turns writing off and loads go on;
+ *    verify finds planted damage, orphans and half entries; clear all or
+ *    one model; lossless stores ignore and replace lossy values.
+ * Cache directories are made under $TMPDIR (or /tmp) and removed. */
+#include <errno.h>
+#include <lmdb.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "alloc.h"
+#include "dtype.h"
+#include "pstore.h"
+#include "pstore_internal.h"
+#include "testutil.h"
+
+static const char *FP_A = "0123456789abcdef0123456789abcdef";
+static const char *FP_B = "fedcba9876543210fedcba9876543210";
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+static double rng_gauss(uint64_t *s)
+{
+    double u = rng_unit(s), v = rng_unit(s);
+    if (u < 1e-300) u = 1e-300;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static struct pstore_model model(const char *fp, enum pstore_dtype dt, int bs, int n_layer, int kv_dim)
+{
+    struct pstore_model m = {.name = "tiny test model", .dtype = dt, .block_size = bs, .n_layer = n_layer,
+                             .kv_dim = kv_dim};
+    snprintf(m.fingerprint, sizeof m.fingerprint, "%s", fp);
+    return m;
+}
+
+static size_t raw_bytes(const struct pstore_model *m)
+{
+    return (size_t)m->n_layer * 2 * (size_t)m->block_size * (size_t)m->kv_dim * (m->dtype == PSTORE_DTYPE_F16 ? 2 : 4);
+}
+
+/* KV-like f16 data: per layer and K/V, each channel has its own offset and
+ * scale (K has a few large outlier channels, as real models do), and values
+ * drift smoothly across token positions (AR(1)). */
+static void fill_kvlike(const struct pstore_model *m, uint16_t *out, uint64_t seed)
+{
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    int D = m->kv_dim, B = m->block_size;
+    double *mean = malloc(sizeof(double) * (size_t)D), *scale = malloc(sizeof(double) * (size_t)D),
+           *z = malloc(sizeof(double) * (size_t)D);
+    for (int l = 0; l < m->n_layer; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            for (int c = 0; c < D; c++) {
+                mean[c] = kv == 0 ? 0.5 * rng_gauss(&s) : 0.05 * rng_gauss(&s);
+                scale[c] = exp(0.5 * rng_gauss(&s)) * (kv == 0 ? 1.0 : 0.3);
+                if (kv == 0 && rng_unit(&s) < 0.03) scale[c] *= 8.0;
+                z[c] = rng_gauss(&s);
+            }
+            for (int t = 0; t < B; t++)
+                for (int c = 0; c < D; c++) {
+                    z[c] = 0.9 * z[c] + 0.43588989 * rng_gauss(&s);
+                    float x = (float)(mean[c] + scale[c] * z[c]);
+                    out[(((size_t)l * 2 + (size_t)kv) * (size_t)B + (size_t)t) * (size_t)D + (size_t)c] =
+                        kvb_f32_to_fp16(x);
+                }
+        }
+    free(mean);
+    free(scale);
+    free(z);
+}
+
+static void fill_random(void *p, size_t n, uint64_t seed)
+{
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 7;
+    uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)(rng_next(&s) >> 24);
+}
+
+/* ---- temporary directories and raw LMDB access --------------------------------- */
+
+static char *mktmp(void)
+{
+    const char *base = getenv("TMPDIR");
+    char tmpl[512];
+    snprintf(tmpl, sizeof tmpl, "%s/kvb_pstore_XXXXXX", base && *base ? base : "/tmp");
+    char *d = mkdtemp(tmpl);
+    if (!d) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    return strdup(d);
+}
+
+static void rmtree(char *dir)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/lock.mdb", dir);
+    unlink(p);
+    rmdir(dir);
+    free(dir);
+}
+
+/* The store must be closed while these run (LMDB: one env per process). */
+static MDB_env *raw_open(const char *dir)
+{
+    MDB_env *env;
+    CHECK(mdb_env_create(&env) == 0);
+    mdb_env_set_maxdbs(env, 8);
+    int rc = mdb_env_open(env, dir, MDB_NOTLS, 0644);
+    CHECK_MSG(rc == 0, "%s", mdb_strerror(rc));
+    return env;
+}
+
+static void raw_put(const char *dir, const char *db, const void *key, size_t klen, const void *val, size_t len)
+{
+    MDB_env *env = raw_open(dir);
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    CHECK(mdb_txn_begin(env, NULL, 0, &txn) == 0);
+    CHECK(mdb_dbi_open(txn, db, MDB_CREATE, &dbi) == 0);
+    MDB_val k = {klen, (void *)key}, v = {len, (void *)val};
+    CHECK(mdb_put(txn, dbi, &k, &v, 0) == 0);
+    CHECK(mdb_txn_commit(txn) == 0);
+    mdb_env_close(env);
+}
+
+/* Copy of a record (malloc'd) or NULL. */
+static uint8_t *raw_get(const char *dir, const char *db, const void *key, size_t *len)
+{
+    MDB_env *env = raw_open(dir);
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    uint8_t *out = NULL;
+    CHECK(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) == 0);
+    if (mdb_dbi_open(txn, db, 0, &dbi) == 0) {
+        MDB_val k = {16, (void *)key}, v;
+        if (mdb_get(txn, dbi, &k, &v) == 0) {
+            out = malloc(v.mv_size ? v.mv_size : 1);
+            memcpy(out, v.mv_data, v.mv_size);
+            *len = v.mv_size;
+        }
+    }
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return out;
+}
+
+/* Walks meta: entries, entries whose parent is missing, and entries whose
+ * recorded child count is wrong; also values without meta. */
+struct tree_check {
+    size_t entries, broken, bad_counts, values, values_without_meta;
+};
+
+static struct tree_check raw_check_tree(const char *dir)
+{
+    struct tree_check r = {0};
+    MDB_env *env = raw_open(dir);
+    MDB_txn *txn;
+    MDB_dbi meta, blocks;
+    CHECK(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn) == 0);
+    CHECK(mdb_dbi_open(txn, "meta", 0, &meta) == 0);
+    CHECK(mdb_dbi_open(txn, "blocks", 0, &blocks) == 0);
+    MDB_cursor *cur;
+    MDB_val k, v;
+    CHECK(mdb_cursor_open(txn, meta, &cur) == 0);
+    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        struct pstore_meta m;
+        CHECK(pstore_meta_unpack(v.mv_data, v.mv_size, &m));
+        r.entries++;
+        if (m.has_parent) {
+            MDB_val pk = {16, m.parent.b}, pv;
+            if (mdb_get(txn, meta, &pk, &pv) != 0) r.broken++;
+        }
+        /* count children by a second scan */
+        uint32_t kids = 0;
+        MDB_cursor *c2;
+        MDB_val k2, v2;
+        CHECK(mdb_cursor_open(txn, meta, &c2) == 0);
+        for (int r2 = mdb_cursor_get(c2, &k2, &v2, MDB_FIRST); r2 == 0; r2 = mdb_cursor_get(c2, &k2, &v2, MDB_NEXT)) {
+            struct pstore_meta m2;
+            if (pstore_meta_unpack(v2.mv_data, v2.mv_size, &m2) && m2.has_parent && !memcmp(m2.parent.b, k.mv_data, 16))
+                kids++;
+        }
+        mdb_cursor_close(c2);
+        if (kids != m.n_children) r.bad_counts++;
+    }
+    mdb_cursor_close(cur);
+    CHECK(mdb_cursor_open(txn, blocks, &cur) == 0);
+    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        r.values++;
+        MDB_val mv;
+        if (mdb_get(txn, meta, &k, &mv) != 0) r.values_without_meta++;
+    }
+    mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return r;
+}
+
+static void check_tree_whole(const char *dir, const char *what)
+{
+    struct tree_check t = raw_check_tree(dir);
+    CHECK_MSG(t.broken == 0, "%s: %zu entries without their parent", what, t.broken);
+    CHECK_MSG(t.bad_counts == 0, "%s: %zu wrong child counts", what, t.bad_counts);
+    CHECK_MSG(t.values == t.entries && t.values_without_meta == 0, "%s: %zu values, %zu entries, %zu without meta",
+              what, t.values, t.entries, t.values_without_meta);
+}
+
+/* ---- chains ----------------------------------------------------------------------- */
+
+struct chain {
+    int n;
+    int32_t *tokens;           /* n * block_size */
+    struct pstore_key *keys;
+    uint8_t *data;             /* n * raw */
+    size_t raw;
+};
+
+/* A chain of n blocks; blocks before `shared` copy `base`'s tokens and data. */
+static struct chain chain_make(const struct pstore_model *m, int n, uint64_t seed, const struct chain *base,
+                               int shared, bool kvlike)
+{
+    struct chain c = {n, malloc(sizeof(int32_t) * (size_t)n * (size_t)m->block_size),
+                      malloc(sizeof(struct pstore_key) * (size_t)n), NULL, raw_bytes(m)};
+    c.data = malloc(c.raw * (size_t)n);
+    uint64_t s = seed + 99;
+    for (int i = 0; i < n; i++) {
+        int32_t *t = c.tokens + (size_t)i * (size_t)m->block_size;
+        uint8_t *d = c.data + (size_t)i * c.raw;
+        if (base && i < shared) {
+            memcpy(t, base->tokens + (size_t)i * (size_t)m->block_size, sizeof(int32_t) * (size_t)m->block_size);
+            memcpy(d, base->data + (size_t)i * c.raw, c.raw);
+            continue;
+        }
+        for (int j = 0; j < m->block_size; j++) t[j] = (int32_t)(rng_next(&s) % 50000);
+        if (kvlike) fill_kvlike(m, (uint16_t *)d, seed * 1000 + (uint64_t)i);
+        else fill_random(d, c.raw, seed * 1000 + (uint64_t)i);
+    }
+    pstore_chain_keys(m, c.tokens, n, c.keys);
+    return c;
+}
+
+static void chain_free(struct chain *c)
+{
+    free(c->tokens);
+    free(c->keys);
+    free(c->data);
+}
+
+static void chain_put(struct pstore *ps, const struct pstore_model *m, const struct chain *c, int from, int to)
+{
+    for (int i = from; i < to; i++)
+        CHECK(pstore_put(ps, m, &c->keys[i], i ? &c->keys[i - 1] : NULL, c->tokens + (size_t)i * (size_t)m->block_size,
+                         c->data + (size_t)i * c->raw) == KVB_OK);
+}
+
+/* Loads the chain into fresh buffers; returns blocks loaded, checking that
+ * each loaded block is bit-exact. */
+static int chain_load(struct pstore *ps, const struct pstore_model *m, const struct chain *c, int from)
+{
+    uint8_t *buf = malloc(c->raw * (size_t)c->n + 1);
+    void **dst = malloc(sizeof(void *) * (size_t)c->n + 1);
+    memset(buf, 0xA5, c->raw * (size_t)c->n);
+    for (int i = 0; i < c->n; i++) dst[i] = buf + (size_t)i * c->raw;
+    int32_t got = -1;
+    struct kvb_err err = {{0}};
+    enum kvb_status st = pstore_load_chain(ps, m, c->tokens, c->keys, from, c->n, dst, &got, &err);
+    CHECK_MSG(st == KVB_OK, "%s", err.msg);
+    for (int i = 0; i < got; i++)
+        CHECK_MSG(!memcmp(dst[i], c->data + (size_t)(from + i) * c->raw, c->raw), "block %d differs", from + i);
+    free(buf);
+    free(dst);
+    return got;
+}
+
+static struct pstore *open_store(const char *dir, uint64_t max_size, bool lossy8)
+{
+    struct pstore_opts o = {.max_size = max_size, .n_threads = 2, .quiet = true, .lossy8 = lossy8};
+    struct pstore *ps = NULL;
+    struct kvb_err err = {{0}};
+    enum kvb_status st = pstore_open(dir, &o, &ps, &err);
+    CHECK_MSG(st == KVB_OK, "open %s: %s", dir, err.msg);
+    return ps;
+}
+
+static struct pstore_stats stats_of(struct pstore *ps)
+{
+    struct pstore_stats s;
+    pstore_get_stats(ps, &s);
+    return s;
+}
+
+/* ---- codec ------------------------------------------------------------------------- */
+
+static void test_codec_lossless(void)
+{
+    const enum pstore_dtype dts[2] = {PSTORE_DTYPE_F16, PSTORE_DTYPE_F32};
+    for (int d = 0; d < 2; d++) {
+        struct pstore_model m = model(FP_A, dts[d], 16, 2, 64);
+        size_t raw = raw_bytes(&m);
+        uint8_t *data = malloc(raw), *out = malloc(raw);
+        fill_random(data, raw, 1 + (uint64_t)d);
+        if (dts[d] == PSTORE_DTYPE_F16) {
+            /* every special pattern: +-0, +-Inf, NaNs, subnormals, max */
+            static const uint16_t sp[] = {0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xfe01, 0x0001, 0x83ff, 0x7bff};
+            memcpy(data, sp, sizeof sp);
+        } else {
+            static const uint32_t sp[] = {0x00000000, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0x00000001};
+            memcpy(data, sp, sizeof sp);
+        }
+        int32_t tokens[16];
+        for (int i = 0; i < 16; i++) tokens[i] = i * 1000 - 5;
+        uint8_t *val = NULL;
+        size_t len = 0;
+        struct kvb_err err = {{0}};
+        CHECK_MSG(pstore_value_encode(&m, tokens, data, 0, false, &val, &len, &err) == KVB_OK, "%s", err.msg);
+        CHECK(pstore_value_decode(&m, tokens, val, len, out, &err) == KVB_OK);
+        CHECK(!memcmp(data, out, raw));
+        CHECK(pstore_value_decode(&m, NULL, val, len, out, &err) == KVB_OK);
+        /* lossy8 asked, but Inf/NaN present: stored lossless, still exact */
+        uint8_t *val2 = NULL;
+        size_t len2 = 0;
+        CHECK(pstore_value_encode(&m, tokens, data, 1, true, &val2, &len2, &err) == KVB_OK);
+        CHECK(len2 > 8 && (val2[6] & PSTORE_FLAG_LOSSY8) == 0);
+        CHECK(pstore_value_decode(&m, tokens, val2, len2, out, &err) == KVB_OK && !memcmp(data, out, raw));
+        kvb_free(val2);
+
+        /* wrong expectations */
+        int32_t other[16];
+        memcpy(other, tokens, sizeof other);
+        other[7]++;
+        CHECK(pstore_value_decode(&m, other, val, len, out, &err) == KVB_ERR_NOT_FOUND);
+        struct pstore_model mb = m;
+        memcpy(mb.fingerprint, FP_B, 33);
+        CHECK(pstore_value_decode(&mb, tokens, val, len, out, &err) == KVB_ERR_FORMAT);
+        CHECK(strstr(err.msg, "another model") != NULL);
+        mb = m;
+        mb.kv_dim = 32;
+        CHECK(pstore_value_decode(&mb, NULL, val, len, out, &err) == KVB_ERR_FORMAT);
+        mb = m;
+        mb.block_size = 8;
+        CHECK(pstore_value_decode(&mb, NULL, val, len, out, &err) == KVB_ERR_FORMAT);
+
+        /* every truncation fails; every single-byte flip fails or decodes
+         * to the very same bytes (a flip in an unused zstd bit) */
+        for (size_t n = 0; n < len; n++) CHECK(pstore_value_decode(&m, tokens, val, n, out, NULL) == KVB_ERR_FORMAT);
+        uint8_t *bad = malloc(len + 1);
+        for (size_t i = 0; i < len; i += (i < 200 ? 1 : 37)) {
+            memcpy(bad, val, len);
+            bad[i] ^= (uint8_t)(1u << (i % 8));
+            enum kvb_status st = pstore_value_decode(&m, tokens, bad, len, out, NULL);
+            CHECK_MSG(st == KVB_ERR_FORMAT || (st == KVB_OK && !memcmp(out, data, raw)), "flip at %zu: %d", i, st);
+        }
+        /* one byte longer */
+        memcpy(bad, val, len);
+        bad[len] = 0;
+        CHECK(pstore_value_decode(&m, tokens, bad, len + 1, out, NULL) == KVB_ERR_FORMAT);
+        free(bad);
+        kvb_free(val);
+        free(data);
+        free(out);
+    }
+}
+
+struct err_stats {
+    double max_abs, max_rel_row, rms_rel;
+};
+
+static struct err_stats lossy_error(const struct pstore_model *m, const uint16_t *a, const uint16_t *b)
+{
+    struct err_stats e = {0, 0, 0};
+    size_t rows = (size_t)m->n_layer * 2 * (size_t)m->block_size, D = (size_t)m->kv_dim;
+    double se = 0, sx = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double amax = 0;
+        for (size_t j = 0; j < D; j++) amax = fmax(amax, fabs(kvb_fp16_to_f32(a[r * D + j])));
+        for (size_t j = 0; j < D; j++) {
+            double x = kvb_fp16_to_f32(a[r * D + j]), y = kvb_fp16_to_f32(b[r * D + j]), d = fabs(x - y);
+            e.max_abs = fmax(e.max_abs, d);
+            if (amax > 0) e.max_rel_row = fmax(e.max_rel_row, d / amax);
+            se += d * d;
+            sx += x * x;
+        }
+    }
+    e.rms_rel = sqrt(se / (sx > 0 ? sx : 1));
+    return e;
+}
+
+static void test_codec_lossy(void)
+{
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 30, 192);
+    size_t raw = raw_bytes(&m);
+    uint16_t *data = malloc(raw), *out = malloc(raw);
+    fill_kvlike(&m, data, 5);
+    /* rows of zeros and of tiny subnormals quantize too */
+    memset(data, 0, 192 * 2);
+    for (int j = 0; j < 192; j++) data[192 + j] = (uint16_t)(j % 3);
+    int32_t tokens[16] = {0};
+    uint8_t *val = NULL;
+    size_t len = 0;
+    struct kvb_err err = {{0}};
+    CHECK(pstore_value_encode(&m, tokens, data, 3, true, &val, &len, &err) == KVB_OK);
+    CHECK((val[6] & PSTORE_FLAG_LOSSY8) != 0);
+    CHECK_MSG(pstore_value_decode(&m, tokens, val, len, out, &err) == KVB_OK, "%s", err.msg);
+    struct err_stats e = lossy_error(&m, data, out);
+    printf("lossy8: %.2fx smaller than raw; max abs error %.4g, max error / row max %.4f, relative RMS error %.4f\n",
+           (double)raw / (double)len, e.max_abs, e.max_rel_row, e.rms_rel);
+    /* int8 with a per-row scale: at most half a step (amax/254) plus the f16
+     * roundings of scale and result. The RMS error is set by the row's
+     * largest element: with outlier channels (as here, and in real K) the
+     * step is coarse for the ordinary ones, about 2 % of the signal RMS. */
+    CHECK(e.max_rel_row <= 0.5 / 127.0 * 1.01 + 2.0 / 1024.0);
+    CHECK(e.rms_rel < 0.03);
+    kvb_free(val);
+    free(data);
+    free(out);
+}
+
+/* Ratio and one-thread speed at the shape of SmolLM2-135M (30 layers, 3 KV
+ * heads x 64, blocks of 16 tokens: 360 KiB per block). */
+static void test_codec_ratio_speed(void)
+{
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 30, 192);
+    size_t raw = raw_bytes(&m);
+    enum { NB = 8 };
+    uint16_t *data = malloc(raw * NB), *out = malloc(raw);
+    for (int i = 0; i < NB; i++) fill_kvlike(&m, data + (size_t)i * raw / 2, 100 + (uint64_t)i);
+    int32_t tokens[16] = {0};
+    struct pstore_shape s;
+    CHECK(pstore_shape_init(&m, &s, NULL) == KVB_OK);
+    const struct {
+        int level;
+        bool lossy;
+    } cfg[] = {{1, false}, {3, false}, {9, false}, {3, true}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        struct pstore_codec cod = {0};
+        size_t total = 0;
+        const uint8_t *v;
+        size_t len;
+        uint8_t *vals[NB];
+        size_t lens[NB];
+        for (int i = 0; i < NB; i++) {
+            CHECK(pstore_codec_encode(&cod, &s, tokens, data + (size_t)i * raw / 2, cfg[c].level, cfg[c].lossy, &v,
+                                      &len, NULL) == KVB_OK);
+            vals[i] = malloc(len);
+            memcpy(vals[i], v, len);
+            lens[i] = len;
+            total += len;
+        }
+        double t0 = now();
+        int iters = 0;
+        do {
+            for (int i = 0; i < NB; i++)
+                pstore_codec_encode(&cod, &s, tokens, data + (size_t)i * raw / 2, cfg[c].level, cfg[c].lossy, &v, &len,
+                                    NULL);
+            iters += NB;
+        } while (now() - t0 < 0.25);
+        double enc = (double)raw * iters / (now() - t0) / 1e6;
+        t0 = now();
+        int dits = 0;
+        do {
+            for (int i = 0; i < NB; i++)
+                CHECK(pstore_codec_decode(&cod, &s, tokens, true, vals[i], lens[i], out, NULL) == KVB_OK);
+            dits += NB;
+        } while (now() - t0 < 0.25);
+        double dec = (double)raw * dits / (now() - t0) / 1e6;
+        printf("KV-like f16, %s zstd level %d: ratio %.3fx (%.1f bytes/token), encode %.0f MB/s, decode %.0f MB/s "
+               "(raw bytes, one thread)\n", cfg[c].lossy ? "lossy8," : "lossless,", cfg[c].level,
+               (double)raw * NB / (double)total, (double)total / NB / 16.0, enc, dec);
+        if (!cfg[c].lossy) CHECK((double)raw * NB / (double)total > 1.1);
+        for (int i = 0; i < NB; i++) free(vals[i]);
+        pstore_codec_free(&cod);
+    }
+    free(data);
+    free(out);
+}
+
+static void test_half_conversions(void)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = kvb_fp16_to_f32((uint16_t)h), b = pstore_h2f((uint16_t)h);
+        CHECK_MSG(!memcmp(&a, &b, 4), "h2f %04x", h);
+    }
+    uint64_t s = 12345;
+    for (int i = 0; i < 2000000; i++) {
+        uint32_t bits = (uint32_t)rng_next(&s);
+        if (i & 1) bits = (bits & 0x87ffffffu) | 0x38000000u; /* near the half range */
+        float f;
+        memcpy(&f, &bits, 4);
+        CHECK_MSG(kvb_f32_to_fp16(f) == pstore_f2h(f), "f2h %08x", bits);
+    }
+}
+
+static void test_codec_nomem(void)
+{
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    size_t raw = raw_bytes(&m);
+    uint8_t *data = malloc(raw), *out = malloc(raw);
+    fill_random(data, raw, 3);
+    int32_t tokens[16] = {0};
+    uint8_t *val;
+    size_t len;
+    CHECK(pstore_value_encode(&m, tokens, data, 0, false, &val, &len, NULL) == KVB_OK);
+    for (long n = 0; n < 6; n++) {
+        uint8_t *v2 = NULL;
+        size_t l2;
+        kvb_alloc_fail_after(n);
+        enum kvb_status a = pstore_value_encode(&m, tokens, data, 0, false, &v2, &l2, NULL);
+        enum kvb_status b = pstore_value_decode(&m, tokens, val, len, out, NULL);
+        kvb_alloc_fail_after(-1);
+        CHECK(a == KVB_OK || a == KVB_ERR_NOMEM);
+        CHECK(b == KVB_OK || b == KVB_ERR_NOMEM);
+        if (a == KVB_OK) kvb_free(v2);
+    }
+    kvb_free(val);
+    free(data);
+    free(out);
+}
+
+/* ---- keys -------------------------------------------------------------------------- */
+
+static void test_keys(void)
+{
+    int32_t tok[64];
+    for (int i = 0; i < 64; i++) tok[i] = i * 7 + 1;
+    struct pstore_key a[4], b[4], c[4], d[2], e[4], f[4];
+    struct pstore_model ma = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64), mb = model(FP_B, PSTORE_DTYPE_F16, 16, 2, 64),
+                        m32 = model(FP_A, PSTORE_DTYPE_F32, 16, 2, 64), mbs = model(FP_A, PSTORE_DTYPE_F16, 32, 2, 64);
+    pstore_chain_keys(&ma, tok, 4, a);
+    pstore_chain_keys(&ma, tok, 4, e);
+    pstore_chain_keys(&mb, tok, 4, b);
+    pstore_chain_keys(&m32, tok, 4, c);
+    pstore_chain_keys(&mbs, tok, 2, d);
+    CHECK(!memcmp(a, e, sizeof a)); /* deterministic */
+    for (int i = 0; i < 4; i++) {
+        CHECK(memcmp(a[i].b, b[i].b, 16) != 0);
+        CHECK(memcmp(a[i].b, c[i].b, 16) != 0);
+        for (int j = 0; j < i; j++) CHECK(memcmp(a[i].b, a[j].b, 16) != 0);
+    }
+    CHECK(memcmp(a[0].b, d[0].b, 16) != 0 && memcmp(a[1].b, d[0].b, 16) != 0);
+    /* upper-case fingerprint names the same model */
+    struct pstore_model mu = model("0123456789ABCDEF0123456789ABCDEF", PSTORE_DTYPE_F16, 16, 2, 64);
+    pstore_chain_keys(&mu, tok, 4, e);
+    CHECK(!memcmp(a, e, sizeof a));
+    /* same block tokens under a different parent: different key */
+    int32_t tok2[64];
+    memcpy(tok2, tok, sizeof tok2);
+    tok2[3] = 99999; /* only block 0 differs */
+    pstore_chain_keys(&ma, tok2, 4, f);
+    for (int i = 0; i < 4; i++) CHECK(memcmp(a[i].b, f[i].b, 16) != 0);
+    /* changing block 2 keeps keys 0 and 1 */
+    memcpy(tok2, tok, sizeof tok2);
+    tok2[40] = -1;
+    pstore_chain_keys(&ma, tok2, 4, f);
+    CHECK(!memcmp(a[0].b, f[0].b, 16) && !memcmp(a[1].b, f[1].b, 16));
+    CHECK(memcmp(a[2].b, f[2].b, 16) != 0 && memcmp(a[3].b, f[3].b, 16) != 0);
+}
+
+static void test_default_dir(void)
+{
+    char buf[512];
+    setenv("KVBATCH_CACHE_DIR", "/x/y", 1);
+    pstore_default_dir(buf, sizeof buf);
+    CHECK(!strcmp(buf, "/x/y"));
+    unsetenv("KVBATCH_CACHE_DIR");
+    setenv("XDG_CACHE_HOME", "/c", 1);
+    pstore_default_dir(buf, sizeof buf);
+    CHECK(!strcmp(buf, "/c/kvbatch"));
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", "/home/u", 1);
+    pstore_default_dir(buf, sizeof buf);
+    CHECK(!strcmp(buf, "/home/u/.cache/kvbatch"));
+}
+
+/* ---- store ------------------------------------------------------------------------- */
+
+static void test_roundtrip(void)
+{
+    char *dir = mktmp();
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 4, 128);
+    struct chain c = chain_make(&m, 12, 1, NULL, 0, true);
+    struct pstore *ps = open_store(dir, 0, false);
+    CHECK(!pstore_contains(ps, &c.keys[0]));
+    chain_put(ps, &m, &c, 0, 12);
+    CHECK(pstore_contains(ps, &c.keys[5])); /* queued or written: either way "held" */
+    pstore_flush(ps);
+    struct pstore_stats s = stats_of(ps);
+    CHECK_EQ_INT(s.blocks_written, 12);
+    CHECK_EQ_INT(s.blocks_dropped, 0);
+    CHECK(s.raw_bytes_written == 12 * c.raw && s.bytes_written < s.raw_bytes_written);
+    printf("store round trip: 12 KV-like blocks, %llu raw -> %llu stored bytes (%.2fx)\n",
+           (unsigned long long)s.raw_bytes_written, (unsigned long long)s.bytes_written,
+           (double)s.raw_bytes_written / (double)s.bytes_written);
+    CHECK_EQ_INT(chain_load(ps, &m, &c, 0), 12);
+    CHECK_EQ_INT(chain_load(ps, &m, &c, 7), 5);
+    pstore_close(ps);
+
+    /* a fresh process-lifetime handle reads the same bytes */
+    ps = open_store(dir, 0, false);
+    CHECK_EQ_INT(chain_load(ps, &m, &c, 0), 12);
+    CHECK(pstore_contains(ps, &c.keys[11]));
+    s = stats_of(ps);
+    CHECK_EQ_INT(s.blocks_loaded, 12);
+    /* putting again writes nothing */
+    chain_put(ps, &m, &c, 0, 12);
+    pstore_flush(ps);
+    CHECK_EQ_INT(stats_of(ps).blocks_written, 0);
+    /* a prompt that diverges in block 5 loads 5 */
+    struct chain d = chain_make(&m, 8, 2, &c, 5, true);
+    CHECK_EQ_INT(chain_load(ps, &m, &d, 0), 5);
+    /* the same tokens for another model: nothing */
+    struct pstore_model mb = model(FP_B, PSTORE_DTYPE_F16, 16, 4, 128);
+    struct chain cb = c;
+    cb.keys = malloc(sizeof(struct pstore_key) * 12);
+    pstore_chain_keys(&mb, c.tokens, 12, cb.keys);
+    CHECK_EQ_INT(chain_load(ps, &mb, &cb, 0), 0);
+    free(cb.keys);
+    char *text = NULL;
+    size_t tlen = 0;
+    FILE *f = open_memstream(&text, &tlen);
+    struct kvb_err err = {{0}};
+    CHECK_MSG(pstore_print_stats(ps, f, &err) == KVB_OK, "%s", err.msg);
+    fclose(f);
+    CHECK(strstr(text, "entries          12 blocks") != NULL);
+    CHECK(strstr(text, "tiny test model") != NULL && strstr(text, FP_A) != NULL);
+    printf("%s", text);
+    free(text);
+    pstore_close(ps);
+    check_tree_whole(dir, "round trip");
+    chain_free(&c);
+    chain_free(&d);
+    rmtree(dir);
+}
+
+static void test_first_miss(void)
+{
+    char *dir = mktmp();
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    struct chain c = chain_make(&m, 8, 3, NULL, 0, false);
+    struct pstore *ps = open_store(dir, 0, false);
+    chain_put(ps, &m, &c, 0, 3);
+    chain_put(ps, &m, &c, 4, 8); /* parent 3 absent: refused, counted */
+    pstore_flush(ps);
+    struct pstore_stats s = stats_of(ps);
+    CHECK_EQ_INT(s.blocks_written, 3);
+    CHECK_EQ_INT(s.blocks_dropped, 4);
+    CHECK_EQ_INT(chain_load(ps, &m, &c, 0), 3);
+    CHECK_EQ_INT(chain_load(ps, &m, &c, 3), 0);
+    CHECK(!pstore_contains(ps, &c.keys[4]));
+    pstore_close(ps);
+    check_tree_whole(dir, "first miss");
+    chain_free(&c);
+    rmtree(dir);
+}
+
+/* Rewrites the header checksum after a header field was changed, so that
+ * the check that must catch the change is the field's own. */
+static void fix_header_sum(uint8_t *val, uint32_t block_size)
+{
+    size_t hl = pstore_hdr_len(block_size);
+    uint64_t h = XXH3_64bits(val, hl - 8);
+    for (int i = 0; i < 8; i++) val[hl - 8 + (size_t)i] = (uint8_t)(h >> (8 * i));
+}
+
+enum damage { DMG_GARBAGE, DMG_TRUNCATE, DMG_VERSION, DMG_MODEL, DMG_PAYLOAD, DMG_COUNT };
+static const char *damage_name[] = {"garbage", "truncated", "other version", "other model", "payload bit"};
+
+static void test_damage(void)
+{
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    for (int kind = 0; kind < DMG_COUNT; kind++) {
+        char *dir = mktmp();
+        struct chain c = chain_make(&m, 6, 4, NULL, 0, true);
+        struct chain side = chain_make(&m, 6, 5, &c, 3, true); /* shares blocks 0..2 */
+        struct pstore *ps = open_store(dir, 0, false);
+        chain_put(ps, &m, &c, 0, 6);
+        chain_put(ps, &m, &side, 3, 6);
+        pstore_flush(ps);
+        CHECK_EQ_INT(stats_of(ps).blocks_written, 9);
+        pstore_close(ps);
+
+        size_t len;
+        uint8_t *val = raw_get(dir, "blocks", c.keys[2].b, &len);
+        CHECK(val != NULL);
+        if (!val) continue;
+        switch (kind) {
+        case DMG_GARBAGE: fill_random(val, len, 77); break;
+        case DMG_TRUNCATE: len = len / 2; break;
+        case DMG_VERSION:
+            val[4] = PSTORE_FORMAT_VERSION + 1;
+            fix_header_sum(val, 16);
+            break;
+        case DMG_MODEL:
+            val[8] ^= 0x55;
+            fix_header_sum(val, 16);
+            break;
+        case DMG_PAYLOAD: val[len - 20] ^= 0x10; break;
+        }
+        raw_put(dir, "blocks", c.keys[2].b, 16, val, len);
+        free(val);
+
+        ps = open_store(dir, 0, false);
+        CHECK_MSG(chain_load(ps, &m, &c, 0) == 2, "%s", damage_name[kind]);
+        CHECK_EQ_INT(stats_of(ps).damaged, 1);
+        pstore_flush(ps); /* the removal is written */
+        /* removed, and so is everything that hung below it (both branches) */
+        CHECK(!pstore_contains(ps, &c.keys[2]));
+        for (int i = 3; i < 6; i++) CHECK(!pstore_contains(ps, &c.keys[i]) && !pstore_contains(ps, &side.keys[i]));
+        CHECK(pstore_contains(ps, &c.keys[1]));
+        CHECK_EQ_INT(chain_load(ps, &m, &c, 0), 2);
+        CHECK_EQ_INT(stats_of(ps).damaged, 1);
+        /* putting the chain again heals it */
+        chain_put(ps, &m, &c, 0, 6);
+        pstore_flush(ps);
+        CHECK_EQ_INT(chain_load(ps, &m, &c, 0), 6);
+        pstore_close(ps);
+        check_tree_whole(dir, damage_name[kind]);
+        chain_free(&c);
+        chain_free(&side);
+        rmtree(dir);
+    }
+}
+
+static void test_collision(void)
+{
+    char *dir = mktmp();
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    struct chain c = chain_make(&m, 4, 6, NULL, 0, false);
+    struct pstore *ps = open_store(dir, 0, false);
+    chain_put(ps, &m, &c, 0, 4);
+    pstore_flush(ps);
+    pstore_close(ps);
+    /* block 1's key now holds a sound value for other tokens */
+    int32_t other[16];
+    for (int i = 0; i < 16; i++) other[i] = 424242 + i;
+    uint8_t *val;
+    size_t len;
+    CHECK(pstore_value_encode(&m, other, c.data + c.raw, 0, false, &val, &len, NULL) == KVB_OK);
+    raw_put(dir, "blocks", c.keys[1].b, 16, val, len);
+    ps = open_store(dir, 0, false);
+    CHECK_EQ_INT(chain_load(ps, &m, &c, 0), 1);
+    pstore_flush(ps);
+    CHECK_EQ_INT(stats_of(ps).damaged, 0);
+    CHECK(pstore_contains(ps, &c.keys[1])); /* a miss, not damage: kept */
+    pstore_close(ps);
+    kvb_free(val);
+    chain_free(&c);
+    rmtree(dir);
+}
+
+/* Two processes, each with its own chains plus a shared prefix, put and
+ * load at the same time; each then waits to see the other's chains. */
+static int child_run(const char *dir, int who)
+{
+    tu_failures = 0; /* the parent's count came along with fork */
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    struct chain base = chain_make(&m, 6, 1000, NULL, 0, true);
+    struct chain mine[3], theirs[3];
+    for (int i = 0; i < 3; i++) {
+        mine[i] = chain_make(&m, 10, 2000 + (uint64_t)who * 10 + (uint64_t)i, &base, 4, true);
+        theirs[i] = chain_make(&m, 10, 2000 + (uint64_t)(1 - who) * 10 + (uint64_t)i, &base, 4, true);
+    }
+    struct pstore *ps = open_store(dir, 0, false);
+    if (!ps) return 1;
+    for (int round = 0; round < 3; round++)
+        for (int i = 0; i < 3; i++) {
+            chain_put(ps, &m, &mine[i], 0, 10);
+            chain_load(ps, &m, &theirs[i], 0); /* whatever is there must be right */
+            chain_load(ps, &m, &mine[i], 0);
+        }
+    pstore_flush(ps);
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(chain_load(ps, &m, &mine[i], 0), 10);
+    double t0 = now();
+    for (int i = 0; i < 3; i++) {
+        while (chain_load(ps, &m, &theirs[i], 0) < 10 && now() - t0 < 10.0) usleep(10000);
+        CHECK_EQ_INT(chain_load(ps, &m, &theirs[i], 0), 10);
+    }
+    struct pstore_stats s = stats_of(ps);
+    CHECK(!s.writing_disabled && s.damaged == 0);
+    pstore_close(ps);
+    for (int i = 0; i < 3; i++) {
+        chain_free(&mine[i]);
+        chain_free(&theirs[i]);
+    }
+    chain_free(&base);
+    return tu_failures ? 1 : 0;
+}
+
+static void test_two_processes(void)
+{
+    char *dir = mktmp();
+    fflush(NULL);
+    pid_t pids[2];
+    for (int who = 0; who < 2; who++) {
+        pids[who] = fork();
+        if (pids[who] == 0) _exit(child_run(dir, who));
+        CHECK(pids[who] > 0);
+    }
+    for (int who = 0; who < 2; who++) {
+        int status = 0;
+        CHECK(waitpid(pids[who], &status, 0) == pids[who]);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "process %d: status 0x%x", who, status);
+    }
+    /* 6 shared + 2 processes x 3 chains x 6 own blocks, each once */
+    struct pstore *ps = open_store(dir, 0, false);
+    uint64_t bad = 99;
+    struct kvb_err err = {{0}};
+    CHECK(pstore_verify(ps, NULL, &bad, &err) == KVB_OK);
+    CHECK_EQ_INT(bad, 0);
+    pstore_close(ps);
+    struct tree_check t = raw_check_tree(dir);
+    CHECK_EQ_INT(t.entries, 4 + 2 * 3 * 6);
+    check_tree_whole(dir, "two processes");
+    rmtree(dir);
+}
+
+static void test_gc(void)
+{
+    char *dir = mktmp();
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    struct chain a = chain_make(&m, 8, 10, NULL, 0, false), b = chain_make(&m, 8, 11, NULL, 0, false),
+                 c = chain_make(&m, 8, 12, NULL, 0, false);
+    /* random data: every value has nearly the same size */
+    uint8_t *v;
+    size_t vlen;
+    CHECK(pstore_value_encode(&m, a.tokens, a.data, 0, false, &v, &vlen, NULL) == KVB_OK);
+    kvb_free(v);
+    uint64_t cap = (uint64_t)(20.5 * (double)vlen);
+    struct pstore *ps = open_store(dir, cap, false);
+    CHECK_EQ_INT(pstore_max_size(ps), cap);
+    chain_put(ps, &m, &a, 0, 8);
+    pstore_flush(ps);
+    chain_put(ps, &m, &b, 0, 8);
+    pstore_flush(ps);
+    CHECK_EQ_INT(chain_load(ps, &m, &a, 0), 8); /* a is now used more recently than b */
+    pstore_flush(ps);
+    chain_put(ps, &m, &c, 0, 8); /* 24 values > cap: trim to 90 % = 18 */
+    pstore_flush(ps);
+    struct pstore_stats s = stats_of(ps);
+    CHECK_EQ_INT(s.evicted, 6);
+    CHECK_EQ_INT(chain_load(ps, &m, &a, 0), 8);
+    CHECK_EQ_INT(chain_load(ps, &m, &b, 0), 2);
+    CHECK_EQ_INT(chain_load(ps, &m, &c, 0), 8);
+    /* explicit gc: the loads just above used a, then b, then c, so a is
+     * now the least recently used chain and goes first, leaf by leaf */
+    uint64_t n = 0;
+    struct kvb_err err = {{0}};
+    CHECK(pstore_gc(ps, (uint64_t)(10.5 * (double)vlen), &n, &err) == KVB_OK);
+    CHECK_EQ_INT(n, 8);
+    pstore_close(ps);
+    check_tree_whole(dir, "gc");
+    struct tree_check t = raw_check_tree(dir);
+    CHECK_EQ_INT(t.entries, 10);
+    ps = open_store(dir, cap, false);
+    int la = chain_load(ps, &m, &a, 0), lb = chain_load(ps, &m, &b, 0), lc = chain_load(ps, &m, &c, 0);
+    printf("gc: after trimming to 10 values: a %d, b %d, c %d blocks\n", la, lb, lc);
+    CHECK_EQ_INT(la, 0);
+    CHECK_EQ_INT(lb, 2);
+    CHECK_EQ_INT(lc, 8);
+    pstore_close(ps);
+    chain_free(&a);
+    chain_free(&b);
+    chain_free(&c);
+    rmtree(dir);
+}
+
+static void test_map_full(void)
+{
+    char *dir = mktmp();
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    struct chain a = chain_make(&m, 3, 20, NULL, 0, false), big = chain_make(&m, 200, 21, NULL, 0, false);
+    struct pstore_opts o = {.n_threads = 1, .quiet = true, .map_size = (uint64_t)1 << 20};
+    struct pstore *ps = NULL;
+    CHECK(pstore_open(dir, &o, &ps, NULL) == KVB_OK);
+    chain_put(ps, &m, &a, 0, 3);
+    pstore_flush(ps);
+    for (int i = 0; i < 200; i += 50) {
+        chain_put(ps, &m, &big, i, i + 50);
+        pstore_flush(ps);
+    }
+    struct pstore_stats s = stats_of(ps);
+    CHECK(s.writing_disabled);
+    CHECK(s.blocks_dropped > 0);
+    printf("map full: %llu written, %llu dropped, writing disabled %d\n", (unsigned long long)s.blocks_written,
+           (unsigned long long)s.blocks_dropped, s.writing_disabled);
+    CHECK_EQ_INT(chain_load(ps, &m, &a, 0), 3);
+    uint64_t dropped = s.blocks_dropped;
+    chain_put(ps, &m, &big, 0, 1);
+    CHECK_EQ_INT(stats_of(ps).blocks_dropped, dropped + 1);
+    pstore_close(ps);
+    /* the directory is still sound, and a new process may write again */
+    ps = open_store(dir, 0, false);
+    CHECK_EQ_INT(chain_load(ps, &m, &a, 0), 3);
+    pstore_close(ps);
+    check_tree_whole(dir, "map full");
+    chain_free(&a);
+    chain_free(&big);
+    rmtree(dir);
+}
+
+static void test_verify(void)
+{
+    char *dir = mktmp();
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    struct chain a = chain_make(&m, 6, 30, NULL, 0, true), b = chain_make(&m, 6, 31, NULL, 0, true);
+    struct pstore *ps = open_store(dir, 0, false);
+    chain_put(ps, &m, &a, 0, 6);
+    chain_put(ps, &m, &b, 0, 6);
+    pstore_flush(ps);
+    uint64_t bad = 99;
+    struct kvb_err err = {{0}};
+    CHECK(pstore_verify(ps, NULL, &bad, &err) == KVB_OK);
+    CHECK_EQ_INT(bad, 0);
+    pstore_close(ps);
+
+    /* plant: a[3] damaged (so a[4], a[5] hang below it); b[5] filed under a
+     * wrong key (a valid value, meta copied); an orphan whose parent never
+     * existed; a value without meta; a meta record without value */
+    size_t len;
+    uint8_t *val = raw_get(dir, "blocks", a.keys[3].b, &len);
+    val[len / 2] ^= 0xff;
+    raw_put(dir, "blocks", a.keys[3].b, 16, val, len);
+    free(val);
+    uint8_t wrong[16], orphan[16], lone[16], ghost[16];
+    memset(wrong, 0x11, 16);
+    memset(orphan, 0x22, 16);
+    memset(lone, 0x33, 16);
+    memset(ghost, 0x44, 16);
+    size_t mlen;
+    val = raw_get(dir, "blocks", b.keys[5].b, &len);
+    uint8_t *meta = raw_get(dir, "meta", b.keys[5].b, &mlen);
+    raw_put(dir, "blocks", wrong, 16, val, len);
+    raw_put(dir, "meta", wrong, 16, meta, mlen);
+    struct pstore_meta pm;
+    CHECK(pstore_meta_unpack(meta, mlen, &pm));
+    pm.parent.b[0] ^= 1;
+    uint8_t packed[PSTORE_META_LEN];
+    pstore_meta_pack(&pm, packed);
+    raw_put(dir, "blocks", orphan, 16, val, len);
+    raw_put(dir, "meta", orphan, 16, packed, sizeof packed);
+    raw_put(dir, "blocks", lone, 16, val, len);
+    raw_put(dir, "meta", ghost, 16, meta, mlen);
+    free(val);
+    free(meta);
+
+    ps = open_store(dir, 0, false);
+    char *text = NULL;
+    size_t tlen = 0;
+    FILE *f = open_memstream(&text, &tlen);
+    CHECK_MSG(pstore_verify(ps, f, &bad, &err) == KVB_OK, "%s", err.msg);
+    fclose(f);
+    printf("verify report:\n%s", text);
+    /* a[3] + wrong + orphan (parent missing: decodes, but its key check
+     * fails too) + lone + ghost bad; a[4], a[5] removed below a[3] */
+    CHECK_EQ_INT(bad, 7);
+    CHECK(strstr(text, "5 bad") != NULL);
+    free(text);
+    CHECK_EQ_INT(chain_load(ps, &m, &a, 0), 3);
+    CHECK_EQ_INT(chain_load(ps, &m, &b, 0), 6);
+    CHECK(pstore_verify(ps, NULL, &bad, &err) == KVB_OK);
+    CHECK_EQ_INT(bad, 0);
+    pstore_close(ps);
+    check_tree_whole(dir, "verify");
+    CHECK_EQ_INT(raw_check_tree(dir).entries, 9);
+    chain_free(&a);
+    chain_free(&b);
+    rmtree(dir);
+}
+
+/* More values than one verify batch (256): damage spread over them. */
+static void test_verify_many(void)
+{
+    char *dir = mktmp();
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 1, 16);
+    struct chain c[20];
+    struct pstore *ps = open_store(dir, 0, false);
+    for (int i = 0; i < 20; i++) {
+        c[i] = chain_make(&m, 16, 60 + (uint64_t)i, NULL, 0, false);
+        chain_put(ps, &m, &c[i], 0, 16);
+        if (i % 8 == 7) pstore_flush(ps); /* the put queue holds 256 */
+    }
+    pstore_flush(ps);
+    CHECK_EQ_INT(stats_of(ps).blocks_written, 320);
+    pstore_close(ps);
+    for (int i = 0; i < 20; i += 4) {
+        size_t len;
+        uint8_t *val = raw_get(dir, "blocks", c[i].keys[15].b, &len);
+        CHECK(val != NULL);
+        if (!val) continue;
+        val[len - 1] ^= 1;
+        raw_put(dir, "blocks", c[i].keys[15].b, 16, val, len);
+        free(val);
+    }
+    ps = open_store(dir, 0, false);
+    uint64_t bad = 0;
+    char *text = NULL;
+    size_t tlen = 0;
+    FILE *f = open_memstream(&text, &tlen);
+    CHECK(pstore_verify(ps, f, &bad, NULL) == KVB_OK);
+    fclose(f);
+    CHECK_EQ_INT(bad, 5);
+    CHECK_MSG(strstr(text, "checked 320 values: 5 bad") != NULL, "%s", text);
+    free(text);
+    for (int i = 0; i < 20; i++) CHECK_EQ_INT(chain_load(ps, &m, &c[i], 0), i % 4 ? 16 : 15);
+    pstore_close(ps);
+    check_tree_whole(dir, "verify many");
+    for (int i = 0; i < 20; i++) chain_free(&c[i]);
+    rmtree(dir);
+}
+
+static void test_clear(void)
+{
+    char *dir = mktmp();
+    struct pstore_model ma = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64), mb = model(FP_B, PSTORE_DTYPE_F16, 16, 2, 64);
+    mb.name = "other model";
+    struct chain a = chain_make(&ma, 5, 40, NULL, 0, false), b = chain_make(&mb, 5, 41, NULL, 0, false);
+    pstore_chain_keys(&mb, b.tokens, 5, b.keys);
+    struct pstore *ps = open_store(dir, 0, false);
+    chain_put(ps, &ma, &a, 0, 5);
+    chain_put(ps, &mb, &b, 0, 5);
+    pstore_flush(ps);
+    CHECK_EQ_INT(chain_load(ps, &ma, &a, 0), 5);
+    CHECK_EQ_INT(chain_load(ps, &mb, &b, 0), 5);
+    uint64_t n = 0;
+    struct kvb_err err = {{0}};
+    CHECK(pstore_clear(ps, "not hex", &n, &err) == KVB_ERR_INVALID_ARG);
+    CHECK_MSG(pstore_clear(ps, "FEDCBA9876543210FEDCBA9876543210", &n, &err) == KVB_OK, "%s", err.msg);
+    CHECK_EQ_INT(n, 5);
+    CHECK_EQ_INT(chain_load(ps, &ma, &a, 0), 5);
+    CHECK_EQ_INT(chain_load(ps, &mb, &b, 0), 0);
+    char *text = NULL;
+    size_t tlen = 0;
+    FILE *f = open_memstream(&text, &tlen);
+    CHECK(pstore_print_stats(ps, f, &err) == KVB_OK);
+    fclose(f);
+    CHECK(strstr(text, "entries          5 blocks") && !strstr(text, "other model"));
+    free(text);
+    /* the model can come back after being cleared */
+    chain_put(ps, &mb, &b, 0, 5);
+    pstore_flush(ps);
+    CHECK_EQ_INT(chain_load(ps, &mb, &b, 0), 5);
+    CHECK(pstore_clear(ps, NULL, &n, &err) == KVB_OK);
+    CHECK_EQ_INT(n, 10);
+    CHECK_EQ_INT(chain_load(ps, &ma, &a, 0), 0);
+    CHECK_EQ_INT(chain_load(ps, &mb, &b, 0), 0);
+    chain_put(ps, &ma, &a, 0, 5);
+    pstore_flush(ps);
+    CHECK_EQ_INT(chain_load(ps, &ma, &a, 0), 5);
+    pstore_close(ps);
+    check_tree_whole(dir, "clear");
+    chain_free(&a);
+    chain_free(&b);
+    rmtree(dir);
+}
+
+static void test_lossy_store(void)
+{
+    char *dir = mktmp();
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    struct chain c = chain_make(&m, 4, 50, NULL, 0, true);
+    struct pstore *ps = open_store(dir, 0, true);
+    chain_put(ps, &m, &c, 0, 4);
+    pstore_flush(ps);
+    uint8_t *buf = malloc(c.raw * 4);
+    void *dst[4] = {buf, buf + c.raw, buf + 2 * c.raw, buf + 3 * c.raw};
+    int32_t got = 0;
+    CHECK(pstore_load_chain(ps, &m, c.tokens, c.keys, 0, 4, dst, &got, NULL) == KVB_OK);
+    CHECK_EQ_INT(got, 4);
+    struct err_stats e = lossy_error(&m, (const uint16_t *)c.data, (const uint16_t *)buf);
+    CHECK(e.rms_rel < 0.03 && e.max_rel_row < 0.01);
+    pstore_close(ps);
+    /* a lossless store does not read lossy values, and replaces them */
+    ps = open_store(dir, 0, false);
+    CHECK_EQ_INT(chain_load(ps, &m, &c, 0), 0);
+    CHECK(!pstore_contains(ps, &c.keys[0]));
+    CHECK_EQ_INT(stats_of(ps).damaged, 0);
+    chain_put(ps, &m, &c, 0, 4);
+    pstore_flush(ps);
+    CHECK_EQ_INT(stats_of(ps).blocks_written, 4);
+    CHECK_EQ_INT(chain_load(ps, &m, &c, 0), 4);
+    pstore_close(ps);
+    check_tree_whole(dir, "lossy");
+    free(buf);
+    chain_free(&c);
+    rmtree(dir);
+}
+
+static void test_bad_args(void)
+{
+    struct pstore *ps = NULL;
+    struct kvb_err err = {{0}};
+    struct pstore_opts o = {.zstd_level = 99};
+    char *dir = mktmp();
+    CHECK(pstore_open(dir, &o, &ps, &err) == KVB_ERR_INVALID_ARG && ps == NULL);
+    /* a regular file where the directory should be */
+    char path[600];
+    snprintf(path, sizeof path, "%s/file", dir);
+    FILE *f = fopen(path, "w");
+    fclose(f);
+    CHECK(pstore_open(path, NULL, &ps, &err) == KVB_ERR_IO && ps == NULL);
+    unlink(path);
+    ps = open_store(dir, 0, false);
+    struct pstore_model m = model("nothex", PSTORE_DTYPE_F16, 16, 2, 64);
+    int32_t tok[16] = {0};
+    uint8_t data[8192] = {0};
+    struct pstore_key k = {{0}};
+    CHECK(pstore_put(ps, &m, &k, NULL, tok, data) == KVB_ERR_INVALID_ARG);
+    m = model(FP_A, PSTORE_DTYPE_F16, 0, 2, 64);
+    CHECK(pstore_put(ps, &m, &k, NULL, tok, data) == KVB_ERR_INVALID_ARG);
+    m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    void *dst[1] = {data};
+    int32_t got = 5;
+    CHECK(pstore_load_chain(ps, &m, tok, &k, 1, 1, dst, &got, NULL) == KVB_OK && got == 0);
+    pstore_close(ps);
+    pstore_close(NULL);
+    rmtree(dir);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IONBF, 0);
+    test_codec_lossless();
+    test_codec_lossy();
+    test_codec_ratio_speed();
+    test_half_conversions();
+    test_codec_nomem();
+    test_keys();
+    test_default_dir();
+    test_roundtrip();
+    test_first_miss();
+    test_damage();
+    test_collision();
+    test_two_processes();
+    test_gc();
+    test_map_full();
+    test_verify();
+    test_verify_many();
+    test_clear();
+    test_lossy_store();
+    test_bad_args();
+    return tu_finish();
+}
