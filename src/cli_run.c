@@ -37,7 +37,7 @@ static void usage(FILE *f)
         "      --no-cache           do not read or write the persistent prefix cache\n"
         "      --cache-max-size SIZE  cap on the cache (default 10G, never more than free disk)\n"
         "      --cache-level N      zstd level for cache values, 1..19 (default 3)\n"
-        "      --cache-lossy8       store cached K/V as 8-bit (4x smaller, lossy: outputs may change)\n"
+        "      --cache-lossy8       store cached K/V as 8-bit (~2.3x smaller, lossy: outputs may change)\n"
         "      --scalar             plain C reference kernels (slow; for checking)\n"
         "  -q, --quiet              no progress or summary on stderr\n"
         "  -h, --help               this text\n"

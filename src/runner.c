@@ -826,6 +826,17 @@ int run_job(const struct run_opts *o)
                 (long long)r.tot.completion_tokens,
                 r.tot.wall_seconds);
     }
+    if (!o->quiet && r.ps) {
+        fprintf(stderr,
+                "kvbatch run: cache: %lld prompt tokens restored in %.3f s (%.0f tok/s), %llu KiB read; "
+                "%llu blocks written, %llu KiB (%.2fx compression)%s\n",
+                (long long)st.store_tokens, st.store_load_s,
+                st.store_load_s > 0 ? (double)st.store_tokens / st.store_load_s : 0.0,
+                (unsigned long long)(pst.bytes_read >> 10), (unsigned long long)pst.blocks_written,
+                (unsigned long long)(pst.bytes_written >> 10),
+                pst.bytes_written ? (double)pst.raw_bytes_written / (double)pst.bytes_written : 0.0,
+                pst.writing_disabled ? ", writing turned off" : "");
+    }
     if (stop_signal) {
         fprintf(stderr, "kvbatch run: interrupted by signal %d; %lld requests in flight were dropped; "
                         "rerun with --resume to finish\n", (int)stop_signal, (long long)r.n_used);
