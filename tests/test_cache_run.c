@@ -1,0 +1,209 @@
+/* test_cache_run.c — the persistent prefix cache under the real scheduler and
+ * the real model: a run with no cache, a cold run and a warm run give the
+ * same tokens for every request (the warm one restoring prompt blocks from
+ * the store); after planting damage in the stored values (garbage, truncated,
+ * another format version, another model's identity) a run still gives the
+ * same tokens and counts the damage; two processes running at once on one
+ * cache directory both finish with the same tokens. Skips (77) without the
+ * model. */
+#include <lmdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "alloc.h"
+#include "backend.h"
+#include "model.h"
+#include "pstore.h"
+#include "pstore_internal.h"
+#include "scheduler.h"
+#include "testutil.h"
+#include "tok.h"
+
+#define NREQ 9
+#define MAXGEN 6
+
+static struct model *M;
+static int32_t *prompts[NREQ];
+static size_t n_prompts[NREQ];
+
+struct out {
+    int32_t toks[NREQ][MAXGEN];
+    int32_t n[NREQ];
+};
+
+static bool on_token(void *user, const struct sched_seq_info *info, int32_t tok)
+{
+    struct out *o = user;
+    if (o->n[info->user_id] < MAXGEN) o->toks[info->user_id][o->n[info->user_id]++] = tok;
+    return false;
+}
+
+/* Runs every request; returns the scheduler's stats and, via *pst, the store's. */
+static struct sched_stats run(const char *cache_dir, bool reverse, struct out *o, struct pstore_stats *pst)
+{
+    memset(o, 0, sizeof *o);
+    struct be_cpu_opts bo = {.n_threads = 2, .block_size = 16, .n_blocks = 96};
+    struct backend *be = NULL;
+    struct kvb_err err = {{0}};
+    CHECK_MSG(be_cpu_create(M, &bo, &be, &err) == KVB_OK, "%s", err.msg);
+    struct sched_opts so = {.max_batch = 4, .max_step_tokens = 64, .n_ctx = 512};
+    struct sched_callbacks cb = {.user = o, .on_token = on_token};
+    struct sched *s = NULL;
+    CHECK(sched_create(be, M->hp.n_vocab, &so, &cb, &s, &err) == KVB_OK);
+    struct pstore *ps = NULL;
+    struct pstore_model pm = {.name = M->name, .dtype = PSTORE_DTYPE_F16, .block_size = 16,
+                              .n_layer = M->hp.n_layer, .kv_dim = M->hp.n_head_kv * M->hp.head_dim};
+    memcpy(pm.fingerprint, M->fingerprint, sizeof pm.fingerprint);
+    if (cache_dir) {
+        struct pstore_opts po = {.quiet = true};
+        CHECK_MSG(pstore_open(cache_dir, &po, &ps, &err) == KVB_OK, "%s", err.msg);
+        sched_set_store(s, ps, &pm);
+    }
+    for (int k = 0; k < NREQ; k++) {
+        int i = reverse ? NREQ - 1 - k : k;
+        struct sampler_params sp;
+        sampler_params_default(&sp);
+        sp.temperature = i % 2 ? 0.0f : 0.8f;
+        sp.seed = 40 + (uint64_t)i;
+        CHECK(sched_submit(s, (uint64_t)i, prompts[i], (int32_t)n_prompts[i], MAXGEN, &sp, &err) == KVB_OK);
+    }
+    while (!sched_idle(s)) CHECK_MSG(sched_step(s, &err) == KVB_OK, "%s", err.msg);
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    if (ps) {
+        pstore_flush(ps);
+        if (pst) pstore_get_stats(ps, pst);
+    }
+    pstore_close(ps);
+    sched_free(s);
+    be_free(be);
+    return st;
+}
+
+static bool same(const struct out *a, const struct out *b)
+{
+    return memcmp(a, b, sizeof *a) == 0;
+}
+
+/* Damages every stored value in one of four ways, cycling through them. */
+static int plant_damage(const char *dir)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_cursor *cur;
+    MDB_val k, v;
+    int n = 0;
+    CHECK(mdb_env_create(&env) == 0);
+    mdb_env_set_maxdbs(env, 16);
+    mdb_env_set_mapsize(env, (size_t)1 << 34);
+    CHECK(mdb_env_open(env, dir, 0, 0644) == 0);
+    CHECK(mdb_txn_begin(env, NULL, 0, &txn) == 0);
+    CHECK(mdb_dbi_open(txn, "blocks", 0, &dbi) == 0);
+    CHECK(mdb_cursor_open(txn, dbi, &cur) == 0);
+    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        size_t len = v.mv_size;
+        uint8_t *val = malloc(len);
+        memcpy(val, v.mv_data, len);
+        size_t hl = pstore_hdr_len(16);
+        switch (n % 4) {
+        case 0: for (size_t i = 0; i < len; i++) val[i] = (uint8_t)(i * 131 + 7); break; /* garbage */
+        case 1: len /= 2; break;                                                           /* truncated */
+        case 2: val[4] = PSTORE_FORMAT_VERSION + 1; break;                                 /* version */
+        case 3: val[8] ^= 0x55; break;                                                     /* model */
+        }
+        if (n % 4 >= 2 && len >= hl) { /* a valid header checksum, so only the field is wrong */
+            uint64_t h = XXH3_64bits(val, hl - 8);
+            for (int i = 0; i < 8; i++) val[hl - 8 + (size_t)i] = (uint8_t)(h >> (8 * i));
+        }
+        MDB_val nv = {len, val};
+        CHECK(mdb_cursor_put(cur, &k, &nv, MDB_CURRENT) == 0 || mdb_put(txn, dbi, &k, &nv, 0) == 0);
+        free(val);
+        n++;
+    }
+    mdb_cursor_close(cur);
+    CHECK(mdb_txn_commit(txn) == 0);
+    mdb_env_close(env);
+    return n;
+}
+
+int main(void)
+{
+    const char *path = tu_env("KVB_MODEL");
+    if (!path || access(path, R_OK) != 0) tu_skip("model not fetched (scripts/fetch-model.sh)");
+    struct kvb_err err = {{0}};
+    CHECK_MSG(model_load(path, &M, &err) == KVB_OK, "%s", err.msg);
+    struct tok *T = NULL;
+    CHECK(tok_load(M->gguf, &T, &err) == KVB_OK);
+    const char *docs[3] = {
+        "Document A. The harbor of the old town was rebuilt in 1820 after a storm destroyed the piers. "
+        "Merchants paid for the new stone quay, and the ferry to the island started running twice a day. ",
+        "Document B. The railway reached the valley in 1871. Farmers sent apples and cheese to the city, "
+        "and the station master kept a diary of every train that was late for more than ten minutes. ",
+        "Document C. The library opened with three thousand books donated by a retired teacher. Children "
+        "came on Saturdays to hear stories, and the reading room stayed open until nine in the evening. "};
+    const char *qs[3] = {"Question: what happened first?", "Question: who paid?", "Question: summarise it."};
+    for (int i = 0; i < NREQ; i++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s%s", docs[i / 3], qs[i % 3]);
+        CHECK(tok_encode(T, buf, strlen(buf), 0, &prompts[i], &n_prompts[i], NULL) == KVB_OK);
+    }
+    char dir[] = "/tmp/kvb-cache-run-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char store_a[300], store_b[300];
+    snprintf(store_a, sizeof store_a, "%s/a", dir);
+    snprintf(store_b, sizeof store_b, "%s/b", dir);
+
+    struct out ref, cold, warm, damaged;
+    struct pstore_stats pst;
+    struct sched_stats s0 = run(NULL, false, &ref, NULL);
+    struct sched_stats s1 = run(store_a, false, &cold, &pst);
+    printf("no cache: %lld prefill computed; cold: %lld computed, %llu blocks written\n",
+           (long long)s0.prefill_computed, (long long)s1.prefill_computed, (unsigned long long)pst.blocks_written);
+    CHECK(pst.blocks_written > 0);
+    CHECK_MSG(same(&ref, &cold), "cold run differs from the run without a cache");
+    struct sched_stats s2 = run(store_a, true, &warm, &pst);
+    printf("warm: %lld prefill computed, %lld tokens restored\n", (long long)s2.prefill_computed,
+           (long long)s2.store_tokens);
+    CHECK(s2.store_tokens > 0 && s2.prefill_computed < s1.prefill_computed);
+    CHECK_MSG(same(&ref, &warm), "warm run differs from the run without a cache");
+
+    int n_damaged = plant_damage(store_a);
+    struct sched_stats s3 = run(store_a, false, &damaged, &pst);
+    printf("after damaging %d values: %llu found damaged, %lld tokens restored\n", n_damaged,
+           (unsigned long long)pst.damaged, (long long)s3.store_tokens);
+    CHECK(n_damaged > 0 && pst.damaged > 0);
+    CHECK_MSG(same(&ref, &damaged), "run over a damaged cache differs from the run without a cache");
+
+    /* Two processes at once on one fresh directory. */
+    pid_t kids[2];
+    for (int c = 0; c < 2; c++) {
+        kids[c] = fork();
+        if (kids[c] == 0) {
+            struct out o;
+            run(store_b, c == 1, &o, NULL);
+            _exit(same(&ref, &o) && tu_failures == 0 ? 0 : 3);
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        int status = 0;
+        waitpid(kids[c], &status, 0);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "concurrent run %d failed (status %d)", c, status);
+    }
+    struct out after;
+    struct sched_stats s4 = run(store_b, false, &after, NULL);
+    CHECK(s4.store_tokens > 0);
+    CHECK_MSG(same(&ref, &after), "run after the concurrent pair differs");
+
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    for (int i = 0; i < NREQ; i++) kvb_free(prompts[i]);
+    tok_free(T);
+    model_free(M);
+    return tu_finish();
+}
