@@ -47,10 +47,10 @@ PY
 
 echo "bench-batch: $N requests batched (--max-batch 32), $NSEQ one at a time (--max-batch 1), $THREADS threads"
 "$BIN" run --model "$MODEL" -i "$tmp/job.jsonl" -o "$tmp/out.jsonl" --metrics "$tmp/b.db" \
-  --threads "$THREADS" --max-batch 32 --quiet
+  --threads "$THREADS" --max-batch 32 --quiet --no-cache
 read -r bw bp bc bg bcache <<<"$(stats "$tmp/b.db")"
 "$BIN" run --model "$MODEL" -i "$tmp/seq.jsonl" -o "$tmp/seq-out.jsonl" --metrics "$tmp/s.db" \
-  --threads "$THREADS" --max-batch 1 --quiet
+  --threads "$THREADS" --max-batch 1 --quiet --no-cache
 read -r sw sp sc sg scache <<<"$(stats "$tmp/s.db")"
 
 python3 - "$N" "$bw" "$bp" "$bc" "$bg" "$NSEQ" "$sw" "$sp" "$sc" "$sg" <<'PY'

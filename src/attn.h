@@ -46,6 +46,11 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
 void attn_head_avx2(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos,
                     float scale, float *scores);
 void attn_swiglu_avx2(float *g, const float *u, int64_t n);
+/* `group` query heads (contiguous in q and out) that share one KV head;
+ * head h's scores use scores + h * score_stride (room for n_pos rounded up
+ * to 8). */
+void attn_group_avx2(float *out, const float *q, int32_t group, int32_t head_dim, const struct attn_kv_view *kv,
+                     int32_t n_pos, float scale, float *scores, int64_t score_stride);
 bool attn_have_avx2(void);
 
 #endif

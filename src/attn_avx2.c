@@ -112,3 +112,118 @@ void attn_head_avx2(float *out, const float *q, int32_t head_dim, const struct a
     const __m256 iv = _mm256_set1_ps(inv);
     for (int32_t j = 0; j < nv; j++) _mm256_storeu_ps(out + 8 * j, _mm256_mul_ps(acc[j], iv));
 }
+
+/* The query heads that share one KV head (grouped-query attention), together:
+ * each K and V row is loaded and widened from fp16 once for the whole group
+ * instead of once per head. Per head the arithmetic is a fixed sequence that
+ * depends only on that head's query and the sequence's K/V, so results do
+ * not depend on the batch. G is a compile-time constant in each copy (see the
+ * dispatch below) so the per-head accumulators live in registers. */
+#define LOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)))
+static inline __attribute__((always_inline)) void group_impl(float *out, const float *q, const int G,
+                                                             int32_t head_dim, const struct attn_kv_view *kv,
+                                                             int32_t n_pos, float scale, float *scores,
+                                                             int64_t score_stride)
+{
+    const int32_t nv = head_dim / 8;
+    float qs[8 * 256];
+    for (int32_t i = 0; i < G * head_dim; i++) qs[i] = q[i] * scale;
+    float maxs[8];
+    _Pragma("GCC unroll 8")
+    for (int h = 0; h < G; h++) maxs[h] = -INFINITY;
+    const uint16_t *k = NULL;
+    for (int32_t p = 0, slot = kv->block_size; p < n_pos; p++, slot++, k += kv->row_stride) {
+        if (slot == kv->block_size) {
+            slot = 0;
+            k = kv->k_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride;
+        }
+        __m256 acc[8];
+        _Pragma("GCC unroll 8")
+        for (int h = 0; h < G; h++) acc[h] = _mm256_setzero_ps();
+        for (int32_t j = 0; j < nv; j++) {
+            const __m256 kx = LOADH(k + 8 * j);
+            _Pragma("GCC unroll 8")
+            for (int h = 0; h < G; h++) acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + h * head_dim + 8 * j), kx, acc[h]);
+        }
+        _Pragma("GCC unroll 8")
+        for (int h = 0; h < G; h++) {
+            const float d = hsum256(acc[h]);
+            scores[h * score_stride + p] = d;
+            if (d > maxs[h]) maxs[h] = d;
+        }
+    }
+    const int32_t n8 = (n_pos + 7) & ~7;
+    float inv[8];
+    _Pragma("GCC unroll 8")
+    for (int h = 0; h < G; h++) {
+        float *sc = scores + h * score_stride;
+        for (int32_t p = n_pos; p < n8; p++) sc[p] = -INFINITY;
+        const __m256 mv = _mm256_set1_ps(maxs[h]);
+        __m256 sum = _mm256_setzero_ps();
+        for (int32_t p = 0; p < n8; p += 8) {
+            __m256 x = _mm256_loadu_ps(sc + p);
+            __m256 e = exp256(_mm256_sub_ps(x, mv));
+            e = _mm256_and_ps(e, _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ));
+            _mm256_storeu_ps(sc + p, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        inv[h] = 1.0f / hsum256(sum);
+    }
+    /* P.V in passes over 32-float slices of the heads, so that the G x 4
+     * accumulators stay in registers. */
+    for (int32_t j0 = 0; j0 < nv; j0 += 4) {
+        const int32_t js = nv - j0 < 4 ? nv - j0 : 4;
+        __m256 acc[8][4];
+        _Pragma("GCC unroll 8")
+        for (int h = 0; h < G; h++)
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[h][j] = _mm256_setzero_ps();
+        const uint16_t *v = NULL;
+        for (int32_t p = 0, slot = kv->block_size; p < n_pos; p++, slot++, v += kv->row_stride) {
+            if (slot == kv->block_size) {
+                slot = 0;
+                v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride;
+            }
+            __m256 w[8];
+            _Pragma("GCC unroll 8")
+            for (int h = 0; h < G; h++) w[h] = _mm256_broadcast_ss(scores + h * score_stride + p);
+            if (js == 4) {
+                const __m256 v0 = LOADH(v + 8 * j0), v1 = LOADH(v + 8 * j0 + 8), v2 = LOADH(v + 8 * j0 + 16),
+                             v3 = LOADH(v + 8 * j0 + 24);
+                _Pragma("GCC unroll 8")
+                for (int h = 0; h < G; h++) {
+                    acc[h][0] = _mm256_fmadd_ps(w[h], v0, acc[h][0]);
+                    acc[h][1] = _mm256_fmadd_ps(w[h], v1, acc[h][1]);
+                    acc[h][2] = _mm256_fmadd_ps(w[h], v2, acc[h][2]);
+                    acc[h][3] = _mm256_fmadd_ps(w[h], v3, acc[h][3]);
+                }
+            } else {
+                for (int32_t j = 0; j < js; j++) {
+                    const __m256 vx = LOADH(v + 8 * (j0 + j));
+                    _Pragma("GCC unroll 8")
+                    for (int h = 0; h < G; h++) acc[h][j] = _mm256_fmadd_ps(w[h], vx, acc[h][j]);
+                }
+            }
+        }
+        _Pragma("GCC unroll 8")
+        for (int h = 0; h < G; h++)
+            for (int32_t j = 0; j < js; j++)
+                _mm256_storeu_ps(out + (int64_t)h * head_dim + 8 * (j0 + j), _mm256_mul_ps(acc[h][j], _mm256_set1_ps(inv[h])));
+    }
+}
+#undef LOADH
+
+void attn_group_avx2(float *out, const float *q, int32_t group, int32_t head_dim, const struct attn_kv_view *kv,
+                     int32_t n_pos, float scale, float *scores, int64_t score_stride)
+{
+    if (head_dim % 8 != 0 || head_dim > 256 || group > 8 || group < 1) {
+        for (int32_t h = 0; h < group; h++)
+            attn_head_avx2(out + (int64_t)h * head_dim, q + (int64_t)h * head_dim, head_dim, kv, n_pos, scale,
+                           scores + h * score_stride);
+        return;
+    }
+    switch (group) {
+#define G_CASE(n) case n: group_impl(out, q, n, head_dim, kv, n_pos, scale, scores, score_stride); break;
+        G_CASE(1) G_CASE(2) G_CASE(3) G_CASE(4) G_CASE(5) G_CASE(6) G_CASE(7) G_CASE(8)
+#undef G_CASE
+    }
+}

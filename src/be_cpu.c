@@ -100,14 +100,16 @@ static void attn_worker(void *arg, int ith, int nth)
     struct cpu_be *c = j->c;
     const struct model_hparams *hp = &c->m->hp;
     const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    const int64_t n_items = j->n_tok * hp->n_head;
+    /* Work items: (token, KV head) — the query heads of one group together. */
+    const int64_t n_items = j->n_tok * hp->n_head_kv;
     const int64_t lo = n_items * ith / nth, hi = n_items * (ith + 1) / nth;
     const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t stride = c->cap_scores / group;
     float *scores = c->scores + (int64_t)ith * c->cap_scores;
     const int64_t bs = c->be.block_size;
     for (int64_t it = lo; it < hi; it++) {
-        const int64_t t = it / hp->n_head;
-        const int32_t h = (int32_t)(it % hp->n_head), g = h / group;
+        const int64_t t = it / hp->n_head_kv;
+        const int32_t g = (int32_t)(it % hp->n_head_kv);
         const struct be_seq *s = &j->batch->seqs[c->tok_seq[t]];
         struct attn_kv_view view = {
             .k_base = c->kv + (int64_t)j->layer * 2 * bs * c->kv_dim + (int64_t)g * hd,
@@ -117,10 +119,14 @@ static void attn_worker(void *arg, int ith, int nth)
             .block_size = (int32_t)bs,
             .table = s->block_table,
         };
-        float *o = c->att + t * hp->n_head * hd + (int64_t)h * hd;
-        const float *qh = c->q + t * hp->n_head * hd + (int64_t)h * hd;
-        if (c->simd) attn_head_avx2(o, qh, hd, &view, c->tok_pos[t] + 1, scale, scores);
-        else attn_head(o, qh, hd, &view, c->tok_pos[t] + 1, scale, scores);
+        const int64_t off = t * hp->n_head * hd + (int64_t)g * group * hd;
+        if (c->simd) {
+            attn_group_avx2(c->att + off, c->q + off, group, hd, &view, c->tok_pos[t] + 1, scale, scores, stride);
+        } else {
+            for (int32_t h = 0; h < group; h++)
+                attn_head(c->att + off + (int64_t)h * hd, c->q + off + (int64_t)h * hd, hd, &view,
+                          c->tok_pos[t] + 1, scale, scores);
+        }
     }
 }
 
@@ -167,10 +173,13 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     KVB_FORWARD_IF_ERROR(check_batch(c, batch, &n_tok, &n_out, &max_pos, err));
     if (n_tok == 0) return KVB_OK;
     if (ensure_tokens(c, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for a %lld-token step", (long long)n_tok);
-    if (max_pos + 8 > c->cap_scores) { /* +8: the SIMD path pads to whole vectors */
-        if (grow(&c->scores, ((int64_t)max_pos + 8) * tpool_size(c->pool)) != KVB_OK)
+    /* Per thread: one score row per query head of a group, +8 because the
+     * SIMD path pads to whole vectors. */
+    const int64_t group = hp->n_head / hp->n_head_kv, need_scores = ((int64_t)max_pos + 8) * group;
+    if (need_scores > c->cap_scores) {
+        if (grow(&c->scores, need_scores * tpool_size(c->pool)) != KVB_OK)
             return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for attention scores");
-        c->cap_scores = max_pos + 8;
+        c->cap_scores = need_scores;
     }
     if (n_out > c->cap_out) {
         if (grow(&c->out_rows, n_out * e) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
