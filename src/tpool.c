@@ -16,10 +16,14 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* About 50-100 µs of spinning before a worker sleeps: long enough to bridge
- * the gap between two kernels of one forward pass, short enough not to burn
- * a core while the engine does single-threaded work (sampling, I/O). */
-#define SPIN_ITERS 20000
+/* Spins before a worker sleeps (a pause is ~40-140 cycles, so this is tens
+ * of microseconds): long enough to bridge the gap between two kernels of one
+ * forward pass, short enough not to burn a core while the engine does
+ * single-threaded work (sampling, I/O) or another process needs it. */
+#define SPIN_ITERS 4000
+/* Spins of the caller waiting for lagging workers before it starts to yield
+ * its core to them (they may have been descheduled by another process). */
+#define WAIT_SPINS 1000
 
 struct tpool {
     int n;
@@ -138,7 +142,7 @@ void tpool_run(struct tpool *pool, tpool_fn fn, void *arg)
     /* Workers are usually done within microseconds; if one is not (another
      * process took its core), yield rather than burn the core it needs. */
     for (long spins = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spins++) {
-        if (spins < SPIN_ITERS) cpu_relax();
+        if (spins < WAIT_SPINS) cpu_relax();
         else sched_yield();
     }
 }
