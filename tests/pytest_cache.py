@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""End-to-end checks of the persistent prefix cache through the CLI.
+
+- a job run cold then warm: the same results; the warm run's usage counts the
+  restored tokens in cached_tokens, and the metrics rows split in-run and
+  store reuse; `kvbatch report` shows both;
+- `--no-cache` writes nothing and gives the same results;
+- `kvbatch cache stats` lists the entries per model, `verify` passes on a
+  sound cache, `gc --max-size` trims it and the trimmed cache still gives
+  the same results, `clear --model` empties it;
+- a cache directory that cannot be created turns the cache off with a
+  warning; the job still succeeds.
+
+Run by ctest (KVB_BIN, KVB_MODEL set); exits 77 when they are missing.
+"""
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+
+BIN = os.environ.get("KVB_BIN")
+MODEL = os.environ.get("KVB_MODEL")
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAIL:", msg)
+
+
+def kvb(*args):
+    return subprocess.run([BIN, *args], capture_output=True, text=True)
+
+
+def run(job, out, db, *extra):
+    p = kvb("run", "--model", MODEL, "--input", job, "--output", out, "--metrics", db, "--quiet", *extra)
+    check(p.returncode == 0, f"run {out}: exit {p.returncode}: {p.stderr}")
+    res = {}
+    for line in open(out):
+        d = json.loads(line)
+        b = d["response"]["body"]
+        res[d["custom_id"]] = (b["choices"][0]["message"]["content"],
+                               b["usage"]["prompt_tokens_details"]["cached_tokens"])
+    return res, p.stderr
+
+
+def main():
+    if not BIN or not os.path.exists(BIN) or not MODEL or not os.path.exists(MODEL):
+        print("SKIP: kvbatch binary or model missing")
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = os.path.join(tmp, "cache")
+        job = os.path.join(tmp, "job.jsonl")
+        doc = ("The museum of the coastal town keeps a map from 1652, a ship's bell, and letters written by "
+               "a lighthouse keeper to his sister over thirty winters. ") * 3
+        with open(job, "w") as f:
+            for i, q in enumerate(["Who wrote the letters?", "How old is the map?", "What is the bell from?"]):
+                f.write(json.dumps({"custom_id": f"q{i}", "body": {"messages": [
+                    {"role": "user", "content": doc + q}], "max_tokens": 8, "temperature": 0}}) + "\n")
+        cold, _ = run(job, os.path.join(tmp, "cold.jsonl"), os.path.join(tmp, "m.db"), "--cache-dir", cache)
+        warm, _ = run(job, os.path.join(tmp, "warm.jsonl"), os.path.join(tmp, "m.db"), "--cache-dir", cache)
+        nocache, _ = run(job, os.path.join(tmp, "none.jsonl"), os.path.join(tmp, "n.db"), "--no-cache")
+        texts = lambda r: {k: v[0] for k, v in r.items()}
+        check(texts(cold) == texts(warm) == texts(nocache), "cold, warm and --no-cache results differ")
+        check(warm["q0"][1] > cold["q0"][1], f"warm cached_tokens {warm['q0'][1]} not above cold {cold['q0'][1]}")
+        with sqlite3.connect(os.path.join(tmp, "m.db")) as c:
+            rows = c.execute("select run_id, sum(cached_tokens_run), sum(cached_tokens_store) from requests "
+                             "group by run_id order by run_id").fetchall()
+            runs = c.execute("select store_bytes_read, store_bytes_written from runs order by id").fetchall()
+        check(len(rows) == 2 and rows[0][2] == 0 and rows[1][2] > 0, f"store reuse not recorded: {rows}")
+        check(runs[0][1] > 0 and runs[1][0] > 0, f"store bytes not recorded: {runs}")
+        rep = kvb("report", os.path.join(tmp, "m.db"))
+        check(rep.returncode == 0 and "persistent store" in rep.stdout, "report lacks the store hit rate")
+
+        st = kvb("cache", "stats", "--cache-dir", cache)
+        check(st.returncode == 0 and "blocks" in st.stdout, f"cache stats: {st.returncode} {st.stderr}")
+        print(st.stdout)
+        v = kvb("cache", "verify", "--cache-dir", cache)
+        check(v.returncode == 0, f"cache verify on a sound cache: exit {v.returncode}: {v.stdout} {v.stderr}")
+        gc = kvb("cache", "gc", "--max-size", "1M", "--cache-dir", cache)
+        check(gc.returncode == 0, f"cache gc: {gc.stderr}")
+        trimmed, _ = run(job, os.path.join(tmp, "trim.jsonl"), os.path.join(tmp, "m.db"), "--cache-dir", cache)
+        check(texts(trimmed) == texts(cold), "results differ after gc")
+        cl = kvb("cache", "clear", "--model", MODEL, "--cache-dir", cache)
+        check(cl.returncode == 0, f"cache clear: {cl.stderr}")
+        st2 = kvb("cache", "stats", "--cache-dir", cache)
+        check(" 0 blocks" in st2.stdout or "entries          0" in st2.stdout, f"cache not empty after clear: {st2.stdout}")
+        bad = kvb("cache", "frobnicate")
+        check(bad.returncode == 2, f"unknown cache verb: exit {bad.returncode}")
+
+        # A cache that cannot be opened is a warning, not a failure.
+        blocker = os.path.join(tmp, "file")
+        open(blocker, "w").close()
+        res, err = run(job, os.path.join(tmp, "blocked.jsonl"), os.path.join(tmp, "b.db"),
+                       "--cache-dir", os.path.join(blocker, "sub"))
+        check(texts(res) == texts(cold), "results differ with the cache unavailable")
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    print("all cache checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
