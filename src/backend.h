@@ -37,6 +37,8 @@ struct be_batch {
 
 struct backend {
     const char *name;      /* "cpu", "cuda" */
+    const char *kernels;   /* which kernels run, for logs ("avx512", "scalar", …); NULL: name */
+    int n_threads;         /* host threads doing the work (0: not applicable) */
     int32_t block_size;    /* tokens per KV block */
     int32_t n_blocks;      /* blocks in the pool */
     int64_t block_bytes;   /* bytes of K+V of one block, all layers */
@@ -69,6 +71,9 @@ const char *be_cpu_impl_name(const struct backend *be);
 int be_cpu_threads(const struct backend *be);
 /* Bytes of one KV block (K and V, all layers, fp16) for this model. */
 int64_t be_cpu_block_bytes(const struct model *m, int32_t block_size);
+
+static inline const char *be_kernels_name(const struct backend *be) { return be->kernels ? be->kernels : be->name; }
+static inline int be_threads(const struct backend *be) { return be->n_threads > 0 ? be->n_threads : 1; }
 
 static inline void be_free(struct backend *be)
 {

@@ -307,6 +307,8 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
         cpu_free(&c->be);
         return st;
     }
+    c->be.kernels = mm_ctx_impl_name(c->mm);
+    c->be.n_threads = tpool_size(c->pool);
     size_t kv_bytes = (size_t)c->be.block_bytes * (size_t)opts->n_blocks;
     c->kv = kvb_aligned_alloc(64, kv_bytes);
     c->inv_freq = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));

@@ -42,6 +42,7 @@ static void usage(FILE *f)
         "  -c, --ctx N             context length (default: min(model's, 4096))\n"
         "      --batch N           most prompt tokens per forward pass (default 512)\n"
         "      --print-ids         print generated token ids instead of text\n"
+        "      --device DEV        auto | cpu | cuda | cuda:N (default auto: a CUDA device when usable)\n"
         "      --scalar            use the plain C reference kernels (slow; for checking)\n"
         "  -q, --quiet             no speed report on stderr\n"
         "  -h, --help              this text\n");
@@ -88,6 +89,7 @@ int cli_generate(int argc, char **argv)
         else if (cli_opt_is(a, "--batch")) { VAL(); if (!cli_parse_i64(a, val, 1, 1 << 16, &batch)) return CLI_EXIT_USAGE; }
         else if (!strcmp(a, "--print-ids")) print_ids = true;
         else if (!strcmp(a, "--scalar")) lo.scalar = true;
+        else if (cli_opt_is(a, "--device")) { VAL(); lo.device = val; }
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = true;
         else { fprintf(stderr, "kvbatch generate: unknown option '%s' (see --help)\n", a); return CLI_EXIT_USAGE; }
 #undef VAL
@@ -208,7 +210,8 @@ int cli_generate(int argc, char **argv)
     if (!quiet) {
         /* Decode speed counts the forward passes after the first sampled token. */
         int64_t n_dec = n_gen > 1 ? n_gen - 1 : 0;
-        fprintf(stderr, "kvbatch: %s, %s kernels, %d threads\n", llm.model->name, be_cpu_impl_name(llm.be), be_cpu_threads(llm.be));
+        fprintf(stderr, "kvbatch: %s on %s, %s kernels, %d threads\n", llm.model->name, llm.be->name,
+                be_kernels_name(llm.be), be_threads(llm.be));
         fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s)\n", n_ids, t1 - t0, (double)n_ids / (t1 - t0));
         fprintf(stderr, "decode:  %lld tokens in %.3f s (%.1f tok/s)\n", (long long)n_dec, t2 - t1,
                 n_dec > 0 ? (double)n_dec / (t2 - t1) : 0.0);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "backend_select.h"
 #include "chat.h"
 #include "tpool.h"
 
@@ -30,15 +31,12 @@ bool cli_llm_open(const struct cli_llm_opts *o, struct cli_llm *l)
         fprintf(stderr, "kvbatch: warning: context %d is longer than the model was trained for (%d)\n", n_ctx,
                 l->model->hp.n_ctx_train);
     l->n_ctx = n_ctx;
-    struct be_cpu_opts bo = {
-        .n_threads = o->n_threads,
-        .block_size = 16,
-        .n_blocks = (n_ctx + 15) / 16,
-        .impl = o->scalar ? MM_IMPL_SCALAR : MM_IMPL_AUTO,
-    };
-    st = be_cpu_create(l->model, &bo, &l->be, &err);
+    struct be_select_opts bo = {.device = o->device, .n_threads = o->n_threads, .block_size = 16,
+                                .kv_mem = be_cpu_block_bytes(l->model, 16) * (uint64_t)((n_ctx + 15) / 16),
+                                .n_ctx = n_ctx, .scalar = o->scalar};
+    st = be_select_create(l->model, &bo, &l->be, &err);
     if (st != KVB_OK) {
-        fprintf(stderr, "kvbatch: cannot start the CPU backend: %s\n", err.msg);
+        fprintf(stderr, "kvbatch: cannot start the backend: %s\n", err.msg);
         return false;
     }
     return true;

@@ -23,6 +23,7 @@ struct cli_llm_opts {
     int n_threads;
     int32_t n_ctx;      /* 0: min(trained context, 4096) */
     bool scalar;        /* force the plain C reference kernels */
+    const char *device; /* --device: auto | cpu | cuda[:N] */
 };
 
 /* Returns false (after printing why) on failure; cli_llm_close is safe then. */

@@ -27,6 +27,7 @@ static void usage(FILE *f)
         "  -o, --out FILE     where to write the logits\n"
         "  -t, --threads N    worker threads (default: all cores)\n"
         "      --batch N      most tokens per forward pass (default 512)\n"
+        "      --device DEV   auto | cpu | cuda | cuda:N (default auto)\n"
         "      --scalar       use the plain C reference kernels\n"
         "  -h, --help         this text\n");
 }
@@ -48,6 +49,7 @@ int cli_logits(int argc, char **argv)
         else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) { VAL(); if (!cli_parse_i64(a, val, 1, 1024, &v)) return CLI_EXIT_USAGE; lo.n_threads = (int)v; }
         else if (cli_opt_is(a, "--batch")) { VAL(); if (!cli_parse_i64(a, val, 1, 1 << 16, &batch)) return CLI_EXIT_USAGE; }
         else if (!strcmp(a, "--scalar")) lo.scalar = true;
+        else if (cli_opt_is(a, "--device")) { VAL(); lo.device = val; }
         else { fprintf(stderr, "kvbatch logits: unknown option '%s' (see --help)\n", a); return CLI_EXIT_USAGE; }
 #undef VAL
     }

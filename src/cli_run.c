@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend_select.h"
 #include "cli.h"
 #include "cli_util.h"
 #include "runner.h"
@@ -27,7 +28,10 @@ static void usage(FILE *f)
         "  -t, --threads N          worker threads (default: all cores)\n"
         "      --max-batch N        sequences running at once (default 32)\n"
         "      --max-step-tokens N  tokens per forward pass, prefill chunks and decodes together (default 512)\n"
-        "      --kv-mem SIZE        memory for the KV cache, e.g. 512M, 2G (default 1G)\n"
+        "      --kv-mem SIZE        memory for the KV cache, e.g. 512M, 2G (default: 1G on the CPU,\n"
+        "                           90%% of what the weights leave free on a GPU)\n"
+        "      --device DEV         auto | cpu | cuda | cuda:N (default auto: a CUDA device when usable)\n"
+        "      --deterministic      GPU: results independent of batch composition (slower)\n"
         "      --block-size N       tokens per KV block (default 16)\n"
         "  -c, --ctx N              most tokens per sequence, prompt + output (default: min(model's, 4096))\n"
         "      --lookahead N        requests read ahead to group shared prefixes (default max(256, 4 x batch))\n"
@@ -56,7 +60,6 @@ int cli_run(int argc, char **argv)
         .max_batch = 32,
         .max_step_tokens = 512,
         .block_size = 16,
-        .kv_mem = (uint64_t)1 << 30,
     };
     int64_t v;
     for (int i = 1; i < argc; i++) {
@@ -83,6 +86,15 @@ int cli_run(int argc, char **argv)
         else if (cli_opt_is(a, "--cache-level")) { int32_t lvl; INT(1, 19, lvl); o.cache_level = lvl; }
         else if (!strcmp(a, "--cache-lossy8")) o.cache_lossy8 = true;
         else if (!strcmp(a, "--scalar")) o.scalar = true;
+        else if (cli_opt_is(a, "--device")) {
+            VAL();
+            if (!be_select_device_valid(val)) {
+                fprintf(stderr, "kvbatch run: --device expects auto, cpu, cuda or cuda:N, got '%s'\n", val);
+                return CLI_EXIT_USAGE;
+            }
+            o.device = val;
+        }
+        else if (!strcmp(a, "--deterministic")) o.deterministic = true;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o.quiet = true;
         else { fprintf(stderr, "kvbatch run: unknown option '%s' (see --help)\n", a); return CLI_EXIT_USAGE; }
 #undef INT

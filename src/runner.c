@@ -18,6 +18,7 @@
 
 #include "alloc.h"
 #include "backend.h"
+#include "backend_select.h"
 #include "chat.h"
 #include "cli_util.h"
 #include "job.h"
@@ -677,24 +678,11 @@ static bool setup(struct runner *r)
     if (!r->have_tmpl) snprintf(r->tmpl_error, sizeof r->tmpl_error, "%s", err.msg);
 
     r->n_ctx = o->n_ctx > 0 ? o->n_ctx : (r->model->hp.n_ctx_train < 4096 ? r->model->hp.n_ctx_train : 4096);
-    struct be_cpu_opts bo = {.n_threads = o->n_threads, .block_size = o->block_size, .n_blocks = 1,
-                             .impl = o->scalar ? MM_IMPL_SCALAR : MM_IMPL_AUTO};
-    /* Size the pool from --kv-mem: bytes per block depend on the model. */
-    int64_t block_bytes = be_cpu_block_bytes(r->model, o->block_size);
-    int64_t n_blocks = (int64_t)(o->kv_mem / (uint64_t)block_bytes);
-    int64_t need = (r->n_ctx + o->block_size - 1) / o->block_size;
-    if (n_blocks < need) {
-        fprintf(stderr,
-                "kvbatch run: --kv-mem %llu MiB holds %lld blocks of %d tokens, but one sequence of the %d-token "
-                "context needs %lld (%lld MiB): raise --kv-mem or lower --ctx\n",
-                (unsigned long long)(o->kv_mem >> 20), (long long)n_blocks, o->block_size, r->n_ctx,
-                (long long)need, (long long)((need * block_bytes) >> 20));
-        return false;
-    }
-    if (n_blocks > INT32_MAX) n_blocks = INT32_MAX;
-    bo.n_blocks = (int32_t)n_blocks;
-    if (be_cpu_create(r->model, &bo, &r->be, &err) != KVB_OK) {
-        fprintf(stderr, "kvbatch run: cannot start the CPU backend: %s\n", err.msg);
+    struct be_select_opts bo = {.device = o->device, .n_threads = o->n_threads, .block_size = o->block_size,
+                                .kv_mem = o->kv_mem, .n_ctx = r->n_ctx, .scalar = o->scalar,
+                                .deterministic = o->deterministic};
+    if (be_select_create(r->model, &bo, &r->be, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: cannot start the backend: %s\n", err.msg);
         return false;
     }
     struct sched_opts so = {.max_batch = o->max_batch, .max_step_tokens = o->max_step_tokens, .n_ctx = r->n_ctx};
@@ -723,8 +711,8 @@ static bool setup(struct runner *r)
     snprintf(settings, sizeof settings,
              "{\"threads\":%d,\"max_batch\":%d,\"max_step_tokens\":%d,\"kv_mem\":%llu,\"block_size\":%d,"
              "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\"}",
-             be_cpu_threads(r->be), o->max_batch, o->max_step_tokens, (unsigned long long)o->kv_mem, o->block_size,
-             r->n_ctx, r->n_slots, o->resume ? "true" : "false", be_cpu_impl_name(r->be));
+             be_threads(r->be), o->max_batch, o->max_step_tokens, (unsigned long long)o->kv_mem, o->block_size,
+             r->n_ctx, r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be));
     struct metrics_run_info ri = {.job_file = o->input_path, .output_file = o->output_path,
                                   .model = o->model_path, .model_fingerprint = r->model->fingerprint,
                                   .backend = r->be->name, .settings = settings};
@@ -733,9 +721,9 @@ static bool setup(struct runner *r)
         return false;
     }
     if (!o->quiet)
-        fprintf(stderr, "kvbatch run: %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
-                r->model->name, be_cpu_impl_name(r->be), be_cpu_threads(r->be), bo.n_blocks, o->block_size,
-                o->max_batch, (long long)r->run_id);
+        fprintf(stderr, "kvbatch run: %s on %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
+                r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
+                o->block_size, o->max_batch, (long long)r->run_id);
     return true;
 }
 

@@ -28,7 +28,9 @@ struct run_opts {
     int32_t block_size;        /* tokens per KV block */
     int32_t n_ctx;             /* 0: min(model's, 4096) */
     int32_t lookahead;         /* requests read ahead for prefix grouping; 0: default */
-    uint64_t kv_mem;           /* bytes for the KV pool */
+    uint64_t kv_mem;           /* bytes for the KV pool; 0 = the backend's default */
+    const char *device;        /* --device: auto | cpu | cuda[:N] */
+    bool deterministic;        /* GPU: batch-invariant mode */
     const char *cache_dir;     /* persistent prefix cache; NULL: the default directory */
     bool no_cache;             /* do not use the persistent cache at all */
     uint64_t cache_max_size;   /* 0: the store's default (10 GiB, within free disk) */
