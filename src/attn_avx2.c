@@ -169,10 +169,13 @@ static inline __attribute__((always_inline)) void group_impl(float *out, const f
         }
         inv[h] = 1.0f / hsum256(sum);
     }
-    /* P.V in passes over 32-float slices of the heads, so that the G x 4
-     * accumulators stay in registers. */
-    for (int32_t j0 = 0; j0 < nv; j0 += 4) {
-        const int32_t js = nv - j0 < 4 ? nv - j0 : 4;
+    /* P.V in passes over slices of SL 8-float vectors of the heads, SL chosen
+     * so that the G x SL accumulators, SL values and G weights fit the 16
+     * vector registers of AVX2 (spilling them costs more than extra passes
+     * over the cached V rows). */
+    const int SL = G <= 2 ? 4 : G == 3 ? 3 : G == 4 ? 2 : 1;
+    for (int32_t j0 = 0; j0 < nv; j0 += SL) {
+        const int32_t js = nv - j0 < SL ? nv - j0 : SL;
         __m256 acc[8][4];
         _Pragma("GCC unroll 8")
         for (int h = 0; h < G; h++)
@@ -186,15 +189,12 @@ static inline __attribute__((always_inline)) void group_impl(float *out, const f
             __m256 w[8];
             _Pragma("GCC unroll 8")
             for (int h = 0; h < G; h++) w[h] = _mm256_broadcast_ss(scores + h * score_stride + p);
-            if (js == 4) {
-                const __m256 v0 = LOADH(v + 8 * j0), v1 = LOADH(v + 8 * j0 + 8), v2 = LOADH(v + 8 * j0 + 16),
-                             v3 = LOADH(v + 8 * j0 + 24);
-                _Pragma("GCC unroll 8")
-                for (int h = 0; h < G; h++) {
-                    acc[h][0] = _mm256_fmadd_ps(w[h], v0, acc[h][0]);
-                    acc[h][1] = _mm256_fmadd_ps(w[h], v1, acc[h][1]);
-                    acc[h][2] = _mm256_fmadd_ps(w[h], v2, acc[h][2]);
-                    acc[h][3] = _mm256_fmadd_ps(w[h], v3, acc[h][3]);
+            if (js == SL) {
+                _Pragma("GCC unroll 4")
+                for (int j = 0; j < SL; j++) {
+                    const __m256 vx = LOADH(v + 8 * (j0 + j));
+                    _Pragma("GCC unroll 8")
+                    for (int h = 0; h < G; h++) acc[h][j] = _mm256_fmadd_ps(w[h], vx, acc[h][j]);
                 }
             } else {
                 for (int32_t j = 0; j < js; j++) {
