@@ -1,0 +1,668 @@
+/* be_cuda.c — the CUDA backend (see be_cuda.h): weights uploaded once as
+ * bf16, one forward pass per step on one stream, KV in a device pool with
+ * the CPU backend's layout.
+ *
+ * The step mirrors be_cpu.c operation for operation: embedding; per layer
+ * RMSNorm, Q|K|V projection (+ qwen2 bias, qwen3 per-head norm), RoPE, K/V
+ * stored as fp16 into their slots, paged attention, output projection +
+ * residual, RMSNorm, gate|up projection, SwiGLU, down projection +
+ * residual; then final norm and output head for the rows whose logits are
+ * wanted. Q, K and V are one stacked weight [wq; wk; wv] and gate and up one
+ * [w_gate; w_up], so each is a single GEMM whose output row holds the parts
+ * side by side; the kernels read the parts through row strides.
+ *
+ * Host C only: CUDA runtime and cuBLAS through their C APIs, kernels through
+ * kernels.h. cudaError_t and cublasStatus_t become kvbatch statuses here, at
+ * the edge, with the library's text kept in the message. */
+#include "be_cuda.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "alloc.h"
+#include "dtype.h"
+#include "kernels.h"
+#include "quant.h"
+
+/* One layer's weights on the device. */
+struct cu_layer {
+    float *attn_norm, *ffn_norm; /* (n_embd) */
+    uint16_t *wqkv;              /* (q_dim + 2*kv_dim, n_embd) bf16: wq rows, then wk, then wv */
+    float *bqkv;                 /* (q_dim + 2*kv_dim) qwen2 bias, or NULL */
+    float *q_norm, *k_norm;      /* (head_dim) qwen3, or NULL */
+    uint16_t *wo;                /* (n_embd, q_dim) bf16 */
+    uint16_t *wgu;               /* (2*n_ff, n_embd) bf16: w_gate rows, then w_up */
+    uint16_t *wdown;             /* (n_embd, n_ff) bf16 */
+};
+
+struct cuda_be {
+    struct backend be;
+    const struct model *m;
+    int device;
+    bool det;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    int64_t q_dim, kv_dim, qkv_dim; /* n_head*hd, n_head_kv*hd, q_dim + 2*kv_dim */
+    int64_t block_elems;            /* fp16 elements of one KV block */
+
+    struct cu_layer *layers;        /* (n_layer) host array of device pointers */
+    uint16_t *tok_embd;             /* (n_vocab, n_embd) bf16 */
+    uint16_t *output;               /* (n_vocab, n_embd) bf16; == tok_embd when tied */
+    float *output_norm;             /* (n_embd) */
+    float *inv_freq;                /* (rope_dim / 2) */
+    uint16_t *kv;                   /* (n_blocks, block_elems) fp16 */
+
+    /* Per-step device scratch, grown to the largest step seen. Row counts
+     * are rounded up to BE_CUDA_DET_ROWS so deterministic GEMM tiles fit. */
+    int64_t cap_tok, cap_out;
+    float *x, *xn;                  /* (cap_tok, n_embd) residual stream, normed */
+    float *qkv;                     /* (cap_tok, qkv_dim) */
+    float *att;                     /* (cap_tok, q_dim) */
+    float *tmp;                     /* (cap_tok, n_embd) projection output */
+    float *gu;                      /* (cap_tok, 2*n_ff) */
+    float *act;                     /* (cap_tok, n_ff) */
+    uint16_t *xb;                   /* (cap_tok, max(n_embd, q_dim, n_ff)) bf16 GEMM input */
+    float *outn;                    /* (cap_out, n_embd) */
+    float *logits;                  /* (cap_out, n_vocab) */
+    /* Step indices: tokens | positions | table offsets | logit rows | block
+     * tables, uploaded in one copy from pinned memory. */
+    int64_t cap_idx;                /* int32 entries */
+    int32_t *h_idx;                 /* pinned host */
+    int32_t *d_idx;                 /* device */
+};
+
+/* ---- foreign errors ------------------------------------------------------------ */
+
+static enum kvb_status cu_status(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return KVB_OK;
+    case cudaErrorMemoryAllocation: return KVB_ERR_NOMEM;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorInvalidDevice: return KVB_ERR_UNSUPPORTED;
+    case cudaErrorInvalidValue: return KVB_ERR_INTERNAL; /* a launcher refused a shape: our bug */
+    default: return KVB_ERR_IO;
+    }
+}
+
+static enum kvb_status cu_check(cudaError_t e, struct kvb_err *err, const char *what)
+{
+    if (e == cudaSuccess) return KVB_OK;
+    return kvb_errf(err, cu_status(e), "CUDA: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+static enum kvb_status blas_check(cublasStatus_t s, struct kvb_err *err, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS) return KVB_OK;
+    enum kvb_status st = KVB_ERR_IO;
+    if (s == CUBLAS_STATUS_ALLOC_FAILED) st = KVB_ERR_NOMEM;
+    else if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_ARCH_MISMATCH) st = KVB_ERR_UNSUPPORTED;
+    else if (s == CUBLAS_STATUS_INVALID_VALUE) st = KVB_ERR_INTERNAL;
+    return kvb_errf(err, st, "cuBLAS: %s: %s", what, cublasGetStatusString(s));
+}
+
+static double mib(int64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+/* ---- availability ----------------------------------------------------------------- */
+
+bool be_cuda_available(int device, char *why, size_t cap)
+{
+    char dummy[8];
+    if (!why) {
+        why = dummy;
+        cap = sizeof dummy;
+    }
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        snprintf(why, cap, "%s", cudaGetErrorString(e));
+        return false;
+    }
+    if (n == 0) {
+        snprintf(why, cap, "no CUDA device");
+        return false;
+    }
+    if (device < 0 || device >= n) {
+        snprintf(why, cap, "device %d asked for, %d present", device, n);
+        return false;
+    }
+    struct cudaDeviceProp p;
+    e = cudaGetDeviceProperties(&p, device);
+    if (e != cudaSuccess) {
+        snprintf(why, cap, "%s", cudaGetErrorString(e));
+        return false;
+    }
+    if (p.major < 8) {
+        snprintf(why, cap, "%s has compute capability %d.%d; kvbatch's bf16 kernels need 8.0 or newer", p.name,
+                 p.major, p.minor);
+        return false;
+    }
+    if (why != dummy) snprintf(why, cap, "%s", p.name);
+    return true;
+}
+
+int64_t be_cuda_free_memory(int device)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) return -1;
+    if (cudaSetDevice(device) != cudaSuccess) return -1;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return -1;
+    return (int64_t)free_b;
+}
+
+int64_t be_cuda_weight_bytes(const struct model *m)
+{
+    const struct model_hparams *hp = &m->hp;
+    const int64_t e = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;
+    int64_t per_layer = 2 * ((qd + 2 * kvd) * e + e * qd + 2 * f * e + e * f) + 4 * (2 * e);
+    const struct model_layer *L = &m->layers[0];
+    if (L->bq) per_layer += 4 * (qd + 2 * kvd);
+    if (L->q_norm) per_layer += 4 * 2 * (int64_t)hp->head_dim;
+    int64_t total = per_layer * hp->n_layer + 2 * (int64_t)hp->n_vocab * e + 4 * e;
+    if (m->output.data != m->tok_embd.data) total += 2 * (int64_t)hp->n_vocab * e;
+    return total;
+}
+
+/* ---- teardown ------------------------------------------------------------------------ */
+
+static void free_scratch(struct cuda_be *c)
+{
+    void *bufs[] = {c->x, c->xn, c->qkv, c->att, c->tmp, c->gu, c->act, c->xb, c->outn, c->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
+    c->x = c->xn = c->qkv = c->att = c->tmp = c->gu = c->act = c->outn = c->logits = NULL;
+    c->xb = NULL;
+    c->cap_tok = c->cap_out = 0;
+}
+
+static void cuda_free(struct backend *be)
+{
+    struct cuda_be *c = (struct cuda_be *)be;
+    if (!c) return;
+    cudaSetDevice(c->device);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    free_scratch(c);
+    if (c->layers) {
+        for (int l = 0; l < c->m->hp.n_layer; l++) {
+            struct cu_layer *L = &c->layers[l];
+            void *bufs[] = {L->attn_norm, L->ffn_norm, L->wqkv, L->bqkv, L->q_norm, L->k_norm, L->wo, L->wgu, L->wdown};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
+        }
+        kvb_free(c->layers);
+    }
+    if (c->output != c->tok_embd) cudaFree(c->output);
+    cudaFree(c->tok_embd);
+    cudaFree(c->output_norm);
+    cudaFree(c->inv_freq);
+    cudaFree(c->kv);
+    cudaFree(c->d_idx);
+    if (c->h_idx) cudaFreeHost(c->h_idx);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    kvb_free(c);
+}
+
+/* ---- weight upload ----------------------------------------------------------------- */
+
+/* Host side of the upload: a pinned staging area for bf16 rows and one f32
+ * row for quant_dequant_row. */
+struct uploader {
+    uint16_t *stage;   /* pinned, cap elements */
+    int64_t cap;
+    float *row;        /* (max_in) */
+};
+
+static enum kvb_status dev_alloc(void *pp, int64_t bytes, const char *what, struct kvb_err *err)
+{
+    void **p = pp;
+    cudaError_t e = cudaMalloc(p, (size_t)(bytes > 0 ? bytes : 1));
+    if (e == cudaSuccess) return KVB_OK;
+    *p = NULL;
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError(); /* clear it: an allocation failure is not sticky */
+        return kvb_errf(err, KVB_ERR_NOMEM, "CUDA: out of device memory for %s (%.1f MiB)", what, mib(bytes));
+    }
+    return cu_check(e, err, what);
+}
+
+/* Dequantizes `w` (n_out rows of n_in) into bf16 rows and copies them to
+ * dst (row-major, n_in per row). */
+static enum kvb_status upload_matrix(struct uploader *u, uint16_t *dst, const struct mm_weight *w, const char *name,
+                                     struct kvb_err *err)
+{
+    const int64_t n_in = w->n_in;
+    const int64_t rows_per_chunk = u->cap / n_in;
+    for (int64_t r0 = 0; r0 < w->n_out; r0 += rows_per_chunk) {
+        const int64_t nr = w->n_out - r0 < rows_per_chunk ? w->n_out - r0 : rows_per_chunk;
+        for (int64_t r = 0; r < nr; r++) {
+            const uint8_t *src = (const uint8_t *)w->data + (size_t)(r0 + r) * w->row_bytes;
+            uint16_t *out = u->stage + r * n_in;
+            if (w->type == GGML_TYPE_BF16) { /* bf16 -> f32 -> bf16 is the identity */
+                memcpy(out, src, (size_t)n_in * 2);
+                continue;
+            }
+            enum kvb_status st = quant_dequant_row(w->type, src, u->row, n_in);
+            if (st != KVB_OK) return kvb_errf(err, st, "%s: cannot dequantize type %u", name, (unsigned)w->type);
+            for (int64_t i = 0; i < n_in; i++) out[i] = kvb_f32_to_bf16(u->row[i]);
+        }
+        KVB_FORWARD_IF_ERROR(cu_check(cudaMemcpy(dst + r0 * n_in, u->stage, (size_t)(nr * n_in) * 2,
+                                                 cudaMemcpyHostToDevice), err, name));
+    }
+    return KVB_OK;
+}
+
+/* Uploads n matrices with the same n_in stacked row-wise into one new
+ * device array. */
+static enum kvb_status upload_stacked(struct uploader *u, uint16_t **dst, const struct mm_weight *const *w, int n,
+                                      int64_t n_in, const int64_t *n_out, const char *name, struct kvb_err *err)
+{
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (w[i]->n_in != n_in || w[i]->n_out != n_out[i])
+            return kvb_errf(err, KVB_ERR_FORMAT, "%s: part %d is %lld x %lld, expected %lld x %lld", name, i,
+                            (long long)w[i]->n_out, (long long)w[i]->n_in, (long long)n_out[i], (long long)n_in);
+        rows += n_out[i];
+    }
+    KVB_FORWARD_IF_ERROR(dev_alloc(dst, rows * n_in * 2, name, err));
+    rows = 0;
+    for (int i = 0; i < n; i++) {
+        KVB_FORWARD_IF_ERROR(upload_matrix(u, *dst + rows * n_in, w[i], name, err));
+        rows += n_out[i];
+    }
+    return KVB_OK;
+}
+
+static enum kvb_status upload_f32(float **dst, const float *src, int64_t n, const char *name, struct kvb_err *err)
+{
+    KVB_FORWARD_IF_ERROR(dev_alloc(dst, n * 4, name, err));
+    return cu_check(cudaMemcpy(*dst, src, (size_t)n * 4, cudaMemcpyHostToDevice), err, name);
+}
+
+static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, struct kvb_err *err)
+{
+    const struct model *m = c->m;
+    const struct model_hparams *hp = &m->hp;
+    const int64_t e = hp->n_embd, f = hp->n_ff, qd = c->q_dim, kvd = c->kv_dim;
+    char name[64];
+    c->layers = kvb_calloc((size_t)hp->n_layer, sizeof *c->layers);
+    if (!c->layers) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        struct cu_layer *D = &c->layers[l];
+        snprintf(name, sizeof name, "layer %d attention weights", l);
+        const struct mm_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        const int64_t qkv_out[3] = {qd, kvd, kvd};
+        KVB_FORWARD_IF_ERROR(upload_stacked(u, &D->wqkv, qkv, 3, e, qkv_out, name, err));
+        const struct mm_weight *wo[1] = {&L->wo};
+        const int64_t wo_out[1] = {e};
+        KVB_FORWARD_IF_ERROR(upload_stacked(u, &D->wo, wo, 1, qd, wo_out, name, err));
+        snprintf(name, sizeof name, "layer %d FFN weights", l);
+        const struct mm_weight *gu[2] = {&L->w_gate, &L->w_up};
+        const int64_t gu_out[2] = {f, f};
+        KVB_FORWARD_IF_ERROR(upload_stacked(u, &D->wgu, gu, 2, e, gu_out, name, err));
+        const struct mm_weight *wd[1] = {&L->w_down};
+        const int64_t wd_out[1] = {e};
+        KVB_FORWARD_IF_ERROR(upload_stacked(u, &D->wdown, wd, 1, f, wd_out, name, err));
+        snprintf(name, sizeof name, "layer %d norms and biases", l);
+        KVB_FORWARD_IF_ERROR(upload_f32(&D->attn_norm, L->attn_norm, e, name, err));
+        KVB_FORWARD_IF_ERROR(upload_f32(&D->ffn_norm, L->ffn_norm, e, name, err));
+        if (L->bq) {
+            KVB_FORWARD_IF_ERROR(dev_alloc(&D->bqkv, c->qkv_dim * 4, name, err));
+            KVB_FORWARD_IF_ERROR(cu_check(cudaMemcpy(D->bqkv, L->bq, (size_t)qd * 4, cudaMemcpyHostToDevice), err, name));
+            KVB_FORWARD_IF_ERROR(cu_check(cudaMemcpy(D->bqkv + qd, L->bk, (size_t)kvd * 4, cudaMemcpyHostToDevice), err, name));
+            KVB_FORWARD_IF_ERROR(cu_check(cudaMemcpy(D->bqkv + qd + kvd, L->bv, (size_t)kvd * 4, cudaMemcpyHostToDevice),
+                                          err, name));
+        }
+        if (L->q_norm) {
+            KVB_FORWARD_IF_ERROR(upload_f32(&D->q_norm, L->q_norm, hp->head_dim, name, err));
+            KVB_FORWARD_IF_ERROR(upload_f32(&D->k_norm, L->k_norm, hp->head_dim, name, err));
+        }
+    }
+    const struct mm_weight *te[1] = {&m->tok_embd};
+    const int64_t te_out[1] = {hp->n_vocab};
+    KVB_FORWARD_IF_ERROR(upload_stacked(u, &c->tok_embd, te, 1, e, te_out, "token embeddings", err));
+    if (m->output.data == m->tok_embd.data) {
+        c->output = c->tok_embd;
+    } else {
+        const struct mm_weight *ow[1] = {&m->output};
+        KVB_FORWARD_IF_ERROR(upload_stacked(u, &c->output, ow, 1, e, te_out, "output head", err));
+    }
+    KVB_FORWARD_IF_ERROR(upload_f32(&c->output_norm, m->output_norm, e, "output norm", err));
+    float *inv = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));
+    if (!inv) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < hp->rope_dim / 2; i++) /* be_cpu.c's formula */
+        inv[i] = (float)pow((double)hp->rope_base, -2.0 * i / (double)hp->rope_dim);
+    enum kvb_status st = upload_f32(&c->inv_freq, inv, hp->rope_dim / 2 + 1, "RoPE frequencies", err);
+    kvb_free(inv);
+    return st;
+}
+
+/* ---- step ----------------------------------------------------------------------------- */
+
+static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_out, int64_t n_idx,
+                                   struct kvb_err *err)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const int64_t e = hp->n_embd, f = hp->n_ff;
+    if (n_tok > c->cap_tok || n_out > c->cap_out) {
+        const int64_t nt = round_up(n_tok > c->cap_tok ? n_tok : c->cap_tok, BE_CUDA_DET_ROWS);
+        const int64_t no = round_up(n_out > c->cap_out ? n_out : c->cap_out, BE_CUDA_DET_ROWS);
+        int64_t wide = e > c->q_dim ? e : c->q_dim;
+        if (f > wide) wide = f;
+        free_scratch(c);
+        struct { void *p; int64_t bytes; } b[] = {
+            {&c->x, nt * e * 4},       {&c->xn, nt * e * 4},       {&c->qkv, nt * c->qkv_dim * 4},
+            {&c->att, nt * c->q_dim * 4}, {&c->tmp, nt * e * 4},   {&c->gu, nt * 2 * f * 4},
+            {&c->act, nt * f * 4},     {&c->xb, nt * wide * 2},    {&c->outn, no * e * 4},
+            {&c->logits, no * hp->n_vocab * 4},
+        };
+        int64_t total = 0;
+        for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) total += b[i].bytes;
+        for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+            enum kvb_status st = dev_alloc(b[i].p, b[i].bytes, "step buffers", err);
+            /* Zeroed so that the padding rows of deterministic GEMM tiles
+             * hold numbers, not stale bits. */
+            if (st == KVB_OK)
+                st = cu_check(cudaMemsetAsync(*(void **)b[i].p, 0, (size_t)b[i].bytes, c->stream), err, "step buffers");
+            if (st != KVB_OK) {
+                free_scratch(c);
+                if (st != KVB_ERR_NOMEM) return st;
+                return kvb_errf(err, st, "CUDA: out of device memory: a %lld-token step needs %.1f MiB of scratch "
+                                "beside the weights and the KV pool: lower the tokens per step or --kv-mem",
+                                (long long)n_tok, mib(total));
+            }
+        }
+        c->cap_tok = nt;
+        c->cap_out = no;
+    }
+    if (n_idx > c->cap_idx) {
+        const int64_t ni = round_up(n_idx, 4096);
+        if (c->h_idx) cudaFreeHost(c->h_idx);
+        cudaFree(c->d_idx);
+        c->h_idx = NULL;
+        c->d_idx = NULL;
+        c->cap_idx = 0;
+        KVB_FORWARD_IF_ERROR(cu_check(cudaHostAlloc((void **)&c->h_idx, (size_t)ni * 4, cudaHostAllocDefault), err,
+                                      "pinned step indices"));
+        KVB_FORWARD_IF_ERROR(dev_alloc(&c->d_idx, ni * 4, "step indices", err));
+        c->cap_idx = ni;
+    }
+    return KVB_OK;
+}
+
+/* A step enqueues some forty launches per layer; rather than test each
+ * one inline, the first failure is recorded (what failed, and the CUDA or
+ * cuBLAS status) and the step stops at the end of that layer. */
+struct step {
+    struct cuda_be *c;
+    cudaError_t ce;
+    cublasStatus_t bs;
+    const char *what; /* NULL while all is well */
+};
+
+static void step_cu(struct step *s, cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess && !s->what) {
+        s->ce = e;
+        s->what = what;
+    }
+}
+
+/* y = x · wᵀ (see k_gemm.c). In deterministic mode always on whole tiles of
+ * BE_CUDA_DET_ROWS rows: the buffers have room for the padding rows. */
+static void step_gemm(struct step *s, float *y, const uint16_t *x, const uint16_t *w, int64_t n_tok, int64_t n_in,
+                      int64_t n_out, const char *what)
+{
+    const int64_t tile = s->c->det ? BE_CUDA_DET_ROWS : n_tok;
+    for (int64_t r = 0; r < n_tok && !s->what; r += tile) {
+        cublasStatus_t b = kcu_gemm_bf16(s->c->blas, y + r * n_out, x + r * n_in, w, tile, n_in, n_out);
+        if (b != CUBLAS_STATUS_SUCCESS) {
+            s->bs = b;
+            s->what = what;
+        }
+    }
+}
+
+static enum kvb_status step_status(const struct step *s, struct kvb_err *err)
+{
+    if (!s->what) return KVB_OK;
+    if (s->bs != CUBLAS_STATUS_SUCCESS) return blas_check(s->bs, err, s->what);
+    return cu_check(s->ce, err, s->what);
+}
+
+/* The CPU backend's checks, so both refuse the same batches. */
+static enum kvb_status check_batch(const struct cuda_be *c, const struct be_batch *b, int64_t *n_tok,
+                                   int64_t *n_out, int64_t *n_tab, struct kvb_err *err)
+{
+    *n_tok = *n_out = *n_tab = 0;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        const struct be_seq *s = &b->seqs[i];
+        if (s->n_tokens <= 0 || s->pos < 0)
+            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: %d tokens at position %d", i, s->n_tokens, s->pos);
+        int64_t end = (int64_t)s->pos + s->n_tokens;
+        if ((end + c->be.block_size - 1) / c->be.block_size > s->n_blocks)
+            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: %d blocks cannot hold %lld positions", i,
+                            s->n_blocks, (long long)end);
+        if (end > 0x7fffffff) return kvb_errf(err, KVB_ERR_RANGE, "sequence %d: position overflow", i);
+        for (int32_t bi = 0; bi < s->n_blocks; bi++)
+            if (s->block_table[bi] < 0 || s->block_table[bi] >= c->be.n_blocks)
+                return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: block id %d out of range", i,
+                                s->block_table[bi]);
+        for (int32_t t = 0; t < s->n_tokens; t++)
+            if (s->tokens[t] < 0 || s->tokens[t] >= c->m->hp.n_vocab)
+                return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: token id %d out of range", i, s->tokens[t]);
+        *n_tok += s->n_tokens;
+        *n_out += s->logits == BE_LOGITS_ALL ? s->n_tokens : s->logits == BE_LOGITS_LAST ? 1 : 0;
+        *n_tab += s->n_blocks;
+    }
+    return KVB_OK;
+}
+
+static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *batch, float *logits,
+                                    struct kvb_err *err)
+{
+    struct cuda_be *c = (struct cuda_be *)be;
+    const struct model_hparams *hp = &c->m->hp;
+    const int64_t e = hp->n_embd, f = hp->n_ff, hd = hp->head_dim;
+    const int64_t qd = c->q_dim, kvd = c->kv_dim, qkvd = c->qkv_dim;
+    int64_t n_tok, n_out, n_tab;
+    KVB_FORWARD_IF_ERROR(check_batch(c, batch, &n_tok, &n_out, &n_tab, err));
+    if (n_tok == 0) return KVB_OK;
+    if (n_tok > 0x7fffffff / hp->n_head)
+        return kvb_errf(err, KVB_ERR_RANGE, "a step of %lld tokens is too large", (long long)n_tok);
+    KVB_FORWARD_IF_ERROR(cu_check(cudaSetDevice(c->device), err, "select device"));
+    const int64_t n_idx = 3 * n_tok + n_out + n_tab;
+    KVB_FORWARD_IF_ERROR(ensure_step(c, n_tok, n_out, n_idx, err));
+
+    /* Step indices, laid out as the device pointers below read them. */
+    int32_t *tok = c->h_idx, *pos = tok + n_tok, *tab = pos + n_tok, *rows = tab + n_tok, *blocks = rows + n_out;
+    int64_t t = 0, r = 0, nb = 0;
+    for (int32_t i = 0; i < batch->n_seqs; i++) {
+        const struct be_seq *sq = &batch->seqs[i];
+        for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
+            tok[t] = sq->tokens[j];
+            pos[t] = sq->pos + j;
+            tab[t] = (int32_t)nb;
+            if (sq->logits == BE_LOGITS_ALL || (sq->logits == BE_LOGITS_LAST && j == sq->n_tokens - 1))
+                rows[r++] = (int32_t)t;
+        }
+        memcpy(blocks + nb, sq->block_table, sizeof(int32_t) * (size_t)sq->n_blocks);
+        nb += sq->n_blocks;
+    }
+    const int32_t *d_tok = c->d_idx, *d_pos = d_tok + n_tok, *d_tab = d_pos + n_tok, *d_rows = d_tab + n_tok;
+    struct kcu_paged pg = {
+        .pool = c->kv, .block_elems = c->block_elems, .block_size = be->block_size, .kv_dim = (int32_t)kvd,
+        .layer = 0, .n_tok = (int32_t)n_tok, .tok_pos = d_pos, .tok_table = d_tab, .blocks = d_rows + n_out,
+    };
+    const int32_t nt = (int32_t)n_tok, ne = (int32_t)e, nh = hp->n_head, nkv = hp->n_head_kv, h = (int32_t)hd;
+    const int neox = hp->rope == ROPE_NEOX;
+    const float eps = hp->rms_eps, scale = 1.0f / sqrtf((float)hd);
+    cudaStream_t cs = c->stream;
+    struct step s = {c, cudaSuccess, CUBLAS_STATUS_SUCCESS, NULL};
+
+    step_cu(&s, cudaMemcpyAsync(c->d_idx, c->h_idx, (size_t)n_idx * 4, cudaMemcpyHostToDevice, cs), "upload indices");
+    step_cu(&s, kcu_embed(c->x, c->tok_embd, d_tok, nt, ne, cs), "embedding");
+    for (int l = 0; l < hp->n_layer && !s.what; l++) {
+        const struct cu_layer *L = &c->layers[l];
+        float *q = c->qkv, *k = c->qkv + qd, *v = c->qkv + qd + kvd; /* rows of qkvd floats */
+        step_cu(&s, kcu_rmsnorm(c->xn, e, c->x, e, NULL, nt, 1, ne, L->attn_norm, eps, cs), "attention norm");
+        step_cu(&s, kcu_f32_to_bf16(c->xb, c->xn, n_tok * e, cs), "to bf16");
+        step_gemm(&s, c->qkv, c->xb, L->wqkv, n_tok, e, qkvd, "QKV projection");
+        if (L->bqkv) step_cu(&s, kcu_add_bias(c->qkv, qkvd, L->bqkv, nt, (int32_t)qkvd, cs), "QKV bias");
+        if (L->q_norm) {
+            step_cu(&s, kcu_rmsnorm(q, qkvd, q, qkvd, NULL, nt, nh, h, L->q_norm, eps, cs), "Q norm");
+            step_cu(&s, kcu_rmsnorm(k, qkvd, k, qkvd, NULL, nt, nkv, h, L->k_norm, eps, cs), "K norm");
+        }
+        step_cu(&s, kcu_rope(q, qkvd, nt, nh, h, hp->rope_dim, neox, d_pos, c->inv_freq, cs), "RoPE Q");
+        step_cu(&s, kcu_rope(k, qkvd, nt, nkv, h, hp->rope_dim, neox, d_pos, c->inv_freq, cs), "RoPE K");
+        /* All of the step's K/V go in before attention reads any, so the
+         * tokens of one prefill chunk see each other causally. */
+        pg.layer = l;
+        step_cu(&s, kcu_kv_store(&pg, k, v, qkvd, cs), "KV store");
+        step_cu(&s, kcu_attn(c->att, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
+        step_cu(&s, kcu_f32_to_bf16(c->xb, c->att, n_tok * qd, cs), "to bf16");
+        step_gemm(&s, c->tmp, c->xb, L->wo, n_tok, qd, e, "output projection");
+        step_cu(&s, kcu_add(c->x, c->tmp, n_tok * e, cs), "residual");
+
+        step_cu(&s, kcu_rmsnorm(c->xn, e, c->x, e, NULL, nt, 1, ne, L->ffn_norm, eps, cs), "FFN norm");
+        step_cu(&s, kcu_f32_to_bf16(c->xb, c->xn, n_tok * e, cs), "to bf16");
+        step_gemm(&s, c->gu, c->xb, L->wgu, n_tok, e, 2 * f, "gate/up projection");
+        step_cu(&s, kcu_swiglu(c->act, c->gu, nt, (int32_t)f, cs), "SwiGLU");
+        step_cu(&s, kcu_f32_to_bf16(c->xb, c->act, n_tok * f, cs), "to bf16");
+        step_gemm(&s, c->tmp, c->xb, L->wdown, n_tok, f, e, "down projection");
+        step_cu(&s, kcu_add(c->x, c->tmp, n_tok * e, cs), "residual");
+    }
+    if (n_out > 0) {
+        step_cu(&s, kcu_rmsnorm(c->outn, e, c->x, e, d_rows, (int32_t)n_out, 1, ne, c->output_norm, eps, cs),
+                "output norm");
+        step_cu(&s, kcu_f32_to_bf16(c->xb, c->outn, n_out * e, cs), "to bf16");
+        step_gemm(&s, c->logits, c->xb, c->output, n_out, e, hp->n_vocab, "output head");
+        if (!s.what)
+            step_cu(&s, cudaMemcpyAsync(logits, c->logits, (size_t)(n_out * hp->n_vocab) * 4, cudaMemcpyDeviceToHost, cs),
+                    "download logits");
+    }
+    /* Always synchronise, failed or not: the pinned index buffer may only be
+     * refilled once this step's copy of it is done. */
+    step_cu(&s, cudaStreamSynchronize(cs), "step");
+    return step_status(&s, err);
+}
+
+static enum kvb_status cuda_block_copy(struct backend *be, int32_t block, void *host, bool to_device)
+{
+    struct cuda_be *c = (struct cuda_be *)be;
+    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
+    uint16_t *dev = c->kv + (int64_t)block * c->block_elems;
+    cudaError_t e = cudaSetDevice(c->device);
+    if (e == cudaSuccess)
+        e = to_device ? cudaMemcpyAsync(dev, host, (size_t)be->block_bytes, cudaMemcpyHostToDevice, c->stream)
+                      : cudaMemcpyAsync(host, dev, (size_t)be->block_bytes, cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    return cu_status(e);
+}
+
+static enum kvb_status cuda_block_read(struct backend *be, int32_t block, void *dst)
+{
+    return cuda_block_copy(be, block, dst, false);
+}
+
+static enum kvb_status cuda_block_write(struct backend *be, int32_t block, const void *src)
+{
+    return cuda_block_copy(be, block, (void *)src, true);
+}
+
+/* ---- creation ---------------------------------------------------------------------------- */
+
+enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts *o, struct backend **out,
+                               struct kvb_err *err)
+{
+    *out = NULL;
+    if (o->block_size <= 0 || o->n_blocks <= 0)
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "block size %d and block count %d must be positive", o->block_size,
+                        o->n_blocks);
+    char why[256];
+    if (!be_cuda_available(o->device, why, sizeof why))
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "no CUDA device: %s", why);
+    const struct model_hparams *hp = &m->hp;
+    if (hp->head_dim > KCU_ATTN_MAX_HEAD_DIM || hp->n_head % hp->n_head_kv)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "CUDA backend: head_dim %d / %d heads over %d KV heads not supported "
+                        "(head_dim <= %d, whole groups)", hp->head_dim, hp->n_head, hp->n_head_kv,
+                        KCU_ATTN_MAX_HEAD_DIM);
+
+    struct cuda_be *c = kvb_calloc(1, sizeof *c);
+    if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    c->m = m;
+    c->device = o->device;
+    c->det = o->deterministic;
+    c->be.name = "cuda";
+    c->be.kernels = o->deterministic ? "cuda bf16 cuBLAS, deterministic tiles" : "cuda bf16 cuBLAS";
+    c->be.impl = c;
+    c->be.forward = cuda_forward;
+    c->be.kv_block_read = cuda_block_read;
+    c->be.kv_block_write = cuda_block_write;
+    c->be.free = cuda_free;
+    c->be.block_size = o->block_size;
+    c->be.n_blocks = o->n_blocks;
+    c->be.block_bytes = be_cpu_block_bytes(m, o->block_size); /* same pool layout as the CPU */
+    c->q_dim = (int64_t)hp->n_head * hp->head_dim;
+    c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    c->qkv_dim = c->q_dim + 2 * c->kv_dim;
+    c->block_elems = (int64_t)hp->n_layer * 2 * o->block_size * c->kv_dim;
+
+    enum kvb_status st = cu_check(cudaSetDevice(o->device), err, "select device");
+    if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err, "create stream");
+    if (st == KVB_OK) st = blas_check(cublasCreate(&c->blas), err, "create handle");
+    if (st == KVB_OK) st = blas_check(cublasSetStream(c->blas, c->stream), err, "set stream");
+    const int64_t w_bytes = be_cuda_weight_bytes(m);
+    const int64_t kv_bytes = c->be.block_bytes * o->n_blocks;
+    if (st == KVB_OK) {
+        const int64_t free_b = be_cuda_free_memory(o->device);
+        if (free_b >= 0 && w_bytes > free_b)
+            st = kvb_errf(err, KVB_ERR_NOMEM, "CUDA: the weights need %.1f MiB of device memory as bf16, device %d has "
+                          "%.1f MiB free: use a smaller model or another GPU", mib(w_bytes), o->device, mib(free_b));
+    }
+    /* Host staging for the upload: 64 MiB of pinned bf16 rows. */
+    struct uploader u = {NULL, 0, NULL};
+    if (st == KVB_OK) {
+        int64_t max_in = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
+        if (c->q_dim > max_in) max_in = c->q_dim;
+        u.cap = (int64_t)32 << 20;
+        if (u.cap < max_in) u.cap = max_in;
+        u.row = kvb_malloc(sizeof(float) * (size_t)max_in);
+        st = u.row ? cu_check(cudaHostAlloc((void **)&u.stage, (size_t)u.cap * 2, cudaHostAllocDefault), err,
+                              "pinned upload buffer")
+                   : kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    }
+    if (st == KVB_OK) st = upload_weights(c, &u, err);
+    if (u.stage) cudaFreeHost(u.stage);
+    kvb_free(u.row);
+    if (st == KVB_OK) {
+        cudaError_t e = cudaMalloc((void **)&c->kv, (size_t)kv_bytes);
+        if (e == cudaErrorMemoryAllocation) {
+            cudaGetLastError();
+            c->kv = NULL;
+            const int64_t free_b = be_cuda_free_memory(o->device);
+            st = kvb_errf(err, KVB_ERR_NOMEM, "CUDA: the KV pool of %d blocks needs %.1f MiB of device memory, %.1f MiB "
+                          "are free after %.1f MiB of weights: lower --kv-mem", o->n_blocks, mib(kv_bytes),
+                          mib(free_b), mib(w_bytes));
+        } else {
+            st = cu_check(e, err, "KV pool");
+        }
+    }
+    if (st == KVB_OK) st = cu_check(cudaMemsetAsync(c->kv, 0, (size_t)kv_bytes, c->stream), err, "KV pool");
+    if (st == KVB_OK) st = cu_check(cudaDeviceSynchronize(), err, "upload");
+    if (st != KVB_OK) {
+        cuda_free(&c->be);
+        return st;
+    }
+    *out = &c->be;
+    return KVB_OK;
+}

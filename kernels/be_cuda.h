@@ -1,0 +1,73 @@
+/* be_cuda.h — the CUDA backend: the forward pass of backend.h on an NVIDIA
+ * GPU (compute capability 8.0 or newer), with cuBLAS GEMMs.
+ *
+ * What it does: at creation every weight matrix is dequantized on the host
+ * (quant_dequant_row) to bf16 and uploaded once; norms and biases go up as
+ * f32. Activations stay f32 on the device and are rounded to bf16 just
+ * before each GEMM, which accumulates in f32. The KV block pool lives in
+ * device memory as fp16 with the CPU backend's layout
+ * ([block][layer][K|V][slot][kv_dim]), so kv_block_read/kv_block_write copy
+ * block_bytes as they are and a persistent-cache value written by one
+ * backend is read by the other. One stream; per step the token ids,
+ * positions and block tables go up in one copy from pinned memory, and the
+ * logits rows come back to the host (the engine samples there).
+ *
+ * Not bit-identical to the CPU backend: bf16 weights and activations keep 8
+ * significant bits where the CPU computes with the stored quantized values
+ * and 8-bit-quantized activations, and reductions run in another order. The
+ * two agree to about 1e-4 normalised error in the logits.
+ *
+ * Errors: CUDA and cuBLAS failures become kvbatch statuses with the
+ * library's own text in err->msg — out of device memory → KVB_ERR_NOMEM
+ * (saying how much was needed, and --kv-mem when the KV pool is what does not
+ * fit), no device / driver too old / GPU too old → KVB_ERR_UNSUPPORTED, any
+ * other device failure → KVB_ERR_IO.
+ *
+ * Ownership: the model must outlive the backend (norm vectors are read from
+ * it at creation only, but the name is kept). be_free() releases every
+ * device and pinned allocation. A backend is used from one thread at a time. */
+#ifndef KVB_BE_CUDA_H
+#define KVB_BE_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "model.h"
+#include "status.h"
+
+/* Whether CUDA device `device` exists and can run kvbatch's kernels. When
+ * not, writes the reason (the CUDA runtime's message, "no CUDA device", or
+ * the compute capability) into why[cap] (why may be NULL). */
+bool be_cuda_available(int device, char *why, size_t cap);
+
+struct be_cuda_opts {
+    int device;          /* CUDA device index, >= 0 */
+    int32_t block_size;  /* tokens per KV block, > 0 */
+    int32_t n_blocks;    /* KV pool size in blocks, > 0 */
+    /* Batch-invariant GEMMs: every GEMM runs on fixed tiles of
+     * BE_CUDA_DET_ROWS token rows (the last one padded), so that cuBLAS
+     * picks the same kernel and reduction order whatever the step's size and
+     * a token's logits do not depend on what shares its batch. Costs weight
+     * re-reads when a step has more than BE_CUDA_DET_ROWS tokens. */
+    bool deterministic;
+};
+
+#define BE_CUDA_DET_ROWS 128
+
+/* Creates the backend (see above). KVB_ERR_UNSUPPORTED "no CUDA device: …"
+ * when be_cuda_available() says no, and for shapes the kernels cannot take
+ * (head_dim > 256). The model must outlive the backend. */
+enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts *o, struct backend **out,
+                               struct kvb_err *err);
+
+/* Bytes of device memory free on `device` now (cudaMemGetInfo), to size the
+ * KV pool from a fraction of it; -1 when the device cannot be queried. */
+int64_t be_cuda_free_memory(int device);
+
+/* Bytes of device memory the weights take once uploaded as bf16 (f32 for
+ * norms and biases): what must fit beside the KV pool. */
+int64_t be_cuda_weight_bytes(const struct model *m);
+
+#endif

@@ -1,0 +1,41 @@
+/* k_norm.cu — RMSNorm, one thread block per (row, sub-row) (see kernels.h).
+ *
+ * The sum of squares is reduced in a fixed order — each thread sums its
+ * strided elements in index order, then a fixed shared-memory tree — so the
+ * result for a row is the same whatever else is in the batch. It differs from
+ * the CPU's sequential sum by rounding only. */
+#include "kernels.h"
+
+#define NORM_THREADS 256
+
+__global__ static void rmsnorm_kernel(float *out, int64_t out_ld, const float *x, int64_t x_ld, const int32_t *rows,
+                                      int32_t n_sub, int32_t n, const float *w, float eps)
+{
+    __shared__ float part[NORM_THREADS];
+    const int32_t r = blockIdx.x / n_sub, j = blockIdx.x % n_sub;
+    const float *src = x + (int64_t)(rows ? rows[r] : r) * x_ld + (int64_t)j * n;
+    float *dst = out + (int64_t)r * out_ld + (int64_t)j * n;
+    float ss = 0.0f;
+    for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) ss += src[i] * src[i];
+    part[threadIdx.x] = ss;
+    __syncthreads();
+    for (int s = NORM_THREADS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    /* Same expression as attn_rmsnorm. Every thread has read what it
+     * writes below before the barriers above, so out may alias x. */
+    const float scale = 1.0f / sqrtf(part[0] / (float)n + eps);
+    for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) dst[i] = src[i] * scale * w[i];
+}
+
+extern "C" cudaError_t kcu_rmsnorm(float *out, int64_t out_ld, const float *x, int64_t x_ld, const int32_t *rows,
+                                   int32_t n_rows, int32_t n_sub, int32_t n, const float *w, float eps,
+                                   cudaStream_t stream)
+{
+    if (n_rows < 0 || n_sub <= 0 || n <= 0) return n_rows == 0 ? cudaSuccess : cudaErrorInvalidValue;
+    if (n_rows == 0) return cudaSuccess;
+    if ((int64_t)n_rows * n_sub > 0x7fffffff) return cudaErrorInvalidValue;
+    rmsnorm_kernel<<<n_rows * n_sub, NORM_THREADS, 0, stream>>>(out, out_ld, x, x_ld, rows, n_sub, n, w, eps);
+    return cudaGetLastError();
+}

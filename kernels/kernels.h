@@ -1,0 +1,133 @@
+/* kernels.h — the CUDA kernels of the CUDA backend, behind a plain C interface.
+ *
+ * Each kernel family lives in its own .cu file (k_embed, k_norm, k_rope,
+ * k_act, k_attn) and is reached through a launcher declared here: it takes
+ * device pointers and a stream, enqueues the kernel and returns the launch
+ * status (cudaSuccess, or e.g. cudaErrorInvalidValue for a shape the kernel
+ * cannot take). Launchers never synchronise; errors raised while a kernel
+ * runs surface at the next synchronising call. A zero-sized call enqueues
+ * nothing and returns cudaSuccess.
+ *
+ * Every kernel has a plain C reference in src/ that tests/test_cuda_kernels.c
+ * compares it with (named beside each launcher). Activations are f32;
+ * GEMM inputs bf16; KV fp16 — all 16-bit types travel as uint16_t so that
+ * this header needs no CUDA C++ types.
+ *
+ * Data layouts are row-major. "ld" is the distance in elements between the
+ * starts of consecutive rows, so a kernel can read e.g. the K part of a
+ * fused Q|K|V row without a copy. */
+#ifndef KVB_KERNELS_H
+#define KVB_KERNELS_H
+
+#include <stdint.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- k_embed.cu ------------------------------------------------------------- */
+
+/* out[t][i] = table[tokens[t]][i] (bf16 -> f32, exact).
+ * table (n_vocab, n_embd) bf16; tokens (n_tok) must be in range (checked on
+ * the host); out (n_tok, n_embd). Reference: kvb_bf16_to_f32 per element. */
+cudaError_t kcu_embed(float *out, const uint16_t *table, const int32_t *tokens, int32_t n_tok, int32_t n_embd,
+                      cudaStream_t stream);
+
+/* ---- k_norm.cu -------------------------------------------------------------- */
+
+/* RMSNorm over sub-rows of n elements: for r < n_rows and j < n_sub,
+ *   src = x + (rows ? rows[r] : r) * x_ld + j * n
+ *   dst = out + r * out_ld + j * n
+ *   dst[i] = src[i] / sqrt(mean(src^2) + eps) * w[i]
+ * n_sub > 1 is the per-head Q/K norm of qwen3 (one row per token, n_sub heads
+ * of n = head_dim); `rows` gathers the rows whose logits are wanted. out may
+ * alias x when rows is NULL and out_ld == x_ld. The sum of squares is reduced
+ * in a fixed order, so a row's result does not depend on the other rows.
+ * Reference: attn_rmsnorm. */
+cudaError_t kcu_rmsnorm(float *out, int64_t out_ld, const float *x, int64_t x_ld, const int32_t *rows,
+                        int32_t n_rows, int32_t n_sub, int32_t n, const float *w, float eps, cudaStream_t stream);
+
+/* ---- k_rope.cu -------------------------------------------------------------- */
+
+/* Rotates, in place, n_heads heads of head_dim floats in each of n_tok rows
+ * (row t starts at x + t * ld) by the position tok_pos[t]: the first rope_dim
+ * dims of each head, in pairs (2i, 2i+1) when neox == 0 (llama) or
+ * (i, i + rope_dim/2) when neox != 0 (qwen). inv_freq (rope_dim/2) on the
+ * device. Reference: attn_rope. */
+cudaError_t kcu_rope(float *x, int64_t ld, int32_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
+                     int neox, const int32_t *tok_pos, const float *inv_freq, cudaStream_t stream);
+
+/* ---- k_act.cu --------------------------------------------------------------- */
+
+/* out[t][i] = silu(gu[t][i]) * gu[t][n_ff + i]: gu holds each token's gate
+ * and up projections side by side (n_tok, 2 * n_ff); out is (n_tok, n_ff).
+ * Reference: attn_swiglu. */
+cudaError_t kcu_swiglu(float *out, const float *gu, int32_t n_tok, int32_t n_ff, cudaStream_t stream);
+
+/* y[i] += x[i] for i < n (the residual add). Reference: the loop in be_cpu.c. */
+cudaError_t kcu_add(float *y, const float *x, int64_t n, cudaStream_t stream);
+
+/* y[r * ld + i] += b[i] for r < n_rows, i < n (qwen2's Q/K/V bias). */
+cudaError_t kcu_add_bias(float *y, int64_t ld, const float *b, int32_t n_rows, int32_t n, cudaStream_t stream);
+
+/* y[i] = bf16(x[i]), round to nearest even. Reference: kvb_f32_to_bf16. */
+cudaError_t kcu_f32_to_bf16(uint16_t *y, const float *x, int64_t n, cudaStream_t stream);
+
+/* ---- k_attn.cu -------------------------------------------------------------- */
+
+/* The largest head_dim the attention kernel takes. */
+#define KCU_ATTN_MAX_HEAD_DIM 256
+
+/* Where each token of a step lives in the paged KV pool. The pool has the
+ * CPU backend's layout: block b starts at pool + b * block_elems and holds
+ * [layer][K | V][slot][kv_dim] fp16, block_elems = n_layer*2*block_size*kv_dim.
+ * Token t of the step is at position tok_pos[t] of a sequence whose block
+ * table starts at blocks + tok_table[t]; position p is in block
+ * table[p / block_size], slot p % block_size. */
+struct kcu_paged {
+    uint16_t *pool;          /* (n_blocks, block_elems) fp16 */
+    int64_t block_elems;
+    int32_t block_size;
+    int32_t kv_dim;          /* n_head_kv * head_dim */
+    int32_t layer;
+    int32_t n_tok;
+    const int32_t *tok_pos;  /* (n_tok) */
+    const int32_t *tok_table;/* (n_tok) offsets into blocks */
+    const int32_t *blocks;   /* concatenated block tables */
+};
+
+/* Writes each token's K and V rows (k + t*ld, v + t*ld; kv_dim floats each)
+ * as fp16 into its slot of layer kv->layer. Reference: the store loop in
+ * be_cpu.c (kvb_f32_to_fp16). */
+cudaError_t kcu_kv_store(const struct kcu_paged *kv, const float *k, const float *v, int64_t ld,
+                         cudaStream_t stream);
+
+/* Causal attention for every (token, query head) of a step, prefill chunks
+ * and decode tokens mixed: token t attends to positions [0, tok_pos[t]] of
+ * its sequence (its own K/V and those of earlier tokens of the step must be
+ * stored first). Query head h reads KV head h / (n_head / n_head_kv).
+ * q: head h of token t at q + t * q_ld + h * head_dim.
+ * out: (n_tok, n_head * head_dim). softmax in f32 with scale `scale`.
+ * One thread block per (token, head) with a fixed split of positions over
+ * its warps: a token's result does not depend on the rest of the batch.
+ * cudaErrorInvalidValue when head_dim > KCU_ATTN_MAX_HEAD_DIM or n_head is
+ * not a multiple of n_head_kv. Reference: attn_head. */
+cudaError_t kcu_attn(float *out, const float *q, int64_t q_ld, const struct kcu_paged *kv, int32_t n_head,
+                     int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream);
+
+/* ---- k_gemm.c (cuBLAS) ------------------------------------------------------ */
+
+/* y = x · wᵀ: x (n_tok, n_in) bf16, w (n_out, n_in) bf16 as GGUF stores a
+ * weight (one row per output), y (n_tok, n_out) f32; f32 accumulation.
+ * The handle's stream is used. Reference: a dot product per (t, r). */
+cublasStatus_t kcu_gemm_bf16(cublasHandle_t h, float *y, const uint16_t *x, const uint16_t *w, int64_t n_tok,
+                             int64_t n_in, int64_t n_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

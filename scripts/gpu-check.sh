@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# gpu-check.sh — the whole CUDA check of issue 5, in one go, on a GPU machine
+# that has no network: builds kvbatch for sm_90 from this checkout, runs the
+# GPU tests (every kernel against its C reference; the CUDA backend against
+# the CPU backend and an f32 reference on synthetic models, and on SmolLM2
+# when models/ has it), a batch job with the persistent cache cold then warm
+# on CUDA, and the GPU benchmark. Everything it runs goes into DIR/log.txt,
+# the results into DIR/figures.txt; a failing step is recorded and the next
+# one still runs. Each step runs under `timeout`, and all of them together
+# within GPU_CHECK_BUDGET seconds (default 460, i.e. under 8 minutes with
+# the start-up): steps are cut down or skipped, saying so, when time runs
+# short.
+#
+#   scripts/gpu-check.sh DIR
+#   scripts/gpu-check.sh --fetch-deps [FOLDER]
+#       on a machine with apt and network: downloads the Debian packages
+#       kvbatch links (lmdb, zstd, sqlite3, jsmn, xxhash; headers and
+#       libraries) into FOLDER (default .gpu-deps, added to .git/info/exclude)
+#       for a GPU machine that lacks them: carry that folder with the run, and
+#       gpu-check.sh unpacks it into /tmp/kvb-deps when the system has none.
+#
+# Environment: GPU_CHECK_BUDGET (seconds), BUILD_DIR (default build-gpu),
+# KVB_MODEL (a GGUF for the real-model comparison; default
+# models/SmolLM2-135M-Instruct.Q4_1.gguf when present).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+deps_pkgs="liblmdb-dev liblmdb0 libzstd-dev libzstd1 libsqlite3-dev libsqlite3-0 libjsmn-dev libxxhash-dev libxxhash0"
+if [ "${1:-}" = "--fetch-deps" ]; then
+  folder=${2:-$root/.gpu-deps}
+  mkdir -p "$folder"
+  (cd "$folder" && apt-get download $deps_pkgs) || exit 1
+  if [ "$folder" = "$root/.gpu-deps" ] && ! grep -qx '/.gpu-deps/' "$root/.git/info/exclude" 2>/dev/null; then
+    echo '/.gpu-deps/' >> "$root/.git/info/exclude"
+  fi
+  du -sh "$folder"
+  echo "carry '.gpu-deps' with the run that calls scripts/gpu-check.sh"
+  exit 0
+fi
+[ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed 's/^# \{0,1\}//;$d'; exit 2; }
+
+out=$(mkdir -p "$1" && cd "$1" && pwd)
+log=$out/log.txt
+fig=$out/figures.txt
+: > "$log"
+: > "$fig"
+build=${BUILD_DIR:-$root/build-gpu}
+export root out build
+start=$(date +%s)
+deadline=$(( start + ${GPU_CHECK_BUDGET:-460} ))
+failed=0
+
+note() { echo "$*" | tee -a "$log" >> "$fig"; }
+left() { echo $(( deadline - $(date +%s) )); }
+# step NAME MAX_SECONDS CMD...: runs CMD under timeout (at most MAX_SECONDS
+# and what is left of the budget), output into the log, status into both.
+step() {
+  local name=$1 max=$2
+  shift 2
+  local t
+  t=$(left)
+  [ "$t" -gt "$max" ] && t=$max
+  if [ "$t" -lt 15 ]; then
+    note "== $name: SKIPPED (time budget spent)"
+    failed=1
+    return 1
+  fi
+  echo "== $name (limit ${t}s, started $(date -u +%T))" >> "$log"
+  local s rc
+  s=$(date +%s)
+  # through bash, so that CMD may be one of the exported functions below
+  timeout --kill-after=10 "$t" bash -c '"$@"' step "$@" >> "$log" 2>&1
+  rc=$?
+  [ $rc -eq 124 ] && echo "   (timed out after ${t}s)" >> "$log"
+  note "== $name: $([ $rc -eq 0 ] && echo ok || echo "FAILED rc=$rc") in $(( $(date +%s) - s ))s"
+  [ $rc -eq 0 ] || failed=1
+  return $rc
+}
+
+# ---- environment ---------------------------------------------------------------
+{
+  echo "== gpu-check $(date -u +%FT%TZ) in $root, commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
+  git -C "$root" status --short 2>/dev/null | head -40
+  nvidia-smi 2>&1 | tee "$out/nvidia-smi.txt"
+  nvcc --version 2>&1 | tail -2
+  cmake --version 2>&1 | head -1
+  cc --version 2>&1 | head -1
+  echo "cpus: $(nproc)"; free -g; df -h "$out" "$root"
+} >> "$log" 2>&1
+note "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi failed')"
+
+# Libraries kvbatch links: from the system, else from a carried .gpu-deps.
+if [ ! -e /usr/include/lmdb.h ] || [ ! -e /usr/include/jsmn.h ] || [ ! -e /usr/include/xxhash.h ]; then
+  if compgen -G "$root/.gpu-deps/*.deb" > /dev/null; then
+    mkdir -p /tmp/kvb-deps
+    for f in "$root"/.gpu-deps/*.deb; do dpkg-deb -x "$f" /tmp/kvb-deps; done
+    export CMAKE_PREFIX_PATH=/tmp/kvb-deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+    export LD_LIBRARY_PATH=/tmp/kvb-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export LIBRARY_PATH=/tmp/kvb-deps/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
+    note "deps: unpacked $(ls "$root"/.gpu-deps/*.deb | wc -l) carried packages into /tmp/kvb-deps"
+  else
+    note "deps: lmdb/jsmn/xxhash headers missing and no .gpu-deps carried (scripts/gpu-check.sh --fetch-deps)"
+  fi
+fi
+
+# ---- build -----------------------------------------------------------------------
+build_it() {
+  cmake -S "$root" -B "$build" -DKVBATCH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
+    cmake --build "$build" -j"$(nproc)"
+}
+export -f build_it
+if ! step "build (sm_90, Release)" 240 build_it; then
+  note "build failed: nothing else can run; see log.txt"
+  exit 1
+fi
+
+# ---- GPU tests -------------------------------------------------------------------
+model=${KVB_MODEL:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+[ -f "$model" ] || note "real model: $model not present (the synthetic models still run)"
+# -V: the per-kernel errors and the CPU/CUDA comparison figures go to the log.
+KVB_MODEL=$model step "ctest -L gpu (kernels vs C reference; CUDA vs CPU backend)" 120 \
+  ctest --test-dir "$build" -L gpu --output-on-failure -V
+grep -E "^(rmsnorm|rope|swiglu|attention|gemm|embed|kv store|residual|bias|f32->bf16).*(FAIL)" "$log" >> "$fig"
+grep -E "^[0-9]+: (llama|qwen|smollm)[^ ]* +(both steps|vs the f32|greedy|deterministic)" "$log" | sed 's/^[0-9]*: //' >> "$fig"
+grep -E "^[0-9]+: (device 0|real model)" "$log" | sed 's/^[0-9]*: //' | sort -u >> "$fig"
+grep -qE "tests? (passed|failed)" "$log" && grep -E "tests passed|tests failed|Skipped|\*\*\*Failed" "$log" | tail -4 >> "$fig"
+
+# ---- a batch job with the persistent cache, cold then warm, on CUDA ----------------
+job_check() {
+  local d=$out/job bin=$build/kvbatch
+  rm -rf "$d"; mkdir -p "$d"
+  # SmolLM2-shaped synthetic (byte-level vocabulary: a character is a token).
+  "$build/bench_gpu" synth "$d/m.gguf" --layers 30 --embd 576 --ff 1536 --heads 9 --kv-heads 3 --type q8_0 || return 1
+  local prefix="You are a careful assistant for the municipal archive. Every answer cites the register, the shelf and the year, and says plainly when the record is incomplete or was damaged in the flood of 1911; never guess a date. The archive opens at nine and closes at five, except on public holidays."
+  for i in $(seq 1 256); do
+    printf '{"custom_id":"q%d","prompt":"%s Question %d: which shelf holds register %d?","max_tokens":32,"temperature":0}\n' \
+      "$i" "$prefix" "$i" "$((i * 37 % 1000))"
+  done > "$d/job.jsonl"
+  local run_opts=(-m "$d/m.gguf" -i "$d/job.jsonl" --device cuda --deterministic --cache-dir "$d/pcache" --max-batch 64)
+  local s
+  s=$(date +%s.%N)
+  "$bin" run "${run_opts[@]}" -o "$d/cold.jsonl" --metrics "$d/cold.db" 2> "$d/cold.err" || { cat "$d/cold.err"; return 1; }
+  echo "cold: $(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $s}") s wall"; cat "$d/cold.err"
+  s=$(date +%s.%N)
+  "$bin" run "${run_opts[@]}" -o "$d/warm.jsonl" --metrics "$d/warm.db" 2> "$d/warm.err" || { cat "$d/warm.err"; return 1; }
+  echo "warm: $(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $s}") s wall"; cat "$d/warm.err"
+  # --deterministic: the warm run (prefixes restored, other chunking) must
+  # write the same completions as the cold one.
+  local a b
+  a=$(grep -o '"custom_id":"[^"]*"\|"text":"\([^"\\]\|\\.\)*"' "$d/cold.jsonl" | paste - - | sort | md5sum)
+  b=$(grep -o '"custom_id":"[^"]*"\|"text":"\([^"\\]\|\\.\)*"' "$d/warm.jsonl" | paste - - | sort | md5sum)
+  echo "completions cold $a, warm $b"
+  [ "$a" = "$b" ] || { echo "cold and warm completions differ under --deterministic"; return 1; }
+  echo "cold and warm completions identical"
+}
+export -f job_check
+if "$build/kvbatch" run --help 2>&1 | grep -q -- "--device"; then
+  step "batch job on CUDA: 256 requests sharing a 290-token prefix, cache cold then warm (--deterministic)" 90 job_check
+  grep -E "^(cold|warm):|kvbatch run: (ok|cache|.* on cuda)|completions (identical|differ)" "$log" | tail -12 >> "$fig"
+  rm -rf "$out/job/m.gguf" "$out/job/pcache"
+else
+  note "== batch job: SKIPPED (this kvbatch has no --device)"
+fi
+
+# ---- GPU benchmark --------------------------------------------------------------------
+# Llama-3-8B shape built in memory; ~40 s for both modes on an H200 (upload
+# of 16 GB twice, then a few seconds of steps). Fewer layers when time is short.
+t=$(left)
+layers=32
+if [ "$t" -lt 60 ]; then layers=8; elif [ "$t" -lt 100 ]; then layers=16; fi
+[ "$layers" -lt 32 ] && note "bench: $t s left in the budget: $layers layers"
+BENCH_LAYERS=$layers step "GPU benchmark (scripts/bench-gpu.sh)" 240 "$root/scripts/bench-gpu.sh" "$out/bench" "$build"
+grep -E "^figure:|^device 0|^model |upload" "$log" | sed 's/^figure: //' >> "$fig"
+
+note "== gpu-check: $([ $failed -eq 0 ] && echo 'all steps ok' || echo 'some steps FAILED') in $(( $(date +%s) - start ))s"
+exit $failed

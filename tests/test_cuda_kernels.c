@@ -1,0 +1,536 @@
+/* test_cuda_kernels.c — every CUDA kernel of kernels/ against its plain C
+ * reference, over several shapes, llm.c style: for each case it prints the
+ * normalised mean squared error (sum (got-ref)^2 / sum ref^2) and the worst
+ * element, and fails when the NMSE or any element is outside a tolerance
+ * that scales with the reference's magnitude. Conversions, copies and adds
+ * must match bit for bit; reductions and transcendental functions to
+ * rounding; the bf16 GEMM to f32 accumulation error.
+ *
+ * Skips (77) when kvbatch was built without CUDA or no usable device is
+ * present (ctest label gpu). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "testutil.h"
+
+#ifdef KVBATCH_HAVE_CUDA
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "attn.h"
+#include "be_cuda.h"
+#include "dtype.h"
+#include "kernels.h"
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static uint64_t rng_state = 12345;
+
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-a, a). */
+static float rnd_f(float a) { return a * (float)((double)(rnd() >> 11) * 0x1.0p-52 - 1.0); }
+
+static void fill(float *x, int64_t n, float a)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = rnd_f(a);
+}
+
+#define CU(expr) \
+    do { cudaError_t e_ = (expr); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+static void *dev_put(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    CU(cudaMalloc(&d, bytes ? bytes : 1));
+    if (host) CU(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+    else CU(cudaMemset(d, 0, bytes ? bytes : 1));
+    return d;
+}
+
+static void dev_get(void *host, const void *dev, size_t bytes)
+{
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+}
+
+/* Compares got with ref: NMSE <= nmse_max, and every element within
+ * rtol*|ref| + atol*max|ref| (a tolerance scaled by the reference's size).
+ * nmse_max < 0 and rtol = atol = 0 demand bit equality. Prints one line. */
+static void compare(const char *name, const float *got, const float *ref, int64_t n, double nmse_max, double rtol,
+                    double atol)
+{
+    double se = 0, sr = 0, amax = 0, worst = 0;
+    int64_t worst_i = 0, bad = 0;
+    for (int64_t i = 0; i < n; i++) amax = fmax(amax, fabs((double)ref[i]));
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)got[i] - (double)ref[i];
+        se += d * d;
+        sr += (double)ref[i] * ref[i];
+        const double tol = rtol * fabs((double)ref[i]) + atol * amax;
+        const bool exact = nmse_max < 0;
+        const bool ok = exact ? memcmp(&got[i], &ref[i], sizeof(float)) == 0 : (fabs(d) <= tol && isfinite(got[i]));
+        if (!ok) bad++;
+        const double ad = isnan(d) ? INFINITY : fabs(d);
+        if (ad > worst) {
+            worst = ad;
+            worst_i = i;
+        }
+    }
+    const double nmse = sr > 0 ? se / sr : se;
+    const bool pass = bad == 0 && (nmse_max < 0 || nmse <= nmse_max);
+    printf("%-44s n=%-8lld nmse=%.2e max|err|=%.2e (at %lld: %.6g vs %.6g) max|ref|=%.3g  %s\n", name, (long long)n,
+           nmse, worst, (long long)worst_i, n ? got[worst_i] : 0.0f, n ? ref[worst_i] : 0.0f, amax,
+           pass ? "ok" : "FAIL");
+    CHECK_MSG(pass, "%s: %lld element(s) out of tolerance, nmse %.3e", name, (long long)bad, nmse);
+}
+
+static void compare_u16(const char *name, const uint16_t *got, const uint16_t *ref, int64_t n)
+{
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (got[i] != ref[i]) {
+            if (first < 0) first = i;
+            bad++;
+        }
+    printf("%-44s n=%-8lld mismatches=%lld%s\n", name, (long long)n, (long long)bad, bad ? "  FAIL" : "  ok (bit-exact)");
+    CHECK_MSG(bad == 0, "%s: %lld of %lld differ, first at %lld (%04x vs %04x)", name, (long long)bad, (long long)n,
+              (long long)first, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0);
+}
+
+/* ---- embedding ------------------------------------------------------------------------------ */
+
+static void test_embed(int32_t n_vocab, int32_t e, int32_t n_tok)
+{
+    uint16_t *table = malloc(sizeof(uint16_t) * (size_t)n_vocab * e);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n_tok);
+    float *ref = malloc(sizeof(float) * (size_t)n_tok * e), *got = malloc(sizeof(float) * (size_t)n_tok * e);
+    for (int64_t i = 0; i < (int64_t)n_vocab * e; i++) table[i] = kvb_f32_to_bf16(rnd_f(2.0f));
+    for (int32_t t = 0; t < n_tok; t++) tok[t] = (int32_t)(rnd() % (uint64_t)n_vocab);
+    for (int32_t t = 0; t < n_tok; t++)
+        for (int32_t i = 0; i < e; i++) ref[(int64_t)t * e + i] = kvb_bf16_to_f32(table[(int64_t)tok[t] * e + i]);
+    uint16_t *d_table = dev_put(table, sizeof(uint16_t) * (size_t)n_vocab * e);
+    int32_t *d_tok = dev_put(tok, sizeof(int32_t) * (size_t)n_tok);
+    float *d_out = dev_put(NULL, sizeof(float) * (size_t)n_tok * e);
+    CU(kcu_embed(d_out, d_table, d_tok, n_tok, e, 0));
+    dev_get(got, d_out, sizeof(float) * (size_t)n_tok * e);
+    char name[96];
+    snprintf(name, sizeof name, "embed vocab=%d e=%d tok=%d", n_vocab, e, n_tok);
+    compare(name, got, ref, (int64_t)n_tok * e, -1, 0, 0);
+    cudaFree(d_table);
+    cudaFree(d_tok);
+    cudaFree(d_out);
+    free(table);
+    free(tok);
+    free(ref);
+    free(got);
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------------------------ */
+
+/* n_rows rows of n_sub sub-rows of n, stored with row stride ld; when
+ * gather, rows are taken in a scrambled order through an index array. */
+static void test_rmsnorm(int32_t n_rows, int32_t n_sub, int32_t n, int64_t ld, bool gather, bool in_place)
+{
+    const int64_t in_rows = gather ? 2 * n_rows + 1 : n_rows;
+    const int64_t out_ld = in_place ? ld : (int64_t)n_sub * n;
+    float *x = malloc(sizeof(float) * (size_t)(in_rows * ld)), *w = malloc(sizeof(float) * (size_t)n);
+    float *ref = calloc((size_t)(n_rows * out_ld), sizeof(float)), *got = malloc(sizeof(float) * (size_t)(n_rows * out_ld));
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_rows);
+    fill(x, in_rows * ld, 3.0f);
+    for (int32_t i = 0; i < n; i++) w[i] = 1.0f + rnd_f(0.2f);
+    for (int32_t r = 0; r < n_rows; r++) rows[r] = gather ? (int32_t)((r * 7 + 3) % in_rows) : r;
+    if (in_place) memcpy(ref, x, sizeof(float) * (size_t)(n_rows * ld));
+    for (int32_t r = 0; r < n_rows; r++)
+        for (int32_t j = 0; j < n_sub; j++)
+            attn_rmsnorm(ref + r * out_ld + (int64_t)j * n, x + rows[r] * ld + (int64_t)j * n, w, n, 1e-5f);
+    float *d_x = dev_put(x, sizeof(float) * (size_t)(in_rows * ld)), *d_w = dev_put(w, sizeof(float) * (size_t)n);
+    int32_t *d_rows = gather ? dev_put(rows, sizeof(int32_t) * (size_t)n_rows) : NULL;
+    float *d_out = in_place ? d_x : dev_put(NULL, sizeof(float) * (size_t)(n_rows * out_ld));
+    CU(kcu_rmsnorm(d_out, out_ld, d_x, ld, d_rows, n_rows, n_sub, n, d_w, 1e-5f, 0));
+    dev_get(got, d_out, sizeof(float) * (size_t)(n_rows * out_ld));
+    char name[96];
+    snprintf(name, sizeof name, "rmsnorm rows=%d sub=%d n=%d%s%s", n_rows, n_sub, n, gather ? " gather" : "",
+             in_place ? " in-place" : "");
+    compare(name, got, ref, n_rows * out_ld, 1e-11, 1e-5, 1e-6);
+    cudaFree(d_x);
+    cudaFree(d_w);
+    cudaFree(d_rows);
+    if (!in_place) cudaFree(d_out);
+    free(x);
+    free(w);
+    free(ref);
+    free(got);
+    free(rows);
+}
+
+/* ---- RoPE -------------------------------------------------------------------------------------- */
+
+static void test_rope(int32_t n_tok, int32_t n_heads, int32_t hd, int32_t rope_dim, int neox, int32_t max_pos)
+{
+    const int64_t ld = (int64_t)n_heads * hd + 32; /* a stride wider than the row, as in the fused QKV */
+    float *x = malloc(sizeof(float) * (size_t)(n_tok * ld)), *ref = malloc(sizeof(float) * (size_t)(n_tok * ld));
+    float *got = malloc(sizeof(float) * (size_t)(n_tok * ld)), *inv = malloc(sizeof(float) * (size_t)(rope_dim / 2));
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_tok);
+    fill(x, n_tok * ld, 2.0f);
+    memcpy(ref, x, sizeof(float) * (size_t)(n_tok * ld));
+    for (int32_t i = 0; i < rope_dim / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * i / (double)rope_dim);
+    for (int32_t t = 0; t < n_tok; t++) pos[t] = t == 0 ? max_pos : (int32_t)(rnd() % (uint64_t)(max_pos + 1));
+    for (int32_t t = 0; t < n_tok; t++)
+        attn_rope(ref + t * ld, n_heads, hd, rope_dim, neox ? ROPE_NEOX : ROPE_NORM, pos[t], inv);
+    float *d_x = dev_put(x, sizeof(float) * (size_t)(n_tok * ld)), *d_inv = dev_put(inv, sizeof(float) * (size_t)(rope_dim / 2));
+    int32_t *d_pos = dev_put(pos, sizeof(int32_t) * (size_t)n_tok);
+    CU(kcu_rope(d_x, ld, n_tok, n_heads, hd, rope_dim, neox, d_pos, d_inv, 0));
+    dev_get(got, d_x, sizeof(float) * (size_t)(n_tok * ld));
+    char name[96];
+    snprintf(name, sizeof name, "rope %s tok=%d heads=%d hd=%d rot=%d pos<=%d", neox ? "neox" : "norm", n_tok, n_heads,
+             hd, rope_dim, max_pos);
+    /* cosf/sinf of the same f32 angle, within 2 ulp on either side. */
+    compare(name, got, ref, n_tok * ld, 1e-11, 1e-5, 2e-6);
+    cudaFree(d_x);
+    cudaFree(d_inv);
+    cudaFree(d_pos);
+    free(x);
+    free(ref);
+    free(got);
+    free(inv);
+    free(pos);
+}
+
+/* ---- elementwise ----------------------------------------------------------------------------- */
+
+static void test_swiglu(int32_t n_tok, int32_t n_ff)
+{
+    const int64_t n = (int64_t)n_tok * n_ff;
+    float *gu = malloc(sizeof(float) * (size_t)(2 * n)), *g = malloc(sizeof(float) * (size_t)n);
+    float *u = malloc(sizeof(float) * (size_t)n), *got = malloc(sizeof(float) * (size_t)n);
+    fill(gu, 2 * n, 6.0f);
+    for (int32_t t = 0; t < n_tok; t++)
+        for (int32_t i = 0; i < n_ff; i++) {
+            g[(int64_t)t * n_ff + i] = gu[(int64_t)t * 2 * n_ff + i];
+            u[(int64_t)t * n_ff + i] = gu[(int64_t)t * 2 * n_ff + n_ff + i];
+        }
+    attn_swiglu(g, u, n);
+    float *d_gu = dev_put(gu, sizeof(float) * (size_t)(2 * n)), *d_out = dev_put(NULL, sizeof(float) * (size_t)n);
+    CU(kcu_swiglu(d_out, d_gu, n_tok, n_ff, 0));
+    dev_get(got, d_out, sizeof(float) * (size_t)n);
+    char name[96];
+    snprintf(name, sizeof name, "swiglu tok=%d ff=%d", n_tok, n_ff);
+    compare(name, got, g, n, 1e-12, 2e-6, 1e-7);
+    cudaFree(d_gu);
+    cudaFree(d_out);
+    free(gu);
+    free(g);
+    free(u);
+    free(got);
+}
+
+static void test_adds(int32_t n_rows, int32_t n, int64_t ld)
+{
+    const int64_t total = n_rows * ld;
+    float *y = malloc(sizeof(float) * (size_t)total), *x = malloc(sizeof(float) * (size_t)total);
+    float *b = malloc(sizeof(float) * (size_t)n), *ref = malloc(sizeof(float) * (size_t)total);
+    float *got = malloc(sizeof(float) * (size_t)total);
+    fill(y, total, 4.0f);
+    fill(x, total, 4.0f);
+    fill(b, n, 1.0f);
+    float *d_y = dev_put(y, sizeof(float) * (size_t)total), *d_x = dev_put(x, sizeof(float) * (size_t)total);
+    float *d_b = dev_put(b, sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < total; i++) ref[i] = y[i] + x[i];
+    CU(kcu_add(d_y, d_x, total, 0));
+    dev_get(got, d_y, sizeof(float) * (size_t)total);
+    char name[96];
+    snprintf(name, sizeof name, "residual add n=%lld", (long long)total);
+    compare(name, got, ref, total, -1, 0, 0);
+    for (int32_t r = 0; r < n_rows; r++)
+        for (int32_t i = 0; i < n; i++) ref[r * ld + i] += b[i];
+    CU(kcu_add_bias(d_y, ld, d_b, n_rows, n, 0));
+    dev_get(got, d_y, sizeof(float) * (size_t)total);
+    snprintf(name, sizeof name, "bias add rows=%d n=%d ld=%lld", n_rows, n, (long long)ld);
+    compare(name, got, ref, total, -1, 0, 0);
+    cudaFree(d_y);
+    cudaFree(d_x);
+    cudaFree(d_b);
+    free(y);
+    free(x);
+    free(b);
+    free(ref);
+    free(got);
+}
+
+static void test_to_bf16(int64_t n)
+{
+    float *x = malloc(sizeof(float) * (size_t)n);
+    uint16_t *ref = malloc(sizeof(uint16_t) * (size_t)n), *got = malloc(sizeof(uint16_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        /* random magnitudes over many binades, and exact rounding ties */
+        float v = rnd_f(1.0f) * ldexpf(1.0f, (int)(rnd() % 40) - 20);
+        if (i % 7 == 0) {
+            uint32_t bits;
+            memcpy(&bits, &v, 4);
+            bits = (bits & 0xffff0000u) | 0x8000u;
+            memcpy(&v, &bits, 4);
+        }
+        x[i] = v;
+        ref[i] = kvb_f32_to_bf16(v);
+    }
+    float *d_x = dev_put(x, sizeof(float) * (size_t)n);
+    uint16_t *d_y = dev_put(NULL, sizeof(uint16_t) * (size_t)n);
+    CU(kcu_f32_to_bf16(d_y, d_x, n, 0));
+    dev_get(got, d_y, sizeof(uint16_t) * (size_t)n);
+    char name[96];
+    snprintf(name, sizeof name, "f32->bf16 n=%lld", (long long)n);
+    compare_u16(name, got, ref, n);
+    cudaFree(d_x);
+    cudaFree(d_y);
+    free(x);
+    free(ref);
+    free(got);
+}
+
+/* ---- paged KV: store and attention ------------------------------------------------------------ */
+
+/* A step over three sequences of a pool: a single decode token deep in its
+ * sequence, a prefill chunk from position 0, and a chunk continuing a
+ * sequence — the mix the scheduler sends. Block tables are scrambled. */
+struct paged_case {
+    int32_t n_layer, layer, block_size, n_blocks, n_head, n_head_kv, hd;
+};
+
+static void test_paged(const struct paged_case *pc)
+{
+    enum { N_SEQ = 3 };
+    const int32_t seq_pos[N_SEQ] = {40, 0, 100}, seq_new[N_SEQ] = {1, 17, 5};
+    const int32_t bs = pc->block_size, kvd = pc->n_head_kv * pc->hd, qd = pc->n_head * pc->hd;
+    const int64_t block_elems = (int64_t)pc->n_layer * 2 * bs * kvd;
+    int32_t n_tok = 0, n_tab = 0, seq_blocks[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++) {
+        n_tok += seq_new[s];
+        seq_blocks[s] = (seq_pos[s] + seq_new[s] + bs - 1) / bs;
+        n_tab += seq_blocks[s];
+    }
+    CHECK(n_tab <= pc->n_blocks);
+    /* Block ids: a permutation of the pool, handed out in order. */
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)pc->n_blocks);
+    for (int32_t i = 0; i < pc->n_blocks; i++) perm[i] = i;
+    for (int32_t i = pc->n_blocks - 1; i > 0; i--) {
+        int32_t j = (int32_t)(rnd() % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t *blocks = malloc(sizeof(int32_t) * (size_t)n_tab), *tok_pos = malloc(sizeof(int32_t) * (size_t)n_tok);
+    int32_t *tok_tab = malloc(sizeof(int32_t) * (size_t)n_tok);
+    int32_t tab_off[N_SEQ];
+    for (int s = 0, nb = 0, t = 0; s < N_SEQ; s++) {
+        tab_off[s] = nb;
+        for (int32_t b = 0; b < seq_blocks[s]; b++, nb++) blocks[nb] = perm[nb];
+        for (int32_t j = 0; j < seq_new[s]; j++, t++) {
+            tok_pos[t] = seq_pos[s] + j;
+            tok_tab[t] = tab_off[s];
+        }
+    }
+    /* Pool: random fp16 K/V everywhere (the cached prefix), then this
+     * step's K/V stored by the kernel under test and by the reference. */
+    const int64_t pool_n = block_elems * pc->n_blocks;
+    uint16_t *pool = malloc(sizeof(uint16_t) * (size_t)pool_n), *got_pool = malloc(sizeof(uint16_t) * (size_t)pool_n);
+    for (int64_t i = 0; i < pool_n; i++) pool[i] = kvb_f32_to_fp16(rnd_f(1.5f));
+    const int64_t ld = qd + 2 * kvd; /* fused Q|K|V rows */
+    float *qkv = malloc(sizeof(float) * (size_t)(n_tok * ld));
+    fill(qkv, n_tok * ld, 1.5f);
+
+    uint16_t *d_pool = dev_put(pool, sizeof(uint16_t) * (size_t)pool_n);
+    float *d_qkv = dev_put(qkv, sizeof(float) * (size_t)(n_tok * ld));
+    int32_t *d_blocks = dev_put(blocks, sizeof(int32_t) * (size_t)n_tab);
+    int32_t *d_pos = dev_put(tok_pos, sizeof(int32_t) * (size_t)n_tok), *d_tab = dev_put(tok_tab, sizeof(int32_t) * (size_t)n_tok);
+    struct kcu_paged pg = {d_pool, block_elems, bs, kvd, pc->layer, n_tok, d_pos, d_tab, d_blocks};
+    CU(kcu_kv_store(&pg, d_qkv + qd, d_qkv + qd + kvd, ld, 0));
+
+    for (int32_t t = 0; t < n_tok; t++) { /* the store loop of be_cpu.c */
+        const int32_t p = tok_pos[t];
+        uint16_t *blk = pool + (int64_t)blocks[tok_tab[t] + p / bs] * block_elems;
+        uint16_t *kd = blk + ((int64_t)pc->layer * 2 * bs + p % bs) * kvd;
+        uint16_t *vd = blk + (((int64_t)pc->layer * 2 + 1) * bs + p % bs) * kvd;
+        for (int32_t i = 0; i < kvd; i++) {
+            kd[i] = kvb_f32_to_fp16(qkv[t * ld + qd + i]);
+            vd[i] = kvb_f32_to_fp16(qkv[t * ld + qd + kvd + i]);
+        }
+    }
+    dev_get(got_pool, d_pool, sizeof(uint16_t) * (size_t)pool_n);
+    char name[128];
+    snprintf(name, sizeof name, "kv store layer %d/%d bs=%d kvd=%d tok=%d", pc->layer, pc->n_layer, bs, kvd, n_tok);
+    compare_u16(name, got_pool, pool, pool_n); /* also: nothing else in the pool changed */
+
+    float *ref = malloc(sizeof(float) * (size_t)(n_tok * qd)), *got = malloc(sizeof(float) * (size_t)(n_tok * qd));
+    float *scores = malloc(sizeof(float) * 512);
+    const float scale = 1.0f / sqrtf((float)pc->hd);
+    const int32_t group = pc->n_head / pc->n_head_kv;
+    for (int32_t t = 0; t < n_tok; t++)
+        for (int32_t h = 0; h < pc->n_head; h++) {
+            const int32_t g = h / group;
+            struct attn_kv_view view = {
+                .k_base = pool + (int64_t)pc->layer * 2 * bs * kvd + (int64_t)g * pc->hd,
+                .v_base = pool + ((int64_t)pc->layer * 2 + 1) * bs * kvd + (int64_t)g * pc->hd,
+                .block_stride = block_elems,
+                .row_stride = kvd,
+                .block_size = bs,
+                .table = blocks + tok_tab[t],
+            };
+            attn_head(ref + (int64_t)t * qd + (int64_t)h * pc->hd, qkv + t * ld + (int64_t)h * pc->hd, pc->hd, &view,
+                      tok_pos[t] + 1, scale, scores);
+        }
+    float *d_out = dev_put(NULL, sizeof(float) * (size_t)(n_tok * qd));
+    CU(kcu_attn(d_out, d_qkv, ld, &pg, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
+    dev_get(got, d_out, sizeof(float) * (size_t)(n_tok * qd));
+    snprintf(name, sizeof name, "attention heads=%d/%d hd=%d bs=%d tok=%d", pc->n_head, pc->n_head_kv, pc->hd, bs, n_tok);
+    compare(name, got, ref, (int64_t)n_tok * qd, 1e-10, 1e-4, 1e-5);
+
+    cudaFree(d_pool);
+    cudaFree(d_qkv);
+    cudaFree(d_blocks);
+    cudaFree(d_pos);
+    cudaFree(d_tab);
+    cudaFree(d_out);
+    free(perm);
+    free(blocks);
+    free(tok_pos);
+    free(tok_tab);
+    free(pool);
+    free(got_pool);
+    free(qkv);
+    free(ref);
+    free(got);
+    free(scores);
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------------------ */
+
+/* Checks the layout reasoning of k_gemm.c as much as the arithmetic: a
+ * wrong leading dimension or transpose gives garbage, not rounding. The
+ * tolerance per element is a multiple of f32 accumulation error over
+ * sum |x_k w_k|. */
+static void test_gemm(cublasHandle_t h, int64_t n_tok, int64_t n_in, int64_t n_out)
+{
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(n_tok * n_in)), *w = malloc(sizeof(uint16_t) * (size_t)(n_out * n_in));
+    float *ref = malloc(sizeof(float) * (size_t)(n_tok * n_out)), *got = malloc(sizeof(float) * (size_t)(n_tok * n_out));
+    for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = kvb_f32_to_bf16(rnd_f(2.0f));
+    for (int64_t i = 0; i < n_out * n_in; i++) w[i] = kvb_f32_to_bf16(rnd_f(1.0f / sqrtf((float)n_in)));
+    double worst_rel = 0;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < n_out; r++) {
+            double s = 0;
+            for (int64_t k = 0; k < n_in; k++)
+                s += (double)kvb_bf16_to_f32(x[t * n_in + k]) * kvb_bf16_to_f32(w[r * n_in + k]);
+            ref[t * n_out + r] = (float)s;
+        }
+    uint16_t *d_x = dev_put(x, sizeof(uint16_t) * (size_t)(n_tok * n_in)), *d_w = dev_put(w, sizeof(uint16_t) * (size_t)(n_out * n_in));
+    float *d_y = dev_put(NULL, sizeof(float) * (size_t)(n_tok * n_out));
+    cublasStatus_t st = kcu_gemm_bf16(h, d_y, d_x, d_w, n_tok, n_in, n_out);
+    CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "gemm: %s", cublasGetStatusString(st));
+    dev_get(got, d_y, sizeof(float) * (size_t)(n_tok * n_out));
+    int64_t bad = 0;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < n_out; r++) {
+            double sa = 0;
+            for (int64_t k = 0; k < n_in; k++)
+                sa += fabs((double)kvb_bf16_to_f32(x[t * n_in + k]) * kvb_bf16_to_f32(w[r * n_in + k]));
+            const double err = fabs((double)got[t * n_out + r] - ref[t * n_out + r]);
+            const double rel = err / (sa > 0 ? sa : 1);
+            if (rel > worst_rel) worst_rel = rel;
+            if (!(err <= 1e-5 * sa + 1e-30)) bad++;
+        }
+    char name[96];
+    snprintf(name, sizeof name, "gemm bf16 tok=%lld in=%lld out=%lld", (long long)n_tok, (long long)n_in, (long long)n_out);
+    compare(name, got, ref, n_tok * n_out, 1e-9, 1e30, 0); /* NMSE here; per-element bound below */
+    printf("%-44s worst |err| / sum|x*w| = %.2e (bound 1e-5)%s\n", "", worst_rel, bad ? "  FAIL" : "");
+    CHECK_MSG(bad == 0, "%s: %lld elements beyond 1e-5 * sum|x*w|", name, (long long)bad);
+    cudaFree(d_x);
+    cudaFree(d_w);
+    cudaFree(d_y);
+    free(x);
+    free(w);
+    free(ref);
+    free(got);
+}
+
+/* Launchers must refuse what they cannot do rather than run off bounds. */
+static void test_refusals(void)
+{
+    struct kcu_paged pg = {NULL, 0, 16, 2 * 512, 0, 1, NULL, NULL, NULL};
+    CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 2, 512, 1.0f, 0) == cudaErrorInvalidValue); /* head_dim > 256 */
+    pg.kv_dim = 3 * 64;
+    CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 3, 64, 1.0f, 0) == cudaErrorInvalidValue); /* 4 heads over 3 */
+    CHECK(kcu_rope(NULL, 0, 1, 1, 64, 128, 0, NULL, NULL, 0) == cudaErrorInvalidValue); /* rope_dim > head_dim */
+    CHECK(kcu_add(NULL, NULL, 0, 0) == cudaSuccess); /* empty: nothing enqueued */
+    cudaGetLastError();
+}
+
+int main(void)
+{
+    char why[256];
+    if (!be_cuda_available(0, why, sizeof why)) tu_skip(why);
+    printf("device 0: %s\n", why);
+
+    test_embed(300, 64, 5);
+    test_embed(259, 576, 33);
+    test_embed(1000, 4096, 7);
+
+    test_rmsnorm(1, 1, 64, 64, false, false);
+    test_rmsnorm(7, 1, 576, 576, false, false);
+    test_rmsnorm(33, 1, 4096, 4096, false, false);
+    test_rmsnorm(5, 1, 8192, 8192, false, false);
+    test_rmsnorm(9, 1, 576, 576, true, false);           /* output-row gather */
+    test_rmsnorm(6, 8, 64, 8 * 64 + 2 * 2 * 64, false, true);  /* qwen3 Q norm in the fused row */
+    test_rmsnorm(6, 2, 128, 4 * 128 + 2 * 2 * 128, false, true);
+
+    test_rope(5, 4, 64, 64, 0, 40);
+    test_rope(9, 8, 64, 64, 1, 2000);
+    test_rope(3, 32, 128, 128, 0, 8191);
+    test_rope(3, 8, 128, 128, 1, 32767);
+    test_rope(4, 4, 64, 32, 0, 300);  /* partial rotation */
+    test_rope(4, 4, 64, 32, 1, 300);
+
+    test_swiglu(1, 128);
+    test_swiglu(3, 1536);
+    test_swiglu(17, 14336);
+
+    test_adds(1, 64, 64);
+    test_adds(13, 576, 576 + 2 * 192);
+    test_adds(64, 4096, 4096 + 2 * 1024);
+
+    test_to_bf16(1);
+    test_to_bf16(100003);
+
+    const struct paged_case pcs[] = {
+        {2, 0, 16, 24, 4, 2, 64},   {2, 1, 16, 24, 8, 2, 64},  {3, 2, 16, 24, 9, 3, 64},
+        {1, 0, 32, 12, 32, 8, 128}, {2, 1, 8, 48, 4, 4, 128},  {2, 0, 16, 24, 2, 1, 256},
+        {2, 1, 16, 24, 6, 2, 80},   {1, 0, 64, 8, 4, 1, 96},
+    };
+    for (size_t i = 0; i < sizeof pcs / sizeof pcs[0]; i++) test_paged(&pcs[i]);
+
+    cublasHandle_t h;
+    CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    test_gemm(h, 1, 64, 96);
+    test_gemm(h, 7, 576, 1536);
+    test_gemm(h, 33, 256, 259);
+    test_gemm(h, 128, 1024, 512);
+    test_gemm(h, 200, 4096, 72);
+    cublasDestroy(h);
+
+    test_refusals();
+    return tu_finish();
+}
+
+#else
+
+int main(void) { tu_skip("built without CUDA (configure with -DKVBATCH_CUDA=ON)"); }
+
+#endif
