@@ -46,7 +46,8 @@ __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct att
     const int32_t t = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head, g = h / a.group;
     const int32_t hd = a.head_dim, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const struct kcu_paged *kv = &a.kv;
-    const int64_t bs = kv->block_size, kvd = kv->kv_dim;
+    const int32_t bs = kv->block_size; /* 32-bit: p / bs and p % bs run per position */
+    const int64_t kvd = kv->kv_dim;
     const int64_t k_off = (int64_t)kv->layer * 2 * bs * kvd + (int64_t)g * hd;
     const int64_t v_off = ((int64_t)kv->layer * 2 + 1) * bs * kvd + (int64_t)g * hd;
     const int32_t *table = kv->blocks + kv->tok_table[t];
@@ -125,8 +126,8 @@ __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct att
 
 __global__ static void kv_store_kernel(struct kcu_paged kv, const float *k, const float *v, int64_t ld)
 {
-    const int32_t t = blockIdx.x, p = kv.tok_pos[t];
-    const int64_t bs = kv.block_size, kvd = kv.kv_dim;
+    const int32_t t = blockIdx.x, p = kv.tok_pos[t], bs = kv.block_size;
+    const int64_t kvd = kv.kv_dim;
     const int32_t *table = kv.blocks + kv.tok_table[t];
     uint16_t *blk = kv.pool + (int64_t)table[p / bs] * kv.block_elems;
     uint16_t *kd = blk + ((int64_t)kv.layer * 2 * bs + p % bs) * kvd;

@@ -9,7 +9,9 @@
  * nothing and returns cudaSuccess.
  *
  * Every kernel has a plain C reference in src/ that tests/test_cuda_kernels.c
- * compares it with (named beside each launcher). Activations are f32;
+ * compares it with (named beside each launcher). Without a GPU, the same
+ * tests run with the kernels compiled for the CPU over a small CUDA
+ * emulation (kernels/emu/emu.sh): that checks their logic, not the device. Activations are f32;
  * GEMM inputs bf16; KV fp16 — all 16-bit types travel as uint16_t so that
  * this header needs no CUDA C++ types.
  *

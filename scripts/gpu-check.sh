@@ -90,7 +90,9 @@ step() {
 note "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi failed')"
 
 # Libraries kvbatch links: from the system, else from a carried .gpu-deps.
-if [ ! -e /usr/include/lmdb.h ] || [ ! -e /usr/include/jsmn.h ] || [ ! -e /usr/include/xxhash.h ]; then
+have_deps=1
+for h in lmdb.h zstd.h sqlite3.h jsmn.h xxhash.h; do [ -e "/usr/include/$h" ] || have_deps=0; done
+if [ $have_deps = 0 ]; then
   if compgen -G "$root/.gpu-deps/*.deb" > /dev/null; then
     mkdir -p /tmp/kvb-deps
     for f in "$root"/.gpu-deps/*.deb; do dpkg-deb -x "$f" /tmp/kvb-deps; done
@@ -99,13 +101,15 @@ if [ ! -e /usr/include/lmdb.h ] || [ ! -e /usr/include/jsmn.h ] || [ ! -e /usr/i
     export LIBRARY_PATH=/tmp/kvb-deps/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
     note "deps: unpacked $(ls "$root"/.gpu-deps/*.deb | wc -l) carried packages into /tmp/kvb-deps"
   else
-    note "deps: lmdb/jsmn/xxhash headers missing and no .gpu-deps carried (scripts/gpu-check.sh --fetch-deps)"
+    note "deps: some of lmdb, zstd, sqlite3, jsmn, xxhash missing and no .gpu-deps carried (scripts/gpu-check.sh --fetch-deps)"
   fi
 fi
 
 # ---- build -----------------------------------------------------------------------
 build_it() {
-  cmake -S "$root" -B "$build" -DKVBATCH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release &&
+  # (the tests read the model from the CMake cache, hence KVB_MODEL here)
+  cmake -S "$root" -B "$build" -DKVBATCH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+    ${KVB_MODEL:+-DKVB_MODEL="$KVB_MODEL"} &&
     cmake --build "$build" -j"$(nproc)"
 }
 export -f build_it
@@ -118,9 +122,11 @@ fi
 model=${KVB_MODEL:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 [ -f "$model" ] || note "real model: $model not present (the synthetic models still run)"
 # -V: the per-kernel errors and the CPU/CUDA comparison figures go to the log.
-KVB_MODEL=$model step "ctest -L gpu (kernels vs C reference; CUDA vs CPU backend)" 120 \
+step "ctest -L gpu (kernels vs C reference; CUDA vs CPU backend)" 120 \
   ctest --test-dir "$build" -L gpu --output-on-failure -V
-grep -E "^(rmsnorm|rope|swiglu|attention|gemm|embed|kv store|residual|bias|f32->bf16).*(FAIL)" "$log" >> "$fig"
+kpat='^[0-9]+: (embed|rmsnorm|rope|swiglu|residual add|bias add|f32->bf16|kv store|attention|gemm) '
+note "kernel checks: $(grep -cE "$kpat.*ok" "$log") ok, $(grep -cE "$kpat.*FAIL" "$log") failed"
+grep -E "$kpat.*FAIL" "$log" | sed 's/^[0-9]*: //' >> "$fig"
 grep -E "^[0-9]+: (llama|qwen|smollm)[^ ]* +(both steps|vs the f32|greedy|deterministic)" "$log" | sed 's/^[0-9]*: //' >> "$fig"
 grep -E "^[0-9]+: (device 0|real model)" "$log" | sed 's/^[0-9]*: //' | sort -u >> "$fig"
 grep -qE "tests? (passed|failed)" "$log" && grep -E "tests passed|tests failed|Skipped|\*\*\*Failed" "$log" | tail -4 >> "$fig"
