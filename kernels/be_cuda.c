@@ -439,34 +439,6 @@ static enum kvb_status step_status(const struct step *s, struct kvb_err *err)
     return cu_check(s->ce, err, s->what);
 }
 
-/* The CPU backend's checks, so both refuse the same batches. */
-static enum kvb_status check_batch(const struct cuda_be *c, const struct be_batch *b, int64_t *n_tok,
-                                   int64_t *n_out, int64_t *n_tab, struct kvb_err *err)
-{
-    *n_tok = *n_out = *n_tab = 0;
-    for (int32_t i = 0; i < b->n_seqs; i++) {
-        const struct be_seq *s = &b->seqs[i];
-        if (s->n_tokens <= 0 || s->pos < 0)
-            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: %d tokens at position %d", i, s->n_tokens, s->pos);
-        int64_t end = (int64_t)s->pos + s->n_tokens;
-        if ((end + c->be.block_size - 1) / c->be.block_size > s->n_blocks)
-            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: %d blocks cannot hold %lld positions", i,
-                            s->n_blocks, (long long)end);
-        if (end > 0x7fffffff) return kvb_errf(err, KVB_ERR_RANGE, "sequence %d: position overflow", i);
-        for (int32_t bi = 0; bi < s->n_blocks; bi++)
-            if (s->block_table[bi] < 0 || s->block_table[bi] >= c->be.n_blocks)
-                return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: block id %d out of range", i,
-                                s->block_table[bi]);
-        for (int32_t t = 0; t < s->n_tokens; t++)
-            if (s->tokens[t] < 0 || s->tokens[t] >= c->m->hp.n_vocab)
-                return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: token id %d out of range", i, s->tokens[t]);
-        *n_tok += s->n_tokens;
-        *n_out += s->logits == BE_LOGITS_ALL ? s->n_tokens : s->logits == BE_LOGITS_LAST ? 1 : 0;
-        *n_tab += s->n_blocks;
-    }
-    return KVB_OK;
-}
-
 static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *batch, float *logits,
                                     struct kvb_err *err)
 {
@@ -474,8 +446,9 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     const struct model_hparams *hp = &c->m->hp;
     const int64_t e = hp->n_embd, f = hp->n_ff, hd = hp->head_dim;
     const int64_t qd = c->q_dim, kvd = c->kv_dim, qkvd = c->qkv_dim;
-    int64_t n_tok, n_out, n_tab;
-    KVB_FORWARD_IF_ERROR(check_batch(c, batch, &n_tok, &n_out, &n_tab, err));
+    struct be_batch_shape sh;
+    KVB_FORWARD_IF_ERROR(be_batch_check(be, hp->n_vocab, batch, &sh, err));
+    const int64_t n_tok = sh.n_tok, n_out = sh.n_out, n_tab = sh.n_tab;
     if (n_tok == 0) return KVB_OK;
     if (n_tok > 0x7fffffff / hp->n_head)
         return kvb_errf(err, KVB_ERR_RANGE, "a step of %lld tokens is too large", (long long)n_tok);

@@ -56,6 +56,20 @@ struct backend {
     void (*free)(struct backend *be);
 };
 
+/* Totals of a checked batch. */
+struct be_batch_shape {
+    int64_t n_tok;   /* tokens in the step */
+    int64_t n_out;   /* logits rows asked for */
+    int64_t n_tab;   /* block-table entries over all sequences */
+    int32_t max_end; /* largest pos + n_tokens */
+};
+
+/* Validates a batch for `be` (positive lengths, block tables long enough and
+ * in range, token ids below n_vocab) and sums its shape. KVB_ERR_INVALID_ARG
+ * or KVB_ERR_RANGE with a message naming the sequence. */
+enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const struct be_batch *b,
+                               struct be_batch_shape *out, struct kvb_err *err);
+
 struct be_cpu_opts {
     int n_threads;        /* <= 0: one per CPU */
     int32_t block_size;   /* tokens per KV block, > 0 */

@@ -132,34 +132,6 @@ static void attn_worker(void *arg, int ith, int nth)
 
 /* ---- forward ------------------------------------------------------------------ */
 
-static enum kvb_status check_batch(const struct cpu_be *c, const struct be_batch *b, int64_t *n_tok,
-                                   int64_t *n_out, int32_t *max_pos, struct kvb_err *err)
-{
-    *n_tok = 0;
-    *n_out = 0;
-    *max_pos = 0;
-    for (int32_t i = 0; i < b->n_seqs; i++) {
-        const struct be_seq *s = &b->seqs[i];
-        if (s->n_tokens <= 0 || s->pos < 0)
-            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: %d tokens at position %d", i, s->n_tokens, s->pos);
-        int64_t end = (int64_t)s->pos + s->n_tokens;
-        if ((end + c->be.block_size - 1) / c->be.block_size > s->n_blocks)
-            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: %d blocks cannot hold %lld positions", i,
-                            s->n_blocks, (long long)end);
-        for (int32_t bi = 0; bi < s->n_blocks; bi++)
-            if (s->block_table[bi] < 0 || s->block_table[bi] >= c->be.n_blocks)
-                return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: block id %d out of range", i,
-                                s->block_table[bi]);
-        for (int32_t t = 0; t < s->n_tokens; t++)
-            if (s->tokens[t] < 0 || s->tokens[t] >= c->m->hp.n_vocab)
-                return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: token id %d out of range", i, s->tokens[t]);
-        *n_tok += s->n_tokens;
-        *n_out += s->logits == BE_LOGITS_ALL ? s->n_tokens : s->logits == BE_LOGITS_LAST ? 1 : 0;
-        if (end > *max_pos) *max_pos = (int32_t)end;
-    }
-    return KVB_OK;
-}
-
 static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *batch, float *logits,
                                    struct kvb_err *err)
 {
@@ -168,9 +140,10 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     const struct model_hparams *hp = &m->hp;
     const int64_t e = hp->n_embd, hd = hp->head_dim, qd = (int64_t)hp->n_head * hd, kvd = c->kv_dim;
     const int64_t bs = be->block_size;
-    int64_t n_tok, n_out;
-    int32_t max_pos;
-    KVB_FORWARD_IF_ERROR(check_batch(c, batch, &n_tok, &n_out, &max_pos, err));
+    struct be_batch_shape sh;
+    KVB_FORWARD_IF_ERROR(be_batch_check(be, hp->n_vocab, batch, &sh, err));
+    const int64_t n_tok = sh.n_tok, n_out = sh.n_out;
+    const int32_t max_pos = sh.max_end;
     if (n_tok == 0) return KVB_OK;
     if (ensure_tokens(c, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for a %lld-token step", (long long)n_tok);
     /* Per thread: one score row per query head of a group, +8 because the
