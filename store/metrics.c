@@ -390,7 +390,14 @@ static enum kvb_status open_common(const char *path, bool create, struct metrics
         sqlite3_busy_timeout(db->sql, METRICS_BUSY_TIMEOUT_MS);
         enum schema_state state;
         int64_t ver;
-        st = schema_check(db, &state, &ver, err);
+        /* One read transaction, so the three reads in schema_check see one
+         * snapshot: read one by one, they could see another process's
+         * freshly committed tables but the header from before it, and call
+         * our own schema foreign. */
+        rc = sqlite3_exec(db->sql, "BEGIN", NULL, NULL, NULL);
+        st = rc == SQLITE_OK ? schema_check(db, &state, &ver, err)
+                             : db_err(db, err, rc, "starting a read transaction");
+        if (rc == SQLITE_OK) sqlite3_exec(db->sql, "COMMIT", NULL, NULL, NULL);
         if (st == KVB_OK && state == SCHEMA_EMPTY && !create)
             st = kvb_errf(err, KVB_ERR_FORMAT, "%s: not a kvbatch metrics database (no schema; is it empty?)", path);
         if (st == KVB_OK && ver < METRICS_SCHEMA_VERSION) st = schema_upgrade(db, err);
