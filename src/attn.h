@@ -25,10 +25,22 @@ void attn_swiglu(float *g, const float *u, int64_t n);
 
 /* One query head over positions [0, n_pos) of one sequence (K/V stored as
  * IEEE half floats, as llama.cpp stores them by default: half the memory
- * and bandwidth of f32, and what the persistent cache writes):
- * out = softmax(q·K^T * scale) V. K/V rows are found through the block
- * table: position p lives in block table[p / block_size], slot p % block_size,
- * at k_base + block * block_stride + slot * row_stride (same for v_base).
+ * and bandwidth of f32, and what the persistent cache writes). K/V rows are
+ * found through the block table: position p lives in block
+ * table[p / block_size], slot p % block_size, at
+ * k_base + block * block_stride + slot * row_stride (same for v_base).
+ *
+ * This is the reference, and it fixes the arithmetic every attention kernel
+ * must reproduce bit for bit (so a row's result never depends on the batch
+ * or the kernel that ran it):
+ *   qs[i]  = q[i] * scale
+ *   s[p]   = fma chain over i ascending: s = fma(k[p][i], qs[i], s), from 0
+ *   m      = max s[p]
+ *   e[p]   = attn_exp(s[p] - m)
+ *   P[k]   = sum of e[p] over p = k, k+8, k+16, ... in that order, from 0
+ *   sum    = ((P0 + P4) + (P2 + P6)) + ((P1 + P5) + (P3 + P7))
+ *   o[i]   = fma chain over p ascending: o = fma(e[p], v[p][i], o), from 0
+ *   out[i] = o[i] * (1 / sum)
  * scores is scratch of n_pos floats. */
 struct attn_kv_view {
     const uint16_t *k_base, *v_base; /* fp16 pool base already offset to this layer and kv head */
@@ -39,18 +51,31 @@ struct attn_kv_view {
 };
 void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos,
                float scale, float *scores);
+/* e^x by a fixed polynomial (relative error ~2e-7); identical to the SIMD
+ * kernels' exp on every input. */
+float attn_exp(float x);
 
-/* AVX2+FMA versions (attn_avx2.c): same contracts, except that `scores`
- * must have room for n_pos rounded up to a multiple of 8. Call only when
- * attn_have_avx2(). */
-void attn_head_avx2(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos,
-                    float scale, float *scores);
+/* AVX2+FMA SwiGLU (attn_avx2.c); call only when attn_have_avx2(). */
 void attn_swiglu_avx2(float *g, const float *u, int64_t n);
-/* `group` query heads (contiguous in q and out) that share one KV head;
- * head h's scores use scores + h * score_stride (room for n_pos rounded up
- * to 8). */
-void attn_group_avx2(float *out, const float *q, int32_t group, int32_t head_dim, const struct attn_kv_view *kv,
-                     int32_t n_pos, float scale, float *scores, int64_t score_stride);
+
+/* attn_head for a tile of query tokens over one KV head, each token with
+ * its own block table and length (attn_tile_avx2.c; AVX2+FMA, call only
+ * when attn_have_avx2()). Every (token, query head) row gets exactly
+ * attn_head's result. Where tokens of the tile read the same KV block (a
+ * shared prompt prefix, the tokens of one prefill chunk), its rows are
+ * fetched and widened once for all of them. Tokens that share blocks should
+ * be adjacent in `toks` (only adjacent ones are found). `kv->table` is
+ * unused. scratch: attn_tile_scratch_floats(...) floats (any alignment). */
+struct attn_tile_tok {
+    const float *q;        /* group * head_dim query floats */
+    float *out;            /* group * head_dim output floats */
+    const int32_t *table;  /* block table covering [0, n_pos) */
+    int32_t n_pos;         /* positions attended (causal: own position + 1) */
+};
+int64_t attn_tile_scratch_floats(int32_t n_tok, int32_t group, int32_t head_dim, int32_t max_pos,
+                                 int32_t block_size);
+void attn_tile_avx2(const struct attn_tile_tok *toks, int32_t n_tok, int32_t group, int32_t head_dim,
+                    const struct attn_kv_view *kv, float scale, float *scratch);
 bool attn_have_avx2(void);
 
 #endif

@@ -8,6 +8,7 @@
 #include "backend.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "alloc.h"
@@ -31,6 +32,8 @@ struct cpu_be {
     int64_t cap_tok;
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up;
     int32_t *tok_pos, *tok_seq;
+    int32_t *tile_order;   /* step's tokens in attention-tile order */
+    int64_t n_tiles;
     int64_t cap_out;
     float *out_rows;       /* normalised rows whose logits are wanted */
     int64_t cap_scores;    /* per thread */
@@ -49,6 +52,7 @@ static void cpu_free(struct backend *be)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvb_free(bufs[i]);
     kvb_free(c->tok_pos);
     kvb_free(c->tok_seq);
+    kvb_free(c->tile_order);
     kvb_free(c);
 }
 
@@ -81,11 +85,64 @@ static enum kvb_status ensure_tokens(struct cpu_be *c, int64_t n_tok)
     int32_t *ps = kvb_realloc(c->tok_seq, sizeof(int32_t) * (size_t)n_tok);
     if (!ps) return KVB_ERR_NOMEM;
     c->tok_seq = ps;
+    int32_t *po = kvb_realloc(c->tile_order, sizeof(int32_t) * (size_t)n_tok);
+    if (!po) return KVB_ERR_NOMEM;
+    c->tile_order = po;
     c->cap_tok = n_tok;
     return KVB_OK;
 }
 
-/* ---- attention, parallel over (token, head) ---------------------------------- */
+/* ---- attention, parallel over (tile of tokens, KV head) ---------------------- */
+
+/* Tokens per attention tile: enough that a shared prefix block is fetched
+ * once for many tokens, few enough that the tile's scores stay in L2 and a
+ * decode step of 32 sequences still splits into work for every thread. */
+#define ATTN_TILE 16
+
+struct seq_key {
+    const int32_t *table;
+    int32_t n_blocks, idx;
+};
+
+/* Lexicographic on the block table: sequences that share prefix blocks end
+ * up next to each other, so they land in the same tiles. */
+static int seq_key_cmp(const void *pa, const void *pb)
+{
+    const struct seq_key *a = pa, *b = pb;
+    const int32_t n = a->n_blocks < b->n_blocks ? a->n_blocks : b->n_blocks;
+    for (int32_t i = 0; i < n; i++)
+        if (a->table[i] != b->table[i]) return a->table[i] < b->table[i] ? -1 : 1;
+    if (a->n_blocks != b->n_blocks) return a->n_blocks < b->n_blocks ? -1 : 1;
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+/* Orders the step's tokens for tiling (c->tile_order) and cuts the order
+ * into c->n_tiles tiles of near-equal size. Only which tokens share a tile
+ * depends on this; no token's arithmetic does. */
+static enum kvb_status plan_tiles(struct cpu_be *c, const struct be_batch *batch, int64_t n_tok)
+{
+    struct seq_key *keys = kvb_malloc(sizeof *keys * (size_t)(batch->n_seqs > 0 ? batch->n_seqs : 1));
+    int64_t *starts = kvb_malloc(sizeof(int64_t) * (size_t)batch->n_seqs + sizeof(int64_t));
+    if (!keys || !starts) {
+        kvb_free(keys);
+        kvb_free(starts);
+        return KVB_ERR_NOMEM;
+    }
+    int64_t t = 0;
+    for (int32_t i = 0; i < batch->n_seqs; i++) {
+        keys[i] = (struct seq_key){batch->seqs[i].block_table, batch->seqs[i].n_blocks, i};
+        starts[i] = t;
+        t += batch->seqs[i].n_tokens;
+    }
+    qsort(keys, (size_t)batch->n_seqs, sizeof *keys, seq_key_cmp);
+    int64_t o = 0;
+    for (int32_t i = 0; i < batch->n_seqs; i++)
+        for (int32_t j = 0; j < batch->seqs[keys[i].idx].n_tokens; j++) c->tile_order[o++] = (int32_t)(starts[keys[i].idx] + j);
+    kvb_free(keys);
+    kvb_free(starts);
+    c->n_tiles = (n_tok + ATTN_TILE - 1) / ATTN_TILE;
+    return KVB_OK;
+}
 
 struct attn_job {
     struct cpu_be *c;
@@ -100,32 +157,39 @@ static void attn_worker(void *arg, int ith, int nth)
     struct cpu_be *c = j->c;
     const struct model_hparams *hp = &c->m->hp;
     const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    /* Work items: (token, KV head) — the query heads of one group together. */
-    const int64_t n_items = j->n_tok * hp->n_head_kv;
-    const int64_t lo = n_items * ith / nth, hi = n_items * (ith + 1) / nth;
     const float scale = 1.0f / sqrtf((float)hd);
-    const int64_t stride = c->cap_scores / group;
-    float *scores = c->scores + (int64_t)ith * c->cap_scores;
+    float *scratch = c->scores + (int64_t)ith * c->cap_scores;
     const int64_t bs = c->be.block_size;
-    for (int64_t it = lo; it < hi; it++) {
-        const int64_t t = it / hp->n_head_kv;
+    /* Items are (tile, KV head), dealt round-robin: under causal prefill
+     * later tiles cost more, and interleaving evens that out. */
+    const int64_t n_items = c->n_tiles * hp->n_head_kv;
+    for (int64_t it = ith; it < n_items; it += nth) {
+        const int64_t tile = it / hp->n_head_kv;
         const int32_t g = (int32_t)(it % hp->n_head_kv);
-        const struct be_seq *s = &j->batch->seqs[c->tok_seq[t]];
+        const int64_t lo = j->n_tok * tile / c->n_tiles, hi = j->n_tok * (tile + 1) / c->n_tiles;
         struct attn_kv_view view = {
             .k_base = c->kv + (int64_t)j->layer * 2 * bs * c->kv_dim + (int64_t)g * hd,
             .v_base = c->kv + ((int64_t)j->layer * 2 + 1) * bs * c->kv_dim + (int64_t)g * hd,
             .block_stride = c->block_elems,
             .row_stride = c->kv_dim,
             .block_size = (int32_t)bs,
-            .table = s->block_table,
         };
-        const int64_t off = t * hp->n_head * hd + (int64_t)g * group * hd;
+        struct attn_tile_tok toks[ATTN_TILE];
+        for (int64_t i = lo; i < hi; i++) {
+            const int64_t t = c->tile_order[i];
+            const int64_t off = t * hp->n_head * hd + (int64_t)g * group * hd;
+            toks[i - lo] = (struct attn_tile_tok){c->q + off, c->att + off,
+                                                  j->batch->seqs[c->tok_seq[t]].block_table, c->tok_pos[t] + 1};
+        }
         if (c->simd) {
-            attn_group_avx2(c->att + off, c->q + off, group, hd, &view, c->tok_pos[t] + 1, scale, scores, stride);
-        } else {
+            attn_tile_avx2(toks, (int32_t)(hi - lo), group, hd, &view, scale, scratch);
+            continue;
+        }
+        for (int64_t i = 0; i < hi - lo; i++) {
+            view.table = toks[i].table;
             for (int32_t h = 0; h < group; h++)
-                attn_head(c->att + off + (int64_t)h * hd, c->q + off + (int64_t)h * hd, hd, &view,
-                          c->tok_pos[t] + 1, scale, scores);
+                attn_head(toks[i].out + (int64_t)h * hd, toks[i].q + (int64_t)h * hd, hd, &view, toks[i].n_pos,
+                          scale, scratch);
         }
     }
 }
@@ -146,9 +210,9 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     const int32_t max_pos = sh.max_end;
     if (n_tok == 0) return KVB_OK;
     if (ensure_tokens(c, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for a %lld-token step", (long long)n_tok);
-    /* Per thread: one score row per query head of a group, +8 because the
-     * SIMD path pads to whole vectors. */
-    const int64_t group = hp->n_head / hp->n_head_kv, need_scores = ((int64_t)max_pos + 8) * group;
+    /* Per thread: a tile's attention scratch (the scalar path needs less). */
+    const int64_t need_scores =
+        attn_tile_scratch_floats(ATTN_TILE, hp->n_head / hp->n_head_kv, (int32_t)hd, max_pos, (int32_t)bs);
     if (need_scores > c->cap_scores) {
         if (grow(&c->scores, need_scores * tpool_size(c->pool)) != KVB_OK)
             return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for attention scores");
@@ -169,6 +233,8 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
             KVB_FORWARD_IF_ERROR(model_embed(m, s->tokens[j], c->x + t * e));
         }
     }
+
+    if (plan_tiles(c, batch, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
 
     for (int l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
