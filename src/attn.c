@@ -108,3 +108,12 @@ bool attn_have_avx2(void)
     return false;
 #endif
 }
+
+bool attn_have_avx512(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return attn_have_avx2() && __builtin_cpu_supports("avx512f");
+#else
+    return false;
+#endif
+}

@@ -76,6 +76,11 @@ int64_t attn_tile_scratch_floats(int32_t n_tok, int32_t group, int32_t head_dim,
                                  int32_t block_size);
 void attn_tile_avx2(const struct attn_tile_tok *toks, int32_t n_tok, int32_t group, int32_t head_dim,
                     const struct attn_kv_view *kv, float scale, float *scratch);
+/* The same with 16-lane AVX-512 inner loops (attn_tile_avx512.c; call
+ * only when attn_have_avx512()): bit for bit the same results. */
+void attn_tile_avx512(const struct attn_tile_tok *toks, int32_t n_tok, int32_t group, int32_t head_dim,
+                      const struct attn_kv_view *kv, float scale, float *scratch);
 bool attn_have_avx2(void);
+bool attn_have_avx512(void);
 
 #endif

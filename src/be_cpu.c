@@ -27,6 +27,7 @@ struct cpu_be {
     int64_t kv_dim;        /* n_head_kv * head_dim */
     float *inv_freq;       /* (rope_dim / 2) */
     bool simd;             /* AVX2 attention/activation kernels (else the scalar reference) */
+    bool avx512;           /* attention inner loops in AVX-512 (same results, twice the lanes) */
 
     /* Per-step scratch, grown to the largest step seen. */
     int64_t cap_tok;
@@ -181,6 +182,10 @@ static void attn_worker(void *arg, int ith, int nth)
             toks[i - lo] = (struct attn_tile_tok){c->q + off, c->att + off,
                                                   j->batch->seqs[c->tok_seq[t]].block_table, c->tok_pos[t] + 1};
         }
+        if (c->avx512) {
+            attn_tile_avx512(toks, (int32_t)(hi - lo), group, hd, &view, scale, scratch);
+            continue;
+        }
         if (c->simd) {
             attn_tile_avx2(toks, (int32_t)(hi - lo), group, hd, &view, scale, scratch);
             continue;
@@ -263,10 +268,8 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
             const int32_t p = c->tok_pos[t];
             uint16_t *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_elems;
             uint16_t *kd = blk + ((int64_t)l * 2 * bs + p % bs) * kvd, *vd = blk + (((int64_t)l * 2 + 1) * bs + p % bs) * kvd;
-            for (int64_t i = 0; i < kvd; i++) {
-                kd[i] = kvb_f32_to_fp16(kt[i]);
-                vd[i] = kvb_f32_to_fp16(vt[i]);
-            }
+            kvb_f32_to_fp16_n(kd, kt, kvd);
+            kvb_f32_to_fp16_n(vd, vt, kvd);
         }
         struct attn_job job = {c, batch, l, n_tok};
         tpool_run(c->pool, attn_worker, &job);
@@ -334,6 +337,7 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     c->be.n_blocks = opts->n_blocks;
     c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     c->simd = opts->impl != MM_IMPL_SCALAR && attn_have_avx2();
+    c->avx512 = c->simd && opts->impl != MM_IMPL_AVX2 && attn_have_avx512();
     c->block_elems = (int64_t)hp->n_layer * 2 * opts->block_size * c->kv_dim;
     c->be.block_bytes = be_cpu_block_bytes(m, opts->block_size);
     enum kvb_status st = tpool_create(opts->n_threads, &c->pool);

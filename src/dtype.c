@@ -108,6 +108,18 @@ uint16_t kvb_f32_to_fp16(float f)
     return (uint16_t)(sign | h);
 }
 
+void kvb_f32_to_fp16_n(uint16_t *dst, const float *src, int64_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("f16c")) {
+        kvb_f32_to_fp16_n_f16c(dst, src, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++) dst[i] = kvb_f32_to_fp16(src[i]);
+}
+
 float kvb_bf16_to_f32(uint16_t b)
 {
     uint32_t bits = (uint32_t)b << 16;

@@ -62,6 +62,12 @@ bool ggml_type_row_bytes(uint32_t type, uint64_t n_elems, uint64_t *out_bytes);
 
 float kvb_fp16_to_f32(uint16_t h);
 uint16_t kvb_f32_to_fp16(float f); /* round to nearest even */
+/* n of kvb_f32_to_fp16, bit for bit (NaN payloads aside), with the CPU's
+ * F16C conversion when it has one: the KV cache stores every K and V value
+ * of every token through here. */
+void kvb_f32_to_fp16_n(uint16_t *dst, const float *src, int64_t n);
+/* The F16C loop (dtype_avx2.c); call only on a CPU with F16C. */
+void kvb_f32_to_fp16_n_f16c(uint16_t *dst, const float *src, int64_t n);
 float kvb_bf16_to_f32(uint16_t b);
 uint16_t kvb_f32_to_bf16(float f); /* round to nearest even */
 

@@ -14,6 +14,7 @@
 #include "testutil.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static int use_avx512;
 static float frand(void) /* [-1, 1) */
 {
     rng ^= rng << 13;
@@ -48,6 +49,7 @@ static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t 
     float *q = malloc(sizeof(float) * (size_t)(n_tok * qd));
     float *ref = malloc(sizeof(float) * (size_t)(n_tok * qd));
     float *got = malloc(sizeof(float) * (size_t)(n_tok * qd));
+    float *got512 = malloc(sizeof(float) * (size_t)(n_tok * qd));
     float *scores = malloc(sizeof(float) * (size_t)max_pos);
     float *scratch = kvb_malloc(sizeof(float) * (size_t)attn_tile_scratch_floats(n_tok, G, hd, max_pos, pl->bs) + 3);
     for (int32_t i = 0; i < n_tok * qd; i++) q[i] = 3.0f * frand();
@@ -72,7 +74,17 @@ static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t 
         }
         /* an odd scratch address: the kernel aligns for itself */
         attn_tile_avx2(toks, n_tok, G, hd, &kv, scale, (float *)((char *)scratch + 4));
+        if (use_avx512) {
+            for (int32_t t = 0; t < n_tok; t++) toks[t].out = got512 + (int64_t)t * qd + (int64_t)g * G * hd;
+            attn_tile_avx512(toks, n_tok, G, hd, &kv, scale, (float *)((char *)scratch + 4));
+        }
     }
+    for (int32_t i = 0; i < n_tok * qd && use_avx512 && !bad; i++)
+        if (memcmp(&ref[i], &got512[i], sizeof(float)) != 0) {
+            CHECK_MSG(0, "%s (G=%d hd=%d bs=%d tokens=%d): element %d: AVX-512 tile %.9g, reference %.9g", name, G,
+                      hd, pl->bs, n_tok, i, (double)got512[i], (double)ref[i]);
+            bad = 1;
+        }
     for (int32_t i = 0; i < n_tok * qd && !bad; i++)
         if (memcmp(&ref[i], &got[i], sizeof(float)) != 0) {
             CHECK_MSG(0, "%s (G=%d hd=%d bs=%d tokens=%d): element %d: tile %.9g, reference %.9g", name, G, hd,
@@ -82,6 +94,7 @@ static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t 
     free(q);
     free(ref);
     free(got);
+    free(got512);
     free(scores);
     kvb_free(scratch);
     return bad;
@@ -138,11 +151,13 @@ static void shapes(int32_t G, int32_t hd, int32_t bs)
 int main(void)
 {
     if (!attn_have_avx2()) tu_skip("no AVX2 on this CPU");
+    use_avx512 = attn_have_avx512();
+    printf("checking the AVX2%s kernel against the reference\n", use_avx512 ? " and AVX-512" : "");
     /* SmolLM2 (G 3, hd 64), Llama-style (G 4 or 8, hd 128), multi-head
      * (G 1), groups past one register chunk (G 9), head sizes that are not a
      * multiple of 8, block sizes that are not a multiple of 8. */
     const int32_t cfg[][3] = {{3, 64, 16}, {1, 64, 16}, {4, 128, 16}, {8, 64, 32}, {9, 16, 16}, {2, 12, 16},
-                              {3, 64, 5},  {5, 24, 12}, {3, 64, 1},  {7, 40, 8}};
+                              {3, 64, 5},  {5, 24, 12}, {3, 64, 1},  {7, 40, 8},  {6, 32, 16}, {16, 64, 16}};
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) shapes(cfg[i][0], cfg[i][1], cfg[i][2]);
 
     /* attn_exp is the scalar twin of the kernels' exp: spot values. */

@@ -1,6 +1,7 @@
 /* test_dtype.c — half and bfloat16 conversions (exhaustive over all 65536
  * codes, plus rounding at the edges) and the ggml type geometry table. */
 #include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -110,6 +111,34 @@ static void test_fp16_nearest(void)
     CHECK_EQ_INT(bad, 0);
 }
 
+/* The bulk conversion (F16C where the CPU has it) equals the scalar one on
+ * random floats across the half range, subnormals, ties and overflow
+ * included, at every length (vector body and scalar tail). */
+static void test_fp16_bulk(void)
+{
+    enum { N = 100003 };
+    float *f = malloc(sizeof(float) * N);
+    uint16_t *got = malloc(sizeof(uint16_t) * N);
+    uint64_t s = 0x243f6a8885a308d3ull;
+    for (int i = 0; i < N; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        uint32_t bits = (uint32_t)(s & 0x807fffffu) | ((uint32_t)(95 + (s >> 32) % 50) << 23);
+        if (i % 7 == 0) bits &= 0xffffe000u | 0x1000u; /* exact ties */
+        f[i] = bits_f32(bits);
+    }
+    f[0] = 0.0f, f[1] = -0.0f, f[2] = 65519.0f, f[3] = 65520.0f, f[4] = INFINITY, f[5] = -INFINITY;
+    int bad = 0;
+    for (int len = 0; len < 20; len++) {
+        kvb_f32_to_fp16_n(got, f + len, len);
+        for (int i = 0; i < len; i++) bad += got[i] != kvb_f32_to_fp16(f[len + i]);
+    }
+    kvb_f32_to_fp16_n(got, f, N);
+    for (int i = 0; i < N; i++) bad += got[i] != kvb_f32_to_fp16(f[i]);
+    CHECK_EQ_INT(bad, 0);
+    free(f);
+    free(got);
+}
+
 static void test_bf16(void)
 {
     int bad = 0;
@@ -157,6 +186,7 @@ int main(void)
     test_fp16_exhaustive();
     test_fp16_rounding();
     test_fp16_nearest();
+    test_fp16_bulk();
     test_bf16();
     test_type_traits();
     return tu_finish();
