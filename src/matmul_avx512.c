@@ -417,6 +417,23 @@ static inline float reduce16(__m512 v)
     return _mm_cvtss_f32(b);
 }
 
+/* reduce16 of four vectors at once, result i in lane i: the same pairs are
+ * added at every level (v[j] + v[j+8], then + 4, + 2, + 1), so each result
+ * is bit for bit reduce16's, for a quarter of the shuffles. */
+static inline __m128 reduce16x4(__m512 v0, __m512 v1, __m512 v2, __m512 v3)
+{
+    const __m512 a01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 a23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(a01, a23, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 c = _mm512_add_ps(b, _mm512_permute_ps(b, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 d = _mm512_add_ps(c, _mm512_movehdup_ps(c));
+    return _mm512_castps512_ps128(
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), d));
+}
+
 /* The float step of one group for one (row, token): the same operations in
  * every kernel, so tile shape and batch cannot change a result. */
 static inline __attribute__((always_inline)) __m512 group_fma(__m512 facc, __m512i isum, __m512 dw,
@@ -490,6 +507,12 @@ static inline __attribute__((always_inline)) void tile_q(const int R, const int 
                                        a->has_min, _mm512_load_ps(wr + 320), sxs);
             }
         }
+    }
+    if (R == 4) {
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            _mm_storeu_ps(a->y + t * a->ldy, reduce16x4(facc[0][t], facc[1][t], facc[2][t], facc[3][t]));
+        return;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
