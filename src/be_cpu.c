@@ -1,8 +1,9 @@
 /* be_cpu.c — the CPU backend: one forward pass over a packed batch, every
  * weight matrix applied to all of the step's tokens at once (so each weight
- * is read once per step), attention read through per-sequence block tables.
+ * is read once per step), attention read through per-sequence block tables, in tiles
+ * of tokens that read shared KV blocks once (attn_tile_*.c).
  *
- * KV pool layout, per block: [layer][K | V][slot][n_head_kv * head_dim] f32.
+ * KV pool layout, per block: [layer][K | V][slot][n_head_kv * head_dim] fp16.
  * Keeping a block's K and V for all layers together makes one block one
  * contiguous span, which is what the persistent cache copies in and out. */
 #include "backend.h"
