@@ -16,10 +16,13 @@ for f in quant matmul matmul_scalar alloc dtype status tpool; do
   $cc $cf -c "$root/src/$f.c" -o "$out/$f.o"
   objs="$objs $out/$f.o"
 done
-$cc $cf -mavx2 -mfma -mf16c -c "$root/src/matmul_avx2.c" -o "$out/matmul_avx2.o"
+for f in matmul_avx2 dtype_avx2; do
+  $cc $cf -mavx2 -mfma -mf16c -c "$root/src/$f.c" -o "$out/$f.o"
+  objs="$objs $out/$f.o"
+done
 $cc $cf -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c \
   -c "$root/src/matmul_avx512.c" -o "$out/matmul_avx512.o"
-$cc $cf "$root/scripts/bench_matmul.c" $objs "$out/matmul_avx2.o" "$out/matmul_avx512.o" \
+$cc $cf "$root/scripts/bench_matmul.c" $objs "$out/matmul_avx512.o" \
   -lpthread -lm -o "$out/bench_matmul"
 impl=${1:-auto}
 if [ "$impl" = all ]; then

@@ -130,15 +130,15 @@ int main(int argc, char **argv)
     }
     printf("impl %s, %d threads\n", mm_ctx_impl_name(ctx), nth);
 
-    const int64_t toks[2] = {1, 512};
+    const int64_t toks[3] = {1, 32, 512};
     float *x = malloc(sizeof(float) * 1536 * 512);
     for (int i = 0; i < 1536 * 512; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
     float *y = malloc(sizeof(float) * 49152 * 512);
-    double per_call[N_SHAPES][2];
+    double per_call[N_SHAPES][3];
     printf("%-18s %6s %10s %9s\n", "shape", "n_tok", "ms/call", "GFLOP/s");
     for (int s = 0; s < N_SHAPES; s++) {
         struct mm_weight w = make_weight(shapes[s].type, shapes[s].n_in, shapes[s].n_out);
-        for (int ti = 0; ti < 2; ti++) {
+        for (int ti = 0; ti < 3; ti++) {
             double t = time_calls(ctx, &w, x, toks[ti], y, secs);
             per_call[s][ti] = t;
             double flop = 2.0 * (double)shapes[s].n_in * (double)shapes[s].n_out * (double)toks[ti];
@@ -147,7 +147,7 @@ int main(int argc, char **argv)
         }
         free((void *)w.data);
     }
-    for (int ti = 0; ti < 2; ti++) {
+    for (int ti = 0; ti < 3; ti++) {
         double layer = 0;
         for (int s = 0; s < 4; s++) layer += shapes[s].per_layer * per_call[s][ti];
         double total = N_LAYERS * layer + per_call[4][ti];
