@@ -174,6 +174,17 @@ static inline __m512i type_kneg(enum ggml_type type, int bias)
     return k;
 }
 
+/* log2 of each lane's bias: every bias is a power of two, so the start
+ * value -bias * sum can be a shift and a negation (exact in two's
+ * complement, like the multiply) instead of a slow vpmulld. */
+static inline __m512i type_kshift(enum ggml_type type, int bias)
+{
+    const int k = bias > 0 ? __builtin_ctz((unsigned)bias) : 0;
+    __m512i s = _mm512_set1_epi32(k);
+    if (type == GGML_TYPE_Q4_0) s = _mm512_mask_mov_epi32(s, HI_NIB_LANES, _mm512_set1_epi32(k + 4));
+    return s;
+}
+
 /* The f16 scale and the f16 next to it (the min, for types that have one) of
  * the first nblk of 8 blocks of `bs` bytes, per lane; absent blocks get 0. */
 static inline void scales_per_lane(const uint8_t *src, int bs, int nblk, __m512 *d, __m512 *m)
@@ -451,7 +462,7 @@ struct qtile {
     const uint8_t *x;   /* first token */
     size_t x_stride;    /* bytes per token */
     int64_t ng;
-    __m512i kneg;       /* minus the per-lane bias (0 for types with a min) */
+    __m512i kshift;     /* log2 of the per-lane bias (see type_kshift) */
     int bias, has_min;
     float *y;           /* y[t * ldy + r] */
     int64_t ldy;
@@ -478,8 +489,9 @@ static inline __attribute__((always_inline)) void tile_q(const int R, const int 
         for (int t = 0; t < T; t++) {
             __m512i b0 = _mm512_setzero_si512();
             if (a->bias)
-                b0 = _mm512_mullo_epi32(
-                    _mm512_load_si512(a->x + t * a->x_stride + sx_off + 64 * g), a->kneg);
+                b0 = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                      _mm512_sllv_epi32(_mm512_load_si512(a->x + t * a->x_stride + sx_off + 64 * g),
+                                                        a->kshift));
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) acc[r][t] = b0;
         }
@@ -578,7 +590,7 @@ static void rows_panel(const struct mm_weight *w, const struct mm_input *in, flo
                 int rr = (int)(rp - i < TILE_R ? rp - i : TILE_R);
                 struct qtile a = {panel + (size_t)i * prow, prow,
                                   in->xq + (size_t)c0 * in->xq_stride, in->xq_stride, ng,
-                                  type_kneg(w->type, wt.bias), wt.bias, wt.has_min,
+                                  type_kshift(w->type, wt.bias), wt.bias, wt.has_min,
                                   y + c0 * w->n_out + p + i, w->n_out};
                 tile_q_rows(rr, &a, n_whole);
                 if (t_tail < c1) {
