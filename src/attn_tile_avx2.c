@@ -164,17 +164,18 @@ static inline __attribute__((always_inline)) void pv_impl(const int R, const int
 
 #undef VROW
 
-/* All G rows of one token (acc: G rows of hd8), in register-sized chunks. */
+/* G rows (acc: G rows of hd8; rows of consecutive tokens may come
+ * together), in chunks of 3 rows x 4 vectors: 12 accumulators, 3 weights
+ * and a V vector fill the 16 registers. */
 static void pv_token(const float *vf, const uint16_t *vh, int64_t vh_rs, int32_t n, int64_t hd8, const float *w,
                      int64_t w_ps, int64_t w_rs, int32_t G, float *acc)
 {
     while (G > 0) {
-        const int R = G < 4 ? G : 4;
+        const int R = G < 3 ? G : 3;
         switch (R) {
         case 1: pv_impl(1, 8, vf, vh, vh_rs, n, hd8, w, w_ps, w_rs, acc); break;
         case 2: pv_impl(2, 4, vf, vh, vh_rs, n, hd8, w, w_ps, w_rs, acc); break;
-        case 3: pv_impl(3, 4, vf, vh, vh_rs, n, hd8, w, w_ps, w_rs, acc); break;
-        default: pv_impl(4, 2, vf, vh, vh_rs, n, hd8, w, w_ps, w_rs, acc); break;
+        default: pv_impl(3, 4, vf, vh, vh_rs, n, hd8, w, w_ps, w_rs, acc); break;
         }
         acc += R * hd8;
         w += R * w_rs;

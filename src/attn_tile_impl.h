@@ -281,9 +281,16 @@ static void tile_run(const struct attn_tile_tok *toks, int32_t n_tok, int32_t G,
     const int64_t R = (int64_t)n_tok * G, rw = b.rw, hd8 = round8(hd), p8 = round8(bs);
 
     for (int64_t r = 0; r < rw; r++) {
-        const struct attn_tile_tok *t = r < R ? &toks[r / G] : NULL;
-        b.np[r] = t ? t->n_pos : 0;
-        for (int32_t d = 0; d < hd; d++) b.qt[d * rw + r] = t ? t->q[(r % G) * hd + d] * scale : 0.0f;
+        float *dst = b.qt + r;
+        if (r >= R) {
+            b.np[r] = 0;
+            for (int32_t d = 0; d < hd; d++) dst[d * rw] = 0.0f;
+            continue;
+        }
+        const struct attn_tile_tok *t = &toks[r / G];
+        const float *src = t->q + (r % G) * hd;
+        b.np[r] = t->n_pos;
+        for (int32_t d = 0; d < hd; d++) dst[d * rw] = src[d] * scale;
     }
     for (int64_t i = 0; i < rw * hd8; i++) b.acc[i] = 0.0f;
 
@@ -337,9 +344,15 @@ static void tile_run(const struct attn_tile_tok *toks, int32_t n_tok, int32_t G,
                 const uint16_t *v = kv->v_base + (int64_t)toks[ti].table[ib] * kv->block_stride;
                 const bool direct = tb - ti == 1 && hd % 8 == 0; /* read once: no point widening */
                 if (!direct) widen_rows(b.vf, v, kv->row_stride, hd, n);
-                for (int32_t t = ti; t < tb; t++)
-                    pv_token(direct ? NULL : b.vf, direct ? v : NULL, kv->row_stride, block_len(&toks[t], ib, bs), hd8,
-                             b.s + (int64_t)ib * bs * rw + (int64_t)t * G, rw, 1, G, b.acc + (int64_t)t * G * hd8);
+                /* Consecutive tokens with as many positions here go as one
+                 * block of rows: each V vector loaded then feeds them all. */
+                for (int32_t t = ti, te; t < tb; t = te) {
+                    const int32_t m = block_len(&toks[t], ib, bs);
+                    for (te = t + 1; te < tb && block_len(&toks[te], ib, bs) == m;) te++;
+                    pv_token(direct ? NULL : b.vf, direct ? v : NULL, kv->row_stride, m, hd8,
+                             b.s + (int64_t)ib * bs * rw + (int64_t)t * G, rw, 1, (te - t) * G,
+                             b.acc + (int64_t)t * G * hd8);
+                }
             }
         }
     }
