@@ -54,6 +54,12 @@ struct backend {
     enum kvb_status (*kv_block_read)(struct backend *be, int32_t block, void *dst);
     enum kvb_status (*kv_block_write)(struct backend *be, int32_t block, const void *src);
     void (*free)(struct backend *be);
+    /* Optional (NULL: the caller runs fn(arg, 0, 1) itself): runs
+     * fn(arg, i, n) for i in [0, n) on the backend's host threads while no
+     * forward pass is running; returns when all have returned. Lets the
+     * scheduler sample a step's sequences in parallel on threads that
+     * would otherwise wait. */
+    void (*host_parallel)(struct backend *be, void (*fn)(void *arg, int ith, int nth), void *arg);
 };
 
 /* Totals of a checked batch. */

@@ -315,6 +315,11 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     return KVB_OK;
 }
 
+static void cpu_host_parallel(struct backend *be, void (*fn)(void *arg, int ith, int nth), void *arg)
+{
+    tpool_run(((struct cpu_be *)be)->pool, fn, arg);
+}
+
 static enum kvb_status cpu_block_read(struct backend *be, int32_t block, void *dst)
 {
     struct cpu_be *c = (struct cpu_be *)be;
@@ -345,6 +350,7 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     c->be.impl = c;
     c->be.forward = cpu_forward;
     c->be.free = cpu_free;
+    c->be.host_parallel = cpu_host_parallel;
     c->be.kv_block_read = cpu_block_read;
     c->be.kv_block_write = cpu_block_write;
     c->be.block_size = opts->block_size;

@@ -40,7 +40,10 @@ struct sched {
     int32_t n_waiting, cap_waiting, n_running;
     uint64_t admit_counter;
     float *logits;  /* (max_batch, n_vocab) */
-    float *scratch; /* (n_vocab) sampler input */
+    float *scratch; /* (n_scratch, n_vocab) sampler input, one row per sampling thread */
+    int32_t n_scratch;
+    int32_t *samp_row; /* (max_batch) logits row of each batch entry, -1: none */
+    int32_t *samp_tok; /* (max_batch) its sampled token */
     struct be_seq *bseqs;
     struct seq **bsrc; /* seq behind each be_seq */
     struct sched_stats st;
@@ -85,7 +88,9 @@ enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct s
     if (kv_alloc_create(be->n_blocks, &s->kv) != KVB_OK || radix_create(s->B, s->kv, &s->radix) != KVB_OK ||
         !(s->running = kvb_calloc((size_t)mb, sizeof *s->running)) ||
         !(s->logits = kvb_malloc(sizeof(float) * (size_t)n_vocab * (size_t)mb)) ||
-        !(s->scratch = kvb_malloc(sizeof(float) * (size_t)n_vocab)) ||
+        !(s->scratch = kvb_malloc(sizeof(float) * (size_t)n_vocab * (size_t)(s->n_scratch = be_threads(be)))) ||
+        !(s->samp_row = kvb_calloc((size_t)mb, sizeof *s->samp_row)) ||
+        !(s->samp_tok = kvb_calloc((size_t)mb, sizeof *s->samp_tok)) ||
         !(s->bseqs = kvb_calloc((size_t)mb, sizeof *s->bseqs)) ||
         !(s->bsrc = kvb_calloc((size_t)mb, sizeof *s->bsrc))) {
         sched_free(s);
@@ -114,6 +119,8 @@ void sched_free(struct sched *s)
     kvb_free(s->running);
     kvb_free(s->logits);
     kvb_free(s->scratch);
+    kvb_free(s->samp_row);
+    kvb_free(s->samp_tok);
     kvb_free(s->bseqs);
     kvb_free(s->bsrc);
     kvb_free(s->staging);
@@ -386,6 +393,30 @@ static bool grow_blocks(struct sched *s, struct seq *q, int32_t end)
 
 static int seq_order(const struct seq *a, const struct seq *b) { return a->admit_seq < b->admit_seq ? -1 : 1; }
 
+
+/* Samples the batch entries whose logits came back, each with its own
+ * sampler (its own seed and history), so which thread samples which entry
+ * cannot change a token. Thread ith uses scratch row ith: the sampler
+ * rewrites its input, and the logits must stay as they were for logprobs. */
+struct sample_job {
+    struct sched *s;
+    int32_t nb;
+};
+
+static void sample_worker(void *arg, int ith, int nth)
+{
+    struct sample_job *j = arg;
+    struct sched *s = j->s;
+    const int n = nth < s->n_scratch ? nth : s->n_scratch; /* threads that have a scratch row */
+    if (ith >= n) return;
+    float *scratch = s->scratch + (int64_t)ith * s->n_vocab;
+    for (int32_t b = ith; b < j->nb; b += n) {
+        if (s->samp_row[b] < 0) continue;
+        memcpy(scratch, s->logits + (int64_t)s->samp_row[b] * s->n_vocab, sizeof(float) * (size_t)s->n_vocab);
+        if (sampler_sample(s->bsrc[b]->smp, scratch, &s->samp_tok[b]) != KVB_OK) s->samp_tok[b] = 0;
+    }
+}
+
 enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
 {
     admit(s);
@@ -450,6 +481,11 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
     s->st.steps++;
 
     int32_t row = 0;
+    for (int32_t b = 0; b < nb; b++) s->samp_row[b] = s->bseqs[b].logits == BE_LOGITS_LAST ? row++ : -1;
+    struct sample_job job = {s, nb};
+    if (s->be->host_parallel && row > 1) s->be->host_parallel(s->be, sample_worker, &job);
+    else sample_worker(&job, 0, 1);
+
     for (int32_t b = 0; b < nb; b++) {
         struct seq *q = s->bsrc[b];
         q->n_computed += q->n_new;
@@ -458,11 +494,9 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
             /* Sharing is an optimisation: carry on without it. */
         }
         spill_to_store(s, q);
-        if (s->bseqs[b].logits != BE_LOGITS_LAST) continue;
-        const float *lg = s->logits + (int64_t)row++ * s->n_vocab;
-        memcpy(s->scratch, lg, sizeof(float) * (size_t)s->n_vocab);
-        int32_t tok;
-        if (sampler_sample(q->smp, s->scratch, &tok) != KVB_OK) tok = 0;
+        if (s->samp_row[b] < 0) continue;
+        const float *lg = s->logits + (int64_t)s->samp_row[b] * s->n_vocab;
+        const int32_t tok = s->samp_tok[b];
         sampler_accept(q->smp, tok);
         q->tokens[q->n_tokens++] = tok;
         if (q->n_tokens - q->n_prompt == 1) q->t_first = now_s();
