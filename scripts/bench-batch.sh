@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Batched throughput of `kvbatch run` on a prefix-heavy job, against the same
 # kind of requests run one at a time (--max-batch 1), on the default model.
-#   scripts/bench-batch.sh [N_REQUESTS] [N_SEQUENTIAL] [THREADS] [REPS]
+#   [MAX_BATCH=32] scripts/bench-batch.sh [N_REQUESTS] [N_SEQUENTIAL] [THREADS] [REPS]
 # The job: N requests (default 256), each a ~400-token shared system prompt
 # (about 390 tokens: the prompt plus the chat template)
 # plus a unique question, 64 output tokens (EOS ignored by a stop-free,
@@ -15,6 +15,7 @@ N=${1:-256}
 NSEQ=${2:-32}
 THREADS=${3:-$(nproc)}
 REPS=${4:-2}
+MB=${MAX_BATCH:-32} # sequences at once in the batched run (kvbatch's default)
 BIN=build/kvbatch
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -x "$BIN" ] || { cmake -S . -B build >/dev/null && cmake --build build -j"$(nproc)" >/dev/null; }
@@ -47,14 +48,14 @@ print(*c.execute("select wall_seconds, prompt_tokens, prefill_tokens_computed, c
 PY
 }
 
-echo "bench-batch: $N requests batched (--max-batch 32), $NSEQ one at a time (--max-batch 1), $THREADS threads, best of $REPS"
+echo "bench-batch: $N requests batched (--max-batch $MB), $NSEQ one at a time (--max-batch 1), $THREADS threads, best of $REPS"
 # The two runs alternate and each keeps its fastest: this machine is shared,
 # and a slow spell landing on one side only would skew the ratio.
 bw=""; sw=""
 for r in $(seq 1 "$REPS"); do
   rm -f "$tmp"/b.db* "$tmp"/s.db*
   "$BIN" run --model "$MODEL" -i "$tmp/job.jsonl" -o "$tmp/out.jsonl" --metrics "$tmp/b.db" \
-    --threads "$THREADS" --max-batch 32 --quiet --no-cache
+    --threads "$THREADS" --max-batch "$MB" --quiet --no-cache
   read -r w bp bc bg bcache <<<"$(stats "$tmp/b.db")"
   echo "  run $r: batched $w s"
   if [ -z "$bw" ] || python3 -c "import sys; sys.exit(not $w < $bw)"; then bw=$w; fi
