@@ -36,6 +36,8 @@ struct cpu_be {
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up;
     int32_t *tok_pos, *tok_seq;
     int32_t *tile_order;   /* step's tokens in attention-tile order */
+    struct seq_key *keys;  /* (cap_keys) sort keys of the step's sequences */
+    int32_t cap_keys;
     int64_t n_tiles;
     int64_t cap_out;
     float *out_rows;       /* normalised rows whose logits are wanted */
@@ -56,6 +58,7 @@ static void cpu_free(struct backend *be)
     kvb_free(c->tok_pos);
     kvb_free(c->tok_seq);
     kvb_free(c->tile_order);
+    kvb_free(c->keys);
     kvb_free(c);
 }
 
@@ -105,6 +108,7 @@ static enum kvb_status ensure_tokens(struct cpu_be *c, int64_t n_tok)
 struct seq_key {
     const int32_t *table;
     int32_t n_blocks, idx;
+    int64_t start; /* its first token in the step */
 };
 
 /* Lexicographic on the block table: sequences that share prefix blocks end
@@ -124,25 +128,22 @@ static int seq_key_cmp(const void *pa, const void *pb)
  * depends on this; no token's arithmetic does. */
 static enum kvb_status plan_tiles(struct cpu_be *c, const struct be_batch *batch, int64_t n_tok)
 {
-    struct seq_key *keys = kvb_malloc(sizeof *keys * (size_t)(batch->n_seqs > 0 ? batch->n_seqs : 1));
-    int64_t *starts = kvb_malloc(sizeof(int64_t) * (size_t)batch->n_seqs + sizeof(int64_t));
-    if (!keys || !starts) {
-        kvb_free(keys);
-        kvb_free(starts);
-        return KVB_ERR_NOMEM;
+    if (batch->n_seqs > c->cap_keys) {
+        struct seq_key *k = kvb_realloc(c->keys, sizeof *k * (size_t)batch->n_seqs);
+        if (!k) return KVB_ERR_NOMEM;
+        c->keys = k;
+        c->cap_keys = batch->n_seqs;
     }
     int64_t t = 0;
     for (int32_t i = 0; i < batch->n_seqs; i++) {
-        keys[i] = (struct seq_key){batch->seqs[i].block_table, batch->seqs[i].n_blocks, i};
-        starts[i] = t;
+        c->keys[i] = (struct seq_key){batch->seqs[i].block_table, batch->seqs[i].n_blocks, i, t};
         t += batch->seqs[i].n_tokens;
     }
-    qsort(keys, (size_t)batch->n_seqs, sizeof *keys, seq_key_cmp);
+    qsort(c->keys, (size_t)batch->n_seqs, sizeof *c->keys, seq_key_cmp);
     int64_t o = 0;
     for (int32_t i = 0; i < batch->n_seqs; i++)
-        for (int32_t j = 0; j < batch->seqs[keys[i].idx].n_tokens; j++) c->tile_order[o++] = (int32_t)(starts[keys[i].idx] + j);
-    kvb_free(keys);
-    kvb_free(starts);
+        for (int32_t j = 0; j < batch->seqs[c->keys[i].idx].n_tokens; j++)
+            c->tile_order[o++] = (int32_t)(c->keys[i].start + j);
     c->n_tiles = (n_tok + ATTN_TILE - 1) / ATTN_TILE;
     return KVB_OK;
 }
