@@ -2,21 +2,33 @@
  *
  * Entered only after matmul.c checked the CPU (avx512f/bw/vl/vnni).
  *
- * Layout idea. A "group" is 8 blocks of 32 (256 elements). Its 16 int32
- * lanes each own one half-block (16 elements): lane L holds block
- * 2*(L&3) + (L>>3), half (L>>2)&1. Both the quantized input and the weights
- * are rearranged into 4 "steps" of 64 bytes in which lane L carries 4
- * consecutive bytes of its half-block, so four vpdpbusd accumulate each
- * half-block's whole integer dot product in its own lane with no horizontal
- * work, and one float step per group applies the 16 per-lane scales:
+ * Layout idea. A row is cut into "groups" of 16 int32 lanes. The quantized
+ * input and the weights of a group are rearranged into S "steps" of 64 bytes
+ * in which every lane carries 4 bytes of one scale unit (a block of 32, or
+ * half of one), the same unit in every step, so S vpdpbusd accumulate each
+ * unit's integer dot product in its own lane with no horizontal work, and one
+ * float step per group applies the 16 per-lane scales:
  *
  *   facc += float(isum) * (dw * dx)      [+ mw * dx*sum(qx) for types with a min]
  *
- * Why half-blocks: Q6_K's scales cover 16 elements, and with one lane per
- * half-block every type fits the same scheme. vpdpbusd wants unsigned
- * weights, so signed types are read with their stored offset (nibble = q + 8,
- * q + 16, q + 32; Q8_0 as q ^ 0x80 = q + 128) and offset * (the input's lane
- * sums) is removed exactly in the integer start value.
+ * The float step costs as much as the integer steps of a short group, so the
+ * wider the group the better. Three kinds:
+ *  - S8, 16 blocks: lane L is block L, step s its dword s (Q4_0, Q4_1, Q8_0);
+ *  - S4, 8 blocks: lane L is half (L>>2)&1 of block 2*(L&3) + (L>>3), step s
+ *    dword s of that half. The half-block lanes are what Q6_K's 16-element
+ *    scales need; every other type (Q5_x, Q4_K) keeps it too, and the "wide"
+ *    types use it for a remainder of 3 to 8 blocks;
+ *  - S1, 1 or 2 blocks in natural order: lane L is dword L&7 of block L>>3.
+ * A "wide" row (Q4_0, Q4_1, Q8_0) is S8 groups, then at most two S4 groups,
+ * then at most one S1 group: n_embd 576 = 18 blocks is one S8 and one S1,
+ * where 8-block groups only would have padded it to 24 blocks. A "narrow"
+ * row is S4 groups only. The quantized input holds both forms, one after
+ * the other.
+ *
+ * vpdpbusd wants unsigned weights, so signed types are read with their
+ * stored offset (nibble = q + 8, q + 16, q + 32; Q8_0 as q ^ 0x80 = q + 128)
+ * and offset * (the input's lane sums) is removed exactly in the integer
+ * start value.
  *
  * Two paths, one arithmetic:
  *  - few tokens (decode, n_tok <= FUSED_T): each weight group is unpacked in
@@ -25,35 +37,83 @@
  *  - many tokens (prefill): a panel of rows is unpacked into scratch once and
  *    R x T tiles reuse it from L1 for every token (compute-bound).
  * Determinism: every output element runs the same float operations in the
- * same order (groups 0..ng-1, then one fixed 16-lane reduction tree) in both
- * paths and every tile shape, for any batch and any thread split; the tests
- * check this bit for bit. */
+ * same order (its groups in row order, then one fixed 16-lane reduction tree)
+ * in both paths and every tile shape, for any batch and any thread split; the
+ * tests check this bit for bit. */
 #include <immintrin.h>
 #include <string.h>
 
 #include "matmul_impl.h"
 #include "quant_blocks.h"
 
-#define GROUP_BLOCKS 8
-#define GROUP_BYTES_Q 256 /* 4 steps x 64 bytes */
-#define WGROUP_BYTES 384  /* weight group: steps, dw[16], mw[16] */
+#define GROUP_BLOCKS 8    /* blocks of an S4 group */
+#define GROUP_BYTES_Q 256 /* S4: 4 steps x 64 bytes */
+#define WGROUP_BYTES 384  /* S4 weight group: steps, dw[16], mw[16] */
 #define PANEL_ROWS 16     /* weight rows unpacked at a time */
 #define TILE_R 4          /* rows per micro-kernel */
 #define TILE_T 3          /* tokens per micro-kernel */
 /* Tokens whose quantized input is kept hot while one panel is applied. */
 #define TOKEN_BUDGET_BYTES (512 * 1024)
 
-/* Lane L -> its block within the group, and its 16-element sub-block. */
+/* Lane L -> its block within an S4 group, and its 16-element sub-block. */
 static const int32_t lane_block[16] = {0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7};
 static const int32_t lane_sub16[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
 
-static int64_t n_groups(int64_t n_in) { return (n_in / 32 + GROUP_BLOCKS - 1) / GROUP_BLOCKS; }
+/* Types whose rows use S8 and S1 groups (their scales cover 32 elements and
+ * their groups of 16 blocks are unpacked with shuffles alone). */
+static inline int type_wide(enum ggml_type t)
+{
+    return t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q4_1 || t == GGML_TYPE_Q8_0;
+}
 
-/* ---- the input: per token, over groups g: q[g][4][64] i8 | xs[g][16] f32
- * (block scale per lane) | sxs[g][16] f32 (scale * lane sum) | sx[g][16] i32
- * (lane sum) -------------------------------------------------------------- */
+/* How a row of nb blocks is cut into groups: n8 S8 groups, then n4 S4
+ * groups (the last with last4 blocks), then n1 (0 or 1) S1 group of last1
+ * blocks. Byte counts are per token (input) and per row (unpacked weights). */
+struct lay {
+    int64_t n8, n4, n1, ng;
+    int last4, last1;
+    size_t qbytes;   /* int8 steps of one token; then xs, sxs, sx: 64 bytes per group each */
+    size_t tbytes;   /* one token: qbytes + 192 * ng */
+    size_t wbytes;   /* one unpacked weight row: steps + dw[16] + mw[16] per group */
+};
 
-static size_t act_bytes(int64_t n_in) { return (size_t)n_groups(n_in) * (GROUP_BYTES_Q + 3 * 64); }
+static struct lay lay_of(int64_t nb, int wide)
+{
+    struct lay l = {0, 0, 0, 0, GROUP_BLOCKS, 0, 0, 0, 0};
+    int64_t r = nb;
+    if (wide) {
+        l.n8 = r / 16;
+        r %= 16;
+        if (r <= 2) {
+            l.n1 = r > 0;
+            l.last1 = (int)r;
+            r = 0;
+        } else if (r > 8 && r <= 10) {
+            l.n4 = 1;
+            l.n1 = 1;
+            l.last1 = (int)(r - 8);
+            r = 0;
+        }
+    }
+    if (r > 0) {
+        l.n4 = (r + GROUP_BLOCKS - 1) / GROUP_BLOCKS;
+        l.last4 = (int)(r - (l.n4 - 1) * GROUP_BLOCKS);
+    }
+    l.ng = l.n8 + l.n4 + l.n1;
+    l.qbytes = (size_t)(512 * l.n8 + 256 * l.n4 + 64 * l.n1);
+    l.tbytes = l.qbytes + 192 * (size_t)l.ng;
+    l.wbytes = (size_t)(640 * l.n8 + 384 * l.n4 + 192 * l.n1);
+    return l;
+}
+
+/* ---- the input: per token, the wide form then the narrow one; each is
+ * q[steps] i8 | xs[g][16] f32 (block scale per lane) | sxs[g][16] f32
+ * (scale * lane sum) | sx[g][16] i32 (lane sum) ------------------------- */
+
+static size_t act_bytes(int64_t n_in)
+{
+    return lay_of(n_in / 32, 1).tbytes + lay_of(n_in / 32, 0).tbytes;
+}
 
 /* Z[m] holds natural blocks 2m and 2m+1 (32 bytes each). A 4x4 transpose of
  * dwords within each 128-bit lane gives the steps: step s, lane 4k+j = dword
@@ -75,59 +135,127 @@ static inline __m512i pair512(__m256i lo, __m256i hi)
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-/* Per-block floats (8, natural order) to per-lane floats. */
+/* Sixteen 32-byte blocks (nat[b] = block b) -> 8 steps, lane L = block L:
+ * 128-bit lane k of Z0[j] (Z1[j]) is the first (second) half of block
+ * 4k + j, and to_steps' lane 4k + j then reads that block. */
+static inline void blocks16_to_steps(const __m256i nat[16], __m512i st[8])
+{
+    __m512i z0[4], z1[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m512i a = pair512(nat[j], nat[4 + j]), b = pair512(nat[8 + j], nat[12 + j]);
+        z0[j] = _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+        z1[j] = _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    to_steps(z0, st);
+    to_steps(z1, st + 4);
+}
+
+/* Per-block floats (8, natural order) to S4 lanes. */
 static inline __m512 per_lane(__m256 v8)
 {
     return _mm512_permutexvar_ps(_mm512_loadu_si512(lane_block), _mm512_castps256_ps512(v8));
 }
 
+/* One block of 32 floats -> 32 int8 and its scale. Same formula and
+ * rounding as the scalar path (matmul_scalar.c). */
+static inline __m256i q8_block(const float *x, float *d_out)
+{
+    const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m512 vid = _mm512_set1_ps(id);
+    __m512 a0 = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v0, vid), lo), hi);
+    __m512 a1 = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v1, vid), lo), hi);
+    __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(a0));
+    __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(a1));
+    *d_out = d;
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
+}
+
+/* Where the next group of one form of a token goes. */
+struct qcur {
+    uint8_t *q;      /* next step */
+    float *xs, *sxs; /* next group's lanes */
+    int32_t *sx;
+};
+
+static struct qcur qcur_at(uint8_t *form, const struct lay *l)
+{
+    struct qcur c;
+    c.q = form;
+    c.xs = (float *)(form + l->qbytes);
+    c.sxs = c.xs + l->ng * 16;
+    c.sx = (int32_t *)(c.sxs + l->ng * 16);
+    return c;
+}
+
+/* Stores S steps of one group and its per-lane xs, sxs, sx; advances c. */
+static inline void put_group(struct qcur *c, const __m512i *st, int S, __m512 xsv)
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512i s = _mm512_setzero_si512();
+    for (int k = 0; k < S; k++) {
+        _mm512_storeu_si512(c->q + 64 * k, st[k]);
+        s = _mm512_dpbusd_epi32(s, ones, st[k]);
+    }
+    _mm512_storeu_ps(c->xs, xsv);
+    _mm512_storeu_ps(c->sxs, _mm512_mul_ps(xsv, _mm512_cvtepi32_ps(s)));
+    _mm512_storeu_si512(c->sx, s);
+    c->q += 64 * S;
+    c->xs += 16;
+    c->sxs += 16;
+    c->sx += 16;
+}
+
+/* An S4 group of the n <= 8 quantized blocks at nat/d. */
+static void put_s4(struct qcur *c, const __m256i *nat, const float *d, int n)
+{
+    __m256i b8[GROUP_BLOCKS];
+    float d8[GROUP_BLOCKS];
+    for (int b = 0; b < GROUP_BLOCKS; b++) {
+        b8[b] = b < n ? nat[b] : _mm256_setzero_si256();
+        d8[b] = b < n ? d[b] : 0.0f;
+    }
+    __m512i z[4], st[4];
+    for (int m = 0; m < 4; m++) z[m] = pair512(b8[2 * m], b8[2 * m + 1]);
+    to_steps(z, st);
+    put_group(c, st, 4, per_lane(_mm256_loadu_ps(d8)));
+}
+
+/* Both forms are written in one pass over the row: the wide form's S8
+ * groups and the narrow form's S4 groups both start at multiples of 8
+ * blocks, so each run of 16 blocks is quantized once and stored twice. */
 static void quantize(const float *x, int64_t n_in, void *dst)
 {
-    int64_t nb = n_in / 32, ng = n_groups(n_in);
-    uint8_t *q = dst;
-    float *xs = (float *)(q + ng * GROUP_BYTES_Q);
-    float *sxs = xs + ng * 16;
-    int32_t *sx = (int32_t *)(sxs + ng * 16);
-    const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
-    for (int64_t g = 0; g < ng; g++) {
-        __m256i nat[GROUP_BLOCKS];
-        float d8[GROUP_BLOCKS];
-#pragma GCC unroll 8
-        for (int b = 0; b < GROUP_BLOCKS; b++) {
-            int64_t blk = g * GROUP_BLOCKS + b;
-            if (blk >= nb) {
-                nat[b] = _mm256_setzero_si256();
-                d8[b] = 0.0f;
-                continue;
-            }
-            __m512 v0 = _mm512_loadu_ps(x + 32 * blk), v1 = _mm512_loadu_ps(x + 32 * blk + 16);
-            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-            /* Same formula and rounding as the scalar path (matmul_scalar.c). */
-            float d = amax / 127.0f;
-            float id = d != 0.0f ? 1.0f / d : 0.0f;
-            __m512 vid = _mm512_set1_ps(id);
-            __m512 a0 = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v0, vid), lo), hi);
-            __m512 a1 = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v1, vid), lo), hi);
-            __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(a0));
-            __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(a1));
-            nat[b] = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
-            d8[b] = d;
-        }
-        __m512i z[4], st[4];
-#pragma GCC unroll 8
-        for (int m = 0; m < 4; m++) z[m] = pair512(nat[2 * m], nat[2 * m + 1]);
-        to_steps(z, st);
-        __m512i s = _mm512_setzero_si512();
-        const __m512i ones = _mm512_set1_epi8(1);
-#pragma GCC unroll 8
-        for (int k = 0; k < 4; k++) {
-            _mm512_storeu_si512(q + g * GROUP_BYTES_Q + 64 * k, st[k]);
-            s = _mm512_dpbusd_epi32(s, ones, st[k]);
-        }
-        __m512 xsv = per_lane(_mm256_loadu_ps(d8));
-        _mm512_storeu_ps(xs + 16 * g, xsv);
-        _mm512_storeu_ps(sxs + 16 * g, _mm512_mul_ps(xsv, _mm512_cvtepi32_ps(s)));
-        _mm512_storeu_si512(sx + 16 * g, s);
+    int64_t nb = n_in / 32;
+    struct lay wide = lay_of(nb, 1), narrow = lay_of(nb, 0);
+    struct qcur cw = qcur_at(dst, &wide), cn = qcur_at((uint8_t *)dst + wide.tbytes, &narrow);
+    __m256i nat[16];
+    float d[16];
+    int64_t blk = 0;
+    for (int64_t i = 0; i < wide.n8; i++, blk += 16) {
+        for (int b = 0; b < 16; b++) nat[b] = q8_block(x + 32 * (blk + b), &d[b]);
+        __m512i st[8];
+        blocks16_to_steps(nat, st);
+        put_group(&cw, st, 8, _mm512_loadu_ps(d));
+        put_s4(&cn, nat, d, GROUP_BLOCKS);
+        put_s4(&cn, nat + GROUP_BLOCKS, d + GROUP_BLOCKS, GROUP_BLOCKS);
+    }
+    int r = (int)(nb - blk); /* < 16 */
+    for (int b = 0; b < r; b++) nat[b] = q8_block(x + 32 * (blk + b), &d[b]);
+    for (int b = 0; b < r; b += GROUP_BLOCKS) put_s4(&cn, nat + b, d + b, r - b < 8 ? r - b : 8);
+    int b = 0;
+    for (int64_t i = 0; i < wide.n4; i++, b += GROUP_BLOCKS)
+        put_s4(&cw, nat + b, d + b, i == wide.n4 - 1 ? wide.last4 : GROUP_BLOCKS);
+    if (wide.n1) {
+        int two = wide.last1 == 2;
+        __m512i st = pair512(nat[b], two ? nat[b + 1] : _mm256_setzero_si256());
+        __m512 xsv = _mm512_mask_mov_ps(_mm512_set1_ps(d[b]), 0xFF00,
+                                        _mm512_set1_ps(two ? d[b + 1] : 0.0f));
+        put_group(&cw, &st, 1, xsv);
     }
 }
 
@@ -368,11 +496,79 @@ static inline __attribute__((always_inline)) void wgroup_any(enum ggml_type type
     else wgroup(type, src, nblk, st, dw, mw);
 }
 
-/* Blocks of 32 present in group g of a row of nb blocks. */
-static inline int group_blocks(int64_t nb, int64_t g)
+/* S8: sixteen blocks of a wide type at src -> 8 steps and per-lane scales
+ * (lane L = block L). Nibbles are shifted down here (a lane mixes both
+ * halves of its block), so every lane has the type's one bias. */
+static inline __attribute__((always_inline)) void wgroup8(enum ggml_type type, const uint8_t *src,
+                                                          __m512i st[8], __m512 *dw, __m512 *mw)
 {
-    int64_t n = nb - g * GROUP_BLOCKS;
-    return n >= GROUP_BLOCKS ? GROUP_BLOCKS : (int)n;
+    const int bs = type == GGML_TYPE_Q4_0 ? 18 : type == GGML_TYPE_Q4_1 ? 20 : 34;
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(bs));
+    /* d (and m after it) of block L in lane L */
+    const __m512i dm = _mm512_i32gather_epi32(idx, src, 1);
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+    *mw = type == GGML_TYPE_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)))
+                                 : _mm512_setzero_ps();
+    if (type == GGML_TYPE_Q8_0) {
+        __m256i nat[16];
+#pragma GCC unroll 16
+        for (int b = 0; b < 16; b++) nat[b] = _mm256_loadu_si256((const __m256i *)(src + 34 * b + 2));
+        blocks16_to_steps(nat, st);
+        const __m512i flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) st[k] = _mm512_xor_si512(st[k], flip);
+        return;
+    }
+    /* Q4_0 / Q4_1: the 16 bytes of qs of block 4k + j in 128-bit lane k of
+     * z[j]; after the transpose, dword s of a lane holds elements 4s..4s+3
+     * (low nibbles) and 16+4s.. (high nibbles) of its block. */
+    const int qoff = bs - 16;
+    __m512i z[4], t[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(src + bs * j + qoff)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(src + bs * (4 + j) + qoff)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(src + bs * (8 + j) + qoff)), 2);
+        z[j] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(src + bs * (12 + j) + qoff)), 3);
+    }
+    to_steps(z, t);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        st[k] = _mm512_and_si512(t[k], m4);
+        st[4 + k] = _mm512_and_si512(_mm512_srli_epi16(t[k], 4), m4);
+    }
+}
+
+/* S1: one or two blocks of a wide type, in natural order (lane L = dword
+ * L&7 of block L>>3). */
+static inline __attribute__((always_inline)) void wgroup1(enum ggml_type type, const uint8_t *src,
+                                                          int nblk, __m512i *st, __m512 *dw,
+                                                          __m512 *mw)
+{
+    const int bs = type == GGML_TYPE_Q4_0 ? 18 : type == GGML_TYPE_Q4_1 ? 20 : 34;
+    const int two = nblk == 2;
+    const uint8_t *b = src + bs;
+    *dw = _mm512_mask_mov_ps(_mm512_set1_ps(half_at(src)), 0xFF00,
+                             _mm512_set1_ps(two ? half_at(b) : 0.0f));
+    *mw = type == GGML_TYPE_Q4_1 ? _mm512_mask_mov_ps(_mm512_set1_ps(half_at(src + 2)), 0xFF00,
+                                                      _mm512_set1_ps(two ? half_at(b + 2) : 0.0f))
+                                 : _mm512_setzero_ps();
+    if (type == GGML_TYPE_Q8_0) {
+        __m512i v = pair512(_mm256_loadu_si256((const __m256i *)(src + 2)),
+                            two ? _mm256_loadu_si256((const __m256i *)(b + 2)) : _mm256_setzero_si256());
+        *st = _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+        return;
+    }
+    const int qoff = bs - 16;
+    /* 128-bit lanes: a's qs, a's qs, b's qs, b's qs; the odd lanes shifted */
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(src + qoff)));
+    if (two) v = _mm512_mask_broadcast_i32x4(v, 0xFF00, _mm_loadu_si128((const __m128i *)(b + qoff)));
+    v = _mm512_mask_srli_epi16(v, (__mmask32)0xFF00FF00, v, 4);
+    v = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+    if (!two) v = _mm512_maskz_mov_epi64(0x0F, v);
+    *st = v;
 }
 
 static inline const uint8_t *group_src(const uint8_t *row, int k_quant, int bs, int64_t g)
@@ -386,17 +582,37 @@ static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type ty
 {
     struct wtype wt = wtype_of(type);
     int k_quant = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
-    int64_t ng = n_groups(nb * 32);
-    for (int64_t g = 0; g < ng; g++) {
+    const struct lay l = lay_of(nb, type_wide(type));
+    const uint8_t *src = row;
+    for (int64_t g = 0; g < l.n8; g++) {
+        __m512i st[8];
+        __m512 dw, mw;
+        wgroup8(type, src, st, &dw, &mw);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) _mm512_store_si512(out + 64 * k, st[k]);
+        _mm512_store_ps(out + 512, dw);
+        _mm512_store_ps(out + 576, mw);
+        src += 16 * wt.block_bytes;
+        out += 640;
+    }
+    for (int64_t g = 0; g < l.n4; g++) {
         __m512i st[4];
         __m512 dw, mw;
-        wgroup_any(type, group_src(row, k_quant, wt.block_bytes, g), k_quant ? 8 : group_blocks(nb, g),
-                   st, &dw, &mw);
-        uint8_t *o = out + g * WGROUP_BYTES;
-#pragma GCC unroll 8
-        for (int k = 0; k < 4; k++) _mm512_store_si512(o + 64 * k, st[k]);
-        _mm512_store_ps(o + 256, dw);
-        _mm512_store_ps(o + 320, mw);
+        wgroup_any(type, src, k_quant ? 8 : g == l.n4 - 1 ? l.last4 : GROUP_BLOCKS, st, &dw, &mw);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) _mm512_store_si512(out + 64 * k, st[k]);
+        _mm512_store_ps(out + 256, dw);
+        _mm512_store_ps(out + 320, mw);
+        src = group_src(src, k_quant, wt.block_bytes, 1);
+        out += 384;
+    }
+    if (l.n1) {
+        __m512i st;
+        __m512 dw, mw;
+        wgroup1(type, src, l.last1, &st, &dw, &mw);
+        _mm512_store_si512(out, st);
+        _mm512_store_ps(out + 64, dw);
+        _mm512_store_ps(out + 128, mw);
     }
 }
 
@@ -459,67 +675,83 @@ static inline __attribute__((always_inline)) __m512 group_fma(__m512 facc, __m51
 struct qtile {
     const uint8_t *w;   /* first panel row */
     size_t w_stride;    /* bytes per panel row */
-    const uint8_t *x;   /* first token */
+    const uint8_t *x;   /* first token (its form for this type) */
     size_t x_stride;    /* bytes per token */
-    int64_t ng;
-    __m512i kshift;     /* log2 of the per-lane bias (see type_kshift) */
+    const struct lay *l;
+    __m512i kshift4;    /* log2 of the per-lane bias in S4 groups (see type_kshift) */
+    __m512i kshift;     /* the same in S8 and S1 groups (one bias for all lanes) */
     int bias, has_min;
     float *y;           /* y[t * ldy + r] */
     int64_t ldy;
 };
+
+/* One group of S steps (the g-th of the row; steps at qo in the input, the
+ * weight group at wo in a panel row) for R rows x T tokens. */
+static inline __attribute__((always_inline)) void seg_q(const int R, const int T, const int S,
+                                                        const struct qtile *a, int64_t g, size_t qo,
+                                                        size_t wo, __m512i kshift,
+                                                        __m512 facc[TILE_R][TILE_T])
+{
+    const int64_t ng = a->l->ng;
+    const size_t xs_off = a->l->qbytes + 64 * (size_t)g, sxs_off = xs_off + (size_t)ng * 64,
+                 sx_off = sxs_off + (size_t)ng * 64;
+    const uint8_t *wg = a->w + wo;
+    const uint8_t *xg = a->x + qo;
+    __m512i acc[TILE_R][TILE_T];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        __m512i b0 = _mm512_setzero_si512();
+        if (a->bias)
+            b0 = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                  _mm512_sllv_epi32(_mm512_load_si512(a->x + t * a->x_stride + sx_off),
+                                                    kshift));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) acc[r][t] = b0;
+    }
+#pragma GCC unroll 8
+    for (int s = 0; s < S; s++) {
+        __m512i wv[TILE_R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = _mm512_load_si512(wg + r * a->w_stride + 64 * s);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            __m512i xv = _mm512_load_si512(xg + t * a->x_stride + 64 * s);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], wv[r], xv);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const uint8_t *xt = a->x + t * a->x_stride;
+        __m512 xs = _mm512_load_ps(xt + xs_off);
+        __m512 sxs = a->has_min ? _mm512_load_ps(xt + sxs_off) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *wr = wg + r * a->w_stride;
+            facc[r][t] = group_fma(facc[r][t], acc[r][t], _mm512_load_ps(wr + 64 * S), xs,
+                                   a->has_min, _mm512_load_ps(wr + 64 * S + 64), sxs);
+        }
+    }
+}
 
 /* R rows x T tokens of unpacked panel, all groups. Loops over r and t are
  * unrolled at each constant (R, T). */
 static inline __attribute__((always_inline)) void tile_q(const int R, const int T,
                                                          const struct qtile *a)
 {
-    const int64_t ng = a->ng;
-    const size_t xs_off = (size_t)ng * GROUP_BYTES_Q, sxs_off = xs_off + (size_t)ng * 64,
-                 sx_off = sxs_off + (size_t)ng * 64;
+    const struct lay *l = a->l;
     __m512 facc[TILE_R][TILE_T];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) facc[r][t] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *wg = a->w + g * WGROUP_BYTES;
-        const uint8_t *xg = a->x + g * GROUP_BYTES_Q;
-        __m512i acc[TILE_R][TILE_T];
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            __m512i b0 = _mm512_setzero_si512();
-            if (a->bias)
-                b0 = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                      _mm512_sllv_epi32(_mm512_load_si512(a->x + t * a->x_stride + sx_off + 64 * g),
-                                                        a->kshift));
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][t] = b0;
-        }
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; s++) {
-            __m512i wv[TILE_R];
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) wv[r] = _mm512_load_si512(wg + r * a->w_stride + 64 * s);
-#pragma GCC unroll 4
-            for (int t = 0; t < T; t++) {
-                __m512i xv = _mm512_load_si512(xg + t * a->x_stride + 64 * s);
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], wv[r], xv);
-            }
-        }
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            const uint8_t *xt = a->x + t * a->x_stride;
-            __m512 xs = _mm512_load_ps(xt + xs_off + 64 * g);
-            __m512 sxs = a->has_min ? _mm512_load_ps(xt + sxs_off + 64 * g) : _mm512_setzero_ps();
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++) {
-                const uint8_t *wr = wg + r * a->w_stride;
-                facc[r][t] = group_fma(facc[r][t], acc[r][t], _mm512_load_ps(wr + 256), xs,
-                                       a->has_min, _mm512_load_ps(wr + 320), sxs);
-            }
-        }
-    }
+    int64_t g = 0;
+    size_t qo = 0, wo = 0;
+    for (int64_t i = 0; i < l->n8; i++, g++, qo += 512, wo += 640)
+        seg_q(R, T, 8, a, g, qo, wo, a->kshift, facc);
+    for (int64_t i = 0; i < l->n4; i++, g++, qo += 256, wo += 384)
+        seg_q(R, T, 4, a, g, qo, wo, a->kshift4, facc);
+    if (l->n1) seg_q(R, T, 1, a, g, qo, wo, a->kshift, facc);
     if (R == 4) {
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++)
@@ -570,12 +802,28 @@ static void tile_q_rows(int R, const struct qtile *a, int64_t n)
     }
 }
 
+/* The form of the input a type reads, and its offset within a token. */
+static struct lay input_form(enum ggml_type type, int64_t n_in, size_t *off)
+{
+    struct lay wide = lay_of(n_in / 32, 1);
+    *off = type_wide(type) ? 0 : wide.tbytes;
+    return type_wide(type) ? wide : lay_of(n_in / 32, 0);
+}
+
+static inline __m512i uniform_kshift(int bias)
+{
+    return _mm512_set1_epi32(bias > 0 ? __builtin_ctz((unsigned)bias) : 0);
+}
+
 static void rows_panel(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
                        int64_t r1, uint8_t *panel)
 {
     struct wtype wt = wtype_of(w->type);
-    int64_t nb = in->n_in / 32, ng = n_groups(in->n_in);
-    size_t prow = (size_t)ng * WGROUP_BYTES;
+    int64_t nb = in->n_in / 32;
+    size_t xoff;
+    const struct lay l = input_form(w->type, in->n_in, &xoff);
+    const size_t prow = l.wbytes;
+    const uint8_t *xq = in->xq + xoff;
     int64_t tchunk = (int64_t)(TOKEN_BUDGET_BYTES / in->xq_stride) / TILE_T * TILE_T;
     if (tchunk < TILE_T) tchunk = TILE_T;
     for (int64_t c0 = 0; c0 < in->n_tok; c0 += tchunk) {
@@ -589,12 +837,12 @@ static void rows_panel(const struct mm_weight *w, const struct mm_input *in, flo
             for (int64_t i = 0; i < rp; i += TILE_R) {
                 int rr = (int)(rp - i < TILE_R ? rp - i : TILE_R);
                 struct qtile a = {panel + (size_t)i * prow, prow,
-                                  in->xq + (size_t)c0 * in->xq_stride, in->xq_stride, ng,
-                                  type_kshift(w->type, wt.bias), wt.bias, wt.has_min,
-                                  y + c0 * w->n_out + p + i, w->n_out};
+                                  xq + (size_t)c0 * in->xq_stride, in->xq_stride, &l,
+                                  type_kshift(w->type, wt.bias), uniform_kshift(wt.bias), wt.bias,
+                                  wt.has_min, y + c0 * w->n_out + p + i, w->n_out};
                 tile_q_rows(rr, &a, n_whole);
                 if (t_tail < c1) {
-                    a.x = in->xq + (size_t)t_tail * in->xq_stride;
+                    a.x = xq + (size_t)t_tail * in->xq_stride;
                     a.y = y + t_tail * w->n_out + p + i;
                     tile_q_any(rr, (int)(c1 - t_tail), &a);
                 }
@@ -614,6 +862,26 @@ static void rows_panel(const struct mm_weight *w, const struct mm_input *in, flo
 #define PREFETCH_BYTES 8192
 #endif
 
+/* The float step of one group of S steps for T tokens (fused path). */
+static inline __attribute__((always_inline)) void fused_group(const int T, const int S,
+                                                              const __m512i *st, __m512 dw,
+                                                              __m512 mw, int has_min,
+                                                              const uint8_t *x0, size_t x_stride,
+                                                              size_t qo, size_t meta, size_t ng64,
+                                                              const __m512i *start, __m512 *facc)
+{
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const uint8_t *xt = x0 + t * x_stride;
+        __m512i acc = start[t];
+#pragma GCC unroll 8
+        for (int s = 0; s < S; s++)
+            acc = _mm512_dpbusd_epi32(acc, st[s], _mm512_load_si512(xt + qo + 64 * s));
+        __m512 sxs = has_min ? _mm512_load_ps(xt + meta + ng64) : _mm512_setzero_ps();
+        facc[t] = group_fma(facc[t], acc, dw, _mm512_load_ps(xt + meta), has_min, mw, sxs);
+    }
+}
+
 static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_type type, const int T,
                                                                const struct mm_weight *w,
                                                                const struct mm_input *in,
@@ -622,17 +890,22 @@ static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_t
 {
     struct wtype wt = wtype_of(type);
     int k_quant = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
-    int64_t nb = in->n_in / 32, ng = n_groups(in->n_in);
-    const size_t xs_off = (size_t)ng * GROUP_BYTES_Q, sxs_off = xs_off + (size_t)ng * 64,
-                 sx_off = sxs_off + (size_t)ng * 64;
-    const uint8_t *x0 = in->xq + (size_t)t0 * in->xq_stride;
-    /* The integer start values depend on the token only: computed once. */
+    size_t xoff;
+    const struct lay l = input_form(type, in->n_in, &xoff);
+    const int64_t ng = l.ng;
+    const size_t ng64 = (size_t)ng * 64, sx_off = l.qbytes + 2 * ng64;
+    const uint8_t *x0 = in->xq + xoff + (size_t)t0 * in->xq_stride;
+    /* The integer start values depend on the token only: computed once,
+     * start[g * T + t]. */
     __m512i *start = scratch;
-    const __m512i kneg = type_kneg(type, wt.bias);
-    for (int t = 0; t < T; t++)
-        for (int64_t g = 0; g < ng; g++)
-            start[t * ng + g] = wt.bias ? _mm512_mullo_epi32(_mm512_load_si512(x0 + t * in->xq_stride + sx_off + 64 * g), kneg)
-                                        : _mm512_setzero_si512();
+    const __m512i kneg4 = type_kneg(type, wt.bias), kneg = _mm512_set1_epi32(-wt.bias);
+    for (int64_t g = 0; g < ng; g++)
+        for (int t = 0; t < T; t++) {
+            int s4 = g >= l.n8 && g < l.n8 + l.n4;
+            start[g * T + t] = wt.bias ? _mm512_mullo_epi32(_mm512_load_si512(x0 + t * in->xq_stride + sx_off + 64 * g),
+                                                            s4 ? kneg4 : kneg)
+                                       : _mm512_setzero_si512();
+        }
     const uint8_t *end = (const uint8_t *)w->data + (size_t)r1 * w->row_bytes;
     /* The first rows too: the hardware prefetcher needs a while to notice. */
     for (const uint8_t *p = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
@@ -648,23 +921,31 @@ static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_t
         __m512 facc[FUSED_T];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) facc[t] = _mm512_setzero_ps();
-        for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *src = row;
+        int64_t g = 0;
+        size_t qo = 0;
+        for (int64_t i = 0; i < l.n8; i++, g++, qo += 512) {
+            __m512i st[8];
+            __m512 dw, mw;
+            wgroup8(type, src, st, &dw, &mw);
+            fused_group(T, 8, st, dw, mw, wt.has_min, x0, in->xq_stride, qo, l.qbytes + 64 * g,
+                        ng64, start + g * T, facc);
+            src += 16 * wt.block_bytes;
+        }
+        for (int64_t i = 0; i < l.n4; i++, g++, qo += 256) {
             __m512i st[4];
             __m512 dw, mw;
-            wgroup_any(type, group_src(row, k_quant, wt.block_bytes, g),
-                       k_quant ? 8 : group_blocks(nb, g), st, &dw, &mw);
-#pragma GCC unroll 4
-            for (int t = 0; t < T; t++) {
-                const uint8_t *xt = x0 + t * in->xq_stride;
-                __m512i acc = start[t * ng + g];
-#pragma GCC unroll 4
-                for (int s = 0; s < 4; s++)
-                    acc = _mm512_dpbusd_epi32(acc, st[s],
-                                              _mm512_load_si512(xt + g * GROUP_BYTES_Q + 64 * s));
-                __m512 sxs = wt.has_min ? _mm512_load_ps(xt + sxs_off + 64 * g) : _mm512_setzero_ps();
-                facc[t] = group_fma(facc[t], acc, dw, _mm512_load_ps(xt + xs_off + 64 * g),
-                                    wt.has_min, mw, sxs);
-            }
+            wgroup_any(type, src, k_quant ? 8 : i == l.n4 - 1 ? l.last4 : GROUP_BLOCKS, st, &dw, &mw);
+            fused_group(T, 4, st, dw, mw, wt.has_min, x0, in->xq_stride, qo, l.qbytes + 64 * g,
+                        ng64, start + g * T, facc);
+            src = group_src(src, k_quant, wt.block_bytes, 1);
+        }
+        if (l.n1) {
+            __m512i st;
+            __m512 dw, mw;
+            wgroup1(type, src, l.last1, &st, &dw, &mw);
+            fused_group(T, 1, &st, dw, mw, wt.has_min, x0, in->xq_stride, qo, l.qbytes + 64 * g,
+                        ng64, start + g * T, facc);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) y[(t0 + t) * w->n_out + r] = reduce16(facc[t]);
@@ -785,8 +1066,10 @@ static void rows_float(const struct mm_weight *w, const struct mm_input *in, flo
 static size_t scratch_bytes(const struct mm_weight *w, int64_t n_tok)
 {
     if (!mm_type_is_quantized(w->type)) return 0;
-    if (n_tok <= FUSED_T) return (size_t)FUSED_T * (size_t)n_groups(w->n_in) * sizeof(__m512i);
-    return (size_t)PANEL_ROWS * (size_t)n_groups(w->n_in) * WGROUP_BYTES;
+    size_t xoff;
+    const struct lay l = input_form(w->type, w->n_in, &xoff);
+    if (n_tok <= FUSED_T) return (size_t)FUSED_T * (size_t)l.ng * sizeof(__m512i);
+    return (size_t)PANEL_ROWS * l.wbytes;
 }
 
 static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,

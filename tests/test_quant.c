@@ -460,7 +460,7 @@ static void check_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, i
 
 static void test_products(struct tpool *pool)
 {
-    static const int64_t n_in_32[] = {32, 64, 96, 288, 576, 1536, 2048};
+    static const int64_t n_in_32[] = {32, 64, 96, 288, 320, 352, 480, 576, 800, 1536, 2048};
     static const int64_t n_in_256[] = {256, 512, 768, 2048};
     static const int64_t n_in_f[] = {1, 5, 17, 100, 576, 1030};
     static const int64_t outs[] = {1, 7, 33, 67};
