@@ -33,6 +33,7 @@ struct mm_ctx {
     struct mm_input in;
     bool have_input;
     bool have_xq;       /* n_in was a whole number of 32-blocks */
+    unsigned forms_made; /* forms of xq quantized from this input so far */
 
     void **scratch;     /* [nth] per-thread buffers */
     size_t *scratch_cap; /* [nth] bytes */
@@ -153,20 +154,25 @@ static enum kvb_status grow(void **buf, size_t *cap, size_t need)
     return KVB_OK;
 }
 
+/* Copies the input, or quantizes forms of it from the copy: a form is made
+ * when a weight first needs it (make_forms). */
 struct quant_job {
     struct mm_ctx *ctx;
-    const float *x;
+    const float *x;  /* NULL: quantize `forms` from the float copy */
+    unsigned forms;
 };
 
-static void quant_tokens(struct mm_ctx *c, const float *x, int64_t t0, int64_t t1)
+static void quant_tokens(struct mm_ctx *c, const struct quant_job *j, int64_t t0, int64_t t1)
 {
     const struct mm_input *in = &c->in;
     for (int64_t t = t0; t < t1; t++) {
-        const float *src = x + t * in->n_in;
-        float *dst = c->xf + t * in->xf_stride;
-        memcpy(dst, src, (size_t)in->n_in * sizeof(float));
-        memset(dst + in->n_in, 0, (size_t)(in->xf_stride - in->n_in) * sizeof(float));
-        if (c->have_xq) c->k->quantize(src, in->n_in, c->xq + (size_t)t * in->xq_stride);
+        float *xf = c->xf + t * in->xf_stride;
+        if (j->x) {
+            memcpy(xf, j->x + t * in->n_in, (size_t)in->n_in * sizeof(float));
+            memset(xf + in->n_in, 0, (size_t)(in->xf_stride - in->n_in) * sizeof(float));
+        } else {
+            c->k->quantize(xf, in->n_in, j->forms, c->xq + (size_t)t * in->xq_stride);
+        }
     }
 }
 
@@ -175,7 +181,7 @@ static void quant_worker(void *arg, int ith, int nth)
     struct quant_job *j = arg;
     int64_t n = j->ctx->in.n_tok;
     int64_t t0 = n * ith / nth, t1 = n * (ith + 1) / nth;
-    quant_tokens(j->ctx, j->x, t0, t1);
+    quant_tokens(j->ctx, j, t0, t1);
 }
 
 enum kvb_status mm_set_input(struct mm_ctx *ctx, const float *x, int64_t n_in, int64_t n_tok)
@@ -190,14 +196,30 @@ enum kvb_status mm_set_input(struct mm_ctx *ctx, const float *x, int64_t n_in, i
     if (q) KVB_FORWARD_IF_ERROR(grow((void **)&ctx->xq, &ctx->xq_cap, n * xq_stride));
     ctx->in = (struct mm_input){n_in, n_tok, ctx->xf, xf_stride, ctx->xq, xq_stride};
     ctx->have_xq = q;
-    if (n_tok >= PAR_QUANT_MIN_TOK && ctx->nth > 1) {
-        struct quant_job j = {ctx, x};
-        tpool_run(ctx->pool, quant_worker, &j);
-    } else {
-        quant_tokens(ctx, x, 0, n_tok);
-    }
+    ctx->forms_made = 0;
+    /* A plain copy, on this thread: cheaper than a pool run at any size the
+     * forward pass uses. */
+    struct quant_job j = {ctx, x, 0};
+    quant_tokens(ctx, &j, 0, n_tok);
     ctx->have_input = true;
     return KVB_OK;
+}
+
+static unsigned forms_of(const struct mm_ctx *ctx, enum ggml_type type)
+{
+    if (!mm_type_is_quantized(type)) return 0;
+    return ctx->k->forms_of ? ctx->k->forms_of(type) : 1u;
+}
+
+/* Quantizes the forms of the input that `need` names and nobody made yet. */
+static void make_forms(struct mm_ctx *ctx, unsigned need)
+{
+    unsigned missing = need & ~ctx->forms_made;
+    if (!missing || ctx->in.n_tok == 0) return;
+    struct quant_job j = {ctx, NULL, missing};
+    if (ctx->in.n_tok >= PAR_QUANT_MIN_TOK && ctx->nth > 1) tpool_run(ctx->pool, quant_worker, &j);
+    else quant_tokens(ctx, &j, 0, ctx->in.n_tok);
+    ctx->forms_made |= missing;
 }
 
 static enum kvb_status check_weight(const struct mm_ctx *ctx, const struct mm_weight *w)
@@ -239,8 +261,10 @@ enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w,
 {
     if (!ctx || (n > 0 && (!w || !y)) || n < 0) return KVB_ERR_INVALID_ARG;
     size_t need = 0;
+    unsigned forms = 0;
     for (int i = 0; i < n; i++) {
         KVB_FORWARD_IF_ERROR(check_weight(ctx, w[i]));
+        forms |= forms_of(ctx, w[i]->type);
         if (!y[i]) return KVB_ERR_INVALID_ARG;
         size_t s = ctx->k->scratch_bytes(w[i], ctx->in.n_tok);
         if (s > need) need = s;
@@ -248,6 +272,7 @@ enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w,
     if (n == 0 || ctx->in.n_tok == 0) return KVB_OK;
     for (int i = 0; i < ctx->nth; i++)
         KVB_FORWARD_IF_ERROR(grow(&ctx->scratch[i], &ctx->scratch_cap[i], need));
+    make_forms(ctx, forms);
     struct apply_job j = {ctx, w, y, n};
     tpool_run(ctx->pool, apply_worker, &j);
     return KVB_OK;

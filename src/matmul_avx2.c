@@ -64,8 +64,9 @@ static inline __m256i lane_sum_s8(__m256i v)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
 }
 
-static void quantize(const float *x, int64_t n_in, void *dst)
+static void quantize(const float *x, int64_t n_in, unsigned forms, void *dst)
 {
+    (void)forms; /* one form */
     int64_t nb = n_in / 32, ng = n_groups(n_in);
     uint8_t *q = dst;
     float *xs = (float *)(q + ng * GROUP_BYTES_Q);
@@ -690,4 +691,4 @@ static void rows(const struct mm_weight *w, const struct mm_input *in, float *y,
     else rows_panel(w, in, y, r0, r1, scratch);
 }
 
-const struct mm_kernels mm_kernels_avx2 = {"avx2", act_bytes, quantize, scratch_bytes, rows};
+const struct mm_kernels mm_kernels_avx2 = {"avx2", act_bytes, NULL, quantize, scratch_bytes, rows};

@@ -225,12 +225,20 @@ static void put_s4(struct qcur *c, const __m256i *nat, const float *d, int n)
     put_group(c, st, 4, per_lane(_mm256_loadu_ps(d8)));
 }
 
-/* Both forms are written in one pass over the row: the wide form's S8
+/* Input forms: bit 1 the wide one, bit 2 the narrow one. */
+#define FORM_WIDE 1u
+#define FORM_NARROW 2u
+
+static unsigned forms_of(enum ggml_type type) { return type_wide(type) ? FORM_WIDE : FORM_NARROW; }
+
+/* Both forms can be written in one pass over the row: the wide form's S8
  * groups and the narrow form's S4 groups both start at multiples of 8
- * blocks, so each run of 16 blocks is quantized once and stored twice. */
-static void quantize(const float *x, int64_t n_in, void *dst)
+ * blocks, so each run of 16 blocks is quantized once and stored in each
+ * form asked for. */
+static void quantize(const float *x, int64_t n_in, unsigned forms, void *dst)
 {
     int64_t nb = n_in / 32;
+    const int w = (forms & FORM_WIDE) != 0, n = (forms & FORM_NARROW) != 0;
     struct lay wide = lay_of(nb, 1), narrow = lay_of(nb, 0);
     struct qcur cw = qcur_at(dst, &wide), cn = qcur_at((uint8_t *)dst + wide.tbytes, &narrow);
     __m256i nat[16];
@@ -238,15 +246,21 @@ static void quantize(const float *x, int64_t n_in, void *dst)
     int64_t blk = 0;
     for (int64_t i = 0; i < wide.n8; i++, blk += 16) {
         for (int b = 0; b < 16; b++) nat[b] = q8_block(x + 32 * (blk + b), &d[b]);
-        __m512i st[8];
-        blocks16_to_steps(nat, st);
-        put_group(&cw, st, 8, _mm512_loadu_ps(d));
-        put_s4(&cn, nat, d, GROUP_BLOCKS);
-        put_s4(&cn, nat + GROUP_BLOCKS, d + GROUP_BLOCKS, GROUP_BLOCKS);
+        if (w) {
+            __m512i st[8];
+            blocks16_to_steps(nat, st);
+            put_group(&cw, st, 8, _mm512_loadu_ps(d));
+        }
+        if (n) {
+            put_s4(&cn, nat, d, GROUP_BLOCKS);
+            put_s4(&cn, nat + GROUP_BLOCKS, d + GROUP_BLOCKS, GROUP_BLOCKS);
+        }
     }
     int r = (int)(nb - blk); /* < 16 */
     for (int b = 0; b < r; b++) nat[b] = q8_block(x + 32 * (blk + b), &d[b]);
-    for (int b = 0; b < r; b += GROUP_BLOCKS) put_s4(&cn, nat + b, d + b, r - b < 8 ? r - b : 8);
+    if (n)
+        for (int b = 0; b < r; b += GROUP_BLOCKS) put_s4(&cn, nat + b, d + b, r - b < 8 ? r - b : 8);
+    if (!w) return;
     int b = 0;
     for (int64_t i = 0; i < wide.n4; i++, b += GROUP_BLOCKS)
         put_s4(&cw, nat + b, d + b, i == wide.n4 - 1 ? wide.last4 : GROUP_BLOCKS);
@@ -577,12 +591,12 @@ static inline const uint8_t *group_src(const uint8_t *row, int k_quant, int bs, 
 }
 
 static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type type,
-                                                               const uint8_t *row, int64_t nb,
-                                                               uint8_t *out)
+                                                               const uint8_t *row,
+                                                               const struct lay *lp, uint8_t *out)
 {
     struct wtype wt = wtype_of(type);
     int k_quant = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
-    const struct lay l = lay_of(nb, type_wide(type));
+    const struct lay l = *lp;
     const uint8_t *src = row;
     for (int64_t g = 0; g < l.n8; g++) {
         __m512i st[8];
@@ -617,16 +631,16 @@ static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type ty
 }
 
 /* Row unpacking for the panel path, one instance per type. */
-static void unpack_row(enum ggml_type type, const uint8_t *row, int64_t nb, uint8_t *out)
+static void unpack_row(enum ggml_type type, const uint8_t *row, const struct lay *l, uint8_t *out)
 {
     switch (type) {
-    case GGML_TYPE_Q4_0: unpack_row_t(GGML_TYPE_Q4_0, row, nb, out); break;
-    case GGML_TYPE_Q4_1: unpack_row_t(GGML_TYPE_Q4_1, row, nb, out); break;
-    case GGML_TYPE_Q5_0: unpack_row_t(GGML_TYPE_Q5_0, row, nb, out); break;
-    case GGML_TYPE_Q5_1: unpack_row_t(GGML_TYPE_Q5_1, row, nb, out); break;
-    case GGML_TYPE_Q8_0: unpack_row_t(GGML_TYPE_Q8_0, row, nb, out); break;
-    case GGML_TYPE_Q4_K: unpack_row_t(GGML_TYPE_Q4_K, row, nb, out); break;
-    case GGML_TYPE_Q6_K: unpack_row_t(GGML_TYPE_Q6_K, row, nb, out); break;
+    case GGML_TYPE_Q4_0: unpack_row_t(GGML_TYPE_Q4_0, row, l, out); break;
+    case GGML_TYPE_Q4_1: unpack_row_t(GGML_TYPE_Q4_1, row, l, out); break;
+    case GGML_TYPE_Q5_0: unpack_row_t(GGML_TYPE_Q5_0, row, l, out); break;
+    case GGML_TYPE_Q5_1: unpack_row_t(GGML_TYPE_Q5_1, row, l, out); break;
+    case GGML_TYPE_Q8_0: unpack_row_t(GGML_TYPE_Q8_0, row, l, out); break;
+    case GGML_TYPE_Q4_K: unpack_row_t(GGML_TYPE_Q4_K, row, l, out); break;
+    case GGML_TYPE_Q6_K: unpack_row_t(GGML_TYPE_Q6_K, row, l, out); break;
     default: break;
     }
 }
@@ -819,7 +833,6 @@ static void rows_panel(const struct mm_weight *w, const struct mm_input *in, flo
                        int64_t r1, uint8_t *panel)
 {
     struct wtype wt = wtype_of(w->type);
-    int64_t nb = in->n_in / 32;
     size_t xoff;
     const struct lay l = input_form(w->type, in->n_in, &xoff);
     const size_t prow = l.wbytes;
@@ -831,7 +844,7 @@ static void rows_panel(const struct mm_weight *w, const struct mm_input *in, flo
         for (int64_t p = r0; p < r1; p += PANEL_ROWS) {
             int64_t rp = r1 - p < PANEL_ROWS ? r1 - p : PANEL_ROWS;
             for (int64_t i = 0; i < rp; i++)
-                unpack_row(w->type, (const uint8_t *)w->data + (size_t)(p + i) * w->row_bytes, nb,
+                unpack_row(w->type, (const uint8_t *)w->data + (size_t)(p + i) * w->row_bytes, &l,
                            panel + (size_t)i * prow);
             const int64_t n_whole = (c1 - c0) / TILE_T, t_tail = c0 + n_whole * TILE_T;
             for (int64_t i = 0; i < rp; i += TILE_R) {
@@ -1080,4 +1093,4 @@ static void rows(const struct mm_weight *w, const struct mm_input *in, float *y,
     else rows_panel(w, in, y, r0, r1, scratch);
 }
 
-const struct mm_kernels mm_kernels_avx512 = {"avx512", act_bytes, quantize, scratch_bytes, rows};
+const struct mm_kernels mm_kernels_avx512 = {"avx512", act_bytes, forms_of, quantize, scratch_bytes, rows};

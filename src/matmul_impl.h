@@ -28,11 +28,16 @@ struct mm_input {
 struct mm_kernels {
     const char *name;
     /* Bytes of one quantized token of n_in elements (n_in % 32 == 0), a
-     * multiple of 64. */
+     * multiple of 64, holding every form (below). */
     size_t (*act_bytes)(int64_t n_in);
-    /* Quantizes one token (n_in floats, n_in % 32 == 0) into act_bytes(n_in)
-     * bytes at dst (64-byte aligned). */
-    void (*quantize)(const float *x, int64_t n_in, void *dst);
+    /* The forms of the quantized input (a bit mask) that rows() reads for
+     * weights of this type. An implementation may keep several arrangements
+     * of one token (each in its own place within act_bytes); matmul.c makes
+     * only those some weight reads, once per input. NULL: one form, bit 1. */
+    unsigned (*forms_of)(enum ggml_type type);
+    /* Quantizes one token (n_in floats, n_in % 32 == 0) into the `forms` of
+     * its act_bytes(n_in) bytes at dst (64-byte aligned). */
+    void (*quantize)(const float *x, int64_t n_in, unsigned forms, void *dst);
     /* Per-thread scratch `rows` needs for w (may be 0). */
     size_t (*scratch_bytes)(const struct mm_weight *w, int64_t n_tok);
     /* y[t * w->n_out + r] for all tokens t and rows r0 <= r < r1. scratch is

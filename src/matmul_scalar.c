@@ -33,8 +33,9 @@ static int8_t q8_round(float v)
     return (int8_t)nearbyintf(v);
 }
 
-static void quantize(const float *x, int64_t n_in, void *dst)
+static void quantize(const float *x, int64_t n_in, unsigned forms, void *dst)
 {
+    (void)forms; /* one form */
     int64_t nb = n_in / 32;
     int8_t *q = dst;
     float *dxs = (float *)((uint8_t *)dst + off_d(nb));
@@ -223,4 +224,4 @@ static void rows(const struct mm_weight *w, const struct mm_input *in, float *y,
     }
 }
 
-const struct mm_kernels mm_kernels_scalar = {"scalar", act_bytes, quantize, scratch_bytes, rows};
+const struct mm_kernels mm_kernels_scalar = {"scalar", act_bytes, NULL, quantize, scratch_bytes, rows};

@@ -574,6 +574,68 @@ static void test_determinism(struct tpool **pools, int n_pools)
     }
 }
 
+/* One input read by weights of several types: an implementation may keep
+ * several arrangements (forms) of the quantized input and make each the first
+ * time a weight needs it, so every order of use must give each weight the
+ * result it gets alone. n_in 512 suits every quantized type. */
+static void test_mixed_types(struct tpool *pool)
+{
+    static const enum ggml_type types[] = {GGML_TYPE_Q4_1, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
+                                           GGML_TYPE_Q5_0, GGML_TYPE_Q4_K};
+    enum { NT = 5 };
+    const int64_t n_in = 512, n_out = 21, n_tok = 11;
+    float *x = make_input(n_in, n_tok), *x2 = make_input(n_in, n_tok);
+    for (int64_t i = 0; i < n_in * n_tok; i++) x2[i] = -0.5f * x2[i] + 0.25f;
+    uint8_t *w[NT];
+    struct mm_weight mw[NT];
+    float *ref[NT], *y[NT];
+    for (int ii = 0; ii < N_IMPLS; ii++) {
+        if (!mm_impl_available(impls[ii])) continue;
+        struct mm_ctx *ctx = NULL;
+        CHECK(mm_ctx_create(pool, impls[ii], &ctx, NULL) == KVB_OK);
+        for (int i = 0; i < NT; i++) {
+            size_t rb;
+            w[i] = make_weights(types[i], n_in, n_out, &rb);
+            mw[i] = (struct mm_weight){types[i], n_in, n_out, w[i], rb};
+            ref[i] = malloc(sizeof(float) * (size_t)(n_out * n_tok));
+            y[i] = malloc(sizeof(float) * (size_t)(n_out * n_tok));
+            CHECK(mm_matmul(ctx, &mw[i], x, n_tok, ref[i]) == KVB_OK);
+        }
+        /* One weight after another on one input, in two orders. Every form
+         * is first filled from another input, so a form not remade reads
+         * stale values. */
+        for (int order = 0; order < 2; order++) {
+            for (int i = 0; i < NT; i++) CHECK(mm_matmul(ctx, &mw[i], x2, n_tok, y[i]) == KVB_OK);
+            CHECK(mm_set_input(ctx, x, n_in, n_tok) == KVB_OK);
+            for (int k = 0; k < NT; k++) {
+                int i = order ? NT - 1 - k : k;
+                CHECK(mm_apply(ctx, &mw[i], y[i]) == KVB_OK);
+                CHECK_MSG(memcmp(y[i], ref[i], sizeof(float) * (size_t)(n_out * n_tok)) == 0,
+                          "%s %s after other types (order %d) differs from alone",
+                          impl_label(impls[ii]), type_name(types[i]), order);
+            }
+        }
+        /* All at once. */
+        for (int i = 0; i < NT; i++) CHECK(mm_matmul(ctx, &mw[i], x2, n_tok, y[i]) == KVB_OK);
+        const struct mm_weight *ws[NT];
+        for (int i = 0; i < NT; i++) ws[i] = &mw[i];
+        CHECK(mm_set_input(ctx, x, n_in, n_tok) == KVB_OK);
+        CHECK(mm_apply_n(ctx, ws, y, NT) == KVB_OK);
+        for (int i = 0; i < NT; i++)
+            CHECK_MSG(memcmp(y[i], ref[i], sizeof(float) * (size_t)(n_out * n_tok)) == 0,
+                      "%s %s in mm_apply_n with other types differs from alone",
+                      impl_label(impls[ii]), type_name(types[i]));
+        for (int i = 0; i < NT; i++) {
+            free(w[i]);
+            free(ref[i]);
+            free(y[i]);
+        }
+        mm_ctx_free(ctx);
+    }
+    free(x);
+    free(x2);
+}
+
 /* ---- errors ----------------------------------------------------------------------- */
 
 static void test_errors(struct tpool *pool)
@@ -651,6 +713,7 @@ int main(int argc, char **argv)
     test_errors(pools[1]);
     test_products(pools[1]);
     test_determinism(pools, 3);
+    test_mixed_types(pools[1]);
     for (int i = 0; i < 3; i++) tpool_free(pools[i]);
     return tu_finish();
 }
