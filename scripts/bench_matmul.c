@@ -55,7 +55,7 @@ static struct mm_weight make_weight(enum ggml_type type, int64_t n_in, int64_t n
                 memcpy(p + 2, &m, 2);
         }
     }
-    return (struct mm_weight){type, n_in, n_out, w, (size_t)rb};
+    return (struct mm_weight){type, n_in, n_out, w, (size_t)rb, 0};
 }
 
 struct shape {

@@ -19,11 +19,21 @@
 #include "model.h"
 #include "tpool.h"
 
+/* A layer's matrices as the matmul kernels read them: packed copies where
+ * the kernels have a packed form (see mm_pack_weight), else the model's. */
+struct cpu_layer_w {
+    struct mm_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
 struct cpu_be {
     struct backend be;
     const struct model *m;
     struct tpool *pool;
     struct mm_ctx *mm;
+    struct cpu_layer_w *lw; /* (n_layer) */
+    struct mm_weight output;
+    void **packed;         /* (n_packed) owned buffers behind lw and output */
+    int n_packed;
     uint16_t *kv;          /* (n_blocks, block_elems) fp16 */
     int64_t block_elems;   /* n_layer * 2 * block_size * kv_dim */
     int64_t kv_dim;        /* n_head_kv * head_dim */
@@ -33,7 +43,7 @@ struct cpu_be {
 
     /* Per-step scratch, grown to the largest step seen. */
     int64_t cap_tok;
-    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up;
+    float *x, *q, *k, *v, *att, *tmp, *gate, *up;
     int32_t *tok_pos, *tok_seq;
     int32_t *tile_order;   /* step's tokens in attention-tile order */
     struct seq_key *keys;  /* (cap_keys) sort keys of the step's sequences */
@@ -49,11 +59,14 @@ static void cpu_free(struct backend *be)
 {
     struct cpu_be *c = (struct cpu_be *)be;
     if (!c) return;
+    for (int i = 0; i < c->n_packed; i++) kvb_free(c->packed[i]);
+    kvb_free(c->packed);
+    kvb_free(c->lw);
     mm_ctx_free(c->mm);
     tpool_free(c->pool);
     kvb_free(c->kv);
     kvb_free(c->inv_freq);
-    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->att, c->tmp, c->gate, c->up, c->out_rows, c->scores};
+    float *bufs[] = {c->x, c->q, c->k, c->v, c->att, c->tmp, c->gate, c->up, c->out_rows, c->scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvb_free(bufs[i]);
     kvb_free(c->tok_pos);
     kvb_free(c->tok_seq);
@@ -77,7 +90,6 @@ static enum kvb_status ensure_tokens(struct cpu_be *c, int64_t n_tok)
     const struct model_hparams *hp = &c->m->hp;
     const int64_t e = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
     KVB_FORWARD_IF_ERROR(grow(&c->x, n_tok * e));
-    KVB_FORWARD_IF_ERROR(grow(&c->xn, n_tok * e));
     KVB_FORWARD_IF_ERROR(grow(&c->q, n_tok * qd));
     KVB_FORWARD_IF_ERROR(grow(&c->k, n_tok * c->kv_dim));
     KVB_FORWARD_IF_ERROR(grow(&c->v, n_tok * c->kv_dim));
@@ -217,13 +229,103 @@ static void attn_run(struct cpu_be *c, const struct be_batch *batch, int layer, 
 
 /* ---- forward ------------------------------------------------------------------ */
 
+/* ---- per-token work around the matrix products -------------------------------- */
+
+/* Below this many tokens a step's per-token preparation runs on the calling
+ * thread: a pool run costs more than it saves. */
+#define PAR_PREP_MIN_TOK 8
+
+/* The input of Q/K/V or gate/up for token t: first the pending residual
+ * (add: the previous product's rows, or NULL), then RMSNorm. Runs on the
+ * matmul's threads (mm_set_input_fn); token t's residual row is its own. */
+struct norm_in {
+    struct cpu_be *c;
+    const float *norm; /* (e) */
+    const float *add;  /* (n_tok, e) or NULL */
+    int32_t e;
+    float eps;
+};
+
+static void make_norm_row(void *arg, int64_t t, float *dst)
+{
+    const struct norm_in *a = arg;
+    float *xt = a->c->x + t * a->e;
+    if (a->add)
+        for (int32_t i = 0; i < a->e; i++) xt[i] += a->add[t * a->e + i];
+    attn_rmsnorm(dst, xt, a->norm, a->e, a->eps);
+}
+
+/* The input of the down projection for token t: SwiGLU of its gate and up
+ * rows (element by element, so a row alone gives the same bits). */
+struct swiglu_in {
+    struct cpu_be *c;
+    int64_t n_ff;
+};
+
+static void make_swiglu_row(void *arg, int64_t t, float *dst)
+{
+    const struct swiglu_in *a = arg;
+    float *g = a->c->gate + t * a->n_ff;
+    const float *u = a->c->up + t * a->n_ff;
+    if (a->c->simd) attn_swiglu_avx2(g, u, a->n_ff);
+    else attn_swiglu(g, u, a->n_ff);
+    memcpy(dst, g, sizeof(float) * (size_t)a->n_ff);
+}
+
+/* After Q, K and V: biases, Q/K norms, RoPE, and the token's K and V into its
+ * KV slot (before attention, so tokens of one step see each other
+ * causally). Each token's rows and slot are its own: tokens split freely. */
+struct prep_job {
+    struct cpu_be *c;
+    const struct be_batch *batch;
+    const struct model_layer *L;
+    int layer;
+};
+
+static void prep_tokens(const struct prep_job *j, int64_t t0, int64_t t1)
+{
+    struct cpu_be *c = j->c;
+    const struct model_hparams *hp = &c->m->hp;
+    const struct model_layer *L = j->L;
+    const int64_t hd = hp->head_dim, qd = (int64_t)hp->n_head * hd, kvd = c->kv_dim, bs = c->be.block_size;
+    for (int64_t t = t0; t < t1; t++) {
+        float *qt = c->q + t * qd, *kt = c->k + t * kvd, *vt = c->v + t * kvd;
+        if (L->bq) {
+            for (int64_t i = 0; i < qd; i++) qt[i] += L->bq[i];
+            for (int64_t i = 0; i < kvd; i++) kt[i] += L->bk[i];
+            for (int64_t i = 0; i < kvd; i++) vt[i] += L->bv[i];
+        }
+        if (L->q_norm) {
+            for (int32_t h = 0; h < hp->n_head; h++) attn_rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int32_t)hd, hp->rms_eps);
+            for (int32_t h = 0; h < hp->n_head_kv; h++) attn_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int32_t)hd, hp->rms_eps);
+        }
+        attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq);
+        attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq);
+        const struct be_seq *s = &j->batch->seqs[c->tok_seq[t]];
+        const int32_t p = c->tok_pos[t];
+        uint16_t *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_elems;
+        uint16_t *kd = blk + ((int64_t)j->layer * 2 * bs + p % bs) * kvd;
+        uint16_t *vd = blk + (((int64_t)j->layer * 2 + 1) * bs + p % bs) * kvd;
+        kvb_f32_to_fp16_n(kd, kt, kvd);
+        kvb_f32_to_fp16_n(vd, vt, kvd);
+    }
+}
+
+static void prep_worker(void *arg, int ith, int nth)
+{
+    const struct prep_job *j = arg;
+    int64_t n = 0;
+    for (int32_t i = 0; i < j->batch->n_seqs; i++) n += j->batch->seqs[i].n_tokens;
+    prep_tokens(j, n * ith / nth, n * (ith + 1) / nth);
+}
+
 static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *batch, float *logits,
                                    struct kvb_err *err)
 {
     struct cpu_be *c = (struct cpu_be *)be;
     const struct model *m = c->m;
     const struct model_hparams *hp = &m->hp;
-    const int64_t e = hp->n_embd, hd = hp->head_dim, qd = (int64_t)hp->n_head * hd, kvd = c->kv_dim;
+    const int64_t e = hp->n_embd, hd = hp->head_dim;
     const int64_t bs = be->block_size;
     struct be_batch_shape sh;
     KVB_FORWARD_IF_ERROR(be_batch_check(be, hp->n_vocab, batch, &sh, err));
@@ -257,50 +359,38 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
 
     if (plan_tiles(c, batch, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
 
+    struct prep_job prep = {c, batch, NULL, 0};
+    struct norm_in nin = {c, NULL, NULL, (int32_t)e, hp->rms_eps};
+    struct swiglu_in sin = {c, hp->n_ff};
     for (int l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
-        for (t = 0; t < n_tok; t++) attn_rmsnorm(c->xn + t * e, c->x + t * e, L->attn_norm, (int32_t)e, hp->rms_eps);
-        KVB_FORWARD_IF_ERROR(mm_set_input(c->mm, c->xn, e, n_tok));
+        const struct cpu_layer_w *W = &c->lw[l];
+        /* The previous layer's FFN output (in tmp) is added to the residual
+         * as each token's normalised row is made for Q, K and V. */
+        nin.norm = L->attn_norm;
+        nin.add = l > 0 ? c->tmp : NULL;
+        KVB_FORWARD_IF_ERROR(mm_set_input_fn(c->mm, e, n_tok, make_norm_row, &nin));
         /* Q, K and V in one pool run: fewer thread hand-offs per token. */
-        const struct mm_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
+        const struct mm_weight *qkv_w[3] = {&W->wq, &W->wk, &W->wv};
         float *const qkv_y[3] = {c->q, c->k, c->v};
         KVB_FORWARD_IF_ERROR(mm_apply_n(c->mm, qkv_w, qkv_y, 3));
-        for (t = 0; t < n_tok; t++) {
-            float *qt = c->q + t * qd, *kt = c->k + t * kvd, *vt = c->v + t * kvd;
-            if (L->bq) {
-                for (int64_t i = 0; i < qd; i++) qt[i] += L->bq[i];
-                for (int64_t i = 0; i < kvd; i++) kt[i] += L->bk[i];
-                for (int64_t i = 0; i < kvd; i++) vt[i] += L->bv[i];
-            }
-            if (L->q_norm) {
-                for (int32_t h = 0; h < hp->n_head; h++) attn_rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int32_t)hd, hp->rms_eps);
-                for (int32_t h = 0; h < hp->n_head_kv; h++) attn_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int32_t)hd, hp->rms_eps);
-            }
-            attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq);
-            attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq);
-            /* Store this token's K and V in its KV slot before attention, so
-             * tokens of the same step see each other causally. */
-            const struct be_seq *s = &batch->seqs[c->tok_seq[t]];
-            const int32_t p = c->tok_pos[t];
-            uint16_t *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_elems;
-            uint16_t *kd = blk + ((int64_t)l * 2 * bs + p % bs) * kvd, *vd = blk + (((int64_t)l * 2 + 1) * bs + p % bs) * kvd;
-            kvb_f32_to_fp16_n(kd, kt, kvd);
-            kvb_f32_to_fp16_n(vd, vt, kvd);
-        }
+        prep.L = L;
+        prep.layer = l;
+        if (n_tok >= PAR_PREP_MIN_TOK) tpool_run(c->pool, prep_worker, &prep);
+        else prep_tokens(&prep, 0, n_tok);
         attn_run(c, batch, l, n_tok);
-        KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &L->wo, c->att, n_tok, c->tmp));
-        for (int64_t i = 0; i < n_tok * e; i++) c->x[i] += c->tmp[i];
+        KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &W->wo, c->att, n_tok, c->tmp));
 
-        for (t = 0; t < n_tok; t++) attn_rmsnorm(c->xn + t * e, c->x + t * e, L->ffn_norm, (int32_t)e, hp->rms_eps);
-        KVB_FORWARD_IF_ERROR(mm_set_input(c->mm, c->xn, e, n_tok));
-        const struct mm_weight *gu_w[2] = {&L->w_gate, &L->w_up};
+        nin.norm = L->ffn_norm;
+        nin.add = c->tmp;
+        KVB_FORWARD_IF_ERROR(mm_set_input_fn(c->mm, e, n_tok, make_norm_row, &nin));
+        const struct mm_weight *gu_w[2] = {&W->w_gate, &W->w_up};
         float *const gu_y[2] = {c->gate, c->up};
         KVB_FORWARD_IF_ERROR(mm_apply_n(c->mm, gu_w, gu_y, 2));
-        if (c->simd) attn_swiglu_avx2(c->gate, c->up, n_tok * hp->n_ff);
-        else attn_swiglu(c->gate, c->up, n_tok * hp->n_ff);
-        KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &L->w_down, c->gate, n_tok, c->tmp));
-        for (int64_t i = 0; i < n_tok * e; i++) c->x[i] += c->tmp[i];
+        KVB_FORWARD_IF_ERROR(mm_set_input_fn(c->mm, hp->n_ff, n_tok, make_swiglu_row, &sin));
+        KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &W->w_down, c->tmp));
     }
+    for (int64_t i = 0; i < n_tok * e; i++) c->x[i] += c->tmp[i];
 
     /* Final norm and output head, only for the rows whose logits are wanted. */
     int64_t r = 0;
@@ -312,7 +402,7 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
             if (want) attn_rmsnorm(c->out_rows + (r++) * e, c->x + t * e, m->output_norm, (int32_t)e, hp->rms_eps);
         }
     }
-    if (n_out > 0) KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &m->output, c->out_rows, n_out, logits));
+    if (n_out > 0) KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &c->output, c->out_rows, n_out, logits));
     return KVB_OK;
 }
 
@@ -335,6 +425,39 @@ static enum kvb_status cpu_block_write(struct backend *be, int32_t block, const 
     if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
     memcpy(c->kv + (int64_t)block * c->block_elems, src, (size_t)be->block_bytes);
     return KVB_OK;
+}
+
+/* One weight into the form the kernels read; a new buffer is kept. */
+static enum kvb_status pack_one(struct cpu_be *c, const struct mm_weight *w, struct mm_weight *out)
+{
+    void *owned = NULL;
+    KVB_FORWARD_IF_ERROR(mm_pack_weight(c->mm, w, out, &owned));
+    if (owned) c->packed[c->n_packed++] = owned;
+    return KVB_OK;
+}
+
+/* The model's matrices stay as mapped from the GGUF file (the CUDA backend
+ * and the embedding lookup read those); the CPU kernels get packed copies,
+ * made once here (about the size of the model, in a fraction of a second). */
+static enum kvb_status pack_weights(struct cpu_be *c)
+{
+    const struct model *m = c->m;
+    const int n_layer = m->hp.n_layer;
+    c->lw = kvb_calloc((size_t)n_layer, sizeof *c->lw);
+    c->packed = kvb_calloc((size_t)n_layer * 7 + 1, sizeof *c->packed);
+    if (!c->lw || !c->packed) return KVB_ERR_NOMEM;
+    for (int l = 0; l < n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        struct cpu_layer_w *W = &c->lw[l];
+        KVB_FORWARD_IF_ERROR(pack_one(c, &L->wq, &W->wq));
+        KVB_FORWARD_IF_ERROR(pack_one(c, &L->wk, &W->wk));
+        KVB_FORWARD_IF_ERROR(pack_one(c, &L->wv, &W->wv));
+        KVB_FORWARD_IF_ERROR(pack_one(c, &L->wo, &W->wo));
+        KVB_FORWARD_IF_ERROR(pack_one(c, &L->w_gate, &W->w_gate));
+        KVB_FORWARD_IF_ERROR(pack_one(c, &L->w_up, &W->w_up));
+        KVB_FORWARD_IF_ERROR(pack_one(c, &L->w_down, &W->w_down));
+    }
+    return pack_one(c, &m->output, &c->output);
 }
 
 enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *opts, struct backend **out,
@@ -373,6 +496,12 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     }
     c->be.kernels = mm_ctx_impl_name(c->mm);
     c->be.n_threads = tpool_size(c->pool);
+    st = pack_weights(c);
+    if (st != KVB_OK) {
+        cpu_free(&c->be);
+        return kvb_errf(err, st, "cannot rearrange the weights for the %s kernels (out of memory)",
+                        mm_ctx_impl_name(c->mm));
+    }
     size_t kv_bytes = (size_t)c->be.block_bytes * (size_t)opts->n_blocks;
     c->kv = kvb_aligned_alloc(64, kv_bytes);
     c->inv_freq = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));

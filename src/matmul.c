@@ -34,6 +34,10 @@ struct mm_ctx {
     bool have_input;
     bool have_xq;       /* n_in was a whole number of 32-blocks */
     unsigned forms_made; /* forms of xq quantized from this input so far */
+    bool xf_made;        /* xf holds the input's rows */
+    const float *src;    /* mm_set_input's rows, or NULL: made by make() */
+    void (*make)(void *arg, int64_t t, float *dst);
+    void *make_arg;
 
     void **scratch;     /* [nth] per-thread buffers */
     size_t *scratch_cap; /* [nth] bytes */
@@ -154,12 +158,13 @@ static enum kvb_status grow(void **buf, size_t *cap, size_t need)
     return KVB_OK;
 }
 
-/* Copies the input, or quantizes forms of it from the copy: a form is made
- * when a weight first needs it (make_forms). */
+/* Makes the float copy of the input (if not made yet) and quantizes the
+ * forms named, token by token: a form is made when a weight first needs it
+ * (make_forms). */
 struct quant_job {
     struct mm_ctx *ctx;
-    const float *x;  /* NULL: quantize `forms` from the float copy */
-    unsigned forms;
+    bool make_xf;   /* the float copy is still to be made */
+    unsigned forms; /* forms to quantize from it */
 };
 
 static void quant_tokens(struct mm_ctx *c, const struct quant_job *j, int64_t t0, int64_t t1)
@@ -167,12 +172,12 @@ static void quant_tokens(struct mm_ctx *c, const struct quant_job *j, int64_t t0
     const struct mm_input *in = &c->in;
     for (int64_t t = t0; t < t1; t++) {
         float *xf = c->xf + t * in->xf_stride;
-        if (j->x) {
-            memcpy(xf, j->x + t * in->n_in, (size_t)in->n_in * sizeof(float));
+        if (j->make_xf) {
+            if (c->src) memcpy(xf, c->src + t * in->n_in, (size_t)in->n_in * sizeof(float));
+            else c->make(c->make_arg, t, xf);
             memset(xf + in->n_in, 0, (size_t)(in->xf_stride - in->n_in) * sizeof(float));
-        } else {
-            c->k->quantize(xf, in->n_in, j->forms, c->xq + (size_t)t * in->xq_stride);
         }
+        if (j->forms) c->k->quantize(xf, in->n_in, j->forms, c->xq + (size_t)t * in->xq_stride);
     }
 }
 
@@ -184,9 +189,9 @@ static void quant_worker(void *arg, int ith, int nth)
     quant_tokens(j->ctx, j, t0, t1);
 }
 
-enum kvb_status mm_set_input(struct mm_ctx *ctx, const float *x, int64_t n_in, int64_t n_tok)
+/* Sets up the input's buffers; the rows are made later (make_forms). */
+static enum kvb_status input_begin(struct mm_ctx *ctx, int64_t n_in, int64_t n_tok)
 {
-    if (!ctx || (!x && n_tok > 0) || n_in <= 0 || n_tok < 0) return KVB_ERR_INVALID_ARG;
     ctx->have_input = false;
     int64_t xf_stride = (n_in + 15) & ~(int64_t)15;
     bool q = n_in % 32 == 0;
@@ -197,11 +202,32 @@ enum kvb_status mm_set_input(struct mm_ctx *ctx, const float *x, int64_t n_in, i
     ctx->in = (struct mm_input){n_in, n_tok, ctx->xf, xf_stride, ctx->xq, xq_stride};
     ctx->have_xq = q;
     ctx->forms_made = 0;
+    ctx->xf_made = false;
+    ctx->have_input = true;
+    return KVB_OK;
+}
+
+enum kvb_status mm_set_input(struct mm_ctx *ctx, const float *x, int64_t n_in, int64_t n_tok)
+{
+    if (!ctx || (!x && n_tok > 0) || n_in <= 0 || n_tok < 0) return KVB_ERR_INVALID_ARG;
+    KVB_FORWARD_IF_ERROR(input_begin(ctx, n_in, n_tok));
     /* A plain copy, on this thread: cheaper than a pool run at any size the
      * forward pass uses. */
-    struct quant_job j = {ctx, x, 0};
+    ctx->src = x;
+    struct quant_job j = {ctx, true, 0};
     quant_tokens(ctx, &j, 0, n_tok);
-    ctx->have_input = true;
+    ctx->xf_made = true;
+    return KVB_OK;
+}
+
+enum kvb_status mm_set_input_fn(struct mm_ctx *ctx, int64_t n_in, int64_t n_tok,
+                                void (*make)(void *arg, int64_t t, float *dst), void *arg)
+{
+    if (!ctx || !make || n_in <= 0 || n_tok < 0) return KVB_ERR_INVALID_ARG;
+    KVB_FORWARD_IF_ERROR(input_begin(ctx, n_in, n_tok));
+    ctx->src = NULL;
+    ctx->make = make;
+    ctx->make_arg = arg;
     return KVB_OK;
 }
 
@@ -211,14 +237,19 @@ static unsigned forms_of(const struct mm_ctx *ctx, enum ggml_type type)
     return ctx->k->forms_of ? ctx->k->forms_of(type) : 1u;
 }
 
-/* Quantizes the forms of the input that `need` names and nobody made yet. */
+/* Makes the float rows if they are still to be made and quantizes the forms
+ * that `need` names and nobody made yet, in one pass over the tokens. */
 static void make_forms(struct mm_ctx *ctx, unsigned need)
 {
     unsigned missing = need & ~ctx->forms_made;
-    if (!missing || ctx->in.n_tok == 0) return;
-    struct quant_job j = {ctx, NULL, missing};
+    if ((!missing && ctx->xf_made) || ctx->in.n_tok == 0) {
+        ctx->xf_made = true;
+        return;
+    }
+    struct quant_job j = {ctx, !ctx->xf_made, missing};
     if (ctx->in.n_tok >= PAR_QUANT_MIN_TOK && ctx->nth > 1) tpool_run(ctx->pool, quant_worker, &j);
     else quant_tokens(ctx, &j, 0, ctx->in.n_tok);
+    ctx->xf_made = true;
     ctx->forms_made |= missing;
 }
 
@@ -231,6 +262,7 @@ static enum kvb_status check_weight(const struct mm_ctx *ctx, const struct mm_we
     if (!ggml_type_row_bytes((uint32_t)w->type, (uint64_t)w->n_in, &rb) || w->row_bytes < rb)
         return KVB_ERR_INVALID_ARG;
     if (mm_type_is_quantized(w->type) && !ctx->have_xq) return KVB_ERR_INVALID_ARG;
+    if (w->packed && w->packed != ctx->k->pack_tag) return KVB_ERR_INVALID_ARG;
     return KVB_OK;
 }
 
@@ -289,4 +321,39 @@ enum kvb_status mm_matmul(struct mm_ctx *ctx, const struct mm_weight *w, const f
     if (!w) return KVB_ERR_INVALID_ARG;
     KVB_FORWARD_IF_ERROR(mm_set_input(ctx, x, w->n_in, n_tok));
     return mm_apply(ctx, w, y);
+}
+
+struct pack_job {
+    const struct mm_kernels *k;
+    const struct mm_weight *w;
+    uint8_t *dst;
+};
+
+static void pack_worker(void *arg, int ith, int nth)
+{
+    struct pack_job *j = arg;
+    int64_t r0 = j->w->n_out * ith / nth, r1 = j->w->n_out * (ith + 1) / nth;
+    if (r0 < r1) j->k->pack_rows(j->w, r0, r1, j->dst + (size_t)r0 * j->w->row_bytes);
+}
+
+enum kvb_status mm_pack_weight(struct mm_ctx *ctx, const struct mm_weight *w, struct mm_weight *out,
+                               void **owned)
+{
+    if (!ctx || !w || !out || !owned || !w->data || w->n_out <= 0 || w->n_in <= 0)
+        return KVB_ERR_INVALID_ARG;
+    *owned = NULL;
+    *out = *w;
+    if (w->packed) return w->packed == ctx->k->pack_tag ? KVB_OK : KVB_ERR_INVALID_ARG;
+    if (!ctx->k->packs || !ctx->k->packs(w->type) || w->n_in % 32 != 0) return KVB_OK;
+    uint64_t rb;
+    if (!ggml_type_row_bytes((uint32_t)w->type, (uint64_t)w->n_in, &rb) || w->row_bytes != rb)
+        return KVB_ERR_INVALID_ARG;
+    uint8_t *buf = kvb_aligned_alloc(64, (w->row_bytes * (size_t)w->n_out + 63) & ~(size_t)63);
+    if (!buf) return KVB_ERR_NOMEM;
+    struct pack_job j = {ctx->k, w, buf};
+    tpool_run(ctx->pool, pack_worker, &j);
+    out->data = buf;
+    out->packed = ctx->k->pack_tag;
+    *owned = buf;
+    return KVB_OK;
 }

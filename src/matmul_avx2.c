@@ -691,4 +691,4 @@ static void rows(const struct mm_weight *w, const struct mm_input *in, float *y,
     else rows_panel(w, in, y, r0, r1, scratch);
 }
 
-const struct mm_kernels mm_kernels_avx2 = {"avx2", act_bytes, NULL, quantize, scratch_bytes, rows};
+const struct mm_kernels mm_kernels_avx2 = {"avx2", act_bytes, NULL, quantize, scratch_bytes, rows, 0, NULL, NULL};

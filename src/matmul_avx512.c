@@ -510,35 +510,13 @@ static inline __attribute__((always_inline)) void wgroup_any(enum ggml_type type
     else wgroup(type, src, nblk, st, dw, mw);
 }
 
-/* S8: sixteen blocks of a wide type at src -> 8 steps and per-lane scales
- * (lane L = block L). Nibbles are shifted down here (a lane mixes both
- * halves of its block), so every lane has the type's one bias. */
-static inline __attribute__((always_inline)) void wgroup8(enum ggml_type type, const uint8_t *src,
-                                                          __m512i st[8], __m512 *dw, __m512 *mw)
+/* Q4_0 / Q4_1, sixteen blocks at src: their qs transposed so that lane L
+ * holds block L and dword s of t[s] holds qs bytes 4s..4s+3 (low nibbles:
+ * elements 4s..4s+3, high: 16+4s..). 128-bit lane k of z[j] is block 4k+j. */
+static inline __attribute__((always_inline)) void q4_transposed(const uint8_t *src, int bs, __m512i t[4])
 {
-    const int bs = type == GGML_TYPE_Q4_0 ? 18 : type == GGML_TYPE_Q4_1 ? 20 : 34;
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(bs));
-    /* d (and m after it) of block L in lane L */
-    const __m512i dm = _mm512_i32gather_epi32(idx, src, 1);
-    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
-    *mw = type == GGML_TYPE_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)))
-                                 : _mm512_setzero_ps();
-    if (type == GGML_TYPE_Q8_0) {
-        __m256i nat[16];
-#pragma GCC unroll 16
-        for (int b = 0; b < 16; b++) nat[b] = _mm256_loadu_si256((const __m256i *)(src + 34 * b + 2));
-        blocks16_to_steps(nat, st);
-        const __m512i flip = _mm512_set1_epi8((char)0x80);
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) st[k] = _mm512_xor_si512(st[k], flip);
-        return;
-    }
-    /* Q4_0 / Q4_1: the 16 bytes of qs of block 4k + j in 128-bit lane k of
-     * z[j]; after the transpose, dword s of a lane holds elements 4s..4s+3
-     * (low nibbles) and 16+4s.. (high nibbles) of its block. */
     const int qoff = bs - 16;
-    __m512i z[4], t[4];
+    __m512i z[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(src + bs * j + qoff)));
@@ -547,6 +525,22 @@ static inline __attribute__((always_inline)) void wgroup8(enum ggml_type type, c
         z[j] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(src + bs * (12 + j) + qoff)), 3);
     }
     to_steps(z, t);
+}
+
+/* Q8_0, sixteen blocks at src: 8 steps, lane L = block L, flipped to u8. */
+static inline __attribute__((always_inline)) void q8_steps(const uint8_t *src, __m512i st[8])
+{
+    __m256i nat[16];
+#pragma GCC unroll 16
+    for (int b = 0; b < 16; b++) nat[b] = _mm256_loadu_si256((const __m256i *)(src + 34 * b + 2));
+    blocks16_to_steps(nat, st);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) st[k] = _mm512_xor_si512(st[k], flip);
+}
+
+static inline __attribute__((always_inline)) void split_nibbles(const __m512i t[4], __m512i st[8])
+{
     const __m512i m4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
@@ -555,13 +549,109 @@ static inline __attribute__((always_inline)) void wgroup8(enum ggml_type type, c
     }
 }
 
+static inline int wide_bs(enum ggml_type type)
+{
+    return type == GGML_TYPE_Q4_0 ? 18 : type == GGML_TYPE_Q4_1 ? 20 : 34;
+}
+
+/* S8: sixteen blocks of a wide type at src -> 8 steps and per-lane scales
+ * (lane L = block L). Nibbles are shifted down here (a lane mixes both
+ * halves of its block), so every lane has the type's one bias. */
+static inline __attribute__((always_inline)) void wgroup8(enum ggml_type type, const uint8_t *src,
+                                                          __m512i st[8], __m512 *dw, __m512 *mw)
+{
+    const int bs = wide_bs(type);
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(bs));
+    /* d (and m after it) of block L in lane L */
+    const __m512i dm = _mm512_i32gather_epi32(idx, src, 1);
+    *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+    *mw = type == GGML_TYPE_Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)))
+                                 : _mm512_setzero_ps();
+    if (type == GGML_TYPE_Q8_0) {
+        q8_steps(src, st);
+        return;
+    }
+    __m512i t[4];
+    q4_transposed(src, bs, t);
+    split_nibbles(t, st);
+}
+
+/* ---- packed rows: the S8 groups of a wide type rearranged once, in the
+ * same bytes: Q4_0 / Q4_1 as q4_transposed's t[4] (256 bytes), then d[16]
+ * and (Q4_1) m[16] as f16 in lane order; Q8_0 as q8_steps' 8 steps (512
+ * bytes), then d[16]. S4 and S1 groups are left as stored. Unpacking a
+ * packed group is then masks and shifts, no shuffles. */
+
+#define PACK_TAG 0x512u
+
+static int packs(enum ggml_type type) { return type_wide(type); }
+
+static inline __attribute__((always_inline)) void wgroup8_packed(enum ggml_type type, const uint8_t *src,
+                                                                 __m512i st[8], __m512 *dw, __m512 *mw)
+{
+    if (type == GGML_TYPE_Q8_0) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) st[k] = _mm512_loadu_si512(src + 64 * k);
+        *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 512)));
+        *mw = _mm512_setzero_ps();
+        return;
+    }
+    __m512i t[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) t[k] = _mm512_loadu_si512(src + 64 * k);
+    split_nibbles(t, st);
+    *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 256)));
+    *mw = type == GGML_TYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 288)))
+                                 : _mm512_setzero_ps();
+}
+
+static void pack_rows(const struct mm_weight *w, int64_t r0, int64_t r1, uint8_t *dst)
+{
+    const int bs = wide_bs(w->type);
+    const int64_t n8 = lay_of(w->n_in / 32, 1).n8;
+    for (int64_t r = r0; r < r1; r++, dst += w->row_bytes) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        memcpy(dst, row, w->row_bytes); /* S4 and S1 groups stay as stored */
+        for (int64_t g = 0; g < n8; g++) {
+            const uint8_t *src = row + (size_t)(16 * bs) * (size_t)g;
+            uint8_t *o = dst + (size_t)(16 * bs) * (size_t)g;
+            size_t scale_off;
+            if (w->type == GGML_TYPE_Q8_0) {
+                __m512i st[8];
+                q8_steps(src, st);
+                for (int k = 0; k < 8; k++) _mm512_storeu_si512(o + 64 * k, st[k]);
+                scale_off = 512;
+            } else {
+                __m512i t[4];
+                q4_transposed(src, bs, t);
+                for (int k = 0; k < 4; k++) _mm512_storeu_si512(o + 64 * k, t[k]);
+                scale_off = 256;
+            }
+            for (int b = 0; b < 16; b++) {
+                memcpy(o + scale_off + 2 * b, src + bs * b, 2); /* d */
+                if (w->type == GGML_TYPE_Q4_1) memcpy(o + scale_off + 32 + 2 * b, src + bs * b + 2, 2); /* m */
+            }
+        }
+    }
+}
+
+/* An S8 group, from packed or stored bytes. */
+static inline __attribute__((always_inline)) void wgroup8_any(enum ggml_type type, int packed,
+                                                              const uint8_t *src, __m512i st[8],
+                                                              __m512 *dw, __m512 *mw)
+{
+    if (packed) wgroup8_packed(type, src, st, dw, mw);
+    else wgroup8(type, src, st, dw, mw);
+}
+
 /* S1: one or two blocks of a wide type, in natural order (lane L = dword
  * L&7 of block L>>3). */
 static inline __attribute__((always_inline)) void wgroup1(enum ggml_type type, const uint8_t *src,
                                                           int nblk, __m512i *st, __m512 *dw,
                                                           __m512 *mw)
 {
-    const int bs = type == GGML_TYPE_Q4_0 ? 18 : type == GGML_TYPE_Q4_1 ? 20 : 34;
+    const int bs = wide_bs(type);
     const int two = nblk == 2;
     const uint8_t *b = src + bs;
     *dw = _mm512_mask_mov_ps(_mm512_set1_ps(half_at(src)), 0xFF00,
@@ -590,7 +680,7 @@ static inline const uint8_t *group_src(const uint8_t *row, int k_quant, int bs, 
     return row + (size_t)g * (size_t)(k_quant ? bs : GROUP_BLOCKS * bs);
 }
 
-static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type type,
+static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type type, int packed,
                                                                const uint8_t *row,
                                                                const struct lay *lp, uint8_t *out)
 {
@@ -601,7 +691,7 @@ static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type ty
     for (int64_t g = 0; g < l.n8; g++) {
         __m512i st[8];
         __m512 dw, mw;
-        wgroup8(type, src, st, &dw, &mw);
+        wgroup8_any(type, packed, src, st, &dw, &mw);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) _mm512_store_si512(out + 64 * k, st[k]);
         _mm512_store_ps(out + 512, dw);
@@ -631,16 +721,17 @@ static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type ty
 }
 
 /* Row unpacking for the panel path, one instance per type. */
-static void unpack_row(enum ggml_type type, const uint8_t *row, const struct lay *l, uint8_t *out)
+static void unpack_row(enum ggml_type type, int packed, const uint8_t *row, const struct lay *l,
+                       uint8_t *out)
 {
     switch (type) {
-    case GGML_TYPE_Q4_0: unpack_row_t(GGML_TYPE_Q4_0, row, l, out); break;
-    case GGML_TYPE_Q4_1: unpack_row_t(GGML_TYPE_Q4_1, row, l, out); break;
-    case GGML_TYPE_Q5_0: unpack_row_t(GGML_TYPE_Q5_0, row, l, out); break;
-    case GGML_TYPE_Q5_1: unpack_row_t(GGML_TYPE_Q5_1, row, l, out); break;
-    case GGML_TYPE_Q8_0: unpack_row_t(GGML_TYPE_Q8_0, row, l, out); break;
-    case GGML_TYPE_Q4_K: unpack_row_t(GGML_TYPE_Q4_K, row, l, out); break;
-    case GGML_TYPE_Q6_K: unpack_row_t(GGML_TYPE_Q6_K, row, l, out); break;
+    case GGML_TYPE_Q4_0: unpack_row_t(GGML_TYPE_Q4_0, packed, row, l, out); break;
+    case GGML_TYPE_Q4_1: unpack_row_t(GGML_TYPE_Q4_1, packed, row, l, out); break;
+    case GGML_TYPE_Q5_0: unpack_row_t(GGML_TYPE_Q5_0, packed, row, l, out); break;
+    case GGML_TYPE_Q5_1: unpack_row_t(GGML_TYPE_Q5_1, packed, row, l, out); break;
+    case GGML_TYPE_Q8_0: unpack_row_t(GGML_TYPE_Q8_0, packed, row, l, out); break;
+    case GGML_TYPE_Q4_K: unpack_row_t(GGML_TYPE_Q4_K, packed, row, l, out); break;
+    case GGML_TYPE_Q6_K: unpack_row_t(GGML_TYPE_Q6_K, packed, row, l, out); break;
     default: break;
     }
 }
@@ -844,7 +935,7 @@ static void rows_panel(const struct mm_weight *w, const struct mm_input *in, flo
         for (int64_t p = r0; p < r1; p += PANEL_ROWS) {
             int64_t rp = r1 - p < PANEL_ROWS ? r1 - p : PANEL_ROWS;
             for (int64_t i = 0; i < rp; i++)
-                unpack_row(w->type, (const uint8_t *)w->data + (size_t)(p + i) * w->row_bytes, &l,
+                unpack_row(w->type, w->packed != 0, (const uint8_t *)w->data + (size_t)(p + i) * w->row_bytes, &l,
                            panel + (size_t)i * prow);
             const int64_t n_whole = (c1 - c0) / TILE_T, t_tail = c0 + n_whole * TILE_T;
             for (int64_t i = 0; i < rp; i += TILE_R) {
@@ -940,7 +1031,7 @@ static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_t
         for (int64_t i = 0; i < l.n8; i++, g++, qo += 512) {
             __m512i st[8];
             __m512 dw, mw;
-            wgroup8(type, src, st, &dw, &mw);
+            wgroup8_any(type, w->packed != 0, src, st, &dw, &mw);
             fused_group(T, 8, st, dw, mw, wt.has_min, x0, in->xq_stride, qo, l.qbytes + 64 * g,
                         ng64, start + g * T, facc);
             src += 16 * wt.block_bytes;
@@ -1093,4 +1184,4 @@ static void rows(const struct mm_weight *w, const struct mm_input *in, float *y,
     else rows_panel(w, in, y, r0, r1, scratch);
 }
 
-const struct mm_kernels mm_kernels_avx512 = {"avx512", act_bytes, forms_of, quantize, scratch_bytes, rows};
+const struct mm_kernels mm_kernels_avx512 = {"avx512", act_bytes, forms_of, quantize, scratch_bytes, rows, PACK_TAG, packs, pack_rows};

@@ -44,6 +44,14 @@ struct mm_kernels {
      * 64-byte aligned and scratch_bytes(w, n_tok) long. */
     void (*rows)(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
                  int64_t r1, void *scratch);
+    /* Optional (NULL: no packed forms). pack_tag is the nonzero value
+     * mm_weight.packed takes for this implementation's packed rows;
+     * packs(type) says whether it has a packed form of that type; pack_rows
+     * writes rows [r0, r1) of w, packed, to dst (row_bytes each, same size
+     * as stored). rows() then reads them with the same arithmetic. */
+    uint32_t pack_tag;
+    int (*packs)(enum ggml_type type);
+    void (*pack_rows)(const struct mm_weight *w, int64_t r0, int64_t r1, uint8_t *dst);
 };
 
 extern const struct mm_kernels mm_kernels_scalar;

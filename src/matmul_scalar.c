@@ -224,4 +224,4 @@ static void rows(const struct mm_weight *w, const struct mm_input *in, float *y,
     }
 }
 
-const struct mm_kernels mm_kernels_scalar = {"scalar", act_bytes, NULL, quantize, scratch_bytes, rows};
+const struct mm_kernels mm_kernels_scalar = {"scalar", act_bytes, NULL, quantize, scratch_bytes, rows, 0, NULL, NULL};

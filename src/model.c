@@ -89,6 +89,7 @@ static enum kvb_status bind_matrix(struct model *m, const char *name, int64_t n_
     w->n_out = n_out;
     w->data = t->data;
     w->row_bytes = (size_t)rb;
+    w->packed = 0;
     m->weight_bytes += t->n_bytes;
     return KVB_OK;
 }

@@ -42,6 +42,9 @@ struct mm_weight {
     int64_t n_out;     /* rows (ne[1] in GGUF) */
     const void *data;  /* n_out rows of row_bytes each */
     size_t row_bytes;
+    /* 0: rows as stored in GGUF. Otherwise the rows were rearranged by
+     * mm_pack_weight() for one implementation, which alone may read them. */
+    uint32_t packed;
 };
 
 enum mm_impl {
@@ -66,6 +69,16 @@ const char *mm_ctx_impl_name(const struct mm_ctx *ctx);
 enum kvb_status mm_set_input(struct mm_ctx *ctx, const float *x, int64_t n_in, int64_t n_tok);
 enum kvb_status mm_apply(struct mm_ctx *ctx, const struct mm_weight *w, float *y);
 
+/* mm_set_input() for an input whose rows are computed: make(arg, t, dst)
+ * writes token t's n_in floats to dst. It runs once per token, on the
+ * pool's threads (tokens split between them), when the first mm_apply*()
+ * after this call needs the input, so the work that produces a matmul's input
+ * (a norm, an activation, a residual add) runs in parallel with no pool run
+ * of its own. make may also update state that belongs to token t alone. It
+ * is never called when no mm_apply*() follows. */
+enum kvb_status mm_set_input_fn(struct mm_ctx *ctx, int64_t n_in, int64_t n_tok,
+                                void (*make)(void *arg, int64_t t, float *dst), void *arg);
+
 /* Both steps at once. */
 enum kvb_status mm_matmul(struct mm_ctx *ctx, const struct mm_weight *w, const float *x,
                           int64_t n_tok, float *y);
@@ -75,6 +88,16 @@ enum kvb_status mm_matmul(struct mm_ctx *ctx, const struct mm_weight *w, const f
  * of w[i]->n_out floats. Results are bit-identical to n mm_apply() calls. */
 enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w, float *const *y,
                            int n);
+
+/* Rearranges w's rows into the form ctx's implementation reads fastest
+ * (same size, same results bit for bit: only the per-step unpacking gets
+ * cheaper). On success *out describes the packed copy and *owned is its
+ * buffer, which the caller frees with kvb_free() after the last use of *out;
+ * where the implementation has no packed form for w's type, *out = *w and
+ * *owned = NULL. A packed weight is refused (KVB_ERR_INVALID_ARG) by any
+ * other implementation. Errors: KVB_ERR_INVALID_ARG, KVB_ERR_NOMEM. */
+enum kvb_status mm_pack_weight(struct mm_ctx *ctx, const struct mm_weight *w, struct mm_weight *out,
+                               void **owned);
 
 /* Whether this CPU can run `impl` (AUTO and SCALAR: always). */
 bool mm_impl_available(enum mm_impl impl);

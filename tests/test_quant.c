@@ -408,7 +408,7 @@ static void check_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, i
     float *x = make_input(n_in, n_tok);
     struct refs r;
     make_refs(type, w, rb, x, n_in, n_out, n_tok, &r);
-    struct mm_weight mw = {type, n_in, n_out, w, rb};
+    struct mm_weight mw = {type, n_in, n_out, w, rb, 0};
     size_t ny = (size_t)(n_out * n_tok);
     float *y = malloc(sizeof(float) * ny);
     float *y_scalar = malloc(sizeof(float) * ny);
@@ -495,7 +495,7 @@ static void test_determinism_type(struct tpool **pools, int n_pools, enum mm_imp
     size_t rb;
     uint8_t *w = make_weights(type, n_in, n_out, &rb);
     float *x = make_input(n_in, n_tok);
-    struct mm_weight mw = {type, n_in, n_out, w, rb};
+    struct mm_weight mw = {type, n_in, n_out, w, rb, 0};
     size_t ny = (size_t)(n_out * n_tok);
     float *ref = malloc(sizeof(float) * ny);
     float *y = malloc(sizeof(float) * ny);
@@ -531,6 +531,32 @@ static void test_determinism_type(struct tpool **pools, int n_pools, enum mm_imp
                       (long long)l);
             break;
         }
+    }
+    /* The weight packed for this implementation: bit for bit the same, for
+     * the batch and for each token alone (both kernel paths); refused by
+     * another implementation. */
+    struct mm_weight pw;
+    void *owned = NULL;
+    CHECK(mm_pack_weight(ctx, &mw, &pw, &owned) == KVB_OK);
+    if (owned) {
+        CHECK(pw.packed != 0 && pw.data == owned && pw.row_bytes == mw.row_bytes);
+        CHECK(mm_matmul(ctx, &pw, x, n_tok, y) == KVB_OK);
+        CHECK_MSG(memcmp(y, ref, sizeof(float) * ny) == 0, "%s %s: packed weight differs (batch)", il, tn);
+        for (int64_t t = 0; t < n_tok; t++) {
+            CHECK(mm_matmul(ctx, &pw, x + t * n_in, 1, y) == KVB_OK);
+            if (memcmp(y, ref + t * n_out, sizeof(float) * (size_t)n_out) != 0) {
+                CHECK_MSG(0, "%s %s: packed weight, token %lld alone differs", il, tn, (long long)t);
+                break;
+            }
+        }
+        struct mm_ctx *other = NULL;
+        CHECK(mm_ctx_create(pools[0], MM_IMPL_SCALAR, &other, NULL) == KVB_OK);
+        CHECK(mm_matmul(other, &pw, x, n_tok, y) == KVB_ERR_INVALID_ARG);
+        struct mm_weight pw2;
+        void *owned2 = (void *)1;
+        CHECK(mm_pack_weight(other, &pw, &pw2, &owned2) == KVB_ERR_INVALID_ARG && owned2 == NULL);
+        mm_ctx_free(other);
+        kvb_free(owned);
     }
     /* mm_apply_n with the same weight three times (different thread grains). */
     float *ys[3] = {y, malloc(sizeof(float) * ny), malloc(sizeof(float) * ny)};
@@ -596,7 +622,7 @@ static void test_mixed_types(struct tpool *pool)
         for (int i = 0; i < NT; i++) {
             size_t rb;
             w[i] = make_weights(types[i], n_in, n_out, &rb);
-            mw[i] = (struct mm_weight){types[i], n_in, n_out, w[i], rb};
+            mw[i] = (struct mm_weight){types[i], n_in, n_out, w[i], rb, 0};
             ref[i] = malloc(sizeof(float) * (size_t)(n_out * n_tok));
             y[i] = malloc(sizeof(float) * (size_t)(n_out * n_tok));
             CHECK(mm_matmul(ctx, &mw[i], x, n_tok, ref[i]) == KVB_OK);
@@ -636,6 +662,59 @@ static void test_mixed_types(struct tpool *pool)
     free(x2);
 }
 
+/* mm_set_input_fn: rows made by a callback on the pool's threads, once per
+ * token, only when a product needs them; results as with mm_set_input. */
+struct fn_rows {
+    const float *x;
+    int64_t n_in;
+    int *calls; /* per token */
+};
+
+static void fn_make(void *arg, int64_t t, float *dst)
+{
+    struct fn_rows *a = arg;
+    a->calls[t]++;
+    memcpy(dst, a->x + t * a->n_in, sizeof(float) * (size_t)a->n_in);
+}
+
+static void test_input_fn(struct tpool *pool)
+{
+    const int64_t n_in = 576, n_out = 40, n_tok = 23;
+    float *x = make_input(n_in, n_tok);
+    size_t rb;
+    uint8_t *w = make_weights(GGML_TYPE_Q4_1, n_in, n_out, &rb);
+    struct mm_weight mw = {GGML_TYPE_Q4_1, n_in, n_out, w, rb, 0};
+    float *ref = malloc(sizeof(float) * (size_t)(n_out * n_tok)), *y = malloc(sizeof(float) * (size_t)(n_out * n_tok));
+    int calls[23];
+    struct fn_rows rows = {x, n_in, calls};
+    for (int ii = 0; ii < N_IMPLS; ii++) {
+        if (!mm_impl_available(impls[ii])) continue;
+        struct mm_ctx *ctx = NULL;
+        CHECK(mm_ctx_create(pool, impls[ii], &ctx, NULL) == KVB_OK);
+        CHECK(mm_matmul(ctx, &mw, x, n_tok, ref) == KVB_OK);
+        for (int64_t n = 1; n <= n_tok; n += n_tok - 1) { /* one token (on the caller) and many */
+            memset(calls, 0, sizeof calls);
+            CHECK(mm_set_input_fn(ctx, n_in, n, fn_make, &rows) == KVB_OK);
+            int untouched = 1;
+            for (int64_t t = 0; t < n; t++) untouched &= calls[t] == 0;
+            CHECK_MSG(untouched, "%s: rows made before a product needed them", impl_label(impls[ii]));
+            CHECK(mm_apply(ctx, &mw, y) == KVB_OK);
+            CHECK(mm_apply(ctx, &mw, y) == KVB_OK);
+            int once = 1;
+            for (int64_t t = 0; t < n; t++) once &= calls[t] == 1;
+            CHECK_MSG(once, "%s: a row was not made exactly once (n_tok %lld)", impl_label(impls[ii]), (long long)n);
+            CHECK_MSG(memcmp(y, ref, sizeof(float) * (size_t)(n * n_out)) == 0,
+                      "%s: rows from mm_set_input_fn differ from mm_set_input", impl_label(impls[ii]));
+        }
+        CHECK(mm_set_input_fn(ctx, n_in, n_tok, NULL, &rows) == KVB_ERR_INVALID_ARG);
+        mm_ctx_free(ctx);
+    }
+    free(ref);
+    free(y);
+    free(w);
+    free(x);
+}
+
 /* ---- errors ----------------------------------------------------------------------- */
 
 static void test_errors(struct tpool *pool)
@@ -644,18 +723,18 @@ static void test_errors(struct tpool *pool)
     CHECK(mm_ctx_create(pool, MM_IMPL_AUTO, &ctx, NULL) == KVB_OK);
     uint8_t wbuf[4 * 20] = {0};
     float x[64] = {0}, y[8];
-    struct mm_weight w = {GGML_TYPE_Q4_1, 64, 2, wbuf, 40};
+    struct mm_weight w = {GGML_TYPE_Q4_1, 64, 2, wbuf, 40, 0};
     CHECK(mm_apply(ctx, &w, y) == KVB_ERR_INVALID_ARG); /* no input yet */
     CHECK(mm_set_input(ctx, x, 32, 1) == KVB_OK);
     CHECK(mm_apply(ctx, &w, y) == KVB_ERR_INVALID_ARG); /* n_in mismatch */
     CHECK(mm_matmul(ctx, &w, x, 1, y) == KVB_OK);
-    struct mm_weight w2 = {GGML_TYPE_Q2_K, 256, 1, wbuf, 84};
+    struct mm_weight w2 = {GGML_TYPE_Q2_K, 256, 1, wbuf, 84, 0};
     CHECK(mm_matmul(ctx, &w2, x, 0, y) == KVB_ERR_UNSUPPORTED);
-    struct mm_weight w3 = {GGML_TYPE_Q4_1, 64, 2, wbuf, 39}; /* row too short */
+    struct mm_weight w3 = {GGML_TYPE_Q4_1, 64, 2, wbuf, 39, 0}; /* row too short */
     CHECK(mm_matmul(ctx, &w3, x, 1, y) == KVB_ERR_INVALID_ARG);
-    struct mm_weight w4 = {GGML_TYPE_F32, 5, 2, x, 20}; /* float weights, odd n_in: fine */
+    struct mm_weight w4 = {GGML_TYPE_F32, 5, 2, x, 20, 0}; /* float weights, odd n_in: fine */
     CHECK(mm_matmul(ctx, &w4, x, 2, y) == KVB_OK);
-    struct mm_weight w5 = {GGML_TYPE_Q8_0, 40, 1, wbuf, 34}; /* not whole blocks */
+    struct mm_weight w5 = {GGML_TYPE_Q8_0, 40, 1, wbuf, 34, 0}; /* not whole blocks */
     CHECK(mm_matmul(ctx, &w5, x, 1, y) == KVB_ERR_INVALID_ARG);
     mm_ctx_free(ctx);
     mm_ctx_free(NULL);
@@ -714,6 +793,7 @@ int main(int argc, char **argv)
     test_products(pools[1]);
     test_determinism(pools, 3);
     test_mixed_types(pools[1]);
+    test_input_fn(pools[1]);
     for (int i = 0; i < 3; i++) tpool_free(pools[i]);
     return tu_finish();
 }
