@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "alloc.h"
 #include "dtype.h"
 #include "quant.h"
 #include "tpool.h"
@@ -56,6 +57,23 @@ static struct mm_weight make_weight(enum ggml_type type, int64_t n_in, int64_t n
         }
     }
     return (struct mm_weight){type, n_in, n_out, w, (size_t)rb, 0};
+}
+
+/* The weight as the CPU backend holds it: packed for the kernels where they
+ * have a packed form (mm_pack_weight), the original freed. */
+static struct mm_weight packed(struct mm_ctx *ctx, struct mm_weight w)
+{
+    struct mm_weight pw;
+    void *owned = NULL;
+    if (mm_pack_weight(ctx, &w, &pw, &owned) != KVB_OK || !owned) return w;
+    free((void *)w.data);
+    return pw;
+}
+
+static void free_weight(struct mm_weight *w)
+{
+    if (w->packed) kvb_free((void *)w->data);
+    else free((void *)w->data);
 }
 
 struct shape {
@@ -137,7 +155,7 @@ int main(int argc, char **argv)
     double per_call[N_SHAPES][3];
     printf("%-18s %6s %10s %9s\n", "shape", "n_tok", "ms/call", "GFLOP/s");
     for (int s = 0; s < N_SHAPES; s++) {
-        struct mm_weight w = make_weight(shapes[s].type, shapes[s].n_in, shapes[s].n_out);
+        struct mm_weight w = packed(ctx, make_weight(shapes[s].type, shapes[s].n_in, shapes[s].n_out));
         for (int ti = 0; ti < 3; ti++) {
             double t = time_calls(ctx, &w, x, toks[ti], y, secs);
             per_call[s][ti] = t;
@@ -145,7 +163,7 @@ int main(int argc, char **argv)
             printf("%-18s %6lld %10.4f %9.1f\n", shapes[s].name, (long long)toks[ti], t * 1e3,
                    flop / t * 1e-9);
         }
-        free((void *)w.data);
+        free_weight(&w);
     }
     for (int ti = 0; ti < 3; ti++) {
         double layer = 0;
@@ -161,9 +179,9 @@ int main(int argc, char **argv)
     for (int l = 0; l < N_LAYERS; l++)
         for (int i = 0; i < 7; i++) {
             const struct shape *sh = &shapes[order[i]];
-            lw[l][i] = make_weight(sh->type, sh->n_in, sh->n_out);
+            lw[l][i] = packed(ctx, make_weight(sh->type, sh->n_in, sh->n_out));
         }
-    struct mm_weight head = make_weight(GGML_TYPE_Q8_0, 576, 49152);
+    struct mm_weight head = packed(ctx, make_weight(GGML_TYPE_Q8_0, 576, 49152));
     float *y2 = malloc(sizeof(float) * 1536 * 512), *y3 = malloc(sizeof(float) * 1536 * 512);
     for (int ti = 0; ti < 2; ti++) {
         int64_t nt = toks[ti];
