@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Batched throughput of `kvbatch run` on a prefix-heavy job, against the same
 # kind of requests run one at a time (--max-batch 1), on the default model.
-#   [MAX_BATCH=32] scripts/bench-batch.sh [N_REQUESTS] [N_SEQUENTIAL] [THREADS] [REPS]
+#   [MAX_BATCH=128] scripts/bench-batch.sh [N_REQUESTS] [N_SEQUENTIAL] [THREADS] [REPS]
 # The job: N requests (default 256), each a ~400-token shared system prompt
 # (about 390 tokens: the prompt plus the chat template)
 # plus a unique question, 64 output tokens (EOS ignored by a stop-free,
@@ -15,7 +15,7 @@ N=${1:-256}
 NSEQ=${2:-32}
 THREADS=${3:-$(nproc)}
 REPS=${4:-2}
-MB=${MAX_BATCH:-32} # sequences at once in the batched run (kvbatch's default)
+MB=${MAX_BATCH:-128} # sequences at once in the batched run (kvbatch's default)
 BIN=build/kvbatch
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -x "$BIN" ] || { cmake -S . -B build >/dev/null && cmake --build build -j"$(nproc)" >/dev/null; }

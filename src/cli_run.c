@@ -26,7 +26,7 @@ static void usage(FILE *f)
         "      --metrics DB         SQLite metrics database (default: kvbatch.db beside the output)\n"
         "      --resume             keep the results already in the output, run the rest\n"
         "  -t, --threads N          worker threads (default: all cores)\n"
-        "      --max-batch N        sequences running at once (default 32)\n"
+        "      --max-batch N        sequences running at once (default 128)\n"
         "      --max-step-tokens N  tokens per forward pass, prefill chunks and decodes together (default 512)\n"
         "      --kv-mem SIZE        memory for the KV cache, e.g. 512M, 2G (default: 1G on the CPU,\n"
         "                           90%% of what the weights leave free on a GPU)\n"
@@ -57,7 +57,7 @@ int cli_run(int argc, char **argv)
     cli_default_model(model_path, sizeof model_path);
     struct run_opts o = {
         .model_path = model_path,
-        .max_batch = 32,
+        .max_batch = 128,
         .max_step_tokens = 512,
         .block_size = 16,
     };

@@ -79,7 +79,7 @@ enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct s
     s->n_vocab = n_vocab;
     s->B = be->block_size;
     s->o = *o;
-    if (s->o.max_batch <= 0) s->o.max_batch = 32;
+    if (s->o.max_batch <= 0) s->o.max_batch = 128;
     if (s->o.max_step_tokens <= 0) s->o.max_step_tokens = 512;
     if (s->o.max_step_tokens < s->o.max_batch) s->o.max_step_tokens = s->o.max_batch;
     if (s->o.n_ctx <= 0) s->o.n_ctx = 2048;

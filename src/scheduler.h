@@ -40,7 +40,7 @@
 struct sched;
 
 struct sched_opts {
-    int32_t max_batch;       /* most sequences running at once (default 32) */
+    int32_t max_batch;       /* most sequences running at once (default 128) */
     int32_t max_step_tokens; /* most tokens in one forward pass (default 512) */
     int32_t n_ctx;           /* most positions one sequence may reach */
 };
