@@ -2,10 +2,13 @@
  * buffers, per-thread scratch and the split of output rows over threads.
  *
  * The arithmetic lives in the implementations behind struct mm_kernels
- * (matmul_impl.h). This file only decides who computes which rows: each
- * thread takes one contiguous range of output rows for all tokens, so the
- * way rows are split (and so the thread count) never changes how a single
- * output element is computed. */
+ * (matmul_impl.h). This file decides who computes which rows: each thread
+ * takes one contiguous range of output rows for all tokens, so the way rows
+ * are split (and so the thread count) never changes how a single output
+ * element is computed. It also decides when an input is made: its rows (a
+ * copy, or a caller's callback) and the quantized forms the weights of an
+ * mm_apply*() read are made in one parallel pass just before that product,
+ * once per input. */
 #include <string.h>
 
 #include "alloc.h"

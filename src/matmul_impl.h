@@ -1,9 +1,10 @@
 /* matmul_impl.h — private: the table each matrix-product implementation fills.
  *
  * matmul.c owns the context, the buffers and the thread split; an
- * implementation (matmul_scalar.c, matmul_avx2.c, matmul_avx512.c) owns two
- * things only: the byte layout of one quantized input token, and the loop
- * that computes a contiguous range of output rows for every token. Keeping
+ * implementation (matmul_scalar.c, matmul_avx2.c, matmul_avx512.c) owns the
+ * byte layout of one quantized input token (in one or several forms), the
+ * loop that computes a contiguous range of output rows for every token, and
+ * optionally a packed arrangement of weight rows it reads faster. Keeping
  * the split at "rows [r0, r1) of all tokens" is what lets the determinism
  * contract hold: an implementation computes each output element with a
  * sequence of float operations fixed by (type, n_in) alone, so neither the
