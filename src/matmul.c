@@ -349,8 +349,9 @@ enum kvb_status mm_pack_weight(struct mm_ctx *ctx, const struct mm_weight *w, st
     if (w->packed) return w->packed == ctx->k->pack_tag ? KVB_OK : KVB_ERR_INVALID_ARG;
     if (!ctx->k->packs || !ctx->k->packs(w->type) || w->n_in % 32 != 0) return KVB_OK;
     uint64_t rb;
-    if (!ggml_type_row_bytes((uint32_t)w->type, (uint64_t)w->n_in, &rb) || w->row_bytes != rb)
+    if (!ggml_type_row_bytes((uint32_t)w->type, (uint64_t)w->n_in, &rb) || w->row_bytes < rb)
         return KVB_ERR_INVALID_ARG;
+    if (w->row_bytes != rb) return KVB_OK; /* padded rows: read as they are */
     uint8_t *buf = kvb_aligned_alloc(64, (w->row_bytes * (size_t)w->n_out + 63) & ~(size_t)63);
     if (!buf) return KVB_ERR_NOMEM;
     struct pack_job j = {ctx->k, w, buf};

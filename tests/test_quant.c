@@ -736,6 +736,13 @@ static void test_errors(struct tpool *pool)
     CHECK(mm_matmul(ctx, &w4, x, 2, y) == KVB_OK);
     struct mm_weight w5 = {GGML_TYPE_Q8_0, 40, 1, wbuf, 34, 0}; /* not whole blocks */
     CHECK(mm_matmul(ctx, &w5, x, 1, y) == KVB_ERR_INVALID_ARG);
+    /* Packing: padded rows are left as they are, short ones refused. */
+    struct mm_weight pw;
+    void *owned = (void *)1;
+    struct mm_weight w6 = {GGML_TYPE_Q4_1, 32, 2, wbuf, 40, 0}; /* 20-byte rows padded to 40 */
+    CHECK(mm_pack_weight(ctx, &w6, &pw, &owned) == KVB_OK && owned == NULL && pw.data == wbuf && pw.packed == 0);
+    CHECK(mm_pack_weight(ctx, &w3, &pw, &owned) == KVB_ERR_INVALID_ARG && owned == NULL);
+    CHECK(mm_pack_weight(ctx, NULL, &pw, &owned) == KVB_ERR_INVALID_ARG);
     mm_ctx_free(ctx);
     mm_ctx_free(NULL);
 
