@@ -27,6 +27,7 @@
 #include "dtype.h"
 #include "kernels.h"
 #include "quant.h"
+#include "tpool.h"
 
 /* One layer's weights on the device. */
 struct cu_layer {
@@ -46,6 +47,7 @@ struct cuda_be {
     bool det;
     cudaStream_t stream;
     cublasHandle_t blas;
+    struct tpool *pool;             /* host threads for the engine's sampling (host_parallel) */
     int64_t q_dim, kv_dim, qkv_dim; /* n_head*hd, n_head_kv*hd, q_dim + 2*kv_dim */
     int64_t block_elems;            /* fp16 elements of one KV block */
 
@@ -68,8 +70,9 @@ struct cuda_be {
     uint16_t *xb;                   /* (cap_tok, max(n_embd, q_dim, n_ff)) bf16 GEMM input */
     float *outn;                    /* (cap_out, n_embd) */
     float *logits;                  /* (cap_out, n_vocab) */
-    /* Step indices: tokens | positions | table offsets | logit rows | block
-     * tables, uploaded in one copy from pinned memory. */
+    /* Step indices: tokens | positions | table offsets | output rows |
+     * greedy rows | block tables, uploaded in one copy from pinned memory;
+     * then the greedy choices, copied back into the same buffer. */
     int64_t cap_idx;                /* int32 entries */
     int32_t *h_idx;                 /* pinned host */
     int32_t *d_idx;                 /* device */
@@ -205,6 +208,7 @@ static void cuda_free(struct backend *be)
     cudaFree(c->d_idx);
     if (c->h_idx) cudaFreeHost(c->h_idx);
     if (c->blas) cublasDestroy(c->blas);
+    tpool_free(c->pool);
     if (c->stream) cudaStreamDestroy(c->stream);
     kvb_free(c);
 }
@@ -439,6 +443,31 @@ static enum kvb_status step_status(const struct step *s, struct kvb_err *err)
     return cu_check(s->ce, err, s->what);
 }
 
+/* Copies the logits rows the host asked for (all but the greedy ones) into
+ * `logits`, packed in sequence order: one copy per run of adjacent rows. */
+static void download_rows(struct step *s, const struct be_batch *batch, float *logits)
+{
+    const struct cuda_be *c = s->c;
+    const int64_t nv = c->m->hp.n_vocab;
+    int64_t dev = 0, host = 0, run_dev = 0, run_n = 0; /* next device row, next host row, pending run */
+    for (int32_t i = 0; i <= batch->n_seqs; i++) {
+        const struct be_seq *sq = i < batch->n_seqs ? &batch->seqs[i] : NULL;
+        const int64_t n = !sq ? 0 : sq->logits == BE_LOGITS_ALL ? sq->n_tokens : sq->logits == BE_LOGITS_NONE ? 0 : 1;
+        const bool down = sq && (sq->logits == BE_LOGITS_ALL || sq->logits == BE_LOGITS_LAST);
+        if (down && run_n > 0 && run_dev + run_n == dev) {
+            run_n += n;
+        } else if (down || !sq) {
+            if (run_n > 0)
+                step_cu(s, cudaMemcpyAsync(logits + host * nv, c->logits + run_dev * nv, (size_t)(run_n * nv) * 4,
+                                           cudaMemcpyDeviceToHost, c->stream), "download logits");
+            host += run_n;
+            run_dev = dev;
+            run_n = n;
+        }
+        dev += n;
+    }
+}
+
 static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *batch, float *logits,
                                     struct kvb_err *err)
 {
@@ -448,33 +477,39 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     const int64_t qd = c->q_dim, kvd = c->kv_dim, qkvd = c->qkv_dim;
     struct be_batch_shape sh;
     KVB_FORWARD_IF_ERROR(be_batch_check(be, hp->n_vocab, batch, &sh, err));
-    const int64_t n_tok = sh.n_tok, n_out = sh.n_out, n_tab = sh.n_tab;
+    const int64_t n_tok = sh.n_tok, n_am = sh.n_argmax, n_out = sh.n_out + n_am, n_tab = sh.n_tab;
     if (n_tok == 0) return KVB_OK;
     if (n_tok > 0x7fffffff / hp->n_head)
         return kvb_errf(err, KVB_ERR_RANGE, "a step of %lld tokens is too large", (long long)n_tok);
     KVB_FORWARD_IF_ERROR(cu_check(cudaSetDevice(c->device), err, "select device"));
-    const int64_t n_idx = 3 * n_tok + n_out + n_tab;
+    const int64_t n_up = 3 * n_tok + n_out + n_am + n_tab, n_idx = n_up + n_am;
     KVB_FORWARD_IF_ERROR(ensure_step(c, n_tok, n_out, n_idx, err));
 
-    /* Step indices, laid out as the device pointers below read them. */
-    int32_t *tok = c->h_idx, *pos = tok + n_tok, *tab = pos + n_tok, *rows = tab + n_tok, *blocks = rows + n_out;
-    int64_t t = 0, r = 0, nb = 0;
+    /* Step indices, laid out as the device pointers below read them. Output
+     * rows are every row the head computes, greedy ones included; `arows`
+     * says which of them are greedy. */
+    int32_t *tok = c->h_idx, *pos = tok + n_tok, *tab = pos + n_tok, *rows = tab + n_tok, *arows = rows + n_out;
+    int32_t *blocks = arows + n_am, *h_amax = c->h_idx + n_up;
+    int64_t t = 0, r = 0, nb = 0, na = 0;
     for (int32_t i = 0; i < batch->n_seqs; i++) {
         const struct be_seq *sq = &batch->seqs[i];
         for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
             tok[t] = sq->tokens[j];
             pos[t] = sq->pos + j;
             tab[t] = (int32_t)nb;
-            if (sq->logits == BE_LOGITS_ALL || (sq->logits == BE_LOGITS_LAST && j == sq->n_tokens - 1))
-                rows[r++] = (int32_t)t;
+            const bool last = j == sq->n_tokens - 1;
+            if (sq->logits == BE_LOGITS_ARGMAX && last) arows[na++] = (int32_t)r;
+            if (sq->logits == BE_LOGITS_ALL || (sq->logits != BE_LOGITS_NONE && last)) rows[r++] = (int32_t)t;
         }
         memcpy(blocks + nb, sq->block_table, sizeof(int32_t) * (size_t)sq->n_blocks);
         nb += sq->n_blocks;
     }
     const int32_t *d_tok = c->d_idx, *d_pos = d_tok + n_tok, *d_tab = d_pos + n_tok, *d_rows = d_tab + n_tok;
+    const int32_t *d_arows = d_rows + n_out;
+    int32_t *d_amax = c->d_idx + n_up;
     struct kcu_paged pg = {
         .pool = c->kv, .block_elems = c->block_elems, .block_size = be->block_size, .kv_dim = (int32_t)kvd,
-        .layer = 0, .n_tok = (int32_t)n_tok, .tok_pos = d_pos, .tok_table = d_tab, .blocks = d_rows + n_out,
+        .layer = 0, .n_tok = (int32_t)n_tok, .tok_pos = d_pos, .tok_table = d_tab, .blocks = d_arows + n_am,
     };
     const int32_t nt = (int32_t)n_tok, ne = (int32_t)e, nh = hp->n_head, nkv = hp->n_head_kv, h = (int32_t)hd;
     const int neox = hp->rope == ROPE_NEOX;
@@ -482,7 +517,7 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     cudaStream_t cs = c->stream;
     struct step s = {c, cudaSuccess, CUBLAS_STATUS_SUCCESS, NULL};
 
-    step_cu(&s, cudaMemcpyAsync(c->d_idx, c->h_idx, (size_t)n_idx * 4, cudaMemcpyHostToDevice, cs), "upload indices");
+    step_cu(&s, cudaMemcpyAsync(c->d_idx, c->h_idx, (size_t)n_up * 4, cudaMemcpyHostToDevice, cs), "upload indices");
     step_cu(&s, kcu_embed(c->x, c->tok_embd, d_tok, nt, ne, cs), "embedding");
     for (int l = 0; l < hp->n_layer && !s.what; l++) {
         const struct cu_layer *L = &c->layers[l];
@@ -519,13 +554,22 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
                 "output norm");
         step_cu(&s, kcu_f32_to_bf16(c->xb, c->outn, n_out * e, cs), "to bf16");
         step_gemm(&s, c->logits, c->xb, c->output, n_out, e, hp->n_vocab, "output head");
-        if (!s.what)
-            step_cu(&s, cudaMemcpyAsync(logits, c->logits, (size_t)(n_out * hp->n_vocab) * 4, cudaMemcpyDeviceToHost, cs),
-                    "download logits");
+        if (n_am > 0 && !s.what) {
+            step_cu(&s, kcu_argmax(d_amax, c->logits, hp->n_vocab, d_arows, (int32_t)n_am, hp->n_vocab, cs),
+                    "greedy choice");
+            step_cu(&s, cudaMemcpyAsync(h_amax, d_amax, (size_t)n_am * 4, cudaMemcpyDeviceToHost, cs),
+                    "download greedy choices");
+        }
+        if (!s.what) download_rows(&s, batch, logits);
     }
     /* Always synchronise, failed or not: the pinned index buffer may only be
      * refilled once this step's copy of it is done. */
     step_cu(&s, cudaStreamSynchronize(cs), "step");
+    if (!s.what && n_am > 0) {
+        na = 0;
+        for (int32_t i = 0; i < batch->n_seqs; i++)
+            if (batch->seqs[i].logits == BE_LOGITS_ARGMAX) batch->argmax[i] = h_amax[na++];
+    }
     return step_status(&s, err);
 }
 
@@ -540,6 +584,11 @@ static enum kvb_status cuda_block_copy(struct backend *be, int32_t block, void *
                       : cudaMemcpyAsync(host, dev, (size_t)be->block_bytes, cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     return cu_status(e);
+}
+
+static void cuda_host_parallel(struct backend *be, void (*fn)(void *arg, int ith, int nth), void *arg)
+{
+    tpool_run(((struct cuda_be *)be)->pool, fn, arg);
 }
 
 static enum kvb_status cuda_block_read(struct backend *be, int32_t block, void *dst)
@@ -582,6 +631,8 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->be.kv_block_read = cuda_block_read;
     c->be.kv_block_write = cuda_block_write;
     c->be.free = cuda_free;
+    c->be.host_parallel = cuda_host_parallel;
+    c->be.argmax = true;
     c->be.block_size = o->block_size;
     c->be.n_blocks = o->n_blocks;
     c->be.block_bytes = be_cpu_block_bytes(m, o->block_size); /* same pool layout as the CPU */
@@ -590,7 +641,13 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->qkv_dim = c->q_dim + 2 * c->kv_dim;
     c->block_elems = (int64_t)hp->n_layer * 2 * o->block_size * c->kv_dim;
 
-    enum kvb_status st = cu_check(cudaSetDevice(o->device), err, "select device");
+    enum kvb_status st = tpool_create(o->n_threads, &c->pool);
+    if (st != KVB_OK) {
+        kvb_free(c);
+        return kvb_errf(err, st, "cannot start %d host threads", o->n_threads);
+    }
+    c->be.n_threads = tpool_size(c->pool);
+    st = cu_check(cudaSetDevice(o->device), err, "select device");
     if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err, "create stream");
     if (st == KVB_OK) st = blas_check(cublasCreate(&c->blas), err, "create handle");
     if (st == KVB_OK) st = blas_check(cublasSetStream(c->blas, c->stream), err, "set stream");

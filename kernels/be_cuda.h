@@ -10,7 +10,9 @@
  * block_bytes as they are and a persistent-cache value written by one
  * backend is read by the other. One stream; per step the token ids,
  * positions and block tables go up in one copy from pinned memory, and the
- * logits rows come back to the host (the engine samples there).
+ * logits rows come back to the host (the engine samples there, on the
+ * backend's host threads) — except for greedy requests (BE_LOGITS_ARGMAX),
+ * whose choice is made on the device (kcu_argmax) and comes back alone.
  *
  * Not bit-identical to the CPU backend: bf16 weights and activations keep 8
  * significant bits where the CPU computes with the stored quantized values
@@ -46,6 +48,7 @@ struct be_cuda_opts {
     int device;          /* CUDA device index, >= 0 */
     int32_t block_size;  /* tokens per KV block, > 0 */
     int32_t n_blocks;    /* KV pool size in blocks, > 0 */
+    int n_threads;       /* host threads for the engine's sampling (host_parallel); <= 0: one per CPU */
     /* Batch-invariant GEMMs: every GEMM runs on fixed tiles of
      * BE_CUDA_DET_ROWS token rows (the last one padded), so that cuBLAS
      * picks the same kernel and reduction order whatever the step's size and

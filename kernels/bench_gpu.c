@@ -217,7 +217,7 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
     {
         struct bench_batch b;
         batch_make(&b, pf_seqs, pf_len, 0, per_seq_pf, hp->n_vocab);
-        struct be_batch bb = {b.seqs, pf_seqs};
+        struct be_batch bb = {b.seqs, pf_seqs, NULL};
         const double dt = time_steps(be, &bb, 3, logits, &failed);
         const double toks = (double)pf_seqs * pf_len;
         /* attention: q·k and p·v over the causal triangle, per layer and head */
@@ -236,7 +236,7 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
         const int32_t n = sizes[k];
         struct bench_batch b;
         batch_make(&b, n, 1, ctx, per_seq_dec, hp->n_vocab);
-        struct be_batch bb = {b.seqs, n};
+        struct be_batch bb = {b.seqs, n, NULL};
         const double dt = time_steps(be, &bb, steps, logits, &failed);
         /* Bytes a step must read at least: every weight once (but of the
          * embedding table only the rows looked up, when the head is not the

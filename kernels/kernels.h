@@ -1,7 +1,7 @@
 /* kernels.h — the CUDA kernels of the CUDA backend, behind a plain C interface.
  *
  * Each kernel family lives in its own .cu file (k_embed, k_norm, k_rope,
- * k_act, k_attn) and is reached through a launcher declared here: it takes
+ * k_act, k_attn, k_sample) and is reached through a launcher declared here: it takes
  * device pointers and a stream, enqueues the kernel and returns the launch
  * status (cudaSuccess, or e.g. cudaErrorInvalidValue for a shape the kernel
  * cannot take). Launchers never synchronise; errors raised while a kernel
@@ -77,6 +77,15 @@ cudaError_t kcu_add_bias(float *y, int64_t ld, const float *b, int32_t n_rows, i
 
 /* y[i] = bf16(x[i]), round to nearest even. Reference: kvb_f32_to_bf16. */
 cudaError_t kcu_f32_to_bf16(uint16_t *y, const float *x, int64_t n, cudaStream_t stream);
+
+/* ---- k_sample.cu ------------------------------------------------------------ */
+
+/* out[r] = the greedy choice over row (rows ? rows[r] : r) of x (n floats,
+ * rows ld apart): the lowest index holding the largest value that is not
+ * NaN, -1 when every value is NaN or -inf. Reference: sampler_greedy
+ * (identical results: the comparisons are exact). */
+cudaError_t kcu_argmax(int32_t *out, const float *x, int64_t ld, const int32_t *rows, int32_t n_rows, int32_t n,
+                       cudaStream_t stream);
 
 /* ---- k_attn.cu -------------------------------------------------------------- */
 

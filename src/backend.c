@@ -22,7 +22,11 @@ enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const 
         for (int32_t t = 0; t < s->n_tokens; t++)
             if (s->tokens[t] < 0 || s->tokens[t] >= n_vocab)
                 return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: token id %d out of range", i, s->tokens[t]);
+        if (s->logits == BE_LOGITS_ARGMAX && (!be->argmax || !b->argmax))
+            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: greedy choice asked of %s, %s", i, be->name,
+                            be->argmax ? "with nowhere to write it" : "which returns logits only");
         sh.n_tok += s->n_tokens;
+        sh.n_argmax += s->logits == BE_LOGITS_ARGMAX;
         sh.n_out += s->logits == BE_LOGITS_ALL ? s->n_tokens : s->logits == BE_LOGITS_LAST ? 1 : 0;
         sh.n_tab += s->n_blocks;
         if (end > sh.max_end) sh.max_end = (int32_t)end;

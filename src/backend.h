@@ -27,12 +27,20 @@ struct be_seq {
     int32_t pos;                /* tokens of this sequence already in the KV cache */
     const int32_t *block_table; /* KV block ids covering positions [0, pos + n_tokens) */
     int32_t n_blocks;
-    enum { BE_LOGITS_NONE = 0, BE_LOGITS_LAST, BE_LOGITS_ALL } logits;
+    /* BE_LOGITS_ARGMAX (only when the backend's `argmax` says it can): the
+     * last token's greedy choice instead of its logits row, written to
+     * batch->argmax[i]: the lowest id holding the largest logit that is not
+     * NaN (sampler_greedy's rule), -1 when every logit is NaN or -inf. It
+     * takes no row in the logits output: on a GPU the row never crosses to
+     * the host, which for a 128 K vocabulary is most of what a decode step
+     * would copy back. */
+    enum { BE_LOGITS_NONE = 0, BE_LOGITS_LAST, BE_LOGITS_ALL, BE_LOGITS_ARGMAX } logits;
 };
 
 struct be_batch {
     const struct be_seq *seqs;
     int32_t n_seqs;
+    int32_t *argmax; /* (n_seqs) out, entries of BE_LOGITS_ARGMAX sequences; NULL when none asks */
 };
 
 struct backend {
@@ -42,6 +50,7 @@ struct backend {
     int32_t block_size;    /* tokens per KV block */
     int32_t n_blocks;      /* blocks in the pool */
     int64_t block_bytes;   /* bytes of K+V of one block, all layers */
+    bool argmax;           /* forward takes BE_LOGITS_ARGMAX */
     void *impl;
 
     /* Runs the batch. Writes logits rows (n_vocab floats each) into `logits`
@@ -66,12 +75,14 @@ struct backend {
 struct be_batch_shape {
     int64_t n_tok;   /* tokens in the step */
     int64_t n_out;   /* logits rows asked for */
+    int64_t n_argmax; /* BE_LOGITS_ARGMAX sequences */
     int64_t n_tab;   /* block-table entries over all sequences */
     int32_t max_end; /* largest pos + n_tokens */
 };
 
 /* Validates a batch for `be` (positive lengths, block tables long enough and
- * in range, token ids below n_vocab) and sums its shape. KVB_ERR_INVALID_ARG
+ * in range, token ids below n_vocab, BE_LOGITS_ARGMAX only where the backend
+ * takes it and with batch->argmax to write to) and sums its shape. KVB_ERR_INVALID_ARG
  * or KVB_ERR_RANGE with a message naming the sequence. */
 enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const struct be_batch *b,
                                struct be_batch_shape *out, struct kvb_err *err);

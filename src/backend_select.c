@@ -71,7 +71,8 @@ enum kvb_status be_select_create(const struct model *m, const struct be_select_o
         int64_t free_b = be_cuda_free_memory(dev) - be_cuda_weight_bytes(m) - ((int64_t)1 << 30);
         kv = free_b > 0 ? (uint64_t)(free_b / 10 * 9) : 0;
     }
-    struct be_cuda_opts go = {.device = dev, .block_size = o->block_size, .deterministic = o->deterministic};
+    struct be_cuda_opts go = {.device = dev, .block_size = o->block_size, .n_threads = o->n_threads,
+                              .deterministic = o->deterministic};
     KVB_FORWARD_IF_ERROR(pool_blocks(m, o, kv, &go.n_blocks, err));
     return be_cuda_create(m, &go, out, err);
 #else

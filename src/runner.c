@@ -517,7 +517,7 @@ static bool admit_line(struct runner *r, bool *eof)
          * and choice 0 equals the n = 1 result. */
         sp.seed = q->seed + (uint64_t)i;
         uint64_t uid = (uint64_t)(s - r->slots) * JOB_MAX_N + (uint64_t)i;
-        if (sched_submit(r->sched, uid, ids, (int32_t)n, q->max_tokens, &sp, &err) != KVB_OK) {
+        if (sched_submit(r->sched, uid, ids, (int32_t)n, q->max_tokens, &sp, q->logprobs, &err) != KVB_OK) {
             /* Only out of memory can get here (the context was checked). */
             fprintf(stderr, "\nkvbatch run: cannot queue '%s': %s\n", q->custom_id, err.msg);
             kvb_free(ids);

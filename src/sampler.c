@@ -230,6 +230,13 @@ static void apply_penalties(const struct sampler *s, float *logits)
 
 /* ---- lifecycle ------------------------------------------------------------------- */
 
+static bool has_penalties(const struct sampler_params *p)
+{
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
+
+bool sampler_is_greedy(const struct sampler_params *p) { return p && p->temperature == 0.0f && !has_penalties(p); }
+
 void sampler_params_default(struct sampler_params *p)
 {
     if (!p) return;
@@ -262,8 +269,7 @@ enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, 
         kvb_free(s);
         return KVB_ERR_NOMEM;
     }
-    s->penalties = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
-                   p->frequency_penalty != 0.0f;
+    s->penalties = has_penalties(p);
     if (s->penalties) {
         s->ring = kvb_malloc(SAMPLER_HISTORY * sizeof *s->ring);
         s->slots = kvb_malloc(SAMPLER_HASH_CAP * sizeof *s->slots);
@@ -727,13 +733,7 @@ enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_to
     const int32_t n = s->n_vocab;
     apply_penalties(s, logits);
 
-    if (s->p.temperature == 0.0f) {
-        int32_t best;
-        float mx = argmax_finite(logits, n, &best);
-        KVB_RETURN_IF(!(mx > -INFINITY), KVB_ERR_INVALID_ARG); /* nothing can be chosen */
-        *out_token = best;
-        return KVB_OK;
-    }
+    if (s->p.temperature == 0.0f) return sampler_greedy(logits, n, out_token);
 
     /* One uniform per non-greedy call, whatever path follows, so the random
      * stream of a request does not depend on how its truncation played out. */
@@ -758,6 +758,15 @@ enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_to
     struct keep_rule kr = {s->p.min_p, false, 0.0f, 0};
     if (s->p.top_p < 1.0f) KVB_FORWARD_IF_ERROR(top_p_cut(s, logits, smax, smin, total, &kr));
     return draw_tiles(s, logits, &kr, u, out_token);
+}
+
+enum kvb_status sampler_greedy(const float *logits, int32_t n_vocab, int32_t *out_token)
+{
+    KVB_RETURN_IF(!logits || n_vocab <= 0 || !out_token, KVB_ERR_INVALID_ARG);
+    int32_t best;
+    const float mx = argmax_finite(logits, n_vocab, &best);
+    *out_token = mx > -INFINITY ? best : -1;
+    return mx > -INFINITY ? KVB_OK : KVB_ERR_INVALID_ARG; /* nothing can be chosen */
 }
 
 float sampler_logprob(const float *logits, int32_t n_vocab, int32_t token)

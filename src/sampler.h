@@ -14,6 +14,7 @@
 #ifndef KVB_SAMPLER_H
 #define KVB_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "status.h"
@@ -45,6 +46,17 @@ void sampler_accept(struct sampler *s, int32_t token);
 /* Picks the next token from logits[n_vocab] (modified in place). Does not
  * accept it: call sampler_accept with the result. */
 enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_token);
+
+/* Whether sampler_sample with these parameters is the plain argmax of the
+ * raw logits whatever the history (temperature 0 and no penalty): then the
+ * choice may be made where the logits are (sampler_greedy's rule) and the
+ * sampler only told of it (sampler_accept). */
+bool sampler_is_greedy(const struct sampler_params *p);
+
+/* The greedy choice: the lowest id holding the largest logit that is not
+ * NaN. KVB_ERR_INVALID_ARG (and *out_token = -1) when every logit is NaN or
+ * -inf. The C reference of the CUDA backend's device-side argmax. */
+enum kvb_status sampler_greedy(const float *logits, int32_t n_vocab, int32_t *out_token);
 
 /* log-softmax of raw logits at `token` (for OpenAI-style logprobs). */
 float sampler_logprob(const float *logits, int32_t n_vocab, int32_t token);

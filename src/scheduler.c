@@ -26,6 +26,7 @@ struct seq {
     bool admitted_once;
     uint64_t admit_seq; /* admission order, for choosing whom to preempt */
     struct sampler *smp;
+    bool greedy_on_backend; /* the backend makes the choice (BE_LOGITS_ARGMAX) */
     double t_submit, t_admit, t_first, t_end;
 };
 
@@ -44,6 +45,7 @@ struct sched {
     int32_t n_scratch;
     int32_t *samp_row; /* (max_batch) logits row of each batch entry, -1: none */
     int32_t *samp_tok; /* (max_batch) its sampled token */
+    int32_t *samp_amax; /* (max_batch) the backend's greedy choices (be_batch.argmax) */
     struct be_seq *bseqs;
     struct seq **bsrc; /* seq behind each be_seq */
     struct sched_stats st;
@@ -91,6 +93,7 @@ enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct s
         !(s->scratch = kvb_malloc(sizeof(float) * (size_t)n_vocab * (size_t)(s->n_scratch = be_threads(be)))) ||
         !(s->samp_row = kvb_calloc((size_t)mb, sizeof *s->samp_row)) ||
         !(s->samp_tok = kvb_calloc((size_t)mb, sizeof *s->samp_tok)) ||
+        !(s->samp_amax = kvb_calloc((size_t)mb, sizeof *s->samp_amax)) ||
         !(s->bseqs = kvb_calloc((size_t)mb, sizeof *s->bseqs)) ||
         !(s->bsrc = kvb_calloc((size_t)mb, sizeof *s->bsrc))) {
         sched_free(s);
@@ -121,6 +124,7 @@ void sched_free(struct sched *s)
     kvb_free(s->scratch);
     kvb_free(s->samp_row);
     kvb_free(s->samp_tok);
+    kvb_free(s->samp_amax);
     kvb_free(s->bseqs);
     kvb_free(s->bsrc);
     kvb_free(s->staging);
@@ -160,7 +164,8 @@ static enum kvb_status push_waiting(struct sched *s, struct seq *q)
 }
 
 enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *prompt, int32_t n_prompt,
-                             int32_t max_tokens, const struct sampler_params *sp, struct kvb_err *err)
+                             int32_t max_tokens, const struct sampler_params *sp, bool want_logits,
+                             struct kvb_err *err)
 {
     if (n_prompt <= 0) return kvb_errf(err, KVB_ERR_INVALID_ARG, "empty prompt");
     if (n_prompt >= s->o.n_ctx)
@@ -187,6 +192,7 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
         if (q->keys) pstore_chain_keys(s->pm, q->tokens, nk, q->keys); /* no keys: no store for q */
     }
     q->max_tokens = max_tokens < 0 ? 0 : max_tokens;
+    q->greedy_on_backend = s->be->argmax && !want_logits && sampler_is_greedy(sp);
     q->t_submit = now_s();
     s->st.prompt_tokens += n_prompt;
     return KVB_OK;
@@ -394,6 +400,9 @@ static bool grow_blocks(struct sched *s, struct seq *q, int32_t end)
 static int seq_order(const struct seq *a, const struct seq *b) { return a->admit_seq < b->admit_seq ? -1 : 1; }
 
 
+/* samp_row of a batch entry whose token the backend chose (BE_LOGITS_ARGMAX). */
+#define ROW_ON_BACKEND (-2)
+
 /* Samples the batch entries whose logits came back, each with its own
  * sampler (its own seed and history), so which thread samples which entry
  * cannot change a token. Thread ith uses scratch row ith: the sampler
@@ -468,7 +477,7 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
             .pos = q->n_computed,
             .block_table = q->blocks,
             .n_blocks = q->n_blocks,
-            .logits = last ? BE_LOGITS_LAST : BE_LOGITS_NONE,
+            .logits = !last ? BE_LOGITS_NONE : q->greedy_on_backend ? BE_LOGITS_ARGMAX : BE_LOGITS_LAST,
         };
         s->bsrc[nb++] = q;
         n_logits += last;
@@ -476,12 +485,17 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         else s->st.decode_tokens += 1;
     }
     if (nb == 0) return KVB_OK;
-    struct be_batch batch = {s->bseqs, nb};
+    struct be_batch batch = {s->bseqs, nb, s->samp_amax};
     KVB_FORWARD_IF_ERROR(s->be->forward(s->be, &batch, s->logits, err));
     s->st.steps++;
 
     int32_t row = 0;
-    for (int32_t b = 0; b < nb; b++) s->samp_row[b] = s->bseqs[b].logits == BE_LOGITS_LAST ? row++ : -1;
+    for (int32_t b = 0; b < nb; b++) {
+        s->samp_row[b] = s->bseqs[b].logits == BE_LOGITS_LAST ? row++ : -1;
+        if (s->bseqs[b].logits != BE_LOGITS_ARGMAX) continue;
+        s->samp_row[b] = ROW_ON_BACKEND;
+        s->samp_tok[b] = s->samp_amax[b] >= 0 ? s->samp_amax[b] : 0; /* as when the sampler finds nothing */
+    }
     struct sample_job job = {s, nb};
     if (s->be->host_parallel && row > 1) s->be->host_parallel(s->be, sample_worker, &job);
     else sample_worker(&job, 0, 1);
@@ -494,8 +508,8 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
             /* Sharing is an optimisation: carry on without it. */
         }
         spill_to_store(s, q);
-        if (s->samp_row[b] < 0) continue;
-        const float *lg = s->logits + (int64_t)s->samp_row[b] * s->n_vocab;
+        if (s->samp_row[b] == -1) continue;
+        const float *lg = s->samp_row[b] >= 0 ? s->logits + (int64_t)s->samp_row[b] * s->n_vocab : NULL;
         const int32_t tok = s->samp_tok[b];
         sampler_accept(q->smp, tok);
         q->tokens[q->n_tokens++] = tok;

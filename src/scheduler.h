@@ -54,7 +54,8 @@ struct sched_seq_info {
     int32_t cached_tokens;     /* prompt tokens reused from the prefix tree at (first) admission */
     int32_t store_tokens;      /* prompt tokens loaded from the persistent store at (first) admission */
     double t_submit, t_admit, t_first_token, t_end; /* monotonic seconds */
-    const float *logits;       /* on_token only: the logits the token was sampled from (n_vocab) */
+    const float *logits;       /* on_token only: the logits the token was sampled from (n_vocab);
+                                * NULL when the backend chose it (see sched_submit) */
 };
 
 enum sched_finish { SCHED_FINISH_STOP = 0, SCHED_FINISH_LENGTH, SCHED_FINISH_ERROR };
@@ -93,9 +94,14 @@ void sched_set_store(struct sched *s, struct pstore *ps, const struct pstore_mod
 
 /* Queues a request. max_tokens: most tokens to generate (the context may cut
  * it shorter: finish LENGTH). The prompt must fit: n_prompt < n_ctx,
- * otherwise KVB_ERR_RANGE. */
+ * otherwise KVB_ERR_RANGE. want_logits: on_token must see the logits (for
+ * logprobs); without it, a greedy request (sampler_is_greedy) on a backend
+ * that can choose the token itself (backend.argmax) gets info->logits NULL —
+ * and the same tokens, the choice being made from the same logits by the
+ * same rule. */
 enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *prompt, int32_t n_prompt,
-                             int32_t max_tokens, const struct sampler_params *sp, struct kvb_err *err);
+                             int32_t max_tokens, const struct sampler_params *sp, bool want_logits,
+                             struct kvb_err *err);
 
 /* Runs one step. Returns an error only when the backend fails. */
 enum kvb_status sched_step(struct sched *s, struct kvb_err *err);

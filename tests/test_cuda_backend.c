@@ -16,7 +16,13 @@
  *    dequantized to F32 and run by the CPU backend in f32): CUDA NMSE < 1e-3
  *    and top-1 equal on >= 95 % of rows;
  *  - deterministic mode: a sequence's logits are bit-identical alone and
- *    beside another sequence.
+ *    beside another sequence;
+ *  - greedy choices made on the device (BE_LOGITS_ARGMAX): for every mix of
+ *    modes over three sequences, each choice is sampler_greedy of the row
+ *    the same step returns when asked for logits, and the rows still asked
+ *    for come back bit-identical, in their places; through the scheduler,
+ *    greedy requests give the same tokens whether their logits come back
+ *    to the host (as logprobs need) or not, beside sampled requests.
  * Models: synthetic llama (Q8_0; Q4_K with an untied head), qwen2 (QKV
  * bias, NeoX RoPE) and qwen3 (QK norm), n_embd 256, written with synth.h;
  * a 4-layer synthetic of SmolLM2's width and heads with mixed weight types;
@@ -57,6 +63,8 @@
 #include "gguf_write.h"
 #include "model.h"
 #include "quant.h"
+#include "sampler.h"
+#include "scheduler.h"
 #include "synth.h"
 #include "tok.h"
 
@@ -88,7 +96,7 @@ static bool step1(struct backend *be, const int32_t *a, const int32_t *b, bool a
         {.tokens = a, .n_tokens = 37, .pos = 0, .block_table = TABLE_A, .n_blocks = 3, .logits = BE_LOGITS_ALL},
         {.tokens = b, .n_tokens = 21, .pos = 0, .block_table = TABLE_B, .n_blocks = 2, .logits = BE_LOGITS_LAST},
     };
-    struct be_batch batch = {s, alone ? 1 : 2};
+    struct be_batch batch = {s, alone ? 1 : 2, NULL};
     struct kvb_err err = {{0}};
     enum kvb_status st = be->forward(be, &batch, logits, &err);
     CHECK_MSG(st == KVB_OK, "%s step 1: %s", be->name, err.msg);
@@ -103,7 +111,7 @@ static bool step2(struct backend *be, const int32_t *a, const int32_t *b, bool a
         {.tokens = a + 37, .n_tokens = 1, .pos = 37, .block_table = TABLE_A, .n_blocks = 3, .logits = BE_LOGITS_LAST},
         {.tokens = b + 21, .n_tokens = 10, .pos = 21, .block_table = TABLE_B, .n_blocks = 2, .logits = BE_LOGITS_ALL},
     };
-    struct be_batch batch = {s, alone ? 1 : 2};
+    struct be_batch batch = {s, alone ? 1 : 2, NULL};
     struct kvb_err err = {{0}};
     enum kvb_status st = be->forward(be, &batch, logits, &err);
     CHECK_MSG(st == KVB_OK, "%s step 2: %s", be->name, err.msg);
@@ -327,8 +335,160 @@ static void compare_exact(const char *label, const float *gpu, const float *cpu,
     CHECK_MSG(tg * 100 >= rows * 95, "%s: CUDA top-1 agrees with the f32 reference on %d of %d rows", label, tg, rows);
 }
 
+/* ---- greedy choices on the device ------------------------------------------------------------- */
+
+static const int32_t TABLE_C[2] = {1, 3};
+enum { LEN_C = 20 };
+
+/* One step over A (37 tokens), B (21) and C (20) from position 0 with the
+ * given logits modes; returns the number of logits rows written. */
+static int three_step(struct backend *be, const int32_t *a, const int32_t *b, const int32_t *c, const int mode[3],
+                      float *logits, int32_t *amax)
+{
+    struct be_seq s[3] = {
+        {.tokens = a, .n_tokens = 37, .pos = 0, .block_table = TABLE_A, .n_blocks = 3},
+        {.tokens = b, .n_tokens = 21, .pos = 0, .block_table = TABLE_B, .n_blocks = 2},
+        {.tokens = c, .n_tokens = LEN_C, .pos = 0, .block_table = TABLE_C, .n_blocks = 2},
+    };
+    int rows = 0;
+    for (int i = 0; i < 3; i++) {
+        s[i].logits = mode[i];
+        rows += mode[i] == BE_LOGITS_ALL ? s[i].n_tokens : mode[i] == BE_LOGITS_LAST;
+    }
+    struct be_batch batch = {s, 3, amax};
+    struct kvb_err err = {{0}};
+    enum kvb_status st = be->forward(be, &batch, logits, &err);
+    CHECK_MSG(st == KVB_OK, "%s three-sequence step: %s", be->name, err.msg);
+    return st == KVB_OK ? rows : -1;
+}
+
+static void check_device_argmax(const char *label, const struct model *m, const int32_t *a, const int32_t *b)
+{
+    const int32_t nv = m->hp.n_vocab;
+    int32_t c[LEN_C];
+    for (int i = 0; i < LEN_C; i++) c[i] = (a[i] * 7 + b[i]) % nv;
+    struct backend *gpu = make_be(m, true, false);
+    float *ref = kvb_malloc(sizeof(float) * (size_t)nv * 40), *got = kvb_malloc(sizeof(float) * (size_t)nv * 40);
+    if (!gpu || !ref || !got) goto done;
+    CHECK(gpu->argmax);
+    static const int modes_a[] = {BE_LOGITS_NONE, BE_LOGITS_ALL, BE_LOGITS_ARGMAX};
+    static const int modes_b[] = {BE_LOGITS_NONE, BE_LOGITS_LAST, BE_LOGITS_ARGMAX};
+    static const int modes_c[] = {BE_LOGITS_LAST, BE_LOGITS_ARGMAX};
+    int combos = 0, choices = 0, same_as_host = 0;
+    for (int ia = 0; ia < 3; ia++)
+        for (int ib = 0; ib < 3; ib++)
+            for (int ic = 0; ic < 2; ic++) {
+                const int mode[3] = {modes_a[ia], modes_b[ib], modes_c[ic]};
+                int ref_mode[3];
+                for (int i = 0; i < 3; i++) ref_mode[i] = mode[i] == BE_LOGITS_ARGMAX ? BE_LOGITS_LAST : mode[i];
+                /* The same output rows either way, so the same GEMM shapes
+                 * and the same logits bit for bit. */
+                int32_t amax[3] = {-7, -7, -7};
+                const int n_ref = three_step(gpu, a, b, c, ref_mode, ref, amax);
+                const int n_got = three_step(gpu, a, b, c, mode, got, amax);
+                if (n_ref < 0 || n_got < 0) goto done;
+                combos++;
+                int r_ref = 0, r_got = 0;
+                for (int i = 0; i < 3; i++) {
+                    const int n_rows = mode[i] == BE_LOGITS_ALL ? (i == 0 ? 37 : 21) : mode[i] != BE_LOGITS_NONE;
+                    if (mode[i] == BE_LOGITS_ARGMAX) {
+                        int32_t want;
+                        if (sampler_greedy(ref + (int64_t)r_ref * nv, nv, &want) != KVB_OK) want = -1;
+                        CHECK_MSG(amax[i] == want, "%s: modes %d/%d/%d: sequence %d: device chose %d, greedy of the "
+                                  "row %d", label, mode[0], mode[1], mode[2], i, amax[i], want);
+                        choices++;
+                        same_as_host += amax[i] == want;
+                    } else {
+                        CHECK_MSG(amax[i] == -7, "%s: modes %d/%d/%d: sequence %d's choice was written", label,
+                                  mode[0], mode[1], mode[2], i);
+                        CHECK_MSG(memcmp(got + (int64_t)r_got * nv, ref + (int64_t)r_ref * nv,
+                                         sizeof(float) * (size_t)nv * (size_t)n_rows) == 0,
+                                  "%s: modes %d/%d/%d: sequence %d's logits rows differ or moved", label, mode[0],
+                                  mode[1], mode[2], i);
+                        r_got += n_rows;
+                    }
+                    r_ref += n_rows;
+                }
+                CHECK_EQ_INT(r_got, n_got);
+            }
+    printf("%-16s %-34s %d mode mixes, %d/%d choices = greedy of the returned row\n", label, "greedy on the device",
+           combos, same_as_host, choices);
+done:
+    be_free(gpu);
+    kvb_free(ref);
+    kvb_free(got);
+}
+
+/* Tokens of each request through the scheduler. */
+enum { SQ_REQ = 6, SQ_GEN = 8 };
+struct sq_out {
+    int32_t toks[SQ_REQ][SQ_GEN];
+    int n[SQ_REQ];
+    int with_logits;
+};
+
+static bool sq_on_token(void *user, const struct sched_seq_info *info, int32_t tok)
+{
+    struct sq_out *o = user;
+    if (info->n_generated <= SQ_GEN) o->toks[info->user_id][info->n_generated - 1] = tok;
+    o->n[info->user_id] = info->n_generated;
+    o->with_logits += info->logits != NULL;
+    return false;
+}
+
+static void sq_run(const struct model *m, const int32_t *a, const int32_t *b, bool want_logits, struct sq_out *o)
+{
+    memset(o, 0, sizeof *o);
+    struct be_cuda_opts bo = {.device = 0, .block_size = BS, .n_blocks = 40, .n_threads = 3};
+    struct backend *be = NULL;
+    struct sched *s = NULL;
+    struct kvb_err err = {{0}};
+    CHECK_MSG(be_cuda_create(m, &bo, &be, &err) == KVB_OK, "%s", err.msg);
+    struct sched_opts so = {.max_batch = 4, .max_step_tokens = 48, .n_ctx = 80};
+    struct sched_callbacks cb = {.user = o, .on_token = sq_on_token};
+    if (be) CHECK_MSG(sched_create(be, m->hp.n_vocab, &so, &cb, &s, &err) == KVB_OK, "%s", err.msg);
+    for (int i = 0; s && i < SQ_REQ; i++) {
+        struct sampler_params sp;
+        sampler_params_default(&sp);
+        sp.temperature = i % 3 == 2 ? 0.8f : 0.0f; /* greedy beside sampled */
+        sp.seed = 77 + (uint64_t)i;
+        const int32_t *p = i % 2 ? b : a;
+        CHECK(sched_submit(s, (uint64_t)i, p + i, 20 + i, SQ_GEN, &sp, want_logits, &err) == KVB_OK);
+    }
+    int guard = 0;
+    while (s && !sched_idle(s) && guard++ < 1000) CHECK_MSG(sched_step(s, &err) == KVB_OK, "%s", err.msg);
+    sched_free(s);
+    be_free(be);
+}
+
+static void check_sched_greedy(const char *label, const struct model *m, const int32_t *a, const int32_t *b)
+{
+    struct sq_out *host = kvb_calloc(2, sizeof *host), *dev = host + 1;
+    if (!host) return;
+    sq_run(m, a, b, true, host);
+    sq_run(m, a, b, false, dev);
+    int same = 1, n_tok = 0;
+    for (int i = 0; i < SQ_REQ; i++) {
+        CHECK_EQ_INT(host->n[i], SQ_GEN);
+        CHECK_EQ_INT(dev->n[i], SQ_GEN);
+        n_tok += dev->n[i];
+        if (memcmp(host->toks[i], dev->toks[i], sizeof host->toks[i]) != 0) same = 0;
+    }
+    CHECK_MSG(same, "%s: tokens differ when greedy choices are made on the device", label);
+    /* Every token saw logits when asked; only the sampled ones (2 of 6
+     * requests) when not. */
+    CHECK_EQ_INT(host->with_logits, SQ_REQ * SQ_GEN);
+    CHECK_EQ_INT(dev->with_logits, 2 * SQ_GEN);
+    printf("%-16s %-34s %d tokens of %d requests identical: %s\n", label, "scheduler, greedy on the device", n_tok,
+           SQ_REQ, same ? "yes" : "NO");
+    kvb_free(host);
+}
+
+/* plumbing: also the greedy-choice checks, which test the backend's
+ * bookkeeping rather than the model's arithmetic (one synthetic model and
+ * the real one are enough; each costs minutes on the emulated device). */
 static void check_model(const char *label, const struct model *m, const struct model *mf, const int32_t *a,
-                        const int32_t *b, const int32_t *prompt, int32_t n_prompt, bool top1_vs_cpu)
+                        const int32_t *b, const int32_t *prompt, int32_t n_prompt, bool top1_vs_cpu, bool plumbing)
 {
     const int32_t nv = m->hp.n_vocab;
     float *lc = kvb_malloc(sizeof(float) * (size_t)nv * 49), *lg = kvb_malloc(sizeof(float) * (size_t)nv * 49);
@@ -391,6 +551,10 @@ static void check_model(const char *label, const struct model *m, const struct m
     cpu = make_be(m, false, false);
     gpu = make_be(m, true, false);
     if (cpu && gpu) greedy_compare(label, m, cpu, gpu, prompt, n_prompt);
+    if (plumbing) {
+        check_device_argmax(label, m, a, b);
+        check_sched_greedy(label, m, a, b);
+    }
 done:
     be_free(cpu);
     be_free(gpu);
@@ -409,7 +573,8 @@ static void text_tokens(int32_t *ids, int n, const char *text)
 static const char *TEXT_A = "The quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.";
 static const char *TEXT_B = "In the beginning the Universe was created. This has made a lot of people very angry.";
 
-static void check_synth(const char *dir, const char *label, const struct synth_opts *so, bool top1_vs_cpu)
+static void check_synth(const char *dir, const char *label, const struct synth_opts *so, bool top1_vs_cpu,
+                        bool plumbing)
 {
     char path[512], path32[512];
     snprintf(path, sizeof path, "%s/%s.gguf", dir, label);
@@ -430,7 +595,7 @@ static void check_synth(const char *dir, const char *label, const struct synth_o
     text_tokens(a, LEN_A, TEXT_A);
     text_tokens(b, LEN_B, TEXT_B);
     text_tokens(prompt, 24, "Once upon a time, there ");
-    check_model(label, m, mf, a, b, prompt, 24, top1_vs_cpu);
+    check_model(label, m, mf, a, b, prompt, 24, top1_vs_cpu, plumbing);
     model_free(m);
     model_free(mf);
     unlink(path);
@@ -467,7 +632,7 @@ static void check_real(const char *dir, const char *path)
     char path32[512];
     snprintf(path32, sizeof path32, "%s/smollm2-f32.gguf", dir);
     struct model *mf = load_f32_copy(path, path32);
-    if (n > 0) check_model("smollm2", m, mf, a, b, ids, (int32_t)n, false);
+    if (n > 0) check_model("smollm2", m, mf, a, b, ids, (int32_t)n, false, true);
     model_free(mf);
     unlink(path32);
     kvb_free(ids);
@@ -508,13 +673,13 @@ int main(void)
     so.n_layer = 2;
     so.matrix_type = GGML_TYPE_Q8_0;
     so.embd_type = GGML_TYPE_Q8_0;
-    check_synth(dir, "llama-q8_0", &so, true);
+    check_synth(dir, "llama-q8_0", &so, true, true);
 
     so.matrix_type = GGML_TYPE_Q4_K;
     so.embd_type = GGML_TYPE_Q4_K;
     so.tied_output = 0;
     so.seed = 7;
-    check_synth(dir, "llama-q4_k", &so, true);
+    check_synth(dir, "llama-q4_k", &so, true, false);
 
     synth_opts_default(&so);
     so.n_embd = 256;
@@ -523,12 +688,12 @@ int main(void)
     so.n_ff = 512;
     so.arch = "qwen2";
     so.seed = 3;
-    check_synth(dir, "qwen2-q8_0", &so, true);
+    check_synth(dir, "qwen2-q8_0", &so, true, false);
     so.arch = "qwen3";
     so.n_head = 8;
     so.head_dim = 64; /* 8 heads of 64 over a 256-wide stream, as qwen3 allows */
     so.seed = 4;
-    check_synth(dir, "qwen3-q8_0", &so, true);
+    check_synth(dir, "qwen3-q8_0", &so, true, false);
     /* SmolLM2's width and heads (576 wide, 9 query / 3 KV heads, FFN 1536:
      * an odd head count, a width that is no multiple of 256) with a
      * different weight type per layer, as quantized files have. Four layers
@@ -547,7 +712,7 @@ int main(void)
         so.layer_types = mix;
         so.n_layer_types = 3;
         so.seed = 11;
-        check_synth(dir, "smollm2-width", &so, true);
+        check_synth(dir, "smollm2-width", &so, true, false);
     }
 
     const char *real = tu_env("KVB_MODEL");

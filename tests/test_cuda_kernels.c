@@ -24,6 +24,7 @@
 #include "be_cuda.h"
 #include "dtype.h"
 #include "kernels.h"
+#include "sampler.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -461,6 +462,66 @@ static void test_gemm(cublasHandle_t h, int64_t n_tok, int64_t n_in, int64_t n_o
     free(got);
 }
 
+/* ---- greedy choice ----------------------------------------------------------------------------- */
+
+/* Row r gets pattern r % 9; the ones past 0 are where an argmax goes wrong:
+ * ties (inside one thread's stride and across threads, the lower index in
+ * the higher thread), NaN, rows with nothing choosable, infinities, a
+ * constant row, the winner last. */
+static void argmax_row(float *x, int32_t n, int pattern)
+{
+    fill(x, n, 8.0f);
+    const int32_t a = (int32_t)(rnd() % (uint64_t)n), b = (int32_t)(rnd() % (uint64_t)n);
+    switch (pattern) {
+    case 1: x[a] = x[b] = 9.0f; if (n > 300) x[257] = x[300] = x[44] = 9.5f; break;
+    case 2: for (int32_t i = 0; i < n; i += 7) x[i] = NAN; x[0] = NAN; x[b] = 20.0f; break;
+    case 3: for (int32_t i = 0; i < n; i++) x[i] = -INFINITY; break;
+    case 4: for (int32_t i = 0; i < n; i++) x[i] = NAN; break;
+    case 5: x[a] = INFINITY; x[b] = INFINITY; x[n / 2] = NAN; break;
+    case 6: for (int32_t i = 0; i < n; i++) x[i] = 1.25f; break;
+    case 7: for (int32_t i = 0; i < n; i++) x[i] = -INFINITY; x[n - 1] = -3.0f; break;
+    case 8: for (int32_t i = 0; i < n; i++) x[i] = i % 2 ? NAN : -INFINITY; x[n - 1] = NAN; break;
+    default: break;
+    }
+}
+
+static void test_argmax(int32_t n_rows, int32_t n, int64_t ld, bool gather)
+{
+    const int32_t n_src = gather ? n_rows + 3 : n_rows;
+    float *x = malloc(sizeof(float) * (size_t)(n_src * ld));
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_rows), *got = malloc(sizeof(int32_t) * (size_t)n_rows);
+    for (int32_t r = 0; r < n_src; r++) argmax_row(x + r * ld, n, r % 9);
+    for (int32_t r = 0; r < n_rows; r++) rows[r] = gather ? (r * 5 + 2) % n_src : r;
+    float *d_x = dev_put(x, sizeof(float) * (size_t)(n_src * ld));
+    int32_t *d_rows = dev_put(rows, sizeof(int32_t) * (size_t)n_rows), *d_out = dev_put(NULL, sizeof(int32_t) * (size_t)n_rows);
+    CU(kcu_argmax(d_out, d_x, ld, gather ? d_rows : NULL, n_rows, n, 0));
+    dev_get(got, d_out, sizeof(int32_t) * (size_t)n_rows);
+    int32_t bad = 0, first = -1, want_first = 0;
+    for (int32_t r = 0; r < n_rows; r++) {
+        int32_t want;
+        const enum kvb_status st = sampler_greedy(x + (int64_t)rows[r] * ld, n, &want);
+        if (st != KVB_OK) want = -1;
+        if (got[r] != want) {
+            if (first < 0) {
+                first = r;
+                want_first = want;
+            }
+            bad++;
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "argmax rows=%d n=%d ld=%lld%s", n_rows, n, (long long)ld, gather ? " gather" : "");
+    printf("%-44s n=%-8lld mismatches=%d%s\n", name, (long long)n_rows * n, bad, bad ? "  FAIL" : "  ok (exact)");
+    CHECK_MSG(bad == 0, "%s: %d rows differ, first %d (%d vs %d)", name, bad, first, first >= 0 ? got[first] : 0,
+              want_first);
+    cudaFree(d_x);
+    cudaFree(d_rows);
+    cudaFree(d_out);
+    free(x);
+    free(rows);
+    free(got);
+}
+
 /* Launchers must refuse what they cannot do rather than run off bounds. */
 static void test_refusals(void)
 {
@@ -470,6 +531,8 @@ static void test_refusals(void)
     CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 3, 64, 1.0f, 0) == cudaErrorInvalidValue); /* 4 heads over 3 */
     CHECK(kcu_rope(NULL, 0, 1, 1, 64, 128, 0, NULL, NULL, 0) == cudaErrorInvalidValue); /* rope_dim > head_dim */
     CHECK(kcu_add(NULL, NULL, 0, 0) == cudaSuccess); /* empty: nothing enqueued */
+    CHECK(kcu_argmax(NULL, NULL, 10, NULL, 1, 20, 0) == cudaErrorInvalidValue); /* rows overlap */
+    CHECK(kcu_argmax(NULL, NULL, 10, NULL, 0, 10, 0) == cudaSuccess);
     cudaGetLastError();
 }
 
@@ -524,6 +587,12 @@ int main(void)
     test_gemm(h, 128, 1024, 512);
     test_gemm(h, 200, 4096, 72);
     cublasDestroy(h);
+
+    test_argmax(18, 1, 1, false);
+    test_argmax(18, 255, 255, false);
+    test_argmax(27, 1000, 1003, false);
+    test_argmax(9, 49152, 49152, true);
+    test_argmax(18, 128256, 128256, false);
 
     test_refusals();
     return tu_finish();

@@ -148,11 +148,20 @@ static void test_chunking_and_batching_exact(void)
         {.tokens = other, .n_tokens = (int32_t)n2, .pos = 0, .block_table = tab_b, .n_blocks = 16, .logits = BE_LOGITS_LAST},
         {.tokens = ids, .n_tokens = (int32_t)n, .pos = 0, .block_table = tab_a, .n_blocks = 16, .logits = BE_LOGITS_ALL},
     };
-    struct be_batch b = {seqs, 2};
+    struct be_batch b = {seqs, 2, NULL};
     float *out = kvb_malloc(sizeof(float) * (size_t)nv * (n + 1));
     struct kvb_err err = {{0}};
     CHECK_MSG(be3->forward(be3, &b, out, &err) == KVB_OK, "%s", err.msg);
     CHECK_MSG(memcmp(whole, out + nv, sizeof(float) * (size_t)nv * n) == 0, "batched logits differ from alone");
+    /* The CPU backend returns logits only: a greedy choice asked of it is
+     * refused, naming the sequence, before anything runs. */
+    CHECK(!be3->argmax);
+    int32_t amax[2] = {-7, -7};
+    seqs[0].logits = BE_LOGITS_ARGMAX;
+    struct be_batch ba = {seqs, 2, amax};
+    CHECK(be3->forward(be3, &ba, out, &err) == KVB_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(err.msg, "sequence 0") != NULL, "%s", err.msg);
+    CHECK(amax[0] == -7);
     kvb_free(out);
     kvb_free(other);
     kvb_free(whole);

@@ -1,8 +1,11 @@
 /* test_sched.c — the scheduler on the real model: every request's tokens are
  * identical whatever max_batch, max_step_tokens, submission order, and pool
  * size (including a pool so small that sequences are preempted and
- * recomputed); a shared prefix is computed once; max_tokens and stop from the
- * callback end sequences. Skips (77) without the model. */
+ * recomputed), and whether greedy choices are made by the backend
+ * (BE_LOGITS_ARGMAX, through a wrapper that gives the CPU backend that
+ * ability the way the CUDA backend has it) or by the sampler; a shared
+ * prefix is computed once; max_tokens and stop from the callback end
+ * sequences. Skips (77) without the model. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +14,7 @@
 #include "alloc.h"
 #include "backend.h"
 #include "model.h"
+#include "sampler.h"
 #include "scheduler.h"
 #include "testutil.h"
 #include "tok.h"
@@ -34,6 +38,7 @@ struct result {
 struct ctx {
     struct result res[NREQ];
     uint64_t stop_id;      /* finish this request after its 3rd token (tests on_token stop) */
+    int no_logits;         /* tokens whose on_token saw info->logits NULL */
 };
 
 static bool on_token(void *user, const struct sched_seq_info *info, int32_t tok)
@@ -42,6 +47,7 @@ static bool on_token(void *user, const struct sched_seq_info *info, int32_t tok)
     struct result *r = &c->res[info->user_id];
     if (r->n < MAXGEN) r->toks[r->n++] = tok;
     CHECK(info->tokens[info->n_prompt + info->n_generated - 1] == tok);
+    c->no_logits += info->logits == NULL;
     return info->user_id == c->stop_id && info->n_generated == 3;
 }
 
@@ -56,7 +62,103 @@ static void on_finish(void *user, const struct sched_seq_info *info, enum sched_
 struct run_cfg {
     int32_t max_batch, max_step, n_blocks;
     bool shuffle;
+    bool argmax;      /* through the greedy-choosing wrapper below */
+    bool want_logits; /* every request asks for its logits */
 };
+
+/* ---- a backend that makes greedy choices itself -------------------------------- */
+
+/* Wraps the CPU backend: a BE_LOGITS_ARGMAX sequence is run as
+ * BE_LOGITS_LAST into a buffer of its own and reduced with sampler_greedy;
+ * the other rows are packed into the caller's logits as the seam says. */
+struct wrap {
+    struct backend be;
+    struct backend *inner;
+    float *buf;        /* (max rows, n_vocab) */
+    struct be_seq *seqs;
+    int32_t cap_rows, cap_seqs;
+};
+
+static enum kvb_status wrap_forward(struct backend *be, const struct be_batch *b, float *logits, struct kvb_err *err)
+{
+    struct wrap *w = be->impl;
+    const int64_t nv = M->hp.n_vocab;
+    struct be_batch_shape sh;
+    KVB_FORWARD_IF_ERROR(be_batch_check(be, M->hp.n_vocab, b, &sh, err));
+    const int64_t rows = sh.n_out + sh.n_argmax;
+    if (rows > w->cap_rows || b->n_seqs > w->cap_seqs) {
+        kvb_free(w->buf);
+        kvb_free(w->seqs);
+        w->buf = kvb_malloc(sizeof(float) * (size_t)(rows * nv));
+        w->seqs = kvb_malloc(sizeof *w->seqs * (size_t)b->n_seqs);
+        KVB_RETURN_IF(!w->buf || !w->seqs, KVB_ERR_NOMEM);
+        w->cap_rows = (int32_t)rows;
+        w->cap_seqs = b->n_seqs;
+    }
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        w->seqs[i] = b->seqs[i];
+        if (w->seqs[i].logits == BE_LOGITS_ARGMAX) w->seqs[i].logits = BE_LOGITS_LAST;
+    }
+    struct be_batch inner = {w->seqs, b->n_seqs, NULL};
+    KVB_FORWARD_IF_ERROR(w->inner->forward(w->inner, &inner, w->buf, err));
+    int64_t r = 0, host = 0;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        const struct be_seq *q = &b->seqs[i];
+        const int64_t n = q->logits == BE_LOGITS_ALL ? q->n_tokens : q->logits == BE_LOGITS_NONE ? 0 : 1;
+        if (q->logits == BE_LOGITS_ARGMAX) {
+            if (sampler_greedy(w->buf + r * nv, (int32_t)nv, &b->argmax[i]) != KVB_OK) b->argmax[i] = -1;
+        } else if (n > 0) {
+            memcpy(logits + host * nv, w->buf + r * nv, sizeof(float) * (size_t)(n * nv));
+            host += n;
+        }
+        r += n;
+    }
+    return KVB_OK;
+}
+
+static enum kvb_status wrap_read(struct backend *be, int32_t block, void *dst)
+{
+    struct backend *in = ((struct wrap *)be->impl)->inner;
+    return in->kv_block_read(in, block, dst);
+}
+
+static enum kvb_status wrap_write(struct backend *be, int32_t block, const void *src)
+{
+    struct backend *in = ((struct wrap *)be->impl)->inner;
+    return in->kv_block_write(in, block, src);
+}
+
+static void wrap_parallel(struct backend *be, void (*fn)(void *arg, int ith, int nth), void *arg)
+{
+    struct backend *in = ((struct wrap *)be->impl)->inner;
+    in->host_parallel(in, fn, arg);
+}
+
+static void wrap_free(struct backend *be)
+{
+    struct wrap *w = be->impl;
+    be_free(w->inner);
+    kvb_free(w->buf);
+    kvb_free(w->seqs);
+    kvb_free(w);
+}
+
+static struct backend *wrap_create(struct backend *inner)
+{
+    struct wrap *w = kvb_calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->inner = inner;
+    w->be = *inner;
+    w->be.name = "cpu+argmax";
+    w->be.impl = w;
+    w->be.argmax = true;
+    w->be.forward = wrap_forward;
+    w->be.kv_block_read = wrap_read;
+    w->be.kv_block_write = wrap_write;
+    w->be.host_parallel = wrap_parallel;
+    w->be.free = wrap_free;
+    return &w->be;
+}
 
 static struct sched_stats run(const struct run_cfg *cfg, struct ctx *c)
 {
@@ -64,6 +166,11 @@ static struct sched_stats run(const struct run_cfg *cfg, struct ctx *c)
     struct backend *be = NULL;
     struct kvb_err err = {{0}};
     CHECK_MSG(be_cpu_create(M, &bo, &be, &err) == KVB_OK, "%s", err.msg);
+    if (cfg->argmax) {
+        struct backend *w = wrap_create(be);
+        CHECK(w != NULL);
+        if (w) be = w;
+    }
     struct sched_opts so = {.max_batch = cfg->max_batch, .max_step_tokens = cfg->max_step, .n_ctx = 256};
     struct sched_callbacks cb = {.user = c, .on_token = on_token, .on_finish = on_finish};
     struct sched *s = NULL;
@@ -82,7 +189,7 @@ static struct sched_stats run(const struct run_cfg *cfg, struct ctx *c)
         sampler_params_default(&sp);
         sp.temperature = i % 2 ? 0.0f : 0.9f; /* greedy and seeded sampling both */
         sp.seed = 1000 + (uint64_t)i;
-        CHECK(sched_submit(s, (uint64_t)i, prompts[i], (int32_t)n_prompts[i], i == 5 ? 4 : MAXGEN, &sp, &err) == KVB_OK);
+        CHECK(sched_submit(s, (uint64_t)i, prompts[i], (int32_t)n_prompts[i], i == 5 ? 4 : MAXGEN, &sp, cfg->want_logits, &err) == KVB_OK);
     }
     int guard = 0;
     while (!sched_idle(s) && guard++ < 10000) CHECK_MSG(sched_step(s, &err) == KVB_OK, "%s", err.msg);
@@ -119,10 +226,13 @@ int main(void)
     }
 
     struct run_cfg cfgs[] = {
-        {1, 512, 64, false},  /* one at a time: the reference */
-        {8, 512, 64, false},
-        {12, 7, 64, true},    /* tiny step budget, shuffled */
-        {12, 64, 18, true},   /* pool too small for all: preemption */
+        {1, 512, 64, false, false, false},  /* one at a time: the reference */
+        {8, 512, 64, false, false, false},
+        {12, 7, 64, true, false, false},    /* tiny step budget, shuffled */
+        {12, 64, 18, true, false, false},   /* pool too small for all: preemption */
+        {8, 512, 64, false, true, false},   /* greedy choices made by the backend */
+        {12, 64, 18, true, true, false},    /* ... with preemption */
+        {8, 512, 64, false, true, true},    /* ... unless the logits are wanted */
     };
     struct ctx ref = {.stop_id = 7};
     struct sched_stats st0 = run(&cfgs[0], &ref);
@@ -155,7 +265,12 @@ int main(void)
                           memcmp(got.res[i].toks, ref.res[i].toks, sizeof(int32_t) * (size_t)ref.res[i].n) == 0,
                       "config %zu: request %d differs from the one-at-a-time run", c, i);
         }
-        if (c == 3) CHECK_MSG(st.preemptions > 0, "the small pool was expected to force preemption");
+        if (c == 3 || c == 5) CHECK_MSG(st.preemptions > 0, "the small pool was expected to force preemption");
+        /* The greedy requests (odd ids) see no logits exactly when the
+         * backend chose their tokens. */
+        int greedy_tokens = 0;
+        for (int i = 1; i < NREQ; i += 2) greedy_tokens += got.res[i].n;
+        CHECK_EQ_INT(got.no_logits, cfgs[c].argmax && !cfgs[c].want_logits ? greedy_tokens : 0);
         if (c == 2) CHECK(st.steps > st0.steps / 4);
     }
     for (int i = 0; i < NREQ; i++) kvb_free(prompts[i]);

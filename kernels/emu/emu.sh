@@ -34,7 +34,7 @@ open(sys.argv[2], 'w').write('#line 1 "%s"\n' % sys.argv[1] + out)
 PY
 done
 
-flags="-O1 -g $san -D_GNU_SOURCE -DKVBATCH_HAVE_CUDA=1 -I$root/kernels -I$root/src -I$root/tests -I$cuda_inc -I$root/kernels/emu"
+flags="-O1 -g $san -D_GNU_SOURCE -DKVBATCH_HAVE_CUDA=1 -I$root/kernels -I$root/src -I$root/store -I$root/jobs -I$root/tests -I$cuda_inc -I$root/kernels/emu"
 objs=()
 for cc in "$bdir"/emu/k_*.cc "$root/kernels/emu/cuda_emu.cc"; do
   o="$bdir/emu/$(basename "$cc").o"
