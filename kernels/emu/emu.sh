@@ -56,13 +56,20 @@ for t in test_cuda_kernels test_cuda_backend; do
 done
 # The benchmark driver, on tiny models (in memory, and a synthetic file):
 # that it runs, not how fast.
-gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$root/kernels/bench_gpu.c" -o "$bdir/emu/bench_gpu.o"
-g++ $san "$bdir/emu/bench_gpu.o" "${objs[@]}" $libs -o "$bdir/emu/bench_gpu"
+bench_objs=()
+for c in "$root"/kernels/bench/*.c; do
+  o="$bdir/emu/bench-$(basename "$c").o"
+  gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$c" -o "$o"
+  bench_objs+=("$o")
+done
+g++ $san "${bench_objs[@]}" "${objs[@]}" $libs -o "$bdir/emu/bench_gpu"
 echo "== bench_gpu (emulated device, tiny models)"
 small="--ctx 40 --batch 3 --prefill-seqs 2 --prefill-len 24 --steps 2 --peak-tflops 1"
 export ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=0
 "$bdir/emu/bench_gpu" bench --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --vocab 1000 $small --deterministic || rc=1
 "$bdir/emu/bench_gpu" synth "$bdir/emu/tiny.gguf" --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 || rc=1
 "$bdir/emu/bench_gpu" bench --model "$bdir/emu/tiny.gguf" $small || rc=1
+"$bdir/emu/bench_gpu" job --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --vocab 1000 --requests 12 \
+  --prompt 40 --prefix 16 --gen 4 --max-batch 4 --step-tokens 64 --kv-gib 0.01 --cache-requests 4 || rc=1
 rm -f "$bdir/emu/tiny.gguf"
 exit $rc

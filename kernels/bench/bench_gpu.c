@@ -1,5 +1,6 @@
-/* bench_gpu.c — the GPU benchmark: times the CUDA backend directly (no
- * scheduler, no tokenizer) and prints each figure beside its bound.
+/* bench_gpu.c — the GPU benchmark: `bench` times the CUDA backend's steps
+ * directly (no scheduler, no tokenizer) and prints each figure beside its
+ * bound; `job` (bench_job.c) runs the offline job through the scheduler.
  *
  *   bench_gpu bench [--model PATH] [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--vocab N]
  *                   [--ctx N] [--batch N] [--prefill-seqs N] [--prefill-len N] [--steps N] [--deterministic]
@@ -16,6 +17,9 @@
  *       every weight once plus each sequence's K/V. --deterministic repeats
  *       the figures in be_cuda's deterministic mode; --peak-tflops takes the
  *       GEMM rate as given instead of measuring it.
+ *   bench_gpu job …
+ *       the offline job through the scheduler, and the persistent cache
+ *       cold/warm pair (bench_job.c).
  *   bench_gpu synth PATH [--layers N] [--embd N] [--ff N] [--heads N] [--kv-heads N] [--type bf16|f16|q8_0]
  *       writes a synthetic GGUF (synth.h: vocabulary of 259 byte tokens)
  *       for runs through `kvbatch run`.
@@ -32,6 +36,7 @@
 #include <cuda_runtime_api.h>
 
 #include "alloc.h"
+#include "bench_util.h"
 #include "backend.h"
 #include "be_cuda.h"
 #include "kernels.h"
@@ -41,56 +46,28 @@
 
 #define HBM_BYTES_PER_S 4.8e12 /* H200 */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static long arg_int(int argc, char **argv, const char *name, long def)
-{
-    for (int i = 0; i + 1 < argc; i++)
-        if (!strcmp(argv[i], name)) return strtol(argv[i + 1], NULL, 10);
-    return def;
-}
-
-static const char *arg_str(int argc, char **argv, const char *name, const char *def)
-{
-    for (int i = 0; i + 1 < argc; i++)
-        if (!strcmp(argv[i], name)) return argv[i + 1];
-    return def;
-}
-
-static bool arg_flag(int argc, char **argv, const char *name)
-{
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], name)) return true;
-    return false;
-}
-
 static int cmd_synth(int argc, char **argv)
 {
     struct synth_opts o;
     synth_opts_default(&o);
-    o.n_layer = (int32_t)arg_int(argc, argv, "--layers", 32);
-    o.n_embd = (int32_t)arg_int(argc, argv, "--embd", 4096);
-    o.n_ff = (int32_t)arg_int(argc, argv, "--ff", 14336);
-    o.n_head = (int32_t)arg_int(argc, argv, "--heads", 32);
-    o.n_head_kv = (int32_t)arg_int(argc, argv, "--kv-heads", 8);
+    o.n_layer = (int32_t)bench_arg_int(argc, argv, "--layers", 32);
+    o.n_embd = (int32_t)bench_arg_int(argc, argv, "--embd", 4096);
+    o.n_ff = (int32_t)bench_arg_int(argc, argv, "--ff", 14336);
+    o.n_head = (int32_t)bench_arg_int(argc, argv, "--heads", 32);
+    o.n_head_kv = (int32_t)bench_arg_int(argc, argv, "--kv-heads", 8);
     o.n_ctx = 8192;
-    const char *type = arg_str(argc, argv, "--type", "bf16");
+    const char *type = bench_arg_str(argc, argv, "--type", "bf16");
     enum ggml_type t = !strcmp(type, "f16") ? GGML_TYPE_F16 : !strcmp(type, "q8_0") ? GGML_TYPE_Q8_0 : GGML_TYPE_BF16;
     o.matrix_type = o.embd_type = t;
     o.tied_output = 0;
     struct kvb_err err = {{0}};
-    double t0 = now_s();
+    double t0 = bench_now();
     if (synth_model_write(argv[2], &o, &err) != KVB_OK) {
         fprintf(stderr, "bench_gpu synth: %s\n", err.msg);
         return 1;
     }
     printf("wrote %s: %d layers, hidden %d, %d heads / %d KV heads, FFN %d, vocab 259, %s, in %.1f s\n", argv[2],
-           o.n_layer, o.n_embd, o.n_head, o.n_head_kv, o.n_ff, type, now_s() - t0);
+           o.n_layer, o.n_embd, o.n_head, o.n_head_kv, o.n_ff, type, bench_now() - t0);
     return 0;
 }
 
@@ -119,10 +96,10 @@ static double gemm_peak(void)
         kcu_gemm_bf16(h, y, x, w, n_tok, n_in, n_out); /* warm-up, picks the algorithm */
         cudaDeviceSynchronize();
         const int reps = 10;
-        double t0 = now_s();
+        double t0 = bench_now();
         for (int r = 0; r < reps; r++) kcu_gemm_bf16(h, y, x, w, n_tok, n_in, n_out);
         cudaDeviceSynchronize();
-        const double dt = (now_s() - t0) / reps, rate = 2.0 * (double)n_tok * n_in * n_out / dt;
+        const double dt = (bench_now() - t0) / reps, rate = 2.0 * (double)n_tok * n_in * n_out / dt;
         printf("  cuBLAS bf16 GEMM %lldx%lldx%lld: %.3f ms, %.1f TFLOP/s\n", (long long)n_tok, (long long)n_in,
                (long long)n_out, dt * 1e3, rate / 1e12);
         if (rate > best) best = rate;
@@ -171,14 +148,14 @@ static double time_steps(struct backend *be, const struct be_batch *batch, int s
         *failed = 1;
         return 0;
     }
-    double t0 = now_s();
+    double t0 = bench_now();
     for (int i = 0; i < steps; i++)
         if (be->forward(be, batch, logits, &err) != KVB_OK) {
             fprintf(stderr, "forward: %s\n", err.msg);
             *failed = 1;
             return 0;
         }
-    return (now_s() - t0) / steps;
+    return (bench_now() - t0) / steps;
 }
 
 static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch, int32_t pf_seqs, int32_t pf_len,
@@ -197,12 +174,12 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
     struct be_cuda_opts o = {.device = 0, .block_size = bs, .n_blocks = n_blocks, .deterministic = det};
     struct backend *be = NULL;
     struct kvb_err err = {{0}};
-    double t0 = now_s();
+    double t0 = bench_now();
     if (be_cuda_create(m, &o, &be, &err) != KVB_OK) {
         fprintf(stderr, "be_cuda_create: %s\n", err.msg);
         return 1;
     }
-    printf("[%s] upload %.1f s\n", mode, now_s() - t0);
+    printf("[%s] upload %.1f s\n", mode, bench_now() - t0);
     int failed = 0;
     const int32_t max_seqs = batch > pf_seqs ? batch : pf_seqs;
     float *logits = kvb_malloc(sizeof(float) * (size_t)max_seqs * hp->n_vocab);
@@ -255,147 +232,27 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
     return failed;
 }
 
-/* ---- an in-memory model ------------------------------------------------------------ */
-
-/* Host side of an in-memory bf16 model: one set of matrices that every
- * layer points to (be_cuda uploads each layer separately anyway), so that a
- * 16 GB model costs 0.4 GB of host memory and no disk. */
-struct mem_model {
-    struct model m;
-    uint16_t *bufs[8];
-    float *ones;
-};
-
-static uint16_t *rand_bf16(int64_t n, float sigma, uint64_t seed)
-{
-    uint16_t *p = kvb_malloc(sizeof(uint16_t) * (size_t)n);
-    if (!p) return NULL;
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    const float u = sigma * 1.7320508f / 2147483648.0f; /* uniform on [-u, u]: std sigma */
-    for (int64_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[i] = kvb_f32_to_bf16(u * (float)(int32_t)(uint32_t)x);
-    }
-    return p;
-}
-
-static struct mm_weight bf16_weight(const uint16_t *data, int64_t n_in, int64_t n_out)
-{
-    return (struct mm_weight){.type = GGML_TYPE_BF16, .n_in = n_in, .n_out = n_out, .data = data,
-                              .row_bytes = (size_t)n_in * 2};
-}
-
-static void mem_model_free(struct mem_model *mm)
-{
-    if (!mm) return;
-    for (int i = 0; i < 8; i++) kvb_free(mm->bufs[i]);
-    kvb_free(mm->ones);
-    kvb_free(mm->m.layers);
-    kvb_free(mm);
-}
-
-static struct mem_model *mem_model_create(int32_t n_layer, int32_t e, int32_t ff, int32_t n_head, int32_t n_head_kv,
-                                          int32_t n_vocab)
-{
-    struct mem_model *mm = kvb_calloc(1, sizeof *mm);
-    if (!mm) return NULL;
-    struct model *m = &mm->m;
-    const int32_t hd = e / n_head;
-    m->arch = MODEL_ARCH_LLAMA;
-    m->hp = (struct model_hparams){.n_vocab = n_vocab, .n_ctx_train = 8192, .n_embd = e, .n_ff = ff,
-                                   .n_layer = n_layer, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = hd,
-                                   .rope_dim = hd, .rope_base = 500000.0f, .rms_eps = 1e-5f, .rope = ROPE_NORM};
-    snprintf(m->name, sizeof m->name, "in-memory bf16 model (%d layers, hidden %d)", n_layer, e);
-    const int64_t qd = (int64_t)n_head * hd, kvd = (int64_t)n_head_kv * hd;
-    const float si = 1.0f / sqrtf((float)e), sf = 1.0f / sqrtf((float)ff);
-    mm->bufs[0] = rand_bf16(qd * e, si, 1);
-    mm->bufs[1] = rand_bf16(kvd * e, si, 2);
-    mm->bufs[2] = rand_bf16(kvd * e, si, 3);
-    mm->bufs[3] = rand_bf16(e * qd, 1.0f / sqrtf((float)qd), 4);
-    mm->bufs[4] = rand_bf16((int64_t)ff * e, si, 5);
-    mm->bufs[5] = rand_bf16((int64_t)e * ff, sf, 6);
-    mm->bufs[6] = rand_bf16((int64_t)n_vocab * e, 1.0f, 7);
-    mm->bufs[7] = rand_bf16((int64_t)n_vocab * e, si, 8);
-    mm->ones = kvb_malloc(sizeof(float) * (size_t)e);
-    m->layers = kvb_calloc((size_t)n_layer, sizeof *m->layers);
-    bool ok = mm->ones && m->layers;
-    for (int i = 0; i < 8; i++) ok = ok && mm->bufs[i];
-    if (!ok) {
-        mem_model_free(mm);
-        return NULL;
-    }
-    for (int32_t i = 0; i < e; i++) mm->ones[i] = 1.0f;
-    for (int32_t l = 0; l < n_layer; l++) {
-        struct model_layer *L = &m->layers[l];
-        L->attn_norm = L->ffn_norm = mm->ones;
-        L->wq = bf16_weight(mm->bufs[0], e, qd);
-        L->wk = bf16_weight(mm->bufs[1], e, kvd);
-        L->wv = bf16_weight(mm->bufs[2], e, kvd);
-        L->wo = bf16_weight(mm->bufs[3], qd, e);
-        L->w_gate = bf16_weight(mm->bufs[4], e, ff);
-        L->w_up = bf16_weight(mm->bufs[4], e, ff); /* same values as gate: only timing matters */
-        L->w_down = bf16_weight(mm->bufs[5], ff, e);
-    }
-    m->tok_embd = bf16_weight(mm->bufs[6], e, n_vocab);
-    m->output = bf16_weight(mm->bufs[7], e, n_vocab);
-    m->output_norm = mm->ones;
-    return mm;
-}
-
 static int cmd_bench(int argc, char **argv)
 {
-    const int32_t ctx = (int32_t)arg_int(argc, argv, "--ctx", 512);
-    const int32_t batch = (int32_t)arg_int(argc, argv, "--batch", 256);
-    const int32_t pf_seqs = (int32_t)arg_int(argc, argv, "--prefill-seqs", 8);
-    const int32_t pf_len = (int32_t)arg_int(argc, argv, "--prefill-len", 512);
-    const int steps = (int)arg_int(argc, argv, "--steps", 10);
+    const int32_t ctx = (int32_t)bench_arg_int(argc, argv, "--ctx", 512);
+    const int32_t batch = (int32_t)bench_arg_int(argc, argv, "--batch", 256);
+    const int32_t pf_seqs = (int32_t)bench_arg_int(argc, argv, "--prefill-seqs", 8);
+    const int32_t pf_len = (int32_t)bench_arg_int(argc, argv, "--prefill-len", 512);
+    const int steps = (int)bench_arg_int(argc, argv, "--steps", 10);
     char why[256];
     if (!be_cuda_available(0, why, sizeof why)) {
         fprintf(stderr, "bench_gpu: no CUDA device: %s\n", why);
         return 77;
     }
     printf("device 0: %s, %.1f GiB free\n", why, (double)be_cuda_free_memory(0) / (1 << 30));
-    struct model *file_model = NULL;
-    struct mem_model *mem = NULL;
-    const struct model *m;
-    struct kvb_err err = {{0}};
-    double t0 = now_s();
-    const char *path = arg_str(argc, argv, "--model", NULL);
-    if (path) {
-        if (model_load(path, &file_model, &err) != KVB_OK) {
-            fprintf(stderr, "bench_gpu: %s\n", err.msg);
-            return 1;
-        }
-        m = file_model;
-    } else {
-        mem = mem_model_create((int32_t)arg_int(argc, argv, "--layers", 32), (int32_t)arg_int(argc, argv, "--embd", 4096),
-                               (int32_t)arg_int(argc, argv, "--ff", 14336), (int32_t)arg_int(argc, argv, "--heads", 32),
-                               (int32_t)arg_int(argc, argv, "--kv-heads", 8),
-                               (int32_t)arg_int(argc, argv, "--vocab", 128256));
-        if (!mem) {
-            fprintf(stderr, "bench_gpu: out of host memory for the model\n");
-            return 1;
-        }
-        m = &mem->m;
-    }
-    const struct model_hparams *hp = &m->hp;
-    printf("model %s: %d layers, hidden %d, %d/%d heads, FFN %d, vocab %d (ready in %.1f s)\n", path ? path : m->name,
-           hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_ff, hp->n_vocab, now_s() - t0);
-    if (hp->n_vocab != 128256)
-        printf("figure: NOTE: vocab %d, not Llama 3's 128256: the head and embedding differ from the real model's\n",
-               hp->n_vocab);
-    if (hp->n_layer != 32)
-        printf("figure: NOTE: %d layers, not 32: per-step times scale about linearly with the layer count\n",
-               hp->n_layer);
-    const char *given = arg_str(argc, argv, "--peak-tflops", NULL); /* skip the measurement */
+    struct bench_model bm;
+    if (!bench_model_open(argc, argv, &bm)) return 1;
+    const char *given = bench_arg_str(argc, argv, "--peak-tflops", NULL); /* skip the measurement */
     const double peak = given ? atof(given) * 1e12 : gemm_peak();
     printf("figure: bf16 GEMM rate (cuBLAS, best of 3 large shapes): %.1f TFLOP/s\n", peak / 1e12);
-    int rc = run_mode(m, false, ctx, batch, pf_seqs, pf_len, steps, peak);
-    if (arg_flag(argc, argv, "--deterministic")) rc |= run_mode(m, true, ctx, batch, pf_seqs, pf_len, steps, peak);
-    model_free(file_model);
-    mem_model_free(mem);
+    int rc = run_mode(bm.m, false, ctx, batch, pf_seqs, pf_len, steps, peak);
+    if (bench_arg_flag(argc, argv, "--deterministic")) rc |= run_mode(bm.m, true, ctx, batch, pf_seqs, pf_len, steps, peak);
+    bench_model_close(&bm);
     return rc;
 }
 
@@ -403,10 +260,14 @@ int main(int argc, char **argv)
 {
     if (argc >= 3 && !strcmp(argv[1], "synth")) return cmd_synth(argc, argv);
     if (argc >= 2 && !strcmp(argv[1], "bench")) return cmd_bench(argc, argv);
+    if (argc >= 2 && !strcmp(argv[1], "job")) return bench_cmd_job(argc, argv);
     fprintf(stderr, "usage: bench_gpu bench [--model PATH | --layers 32 --embd 4096 --ff 14336 --heads 32 --kv-heads 8 "
                     "--vocab 128256]\n"
                     "                       [--ctx 512 --batch 256 --prefill-seqs 8 --prefill-len 512 --steps 10 "
                     "--deterministic --peak-tflops X]\n"
+                    "       bench_gpu job [model options as bench] [--requests 1000 --prompt 512 --prefix 256 --gen 128\n"
+                    "                     --max-batch 256 --step-tokens 4096 --kv-gib 40 --cache-requests 64 "
+                    "--cache-dir DIR --deterministic]\n"
                     "       bench_gpu synth PATH [--layers N --embd N --ff N --heads N --kv-heads N --type bf16]\n");
     return 2;
 }
