@@ -591,6 +591,23 @@ static void cuda_host_parallel(struct backend *be, void (*fn)(void *arg, int ith
     tpool_run(((struct cuda_be *)be)->pool, fn, arg);
 }
 
+static void *cuda_host_alloc(struct backend *be, size_t bytes)
+{
+    void *p = NULL;
+    if (cudaSetDevice(((struct cuda_be *)be)->device) != cudaSuccess ||
+        cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the caller goes on without staging */
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(struct backend *be, void *p)
+{
+    (void)be;
+    if (p) cudaFreeHost(p);
+}
+
 static enum kvb_status cuda_block_read(struct backend *be, int32_t block, void *dst)
 {
     return cuda_block_copy(be, block, dst, false);
@@ -632,6 +649,8 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->be.kv_block_write = cuda_block_write;
     c->be.free = cuda_free;
     c->be.host_parallel = cuda_host_parallel;
+    c->be.host_alloc = cuda_host_alloc;
+    c->be.host_free = cuda_host_free;
     c->be.argmax = true;
     c->be.block_size = o->block_size;
     c->be.n_blocks = o->n_blocks;

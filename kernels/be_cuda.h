@@ -12,7 +12,9 @@
  * positions and block tables go up in one copy from pinned memory, and the
  * logits rows come back to the host (the engine samples there, on the
  * backend's host threads) — except for greedy requests (BE_LOGITS_ARGMAX),
- * whose choice is made on the device (kcu_argmax) and comes back alone.
+ * whose choice is made on the device (kcu_argmax) and comes back alone. The
+ * persistent cache's blocks go through page-locked host staging
+ * (host_alloc), so their copies run at full bus speed.
  *
  * Not bit-identical to the CPU backend: bf16 weights and activations keep 8
  * significant bits where the CPU computes with the stored quantized values

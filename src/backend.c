@@ -2,6 +2,20 @@
  * so that all of them refuse the same batches with the same messages. */
 #include "backend.h"
 
+#include "alloc.h"
+
+void *be_host_alloc(struct backend *be, size_t bytes)
+{
+    return be->host_alloc ? be->host_alloc(be, bytes) : kvb_aligned_alloc(64, bytes);
+}
+
+void be_host_free(struct backend *be, void *p)
+{
+    if (!p) return;
+    if (be->host_free) be->host_free(be, p);
+    else kvb_free(p);
+}
+
 enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const struct be_batch *b,
                                struct be_batch_shape *out, struct kvb_err *err)
 {

@@ -13,6 +13,7 @@
 #define KVB_BACKEND_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "quant.h"
@@ -69,6 +70,13 @@ struct backend {
      * scheduler sample a step's sequences in parallel on threads that
      * would otherwise wait. */
     void (*host_parallel)(struct backend *be, void (*fn)(void *arg, int ith, int nth), void *arg);
+    /* Optional (NULL: kvb_aligned_alloc / kvb_free): host memory that
+     * kv_block_read/write copy fastest from and to — page-locked for a GPU,
+     * which copies it by DMA at full bus speed where ordinary memory goes
+     * through a bounce buffer. For the staging of persistent-cache blocks;
+     * host_free takes what host_alloc gave (NULL accepted). */
+    void *(*host_alloc)(struct backend *be, size_t bytes);
+    void (*host_free)(struct backend *be, void *p);
 };
 
 /* Totals of a checked batch. */
@@ -105,6 +113,9 @@ int64_t be_cpu_block_bytes(const struct model *m, int32_t block_size);
 
 static inline const char *be_kernels_name(const struct backend *be) { return be->kernels ? be->kernels : be->name; }
 static inline int be_threads(const struct backend *be) { return be->n_threads > 0 ? be->n_threads : 1; }
+
+void *be_host_alloc(struct backend *be, size_t bytes); /* NULL when out of memory */
+void be_host_free(struct backend *be, void *p);
 
 static inline void be_free(struct backend *be)
 {

@@ -127,7 +127,7 @@ void sched_free(struct sched *s)
     kvb_free(s->samp_amax);
     kvb_free(s->bseqs);
     kvb_free(s->bsrc);
-    kvb_free(s->staging);
+    be_host_free(s->be, s->staging);
     radix_free(s->radix);
     kv_alloc_free(s->kv);
     kvb_free(s);
@@ -139,14 +139,18 @@ void sched_set_store(struct sched *s, struct pstore *ps, const struct pstore_mod
     s->pm = pm;
 }
 
+/* Staging comes from the backend (page-locked on a GPU, where allocating
+ * is slow): grown by doubling, so a run allocates it a few times at most. */
 static bool ensure_staging(struct sched *s, int32_t n_blocks)
 {
     if (n_blocks <= s->cap_staging) return true;
-    uint8_t *ns = kvb_aligned_alloc(64, (size_t)s->be->block_bytes * (size_t)n_blocks);
+    int32_t cap = s->cap_staging * 2 > n_blocks ? s->cap_staging * 2 : n_blocks;
+    if (cap > 256 && n_blocks <= 256) cap = 256; /* the most one load takes */
+    uint8_t *ns = be_host_alloc(s->be, (size_t)s->be->block_bytes * (size_t)cap);
     if (!ns) return false;
-    kvb_free(s->staging);
+    be_host_free(s->be, s->staging);
     s->staging = ns;
-    s->cap_staging = n_blocks;
+    s->cap_staging = cap;
     return true;
 }
 

@@ -23,7 +23,8 @@
  * parameters — the backend's results are batch-independent and reused KV
  * blocks hold bit-identical values.
  *
- * Ownership: the scheduler borrows the backend (whose KV pool it manages)
+ * Ownership: the scheduler borrows the backend (whose KV pool it manages,
+ * and which must outlive it: sched_free hands staging memory back to it)
  * and copies each submitted prompt; callbacks receive pointers valid only
  * during the call. */
 #ifndef KVB_SCHED_H

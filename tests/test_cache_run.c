@@ -42,6 +42,25 @@ static bool on_token(void *user, const struct sched_seq_info *info, int32_t tok)
     return false;
 }
 
+/* The backend's staging hooks (be_host_alloc), counted: the scheduler must
+ * stage blocks in what the backend gives and hand every buffer back. */
+static int n_host_allocs, n_host_live;
+
+static void *count_alloc(struct backend *be, size_t bytes)
+{
+    (void)be;
+    n_host_allocs++;
+    n_host_live++;
+    return kvb_aligned_alloc(64, bytes);
+}
+
+static void count_free(struct backend *be, void *p)
+{
+    (void)be;
+    n_host_live--;
+    kvb_free(p);
+}
+
 /* Runs every request; returns the scheduler's stats and, via *pst, the store's. */
 static struct sched_stats run(const char *cache_dir, bool reverse, struct out *o, struct pstore_stats *pst)
 {
@@ -50,6 +69,9 @@ static struct sched_stats run(const char *cache_dir, bool reverse, struct out *o
     struct backend *be = NULL;
     struct kvb_err err = {{0}};
     CHECK_MSG(be_cpu_create(M, &bo, &be, &err) == KVB_OK, "%s", err.msg);
+    be->host_alloc = count_alloc;
+    be->host_free = count_free;
+    const int allocs_before = n_host_allocs;
     struct sched_opts so = {.max_batch = 4, .max_step_tokens = 64, .n_ctx = 512};
     struct sched_callbacks cb = {.user = o, .on_token = on_token};
     struct sched *s = NULL;
@@ -80,6 +102,8 @@ static struct sched_stats run(const char *cache_dir, bool reverse, struct out *o
     }
     pstore_close(ps);
     sched_free(s);
+    CHECK_MSG(n_host_live == 0, "%d staging buffers not handed back to the backend", n_host_live);
+    if (cache_dir) CHECK_MSG(n_host_allocs > allocs_before, "blocks were staged outside the backend's host memory");
     be_free(be);
     return st;
 }
