@@ -40,6 +40,24 @@ struct cu_layer {
     uint16_t *wdown;             /* (n_embd, n_ff) bf16 */
 };
 
+/* A step enqueues ~17 launches per layer; for small steps the host's
+ * launch rate, not the GPU, sets the pace. With graphs on, a step shape
+ * (n_tok, n_out, n_am) seen before is captured once into a graph and
+ * replayed with one launch: decode steps repeat their shape step after
+ * step. Slots are reused least recently used first; all are dropped when
+ * the step buffers or the index buffer move (their addresses are in the
+ * graphs). If capturing fails for any reason, graphs are switched off for
+ * this backend and the step runs as usual: they are an optimisation. */
+#define GRAPH_SLOTS 16
+#define GRAPH_MAX_TOK 1024 /* larger steps are prefill chunks: launch-bound they are not */
+
+struct graph_slot {
+    int64_t n_tok, n_out, n_am;
+    int seen;               /* steps of this shape so far */
+    cudaGraphExec_t exec;   /* NULL until captured */
+    uint64_t last_use;
+};
+
 struct cuda_be {
     struct backend be;
     const struct model *m;
@@ -48,6 +66,12 @@ struct cuda_be {
     cudaStream_t stream;
     cublasHandle_t blas;
     struct tpool *pool;             /* host threads for the engine's sampling (host_parallel) */
+    void *blas_ws;                  /* cuBLAS workspace, set explicitly so captured GEMMs keep it */
+    bool graphs;                    /* CUDA graphs for repeated step shapes (see struct graph_slot) */
+    struct graph_slot gslots[GRAPH_SLOTS];
+    uint64_t graph_clock;
+    int64_t graph_launches;
+    char graph_off[160];            /* why graphs were switched off, or "" */
     int64_t q_dim, kv_dim, qkv_dim; /* n_head*hd, n_head_kv*hd, q_dim + 2*kv_dim */
     int64_t block_elems;            /* fp16 elements of one KV block */
 
@@ -77,6 +101,8 @@ struct cuda_be {
     int32_t *h_idx;                 /* pinned host */
     int32_t *d_idx;                 /* device */
 };
+
+static void graphs_clear(struct cuda_be *c);
 
 /* ---- foreign errors ------------------------------------------------------------ */
 
@@ -191,6 +217,8 @@ static void cuda_free(struct backend *be)
     if (!c) return;
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
+    graphs_clear(c);
+    cudaFree(c->blas_ws);
     free_scratch(c);
     if (c->layers) {
         for (int l = 0; l < c->m->hp.n_layer; l++) {
@@ -350,6 +378,8 @@ static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, str
 
 /* ---- step ----------------------------------------------------------------------------- */
 
+#define BLAS_WORKSPACE ((int64_t)32 << 20)
+
 static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_out, int64_t n_idx,
@@ -362,6 +392,7 @@ static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_o
         const int64_t no = round_up(n_out > c->cap_out ? n_out : c->cap_out, BE_CUDA_DET_ROWS);
         int64_t wide = e > c->q_dim ? e : c->q_dim;
         if (f > wide) wide = f;
+        graphs_clear(c); /* they hold the old buffers' addresses */
         free_scratch(c);
         struct { void *p; int64_t bytes; } b[] = {
             {&c->x, nt * e * 4},       {&c->xn, nt * e * 4},       {&c->qkv, nt * c->qkv_dim * 4},
@@ -389,7 +420,8 @@ static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_o
         c->cap_out = no;
     }
     if (n_idx > c->cap_idx) {
-        const int64_t ni = round_up(n_idx, 4096);
+        const int64_t ni = round_up(n_idx > 2 * c->cap_idx ? n_idx : 2 * c->cap_idx, 4096); /* few moves: see graphs */
+        graphs_clear(c);
         if (c->h_idx) cudaFreeHost(c->h_idx);
         cudaFree(c->d_idx);
         c->h_idx = NULL;
@@ -468,13 +500,149 @@ static void download_rows(struct step *s, const struct be_batch *batch, float *l
     }
 }
 
+/* Where a step's indices live in h_idx / d_idx (int32 entries):
+ *   tokens | positions | table offsets | output rows | greedy rows |
+ *   greedy choices | block tables
+ * Every offset but the end depends only on (n_tok, n_out, n_am), so a
+ * captured graph's pointers hold for any later step of the same shape; the
+ * block tables, whose length varies from step to step, come last. The whole
+ * span is uploaded (the choices' part is overwritten on the device) and
+ * the choices come back alone. */
+struct step_layout {
+    int64_t tok, pos, tab, rows, arows, amax, blocks, end;
+};
+
+static void layout_of(int64_t n_tok, int64_t n_out, int64_t n_am, int64_t n_tab, struct step_layout *o)
+{
+    o->tok = 0;
+    o->pos = n_tok;
+    o->tab = 2 * n_tok;
+    o->rows = 3 * n_tok;
+    o->arows = o->rows + n_out;
+    o->amax = o->arows + n_am;
+    o->blocks = o->amax + n_am;
+    o->end = o->blocks + n_tab;
+}
+
+/* Enqueues the step's device work — embedding to output head and greedy
+ * choices — for a step of this shape whose indices are in d_idx. Reads
+ * nothing from the host: what it enqueues can be captured once and
+ * replayed (see struct graph_slot). */
+static void enqueue_compute(struct step *s, int64_t n_tok, int64_t n_out, int64_t n_am)
+{
+    struct cuda_be *c = s->c;
+    const struct model_hparams *hp = &c->m->hp;
+    const int64_t e = hp->n_embd, f = hp->n_ff, hd = hp->head_dim;
+    const int64_t qd = c->q_dim, kvd = c->kv_dim, qkvd = c->qkv_dim;
+    struct step_layout lo;
+    layout_of(n_tok, n_out, n_am, 0, &lo);
+    const int32_t *d_pos = c->d_idx + lo.pos, *d_tab = c->d_idx + lo.tab, *d_rows = c->d_idx + lo.rows;
+    struct kcu_paged pg = {
+        .pool = c->kv, .block_elems = c->block_elems, .block_size = c->be.block_size, .kv_dim = (int32_t)kvd,
+        .layer = 0, .n_tok = (int32_t)n_tok, .tok_pos = d_pos, .tok_table = d_tab, .blocks = c->d_idx + lo.blocks,
+    };
+    const int32_t nt = (int32_t)n_tok, ne = (int32_t)e, nh = hp->n_head, nkv = hp->n_head_kv, h = (int32_t)hd;
+    const int neox = hp->rope == ROPE_NEOX;
+    const float eps = hp->rms_eps, scale = 1.0f / sqrtf((float)hd);
+    cudaStream_t cs = c->stream;
+
+    step_cu(s, kcu_embed(c->x, c->tok_embd, c->d_idx + lo.tok, nt, ne, cs), "embedding");
+    for (int l = 0; l < hp->n_layer && !s->what; l++) {
+        const struct cu_layer *L = &c->layers[l];
+        float *q = c->qkv, *k = c->qkv + qd, *v = c->qkv + qd + kvd; /* rows of qkvd floats */
+        step_cu(s, kcu_rmsnorm(c->xn, e, c->x, e, NULL, nt, 1, ne, L->attn_norm, eps, cs), "attention norm");
+        step_cu(s, kcu_f32_to_bf16(c->xb, c->xn, n_tok * e, cs), "to bf16");
+        step_gemm(s, c->qkv, c->xb, L->wqkv, n_tok, e, qkvd, "QKV projection");
+        if (L->bqkv) step_cu(s, kcu_add_bias(c->qkv, qkvd, L->bqkv, nt, (int32_t)qkvd, cs), "QKV bias");
+        if (L->q_norm) {
+            step_cu(s, kcu_rmsnorm(q, qkvd, q, qkvd, NULL, nt, nh, h, L->q_norm, eps, cs), "Q norm");
+            step_cu(s, kcu_rmsnorm(k, qkvd, k, qkvd, NULL, nt, nkv, h, L->k_norm, eps, cs), "K norm");
+        }
+        step_cu(s, kcu_rope(q, qkvd, nt, nh, h, hp->rope_dim, neox, d_pos, c->inv_freq, cs), "RoPE Q");
+        step_cu(s, kcu_rope(k, qkvd, nt, nkv, h, hp->rope_dim, neox, d_pos, c->inv_freq, cs), "RoPE K");
+        /* All of the step's K/V go in before attention reads any, so the
+         * tokens of one prefill chunk see each other causally. */
+        pg.layer = l;
+        step_cu(s, kcu_kv_store(&pg, k, v, qkvd, cs), "KV store");
+        step_cu(s, kcu_attn(c->att, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
+        step_cu(s, kcu_f32_to_bf16(c->xb, c->att, n_tok * qd, cs), "to bf16");
+        step_gemm(s, c->tmp, c->xb, L->wo, n_tok, qd, e, "output projection");
+        step_cu(s, kcu_add(c->x, c->tmp, n_tok * e, cs), "residual");
+
+        step_cu(s, kcu_rmsnorm(c->xn, e, c->x, e, NULL, nt, 1, ne, L->ffn_norm, eps, cs), "FFN norm");
+        step_cu(s, kcu_f32_to_bf16(c->xb, c->xn, n_tok * e, cs), "to bf16");
+        step_gemm(s, c->gu, c->xb, L->wgu, n_tok, e, 2 * f, "gate/up projection");
+        step_cu(s, kcu_swiglu(c->act, c->gu, nt, (int32_t)f, cs), "SwiGLU");
+        step_cu(s, kcu_f32_to_bf16(c->xb, c->act, n_tok * f, cs), "to bf16");
+        step_gemm(s, c->tmp, c->xb, L->wdown, n_tok, f, e, "down projection");
+        step_cu(s, kcu_add(c->x, c->tmp, n_tok * e, cs), "residual");
+    }
+    if (n_out > 0 && !s->what) {
+        step_cu(s, kcu_rmsnorm(c->outn, e, c->x, e, d_rows, (int32_t)n_out, 1, ne, c->output_norm, eps, cs),
+                "output norm");
+        step_cu(s, kcu_f32_to_bf16(c->xb, c->outn, n_out * e, cs), "to bf16");
+        step_gemm(s, c->logits, c->xb, c->output, n_out, e, hp->n_vocab, "output head");
+        if (n_am > 0)
+            step_cu(s, kcu_argmax(c->d_idx + lo.amax, c->logits, hp->n_vocab, c->d_idx + lo.arows, (int32_t)n_am,
+                                  hp->n_vocab, cs), "greedy choice");
+    }
+}
+
+/* ---- CUDA graphs ------------------------------------------------------------------------- */
+
+static void graphs_clear(struct cuda_be *c)
+{
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        if (c->gslots[i].exec) cudaGraphExecDestroy(c->gslots[i].exec);
+        memset(&c->gslots[i], 0, sizeof c->gslots[i]);
+    }
+}
+
+static struct graph_slot *graph_slot_of(struct cuda_be *c, int64_t n_tok, int64_t n_out, int64_t n_am)
+{
+    struct graph_slot *lru = &c->gslots[0];
+    c->graph_clock++;
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        struct graph_slot *g = &c->gslots[i];
+        if (g->seen && g->n_tok == n_tok && g->n_out == n_out && g->n_am == n_am) {
+            g->last_use = c->graph_clock;
+            return g;
+        }
+        if (g->last_use < lru->last_use) lru = g;
+    }
+    if (lru->exec) cudaGraphExecDestroy(lru->exec);
+    *lru = (struct graph_slot){.n_tok = n_tok, .n_out = n_out, .n_am = n_am, .last_use = c->graph_clock};
+    return lru;
+}
+
+/* Captures the compute of a step of g's shape into g->exec. false (graphs
+ * now off) when CUDA or cuBLAS would not have it. */
+static bool graph_capture(struct cuda_be *c, struct graph_slot *g)
+{
+    cudaGraph_t graph = NULL;
+    struct step cap = {c, cudaSuccess, CUBLAS_STATUS_SUCCESS, NULL};
+    cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+        enqueue_compute(&cap, g->n_tok, g->n_out, g->n_am);
+        e = cudaStreamEndCapture(c->stream, &graph);
+    }
+    if (e == cudaSuccess && !cap.what) e = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e == cudaSuccess && !cap.what && g->exec) return true;
+    snprintf(c->graph_off, sizeof c->graph_off, "capture failed: %s",
+             cap.what ? cap.what : cudaGetErrorString(e));
+    cudaGetLastError(); /* the failure is handled: the step runs without */
+    g->exec = NULL;
+    c->graphs = false;
+    graphs_clear(c);
+    return false;
+}
+
 static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *batch, float *logits,
                                     struct kvb_err *err)
 {
     struct cuda_be *c = (struct cuda_be *)be;
     const struct model_hparams *hp = &c->m->hp;
-    const int64_t e = hp->n_embd, f = hp->n_ff, hd = hp->head_dim;
-    const int64_t qd = c->q_dim, kvd = c->kv_dim, qkvd = c->qkv_dim;
     struct be_batch_shape sh;
     KVB_FORWARD_IF_ERROR(be_batch_check(be, hp->n_vocab, batch, &sh, err));
     const int64_t n_tok = sh.n_tok, n_am = sh.n_argmax, n_out = sh.n_out + n_am, n_tab = sh.n_tab;
@@ -482,14 +650,15 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     if (n_tok > 0x7fffffff / hp->n_head)
         return kvb_errf(err, KVB_ERR_RANGE, "a step of %lld tokens is too large", (long long)n_tok);
     KVB_FORWARD_IF_ERROR(cu_check(cudaSetDevice(c->device), err, "select device"));
-    const int64_t n_up = 3 * n_tok + n_out + n_am + n_tab, n_idx = n_up + n_am;
-    KVB_FORWARD_IF_ERROR(ensure_step(c, n_tok, n_out, n_idx, err));
+    struct step_layout lo;
+    layout_of(n_tok, n_out, n_am, n_tab, &lo);
+    KVB_FORWARD_IF_ERROR(ensure_step(c, n_tok, n_out, lo.end, err));
 
-    /* Step indices, laid out as the device pointers below read them. Output
-     * rows are every row the head computes, greedy ones included; `arows`
-     * says which of them are greedy. */
-    int32_t *tok = c->h_idx, *pos = tok + n_tok, *tab = pos + n_tok, *rows = tab + n_tok, *arows = rows + n_out;
-    int32_t *blocks = arows + n_am, *h_amax = c->h_idx + n_up;
+    /* Step indices. Output rows are every row the head computes, greedy
+     * ones included; `arows` says which of them are greedy. */
+    int32_t *tok = c->h_idx + lo.tok, *pos = c->h_idx + lo.pos, *tab = c->h_idx + lo.tab;
+    int32_t *rows = c->h_idx + lo.rows, *arows = c->h_idx + lo.arows, *blocks = c->h_idx + lo.blocks;
+    const int32_t *h_amax = c->h_idx + lo.amax;
     int64_t t = 0, r = 0, nb = 0, na = 0;
     for (int32_t i = 0; i < batch->n_seqs; i++) {
         const struct be_seq *sq = &batch->seqs[i];
@@ -504,64 +673,27 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
         memcpy(blocks + nb, sq->block_table, sizeof(int32_t) * (size_t)sq->n_blocks);
         nb += sq->n_blocks;
     }
-    const int32_t *d_tok = c->d_idx, *d_pos = d_tok + n_tok, *d_tab = d_pos + n_tok, *d_rows = d_tab + n_tok;
-    const int32_t *d_arows = d_rows + n_out;
-    int32_t *d_amax = c->d_idx + n_up;
-    struct kcu_paged pg = {
-        .pool = c->kv, .block_elems = c->block_elems, .block_size = be->block_size, .kv_dim = (int32_t)kvd,
-        .layer = 0, .n_tok = (int32_t)n_tok, .tok_pos = d_pos, .tok_table = d_tab, .blocks = d_arows + n_am,
-    };
-    const int32_t nt = (int32_t)n_tok, ne = (int32_t)e, nh = hp->n_head, nkv = hp->n_head_kv, h = (int32_t)hd;
-    const int neox = hp->rope == ROPE_NEOX;
-    const float eps = hp->rms_eps, scale = 1.0f / sqrtf((float)hd);
     cudaStream_t cs = c->stream;
     struct step s = {c, cudaSuccess, CUBLAS_STATUS_SUCCESS, NULL};
 
-    step_cu(&s, cudaMemcpyAsync(c->d_idx, c->h_idx, (size_t)n_up * 4, cudaMemcpyHostToDevice, cs), "upload indices");
-    step_cu(&s, kcu_embed(c->x, c->tok_embd, d_tok, nt, ne, cs), "embedding");
-    for (int l = 0; l < hp->n_layer && !s.what; l++) {
-        const struct cu_layer *L = &c->layers[l];
-        float *q = c->qkv, *k = c->qkv + qd, *v = c->qkv + qd + kvd; /* rows of qkvd floats */
-        step_cu(&s, kcu_rmsnorm(c->xn, e, c->x, e, NULL, nt, 1, ne, L->attn_norm, eps, cs), "attention norm");
-        step_cu(&s, kcu_f32_to_bf16(c->xb, c->xn, n_tok * e, cs), "to bf16");
-        step_gemm(&s, c->qkv, c->xb, L->wqkv, n_tok, e, qkvd, "QKV projection");
-        if (L->bqkv) step_cu(&s, kcu_add_bias(c->qkv, qkvd, L->bqkv, nt, (int32_t)qkvd, cs), "QKV bias");
-        if (L->q_norm) {
-            step_cu(&s, kcu_rmsnorm(q, qkvd, q, qkvd, NULL, nt, nh, h, L->q_norm, eps, cs), "Q norm");
-            step_cu(&s, kcu_rmsnorm(k, qkvd, k, qkvd, NULL, nt, nkv, h, L->k_norm, eps, cs), "K norm");
+    step_cu(&s, cudaMemcpyAsync(c->d_idx, c->h_idx, (size_t)lo.end * 4, cudaMemcpyHostToDevice, cs), "upload indices");
+    bool done = false;
+    if (c->graphs && n_tok <= GRAPH_MAX_TOK && !s.what) {
+        struct graph_slot *g = graph_slot_of(c, n_tok, n_out, n_am);
+        /* The first step of a shape runs as usual (it also warms cuBLAS's
+         * choice of kernels up); the second is captured. */
+        if (!g->exec && ++g->seen >= 2) graph_capture(c, g);
+        if (g->exec) {
+            step_cu(&s, cudaGraphLaunch(g->exec, cs), "graph launch");
+            c->graph_launches++;
+            done = true;
         }
-        step_cu(&s, kcu_rope(q, qkvd, nt, nh, h, hp->rope_dim, neox, d_pos, c->inv_freq, cs), "RoPE Q");
-        step_cu(&s, kcu_rope(k, qkvd, nt, nkv, h, hp->rope_dim, neox, d_pos, c->inv_freq, cs), "RoPE K");
-        /* All of the step's K/V go in before attention reads any, so the
-         * tokens of one prefill chunk see each other causally. */
-        pg.layer = l;
-        step_cu(&s, kcu_kv_store(&pg, k, v, qkvd, cs), "KV store");
-        step_cu(&s, kcu_attn(c->att, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
-        step_cu(&s, kcu_f32_to_bf16(c->xb, c->att, n_tok * qd, cs), "to bf16");
-        step_gemm(&s, c->tmp, c->xb, L->wo, n_tok, qd, e, "output projection");
-        step_cu(&s, kcu_add(c->x, c->tmp, n_tok * e, cs), "residual");
-
-        step_cu(&s, kcu_rmsnorm(c->xn, e, c->x, e, NULL, nt, 1, ne, L->ffn_norm, eps, cs), "FFN norm");
-        step_cu(&s, kcu_f32_to_bf16(c->xb, c->xn, n_tok * e, cs), "to bf16");
-        step_gemm(&s, c->gu, c->xb, L->wgu, n_tok, e, 2 * f, "gate/up projection");
-        step_cu(&s, kcu_swiglu(c->act, c->gu, nt, (int32_t)f, cs), "SwiGLU");
-        step_cu(&s, kcu_f32_to_bf16(c->xb, c->act, n_tok * f, cs), "to bf16");
-        step_gemm(&s, c->tmp, c->xb, L->wdown, n_tok, f, e, "down projection");
-        step_cu(&s, kcu_add(c->x, c->tmp, n_tok * e, cs), "residual");
     }
-    if (n_out > 0) {
-        step_cu(&s, kcu_rmsnorm(c->outn, e, c->x, e, d_rows, (int32_t)n_out, 1, ne, c->output_norm, eps, cs),
-                "output norm");
-        step_cu(&s, kcu_f32_to_bf16(c->xb, c->outn, n_out * e, cs), "to bf16");
-        step_gemm(&s, c->logits, c->xb, c->output, n_out, e, hp->n_vocab, "output head");
-        if (n_am > 0 && !s.what) {
-            step_cu(&s, kcu_argmax(d_amax, c->logits, hp->n_vocab, d_arows, (int32_t)n_am, hp->n_vocab, cs),
-                    "greedy choice");
-            step_cu(&s, cudaMemcpyAsync(h_amax, d_amax, (size_t)n_am * 4, cudaMemcpyDeviceToHost, cs),
-                    "download greedy choices");
-        }
-        if (!s.what) download_rows(&s, batch, logits);
-    }
+    if (!done) enqueue_compute(&s, n_tok, n_out, n_am);
+    if (n_am > 0 && !s.what)
+        step_cu(&s, cudaMemcpyAsync((void *)h_amax, c->d_idx + lo.amax, (size_t)n_am * 4, cudaMemcpyDeviceToHost, cs),
+                "download greedy choices");
+    if (n_out > 0 && !s.what) download_rows(&s, batch, logits);
     /* Always synchronise, failed or not: the pinned index buffer may only be
      * refilled once this step's copy of it is done. */
     step_cu(&s, cudaStreamSynchronize(cs), "step");
@@ -641,8 +773,12 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->m = m;
     c->device = o->device;
     c->det = o->deterministic;
+    c->graphs = o->graphs;
     c->be.name = "cuda";
-    c->be.kernels = o->deterministic ? "cuda bf16 cuBLAS, deterministic tiles" : "cuda bf16 cuBLAS";
+    static const char *const names[2][2] = {{"cuda bf16 cuBLAS", "cuda bf16 cuBLAS, graphs"},
+                                            {"cuda bf16 cuBLAS, deterministic tiles",
+                                             "cuda bf16 cuBLAS, deterministic tiles, graphs"}};
+    c->be.kernels = names[o->deterministic][o->graphs];
     c->be.impl = c;
     c->be.forward = cuda_forward;
     c->be.kv_block_read = cuda_block_read;
@@ -670,6 +806,11 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err, "create stream");
     if (st == KVB_OK) st = blas_check(cublasCreate(&c->blas), err, "create handle");
     if (st == KVB_OK) st = blas_check(cublasSetStream(c->blas, c->stream), err, "set stream");
+    /* After cublasSetStream, which resets the workspace to cuBLAS's pool:
+     * an explicit one stays the same for captured GEMMs (32 MiB, what cuBLAS
+     * itself takes on Hopper). */
+    if (st == KVB_OK) st = dev_alloc(&c->blas_ws, BLAS_WORKSPACE, "cuBLAS workspace", err);
+    if (st == KVB_OK) st = blas_check(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE), err, "set workspace");
     const int64_t w_bytes = be_cuda_weight_bytes(m);
     const int64_t kv_bytes = c->be.block_bytes * o->n_blocks;
     if (st == KVB_OK) {
@@ -714,4 +855,22 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     }
     *out = &c->be;
     return KVB_OK;
+}
+
+int64_t be_cuda_graph_launches(const struct backend *be, const char **why_off)
+{
+    const struct cuda_be *c = be->impl;
+    if (why_off) *why_off = c->graph_off[0] ? c->graph_off : NULL;
+    return c->graph_launches;
+}
+
+void be_cuda_set_graphs(struct backend *be, bool on)
+{
+    struct cuda_be *c = be->impl;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream);
+    graphs_clear(c);
+    c->graphs = on;
+    c->graph_off[0] = '\0';
+    c->graph_launches = 0;
 }

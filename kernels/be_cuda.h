@@ -14,7 +14,10 @@
  * backend's host threads) — except for greedy requests (BE_LOGITS_ARGMAX),
  * whose choice is made on the device (kcu_argmax) and comes back alone. The
  * persistent cache's blocks go through page-locked host staging
- * (host_alloc), so their copies run at full bus speed.
+ * (host_alloc), so their copies run at full bus speed. With graphs on, a
+ * step whose shape was seen before replays a captured CUDA graph of its
+ * device work (one launch instead of ~17 per layer); the index upload,
+ * the downloads and the synchronisation stay outside it.
  *
  * Not bit-identical to the CPU backend: bf16 weights and activations keep 8
  * significant bits where the CPU computes with the stored quantized values
@@ -57,6 +60,11 @@ struct be_cuda_opts {
      * a token's logits do not depend on what shares its batch. Costs weight
      * re-reads when a step has more than BE_CUDA_DET_ROWS tokens. */
     bool deterministic;
+    /* CUDA graphs: a step shape seen before is replayed from a captured
+     * graph, one launch instead of ~17 per layer (decode steps repeat their
+     * shape). Same results bit for bit; switched off by itself, with the
+     * reason kept, if a capture fails. */
+    bool graphs;
 };
 
 #define BE_CUDA_DET_ROWS 128
@@ -66,6 +74,13 @@ struct be_cuda_opts {
  * (head_dim > 256). The model must outlive the backend. */
 enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts *o, struct backend **out,
                                struct kvb_err *err);
+
+/* Steps run from a captured graph so far; *why_off (may be NULL) is the
+ * reason graphs were switched off, or NULL. `be` must be a CUDA backend. */
+int64_t be_cuda_graph_launches(const struct backend *be, const char **why_off);
+/* Turns graphs on or off from the next step (dropping those captured) and
+ * resets the count above: for measuring both on one backend. */
+void be_cuda_set_graphs(struct backend *be, bool on);
 
 /* Bytes of device memory free on `device` now (cudaMemGetInfo), to size the
  * KV pool from a fraction of it; -1 when the device cannot be queried. */

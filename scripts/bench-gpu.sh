@@ -13,9 +13,10 @@
 #    requests of 512 prompt tokens sharing a 256-token prefix, 128 output
 #    tokens each, greedy — through the scheduler: output and total tokens/s;
 #    then the persistent cache cold vs warm on 64 prompts of 512 tokens.
-# Result lines start with "figure:". BENCH_LAYERS=N uses N layers instead
-# of 32 (the output then says by how much to scale); BENCH_JOB=0 skips the
-# job.
+# Decode steps are timed without and with CUDA graphs. Result lines start
+# with "figure:". BENCH_LAYERS=N uses N layers instead of 32 (the output
+# then says by how much to scale); BENCH_JOB=0 skips the job,
+# BENCH_JOB_GRAPHS=1 runs it with --cuda-graphs.
 #
 # Needs a CUDA build (cmake -DKVBATCH_CUDA=ON) with bench_gpu in BUILD_DIR
 # (default build-gpu). The tokenizer and JSONL handling of `kvbatch run` are
@@ -35,6 +36,7 @@ rc=${PIPESTATUS[0]}
 if [ "${BENCH_JOB:-1}" != 0 ]; then
   "$bench" job --layers "${BENCH_LAYERS:-32}" --embd 4096 --ff 14336 --heads 32 --kv-heads 8 --vocab 128256 \
     --requests "${BENCH_REQUESTS:-1000}" --prompt 512 --prefix 256 --gen 128 --max-batch 256 --cache-requests 64 \
+    $([ "${BENCH_JOB_GRAPHS:-0}" = 1 ] && echo --cuda-graphs) \
     | tee -a "$dir/bench.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi

@@ -158,11 +158,18 @@ job_check() {
   echo "completions cold $a, warm $b"
   [ "$a" = "$b" ] || { echo "cold and warm completions differ under --deterministic"; return 1; }
   echo "cold and warm completions identical"
+  # Warm again with CUDA graphs: the same completions, bit for bit.
+  s=$(date +%s.%N)
+  "$bin" run "${run_opts[@]}" --cuda-graphs -o "$d/graphs.jsonl" 2> "$d/graphs.err" || { cat "$d/graphs.err"; return 1; }
+  echo "warm, graphs: $(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $s}") s wall"; cat "$d/graphs.err"
+  b=$(grep -o '"custom_id":"[^"]*"\|"text":"\([^"\\]\|\\.\)*"' "$d/graphs.jsonl" | paste - - | sort | md5sum)
+  [ "$a" = "$b" ] || { echo "completions with --cuda-graphs differ"; return 1; }
+  echo "completions with --cuda-graphs identical"
 }
 export -f job_check
 if "$build/kvbatch" run --help 2>&1 | grep -q -- "--device"; then
   step "batch job on CUDA: 256 requests sharing a 290-token prefix, cache cold then warm (--deterministic)" 90 job_check
-  grep -E "^(cold|warm):|kvbatch run: (ok|cache|.* on cuda)|completions (identical|differ)" "$log" | tail -12 >> "$fig"
+  grep -E "^(cold|warm)(, graphs)?:|kvbatch run: (ok|cache|.* on cuda)|completions .*(identical|differ)" "$log" | tail -14 >> "$fig"
   rm -rf "$out/job/m.gguf" "$out/job/pcache"
 else
   note "== batch job: SKIPPED (this kvbatch has no --device)"

@@ -72,7 +72,7 @@ enum kvb_status be_select_create(const struct model *m, const struct be_select_o
         kv = free_b > 0 ? (uint64_t)(free_b / 10 * 9) : 0;
     }
     struct be_cuda_opts go = {.device = dev, .block_size = o->block_size, .n_threads = o->n_threads,
-                              .deterministic = o->deterministic};
+                              .deterministic = o->deterministic, .graphs = o->cuda_graphs};
     KVB_FORWARD_IF_ERROR(pool_blocks(m, o, kv, &go.n_blocks, err));
     return be_cuda_create(m, &go, out, err);
 #else

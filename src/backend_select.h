@@ -20,6 +20,7 @@ struct be_select_opts {
     int32_t n_ctx;        /* one sequence must fit: the pool gets at least this many positions */
     bool scalar;          /* CPU: plain C reference kernels */
     bool deterministic;   /* GPU: batch-invariant mode */
+    bool cuda_graphs;     /* GPU: CUDA graphs for repeated step shapes */
 };
 
 /* Whether a device string is well-formed (for option parsing). */

@@ -32,6 +32,7 @@ static void usage(FILE *f)
         "                           90%% of what the weights leave free on a GPU)\n"
         "      --device DEV         auto | cpu | cuda | cuda:N (default auto: a CUDA device when usable)\n"
         "      --deterministic      GPU: results independent of batch composition (slower)\n"
+        "      --cuda-graphs        GPU: replay repeated step shapes (decode) from CUDA graphs\n"
         "      --block-size N       tokens per KV block (default 16)\n"
         "  -c, --ctx N              most tokens per sequence, prompt + output (default: min(model's, 4096))\n"
         "      --lookahead N        requests read ahead to group shared prefixes (default max(256, 4 x batch))\n"
@@ -95,6 +96,7 @@ int cli_run(int argc, char **argv)
             o.device = val;
         }
         else if (!strcmp(a, "--deterministic")) o.deterministic = true;
+        else if (!strcmp(a, "--cuda-graphs")) o.cuda_graphs = true;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o.quiet = true;
         else { fprintf(stderr, "kvbatch run: unknown option '%s' (see --help)\n", a); return CLI_EXIT_USAGE; }
 #undef INT

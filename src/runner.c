@@ -680,7 +680,7 @@ static bool setup(struct runner *r)
     r->n_ctx = o->n_ctx > 0 ? o->n_ctx : (r->model->hp.n_ctx_train < 4096 ? r->model->hp.n_ctx_train : 4096);
     struct be_select_opts bo = {.device = o->device, .n_threads = o->n_threads, .block_size = o->block_size,
                                 .kv_mem = o->kv_mem, .n_ctx = r->n_ctx, .scalar = o->scalar,
-                                .deterministic = o->deterministic};
+                                .deterministic = o->deterministic, .cuda_graphs = o->cuda_graphs};
     if (be_select_create(r->model, &bo, &r->be, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: cannot start the backend: %s\n", err.msg);
         return false;

@@ -31,6 +31,7 @@ struct run_opts {
     uint64_t kv_mem;           /* bytes for the KV pool; 0 = the backend's default */
     const char *device;        /* --device: auto | cpu | cuda[:N] */
     bool deterministic;        /* GPU: batch-invariant mode */
+    bool cuda_graphs;          /* GPU: CUDA graphs for repeated step shapes */
     const char *cache_dir;     /* persistent prefix cache; NULL: the default directory */
     bool no_cache;             /* do not use the persistent cache at all */
     uint64_t cache_max_size;   /* 0: the store's default (10 GiB, within free disk) */

@@ -22,7 +22,11 @@
  *    the same step returns when asked for logits, and the rows still asked
  *    for come back bit-identical, in their places; through the scheduler,
  *    greedy requests give the same tokens whether their logits come back
- *    to the host (as logprobs need) or not, beside sampled requests.
+ *    to the host (as logprobs need) or not, beside sampled requests;
+ *  - CUDA graphs: decode steps replayed from captured graphs give the same
+ *    logits and choices, bit for bit, as the same steps launched one by one
+ *    (graphs are really used: counted), and the scheduler's tokens do not
+ *    change with them.
  * Models: synthetic llama (Q8_0; Q4_K with an untied head), qwen2 (QKV
  * bias, NeoX RoPE) and qwen3 (QK norm), n_embd 256, written with synth.h;
  * a 4-layer synthetic of SmolLM2's width and heads with mixed weight types;
@@ -419,12 +423,74 @@ done:
     kvb_free(got);
 }
 
+/* Decode steps of A, B and C (after their prefill) with graphs on and
+ * off: the same logits and choices bit for bit, most steps from graphs. */
+static void check_graphs(const char *label, const struct model *m, const int32_t *a, const int32_t *b)
+{
+    enum { STEPS = 6 };
+    const int32_t nv = m->hp.n_vocab;
+    int32_t c[LEN_C];
+    for (int i = 0; i < LEN_C; i++) c[i] = (a[i] * 7 + b[i]) % nv;
+    struct backend *be[2] = {NULL, NULL};
+    float *lg[2] = {kvb_malloc(sizeof(float) * (size_t)nv * 3), kvb_malloc(sizeof(float) * (size_t)nv * 3)};
+    int32_t amax[2][STEPS][3];
+    for (int g = 0; g < 2; g++) {
+        struct be_cuda_opts o = {.device = 0, .block_size = BS, .n_blocks = POOL, .graphs = g == 1};
+        struct kvb_err err = {{0}};
+        CHECK_MSG(be_cuda_create(m, &o, &be[g], &err) == KVB_OK, "%s", err.msg);
+    }
+    if (!be[0] || !be[1] || !lg[0] || !lg[1]) goto done;
+    bool same = true;
+    const int prefill[3] = {BE_LOGITS_NONE, BE_LOGITS_NONE, BE_LOGITS_NONE};
+    for (int g = 0; g < 2; g++)
+        if (three_step(be[g], a, b, c, prefill, lg[g], amax[g][0]) < 0) goto done;
+    int32_t toks[2][3];
+    for (int k = 0; k < STEPS; k++) {
+        for (int g = 0; g < 2; g++) {
+            /* Each sequence decodes its own next token (from its prompt:
+             * the same ids on both sides) at positions 37.., 21.., 20.. */
+            const int32_t *src[3] = {a, b, c};
+            struct be_seq sq[3];
+            const int32_t *tables[3] = {TABLE_A, TABLE_B, TABLE_C};
+            const int32_t start[3] = {37, 21, LEN_C}, nblk[3] = {3, 2, 2};
+            for (int i = 0; i < 3; i++) {
+                toks[g][i] = src[i][k % 16];
+                sq[i] = (struct be_seq){.tokens = &toks[g][i], .n_tokens = 1, .pos = start[i] + k,
+                                        .block_table = tables[i], .n_blocks = nblk[i],
+                                        .logits = i == 1 ? BE_LOGITS_LAST : BE_LOGITS_ARGMAX};
+            }
+            struct be_batch batch = {sq, 3, amax[g][k]};
+            struct kvb_err err = {{0}};
+            CHECK_MSG(be[g]->forward(be[g], &batch, lg[g], &err) == KVB_OK, "%s graphs %s: %s", label,
+                      g ? "on" : "off", err.msg);
+        }
+        if (memcmp(lg[0], lg[1], sizeof(float) * (size_t)nv) != 0 || amax[0][k][0] != amax[1][k][0] ||
+            amax[0][k][2] != amax[1][k][2])
+            same = false;
+    }
+    const char *off = NULL;
+    const int64_t launches = be_cuda_graph_launches(be[1], &off);
+    CHECK_MSG(same, "%s: decode steps differ with CUDA graphs", label);
+    CHECK_MSG(off == NULL, "%s: graphs switched off: %s", label, off);
+    CHECK_MSG(launches == STEPS - 1, "%s: %lld of %d decode steps from a graph (want all but the first)", label,
+              (long long)launches, STEPS);
+    CHECK(be_cuda_graph_launches(be[0], NULL) == 0);
+    printf("%-16s %-34s %d decode steps, %lld from graphs, bit-identical: %s\n", label, "CUDA graphs", STEPS,
+           (long long)launches, same ? "yes" : "NO");
+done:
+    be_free(be[0]);
+    be_free(be[1]);
+    kvb_free(lg[0]);
+    kvb_free(lg[1]);
+}
+
 /* Tokens of each request through the scheduler. */
 enum { SQ_REQ = 6, SQ_GEN = 8 };
 struct sq_out {
     int32_t toks[SQ_REQ][SQ_GEN];
     int n[SQ_REQ];
     int with_logits;
+    int64_t graph_launches;
 };
 
 static bool sq_on_token(void *user, const struct sched_seq_info *info, int32_t tok)
@@ -436,10 +502,11 @@ static bool sq_on_token(void *user, const struct sched_seq_info *info, int32_t t
     return false;
 }
 
-static void sq_run(const struct model *m, const int32_t *a, const int32_t *b, bool want_logits, struct sq_out *o)
+static void sq_run(const struct model *m, const int32_t *a, const int32_t *b, bool want_logits, bool graphs,
+                   struct sq_out *o)
 {
     memset(o, 0, sizeof *o);
-    struct be_cuda_opts bo = {.device = 0, .block_size = BS, .n_blocks = 40, .n_threads = 3};
+    struct be_cuda_opts bo = {.device = 0, .block_size = BS, .n_blocks = 40, .n_threads = 3, .graphs = graphs};
     struct backend *be = NULL;
     struct sched *s = NULL;
     struct kvb_err err = {{0}};
@@ -457,24 +524,35 @@ static void sq_run(const struct model *m, const int32_t *a, const int32_t *b, bo
     }
     int guard = 0;
     while (s && !sched_idle(s) && guard++ < 1000) CHECK_MSG(sched_step(s, &err) == KVB_OK, "%s", err.msg);
+    if (be && graphs) {
+        const char *off = NULL;
+        o->graph_launches = be_cuda_graph_launches(be, &off);
+        CHECK_MSG(off == NULL, "graphs switched off: %s", off);
+    }
     sched_free(s);
     be_free(be);
 }
 
 static void check_sched_greedy(const char *label, const struct model *m, const int32_t *a, const int32_t *b)
 {
-    struct sq_out *host = kvb_calloc(2, sizeof *host), *dev = host + 1;
+    struct sq_out *host = kvb_calloc(3, sizeof *host), *dev = host + 1, *graph = host + 2;
     if (!host) return;
-    sq_run(m, a, b, true, host);
-    sq_run(m, a, b, false, dev);
-    int same = 1, n_tok = 0;
+    sq_run(m, a, b, true, false, host);
+    sq_run(m, a, b, false, false, dev);
+    sq_run(m, a, b, false, true, graph);
+    int same = 1, same_graph = 1, n_tok = 0;
     for (int i = 0; i < SQ_REQ; i++) {
         CHECK_EQ_INT(host->n[i], SQ_GEN);
         CHECK_EQ_INT(dev->n[i], SQ_GEN);
         n_tok += dev->n[i];
         if (memcmp(host->toks[i], dev->toks[i], sizeof host->toks[i]) != 0) same = 0;
+        if (memcmp(graph->toks[i], dev->toks[i], sizeof dev->toks[i]) != 0 || graph->n[i] != SQ_GEN) same_graph = 0;
     }
     CHECK_MSG(same, "%s: tokens differ when greedy choices are made on the device", label);
+    CHECK_MSG(same_graph, "%s: tokens differ with CUDA graphs", label);
+    CHECK_MSG(graph->graph_launches > 0, "%s: the scheduler's steps never ran from a graph", label);
+    printf("%-16s %-34s tokens identical: %s, %lld steps from graphs\n", label, "scheduler, CUDA graphs",
+           same_graph ? "yes" : "NO", (long long)graph->graph_launches);
     /* Every token saw logits when asked; only the sampled ones (2 of 6
      * requests) when not. */
     CHECK_EQ_INT(host->with_logits, SQ_REQ * SQ_GEN);
@@ -554,6 +632,7 @@ static void check_model(const char *label, const struct model *m, const struct m
     if (plumbing) {
         check_device_argmax(label, m, a, b);
         check_sched_greedy(label, m, a, b);
+        check_graphs(label, m, a, b);
     }
 done:
     be_free(cpu);

@@ -139,15 +139,18 @@ static void batch_free(struct bench_batch *b)
     kvb_free(b->tables);
 }
 
-/* Seconds per forward call of `batch`, after one warm-up call. */
-static double time_steps(struct backend *be, const struct be_batch *batch, int steps, float *logits, int *failed)
+/* Seconds per forward call of `batch`, after `warm` untimed calls (two
+ * with graphs: the first runs as usual, the second captures). */
+static double time_steps(struct backend *be, const struct be_batch *batch, int warm, int steps, float *logits,
+                         int *failed)
 {
     struct kvb_err err = {{0}};
-    if (be->forward(be, batch, logits, &err) != KVB_OK) {
-        fprintf(stderr, "forward: %s\n", err.msg);
-        *failed = 1;
-        return 0;
-    }
+    for (int i = 0; i < warm; i++)
+        if (be->forward(be, batch, logits, &err) != KVB_OK) {
+            fprintf(stderr, "forward: %s\n", err.msg);
+            *failed = 1;
+            return 0;
+        }
     double t0 = bench_now();
     for (int i = 0; i < steps; i++)
         if (be->forward(be, batch, logits, &err) != KVB_OK) {
@@ -195,7 +198,7 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
         struct bench_batch b;
         batch_make(&b, pf_seqs, pf_len, 0, per_seq_pf, hp->n_vocab);
         struct be_batch bb = {b.seqs, pf_seqs, NULL};
-        const double dt = time_steps(be, &bb, 3, logits, &failed);
+        const double dt = time_steps(be, &bb, 1, 3, logits, &failed);
         const double toks = (double)pf_seqs * pf_len;
         /* attention: q·k and p·v over the causal triangle, per layer and head */
         const double attn = 4.0 * hp->head_dim * hp->n_head * hp->n_layer * pf_seqs * (double)pf_len * (pf_len + 1) / 2;
@@ -207,14 +210,22 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
         }
         batch_free(&b);
     }
-    /* Decode: one token per sequence at position ctx. */
+    /* Decode: one token per sequence at position ctx, each choosing its
+     * next token greedily on the device (as the engine does for greedy
+     * requests); without, then with CUDA graphs. */
     const int32_t sizes[2] = {1, batch};
-    for (int k = 0; k < 2 && !failed; k++) {
-        const int32_t n = sizes[k];
+    int32_t *amax = kvb_malloc(sizeof(int32_t) * (size_t)batch);
+    for (int k = 0; k < 4 && !failed && amax; k++) {
+        const int32_t n = sizes[k % 2];
+        const bool graphs = k >= 2;
+        be_cuda_set_graphs(be, graphs);
         struct bench_batch b;
         batch_make(&b, n, 1, ctx, per_seq_dec, hp->n_vocab);
-        struct be_batch bb = {b.seqs, n, NULL};
-        const double dt = time_steps(be, &bb, steps, logits, &failed);
+        for (int32_t i = 0; i < n; i++) b.seqs[i].logits = BE_LOGITS_ARGMAX;
+        struct be_batch bb = {b.seqs, n, amax};
+        const double dt = time_steps(be, &bb, graphs ? 2 : 1, steps, logits, &failed);
+        const char *off = NULL;
+        const int64_t launches = be_cuda_graph_launches(be, &off);
         /* Bytes a step must read at least: every weight once (but of the
          * embedding table only the rows looked up, when the head is not the
          * same matrix), plus each sequence's K/V for ctx + 1 positions. */
@@ -222,11 +233,15 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
         const double bytes = (double)w_bytes - embd + (double)n * (ctx + 1) * (double)kv_tok;
         const double bound = bytes / HBM_BYTES_PER_S;
         if (!failed)
-            printf("figure: [%s] decode batch %d at context %d: %.3f ms/step (%.0f tokens/s); HBM bound %.3f ms "
-                   "(%.2f GB / 4.8 TB/s) -> %.2fx the bound%s\n", mode, n, ctx, dt * 1e3, n / dt, bound * 1e3,
-                   bytes / 1e9, dt / bound, n == 1 ? " (target <= 1.5x)" : "");
+            printf("figure: [%s%s] decode batch %d at context %d: %.3f ms/step (%.0f tokens/s); HBM bound %.3f ms "
+                   "(%.2f GB / 4.8 TB/s) -> %.2fx the bound%s\n", mode, graphs ? ", graphs" : "", n, ctx, dt * 1e3,
+                   n / dt, bound * 1e3, bytes / 1e9, dt / bound, n == 1 ? " (target <= 1.5x)" : "");
+        if (graphs && !failed)
+            printf("figure: [%s, graphs] %lld of %d timed steps from a graph%s%s\n", mode, (long long)launches,
+                   steps + 1, off ? "; graphs off: " : "", off ? off : "");
         batch_free(&b);
     }
+    kvb_free(amax);
     kvb_free(logits);
     be_free(be);
     return failed;
@@ -267,7 +282,7 @@ int main(int argc, char **argv)
                     "--deterministic --peak-tflops X]\n"
                     "       bench_gpu job [model options as bench] [--requests 1000 --prompt 512 --prefix 256 --gen 128\n"
                     "                     --max-batch 256 --step-tokens 4096 --kv-gib 40 --cache-requests 64 "
-                    "--cache-dir DIR --deterministic]\n"
+                    "--cache-dir DIR --deterministic --cuda-graphs]\n"
                     "       bench_gpu synth PATH [--layers N --embd N --ff N --heads N --kv-heads N --type bf16]\n");
     return 2;
 }

@@ -8,7 +8,7 @@
  *   bench_gpu job [model options, see bench_util.h] [--requests 1000]
  *                 [--prompt 512] [--prefix 256] [--gen 128] [--max-batch 256]
  *                 [--step-tokens 4096] [--kv-gib 40] [--cache-requests 64]
- *                 [--cache-dir DIR] [--deterministic]
+ *                 [--cache-dir DIR] [--deterministic] [--cuda-graphs]
  *
  * The job: --requests prompts of --prompt tokens whose first --prefix are
  * the same, each generating exactly --gen tokens (greedy, no stop). Prints
@@ -207,6 +207,7 @@ int bench_cmd_job(int argc, char **argv)
     const int32_t cache_n = (int32_t)bench_arg_int(argc, argv, "--cache-requests", 64);
     const double kv_gib = atof(bench_arg_str(argc, argv, "--kv-gib", "40"));
     const bool det = bench_arg_flag(argc, argv, "--deterministic");
+    const bool graphs = bench_arg_flag(argc, argv, "--cuda-graphs");
     if (n_req <= 0 || len <= 1 || prefix < 0 || prefix >= len || gen <= 0 || max_batch <= 0 || kv_gib <= 0) {
         fprintf(stderr, "bench_gpu job: need --requests > 0, --prompt > 1, 0 <= --prefix < --prompt, --gen > 0, "
                         "--max-batch > 0, --kv-gib > 0\n");
@@ -226,7 +227,8 @@ int bench_cmd_job(int argc, char **argv)
     int64_t n_blocks = (int64_t)(kv_gib * (double)(1 << 30)) / block_bytes;
     const int64_t need = ((int64_t)len + gen + bs) / bs;
     if (n_blocks < need) n_blocks = need;
-    struct be_cuda_opts o = {.device = 0, .block_size = bs, .n_blocks = (int32_t)n_blocks, .deterministic = det};
+    struct be_cuda_opts o = {.device = 0, .block_size = bs, .n_blocks = (int32_t)n_blocks, .deterministic = det,
+                             .graphs = graphs};
     struct backend *be = NULL;
     struct kvb_err err = {{0}};
     double t0 = bench_now();
@@ -237,7 +239,7 @@ int bench_cmd_job(int argc, char **argv)
     }
     printf("upload %.1f s; KV pool %lld blocks of %d tokens = %.1f GiB; %d host threads sample\n", bench_now() - t0,
            (long long)n_blocks, bs, (double)n_blocks * (double)block_bytes / (1 << 30), be->n_threads);
-    const char *mode = det ? "deterministic" : "default";
+    const char *mode = det ? (graphs ? "deterministic, graphs" : "deterministic") : graphs ? "graphs" : "default";
     int rc = 0;
     struct run_result r = run_set(be, m, "job", n_req, len, prefix, gen, 0x5eedull, max_batch, step_tokens, NULL, NULL);
     if (!r.ok) {
@@ -252,6 +254,12 @@ int bench_cmd_job(int argc, char **argv)
                "mean %.1f tokens per step\n", mode, (long long)r.st.prefill_computed, prompt_tok,
                (long long)r.st.cached_tokens, (long long)r.st.steps,
                (double)(r.st.prefill_computed + r.st.decode_tokens) / (double)(r.st.steps ? r.st.steps : 1));
+        if (graphs) {
+            const char *off = NULL;
+            const int64_t launches = be_cuda_graph_launches(be, &off);
+            printf("figure: [%s] job: %lld of %lld steps from CUDA graphs%s%s\n", mode, (long long)launches,
+                   (long long)r.st.steps, off ? "; graphs off: " : "", off ? off : "");
+        }
     }
     if (cache_n > 0 && rc == 0)
         rc = cache_pair(be, m, cache_n, len, max_batch, step_tokens, bench_arg_str(argc, argv, "--cache-dir", NULL));

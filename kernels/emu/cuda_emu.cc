@@ -101,11 +101,38 @@ void run_block(unsigned n)
 
 } // namespace
 
+/* fake_cuda.c's stream capture: a launch made while capturing is kept
+ * (with its arguments, bound by value at the launch) and run when the
+ * graph is launched. */
+extern "C" int fake_cuda_capturing(void);
+extern "C" void fake_cuda_record(void (*run)(void *), void (*drop)(void *), void *arg);
+
+namespace {
+
+struct recorded_launch {
+    unsigned grid, block;
+    std::function<void()> fn;
+};
+
+void run_recorded(void *a)
+{
+    const recorded_launch *r = static_cast<const recorded_launch *>(a);
+    emu_launch(r->grid, r->block, r->fn);
+}
+
+void drop_recorded(void *a) { delete static_cast<recorded_launch *>(a); }
+
+} // namespace
+
 void emu_launch(unsigned grid, unsigned block, const std::function<void()> &fn)
 {
     if (block == 0 || block > EMU_MAX_THREADS) {
         fprintf(stderr, "cuda_emu: block of %u threads\n", block);
         abort();
+    }
+    if (fake_cuda_capturing()) {
+        fake_cuda_record(run_recorded, drop_recorded, new recorded_launch{grid, block, fn});
+        return;
     }
     cur_fn = &fn;
     blockDim = {block, 1, 1};

@@ -4,7 +4,7 @@
  * a model of GPU floating point (expf, cosf… are the host's).
  *
  * emu.sh rewrites each `kernel<<<grid, block, smem, stream>>>(args)` into
- * emu_launch(grid, block, [&] { kernel(args); }) and force-includes this
+ * emu_launch(grid, block, std::bind(kernel, args)) and force-includes this
  * header. A launch runs the blocks one after another; inside a block every
  * CUDA thread is a fiber (ucontext) scheduled round-robin, so
  * __syncthreads() and __shfl_xor_sync() are real barriers (block-wide and

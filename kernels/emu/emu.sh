@@ -20,14 +20,16 @@ cmake -S "$root" -B "$bdir" -DKVBATCH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
   -DKVBATCH_SANITIZE=$([ -n "$san" ] && echo ON || echo OFF) >/dev/null
 cmake --build "$bdir" -j"$(nproc)" --target kvbcore >/dev/null
 
-# kernel<<<grid, block, smem, stream>>>(args);  ->  emu_launch(grid, block, [&] { kernel(args); });
+# kernel<<<grid, block, smem, stream>>>(args);  ->  emu_launch(grid, block, std::bind(kernel, args));
+# (bind: the arguments are evaluated and copied at the launch, as CUDA does,
+# which a launch recorded into a graph and run later depends on)
 for cu in "$root"/kernels/k_*.cu; do
   python3 - "$cu" "$bdir/emu/$(basename "$cu" .cu).cc" <<'PY'
 import re, sys
 src = open(sys.argv[1]).read()
 src = re.sub(r'#include <cuda_(fp16|bf16)\.h>\n', '', src)
 pat = re.compile(r'([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<([^;]*?),\s*([^;]*?),\s*[^;,]*?,\s*[^;,]*?>>>\(([^;]*)\);')
-out, n = pat.subn(lambda m: 'emu_launch(%s, %s, [&] { %s(%s); });' % (m.group(2), m.group(3), m.group(1), m.group(4)), src)
+out, n = pat.subn(lambda m: 'emu_launch(%s, %s, std::bind(%s, %s));' % (m.group(2), m.group(3), m.group(1), m.group(4)), src)
 if '<<<' in out:
     sys.exit('emu.sh: a launch in %s was not rewritten' % sys.argv[1])
 open(sys.argv[2], 'w').write('#line 1 "%s"\n' % sys.argv[1] + out)
@@ -72,4 +74,39 @@ export ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=0
 "$bdir/emu/bench_gpu" job --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --vocab 1000 --requests 12 \
   --prompt 40 --prefix 16 --gen 4 --max-batch 4 --step-tokens 64 --kv-gib 0.01 --cache-requests 4 || rc=1
 rm -f "$bdir/emu/tiny.gguf"
+
+# kvbatch itself on the emulated device: CLI, runner, scheduler (greedy
+# choices on the device, sampling, logprobs) and the persistent cache over
+# be_cuda, with backend_select.c rebuilt with CUDA on. Cold, warm and warm
+# with --cuda-graphs must write the same completions.
+for c in "$root/src/backend_select.c" "$root/src/main.c"; do
+  gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$c" -o "$bdir/emu/cli-$(basename "$c").o"
+done
+g++ $san "$bdir/emu/cli-main.c.o" "$bdir/emu/cli-backend_select.c.o" "${objs[@]}" $libs -o "$bdir/emu/kvbatch"
+echo "== kvbatch run --device cuda (emulated device, tiny model)"
+d=$bdir/emu/run
+rm -rf "$d"; mkdir -p "$d"
+"$bdir/emu/bench_gpu" synth "$d/m.gguf" --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --type q8_0 >/dev/null || rc=1
+{
+  for i in 1 2 3 4 5; do
+    printf '{"custom_id":"g%d","prompt":"The municipal archive opens at nine and closes at five. Question %d:","max_tokens":6,"temperature":0}\n' "$i" "$i"
+  done
+  printf '{"custom_id":"s1","prompt":"The municipal archive opens at nine and closes at five. Sampled:","max_tokens":6,"temperature":0.8,"seed":3}\n'
+  printf '{"custom_id":"l1","prompt":"The municipal archive opens at nine and closes at five. With logprobs:","max_tokens":4,"temperature":0,"logprobs":2}\n'
+} > "$d/job.jsonl"
+texts() { grep -o '"custom_id":"[^"]*"\|"text":"\([^"\\]\|\\.\)*"' "$1" | paste - - | sort; }
+for run in cold warm graphs; do
+  extra=; [ $run = graphs ] && extra=--cuda-graphs
+  "$bdir/emu/kvbatch" run -m "$d/m.gguf" -i "$d/job.jsonl" -o "$d/$run.jsonl" --metrics "$d/$run.db" --device cuda \
+    --cache-dir "$d/pcache" --max-batch 3 --kv-mem 16M $extra 2> "$d/$run.err" || { cat "$d/$run.err"; rc=1; }
+  grep -E "on cuda|ok|cache" "$d/$run.err" | tail -3
+done
+n_ok=$(grep -c '"status_code":200' "$d/cold.jsonl" || true)
+[ "$n_ok" = 7 ] || { echo "kvbatch run on the emulated device: $n_ok of 7 requests ok"; rc=1; }
+grep -q '"logprobs":{' "$d/cold.jsonl" || grep -q '"top_logprobs"' "$d/cold.jsonl" || { echo "no logprobs in the output"; rc=1; }
+if [ "$(texts "$d/cold.jsonl")" = "$(texts "$d/warm.jsonl")" ] && [ "$(texts "$d/cold.jsonl")" = "$(texts "$d/graphs.jsonl")" ]; then
+  echo "cold, warm and warm with graphs: the same completions ($n_ok requests)"
+else
+  echo "completions differ between cold, warm and graphs runs"; rc=1
+fi
 exit $rc

@@ -6,7 +6,13 @@
  * out-of-bounds kernel access is reported like any other. Fresh device
  * allocations are filled with 0xff bytes (NaN as f32, bf16 and fp16), so
  * reading memory nobody wrote shows up as NaN rather than as a lucky zero.
- * Everything is synchronous. cublasGemmEx follows cuBLAS's documented
+ * Everything is synchronous, except under stream capture (CUDA graphs):
+ * then kernel launches (cuda_emu.cc), async copies and sets, and GEMMs are
+ * recorded with their arguments' values as of the call, and run in order
+ * when the instantiated graph is launched — so a captured pointer that
+ * goes stale shows up as a wrong result. Calls that real CUDA refuses
+ * during capture (allocation, synchronous copies, synchronisation) fail
+ * and invalidate the capture. cublasGemmEx follows cuBLAS's documented
  * column-major definition (C = alpha op(A) op(B) + beta C, element (i, j) of
  * C at C[i + j*ldc], op(A) = A or Aᵀ with A[i + p*lda] / A[p + i*lda]),
  * written independently of kernels/k_gemm.c so that it checks k_gemm.c's
@@ -38,6 +44,121 @@ static cudaError_t fail(cudaError_t e)
 {
     last_error = e;
     return e;
+}
+
+/* ---- stream capture ------------------------------------------------------------ */
+
+struct fake_op {
+    void (*run)(void *arg);
+    void (*drop)(void *arg); /* NULL: free(arg) */
+    void *arg;
+};
+
+struct fake_graph {
+    struct fake_op *ops;
+    int n, cap;
+    int refs; /* the graph and each executable made from it */
+};
+
+static struct fake_graph *capture;   /* while capturing */
+static int capture_broken;
+
+int fake_cuda_capturing(void) { return capture != NULL; }
+
+/* Appends an operation to the graph being captured; takes arg. */
+void fake_cuda_record(void (*run)(void *), void (*drop)(void *), void *arg)
+{
+    if (capture->n == capture->cap) {
+        int cap = capture->cap ? capture->cap * 2 : 64;
+        struct fake_op *ops = realloc(capture->ops, sizeof *ops * (size_t)cap);
+        if (!ops) {
+            capture_broken = 1;
+            if (drop) drop(arg);
+            else free(arg);
+            return;
+        }
+        capture->ops = ops;
+        capture->cap = cap;
+    }
+    capture->ops[capture->n++] = (struct fake_op){run, drop, arg};
+}
+
+static void graph_unref(struct fake_graph *g)
+{
+    if (!g || --g->refs > 0) return;
+    for (int i = 0; i < g->n; i++) {
+        if (g->ops[i].drop) g->ops[i].drop(g->ops[i].arg);
+        else free(g->ops[i].arg);
+    }
+    free(g->ops);
+    free(g);
+}
+
+/* What real CUDA refuses while a capture is open. */
+static int refused_in_capture(void)
+{
+    if (!capture) return 0;
+    capture_broken = 1;
+    last_error = cudaErrorStreamCaptureUnsupported;
+    return 1;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    (void)s;
+    (void)mode;
+    if (capture) return fail(cudaErrorIllegalState);
+    capture = calloc(1, sizeof *capture);
+    if (!capture) return fail(cudaErrorMemoryAllocation);
+    capture->refs = 1;
+    capture_broken = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
+{
+    (void)s;
+    if (!capture) return fail(cudaErrorIllegalState);
+    struct fake_graph *g = capture;
+    capture = NULL;
+    if (capture_broken) {
+        graph_unref(g);
+        *graph = NULL;
+        return fail(cudaErrorStreamCaptureInvalidated);
+    }
+    *graph = (cudaGraph_t)g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags)
+{
+    (void)flags;
+    if (!graph) return fail(cudaErrorInvalidValue);
+    struct fake_graph *g = (struct fake_graph *)graph;
+    g->refs++;
+    *exec = (cudaGraphExec_t)g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+    (void)s;
+    if (capture) return fail(cudaErrorStreamCaptureUnsupported); /* kvbatch never nests graphs */
+    struct fake_graph *g = (struct fake_graph *)exec;
+    for (int i = 0; i < g->n; i++) g->ops[i].run(g->ops[i].arg);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    graph_unref((struct fake_graph *)exec);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    graph_unref((struct fake_graph *)graph);
+    return cudaSuccess;
 }
 
 /* Each allocation carries its size in a header, for the accounting. */
@@ -82,6 +203,7 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 
 cudaError_t cudaMalloc(void **p, size_t bytes)
 {
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     *p = NULL;
     if (mem_used + bytes > mem_total()) return fail(cudaErrorMemoryAllocation);
     struct hdr *h = malloc(sizeof *h + bytes);
@@ -96,6 +218,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
 cudaError_t cudaFree(void *p)
 {
     if (!p) return cudaSuccess;
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     struct hdr *h = (struct hdr *)p - 1;
     mem_used -= h->bytes;
     free(h);
@@ -104,6 +227,7 @@ cudaError_t cudaFree(void *p)
 
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned int flags)
 {
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     (void)flags;
     *p = malloc(bytes ? bytes : 1);
     return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
@@ -118,18 +242,51 @@ cudaError_t cudaFreeHost(void *p)
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
 {
     (void)kind;
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     if (bytes) memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+
+struct copy_op {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    int value; /* memset */
+};
+
+static void run_copy(void *a)
+{
+    struct copy_op *o = a;
+    if (o->bytes) memmove(o->dst, o->src, o->bytes);
+}
+
+static void run_set(void *a)
+{
+    struct copy_op *o = a;
+    memset(o->dst, o->value, o->bytes);
+}
+
+static cudaError_t record_copy(void (*run)(void *), void *dst, const void *src, size_t bytes, int value)
+{
+    struct copy_op *o = malloc(sizeof *o);
+    if (!o) return fail(cudaErrorMemoryAllocation);
+    *o = (struct copy_op){dst, src, bytes, value};
+    fake_cuda_record(run, NULL, o);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t s)
 {
     (void)s;
-    return cudaMemcpy(dst, src, bytes, kind);
+    (void)kind;
+    if (capture) return record_copy(run_copy, dst, src, bytes, 0);
+    if (bytes) memmove(dst, src, bytes);
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *p, int v, size_t bytes)
 {
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     memset(p, v, bytes);
     return cudaSuccess;
 }
@@ -137,7 +294,9 @@ cudaError_t cudaMemset(void *p, int v, size_t bytes)
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s)
 {
     (void)s;
-    return cudaMemset(p, v, bytes);
+    if (capture) return record_copy(run_set, p, NULL, bytes, v);
+    memset(p, v, bytes);
+    return cudaSuccess;
 }
 
 static int stream_obj;
@@ -158,10 +317,15 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     (void)s;
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void)
+{
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+    return cudaSuccess;
+}
 
 cudaError_t cudaGetLastError(void)
 {
@@ -177,6 +341,9 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorIllegalState: return "the operation is not permitted in the current state";
     default: return "unknown error (fake CUDA)";
     }
 }
@@ -188,6 +355,9 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
     default: return "cudaErrorUnknown";
     }
 }
@@ -215,6 +385,12 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s)
     return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void *workspace, size_t bytes)
+{
+    (void)h;
+    return workspace || !bytes ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+
 const char *cublasGetStatusString(cublasStatus_t s)
 {
     switch (s) {
@@ -235,6 +411,37 @@ static float bf16(const void *base, int64_t i)
     return f;
 }
 
+/* One GEMM, arguments by value (a captured one runs later). */
+struct gemm_op {
+    cublasOperation_t transa, transb;
+    int m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+    const void *A, *B;
+    void *C;
+};
+
+static void gemm_now(const struct gemm_op *o)
+{
+    const cublasOperation_t transa = o->transa, transb = o->transb;
+    const int m = o->m, n = o->n, k = o->k, lda = o->lda, ldb = o->ldb, ldc = o->ldc;
+    const void *A = o->A, *B = o->B;
+    const float al = o->alpha, be = o->beta;
+    float *c = o->C;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            float s = 0.0f;
+            for (int p = 0; p < k; p++) {
+                const float a = transa == CUBLAS_OP_N ? bf16(A, i + (int64_t)p * lda) : bf16(A, p + (int64_t)i * lda);
+                const float b = transb == CUBLAS_OP_N ? bf16(B, p + (int64_t)j * ldb) : bf16(B, j + (int64_t)p * ldb);
+                s += a * b;
+            }
+            float *cij = &c[i + (int64_t)j * ldc];
+            *cij = be == 0.0f ? al * s : al * s + be * *cij; /* beta = 0: C is not read (may hold NaN) */
+        }
+}
+
+static void run_gemm(void *a) { gemm_now(a); }
+
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                             int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
                             cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
@@ -250,18 +457,16 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
     if (lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
-    const float al = *(const float *)alpha, be = *(const float *)beta;
-    float *c = C;
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            float s = 0.0f;
-            for (int p = 0; p < k; p++) {
-                const float a = transa == CUBLAS_OP_N ? bf16(A, i + (int64_t)p * lda) : bf16(A, p + (int64_t)i * lda);
-                const float b = transb == CUBLAS_OP_N ? bf16(B, p + (int64_t)j * ldb) : bf16(B, j + (int64_t)p * ldb);
-                s += a * b;
-            }
-            float *cij = &c[i + (int64_t)j * ldc];
-            *cij = be == 0.0f ? al * s : al * s + be * *cij; /* beta = 0: C is not read (may hold NaN) */
-        }
+    /* Host pointer mode: alpha and beta are read now, as cuBLAS does. */
+    const struct gemm_op o = {transa, transb, m, n, k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta,
+                              A, B, C};
+    if (capture) {
+        struct gemm_op *rec = malloc(sizeof *rec);
+        if (!rec) return CUBLAS_STATUS_ALLOC_FAILED;
+        *rec = o;
+        fake_cuda_record(run_gemm, NULL, rec);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    gemm_now(&o);
     return CUBLAS_STATUS_SUCCESS;
 }
