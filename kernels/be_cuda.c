@@ -723,6 +723,16 @@ static void cuda_host_parallel(struct backend *be, void (*fn)(void *arg, int ith
     tpool_run(((struct cuda_be *)be)->pool, fn, arg);
 }
 
+static void cuda_summary(struct backend *be, char *buf, size_t cap)
+{
+    const struct cuda_be *c = be->impl;
+    if (c->graph_off[0])
+        snprintf(buf, cap, "CUDA graphs switched off (%s); %lld steps had run from graphs", c->graph_off,
+                 (long long)c->graph_launches);
+    else if (c->graphs)
+        snprintf(buf, cap, "%lld steps ran from CUDA graphs", (long long)c->graph_launches);
+}
+
 static void *cuda_host_alloc(struct backend *be, size_t bytes)
 {
     void *p = NULL;
@@ -786,6 +796,7 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->be.free = cuda_free;
     c->be.host_parallel = cuda_host_parallel;
     c->be.host_alloc = cuda_host_alloc;
+    c->be.summary = cuda_summary;
     c->be.host_free = cuda_host_free;
     c->be.argmax = true;
     c->be.block_size = o->block_size;

@@ -169,7 +169,7 @@ job_check() {
 export -f job_check
 if "$build/kvbatch" run --help 2>&1 | grep -q -- "--device"; then
   step "batch job on CUDA: 256 requests sharing a 290-token prefix, cache cold then warm (--deterministic)" 90 job_check
-  grep -E "^(cold|warm)(, graphs)?:|kvbatch run: (ok|cache|.* on cuda)|completions .*(identical|differ)" "$log" | tail -14 >> "$fig"
+  grep -E "^(cold|warm)(, graphs)?:|kvbatch run: (ok|cache|cuda|.* on cuda)|completions .*(identical|differ)" "$log" | tail -16 >> "$fig"
   rm -rf "$out/job/m.gguf" "$out/job/pcache"
 else
   note "== batch job: SKIPPED (this kvbatch has no --device)"

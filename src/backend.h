@@ -77,6 +77,10 @@ struct backend {
      * host_free takes what host_alloc gave (NULL accepted). */
     void *(*host_alloc)(struct backend *be, size_t bytes);
     void (*host_free)(struct backend *be, void *p);
+    /* Optional: writes into buf[cap] one line on how the backend ran that
+     * the run summary should show (e.g. CUDA graphs used, or why not);
+     * leaves buf empty when there is nothing to say. */
+    void (*summary)(struct backend *be, char *buf, size_t cap);
 };
 
 /* Totals of a checked batch. */

@@ -825,6 +825,11 @@ int run_job(const struct run_opts *o)
                 pst.bytes_written ? (double)pst.raw_bytes_written / (double)pst.bytes_written : 0.0,
                 pst.writing_disabled ? ", writing turned off" : "");
     }
+    if (!o->quiet && r.be && r.be->summary) {
+        char line[256] = "";
+        r.be->summary(r.be, line, sizeof line);
+        if (line[0]) fprintf(stderr, "kvbatch run: %s: %s\n", r.be->name, line);
+    }
     if (stop_signal) {
         fprintf(stderr, "kvbatch run: interrupted by signal %d; %lld requests in flight were dropped; "
                         "rerun with --resume to finish\n", (int)stop_signal, (long long)r.n_used);

@@ -101,6 +101,8 @@ for run in cold warm graphs; do
     --cache-dir "$d/pcache" --max-batch 3 --kv-mem 16M $extra 2> "$d/$run.err" || { cat "$d/$run.err"; rc=1; }
   grep -E "on cuda|ok|cache" "$d/$run.err" | tail -3
 done
+grep -E "cuda: " "$d/graphs.err"
+grep -qE "cuda: [1-9][0-9]* steps ran from CUDA graphs" "$d/graphs.err" || { echo "the --cuda-graphs run ran no step from a graph"; rc=1; }
 n_ok=$(grep -c '"status_code":200' "$d/cold.jsonl" || true)
 [ "$n_ok" = 7 ] || { echo "kvbatch run on the emulated device: $n_ok of 7 requests ok"; rc=1; }
 grep -q '"logprobs":{' "$d/cold.jsonl" || grep -q '"top_logprobs"' "$d/cold.jsonl" || { echo "no logprobs in the output"; rc=1; }
