@@ -85,14 +85,10 @@ struct cuda_be {
     /* Per-step device scratch, grown to the largest step seen. Row counts
      * are rounded up to BE_CUDA_DET_ROWS so deterministic GEMM tiles fit. */
     int64_t cap_tok, cap_out;
-    float *x, *xn;                  /* (cap_tok, n_embd) residual stream, normed */
+    float *x;                       /* (cap_tok, n_embd) residual stream */
     float *qkv;                     /* (cap_tok, qkv_dim) */
-    float *att;                     /* (cap_tok, q_dim) */
-    float *tmp;                     /* (cap_tok, n_embd) projection output */
     float *gu;                      /* (cap_tok, 2*n_ff) */
-    float *act;                     /* (cap_tok, n_ff) */
     uint16_t *xb;                   /* (cap_tok, max(n_embd, q_dim, n_ff)) bf16 GEMM input */
-    float *outn;                    /* (cap_out, n_embd) */
     float *logits;                  /* (cap_out, n_vocab) */
     /* Step indices: tokens | positions | table offsets | output rows |
      * greedy rows | block tables, uploaded in one copy from pinned memory;
@@ -204,9 +200,9 @@ int64_t be_cuda_weight_bytes(const struct model *m)
 
 static void free_scratch(struct cuda_be *c)
 {
-    void *bufs[] = {c->x, c->xn, c->qkv, c->att, c->tmp, c->gu, c->act, c->xb, c->outn, c->logits};
+    void *bufs[] = {c->x, c->qkv, c->gu, c->xb, c->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
-    c->x = c->xn = c->qkv = c->att = c->tmp = c->gu = c->act = c->outn = c->logits = NULL;
+    c->x = c->qkv = c->gu = c->logits = NULL;
     c->xb = NULL;
     c->cap_tok = c->cap_out = 0;
 }
@@ -395,9 +391,8 @@ static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_o
         graphs_clear(c); /* they hold the old buffers' addresses */
         free_scratch(c);
         struct { void *p; int64_t bytes; } b[] = {
-            {&c->x, nt * e * 4},       {&c->xn, nt * e * 4},       {&c->qkv, nt * c->qkv_dim * 4},
-            {&c->att, nt * c->q_dim * 4}, {&c->tmp, nt * e * 4},   {&c->gu, nt * 2 * f * 4},
-            {&c->act, nt * f * 4},     {&c->xb, nt * wide * 2},    {&c->outn, no * e * 4},
+            {&c->x, nt * e * 4},       {&c->qkv, nt * c->qkv_dim * 4}, {&c->gu, nt * 2 * f * 4},
+            {&c->xb, (nt > no ? nt : no) * wide * 2},
             {&c->logits, no * hp->n_vocab * 4},
         };
         int64_t total = 0;
@@ -456,11 +451,12 @@ static void step_cu(struct step *s, cudaError_t e, const char *what)
 /* y = x · wᵀ (see k_gemm.c). In deterministic mode always on whole tiles of
  * BE_CUDA_DET_ROWS rows: the buffers have room for the padding rows. */
 static void step_gemm(struct step *s, float *y, const uint16_t *x, const uint16_t *w, int64_t n_tok, int64_t n_in,
-                      int64_t n_out, const char *what)
+                      int64_t n_out, bool acc, const char *what)
 {
     const int64_t tile = s->c->det ? BE_CUDA_DET_ROWS : n_tok;
     for (int64_t r = 0; r < n_tok && !s->what; r += tile) {
-        cublasStatus_t b = kcu_gemm_bf16(s->c->blas, y + r * n_out, x + r * n_in, w, tile, n_in, n_out);
+        cublasStatus_t b = (acc ? kcu_gemm_bf16_acc : kcu_gemm_bf16)(s->c->blas, y + r * n_out, x + r * n_in, w, tile,
+                                                                     n_in, n_out);
         if (b != CUBLAS_STATUS_SUCCESS) {
             s->bs = b;
             s->what = what;
@@ -546,42 +542,38 @@ static void enqueue_compute(struct step *s, int64_t n_tok, int64_t n_out, int64_
     const float eps = hp->rms_eps, scale = 1.0f / sqrtf((float)hd);
     cudaStream_t cs = c->stream;
 
+    /* Ten launches per layer: norms, SwiGLU and attention write the next
+     * GEMM's bf16 input themselves, the residual adds ride in the output
+     * and down projections (beta = 1), and Q and K (adjacent in each fused
+     * row) are rotated by one RoPE launch. */
     step_cu(s, kcu_embed(c->x, c->tok_embd, c->d_idx + lo.tok, nt, ne, cs), "embedding");
     for (int l = 0; l < hp->n_layer && !s->what; l++) {
         const struct cu_layer *L = &c->layers[l];
         float *q = c->qkv, *k = c->qkv + qd, *v = c->qkv + qd + kvd; /* rows of qkvd floats */
-        step_cu(s, kcu_rmsnorm(c->xn, e, c->x, e, NULL, nt, 1, ne, L->attn_norm, eps, cs), "attention norm");
-        step_cu(s, kcu_f32_to_bf16(c->xb, c->xn, n_tok * e, cs), "to bf16");
-        step_gemm(s, c->qkv, c->xb, L->wqkv, n_tok, e, qkvd, "QKV projection");
+        step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, NULL, nt, ne, L->attn_norm, eps, cs), "attention norm");
+        step_gemm(s, c->qkv, c->xb, L->wqkv, n_tok, e, qkvd, false, "QKV projection");
         if (L->bqkv) step_cu(s, kcu_add_bias(c->qkv, qkvd, L->bqkv, nt, (int32_t)qkvd, cs), "QKV bias");
         if (L->q_norm) {
             step_cu(s, kcu_rmsnorm(q, qkvd, q, qkvd, NULL, nt, nh, h, L->q_norm, eps, cs), "Q norm");
             step_cu(s, kcu_rmsnorm(k, qkvd, k, qkvd, NULL, nt, nkv, h, L->k_norm, eps, cs), "K norm");
         }
-        step_cu(s, kcu_rope(q, qkvd, nt, nh, h, hp->rope_dim, neox, d_pos, c->inv_freq, cs), "RoPE Q");
-        step_cu(s, kcu_rope(k, qkvd, nt, nkv, h, hp->rope_dim, neox, d_pos, c->inv_freq, cs), "RoPE K");
+        step_cu(s, kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, c->inv_freq, cs), "RoPE");
         /* All of the step's K/V go in before attention reads any, so the
          * tokens of one prefill chunk see each other causally. */
         pg.layer = l;
         step_cu(s, kcu_kv_store(&pg, k, v, qkvd, cs), "KV store");
-        step_cu(s, kcu_attn(c->att, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
-        step_cu(s, kcu_f32_to_bf16(c->xb, c->att, n_tok * qd, cs), "to bf16");
-        step_gemm(s, c->tmp, c->xb, L->wo, n_tok, qd, e, "output projection");
-        step_cu(s, kcu_add(c->x, c->tmp, n_tok * e, cs), "residual");
+        step_cu(s, kcu_attn_bf16(c->xb, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
+        step_gemm(s, c->x, c->xb, L->wo, n_tok, qd, e, true, "output projection");
 
-        step_cu(s, kcu_rmsnorm(c->xn, e, c->x, e, NULL, nt, 1, ne, L->ffn_norm, eps, cs), "FFN norm");
-        step_cu(s, kcu_f32_to_bf16(c->xb, c->xn, n_tok * e, cs), "to bf16");
-        step_gemm(s, c->gu, c->xb, L->wgu, n_tok, e, 2 * f, "gate/up projection");
-        step_cu(s, kcu_swiglu(c->act, c->gu, nt, (int32_t)f, cs), "SwiGLU");
-        step_cu(s, kcu_f32_to_bf16(c->xb, c->act, n_tok * f, cs), "to bf16");
-        step_gemm(s, c->tmp, c->xb, L->wdown, n_tok, f, e, "down projection");
-        step_cu(s, kcu_add(c->x, c->tmp, n_tok * e, cs), "residual");
+        step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, NULL, nt, ne, L->ffn_norm, eps, cs), "FFN norm");
+        step_gemm(s, c->gu, c->xb, L->wgu, n_tok, e, 2 * f, false, "gate/up projection");
+        step_cu(s, kcu_swiglu_bf16(c->xb, c->gu, nt, (int32_t)f, cs), "SwiGLU");
+        step_gemm(s, c->x, c->xb, L->wdown, n_tok, f, e, true, "down projection");
     }
     if (n_out > 0 && !s->what) {
-        step_cu(s, kcu_rmsnorm(c->outn, e, c->x, e, d_rows, (int32_t)n_out, 1, ne, c->output_norm, eps, cs),
+        step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, d_rows, (int32_t)n_out, ne, c->output_norm, eps, cs),
                 "output norm");
-        step_cu(s, kcu_f32_to_bf16(c->xb, c->outn, n_out * e, cs), "to bf16");
-        step_gemm(s, c->logits, c->xb, c->output, n_out, e, hp->n_vocab, "output head");
+        step_gemm(s, c->logits, c->xb, c->output, n_out, e, hp->n_vocab, false, "output head");
         if (n_am > 0)
             step_cu(s, kcu_argmax(c->d_idx + lo.amax, c->logits, hp->n_vocab, c->d_idx + lo.arows, (int32_t)n_am,
                                   hp->n_vocab, cs), "greedy choice");

@@ -14,12 +14,16 @@ static unsigned act_grid(int64_t n)
     return (unsigned)(b < 65536 ? b : 65536);
 }
 
-__global__ static void swiglu_kernel(float *out, const float *gu, int32_t n_ff, int64_t n)
+__device__ static void put(float *p, float v) { *p = v; }
+__device__ static void put(uint16_t *p, float v) { *p = __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+template <typename OutT>
+__global__ static void swiglu_kernel(OutT *out, const float *gu, int32_t n_ff, int64_t n)
 {
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = k / n_ff, i = k % n_ff;
         const float g = gu[t * 2 * n_ff + i], u = gu[t * 2 * n_ff + n_ff + i];
-        out[k] = g / (1.0f + expf(-g)) * u; /* attn_swiglu's expression */
+        put(&out[k], g / (1.0f + expf(-g)) * u); /* attn_swiglu's expression */
     }
 }
 
@@ -46,7 +50,17 @@ extern "C" cudaError_t kcu_swiglu(float *out, const float *gu, int32_t n_tok, in
     if (n_tok < 0 || n_ff < 0) return cudaErrorInvalidValue;
     const int64_t n = (int64_t)n_tok * n_ff;
     if (n == 0) return cudaSuccess;
-    swiglu_kernel<<<act_grid(n), ACT_THREADS, 0, stream>>>(out, gu, n_ff, n);
+    swiglu_kernel<float><<<act_grid(n), ACT_THREADS, 0, stream>>>(out, gu, n_ff, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kcu_swiglu_bf16(uint16_t *out, const float *gu, int32_t n_tok, int32_t n_ff,
+                                       cudaStream_t stream)
+{
+    if (n_tok < 0 || n_ff < 0) return cudaErrorInvalidValue;
+    const int64_t n = (int64_t)n_tok * n_ff;
+    if (n == 0) return cudaSuccess;
+    swiglu_kernel<uint16_t><<<act_grid(n), ACT_THREADS, 0, stream>>>(out, gu, n_ff, n);
     return cudaGetLastError();
 }
 

@@ -16,6 +16,7 @@
  * rounding (exp(s - m) is rescaled here instead of computed once). */
 #include "kernels.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
 
@@ -23,7 +24,8 @@
 #define ATTN_UNROLL 4
 
 struct attn_args {
-    float *out;
+    float *out;         /* f32 output, or NULL when out_bf16 is set */
+    uint16_t *out_bf16; /* the same values rounded to bf16 (a GEMM's input) */
     const float *q;
     int64_t q_ld;
     struct kcu_paged kv;
@@ -116,11 +118,12 @@ __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct att
     float L = 0.0f;
     for (int w = 0; w < ATTN_WARPS; w++) L += wl[w] * expf(wm[w] - M);
     const float inv = 1.0f / L;
-    float *o = a.out + (int64_t)t * a.n_head * hd + (int64_t)h * hd;
+    const int64_t o = (int64_t)t * a.n_head * hd + (int64_t)h * hd;
     for (int32_t i = threadIdx.x; i < hd; i += blockDim.x) {
         float s = 0.0f;
         for (int w = 0; w < ATTN_WARPS; w++) s += wacc[w][i] * expf(wm[w] - M);
-        o[i] = s * inv;
+        if (a.out) a.out[o + i] = s * inv;
+        else a.out_bf16[o + i] = __bfloat16_as_ushort(__float2bfloat16_rn(s * inv));
     }
 }
 
@@ -147,18 +150,32 @@ extern "C" cudaError_t kcu_kv_store(const struct kcu_paged *kv, const float *k, 
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t kcu_attn(float *out, const float *q, int64_t q_ld, const struct kcu_paged *kv, int32_t n_head,
-                                int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream)
+static cudaError_t attn_launch(float *out, uint16_t *out_bf16, const float *q, int64_t q_ld,
+                               const struct kcu_paged *kv, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                               float scale, cudaStream_t stream)
 {
     if (kv->n_tok < 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 ||
         head_dim > KCU_ATTN_MAX_HEAD_DIM || kv->block_size <= 0 || kv->kv_dim != n_head_kv * head_dim)
         return cudaErrorInvalidValue;
     if (kv->n_tok == 0) return cudaSuccess;
     if ((int64_t)kv->n_tok * n_head > 0x7fffffff) return cudaErrorInvalidValue;
-    struct attn_args a = {out, q, q_ld, *kv, n_head, n_head / n_head_kv, head_dim, scale};
+    struct attn_args a = {out, out_bf16, q, q_ld, *kv, n_head, n_head / n_head_kv, head_dim, scale};
     const unsigned grid = (unsigned)(kv->n_tok * n_head);
     if (head_dim <= 64) attn_kernel<2><<<grid, ATTN_WARPS * 32, 0, stream>>>(a);
     else if (head_dim <= 128) attn_kernel<4><<<grid, ATTN_WARPS * 32, 0, stream>>>(a);
     else attn_kernel<8><<<grid, ATTN_WARPS * 32, 0, stream>>>(a);
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t kcu_attn(float *out, const float *q, int64_t q_ld, const struct kcu_paged *kv, int32_t n_head,
+                                int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream)
+{
+    return attn_launch(out, NULL, q, q_ld, kv, n_head, n_head_kv, head_dim, scale, stream);
+}
+
+extern "C" cudaError_t kcu_attn_bf16(uint16_t *out, const float *q, int64_t q_ld, const struct kcu_paged *kv,
+                                     int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale,
+                                     cudaStream_t stream)
+{
+    return attn_launch(NULL, out, q, q_ld, kv, n_head, n_head_kv, head_dim, scale, stream);
 }

@@ -52,6 +52,12 @@ cudaError_t kcu_embed(float *out, const uint16_t *table, const int32_t *tokens, 
 cudaError_t kcu_rmsnorm(float *out, int64_t out_ld, const float *x, int64_t x_ld, const int32_t *rows,
                         int32_t n_rows, int32_t n_sub, int32_t n, const float *w, float eps, cudaStream_t stream);
 
+/* kcu_rmsnorm with n_sub = 1 whose result is stored rounded to bf16: the
+ * next GEMM's input, bit for bit what kcu_f32_to_bf16 would make of the f32
+ * result. Reference: attn_rmsnorm, then kvb_f32_to_bf16. */
+cudaError_t kcu_rmsnorm_bf16(uint16_t *out, int64_t out_ld, const float *x, int64_t x_ld, const int32_t *rows,
+                             int32_t n_rows, int32_t n, const float *w, float eps, cudaStream_t stream);
+
 /* ---- k_rope.cu -------------------------------------------------------------- */
 
 /* Rotates, in place, n_heads heads of head_dim floats in each of n_tok rows
@@ -68,6 +74,8 @@ cudaError_t kcu_rope(float *x, int64_t ld, int32_t n_tok, int32_t n_heads, int32
  * and up projections side by side (n_tok, 2 * n_ff); out is (n_tok, n_ff).
  * Reference: attn_swiglu. */
 cudaError_t kcu_swiglu(float *out, const float *gu, int32_t n_tok, int32_t n_ff, cudaStream_t stream);
+/* The same, stored rounded to bf16 (the down projection's input). */
+cudaError_t kcu_swiglu_bf16(uint16_t *out, const float *gu, int32_t n_tok, int32_t n_ff, cudaStream_t stream);
 
 /* y[i] += x[i] for i < n (the residual add). Reference: the loop in be_cpu.c. */
 cudaError_t kcu_add(float *y, const float *x, int64_t n, cudaStream_t stream);
@@ -128,6 +136,10 @@ cudaError_t kcu_kv_store(const struct kcu_paged *kv, const float *k, const float
  * not a multiple of n_head_kv. Reference: attn_head. */
 cudaError_t kcu_attn(float *out, const float *q, int64_t q_ld, const struct kcu_paged *kv, int32_t n_head,
                      int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream);
+/* The same, stored rounded to bf16 (the output projection's input): bit
+ * for bit kcu_f32_to_bf16 of kcu_attn's result. */
+cudaError_t kcu_attn_bf16(uint16_t *out, const float *q, int64_t q_ld, const struct kcu_paged *kv, int32_t n_head,
+                          int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream);
 
 /* ---- k_gemm.c (cuBLAS) ------------------------------------------------------ */
 
@@ -136,6 +148,9 @@ cudaError_t kcu_attn(float *out, const float *q, int64_t q_ld, const struct kcu_
  * The handle's stream is used. Reference: a dot product per (t, r). */
 cublasStatus_t kcu_gemm_bf16(cublasHandle_t h, float *y, const uint16_t *x, const uint16_t *w, int64_t n_tok,
                              int64_t n_in, int64_t n_out);
+/* y += x · wᵀ (beta = 1): the residual add folded into the GEMM. */
+cublasStatus_t kcu_gemm_bf16_acc(cublasHandle_t h, float *y, const uint16_t *x, const uint16_t *w, int64_t n_tok,
+                                 int64_t n_in, int64_t n_out);
 
 #ifdef __cplusplus
 }

@@ -163,6 +163,19 @@ static void test_rmsnorm(int32_t n_rows, int32_t n_sub, int32_t n, int64_t ld, b
     snprintf(name, sizeof name, "rmsnorm rows=%d sub=%d n=%d%s%s", n_rows, n_sub, n, gather ? " gather" : "",
              in_place ? " in-place" : "");
     compare(name, got, ref, n_rows * out_ld, 1e-11, 1e-5, 1e-6);
+    if (n_sub == 1 && !in_place) { /* the fused form: kcu_f32_to_bf16 of the above, bit for bit */
+        uint16_t *want = malloc(sizeof(uint16_t) * (size_t)(n_rows * out_ld));
+        uint16_t *got16 = malloc(sizeof(uint16_t) * (size_t)(n_rows * out_ld));
+        for (int64_t i = 0; i < n_rows * out_ld; i++) want[i] = kvb_f32_to_bf16(got[i]);
+        uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)(n_rows * out_ld));
+        CU(kcu_rmsnorm_bf16(d_b, out_ld, d_x, ld, d_rows, n_rows, n, d_w, 1e-5f, 0));
+        dev_get(got16, d_b, sizeof(uint16_t) * (size_t)(n_rows * out_ld));
+        snprintf(name, sizeof name, "rmsnorm->bf16 rows=%d n=%d%s", n_rows, n, gather ? " gather" : "");
+        compare_u16(name, got16, want, n_rows * out_ld);
+        cudaFree(d_b);
+        free(want);
+        free(got16);
+    }
     cudaFree(d_x);
     cudaFree(d_w);
     cudaFree(d_rows);
@@ -227,6 +240,18 @@ static void test_swiglu(int32_t n_tok, int32_t n_ff)
     char name[96];
     snprintf(name, sizeof name, "swiglu tok=%d ff=%d", n_tok, n_ff);
     compare(name, got, g, n, 1e-12, 2e-6, 1e-7);
+    {
+        uint16_t *want = malloc(sizeof(uint16_t) * (size_t)n), *got16 = malloc(sizeof(uint16_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) want[i] = kvb_f32_to_bf16(got[i]);
+        uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n);
+        CU(kcu_swiglu_bf16(d_b, d_gu, n_tok, n_ff, 0));
+        dev_get(got16, d_b, sizeof(uint16_t) * (size_t)n);
+        snprintf(name, sizeof name, "swiglu->bf16 tok=%d ff=%d", n_tok, n_ff);
+        compare_u16(name, got16, want, n);
+        cudaFree(d_b);
+        free(want);
+        free(got16);
+    }
     cudaFree(d_gu);
     cudaFree(d_out);
     free(gu);
@@ -393,6 +418,19 @@ static void test_paged(const struct paged_case *pc)
     dev_get(got, d_out, sizeof(float) * (size_t)(n_tok * qd));
     snprintf(name, sizeof name, "attention heads=%d/%d hd=%d bs=%d tok=%d", pc->n_head, pc->n_head_kv, pc->hd, bs, n_tok);
     compare(name, got, ref, (int64_t)n_tok * qd, 1e-10, 1e-4, 1e-5);
+    {
+        const int64_t n = (int64_t)n_tok * qd;
+        uint16_t *want = malloc(sizeof(uint16_t) * (size_t)n), *got16 = malloc(sizeof(uint16_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) want[i] = kvb_f32_to_bf16(got[i]);
+        uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n);
+        CU(kcu_attn_bf16(d_b, d_qkv, ld, &pg, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
+        dev_get(got16, d_b, sizeof(uint16_t) * (size_t)n);
+        snprintf(name, sizeof name, "attention->bf16 heads=%d/%d hd=%d", pc->n_head, pc->n_head_kv, pc->hd);
+        compare_u16(name, got16, want, n);
+        cudaFree(d_b);
+        free(want);
+        free(got16);
+    }
 
     cudaFree(d_pool);
     cudaFree(d_qkv);
@@ -453,6 +491,32 @@ static void test_gemm(cublasHandle_t h, int64_t n_tok, int64_t n_in, int64_t n_o
     compare(name, got, ref, n_tok * n_out, 1e-9, 1e30, 0); /* NMSE here; per-element bound below */
     printf("%-44s worst |err| / sum|x*w| = %.2e (bound 1e-5)%s\n", "", worst_rel, bad ? "  FAIL" : "");
     CHECK_MSG(bad == 0, "%s: %lld elements beyond 1e-5 * sum|x*w|", name, (long long)bad);
+    /* y += x·wᵀ: the same products added to what y held (the residual). */
+    {
+        float *y0 = malloc(sizeof(float) * (size_t)(n_tok * n_out)), *want = malloc(sizeof(float) * (size_t)(n_tok * n_out));
+        fill(y0, n_tok * n_out, 4.0f);
+        for (int64_t i = 0; i < n_tok * n_out; i++) want[i] = y0[i] + ref[i];
+        CU(cudaMemcpy(d_y, y0, sizeof(float) * (size_t)(n_tok * n_out), cudaMemcpyHostToDevice));
+        st = kcu_gemm_bf16_acc(h, d_y, d_x, d_w, n_tok, n_in, n_out);
+        CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "gemm acc: %s", cublasGetStatusString(st));
+        dev_get(got, d_y, sizeof(float) * (size_t)(n_tok * n_out));
+        snprintf(name, sizeof name, "gemm bf16 += tok=%lld in=%lld out=%lld", (long long)n_tok, (long long)n_in,
+                 (long long)n_out);
+        compare(name, got, want, n_tok * n_out, 1e-9, 1e30, 0); /* NMSE; per element as above */
+        int64_t bad_acc = 0;
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int64_t r = 0; r < n_out; r++) {
+                double sa = 0;
+                for (int64_t k = 0; k < n_in; k++)
+                    sa += fabs((double)kvb_bf16_to_f32(x[t * n_in + k]) * kvb_bf16_to_f32(w[r * n_in + k]));
+                const double want_tr = want[t * n_out + r];
+                if (!(fabs((double)got[t * n_out + r] - want_tr) <= 1e-5 * sa + 2e-7 * fabs(want_tr))) bad_acc++;
+            }
+        CHECK_MSG(bad_acc == 0, "%s: %lld elements beyond 1e-5 * sum|x*w| + rounding of the sum", name,
+                  (long long)bad_acc);
+        free(y0);
+        free(want);
+    }
     cudaFree(d_x);
     cudaFree(d_w);
     cudaFree(d_y);
