@@ -124,7 +124,7 @@ model=${KVB_MODEL:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 # -V: the per-kernel errors and the CPU/CUDA comparison figures go to the log.
 step "ctest -L gpu (kernels vs C reference; CUDA vs CPU backend)" 120 \
   ctest --test-dir "$build" -L gpu --output-on-failure -V
-kpat='^[0-9]+: (embed|rmsnorm|rope|swiglu|residual add|bias add|f32->bf16|kv store|attention|gemm|argmax) '
+kpat='^[0-9]+: (embed|rmsnorm|rope|swiglu|residual add|bias add|f32->bf16|kv store|attention|gemm|argmax)(->bf16)? '
 note "kernel checks: $(grep -cE "$kpat.*ok" "$log") ok, $(grep -cE "$kpat.*FAIL" "$log") failed"
 grep -E "$kpat.*FAIL" "$log" | sed 's/^[0-9]*: //' >> "$fig"
 grep -E "^[0-9]+: (llama|qwen|smollm)[^ ]* +(both steps|vs the f32|greedy|deterministic|scheduler)" "$log" | sed 's/^[0-9]*: //' >> "$fig"
