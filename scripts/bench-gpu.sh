@@ -12,7 +12,9 @@
 #  - `bench_gpu job`: the offline job — BENCH_REQUESTS (default 1000)
 #    requests of 512 prompt tokens sharing a 256-token prefix, 128 output
 #    tokens each, greedy — through the scheduler: output and total tokens/s;
-#    then the persistent cache cold vs warm on 64 prompts of 512 tokens.
+#    then the persistent cache cold vs warm on 64 prompts of 512 tokens, for
+#    this shape and for SmolLM2-135M's and Llama-3.2-1B's (where the store
+#    stops paying).
 # Decode steps are timed without and with CUDA graphs. Result lines start
 # with "figure:". BENCH_LAYERS=N uses N layers instead of 32 (the output
 # then says by how much to scale); BENCH_JOB=0 skips the job,
@@ -39,5 +41,14 @@ if [ "${BENCH_JOB:-1}" != 0 ]; then
     $([ "${BENCH_JOB_GRAPHS:-0}" = 1 ] && echo --cuda-graphs) \
     | tee -a "$dir/bench.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  # Restoring a block costs its KV bytes, computing it the model's FLOPs:
+  # the cache pair again at two smaller sizes says where the store stops
+  # paying on this GPU (SmolLM2-135M's and Llama-3.2-1B's shapes).
+  for shape in "--layers 30 --embd 576 --ff 1536 --heads 9 --kv-heads 3 --vocab 49152" \
+               "--layers 16 --embd 2048 --ff 8192 --heads 32 --kv-heads 8 --vocab 128256"; do
+    # shellcheck disable=SC2086
+    "$bench" job $shape --requests 0 --prompt 512 --cache-requests 64 | tee -a "$dir/bench.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
 fi
 exit "$rc"

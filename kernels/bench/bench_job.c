@@ -11,7 +11,8 @@
  *                 [--cache-dir DIR] [--deterministic] [--cuda-graphs]
  *
  * The job: --requests prompts of --prompt tokens whose first --prefix are
- * the same, each generating exactly --gen tokens (greedy, no stop). Prints
+ * the same, each generating exactly --gen tokens (greedy, no stop);
+ * --requests 0 runs the cache pair alone (for other model sizes). Prints
  * output tokens/s and total tokens/s over the job's wall time, the prefill
  * it computed against the prompt tokens it was given, steps and the mean
  * batch. The cache pair: --cache-requests prompts of --prompt tokens that
@@ -189,10 +190,10 @@ static int cache_pair(struct backend *be, const struct model *m, int32_t n, int3
            warm.st.store_load_s, (long long)warm.st.prefill_computed);
     const double restore = warm.st.store_load_s > 0 ? (double)warm.st.store_tokens / warm.st.store_load_s : 0;
     const double prefill = (double)cold.st.prefill_computed / cold.wall_s;
-    printf("figure: cache: restoring a token costs %.3g ms vs %.3g ms computing it: the store %s for this model "
-           "(KV %.0f KiB per token; restore time scales with KV bytes, prefill with parameters)\n",
-           restore > 0 ? 1e3 / restore : 0.0, 1e3 / prefill, restore > prefill ? "wins" : "LOSES",
-           (double)be_cpu_block_bytes(m, 1) / 1024.0);
+    printf("figure: cache (%d layers, hidden %d): restoring a token costs %.3g ms vs %.3g ms computing it: the "
+           "store %s for this model (KV %.1f KiB per token; restore time scales with KV bytes, prefill with "
+           "parameters)\n", hp->n_layer, hp->n_embd, restore > 0 ? 1e3 / restore : 0.0, 1e3 / prefill,
+           restore > prefill ? "wins" : "LOSES", (double)be_cpu_block_bytes(m, 1) / 1024.0);
     return 0;
 }
 
@@ -208,9 +209,10 @@ int bench_cmd_job(int argc, char **argv)
     const double kv_gib = atof(bench_arg_str(argc, argv, "--kv-gib", "40"));
     const bool det = bench_arg_flag(argc, argv, "--deterministic");
     const bool graphs = bench_arg_flag(argc, argv, "--cuda-graphs");
-    if (n_req <= 0 || len <= 1 || prefix < 0 || prefix >= len || gen <= 0 || max_batch <= 0 || kv_gib <= 0) {
-        fprintf(stderr, "bench_gpu job: need --requests > 0, --prompt > 1, 0 <= --prefix < --prompt, --gen > 0, "
-                        "--max-batch > 0, --kv-gib > 0\n");
+    if (n_req < 0 || len <= 1 || (n_req > 0 && (prefix < 0 || prefix >= len)) || gen <= 0 || max_batch <= 0 ||
+        kv_gib <= 0 || (n_req == 0 && cache_n <= 0)) {
+        fprintf(stderr, "bench_gpu job: need --requests >= 0, --prompt > 1, 0 <= --prefix < --prompt, --gen > 0, "
+                        "--max-batch > 0, --kv-gib > 0, and a job or a cache pair to run\n");
         return 2;
     }
     char why[256];
@@ -241,10 +243,11 @@ int bench_cmd_job(int argc, char **argv)
            (long long)n_blocks, bs, (double)n_blocks * (double)block_bytes / (1 << 30), be->n_threads);
     const char *mode = det ? (graphs ? "deterministic, graphs" : "deterministic") : graphs ? "graphs" : "default";
     int rc = 0;
-    struct run_result r = run_set(be, m, "job", n_req, len, prefix, gen, 0x5eedull, max_batch, step_tokens, NULL, NULL);
+    struct run_result r = {.ok = true};
+    if (n_req > 0) r = run_set(be, m, "job", n_req, len, prefix, gen, 0x5eedull, max_batch, step_tokens, NULL, NULL);
     if (!r.ok) {
         rc = 1;
-    } else {
+    } else if (n_req > 0) {
         const double out_tok = (double)r.tokens, prompt_tok = (double)n_req * len;
         printf("figure: [%s] job: %lld requests x (%d prompt, %d shared + %d output) in %.2f s: %.0f output tokens/s, "
                "%.0f total tokens/s (for scale: vLLM BF16 on H100 ~12.5k, TensorRT-LLM FP8 on H200 ~17.7k output "

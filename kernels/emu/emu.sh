@@ -73,6 +73,8 @@ export ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=0
 "$bdir/emu/bench_gpu" bench --model "$bdir/emu/tiny.gguf" $small || rc=1
 "$bdir/emu/bench_gpu" job --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --vocab 1000 --requests 12 \
   --prompt 40 --prefix 16 --gen 4 --max-batch 4 --step-tokens 64 --kv-gib 0.01 --cache-requests 4 || rc=1
+"$bdir/emu/bench_gpu" job --layers 2 --embd 128 --ff 256 --heads 2 --kv-heads 1 --vocab 500 --requests 0 \
+  --prompt 40 --kv-gib 0.01 --cache-requests 2 | grep -E "cache \(|cache warm" || rc=1
 rm -f "$bdir/emu/tiny.gguf"
 
 # kvbatch itself on the emulated device: CLI, runner, scheduler (greedy
