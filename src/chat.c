@@ -10,8 +10,7 @@
  * prompts (hence cache keys) must match what the model was tuned on.
  *
  * Not here: tool calls, multimodal content, per-model quirks beyond these
- * families (e.g. Llama 3.1's date header, Mistral's spacing); those need
- * their own family. */
+ * families (e.g. Mistral's spacing); those need their own family. */
 #include "chat.h"
 
 #include <stdint.h>
@@ -21,10 +20,10 @@
 
 static const char *const family_names[CHAT_FAMILY_COUNT_] = {
     [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
-    [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma",
+    [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma", [CHAT_LLAMA31] = "llama31",
 };
 
-#define NAMES_HINT "chatml, llama3, llama2, mistral, zephyr, gemma"
+#define NAMES_HINT "chatml, llama3, llama31, llama2, mistral, zephyr, gemma"
 
 const char *chat_family_name(enum chat_family f)
 {
@@ -196,7 +195,7 @@ enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_t
 
     /* Most specific markers first: each appears only in its own family. */
     if (contains(text, len, "<|start_header_id|>")) {
-        out->family = CHAT_LLAMA3;
+        out->family = contains(text, len, "Cutting Knowledge Date") ? CHAT_LLAMA31 : CHAT_LLAMA3;
         return KVB_OK;
     }
     if (contains(text, len, "<|im_start|>")) {
@@ -297,6 +296,26 @@ static void apply_llama3(const struct chat_msg *msgs, size_t n, bool gen, struct
         sb_puts(b, "<|eot_id|>");
     }
     if (gen) sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* Llama 3.1 (and 3.2, 3.3): the system turn is always there and opens
+ * with the knowledge cutoff and a date; the conversation's own system
+ * message, trimmed, follows them. The date is the template's fixed
+ * default, "26 Jul 2024": 3.2's template takes today's date when its host
+ * offers strftime_now, but a prompt that changes with the calendar would
+ * make neither the outputs nor the prefix cache reproducible. (Tool use,
+ * which adds "Environment: ipython" lines, is not supported.) */
+static void apply_llama31(const struct chat_msg *msgs, size_t n, bool gen, struct sbuf *b)
+{
+    sb_puts(b, "<|start_header_id|>system<|end_header_id|>\n\n"
+               "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+    size_t first = 0;
+    if (n > 0 && role_of(&msgs[0]) == ROLE_SYSTEM) {
+        sb_put_trimmed(b, msgs[0].content);
+        first = 1;
+    }
+    sb_puts(b, "<|eot_id|>");
+    apply_llama3(msgs + first, n - first, gen, b);
 }
 
 /* Llama 2: the system prompt is folded into the next user turn inside
@@ -408,6 +427,7 @@ enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg 
     switch (t->family) {
     case CHAT_CHATML: apply_chatml(t, msgs, n, add_generation_prompt, &b); break;
     case CHAT_LLAMA3: apply_llama3(msgs, n, add_generation_prompt, &b); break;
+    case CHAT_LLAMA31: apply_llama31(msgs, n, add_generation_prompt, &b); break;
     case CHAT_LLAMA2: apply_llama2(msgs, n, &b); break;
     case CHAT_ZEPHYR: apply_zephyr(msgs, n, add_generation_prompt, &b); break;
     case CHAT_GEMMA: apply_gemma(msgs, n, add_generation_prompt, &b); break;

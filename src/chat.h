@@ -21,6 +21,8 @@ enum chat_family {
     CHAT_LLAMA2,      /* [INST] <<SYS>>…<</SYS>> … [/INST] (Llama 2, Mistral, TinyLlama-chat uses zephyr) */
     CHAT_ZEPHYR,      /* <|system|>\n…</s>\n<|user|>\n… (TinyLlama-chat) */
     CHAT_GEMMA,       /* <start_of_turn>user\n…<end_of_turn>\n */
+    CHAT_LLAMA31,     /* Llama 3's turns after a system turn that always opens with the knowledge-cutoff
+                         and date lines of Llama 3.1 / 3.2 / 3.3 */
     CHAT_FAMILY_COUNT_
 };
 
@@ -38,7 +40,7 @@ struct chat_msg {
  * KVB_ERR_UNSUPPORTED with a message when it cannot. */
 enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_template *out,
                                      struct kvb_err *err);
-/* By name: "chatml", "llama3", "llama2", "mistral" (= llama2), "zephyr", "gemma". */
+/* By name: "chatml", "llama3", "llama31", "llama2", "mistral" (= llama2), "zephyr", "gemma". */
 enum kvb_status chat_template_from_name(const char *name, struct chat_template *out,
                                         struct kvb_err *err);
 void chat_template_free(struct chat_template *t); /* frees default_system; accepts NULL */

@@ -28,7 +28,7 @@ static void usage(FILE *f)
         "      --prompt-ids LIST   the prompt as token ids (\"1 2 3\"), no template, no BOS\n"
         "      --chat              wrap the prompt as a user turn in the model's chat template\n"
         "      --system TEXT       system message for --chat (default: the template's own)\n"
-        "      --chat-template NAME  chatml | llama3 | llama2 | mistral | zephyr | gemma\n"
+        "      --chat-template NAME  chatml | llama3 | llama31 | llama2 | mistral | zephyr | gemma\n"
         "  -n, --max-tokens N      tokens to generate at most (default 128)\n"
         "      --temperature T     0 = greedy (default 0.8)\n"
         "      --top-k K           keep the K most likely tokens, 0 = off (default 40)\n"

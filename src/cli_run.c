@@ -36,7 +36,7 @@ static void usage(FILE *f)
         "      --block-size N       tokens per KV block (default 16)\n"
         "  -c, --ctx N              most tokens per sequence, prompt + output (default: min(model's, 4096))\n"
         "      --lookahead N        requests read ahead to group shared prefixes (default max(256, 4 x batch))\n"
-        "      --chat-template NAME chatml | llama3 | llama2 | mistral | zephyr | gemma (default: detected)\n"
+        "      --chat-template NAME chatml | llama3 | llama31 | llama2 | mistral | zephyr | gemma (default: detected)\n"
         "      --cache-dir DIR      persistent prefix cache (default: $KVBATCH_CACHE_DIR, else\n"
         "                           $XDG_CACHE_HOME/kvbatch, else ~/.cache/kvbatch)\n"
         "      --no-cache           do not read or write the persistent prefix cache\n"

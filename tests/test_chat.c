@@ -55,6 +55,18 @@ static const char LLAMA3[] =
     "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
+/* Llama 3.1 Instruct's template, abridged (tool branches cut): the system
+ * turn is always emitted, with the cutoff and the default date. */
+static const char LLAMA31[] =
+    "{{- bos_token }}\n{%- if not date_string is defined %}\n    {%- set date_string = \"26 Jul 2024\" %}\n"
+    "{%- endif %}\n{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = "
+    "messages[0]['content']|trim %}\n    {%- set messages = messages[1:] %}\n{%- else %}\n    {%- set "
+    "system_message = \"\" %}\n{%- endif %}\n{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}\n"
+    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + date_string + \"\\n\\n\" }}\n"
+    "{{- system_message }}\n{{- \"<|eot_id|>\" }}\n{%- for message in messages %}\n    {{- '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}\n{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n{%- endif %}";
+
 static const char LLAMA2[] =
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
     "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}"
@@ -138,6 +150,7 @@ static void test_detect(void)
     check_detect("Qwen2.5", QWEN25, CHAT_CHATML, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
     check_detect("OpenHermes", CHATML_PLAIN, CHAT_CHATML, NULL);
     check_detect("Llama 3", LLAMA3, CHAT_LLAMA3, NULL);
+    check_detect("Llama 3.1", LLAMA31, CHAT_LLAMA31, NULL);
     check_detect("Llama 2", LLAMA2, CHAT_LLAMA2, NULL);
     check_detect("Mistral", MISTRAL, CHAT_LLAMA2, NULL);
     check_detect("TinyLlama", TINYLLAMA, CHAT_ZEPHYR, NULL);
@@ -163,9 +176,10 @@ static void test_detect(void)
 
 static void test_names(void)
 {
-    const char *names[] = {"chatml", "llama3", "llama2", "mistral", "zephyr", "gemma"};
-    const enum chat_family fam[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_LLAMA2, CHAT_ZEPHYR, CHAT_GEMMA};
-    for (int i = 0; i < 6; i++) {
+    const char *names[] = {"chatml", "llama3", "llama31", "llama2", "mistral", "zephyr", "gemma"};
+    const enum chat_family fam[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA31, CHAT_LLAMA2,
+                                    CHAT_LLAMA2, CHAT_ZEPHYR, CHAT_GEMMA};
+    for (int i = 0; i < 7; i++) {
         struct chat_template t;
         CHECK_EQ_INT(chat_template_from_name(names[i], &t, NULL), KVB_OK);
         CHECK_EQ_INT(t.family, fam[i]);
@@ -240,6 +254,15 @@ static void test_apply(void)
                  "<|start_header_id|>assistant<|end_header_id|>\n\nHello! How can I help?<|eot_id|>"
                  "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>",
                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+#define L31_HEAD "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n" \
+                 "Today Date: 26 Jul 2024\n\n"
+    check_family("llama31", CHAT_LLAMA31, NULL,
+                 L31_HEAD "You are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>",
+                 L31_HEAD "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>",
+                 L31_HEAD "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                 "<|start_header_id|>assistant<|end_header_id|>\n\nHello! How can I help?<|eot_id|>"
+                 "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>",
+                 "<|start_header_id|>assistant<|end_header_id|>\n\n");
     check_family("llama2", CHAT_LLAMA2, NULL,
                  "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi there [/INST]",
                  "[INST] Hi there [/INST]",
@@ -264,6 +287,12 @@ static void test_apply(void)
                          tc = {CHAT_CHATML, NULL};
     check_apply("llama3 trim", &t3, padded, 1, false,
                 "<|start_header_id|>user<|end_header_id|>\n\nspaced out<|eot_id|>");
+    const struct chat_msg padded_sys[] = {{"system", " \n sys  "}, {"user", "  spaced out \n"}};
+    struct chat_template t31 = {CHAT_LLAMA31, NULL};
+    check_apply("llama31 trim", &t31, padded_sys, 2, false,
+                L31_HEAD "sys<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nspaced out<|eot_id|>");
+    check_apply("llama31 empty", &t31, NULL, 0, true,
+                L31_HEAD "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
     check_apply("gemma trim", &tg, padded, 1, false, "<start_of_turn>user\nspaced out<end_of_turn>\n");
     check_apply("llama2 strip", &t2, padded, 1, false, "[INST] spaced out [/INST]");
     check_apply("chatml verbatim", &tc, padded, 1, false, "<|im_start|>user\n  spaced out \n<|im_end|>\n");
