@@ -18,10 +18,14 @@
 #       libraries) into FOLDER (default .gpu-deps, added to .git/info/exclude)
 #       for a GPU machine that lacks them: carry that folder with the run, and
 #       gpu-check.sh unpacks it into /tmp/kvb-deps when the system has none.
+#       It also writes FOLDER/smollm2-8l.gguf, SmolLM2's first 8 layers
+#       (scripts/gguf-truncate.py, ~47 MiB: the whole file is over the
+#       upload limit), which the real-model comparison then uses.
 #
 # Environment: GPU_CHECK_BUDGET (seconds), BUILD_DIR (default build-gpu),
 # KVB_MODEL (a GGUF for the real-model comparison; default
-# models/SmolLM2-135M-Instruct.Q4_1.gguf when present).
+# models/SmolLM2-135M-Instruct.Q4_1.gguf when present, else
+# .gpu-deps/smollm2-8l.gguf).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -30,10 +34,15 @@ if [ "${1:-}" = "--fetch-deps" ]; then
   folder=${2:-$root/.gpu-deps}
   mkdir -p "$folder"
   (cd "$folder" && apt-get download $deps_pkgs) || exit 1
+  full=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$full" ] || "$root/scripts/fetch-model.sh" || exit 1
+  python3 "$root/scripts/gguf-truncate.py" "$full" "$folder/smollm2-8l.gguf" 8 || exit 1
   if [ "$folder" = "$root/.gpu-deps" ] && ! grep -qx '/.gpu-deps/' "$root/.git/info/exclude" 2>/dev/null; then
     echo '/.gpu-deps/' >> "$root/.git/info/exclude"
   fi
   du -sh "$folder"
+  total=$(( $(du -sb "$folder" | cut -f1) + $(git -C "$root" ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) ))
+  echo "carried with the tracked tree: $(( total >> 20 )) MiB of the 64 MiB a device call may take"
   echo "carry '.gpu-deps' with the run that calls scripts/gpu-check.sh"
   exit 0
 fi
@@ -103,6 +112,14 @@ if [ $have_deps = 0 ]; then
   else
     note "deps: some of lmdb, zstd, sqlite3, jsmn, xxhash missing and no .gpu-deps carried (scripts/gpu-check.sh --fetch-deps)"
   fi
+fi
+
+# The real model: the full SmolLM2 when models/ has it, else the truncated
+# copy --fetch-deps carried.
+if [ -z "${KVB_MODEL:-}" ] && [ ! -f "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] &&
+   [ -f "$root/.gpu-deps/smollm2-8l.gguf" ]; then
+  export KVB_MODEL=$root/.gpu-deps/smollm2-8l.gguf
+  note "real model: SmolLM2's first 8 layers (carried in .gpu-deps)"
 fi
 
 # ---- build -----------------------------------------------------------------------
