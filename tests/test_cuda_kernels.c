@@ -108,6 +108,18 @@ static void compare_u16(const char *name, const uint16_t *got, const uint16_t *r
               (long long)first, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0);
 }
 
+/* A fused kernel's bf16 output d_b (n values, on the device) against
+ * kvb_f32_to_bf16 of the unfused kernel's f32 results: bit for bit. */
+static void compare_bf16_of(const char *name, const uint16_t *d_b, const float *f32, int64_t n)
+{
+    uint16_t *want = malloc(sizeof(uint16_t) * (size_t)n), *got = malloc(sizeof(uint16_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) want[i] = kvb_f32_to_bf16(f32[i]);
+    dev_get(got, d_b, sizeof(uint16_t) * (size_t)n);
+    compare_u16(name, got, want, n);
+    free(want);
+    free(got);
+}
+
 /* ---- embedding ------------------------------------------------------------------------------ */
 
 static void test_embed(int32_t n_vocab, int32_t e, int32_t n_tok)
@@ -163,18 +175,12 @@ static void test_rmsnorm(int32_t n_rows, int32_t n_sub, int32_t n, int64_t ld, b
     snprintf(name, sizeof name, "rmsnorm rows=%d sub=%d n=%d%s%s", n_rows, n_sub, n, gather ? " gather" : "",
              in_place ? " in-place" : "");
     compare(name, got, ref, n_rows * out_ld, 1e-11, 1e-5, 1e-6);
-    if (n_sub == 1 && !in_place) { /* the fused form: kcu_f32_to_bf16 of the above, bit for bit */
-        uint16_t *want = malloc(sizeof(uint16_t) * (size_t)(n_rows * out_ld));
-        uint16_t *got16 = malloc(sizeof(uint16_t) * (size_t)(n_rows * out_ld));
-        for (int64_t i = 0; i < n_rows * out_ld; i++) want[i] = kvb_f32_to_bf16(got[i]);
+    if (n_sub == 1 && !in_place) { /* the fused form */
         uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)(n_rows * out_ld));
         CU(kcu_rmsnorm_bf16(d_b, out_ld, d_x, ld, d_rows, n_rows, n, d_w, 1e-5f, 0));
-        dev_get(got16, d_b, sizeof(uint16_t) * (size_t)(n_rows * out_ld));
         snprintf(name, sizeof name, "rmsnorm->bf16 rows=%d n=%d%s", n_rows, n, gather ? " gather" : "");
-        compare_u16(name, got16, want, n_rows * out_ld);
+        compare_bf16_of(name, d_b, got, n_rows * out_ld);
         cudaFree(d_b);
-        free(want);
-        free(got16);
     }
     cudaFree(d_x);
     cudaFree(d_w);
@@ -241,16 +247,11 @@ static void test_swiglu(int32_t n_tok, int32_t n_ff)
     snprintf(name, sizeof name, "swiglu tok=%d ff=%d", n_tok, n_ff);
     compare(name, got, g, n, 1e-12, 2e-6, 1e-7);
     {
-        uint16_t *want = malloc(sizeof(uint16_t) * (size_t)n), *got16 = malloc(sizeof(uint16_t) * (size_t)n);
-        for (int64_t i = 0; i < n; i++) want[i] = kvb_f32_to_bf16(got[i]);
         uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n);
         CU(kcu_swiglu_bf16(d_b, d_gu, n_tok, n_ff, 0));
-        dev_get(got16, d_b, sizeof(uint16_t) * (size_t)n);
         snprintf(name, sizeof name, "swiglu->bf16 tok=%d ff=%d", n_tok, n_ff);
-        compare_u16(name, got16, want, n);
+        compare_bf16_of(name, d_b, got, n);
         cudaFree(d_b);
-        free(want);
-        free(got16);
     }
     cudaFree(d_gu);
     cudaFree(d_out);
@@ -419,17 +420,11 @@ static void test_paged(const struct paged_case *pc)
     snprintf(name, sizeof name, "attention heads=%d/%d hd=%d bs=%d tok=%d", pc->n_head, pc->n_head_kv, pc->hd, bs, n_tok);
     compare(name, got, ref, (int64_t)n_tok * qd, 1e-10, 1e-4, 1e-5);
     {
-        const int64_t n = (int64_t)n_tok * qd;
-        uint16_t *want = malloc(sizeof(uint16_t) * (size_t)n), *got16 = malloc(sizeof(uint16_t) * (size_t)n);
-        for (int64_t i = 0; i < n; i++) want[i] = kvb_f32_to_bf16(got[i]);
-        uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n);
+        uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n_tok * (size_t)qd);
         CU(kcu_attn_bf16(d_b, d_qkv, ld, &pg, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
-        dev_get(got16, d_b, sizeof(uint16_t) * (size_t)n);
         snprintf(name, sizeof name, "attention->bf16 heads=%d/%d hd=%d", pc->n_head, pc->n_head_kv, pc->hd);
-        compare_u16(name, got16, want, n);
+        compare_bf16_of(name, d_b, got, (int64_t)n_tok * qd);
         cudaFree(d_b);
-        free(want);
-        free(got16);
     }
 
     cudaFree(d_pool);

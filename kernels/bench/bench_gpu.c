@@ -254,14 +254,9 @@ static int cmd_bench(int argc, char **argv)
     const int32_t pf_seqs = (int32_t)bench_arg_int(argc, argv, "--prefill-seqs", 8);
     const int32_t pf_len = (int32_t)bench_arg_int(argc, argv, "--prefill-len", 512);
     const int steps = (int)bench_arg_int(argc, argv, "--steps", 10);
-    char why[256];
-    if (!be_cuda_available(0, why, sizeof why)) {
-        fprintf(stderr, "bench_gpu: no CUDA device: %s\n", why);
-        return 77;
-    }
-    printf("device 0: %s, %.1f GiB free\n", why, (double)be_cuda_free_memory(0) / (1 << 30));
     struct bench_model bm;
-    if (!bench_model_open(argc, argv, &bm)) return 1;
+    const int rc_open = bench_open(argc, argv, &bm);
+    if (rc_open != 0) return rc_open;
     const char *given = bench_arg_str(argc, argv, "--peak-tflops", NULL); /* skip the measurement */
     const double peak = given ? atof(given) * 1e12 : gemm_peak();
     printf("figure: bf16 GEMM rate (cuBLAS, best of 3 large shapes): %.1f TFLOP/s\n", peak / 1e12);

@@ -215,14 +215,9 @@ int bench_cmd_job(int argc, char **argv)
                         "--max-batch > 0, --kv-gib > 0, and a job or a cache pair to run\n");
         return 2;
     }
-    char why[256];
-    if (!be_cuda_available(0, why, sizeof why)) {
-        fprintf(stderr, "bench_gpu: no CUDA device: %s\n", why);
-        return 77;
-    }
-    printf("device 0: %s, %.1f GiB free\n", why, (double)be_cuda_free_memory(0) / (1 << 30));
     struct bench_model bm;
-    if (!bench_model_open(argc, argv, &bm)) return 1;
+    const int rc_open = bench_open(argc, argv, &bm);
+    if (rc_open != 0) return rc_open;
     const struct model *m = bm.m;
     const int32_t bs = 16;
     const int64_t block_bytes = be_cpu_block_bytes(m, bs);

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "alloc.h"
+#include "be_cuda.h"
 #include "dtype.h"
 
 double bench_now(void)
@@ -168,6 +169,18 @@ bool bench_model_open(int argc, char **argv, struct bench_model *out)
         printf("figure: NOTE: %d layers, not 32: per-step times scale about linearly with the layer count\n",
                hp->n_layer);
     return true;
+}
+
+int bench_open(int argc, char **argv, struct bench_model *out)
+{
+    memset(out, 0, sizeof *out);
+    char why[256];
+    if (!be_cuda_available(0, why, sizeof why)) {
+        fprintf(stderr, "bench_gpu: no CUDA device: %s\n", why);
+        return 77;
+    }
+    printf("device 0: %s, %.1f GiB free\n", why, (double)be_cuda_free_memory(0) / (1 << 30));
+    return bench_model_open(argc, argv, out) ? 0 : 1;
 }
 
 void bench_model_close(struct bench_model *bm)

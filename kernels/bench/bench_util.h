@@ -39,6 +39,11 @@ struct bench_model {
 bool bench_model_open(int argc, char **argv, struct bench_model *out);
 void bench_model_close(struct bench_model *bm);
 
+/* What every command starts with: CUDA device 0 must be usable (it prints
+ * its name and free memory), then bench_model_open. 0 when both are done;
+ * else the exit status: 77 (no device: skipped) or 1. */
+int bench_open(int argc, char **argv, struct bench_model *out);
+
 /* `bench_gpu job …` (bench_job.c); returns the exit status. */
 int bench_cmd_job(int argc, char **argv);
 
