@@ -77,6 +77,19 @@ struct backend {
      * host_free takes what host_alloc gave (NULL accepted). */
     void *(*host_alloc)(struct backend *be, size_t bytes);
     void (*host_free)(struct backend *be, void *p);
+    /* Optional, all three or none (NULL: kv_block_read/write, which return
+     * when done): block copies queued beside compute, for a GPU's copy
+     * engines. kv_read_async queues a copy of the block, as every forward
+     * pass so far left it, into dst; kv_write_async queues a copy of src
+     * into the block, which every later forward pass sees (the device
+     * waits for it, the host does not). Until kv_copies_wait returns, dst
+     * holds nothing yet and src must stay as it is; the caller also keeps
+     * forward passes from writing a block being read. Both take host_alloc
+     * memory. kv_copies_wait returns once every queued copy is done, with
+     * the first failure among them. */
+    enum kvb_status (*kv_read_async)(struct backend *be, int32_t block, void *dst);
+    enum kvb_status (*kv_write_async)(struct backend *be, int32_t block, const void *src);
+    enum kvb_status (*kv_copies_wait)(struct backend *be, struct kvb_err *err);
     /* Optional: writes into buf[cap] one line on how the backend ran that
      * the run summary should show (e.g. CUDA graphs used, or why not);
      * leaves buf empty when there is nothing to say. */

@@ -598,7 +598,12 @@ static void open_store(struct runner *r)
     r->pm.block_size = o->block_size;
     r->pm.n_layer = hp->n_layer;
     r->pm.kv_dim = hp->n_head_kv * hp->head_dim;
-    sched_set_store(r->sched, r->ps, &r->pm);
+    if (sched_set_store(r->sched, r->ps, &r->pm) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: warning: persistent cache off: out of memory\n");
+        pstore_close(r->ps);
+        r->ps = NULL;
+        return;
+    }
     if (!o->quiet) fprintf(stderr, "kvbatch run: persistent prefix cache in %s\n", dir);
 }
 

@@ -10,6 +10,7 @@
 #include "alloc.h"
 #include "kv.h"
 #include "radix.h"
+#include "sched_store.h"
 
 struct seq {
     uint64_t user_id;
@@ -51,8 +52,7 @@ struct sched {
     struct sched_stats st;
     struct pstore *ps;               /* optional persistent store */
     const struct pstore_model *pm;
-    uint8_t *staging;                /* block buffers for loads and spills */
-    int32_t cap_staging;             /* in blocks */
+    struct sstore *io;               /* the traffic with it */
 };
 
 static double now_s(void)
@@ -127,31 +127,19 @@ void sched_free(struct sched *s)
     kvb_free(s->samp_amax);
     kvb_free(s->bseqs);
     kvb_free(s->bsrc);
-    be_host_free(s->be, s->staging);
+    sstore_free(s->io); /* before the allocator: it releases the blocks it holds */
     radix_free(s->radix);
     kv_alloc_free(s->kv);
     kvb_free(s);
 }
 
-void sched_set_store(struct sched *s, struct pstore *ps, const struct pstore_model *pm)
+enum kvb_status sched_set_store(struct sched *s, struct pstore *ps, const struct pstore_model *pm)
 {
+    if (!ps) return KVB_OK;
+    KVB_FORWARD_IF_ERROR(sstore_create(s->be, s->kv, ps, pm, &s->io));
     s->ps = ps;
     s->pm = pm;
-}
-
-/* Staging comes from the backend (page-locked on a GPU, where allocating
- * is slow): grown by doubling, so a run allocates it a few times at most. */
-static bool ensure_staging(struct sched *s, int32_t n_blocks)
-{
-    if (n_blocks <= s->cap_staging) return true;
-    int32_t cap = s->cap_staging * 2 > n_blocks ? s->cap_staging * 2 : n_blocks;
-    if (cap > 256 && n_blocks <= 256) cap = 256; /* the most one load takes */
-    uint8_t *ns = be_host_alloc(s->be, (size_t)s->be->block_bytes * (size_t)cap);
-    if (!ns) return false;
-    be_host_free(s->be, s->staging);
-    s->staging = ns;
-    s->cap_staging = cap;
-    return true;
+    return KVB_OK;
 }
 
 static enum kvb_status push_waiting(struct sched *s, struct seq *q)
@@ -323,7 +311,7 @@ static int32_t load_from_store(struct sched *s, struct seq *q)
     int32_t want = (q->n_tokens - 1) / s->B;
     if (want > q->n_prompt / s->B) want = q->n_prompt / s->B; /* only prompt blocks are stored */
     if (want - from > 256) want = from + 256; /* one load's worth; the rest next admission or computed */
-    if (want <= from || !ensure_staging(s, want - from)) return 0;
+    if (want <= from) return 0;
     /* Blocks to land in; eviction of cached blocks is fine, preemption is not
      * worth it for an optimisation. */
     int32_t got = 0;
@@ -333,18 +321,7 @@ static int32_t load_from_store(struct sched *s, struct seq *q)
         if (id < 0) break;
         q->blocks[from + got++] = id;
     }
-    void *dst[256];
-    for (int32_t i = 0; i < got; i++) dst[i] = s->staging + (size_t)i * (size_t)s->be->block_bytes;
-    int32_t n_loaded = 0;
-    double t0 = now_s();
-    if (got > 0 && pstore_load_chain(s->ps, s->pm, q->tokens, q->keys, from, from + got, dst, &n_loaded, NULL) != KVB_OK)
-        n_loaded = 0; /* a store failure is a miss */
-    for (int32_t i = 0; i < n_loaded; i++)
-        if (s->be->kv_block_write(s->be, q->blocks[from + i], dst[i]) != KVB_OK) {
-            n_loaded = i;
-            break;
-        }
-    s->st.store_load_s += now_s() - t0;
+    const int32_t n_loaded = sstore_load(s->io, q->tokens, q->keys, from, got, q->blocks + from);
     for (int32_t i = n_loaded; i < got; i++) kv_unref(s->kv, q->blocks[from + i]);
     q->n_blocks = from + n_loaded;
     if (n_loaded > 0) radix_insert(s->radix, q->tokens, q->n_blocks, q->blocks);
@@ -356,15 +333,8 @@ static void spill_to_store(struct sched *s, struct seq *q)
 {
     if (!s->ps || !q->keys) return;
     int32_t full = (q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) / s->B;
-    if (full <= q->n_spilled || !ensure_staging(s, 1)) return;
-    for (int32_t i = q->n_spilled; i < full; i++) {
-        if (pstore_contains(s->ps, &q->keys[i])) continue;
-        if (s->be->kv_block_read(s->be, q->blocks[i], s->staging) != KVB_OK) break;
-        pstore_put(s->ps, s->pm, &q->keys[i], i > 0 ? &q->keys[i - 1] : NULL, q->tokens + (int64_t)i * s->B,
-                   s->staging);
-        s->st.store_blocks_spilled++;
-    }
-    q->n_spilled = full;
+    for (int32_t i = q->n_spilled; i < full; i++) sstore_spill(s->io, q->tokens, q->keys, i, q->blocks[i]);
+    if (full > q->n_spilled) q->n_spilled = full;
 }
 
 /* Puts the most recently admitted running sequence back to waiting. */
@@ -433,7 +403,7 @@ static void sample_worker(void *arg, int ith, int nth)
 enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
 {
     admit(s);
-    if (s->n_running == 0) return KVB_OK;
+    if (s->n_running == 0) return s->io ? sstore_after_step(s->io, err) : KVB_OK;
     /* Oldest first: they are closest to finishing and their memory is sunk. */
     for (int32_t i = 1; i < s->n_running; i++)
         for (int32_t j = i; j > 0 && seq_order(s->running[j], s->running[j - 1]) < 0; j--) {
@@ -492,6 +462,8 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
     struct be_batch batch = {s->bseqs, nb, s->samp_amax};
     KVB_FORWARD_IF_ERROR(s->be->forward(s->be, &batch, s->logits, err));
     s->st.steps++;
+    /* The previous step's spills were copied out during this pass. */
+    if (s->io) KVB_FORWARD_IF_ERROR(sstore_after_step(s->io, err));
 
     int32_t row = 0;
     for (int32_t b = 0; b < nb; b++) {
@@ -527,6 +499,9 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         else if (q->n_tokens - q->n_prompt >= q->max_tokens || q->n_tokens >= q->cap_tokens)
             finish(s, idx, SCHED_FINISH_LENGTH);
     }
+    /* Nothing left to overlap the spills with: hand them over now, so that
+     * an idle scheduler has nothing in flight. */
+    if (s->n_running == 0 && s->io) return sstore_after_step(s->io, err);
     return KVB_OK;
 }
 
@@ -537,6 +512,10 @@ int32_t sched_n_running(const struct sched *s) { return s->n_running; }
 void sched_get_stats(const struct sched *s, struct sched_stats *out)
 {
     *out = s->st;
+    if (s->io) {
+        out->store_blocks_spilled = sstore_blocks_spilled(s->io);
+        out->store_load_s = sstore_load_seconds(s->io);
+    }
     out->running = s->n_running;
     out->waiting = s->n_waiting;
 }

@@ -90,8 +90,11 @@ void sched_free(struct sched *s); /* accepts NULL; drops unfinished sequences si
 /* Attaches a persistent prefix store (borrowed; must outlive the scheduler):
  * at admission, prompt blocks the prefix tree does not hold are looked up
  * there and loaded instead of prefilled; full prompt blocks that are computed
- * are handed to it. Call before the first submit. */
-void sched_set_store(struct sched *s, struct pstore *ps, const struct pstore_model *pm);
+ * are handed to it (sched_store.h: copied out beside the next step, handed
+ * over after it; all handed over once nothing runs, so an idle scheduler
+ * has nothing in flight). Call before the first submit. KVB_ERR_NOMEM
+ * leaves the scheduler without a store. */
+enum kvb_status sched_set_store(struct sched *s, struct pstore *ps, const struct pstore_model *pm);
 
 /* Queues a request. max_tokens: most tokens to generate (the context may cut
  * it shorter: finish LENGTH). The prompt must fit: n_prompt < n_ctx,

@@ -101,7 +101,7 @@ static struct run_result run_set(struct backend *be, const struct model *m, cons
         kvb_free(p);
         return res;
     }
-    if (ps) sched_set_store(s, ps, pm);
+    if (ps && sched_set_store(s, ps, pm) != KVB_OK) fprintf(stderr, "bench_gpu job: %s: no store: out of memory\n", what);
     struct sampler_params sp;
     sampler_params_default(&sp);
     sp.temperature = 0.0f;

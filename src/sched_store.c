@@ -1,0 +1,203 @@
+/* sched_store.c — loads and spills of prompt blocks between the KV pool and
+ * the persistent store, with the copies queued beside compute where the
+ * backend can (see sched_store.h). */
+#include "sched_store.h"
+
+#include <string.h>
+#include <time.h>
+
+#include "alloc.h"
+
+#define MAX_LOAD 256  /* blocks of one load; also the load ring's size */
+#define MAX_SPILL 256 /* spills queued between two hand-overs before one is forced */
+
+struct spill {
+    struct pstore_key key, parent;
+    bool has_parent;
+    int32_t block; /* held until handed over */
+};
+
+struct sstore {
+    struct backend *be;
+    struct kv_alloc *kv;
+    struct pstore *ps;
+    const struct pstore_model *pm;
+    int32_t B;
+    int64_t bb;   /* bytes of one block */
+    bool async;   /* the backend queues copies */
+    bool copies;  /* copies queued since the last wait */
+    uint8_t *ring; /* load staging */
+    int32_t cap_ring, ring_used;
+    uint8_t *sbuf; /* spill staging: spill i at i * bb */
+    struct spill *spills;
+    int32_t *spill_tok; /* (cap_spill, B) */
+    int32_t n_spill, cap_spill;
+    enum kvb_status fail; /* a wait that failed outside sstore_after_step, reported there */
+    struct kvb_err fail_err;
+    int64_t spilled;
+    double load_s;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+enum kvb_status sstore_create(struct backend *be, struct kv_alloc *kv, struct pstore *ps,
+                              const struct pstore_model *pm, struct sstore **out)
+{
+    struct sstore *x = kvb_calloc(1, sizeof *x);
+    if (!x) return KVB_ERR_NOMEM;
+    x->be = be;
+    x->kv = kv;
+    x->ps = ps;
+    x->pm = pm;
+    x->B = be->block_size;
+    x->bb = be->block_bytes;
+    x->async = be->kv_read_async && be->kv_write_async && be->kv_copies_wait;
+    *out = x;
+    return KVB_OK;
+}
+
+static void wait_copies(struct sstore *x)
+{
+    if (!x->copies) return;
+    x->copies = false;
+    struct kvb_err e = {{0}};
+    enum kvb_status st = x->be->kv_copies_wait(x->be, &e);
+    if (st != KVB_OK && x->fail == KVB_OK) {
+        x->fail = st;
+        x->fail_err = e;
+    }
+}
+
+static void release_spills(struct sstore *x)
+{
+    for (int32_t i = 0; i < x->n_spill; i++) kv_unref(x->kv, x->spills[i].block);
+    x->n_spill = 0;
+}
+
+/* Everything queued lands; spilled blocks go to the store (unless a copy
+ * failed: then their bytes are not to be trusted) and are released. */
+static void finish(struct sstore *x)
+{
+    wait_copies(x);
+    x->ring_used = 0;
+    if (x->fail == KVB_OK)
+        for (int32_t i = 0; i < x->n_spill; i++) {
+            const struct spill *sp = &x->spills[i];
+            pstore_put(x->ps, x->pm, &sp->key, sp->has_parent ? &sp->parent : NULL,
+                       x->spill_tok + (int64_t)i * x->B, x->sbuf + (int64_t)i * x->bb);
+            x->spilled++;
+        }
+    release_spills(x);
+}
+
+void sstore_free(struct sstore *x)
+{
+    if (!x) return;
+    wait_copies(x); /* no copy may still be landing in memory about to be freed */
+    release_spills(x);
+    be_host_free(x->be, x->ring);
+    be_host_free(x->be, x->sbuf);
+    kvb_free(x->spills);
+    kvb_free(x->spill_tok);
+    kvb_free(x);
+}
+
+/* Staging comes from the backend (page-locked on a GPU, where allocating
+ * is slow): grown by doubling, so a run allocates it a few times at most.
+ * The caller has made sure no copy uses the old buffer. */
+static bool grow_staging(struct sstore *x, uint8_t **buf, int32_t *cap, int32_t need, int32_t max)
+{
+    if (need <= *cap) return true;
+    int32_t c = *cap * 2 > need ? *cap * 2 : need;
+    if (c > max) c = max > need ? max : need;
+    uint8_t *nb = be_host_alloc(x->be, (size_t)x->bb * (size_t)c);
+    if (!nb) return false;
+    be_host_free(x->be, *buf);
+    *buf = nb;
+    *cap = c;
+    return true;
+}
+
+int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t from,
+                    int32_t n, const int32_t *blocks)
+{
+    if (n <= 0) return 0;
+    if (n > MAX_LOAD) n = MAX_LOAD;
+    const double t0 = now_s();
+    if (x->ring_used + n > x->cap_ring) {
+        /* Reusing the ring: what earlier loads queued from it must have landed. */
+        wait_copies(x);
+        x->ring_used = 0;
+        /* Room for two loads of this size, so the next one overlaps this one's copies. */
+        if (!grow_staging(x, &x->ring, &x->cap_ring, 2 * n < MAX_LOAD ? 2 * n : MAX_LOAD, MAX_LOAD)) return 0;
+    }
+    void *dst[MAX_LOAD];
+    for (int32_t i = 0; i < n; i++) dst[i] = x->ring + (int64_t)(x->ring_used + i) * x->bb;
+    int32_t got = 0;
+    if (pstore_load_chain(x->ps, x->pm, tokens, keys, from, from + n, dst, &got, NULL) != KVB_OK)
+        got = 0; /* a store failure is a miss */
+    for (int32_t i = 0; i < got; i++) {
+        enum kvb_status st = x->async ? x->be->kv_write_async(x->be, blocks[i], dst[i])
+                                      : x->be->kv_block_write(x->be, blocks[i], dst[i]);
+        if (st != KVB_OK) {
+            got = i;
+            break;
+        }
+    }
+    if (x->async && got > 0) {
+        x->copies = true;
+        x->ring_used += n;
+    }
+    x->load_s += now_s() - t0;
+    return got;
+}
+
+void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t i, int32_t block)
+{
+    if (pstore_contains(x->ps, &keys[i])) return;
+    if (x->n_spill == x->cap_spill) {
+        /* Hand the queued spills over first: their staging is then free to
+         * move, and the queue never outgrows MAX_SPILL. */
+        finish(x);
+        if (x->cap_spill < MAX_SPILL) {
+            const int32_t c = x->cap_spill ? 2 * x->cap_spill : 32;
+            struct spill *ns = kvb_realloc(x->spills, sizeof *ns * (size_t)c);
+            if (ns) x->spills = ns;
+            int32_t *nt = kvb_realloc(x->spill_tok, sizeof *nt * (size_t)c * (size_t)x->B);
+            if (nt) x->spill_tok = nt;
+            int32_t cap = x->cap_spill;
+            if (ns && nt && grow_staging(x, &x->sbuf, &cap, c, MAX_SPILL)) x->cap_spill = c;
+        }
+        if (x->n_spill == x->cap_spill) return; /* no memory: a miss next run, nothing worse */
+    }
+    uint8_t *dst = x->sbuf + (int64_t)x->n_spill * x->bb;
+    enum kvb_status st = x->async ? x->be->kv_read_async(x->be, block, dst) : x->be->kv_block_read(x->be, block, dst);
+    if (st != KVB_OK) return;
+    x->copies |= x->async;
+    kv_ref(x->kv, block);
+    struct spill *sp = &x->spills[x->n_spill];
+    sp->key = keys[i];
+    sp->has_parent = i > 0;
+    if (i > 0) sp->parent = keys[i - 1];
+    sp->block = block;
+    memcpy(x->spill_tok + (int64_t)x->n_spill * x->B, tokens + (int64_t)i * x->B, sizeof(int32_t) * (size_t)x->B);
+    x->n_spill++;
+}
+
+enum kvb_status sstore_after_step(struct sstore *x, struct kvb_err *err)
+{
+    finish(x);
+    if (x->fail == KVB_OK) return KVB_OK;
+    enum kvb_status st = x->fail;
+    x->fail = KVB_OK;
+    return kvb_errf(err, st, "persistent cache: block copies failed: %s", x->fail_err.msg);
+}
+
+bool sstore_pending(const struct sstore *x) { return x->copies || x->n_spill > 0; }
+int64_t sstore_blocks_spilled(const struct sstore *x) { return x->spilled; }
+double sstore_load_seconds(const struct sstore *x) { return x->load_s; }
