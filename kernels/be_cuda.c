@@ -1,5 +1,6 @@
 /* be_cuda.c — the CUDA backend (see be_cuda.h): weights uploaded once as
- * bf16, one forward pass per step on one stream, KV in a device pool with
+ * bf16, one forward pass per step on one stream (persistent-cache copies on
+ * two more, beside it), KV in a device pool with
  * the CPU backend's layout.
  *
  * The step mirrors be_cpu.c operation for operation: embedding; per layer
@@ -64,6 +65,14 @@ struct cuda_be {
     int device;
     bool det;
     cudaStream_t stream;
+    /* Persistent-cache copies run on streams of their own, so that the
+     * copy engines move blocks while the compute stream works: spills
+     * (device to host) and restores (host to device) each in order. A
+     * forward pass waits on the device for restores queued before it
+     * (h2d_done), a spill for the passes before it (step_done). */
+    cudaStream_t d2h, h2d;
+    cudaEvent_t h2d_done, step_done;
+    bool h2d_queued;                /* restores queued since the last forward */
     cublasHandle_t blas;
     struct tpool *pool;             /* host threads for the engine's sampling (host_parallel) */
     void *blas_ws;                  /* cuBLAS workspace, set explicitly so captured GEMMs keep it */
@@ -213,6 +222,8 @@ static void cuda_free(struct backend *be)
     if (!c) return;
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->d2h) cudaStreamSynchronize(c->d2h);
+    if (c->h2d) cudaStreamSynchronize(c->h2d);
     graphs_clear(c);
     cudaFree(c->blas_ws);
     free_scratch(c);
@@ -233,6 +244,10 @@ static void cuda_free(struct backend *be)
     if (c->h_idx) cudaFreeHost(c->h_idx);
     if (c->blas) cublasDestroy(c->blas);
     tpool_free(c->pool);
+    if (c->h2d_done) cudaEventDestroy(c->h2d_done);
+    if (c->step_done) cudaEventDestroy(c->step_done);
+    if (c->d2h) cudaStreamDestroy(c->d2h);
+    if (c->h2d) cudaStreamDestroy(c->h2d);
     if (c->stream) cudaStreamDestroy(c->stream);
     kvb_free(c);
 }
@@ -668,6 +683,11 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     cudaStream_t cs = c->stream;
     struct step s = {c, cudaSuccess, CUBLAS_STATUS_SUCCESS, NULL};
 
+    /* Restored blocks this pass may read: the device waits, not the host. */
+    if (c->h2d_queued) {
+        step_cu(&s, cudaStreamWaitEvent(cs, c->h2d_done, 0), "wait for restored blocks");
+        c->h2d_queued = false;
+    }
     step_cu(&s, cudaMemcpyAsync(c->d_idx, c->h_idx, (size_t)lo.end * 4, cudaMemcpyHostToDevice, cs), "upload indices");
     bool done = false;
     if (c->graphs && n_tok <= GRAPH_MAX_TOK && !s.what) {
@@ -742,6 +762,42 @@ static void cuda_host_free(struct backend *be, void *p)
     if (p) cudaFreeHost(p);
 }
 
+static enum kvb_status cuda_read_async(struct backend *be, int32_t block, void *dst)
+{
+    struct cuda_be *c = (struct cuda_be *)be;
+    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
+    /* Ordered after every pass so far (each has returned, but saying so
+     * costs nothing and keeps this right should passes ever overlap). */
+    cudaError_t e = cudaSetDevice(c->device);
+    if (e == cudaSuccess) e = cudaEventRecord(c->step_done, c->stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(c->d2h, c->step_done, 0);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(dst, c->kv + (int64_t)block * c->block_elems, (size_t)be->block_bytes,
+                            cudaMemcpyDeviceToHost, c->d2h);
+    return cu_status(e);
+}
+
+static enum kvb_status cuda_write_async(struct backend *be, int32_t block, const void *src)
+{
+    struct cuda_be *c = (struct cuda_be *)be;
+    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
+    cudaError_t e = cudaSetDevice(c->device);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(c->kv + (int64_t)block * c->block_elems, src, (size_t)be->block_bytes,
+                            cudaMemcpyHostToDevice, c->h2d);
+    if (e == cudaSuccess) e = cudaEventRecord(c->h2d_done, c->h2d);
+    if (e == cudaSuccess) c->h2d_queued = true;
+    return cu_status(e);
+}
+
+static enum kvb_status cuda_copies_wait(struct backend *be, struct kvb_err *err)
+{
+    struct cuda_be *c = (struct cuda_be *)be;
+    KVB_FORWARD_IF_ERROR(cu_check(cudaSetDevice(c->device), err, "select device"));
+    KVB_FORWARD_IF_ERROR(cu_check(cudaStreamSynchronize(c->h2d), err, "restore copies"));
+    return cu_check(cudaStreamSynchronize(c->d2h), err, "spill copies");
+}
+
 static enum kvb_status cuda_block_read(struct backend *be, int32_t block, void *dst)
 {
     return cuda_block_copy(be, block, dst, false);
@@ -785,6 +841,9 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->be.forward = cuda_forward;
     c->be.kv_block_read = cuda_block_read;
     c->be.kv_block_write = cuda_block_write;
+    c->be.kv_read_async = cuda_read_async;
+    c->be.kv_write_async = cuda_write_async;
+    c->be.kv_copies_wait = cuda_copies_wait;
     c->be.free = cuda_free;
     c->be.host_parallel = cuda_host_parallel;
     c->be.host_alloc = cuda_host_alloc;
@@ -807,6 +866,10 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->be.n_threads = tpool_size(c->pool);
     st = cu_check(cudaSetDevice(o->device), err, "select device");
     if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err, "create stream");
+    if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking), err, "create stream");
+    if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking), err, "create stream");
+    if (st == KVB_OK) st = cu_check(cudaEventCreateWithFlags(&c->h2d_done, cudaEventDisableTiming), err, "create event");
+    if (st == KVB_OK) st = cu_check(cudaEventCreateWithFlags(&c->step_done, cudaEventDisableTiming), err, "create event");
     if (st == KVB_OK) st = blas_check(cublasCreate(&c->blas), err, "create handle");
     if (st == KVB_OK) st = blas_check(cublasSetStream(c->blas, c->stream), err, "set stream");
     /* After cublasSetStream, which resets the workspace to cuBLAS's pool:

@@ -216,6 +216,52 @@ static void compare_kv(const char *label, const struct model *m, struct backend 
     kvb_free(fb);
 }
 
+/* Copies every block of A and B from one backend's pool into another's
+ * through `to`'s queued copies (kv_write_async), without waiting: the next
+ * forward pass must wait for them itself. Returns the five staging buffers
+ * (be_host_alloc of `to`) to hand back after kv_copies_wait. */
+static void **copy_blocks_queued(struct backend *from, struct backend *to)
+{
+    static const int32_t *const tabs[2] = {TABLE_A, TABLE_B};
+    void **bufs = kvb_calloc(5, sizeof *bufs);
+    CHECK(to->kv_write_async && to->kv_copies_wait);
+    if (!bufs || !to->kv_write_async) return bufs;
+    int k = 0;
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < (t ? 2 : 3); i++, k++) {
+            bufs[k] = be_host_alloc(to, (size_t)to->block_bytes);
+            CHECK(bufs[k] != NULL);
+            if (!bufs[k]) continue;
+            CHECK(from->kv_block_read(from, tabs[t][i], bufs[k]) == KVB_OK);
+            CHECK(to->kv_write_async(to, tabs[t][i], bufs[k]) == KVB_OK);
+        }
+    return bufs;
+}
+
+/* Queued reads (kv_read_async) of A's blocks give what kv_block_read gives,
+ * once kv_copies_wait has returned. */
+static void check_queued_reads(const char *label, struct backend *gpu)
+{
+    void *q[3] = {NULL, NULL, NULL};
+    void *ref = kvb_malloc((size_t)gpu->block_bytes);
+    CHECK(gpu->kv_read_async != NULL);
+    for (int i = 0; i < 3 && gpu->kv_read_async; i++) {
+        q[i] = be_host_alloc(gpu, (size_t)gpu->block_bytes);
+        if (q[i]) CHECK(gpu->kv_read_async(gpu, TABLE_A[i], q[i]) == KVB_OK);
+    }
+    struct kvb_err err = {{0}};
+    if (gpu->kv_copies_wait) CHECK_MSG(gpu->kv_copies_wait(gpu, &err) == KVB_OK, "%s", err.msg);
+    bool same = ref != NULL;
+    for (int i = 0; i < 3 && ref; i++) {
+        CHECK(gpu->kv_block_read(gpu, TABLE_A[i], ref) == KVB_OK);
+        same = same && q[i] && memcmp(q[i], ref, (size_t)gpu->block_bytes) == 0;
+    }
+    CHECK_MSG(same, "%s: queued block reads differ from kv_block_read", label);
+    CHECK(!gpu->kv_read_async || gpu->kv_read_async(gpu, POOL, q[0]) == KVB_ERR_INVALID_ARG);
+    for (int i = 0; i < 3; i++) be_host_free(gpu, q[i]);
+    kvb_free(ref);
+}
+
 /* Copies every block of A and B from one backend's pool into another's. */
 static void copy_blocks(struct backend *from, struct backend *to)
 {
@@ -578,6 +624,7 @@ static void check_model(const char *label, const struct model *m, const struct m
     if (!step1(cpu, a, b, false, lc) || !step1(gpu, a, b, false, lg)) goto done;
     compare_rows(label, "step 1: prefill 37 (all) + 21 (last)", lg, lc, 38, nv, false);
     compare_kv(label, m, cpu, gpu);
+    check_queued_reads(label, gpu);
     if (!step2(cpu, a, b, false, lc + 38 * (int64_t)nv) || !step2(gpu, a, b, false, lg + 38 * (int64_t)nv)) goto done;
     compare_rows(label, "step 2: decode 1 + chunk 10 (all)", lg + 38 * (int64_t)nv, lc + 38 * (int64_t)nv, 11, nv, false);
     compare_rows(label, "both steps", lg, lc, 49, nv, top1_vs_cpu);
@@ -596,6 +643,21 @@ static void check_model(const char *label, const struct model *m, const struct m
             copy_blocks(cpu1, gpu2);
             if (step2(gpu2, a, b, false, lx))
                 compare_rows(label, "step 2 on CPU-written KV blocks", lx, lc + 38 * (int64_t)nv, 11, nv, false);
+        }
+        be_free(cpu1);
+        be_free(gpu2);
+    }
+    /* The same through queued copies (how the persistent cache restores). */
+    {
+        struct backend *cpu1 = make_be(m, false, false), *gpu2 = make_be(m, true, false);
+        if (cpu1 && gpu2 && step1(cpu1, a, b, false, lx)) {
+            void **bufs = copy_blocks_queued(cpu1, gpu2);
+            if (step2(gpu2, a, b, false, lx))
+                compare_rows(label, "step 2 on KV blocks queued in", lx, lc + 38 * (int64_t)nv, 11, nv, false);
+            struct kvb_err err = {{0}};
+            if (gpu2->kv_copies_wait) CHECK_MSG(gpu2->kv_copies_wait(gpu2, &err) == KVB_OK, "%s", err.msg);
+            for (int i = 0; bufs && i < 5; i++) be_host_free(gpu2, bufs[i]);
+            kvb_free(bufs);
         }
         be_free(cpu1);
         be_free(gpu2);

@@ -101,11 +101,10 @@ void run_block(unsigned n)
 
 } // namespace
 
-/* fake_cuda.c's stream capture: a launch made while capturing is kept
- * (with its arguments, bound by value at the launch) and run when the
- * graph is launched. */
-extern "C" int fake_cuda_capturing(void);
-extern "C" void fake_cuda_record(void (*run)(void *), void (*drop)(void *), void *arg);
+/* fake_cuda.c's streams: a launch is queued (with its arguments, bound by
+ * value at the launch) and runs when the stream's work is forced, or when
+ * the graph it was captured into is launched. */
+extern "C" void fake_cuda_enqueue(cudaStream_t st, void (*run)(void *), void (*drop)(void *), void *arg);
 
 namespace {
 
@@ -114,26 +113,8 @@ struct recorded_launch {
     std::function<void()> fn;
 };
 
-void run_recorded(void *a)
+void run_blocks(unsigned grid, unsigned block, const std::function<void()> &fn)
 {
-    const recorded_launch *r = static_cast<const recorded_launch *>(a);
-    emu_launch(r->grid, r->block, r->fn);
-}
-
-void drop_recorded(void *a) { delete static_cast<recorded_launch *>(a); }
-
-} // namespace
-
-void emu_launch(unsigned grid, unsigned block, const std::function<void()> &fn)
-{
-    if (block == 0 || block > EMU_MAX_THREADS) {
-        fprintf(stderr, "cuda_emu: block of %u threads\n", block);
-        abort();
-    }
-    if (fake_cuda_capturing()) {
-        fake_cuda_record(run_recorded, drop_recorded, new recorded_launch{grid, block, fn});
-        return;
-    }
     cur_fn = &fn;
     blockDim = {block, 1, 1};
     gridDim = {grid, 1, 1};
@@ -141,6 +122,25 @@ void emu_launch(unsigned grid, unsigned block, const std::function<void()> &fn)
         blockIdx = {b, 0, 0};
         run_block(block);
     }
+}
+
+void run_recorded(void *a)
+{
+    const recorded_launch *r = static_cast<const recorded_launch *>(a);
+    run_blocks(r->grid, r->block, r->fn);
+}
+
+void drop_recorded(void *a) { delete static_cast<recorded_launch *>(a); }
+
+} // namespace
+
+void emu_launch(unsigned grid, unsigned block, cudaStream_t stream, const std::function<void()> &fn)
+{
+    if (block == 0 || block > EMU_MAX_THREADS) {
+        fprintf(stderr, "cuda_emu: block of %u threads\n", block);
+        abort();
+    }
+    fake_cuda_enqueue(stream, run_recorded, drop_recorded, new recorded_launch{grid, block, fn});
 }
 
 void __syncthreads() { barrier_wait(&block_bar); }

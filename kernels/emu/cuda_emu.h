@@ -4,8 +4,9 @@
  * a model of GPU floating point (expf, cosf… are the host's).
  *
  * emu.sh rewrites each `kernel<<<grid, block, smem, stream>>>(args)` into
- * emu_launch(grid, block, std::bind(kernel, args)) and force-includes this
- * header. A launch runs the blocks one after another; inside a block every
+ * emu_launch(grid, block, stream, std::bind(kernel, args)) and force-includes
+ * this header. A launch is queued on its stream (fake_cuda.c) and, when it
+ * runs, runs the blocks one after another; inside a block every
  * CUDA thread is a fiber (ucontext) scheduled round-robin, so
  * __syncthreads() and __shfl_xor_sync() are real barriers (block-wide and
  * per warp) and a missing one shows up as a wrong result or a deadlock
@@ -44,7 +45,7 @@ struct emu_dim {
 };
 extern emu_dim threadIdx, blockIdx, blockDim, gridDim; /* set for the running fiber */
 
-void emu_launch(unsigned grid, unsigned block, const std::function<void()> &fn);
+void emu_launch(unsigned grid, unsigned block, cudaStream_t stream, const std::function<void()> &fn);
 void __syncthreads();
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
 

@@ -20,7 +20,7 @@ cmake -S "$root" -B "$bdir" -DKVBATCH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
   -DKVBATCH_SANITIZE=$([ -n "$san" ] && echo ON || echo OFF) >/dev/null
 cmake --build "$bdir" -j"$(nproc)" --target kvbcore >/dev/null
 
-# kernel<<<grid, block, smem, stream>>>(args);  ->  emu_launch(grid, block, std::bind(kernel, args));
+# kernel<<<grid, block, smem, stream>>>(args);  ->  emu_launch(grid, block, stream, std::bind(kernel, args));
 # (bind: the arguments are evaluated and copied at the launch, as CUDA does,
 # which a launch recorded into a graph and run later depends on)
 for cu in "$root"/kernels/k_*.cu; do
@@ -28,8 +28,8 @@ for cu in "$root"/kernels/k_*.cu; do
 import re, sys
 src = open(sys.argv[1]).read()
 src = re.sub(r'#include <cuda_(fp16|bf16)\.h>\n', '', src)
-pat = re.compile(r'([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<([^;]*?),\s*([^;]*?),\s*[^;,]*?,\s*[^;,]*?>>>\(([^;]*)\);')
-out, n = pat.subn(lambda m: 'emu_launch(%s, %s, std::bind(%s, %s));' % (m.group(2), m.group(3), m.group(1), m.group(4)), src)
+pat = re.compile(r'([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<([^;]*?),\s*([^;]*?),\s*[^;,]*?,\s*([^;,]*?)>>>\(([^;]*)\);')
+out, n = pat.subn(lambda m: 'emu_launch(%s, %s, %s, std::bind(%s, %s));' % (m.group(2), m.group(3), m.group(4), m.group(1), m.group(5)), src)
 if '<<<' in out:
     sys.exit('emu.sh: a launch in %s was not rewritten' % sys.argv[1])
 open(sys.argv[2], 'w').write('#line 1 "%s"\n' % sys.argv[1] + out)

@@ -6,13 +6,22 @@
  * out-of-bounds kernel access is reported like any other. Fresh device
  * allocations are filled with 0xff bytes (NaN as f32, bf16 and fp16), so
  * reading memory nobody wrote shows up as NaN rather than as a lucky zero.
- * Everything is synchronous, except under stream capture (CUDA graphs):
- * then kernel launches (cuda_emu.cc), async copies and sets, and GEMMs are
- * recorded with their arguments' values as of the call, and run in order
- * when the instantiated graph is launched — so a captured pointer that
- * goes stale shows up as a wrong result. Calls that real CUDA refuses
- * during capture (allocation, synchronous copies, synchronisation) fail
- * and invalidate the capture. cublasGemmEx follows cuBLAS's documented
+ * Streams are as lazy as CUDA allows: work queued on a created stream
+ * (kernel launches from cuda_emu.cc, async copies and sets, GEMMs, graph
+ * launches, event waits) is recorded with its arguments' values as of the
+ * call and runs only when something forces it — a synchronisation of that
+ * stream, of an event recorded on it, or of the device; a wait on such an
+ * event by another stream's work that itself runs; cudaFree and
+ * cudaFreeHost, which synchronise in CUDA too. A synchronous cudaMemcpy
+ * forces nothing, as it does not for CUDA's non-blocking streams. So a
+ * missing synchronisation or event wait shows up as stale data (or a NaN
+ * from never-written memory), and a host buffer reused before its copy
+ * ran as a wrong result. Work on the legacy stream (0) runs at once. Under
+ * stream capture (CUDA graphs) the same records go into the graph, run
+ * in order when it is launched — so a captured pointer that goes stale
+ * shows up as a wrong result. Calls that real CUDA refuses during capture
+ * (allocation, synchronous copies, synchronisation, events) fail and
+ * invalidate the capture. cublasGemmEx follows cuBLAS's documented
  * column-major definition (C = alpha op(A) op(B) + beta C, element (i, j) of
  * C at C[i + j*ldc], op(A) = A or Aᵀ with A[i + p*lda] / A[p + i*lda]),
  * written independently of kernels/k_gemm.c so that it checks k_gemm.c's
@@ -63,10 +72,9 @@ struct fake_graph {
 static struct fake_graph *capture;   /* while capturing */
 static int capture_broken;
 
-int fake_cuda_capturing(void) { return capture != NULL; }
 
 /* Appends an operation to the graph being captured; takes arg. */
-void fake_cuda_record(void (*run)(void *), void (*drop)(void *), void *arg)
+static void graph_append(void (*run)(void *), void (*drop)(void *), void *arg)
 {
     if (capture->n == capture->cap) {
         int cap = capture->cap ? capture->cap * 2 : 64;
@@ -81,6 +89,83 @@ void fake_cuda_record(void (*run)(void *), void (*drop)(void *), void *arg)
         capture->cap = cap;
     }
     capture->ops[capture->n++] = (struct fake_op){run, drop, arg};
+}
+
+/* ---- streams ------------------------------------------------------------------- */
+
+struct fake_stream {
+    struct fake_op *ops; /* queued: ops[head..n) */
+    int head, n, cap;
+    uint64_t queued, done; /* counts since creation */
+    int running;
+    struct fake_stream *next; /* all streams, for device-wide synchronisation */
+};
+
+static struct fake_stream *streams;
+static cudaStream_t capture_stream;
+
+static void op_drop(struct fake_op *o)
+{
+    if (o->drop) o->drop(o->arg);
+    else free(o->arg);
+}
+
+/* Runs s's work until `until` operations have run. */
+static void stream_run(struct fake_stream *s, uint64_t until)
+{
+    if (!s) return;
+    if (s->running) {
+        fprintf(stderr, "fake CUDA: streams wait on each other in a cycle\n");
+        abort();
+    }
+    s->running = 1;
+    while (s->done < until && s->head < s->n) {
+        struct fake_op o = s->ops[s->head++];
+        s->done++;
+        o.run(o.arg);
+        op_drop(&o);
+    }
+    if (s->head == s->n) s->head = s->n = 0;
+    s->running = 0;
+}
+
+static void device_run(void)
+{
+    for (struct fake_stream *s = streams; s; s = s->next) stream_run(s, s->queued);
+}
+
+/* Where every asynchronous operation goes: the graph being captured on
+ * stream st, st's queue, or (legacy stream) straight to running. Takes arg. */
+void fake_cuda_enqueue(cudaStream_t st, void (*run)(void *), void (*drop)(void *), void *arg)
+{
+    if (capture && st == capture_stream) {
+        graph_append(run, drop, arg);
+        return;
+    }
+    struct fake_stream *s = (struct fake_stream *)st;
+    if (!s) {
+        struct fake_op o = {run, drop, arg};
+        run(arg);
+        op_drop(&o);
+        return;
+    }
+    if (s->head > 0 && s->n == s->cap) { /* compact before growing */
+        memmove(s->ops, s->ops + s->head, sizeof *s->ops * (size_t)(s->n - s->head));
+        s->n -= s->head;
+        s->head = 0;
+    }
+    if (s->n == s->cap) {
+        int cap = s->cap ? s->cap * 2 : 64;
+        struct fake_op *ops = realloc(s->ops, sizeof *ops * (size_t)cap);
+        if (!ops) {
+            fprintf(stderr, "fake CUDA: out of memory for a stream's queue\n");
+            abort();
+        }
+        s->ops = ops;
+        s->cap = cap;
+    }
+    s->ops[s->n++] = (struct fake_op){run, drop, arg};
+    s->queued++;
 }
 
 static void graph_unref(struct fake_graph *g)
@@ -105,9 +190,9 @@ static int refused_in_capture(void)
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
 {
-    (void)s;
     (void)mode;
-    if (capture) return fail(cudaErrorIllegalState);
+    if (capture || !s) return fail(cudaErrorIllegalState);
+    capture_stream = s;
     capture = calloc(1, sizeof *capture);
     if (!capture) return fail(cudaErrorMemoryAllocation);
     capture->refs = 1;
@@ -119,8 +204,10 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
 {
     (void)s;
     if (!capture) return fail(cudaErrorIllegalState);
+    if (s != capture_stream) return fail(cudaErrorIllegalState);
     struct fake_graph *g = capture;
     capture = NULL;
+    capture_stream = NULL;
     if (capture_broken) {
         graph_unref(g);
         *graph = NULL;
@@ -140,12 +227,20 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsig
     return cudaSuccess;
 }
 
+static void run_graph(void *a)
+{
+    struct fake_graph *g = a;
+    for (int i = 0; i < g->n; i++) g->ops[i].run(g->ops[i].arg);
+}
+
+static void drop_graph(void *a) { graph_unref(a); }
+
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
 {
-    (void)s;
     if (capture) return fail(cudaErrorStreamCaptureUnsupported); /* kvbatch never nests graphs */
     struct fake_graph *g = (struct fake_graph *)exec;
-    for (int i = 0; i < g->n; i++) g->ops[i].run(g->ops[i].arg);
+    g->refs++; /* until it has run: the executable may be destroyed before */
+    fake_cuda_enqueue(s, run_graph, drop_graph, g);
     return cudaSuccess;
 }
 
@@ -219,6 +314,7 @@ cudaError_t cudaFree(void *p)
 {
     if (!p) return cudaSuccess;
     if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+    device_run(); /* cudaFree synchronises: queued work may still use p */
     struct hdr *h = (struct hdr *)p - 1;
     mem_used -= h->bytes;
     free(h);
@@ -235,6 +331,7 @@ cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned int flags)
 
 cudaError_t cudaFreeHost(void *p)
 {
+    device_run(); /* as cudaFree: a queued copy may still use p */
     free(p);
     return cudaSuccess;
 }
@@ -266,22 +363,20 @@ static void run_set(void *a)
     memset(o->dst, o->value, o->bytes);
 }
 
-static cudaError_t record_copy(void (*run)(void *), void *dst, const void *src, size_t bytes, int value)
+static cudaError_t queue_copy(cudaStream_t st, void (*run)(void *), void *dst, const void *src, size_t bytes,
+                              int value)
 {
     struct copy_op *o = malloc(sizeof *o);
     if (!o) return fail(cudaErrorMemoryAllocation);
     *o = (struct copy_op){dst, src, bytes, value};
-    fake_cuda_record(run, NULL, o);
+    fake_cuda_enqueue(st, run, NULL, o);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t s)
 {
-    (void)s;
     (void)kind;
-    if (capture) return record_copy(run_copy, dst, src, bytes, 0);
-    if (bytes) memmove(dst, src, bytes);
-    return cudaSuccess;
+    return queue_copy(s, run_copy, dst, src, bytes, 0);
 }
 
 cudaError_t cudaMemset(void *p, int v, size_t bytes)
@@ -293,37 +388,110 @@ cudaError_t cudaMemset(void *p, int v, size_t bytes)
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s)
 {
-    (void)s;
-    if (capture) return record_copy(run_set, p, NULL, bytes, v);
-    memset(p, v, bytes);
-    return cudaSuccess;
+    return queue_copy(s, run_set, p, NULL, bytes, v);
 }
-
-static int stream_obj;
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
 {
-    (void)flags;
-    *s = (cudaStream_t)&stream_obj;
+    (void)flags; /* kvbatch's streams are all non-blocking */
+    struct fake_stream *n = calloc(1, sizeof *n);
+    if (!n) return fail(cudaErrorMemoryAllocation);
+    n->next = streams;
+    streams = n;
+    *s = (cudaStream_t)n;
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamDestroy(cudaStream_t s)
+cudaError_t cudaStreamDestroy(cudaStream_t st)
 {
-    (void)s;
+    struct fake_stream *s = (struct fake_stream *)st;
+    if (!s) return fail(cudaErrorInvalidValue);
+    stream_run(s, s->queued); /* CUDA finishes queued work first */
+    for (struct fake_stream **pp = &streams; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    free(s->ops);
+    free(s);
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t s)
+cudaError_t cudaStreamSynchronize(cudaStream_t st)
 {
-    (void)s;
     if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+    struct fake_stream *s = (struct fake_stream *)st;
+    if (s) stream_run(s, s->queued);
     return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize(void)
 {
     if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+    device_run();
+    return cudaSuccess;
+}
+
+/* ---- events: a point in one stream's queue ---------------------------------------- */
+
+struct fake_event {
+    struct fake_stream *s; /* NULL: nothing recorded, or recorded on the legacy stream */
+    uint64_t at;           /* operations of s that precede it */
+};
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
+{
+    (void)flags;
+    struct fake_event *n = calloc(1, sizeof *n);
+    if (!n) return fail(cudaErrorMemoryAllocation);
+    *e = (cudaEvent_t)n;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    free(e);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st)
+{
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported; /* kvbatch captures no events */
+    struct fake_event *ev = (struct fake_event *)e;
+    ev->s = (struct fake_stream *)st;
+    ev->at = ev->s ? ev->s->queued : 0;
+    return cudaSuccess;
+}
+
+struct wait_op {
+    struct fake_stream *s;
+    uint64_t at;
+};
+
+static void run_wait(void *a)
+{
+    struct wait_op *w = a;
+    stream_run(w->s, w->at);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned int flags)
+{
+    (void)flags;
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+    const struct fake_event *ev = (const struct fake_event *)e;
+    if (!ev->s) return cudaSuccess; /* nothing to wait for */
+    struct wait_op *w = malloc(sizeof *w);
+    if (!w) return fail(cudaErrorMemoryAllocation);
+    *w = (struct wait_op){ev->s, ev->at};
+    fake_cuda_enqueue(st, run_wait, NULL, w);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
+    const struct fake_event *ev = (const struct fake_event *)e;
+    stream_run(ev->s, ev->at);
     return cudaSuccess;
 }
 
@@ -364,24 +532,27 @@ const char *cudaGetErrorName(cudaError_t e)
 
 /* ---- cuBLAS -------------------------------------------------------------------- */
 
-static int blas_obj;
+struct fake_blas {
+    cudaStream_t stream;
+};
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t *h)
 {
-    *h = (cublasHandle_t)&blas_obj;
+    struct fake_blas *b = calloc(1, sizeof *b);
+    if (!b) return CUBLAS_STATUS_ALLOC_FAILED;
+    *h = (cublasHandle_t)b;
     return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasDestroy_v2(cublasHandle_t h)
 {
-    (void)h;
+    free(h);
     return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s)
 {
-    (void)h;
-    (void)s;
+    ((struct fake_blas *)h)->stream = s;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -447,7 +618,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo)
 {
-    (void)handle;
     (void)algo;
     if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F)
         return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -460,13 +630,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     /* Host pointer mode: alpha and beta are read now, as cuBLAS does. */
     const struct gemm_op o = {transa, transb, m, n, k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta,
                               A, B, C};
-    if (capture) {
-        struct gemm_op *rec = malloc(sizeof *rec);
-        if (!rec) return CUBLAS_STATUS_ALLOC_FAILED;
-        *rec = o;
-        fake_cuda_record(run_gemm, NULL, rec);
-        return CUBLAS_STATUS_SUCCESS;
-    }
-    gemm_now(&o);
+    struct gemm_op *rec = malloc(sizeof *rec);
+    if (!rec) return CUBLAS_STATUS_ALLOC_FAILED;
+    *rec = o;
+    fake_cuda_enqueue(((struct fake_blas *)handle)->stream, run_gemm, NULL, rec);
     return CUBLAS_STATUS_SUCCESS;
 }
