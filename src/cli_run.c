@@ -43,6 +43,9 @@ static void usage(FILE *f)
         "      --cache-max-size SIZE  cap on the cache (default 10G, never more than free disk)\n"
         "      --cache-level N      zstd level for cache values, 1..19 (default 3)\n"
         "      --cache-lossy8       store cached K/V as 8-bit (~2.3x smaller, lossy: outputs may change)\n"
+        "      --cache-buffer SIZE  blocks waiting to be compressed and written, at most (default 64M);\n"
+        "                           beyond it blocks are not stored, never waited for: raise it when the\n"
+        "                           run summary says blocks were not stored\n"
         "      --scalar             plain C reference kernels (slow; for checking)\n"
         "  -q, --quiet              no progress or summary on stderr\n"
         "  -h, --help               this text\n"
@@ -86,6 +89,7 @@ int cli_run(int argc, char **argv)
         else if (cli_opt_is(a, "--cache-max-size")) { VAL(); if (!cli_parse_size(a, val, &o.cache_max_size)) return CLI_EXIT_USAGE; }
         else if (cli_opt_is(a, "--cache-level")) { int32_t lvl; INT(1, 19, lvl); o.cache_level = lvl; }
         else if (!strcmp(a, "--cache-lossy8")) o.cache_lossy8 = true;
+        else if (cli_opt_is(a, "--cache-buffer")) { VAL(); if (!cli_parse_size(a, val, &o.cache_buffer)) return CLI_EXIT_USAGE; }
         else if (!strcmp(a, "--scalar")) o.scalar = true;
         else if (cli_opt_is(a, "--device")) {
             VAL();

@@ -584,7 +584,7 @@ static void open_store(struct runner *r)
     if (o->cache_dir) snprintf(dir, sizeof dir, "%s", o->cache_dir);
     else pstore_default_dir(dir, sizeof dir);
     struct pstore_opts po = {.max_size = o->cache_max_size, .zstd_level = o->cache_level, .lossy8 = o->cache_lossy8,
-                             .n_threads = o->n_threads, .quiet = o->quiet};
+                             .n_threads = o->n_threads, .quiet = o->quiet, .queue_bytes = o->cache_buffer};
     struct kvb_err err = {{0}};
     if (pstore_open(dir, &po, &r->ps, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: warning: persistent cache off: %s\n", err.msg);
@@ -829,6 +829,11 @@ int run_job(const struct run_opts *o)
                 (unsigned long long)(pst.bytes_written >> 10),
                 pst.bytes_written ? (double)pst.raw_bytes_written / (double)pst.bytes_written : 0.0,
                 pst.writing_disabled ? ", writing turned off" : "");
+        if (pst.blocks_dropped > 0 && !pst.writing_disabled)
+            fprintf(stderr,
+                    "kvbatch run: cache: %llu computed blocks not stored: the writer fell behind (raise "
+                    "--cache-buffer) or their chain was cut short\n",
+                    (unsigned long long)pst.blocks_dropped);
     }
     if (!o->quiet && r.be && r.be->summary) {
         char line[256] = "";

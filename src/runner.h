@@ -37,6 +37,7 @@ struct run_opts {
     uint64_t cache_max_size;   /* 0: the store's default (10 GiB, within free disk) */
     int cache_level;           /* zstd level; 0: default */
     bool cache_lossy8;         /* 8-bit lossy cache values */
+    uint64_t cache_buffer;     /* bytes of blocks waiting to be written; 0: the store's default */
     bool resume, quiet, scalar;
 };
 

@@ -378,7 +378,10 @@ enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, cons
     const struct pstore_shape *s = &ps->models[mi].shape;
     size_t tok_bytes = (size_t)s->block_size * sizeof(int32_t);
     size_t sz = sizeof(struct pstore_put_item) + tok_bytes + (size_t)s->raw_len;
-    bool full = ps->q_n >= PSTORE_QUEUE_MAX_ITEMS || (ps->q_n > 0 && ps->q_bytes + sz > PSTORE_QUEUE_MAX_BYTES);
+    const uint64_t max_bytes = ps->opts.queue_bytes ? ps->opts.queue_bytes : PSTORE_QUEUE_MAX_BYTES;
+    const uint64_t max_items =
+        PSTORE_QUEUE_MAX_ITEMS * (max_bytes > PSTORE_QUEUE_MAX_BYTES ? max_bytes / PSTORE_QUEUE_MAX_BYTES : 1);
+    bool full = ps->q_n >= max_items || (ps->q_n > 0 && ps->q_bytes + sz > max_bytes);
     if (ps->stats.writing_disabled || full) {
         ps->stats.blocks_dropped++;
         pthread_mutex_unlock(&ps->mu);

@@ -67,6 +67,10 @@ struct pstore_opts {
     bool quiet;         /* no warnings on stderr (they are still counted) */
     uint64_t map_size;  /* LMDB map (address space) in bytes; 0 = automatic: max(2 x cap,
                            cap + 256 MiB). Tests set it small to provoke map-full. */
+    uint64_t queue_bytes; /* puts waiting to be compressed and written, at most (raw bytes); beyond
+                             it a put is dropped rather than waited for. 0 = 64 MiB. A GPU spills
+                             faster than zstd compresses: a cold run wanting every block stored
+                             needs room for them. */
 };
 
 struct pstore_stats {

@@ -285,7 +285,8 @@ struct pstore {
 /* The writer thread (pstore_writer.c). */
 enum kvb_status pstore_writer_start(struct pstore *ps, struct kvb_err *err);
 void pstore_writer_stop(struct pstore *ps); /* writes what is queued, joins */
-/* Queue bounds: beyond them puts are dropped (counted), never waited for. */
+/* Queue bounds (pstore_opts.queue_bytes): beyond them puts are dropped
+ * (counted), never waited for. Items: 256 per 64 MiB of bytes. */
 #define PSTORE_QUEUE_MAX_ITEMS 256u
 #define PSTORE_QUEUE_MAX_BYTES ((size_t)64 << 20)
 #define PSTORE_TOUCH_MAX 8192u

@@ -91,6 +91,19 @@ def main():
         bad = kvb("cache", "frobnicate")
         check(bad.returncode == 2, f"unknown cache verb: exit {bad.returncode}")
 
+        # A write buffer too small for the blocks of one step: the run says
+        # blocks were not stored and which option helps; results unchanged.
+        p = kvb("run", "--model", MODEL, "--input", job, "--output", os.path.join(tmp, "buf.jsonl"), "--metrics",
+                os.path.join(tmp, "buf.db"), "--cache-dir", os.path.join(tmp, "small"), "--cache-buffer", "1K")
+        check(p.returncode == 0 and "not stored" in p.stderr and "--cache-buffer" in p.stderr,
+              f"a 1K cache buffer: exit {p.returncode}, no word of blocks not stored: {p.stderr}")
+        res = {json.loads(l)["custom_id"]: json.loads(l)["response"]["body"]["choices"][0]["message"]["content"]
+               for l in open(os.path.join(tmp, "buf.jsonl"))}
+        check(res == texts(cold), "results differ with a small cache buffer")
+        bad = kvb("run", "--model", MODEL, "--input", job, "--output", os.path.join(tmp, "x.jsonl"),
+                  "--cache-buffer", "lots")
+        check(bad.returncode == 2 and "--cache-buffer" in bad.stderr, f"bad --cache-buffer: exit {bad.returncode}")
+
         # A cache that cannot be opened is a warning, not a failure.
         blocker = os.path.join(tmp, "file")
         open(blocker, "w").close()

@@ -667,6 +667,37 @@ static void test_roundtrip(void)
     rmtree(dir);
 }
 
+/* pstore_opts.queue_bytes: a burst of puts beyond it is dropped (and the
+ * blocks after a dropped one with it: their parent never arrives), never
+ * waited for; with room, every block of the same burst is written. */
+static void test_queue_bytes(void)
+{
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 4, 128); /* 32 KiB blocks */
+    struct chain c = chain_make(&m, 40, 7, NULL, 0, true);
+    const uint64_t room[2] = {100 << 10, 8 << 20};
+    for (int k = 0; k < 2; k++) {
+        char *dir = mktmp();
+        struct pstore_opts o = {.n_threads = 2, .quiet = true, .queue_bytes = room[k]};
+        struct pstore *ps = NULL;
+        struct kvb_err err = {{0}};
+        CHECK_MSG(pstore_open(dir, &o, &ps, &err) == KVB_OK, "%s", err.msg);
+        if (!ps) continue;
+        chain_put(ps, &m, &c, 0, 40); /* well inside the writer's 50 ms wait for a batch to fill */
+        pstore_flush(ps);
+        struct pstore_stats s = stats_of(ps);
+        printf("queue of %llu KiB: 40 puts at once, %llu written, %llu dropped\n",
+               (unsigned long long)(room[k] >> 10), (unsigned long long)s.blocks_written,
+               (unsigned long long)s.blocks_dropped);
+        CHECK_EQ_INT(s.blocks_written + s.blocks_dropped, 40);
+        if (k == 0) CHECK(s.blocks_dropped > 0 && s.blocks_written >= 1);
+        else CHECK_EQ_INT(s.blocks_written, 40);
+        CHECK_EQ_INT(chain_load(ps, &m, &c, 0), (int)s.blocks_written);
+        pstore_close(ps);
+        rmtree(dir);
+    }
+    chain_free(&c);
+}
+
 static void test_first_miss(void)
 {
     char *dir = mktmp();
@@ -1163,6 +1194,7 @@ int main(void)
     test_default_dir();
     test_roundtrip();
     test_first_miss();
+    test_queue_bytes();
     test_damage();
     test_collision();
     test_two_processes();
