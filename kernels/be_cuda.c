@@ -41,9 +41,16 @@ struct cu_layer {
     uint16_t *wdown;             /* (n_embd, n_ff) bf16 */
 };
 
-/* A step enqueues ~17 launches per layer; for small steps the host's
+/* What the device work of a step depends on besides the index values:
+ * tokens, logits rows (greedy ones included), greedy rows, and attention
+ * tiles (0 when the per-(token, head) kernel runs). */
+struct step_shape {
+    int64_t n_tok, n_out, n_am, n_tiles;
+};
+
+/* A step enqueues ~10 launches per layer; for small steps the host's
  * launch rate, not the GPU, sets the pace. With graphs on, a step shape
- * (n_tok, n_out, n_am) seen before is captured once into a graph and
+ * (struct step_shape) seen before is captured once into a graph and
  * replayed with one launch: decode steps repeat their shape step after
  * step. Slots are reused least recently used first; all are dropped when
  * the step buffers or the index buffer move (their addresses are in the
@@ -53,7 +60,7 @@ struct cu_layer {
 #define GRAPH_MAX_TOK 1024 /* larger steps are prefill chunks: launch-bound they are not */
 
 struct graph_slot {
-    int64_t n_tok, n_out, n_am;
+    struct step_shape sh;
     int seen;               /* steps of this shape so far */
     cudaGraphExec_t exec;   /* NULL until captured */
     uint64_t last_use;
@@ -83,6 +90,8 @@ struct cuda_be {
     char graph_off[160];            /* why graphs were switched off, or "" */
     int64_t q_dim, kv_dim, qkv_dim; /* n_head*hd, n_head_kv*hd, q_dim + 2*kv_dim */
     int64_t block_elems;            /* fp16 elements of one KV block */
+    int32_t attn_tile;              /* tokens per tensor-core attention tile; 0: kcu_attn instead */
+    char kernels_name[96];          /* be.kernels */
 
     struct cu_layer *layers;        /* (n_layer) host array of device pointers */
     uint16_t *tok_embd;             /* (n_vocab, n_embd) bf16 */
@@ -513,25 +522,26 @@ static void download_rows(struct step *s, const struct be_batch *batch, float *l
 
 /* Where a step's indices live in h_idx / d_idx (int32 entries):
  *   tokens | positions | table offsets | output rows | greedy rows |
- *   greedy choices | block tables
+ *   greedy choices | attention tiles (room for n_tok) | block tables
  * Every offset but the end depends only on (n_tok, n_out, n_am), so a
  * captured graph's pointers hold for any later step of the same shape; the
  * block tables, whose length varies from step to step, come last. The whole
  * span is uploaded (the choices' part is overwritten on the device) and
  * the choices come back alone. */
 struct step_layout {
-    int64_t tok, pos, tab, rows, arows, amax, blocks, end;
+    int64_t tok, pos, tab, rows, arows, amax, tiles, blocks, end;
 };
 
-static void layout_of(int64_t n_tok, int64_t n_out, int64_t n_am, int64_t n_tab, struct step_layout *o)
+static void layout_of(const struct step_shape *sh, int64_t n_tab, struct step_layout *o)
 {
     o->tok = 0;
-    o->pos = n_tok;
-    o->tab = 2 * n_tok;
-    o->rows = 3 * n_tok;
-    o->arows = o->rows + n_out;
-    o->amax = o->arows + n_am;
-    o->blocks = o->amax + n_am;
+    o->pos = sh->n_tok;
+    o->tab = 2 * sh->n_tok;
+    o->rows = 3 * sh->n_tok;
+    o->arows = o->rows + sh->n_out;
+    o->amax = o->arows + sh->n_am;
+    o->tiles = o->amax + sh->n_am;
+    o->blocks = o->tiles + 2 * sh->n_tok;
     o->end = o->blocks + n_tab;
 }
 
@@ -539,14 +549,15 @@ static void layout_of(int64_t n_tok, int64_t n_out, int64_t n_am, int64_t n_tab,
  * choices — for a step of this shape whose indices are in d_idx. Reads
  * nothing from the host: what it enqueues can be captured once and
  * replayed (see struct graph_slot). */
-static void enqueue_compute(struct step *s, int64_t n_tok, int64_t n_out, int64_t n_am)
+static void enqueue_compute(struct step *s, const struct step_shape *sh)
 {
     struct cuda_be *c = s->c;
     const struct model_hparams *hp = &c->m->hp;
     const int64_t e = hp->n_embd, f = hp->n_ff, hd = hp->head_dim;
     const int64_t qd = c->q_dim, kvd = c->kv_dim, qkvd = c->qkv_dim;
+    const int64_t n_tok = sh->n_tok, n_out = sh->n_out, n_am = sh->n_am;
     struct step_layout lo;
-    layout_of(n_tok, n_out, n_am, 0, &lo);
+    layout_of(sh, 0, &lo);
     const int32_t *d_pos = c->d_idx + lo.pos, *d_tab = c->d_idx + lo.tab, *d_rows = c->d_idx + lo.rows;
     struct kcu_paged pg = {
         .pool = c->kv, .block_elems = c->block_elems, .block_size = c->be.block_size, .kv_dim = (int32_t)kvd,
@@ -577,7 +588,10 @@ static void enqueue_compute(struct step *s, int64_t n_tok, int64_t n_out, int64_
          * tokens of one prefill chunk see each other causally. */
         pg.layer = l;
         step_cu(s, kcu_kv_store(&pg, k, v, qkvd, cs), "KV store");
-        step_cu(s, kcu_attn_bf16(c->xb, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
+        if (sh->n_tiles > 0)
+            step_cu(s, kcu_attn_tc_bf16(c->xb, q, qkvd, &pg, c->d_idx + lo.tiles, (int32_t)sh->n_tiles, nh, nkv, h,
+                                        scale, cs), "attention");
+        else step_cu(s, kcu_attn_bf16(c->xb, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
         step_gemm(s, c->x, c->xb, L->wo, n_tok, qd, e, true, "output projection");
 
         step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, NULL, nt, ne, L->ffn_norm, eps, cs), "FFN norm");
@@ -605,20 +619,20 @@ static void graphs_clear(struct cuda_be *c)
     }
 }
 
-static struct graph_slot *graph_slot_of(struct cuda_be *c, int64_t n_tok, int64_t n_out, int64_t n_am)
+static struct graph_slot *graph_slot_of(struct cuda_be *c, const struct step_shape *sh)
 {
     struct graph_slot *lru = &c->gslots[0];
     c->graph_clock++;
     for (int i = 0; i < GRAPH_SLOTS; i++) {
         struct graph_slot *g = &c->gslots[i];
-        if (g->seen && g->n_tok == n_tok && g->n_out == n_out && g->n_am == n_am) {
+        if (g->seen && !memcmp(&g->sh, sh, sizeof *sh)) {
             g->last_use = c->graph_clock;
             return g;
         }
         if (g->last_use < lru->last_use) lru = g;
     }
     if (lru->exec) cudaGraphExecDestroy(lru->exec);
-    *lru = (struct graph_slot){.n_tok = n_tok, .n_out = n_out, .n_am = n_am, .last_use = c->graph_clock};
+    *lru = (struct graph_slot){.sh = *sh, .last_use = c->graph_clock};
     return lru;
 }
 
@@ -630,7 +644,7 @@ static bool graph_capture(struct cuda_be *c, struct graph_slot *g)
     struct step cap = {c, cudaSuccess, CUBLAS_STATUS_SUCCESS, NULL};
     cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
     if (e == cudaSuccess) {
-        enqueue_compute(&cap, g->n_tok, g->n_out, g->n_am);
+        enqueue_compute(&cap, &g->sh);
         e = cudaStreamEndCapture(c->stream, &graph);
     }
     if (e == cudaSuccess && !cap.what) e = cudaGraphInstantiate(&g->exec, graph, 0);
@@ -657,18 +671,26 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     if (n_tok > 0x7fffffff / hp->n_head)
         return kvb_errf(err, KVB_ERR_RANGE, "a step of %lld tokens is too large", (long long)n_tok);
     KVB_FORWARD_IF_ERROR(cu_check(cudaSetDevice(c->device), err, "select device"));
+    struct step_shape ss = {n_tok, n_out, n_am, 0};
     struct step_layout lo;
-    layout_of(n_tok, n_out, n_am, n_tab, &lo);
+    layout_of(&ss, n_tab, &lo);
     KVB_FORWARD_IF_ERROR(ensure_step(c, n_tok, n_out, lo.end, err));
 
     /* Step indices. Output rows are every row the head computes, greedy
      * ones included; `arows` says which of them are greedy. */
     int32_t *tok = c->h_idx + lo.tok, *pos = c->h_idx + lo.pos, *tab = c->h_idx + lo.tab;
     int32_t *rows = c->h_idx + lo.rows, *arows = c->h_idx + lo.arows, *blocks = c->h_idx + lo.blocks;
+    int32_t *tiles = c->h_idx + lo.tiles;
     const int32_t *h_amax = c->h_idx + lo.amax;
     int64_t t = 0, r = 0, nb = 0, na = 0;
     for (int32_t i = 0; i < batch->n_seqs; i++) {
         const struct be_seq *sq = &batch->seqs[i];
+        /* Tensor-core attention tiles: runs of the sequence's tokens. */
+        for (int32_t j = 0; c->attn_tile > 0 && j < sq->n_tokens; j += c->attn_tile) {
+            tiles[2 * ss.n_tiles] = (int32_t)t + j;
+            tiles[2 * ss.n_tiles + 1] = sq->n_tokens - j < c->attn_tile ? sq->n_tokens - j : c->attn_tile;
+            ss.n_tiles++;
+        }
         for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
             tok[t] = sq->tokens[j];
             pos[t] = sq->pos + j;
@@ -691,7 +713,7 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     step_cu(&s, cudaMemcpyAsync(c->d_idx, c->h_idx, (size_t)lo.end * 4, cudaMemcpyHostToDevice, cs), "upload indices");
     bool done = false;
     if (c->graphs && n_tok <= GRAPH_MAX_TOK && !s.what) {
-        struct graph_slot *g = graph_slot_of(c, n_tok, n_out, n_am);
+        struct graph_slot *g = graph_slot_of(c, &ss);
         /* The first step of a shape runs as usual (it also warms cuBLAS's
          * choice of kernels up); the second is captured. */
         if (!g->exec && ++g->seen >= 2) graph_capture(c, g);
@@ -701,7 +723,7 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
             done = true;
         }
     }
-    if (!done) enqueue_compute(&s, n_tok, n_out, n_am);
+    if (!done) enqueue_compute(&s, &ss);
     if (n_am > 0 && !s.what)
         step_cu(&s, cudaMemcpyAsync((void *)h_amax, c->d_idx + lo.amax, (size_t)n_am * 4, cudaMemcpyDeviceToHost, cs),
                 "download greedy choices");
@@ -810,6 +832,13 @@ static enum kvb_status cuda_block_write(struct backend *be, int32_t block, const
 
 /* ---- creation ---------------------------------------------------------------------------- */
 
+static void name_kernels(struct cuda_be *c)
+{
+    snprintf(c->kernels_name, sizeof c->kernels_name, "cuda bf16 cuBLAS, %s attention%s%s",
+             c->attn_tile ? "tensor-core" : "f32", c->det ? ", deterministic tiles" : "", c->graphs ? ", graphs" : "");
+    c->be.kernels = c->kernels_name;
+}
+
 enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts *o, struct backend **out,
                                struct kvb_err *err)
 {
@@ -833,10 +862,8 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->det = o->deterministic;
     c->graphs = o->graphs;
     c->be.name = "cuda";
-    static const char *const names[2][2] = {{"cuda bf16 cuBLAS", "cuda bf16 cuBLAS, graphs"},
-                                            {"cuda bf16 cuBLAS, deterministic tiles",
-                                             "cuda bf16 cuBLAS, deterministic tiles, graphs"}};
-    c->be.kernels = names[o->deterministic][o->graphs];
+    c->attn_tile = o->attn_warp ? 0 : kcu_attn_tc_tile_tokens(hp->n_head, hp->n_head_kv, hp->head_dim);
+    name_kernels(c);
     c->be.impl = c;
     c->be.forward = cuda_forward;
     c->be.kv_block_read = cuda_block_read;
@@ -937,6 +964,7 @@ void be_cuda_set_graphs(struct backend *be, bool on)
     cudaStreamSynchronize(c->stream);
     graphs_clear(c);
     c->graphs = on;
+    name_kernels(c);
     c->graph_off[0] = '\0';
     c->graph_launches = 0;
 }

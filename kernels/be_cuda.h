@@ -65,6 +65,10 @@ struct be_cuda_opts {
      * shape). Same results bit for bit; switched off by itself, with the
      * reason kept, if a capture fails. */
     bool graphs;
+    /* Attention by kcu_attn (a thread block per token and head, f32
+     * products) even where the tensor-core kernel takes the head size (64,
+     * 128): for comparing the two. */
+    bool attn_warp;
 };
 
 #define BE_CUDA_DET_ROWS 128

@@ -141,6 +141,27 @@ cudaError_t kcu_attn(float *out, const float *q, int64_t q_ld, const struct kcu_
 cudaError_t kcu_attn_bf16(uint16_t *out, const float *q, int64_t q_ld, const struct kcu_paged *kv, int32_t n_head,
                           int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream);
 
+/* ---- k_attn_tc.cu ----------------------------------------------------------- */
+
+/* Tokens per tile of kcu_attn_tc for this head layout (64 / group), or 0
+ * when it does not take it (head_dim other than 64 or 128): use kcu_attn. */
+int32_t kcu_attn_tc_tile_tokens(int32_t n_head, int32_t n_head_kv, int32_t head_dim);
+
+/* kcu_attn's result (same contract, same arguments) on tensor cores: Q
+ * (times scale) and the softmax weights rounded to fp16 for the products,
+ * so it matches the C reference to fp16 rounding, not f32. tiles
+ * (n_tiles, 2): first token and token count of each tile, consecutive
+ * tokens of one sequence at consecutive positions, at most
+ * kcu_attn_tc_tile_tokens of them; every token of the step in exactly one
+ * tile. A token's bits do not depend on its tile or its tile mates.
+ * cudaErrorInvalidValue for a layout it does not take. */
+cudaError_t kcu_attn_tc(float *out, const float *q, int64_t q_ld, const struct kcu_paged *kv, const int32_t *tiles,
+                        int32_t n_tiles, int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale,
+                        cudaStream_t stream);
+cudaError_t kcu_attn_tc_bf16(uint16_t *out, const float *q, int64_t q_ld, const struct kcu_paged *kv,
+                             const int32_t *tiles, int32_t n_tiles, int32_t n_head, int32_t n_head_kv,
+                             int32_t head_dim, float scale, cudaStream_t stream);
+
 /* ---- k_gemm.c (cuBLAS) ------------------------------------------------------ */
 
 /* y = x · wᵀ: x (n_tok, n_in) bf16, w (n_out, n_in) bf16 as GGUF stores a

@@ -5,7 +5,9 @@
 # no download, no file, ~3 GB of host memory).
 #   scripts/bench-gpu.sh DIR [BUILD_DIR]
 # Prints (and writes to DIR/bench.txt):
-#  - `bench_gpu bench`: the bf16 GEMM rate of this GPU, prefill tokens/s
+#  - `bench_gpu bench`: the bf16 GEMM rate of this GPU; one layer's
+#    attention by the f32 kernel and on tensor cores (prefill and decode
+#    shapes below); prefill tokens/s
 #    (8 x 512 tokens per step) against it, and the decode step time at batch
 #    1 and 256 (context 512) against the HBM bound (bytes read per step /
 #    4.8 TB/s); then the same with --deterministic unless BENCH_DET=0;

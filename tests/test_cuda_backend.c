@@ -74,13 +74,17 @@
 
 enum { BS = 16, POOL = 12, LEN_A = 38, LEN_B = 31, GREEDY = 16 };
 
+/* A CUDA backend with the f32 attention kernel (kcu_attn) forced. */
+static bool attn_warp;
+
 static struct backend *make_be(const struct model *m, bool cuda, bool det)
 {
     struct backend *be = NULL;
     struct kvb_err err = {{0}};
     enum kvb_status st;
     if (cuda) {
-        struct be_cuda_opts o = {.device = 0, .block_size = BS, .n_blocks = POOL, .deterministic = det};
+        struct be_cuda_opts o = {
+            .device = 0, .block_size = BS, .n_blocks = POOL, .deterministic = det, .attn_warp = attn_warp};
         st = be_cuda_create(m, &o, &be, &err);
     } else {
         struct be_cpu_opts o = {.n_threads = 0, .block_size = BS, .n_blocks = POOL, .impl = MM_IMPL_AUTO};
@@ -628,6 +632,15 @@ static void check_model(const char *label, const struct model *m, const struct m
     if (!step2(cpu, a, b, false, lc + 38 * (int64_t)nv) || !step2(gpu, a, b, false, lg + 38 * (int64_t)nv)) goto done;
     compare_rows(label, "step 2: decode 1 + chunk 10 (all)", lg + 38 * (int64_t)nv, lc + 38 * (int64_t)nv, 11, nv, false);
     compare_rows(label, "both steps", lg, lc, 49, nv, top1_vs_cpu);
+    /* The other attention kernel (f32 where tensor cores take the heads). */
+    {
+        attn_warp = true;
+        struct backend *gw = make_be(m, true, false);
+        attn_warp = false;
+        if (gw && step1(gw, a, b, false, lx) && step2(gw, a, b, false, lx + 38 * (int64_t)nv))
+            compare_rows(label, "both steps, f32 attention kernel", lx, lc, 49, nv, top1_vs_cpu);
+        be_free(gw);
+    }
     if (mf) {
         struct backend *ref = make_be(mf, false, false);
         if (ref && step1(ref, a, b, false, lx) && step2(ref, a, b, false, lx + 38 * (int64_t)nv))

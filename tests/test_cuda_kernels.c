@@ -426,6 +426,48 @@ static void test_paged(const struct paged_case *pc)
         compare_bf16_of(name, d_b, got, (int64_t)n_tok * qd);
         cudaFree(d_b);
     }
+    /* Tensor cores, where they take the heads: against the reference to
+     * fp16 rounding of Q and P, and bit for bit the same whatever the
+     * tiling (widest, one token per tile, three). */
+    const int32_t tt = kcu_attn_tc_tile_tokens(pc->n_head, pc->n_head_kv, pc->hd);
+    CHECK_EQ_INT(tt > 0, pc->hd == 64 || pc->hd == 128);
+    if (tt > 0) {
+        int32_t *tiles = malloc(sizeof(int32_t) * 2 * (size_t)n_tok);
+        float *tc[3];
+        const int32_t widths[3] = {tt, 1, tt < 3 ? tt : 3};
+        int32_t *d_tiles[3];
+        int32_t n_tiles[3];
+        for (int w = 0; w < 3; w++) {
+            int32_t nt = 0;
+            for (int s = 0, t = 0; s < N_SEQ; t += seq_new[s], s++)
+                for (int32_t j = 0; j < seq_new[s]; j += widths[w], nt++) {
+                    tiles[2 * nt] = t + j;
+                    tiles[2 * nt + 1] = seq_new[s] - j < widths[w] ? seq_new[s] - j : widths[w];
+                }
+            n_tiles[w] = nt;
+            d_tiles[w] = dev_put(tiles, sizeof(int32_t) * 2 * (size_t)nt);
+            float *d_o = dev_put(NULL, sizeof(float) * (size_t)(n_tok * qd));
+            CU(kcu_attn_tc(d_o, d_qkv, ld, &pg, d_tiles[w], nt, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
+            tc[w] = malloc(sizeof(float) * (size_t)(n_tok * qd));
+            dev_get(tc[w], d_o, sizeof(float) * (size_t)(n_tok * qd));
+            cudaFree(d_o);
+        }
+        snprintf(name, sizeof name, "attention tc heads=%d/%d hd=%d tile=%d", pc->n_head, pc->n_head_kv, pc->hd, tt);
+        compare(name, tc[0], ref, (int64_t)n_tok * qd, 1e-6, 1e-2, 2e-3);
+        const size_t bytes = sizeof(float) * (size_t)(n_tok * qd);
+        CHECK_MSG(!memcmp(tc[0], tc[1], bytes) && !memcmp(tc[0], tc[2], bytes),
+                  "%s: the tiling changes a token's bits", name);
+        uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n_tok * (size_t)qd);
+        CU(kcu_attn_tc_bf16(d_b, d_qkv, ld, &pg, d_tiles[1], n_tiles[1], pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
+        snprintf(name, sizeof name, "attention tc->bf16 heads=%d/%d hd=%d", pc->n_head, pc->n_head_kv, pc->hd);
+        compare_bf16_of(name, d_b, tc[0], (int64_t)n_tok * qd);
+        cudaFree(d_b);
+        for (int w = 0; w < 3; w++) {
+            cudaFree(d_tiles[w]);
+            free(tc[w]);
+        }
+        free(tiles);
+    }
 
     cudaFree(d_pool);
     cudaFree(d_qkv);
@@ -590,6 +632,8 @@ static void test_refusals(void)
     CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 2, 512, 1.0f, 0) == cudaErrorInvalidValue); /* head_dim > 256 */
     pg.kv_dim = 3 * 64;
     CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 3, 64, 1.0f, 0) == cudaErrorInvalidValue); /* 4 heads over 3 */
+    CHECK(kcu_attn_tc(NULL, NULL, 0, &pg, NULL, 1, 4, 1, 96, 1.0f, 0) == cudaErrorInvalidValue); /* head 96 */
+    CHECK(kcu_attn_tc_tile_tokens(4, 1, 96) == 0 && kcu_attn_tc_tile_tokens(32, 8, 128) == 16);
     CHECK(kcu_rope(NULL, 0, 1, 1, 64, 128, 0, NULL, NULL, 0) == cudaErrorInvalidValue); /* rope_dim > head_dim */
     CHECK(kcu_add(NULL, NULL, 0, 0) == cudaSuccess); /* empty: nothing enqueued */
     CHECK(kcu_argmax(NULL, NULL, 10, NULL, 1, 20, 0) == cudaErrorInvalidValue); /* rows overlap */

@@ -10,7 +10,7 @@
  *       vocab 128256, untied head) with random bf16 weights (every layer
  *       shares one set of host matrices; each gets its own device copy).
  *       Measures: the bf16 GEMM rate of this GPU (cuBLAS, large shapes);
- *       prefill tokens/s of prefill-seqs x prefill-len tokens in one step,
+ *       one layer's attention by each kernel (bench_attn.c); prefill tokens/s of prefill-seqs x prefill-len tokens in one step,
  *       as TFLOP/s and as a share of that GEMM rate; decode step time at
  *       batch 1 and at --batch, each sequence at position --ctx, against the
  *       HBM bound = bytes read per step / 4.8 TB/s (H200), the bytes being
@@ -260,7 +260,8 @@ static int cmd_bench(int argc, char **argv)
     const char *given = bench_arg_str(argc, argv, "--peak-tflops", NULL); /* skip the measurement */
     const double peak = given ? atof(given) * 1e12 : gemm_peak();
     printf("figure: bf16 GEMM rate (cuBLAS, best of 3 large shapes): %.1f TFLOP/s\n", peak / 1e12);
-    int rc = run_mode(bm.m, false, ctx, batch, pf_seqs, pf_len, steps, peak);
+    int rc = bench_attn(&bm.m->hp, pf_seqs, pf_len, batch, ctx);
+    rc |= run_mode(bm.m, false, ctx, batch, pf_seqs, pf_len, steps, peak);
     if (bench_arg_flag(argc, argv, "--deterministic")) rc |= run_mode(bm.m, true, ctx, batch, pf_seqs, pf_len, steps, peak);
     bench_model_close(&bm);
     return rc;

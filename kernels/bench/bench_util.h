@@ -44,6 +44,12 @@ void bench_model_close(struct bench_model *bm);
  * else the exit status: 77 (no device: skipped) or 1. */
 int bench_open(int argc, char **argv, struct bench_model *out);
 
+/* The attention kernels alone, f32 (kcu_attn) against tensor cores
+ * (kcu_attn_tc) on one layer of hp's heads: a prefill step of pf_seqs x
+ * pf_len tokens and a decode step of `batch` tokens at position ctx. Prints
+ * "figure:" lines; returns 0, or 1 when a launch failed (bench_attn.c). */
+int bench_attn(const struct model_hparams *hp, int pf_seqs, int pf_len, int batch, int ctx);
+
 /* `bench_gpu job …` (bench_job.c); returns the exit status. */
 int bench_cmd_job(int argc, char **argv);
 

@@ -145,6 +145,16 @@ void emu_launch(unsigned grid, unsigned block, cudaStream_t stream, const std::f
 
 void __syncthreads() { barrier_wait(&block_bar); }
 
+void __syncwarp(unsigned mask)
+{
+    (void)mask;
+    if (blockDim.x % 32) {
+        fprintf(stderr, "cuda_emu: __syncwarp in a block of %u threads\n", blockDim.x);
+        abort();
+    }
+    barrier_wait(&warp_bar[threadIdx.x / 32]);
+}
+
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask)
 {
     (void)mask;

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include <functional>
+#include <type_traits>
 
 #include <cublas_v2.h> /* first, so that they see CUDA's own definitions of these: */
 #include <cuda_bf16.h>
@@ -47,6 +48,7 @@ extern emu_dim threadIdx, blockIdx, blockDim, gridDim; /* set for the running fi
 
 void emu_launch(unsigned grid, unsigned block, cudaStream_t stream, const std::function<void()> &fn);
 void __syncthreads();
+void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
 
 /* 16-bit floats travel as their bits (uint16_t). The CUDA headers that
@@ -72,5 +74,66 @@ static inline float emu_uint_as_float(uint32_t u)
 #define __float2bfloat16_rn(f) kvb_f32_to_bf16(f)
 #define __bfloat16_as_ushort(b) ((uint16_t)(b))
 #define __uint_as_float(u) emu_uint_as_float(u)
+
+/* WMMA (mma.h), 16x16x16 shapes only. A fragment here is the whole tile,
+ * held by every lane (CUDA spreads it over the warp's lanes in a layout it
+ * does not specify, which kvbatch's kernels never rely on): each lane loads,
+ * multiplies and stores the full tile, so the results are CUDA's — an f32
+ * dot product per element, k in order — and a warp's lanes agree. Memory
+ * the tile is loaded from must be ready for every lane, as on the GPU. */
+#include <vector_functions.h>
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+    static_assert(M == 16 && N == 16 && K == 16, "cuda_emu: WMMA 16x16x16 only");
+    float x[16][16]; /* [row][col] of the tile: A (m, k), B (k, n), C (m, n) */
+};
+
+template <typename Use, typename T, typename Layout>
+inline void fill_fragment(fragment<Use, 16, 16, 16, T, Layout> &f, float v)
+{
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.x[r][c] = v;
+}
+
+template <typename Use, typename Layout>
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, __half, Layout> &f, const __half *p, unsigned ldm)
+{
+    const uint16_t *h = reinterpret_cast<const uint16_t *>(p);
+    const bool col = std::is_same<Layout, col_major>::value;
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.x[r][c] = kvb_fp16_to_f32(col ? h[c * ldm + r] : h[r * ldm + c]);
+}
+
+inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm, layout_t l)
+{
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) (l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[r][c];
+}
+
+template <typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, __half, LA> &a,
+                     const fragment<matrix_b, 16, 16, 16, __half, LB> &b,
+                     const fragment<accumulator, 16, 16, 16, float> &c)
+{
+    float t[16][16];
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) {
+            float s = c.x[r][n];
+            for (int k = 0; k < 16; k++) s += a.x[r][k] * b.x[k][n];
+            t[r][n] = s;
+        }
+    memcpy(d.x, t, sizeof t);
+}
+} // namespace wmma
+} // namespace nvcuda
 
 #endif

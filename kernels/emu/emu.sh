@@ -27,7 +27,7 @@ for cu in "$root"/kernels/k_*.cu; do
   python3 - "$cu" "$bdir/emu/$(basename "$cu" .cu).cc" <<'PY'
 import re, sys
 src = open(sys.argv[1]).read()
-src = re.sub(r'#include <cuda_(fp16|bf16)\.h>\n', '', src)
+src = re.sub(r'#include <(cuda_fp16|cuda_bf16|mma)\.h>\n', '', src)
 pat = re.compile(r'([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<([^;]*?),\s*([^;]*?),\s*[^;,]*?,\s*([^;,]*?)>>>\(([^;]*)\);')
 out, n = pat.subn(lambda m: 'emu_launch(%s, %s, %s, std::bind(%s, %s));' % (m.group(2), m.group(3), m.group(4), m.group(1), m.group(5)), src)
 if '<<<' in out:

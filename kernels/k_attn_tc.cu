@@ -1,0 +1,244 @@
+/* k_attn_tc.cu — paged attention on tensor cores (WMMA, fp16 in, f32
+ * accumulate), for head sizes 64 and 128 (see kernels.h for the contract).
+ *
+ * k_attn.cu gives each (token, query head) a thread block of its own that
+ * reads the sequence's K/V rows: a prefill chunk of T tokens reads them
+ * T x group times, and every q·k product is a warp-wide shuffle reduction.
+ * Here one thread block takes a tile of consecutive tokens of one sequence
+ * (the caller's `tiles`) and one KV head, i.e. up to 64 rows of
+ * (token, query head of the group), and walks the positions in chunks of
+ * ATC_CHUNK: the chunk's K and V rows are loaded into shared memory once
+ * for all rows, S = Q·Kᵀ and P·V are 16x16x16 matrix products, and an
+ * online softmax (f32, one lane per row) runs between them. A decode token
+ * is a tile of one token: its group's query heads still share each K/V
+ * load.
+ *
+ * Batch independence: a row's result depends on its own query and on the
+ * positions up to its own, visited in chunks that always start at 0 and
+ * advance by ATC_CHUNK; chunks past its position (when a tile mate is
+ * further along) are fully masked and leave its running max, sum and
+ * output bit for bit unchanged (scaled by exp(0) = 1, plus 0). Which tile a
+ * token lands in, and beside whom, does not change its bits.
+ *
+ * Precision: Q (pre-multiplied by the softmax scale) and the probabilities
+ * P are rounded to fp16 for the products, as K and V already are; scores,
+ * the softmax and the output are f32. */
+#include "kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <mma.h>
+
+using namespace nvcuda;
+
+#define ATC_WARPS 4
+#define ATC_ROWS (ATC_WARPS * 16) /* rows of one tile: tokens x query heads of the group */
+#define ATC_CHUNK 32              /* positions per step of the walk */
+
+struct atc_args {
+    float *out;
+    uint16_t *out_bf16;
+    const float *q;
+    int64_t q_ld;
+    struct kcu_paged kv;
+    const int32_t *tiles; /* (n_tiles, 2): first token, token count */
+    int32_t n_head_kv, group;
+    float scale;
+};
+
+/* Shared memory of one block. Q is staged through `kv` before the walk
+ * starts (each warp keeps its rows' Q in fragments), so it needs no room
+ * of its own. Rows are padded by 8 halves: 16-byte aligned for WMMA, and
+ * consecutive rows start in different banks. */
+template <int HD>
+struct atc_smem {
+    union {
+        uint16_t q[ATC_ROWS][HD + 8];
+        struct {
+            uint16_t k[ATC_CHUNK][HD + 8];
+            uint16_t v[ATC_CHUNK][HD + 8];
+        } kv;
+    } u;
+    float s[ATC_WARPS][16][ATC_CHUNK]; /* scores of the chunk */
+    uint16_t p[ATC_WARPS][16][ATC_CHUNK]; /* probabilities, fp16 */
+    float pv[ATC_WARPS][16][16];        /* one 16-column slice of P·V */
+    float corr[ATC_WARPS][16];          /* this chunk's rescaling of each row */
+    float l[ATC_WARPS][16];             /* each row's softmax sum */
+};
+
+template <int HD>
+__global__ static void __launch_bounds__(ATC_WARPS * 32) atc_kernel(struct atc_args a)
+{
+    __shared__ __align__(128) atc_smem<HD> sm;
+    const int32_t tile = blockIdx.x / a.n_head_kv, g = blockIdx.x % a.n_head_kv;
+    const int32_t t0 = a.tiles[2 * tile], n_t = a.tiles[2 * tile + 1], G = a.group;
+    const int32_t n_rows = n_t * G;
+    const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const struct kcu_paged *kv = &a.kv;
+    const int32_t bs = kv->block_size;
+    const int64_t kvd = kv->kv_dim;
+    const int64_t k_off = (int64_t)kv->layer * 2 * bs * kvd + (int64_t)g * HD;
+    const int64_t v_off = ((int64_t)kv->layer * 2 + 1) * bs * kvd + (int64_t)g * HD;
+    const int32_t *table = kv->blocks + kv->tok_table[t0];
+    const int32_t pos0 = kv->tok_pos[t0];
+    const int32_t n_pos = pos0 + n_t; /* positions the tile's last token sees */
+
+    /* Q rows, scaled, as fp16: row r = token t0 + r / G, query head g*G + r % G. */
+    for (int32_t i = threadIdx.x; i < ATC_ROWS * HD; i += blockDim.x) {
+        const int32_t r = i / HD, d = i % HD;
+        float x = 0.0f;
+        if (r < n_rows) x = a.q[(int64_t)(t0 + r / G) * a.q_ld + (int64_t)(g * G + r % G) * HD + d] * a.scale;
+        sm.u.q[r][d] = __half_as_ushort(__float2half_rn(x));
+    }
+    __syncthreads();
+    const bool active = warp * 16 < n_rows; /* warp-uniform */
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> qf[HD / 16];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wmma::load_matrix_sync(qf[kk], reinterpret_cast<const __half *>(&sm.u.q[warp * 16][kk * 16]), HD + 8);
+    /* This lane's share of the output: element e of slice n is row
+     * (lane*8 + e) / 16, column n*16 + (lane*8 + e) % 16 of the warp's rows. */
+    float o[HD / 16][8];
+#pragma unroll
+    for (int n = 0; n < HD / 16; n++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[n][e] = 0.0f;
+    /* The softmax takes two lanes per row: lanes r and r + 16 take row r's
+     * positions [0, 16) and [16, 32) of each chunk, and keep the same m, l. */
+    float m = -INFINITY, l = 0.0f;
+    const int32_t my_row = warp * 16 + lane % 16, half = lane / 16;
+    const int32_t my_pos = my_row < n_rows ? pos0 + my_row / G : -1;
+    __syncthreads(); /* Q is in fragments: its staging becomes the K/V chunk */
+
+    for (int32_t c0 = 0; c0 < n_pos; c0 += ATC_CHUNK) {
+        /* 8 halves (16 bytes) per load: head offsets and rows are multiples of 8. */
+        for (int32_t i = threadIdx.x; i < ATC_CHUNK * HD / 8; i += blockDim.x) {
+            const int32_t c = i / (HD / 8), d = i % (HD / 8) * 8, p = c0 + c;
+            uint4 kx = make_uint4(0, 0, 0, 0), vx = kx; /* past the end: zeros, masked anyway */
+            if (p < n_pos) {
+                const uint16_t *base = kv->pool + (int64_t)table[p / bs] * kv->block_elems + (int64_t)(p % bs) * kvd;
+                kx = *reinterpret_cast<const uint4 *>(base + k_off + d);
+                vx = *reinterpret_cast<const uint4 *>(base + v_off + d);
+            }
+            *reinterpret_cast<uint4 *>(&sm.u.kv.k[c][d]) = kx;
+            *reinterpret_cast<uint4 *>(&sm.u.kv.v[c][d]) = vx;
+        }
+        __syncthreads();
+        if (active) {
+            /* S = Q·Kᵀ for the warp's 16 rows and the chunk's positions. */
+#pragma unroll
+            for (int n = 0; n < ATC_CHUNK / 16; n++) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+                wmma::fill_fragment(sf, 0.0f);
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> kf;
+                    wmma::load_matrix_sync(kf, reinterpret_cast<const __half *>(&sm.u.kv.k[n * 16][kk * 16]), HD + 8);
+                    wmma::mma_sync(sf, qf[kk], kf, sf);
+                }
+                wmma::store_matrix_sync(&sm.s[warp][0][n * 16], sf, ATC_CHUNK, wmma::mem_row_major);
+            }
+            __syncwarp();
+            /* Online softmax. The halves' partial max and sum are combined
+             * with one exchange; a + b == b + a, so both lanes agree. */
+            {
+                const int r = lane % 16, cb = half * (ATC_CHUNK / 2);
+                float cmax = -INFINITY;
+                for (int c = cb; c < cb + ATC_CHUNK / 2; c++)
+                    if (c0 + c <= my_pos) cmax = fmaxf(cmax, sm.s[warp][r][c]);
+                cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, 16));
+                const float m_new = fmaxf(m, cmax);
+                /* A row with nothing to see yet (only padding rows: every
+                 * real row sees position 0 in the first chunk) stays at 0. */
+                const float corr = m_new == -INFINITY ? 1.0f : expf(m - m_new);
+                float sum = 0.0f;
+                for (int c = cb; c < cb + ATC_CHUNK / 2; c++) {
+                    const float e = c0 + c <= my_pos ? expf(sm.s[warp][r][c] - m_new) : 0.0f;
+                    sum += e;
+                    sm.p[warp][r][c] = __half_as_ushort(__float2half_rn(e));
+                }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+                l = l * corr + sum;
+                m = m_new;
+                if (half == 0) sm.corr[warp][r] = corr;
+            }
+            __syncwarp();
+            /* O = O * corr + P·V, one 16-column slice at a time. */
+#pragma unroll
+            for (int n = 0; n < HD / 16; n++) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
+                wmma::fill_fragment(of, 0.0f);
+#pragma unroll
+                for (int kk = 0; kk < ATC_CHUNK / 16; kk++) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> pf;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> vf;
+                    wmma::load_matrix_sync(pf, reinterpret_cast<const __half *>(&sm.p[warp][0][kk * 16]), ATC_CHUNK);
+                    wmma::load_matrix_sync(vf, reinterpret_cast<const __half *>(&sm.u.kv.v[kk * 16][n * 16]), HD + 8);
+                    wmma::mma_sync(of, pf, vf, of);
+                }
+                wmma::store_matrix_sync(&sm.pv[warp][0][0], of, 16, wmma::mem_row_major);
+                __syncwarp();
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const int idx = lane * 8 + e, r = idx / 16, col = idx % 16;
+                    o[n][e] = o[n][e] * sm.corr[warp][r] + sm.pv[warp][r][col];
+                }
+                __syncwarp();
+            }
+        }
+        __syncthreads(); /* the next chunk overwrites K and V */
+    }
+
+    if (!active) return;
+    if (half == 0) sm.l[warp][lane] = l;
+    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < HD / 16; n++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int idx = lane * 8 + e, r = warp * 16 + idx / 16, col = n * 16 + idx % 16;
+            if (r >= n_rows) continue;
+            const float x = o[n][e] / sm.l[warp][idx / 16];
+            const int64_t at = (int64_t)(t0 + r / G) * ((int64_t)a.n_head_kv * G * HD) + (int64_t)(g * G + r % G) * HD + col;
+            if (a.out) a.out[at] = x;
+            else a.out_bf16[at] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+        }
+}
+
+extern "C" int32_t kcu_attn_tc_tile_tokens(int32_t n_head, int32_t n_head_kv, int32_t head_dim)
+{
+    if (n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || (head_dim != 64 && head_dim != 128)) return 0;
+    const int32_t group = n_head / n_head_kv;
+    return group <= ATC_ROWS ? ATC_ROWS / group : 0;
+}
+
+static cudaError_t atc_launch(float *out, uint16_t *out_bf16, const float *q, int64_t q_ld,
+                              const struct kcu_paged *kv, const int32_t *tiles, int32_t n_tiles, int32_t n_head,
+                              int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream)
+{
+    if (kcu_attn_tc_tile_tokens(n_head, n_head_kv, head_dim) == 0 || n_tiles < 0 || kv->block_size <= 0 ||
+        kv->kv_dim != n_head_kv * head_dim)
+        return cudaErrorInvalidValue;
+    if (n_tiles == 0) return cudaSuccess;
+    if ((int64_t)n_tiles * n_head_kv > 0x7fffffff) return cudaErrorInvalidValue;
+    struct atc_args a = {out, out_bf16, q, q_ld, *kv, tiles, n_head_kv, n_head / n_head_kv, scale};
+    const unsigned grid = (unsigned)(n_tiles * n_head_kv);
+    if (head_dim == 64) atc_kernel<64><<<grid, ATC_WARPS * 32, 0, stream>>>(a);
+    else atc_kernel<128><<<grid, ATC_WARPS * 32, 0, stream>>>(a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kcu_attn_tc(float *out, const float *q, int64_t q_ld, const struct kcu_paged *kv,
+                                   const int32_t *tiles, int32_t n_tiles, int32_t n_head, int32_t n_head_kv,
+                                   int32_t head_dim, float scale, cudaStream_t stream)
+{
+    return atc_launch(out, NULL, q, q_ld, kv, tiles, n_tiles, n_head, n_head_kv, head_dim, scale, stream);
+}
+
+extern "C" cudaError_t kcu_attn_tc_bf16(uint16_t *out, const float *q, int64_t q_ld, const struct kcu_paged *kv,
+                                        const int32_t *tiles, int32_t n_tiles, int32_t n_head, int32_t n_head_kv,
+                                        int32_t head_dim, float scale, cudaStream_t stream)
+{
+    return atc_launch(NULL, out, q, q_ld, kv, tiles, n_tiles, n_head, n_head_kv, head_dim, scale, stream);
+}
