@@ -5,7 +5,12 @@
  * until the barrier's generation moves on, which happens when the last of its
  * members arrives. If a whole round passes with every live fiber waiting and
  * no barrier completing, the kernel is deadlocked (e.g. __syncthreads()
- * inside a branch some threads skip): reported, then abort(). */
+ * inside a branch some threads skip): reported, then abort().
+ *
+ * Between two barriers the fibers run one after another, so a missing
+ * barrier goes unnoticed when the writer happens to run before the reader.
+ * EMU_ORDER=reverse resumes them last thread first: running the tests both
+ * ways turns such races into wrong results one way or the other. */
 #include "cuda_emu.h"
 
 #include <stdio.h>
@@ -71,8 +76,19 @@ void fiber_init(fiber *f)
     f->done = false;
 }
 
+bool reverse_order()
+{
+    static int r = -1;
+    if (r < 0) {
+        const char *s = getenv("EMU_ORDER");
+        r = s && !strcmp(s, "reverse");
+    }
+    return r;
+}
+
 void run_block(unsigned n)
 {
+    const bool rev = reverse_order();
     n_fibers = n;
     for (unsigned i = 0; i < n; i++) fiber_init(&fibers[i]);
     block_bar = {n, 0, 0};
@@ -81,7 +97,8 @@ void run_block(unsigned n)
     while (live) {
         const unsigned before = progress;
         live = 0;
-        for (unsigned i = 0; i < n; i++) {
+        for (unsigned k = 0; k < n; k++) {
+            const unsigned i = rev ? n - 1 - k : k;
             if (fibers[i].done) continue;
             cur = i;
             threadIdx = {i, 0, 0};
@@ -144,6 +161,28 @@ void emu_launch(unsigned grid, unsigned block, cudaStream_t stream, const std::f
 }
 
 void __syncthreads() { barrier_wait(&block_bar); }
+
+/* mma_sync's gathering of the warp's shares of A, B and C (see cuda_emu.h). */
+void emu_wmma_exchange(const float *a, const float *b, const float *c, float *d)
+{
+    static float xa[EMU_MAX_THREADS / 32][256], xb[EMU_MAX_THREADS / 32][256], xc[EMU_MAX_THREADS / 32][256];
+    const unsigned w = threadIdx.x / 32, l = threadIdx.x % 32;
+    for (unsigned i = l; i < 256; i += 32) {
+        xa[w][i] = a[i];
+        xb[w][i] = b[i];
+        xc[w][i] = c[i];
+    }
+    __syncwarp();
+    float t[256];
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) {
+            float s = xc[w][r * 16 + n];
+            for (int k = 0; k < 16; k++) s += xa[w][r * 16 + k] * xb[w][k * 16 + n];
+            t[r * 16 + n] = s;
+        }
+    __syncwarp(); /* every lane has read the exchange before the next mma fills it */
+    memcpy(d, t, sizeof t);
+}
 
 void __syncwarp(unsigned mask)
 {

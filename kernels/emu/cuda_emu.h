@@ -75,13 +75,17 @@ static inline float emu_uint_as_float(uint32_t u)
 #define __bfloat16_as_ushort(b) ((uint16_t)(b))
 #define __uint_as_float(u) emu_uint_as_float(u)
 
-/* WMMA (mma.h), 16x16x16 shapes only. A fragment here is the whole tile,
- * held by every lane (CUDA spreads it over the warp's lanes in a layout it
- * does not specify, which kvbatch's kernels never rely on): each lane loads,
- * multiplies and stores the full tile, so the results are CUDA's — an f32
- * dot product per element, k in order — and a warp's lanes agree. Memory
- * the tile is loaded from must be ready for every lane, as on the GPU. */
+/* WMMA (mma.h), 16x16x16 shapes only. As on the GPU, a fragment is spread
+ * over the warp: each lane loads and stores only its share of the tile
+ * (elements i*16+j with (i*16+j) % 32 == lane; CUDA's layout is another,
+ * unspecified one, which kvbatch's kernels never rely on) at its own time,
+ * and mma_sync gathers the shares through a per-warp exchange, between warp
+ * barriers. A load reads before the warp meets, a store writes after: so
+ * memory a lane reads into a fragment before another lane has written it,
+ * or a stored tile read before a __syncwarp, gives wrong results. The products are an f32 dot
+ * product per element, k in order. */
 #include <vector_functions.h>
+void emu_wmma_exchange(const float *a, const float *b, const float *c, float *d);
 namespace nvcuda {
 namespace wmma {
 struct matrix_a {};
@@ -94,14 +98,15 @@ enum layout_t { mem_row_major, mem_col_major };
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
     static_assert(M == 16 && N == 16 && K == 16, "cuda_emu: WMMA 16x16x16 only");
-    float x[16][16]; /* [row][col] of the tile: A (m, k), B (k, n), C (m, n) */
+    float x[256]; /* element i*16+j: A (m, k), B (k, n), C (m, n); this lane's share valid */
 };
+
+inline bool emu_mine(int idx) { return idx % 32 == (int)(threadIdx.x % 32); }
 
 template <typename Use, typename T, typename Layout>
 inline void fill_fragment(fragment<Use, 16, 16, 16, T, Layout> &f, float v)
 {
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16; c++) f.x[r][c] = v;
+    for (int i = 0; i < 256; i++) f.x[i] = v;
 }
 
 template <typename Use, typename Layout>
@@ -109,14 +114,22 @@ inline void load_matrix_sync(fragment<Use, 16, 16, 16, __half, Layout> &f, const
 {
     const uint16_t *h = reinterpret_cast<const uint16_t *>(p);
     const bool col = std::is_same<Layout, col_major>::value;
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16; c++) f.x[r][c] = kvb_fp16_to_f32(col ? h[c * ldm + r] : h[r * ldm + c]);
+    for (int i = 0; i < 256; i++) {
+        const int r = i / 16, c = i % 16;
+        f.x[i] = emu_mine(i) ? kvb_fp16_to_f32(col ? h[c * ldm + r] : h[r * ldm + c]) : NAN;
+    }
+    __syncwarp();
 }
 
+/* The warp meets first, then each lane stores its share and goes on: what
+ * other lanes stored is there only after a __syncwarp. */
 inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm, layout_t l)
 {
-    for (int r = 0; r < 16; r++)
-        for (int c = 0; c < 16; c++) (l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[r][c];
+    __syncwarp();
+    for (int i = 0; i < 256; i++) {
+        const int r = i / 16, c = i % 16;
+        if (emu_mine(i)) (l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[i];
+    }
 }
 
 template <typename LA, typename LB>
@@ -124,14 +137,7 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment
                      const fragment<matrix_b, 16, 16, 16, __half, LB> &b,
                      const fragment<accumulator, 16, 16, 16, float> &c)
 {
-    float t[16][16];
-    for (int r = 0; r < 16; r++)
-        for (int n = 0; n < 16; n++) {
-            float s = c.x[r][n];
-            for (int k = 0; k < 16; k++) s += a.x[r][k] * b.x[k][n];
-            t[r][n] = s;
-        }
-    memcpy(d.x, t, sizeof t);
+    emu_wmma_exchange(a.x, b.x, c.x, d.x);
 }
 } // namespace wmma
 } // namespace nvcuda
