@@ -91,6 +91,7 @@ struct cuda_be {
     int64_t q_dim, kv_dim, qkv_dim; /* n_head*hd, n_head_kv*hd, q_dim + 2*kv_dim */
     int64_t block_elems;            /* fp16 elements of one KV block */
     int32_t attn_tile;              /* tokens per tensor-core attention tile; 0: kcu_attn instead */
+    int32_t n_sm;                   /* multiprocessors: below that many tiles x KV heads, kcu_attn */
     char kernels_name[96];          /* be.kernels */
 
     struct cu_layer *layers;        /* (n_layer) host array of device pointers */
@@ -702,6 +703,12 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
         memcpy(blocks + nb, sq->block_table, sizeof(int32_t) * (size_t)sq->n_blocks);
         nb += sq->n_blocks;
     }
+    /* Too few tiles to fill the GPU (a few decode tokens): the tensor-core
+     * kernel would run one busy warp per block on a handful of
+     * multiprocessors, where kcu_attn spreads every head's positions over
+     * eight warps. Not in deterministic mode, where a token must always go
+     * through the same kernel. */
+    if (!c->det && ss.n_tiles * hp->n_head_kv < c->n_sm) ss.n_tiles = 0;
     cudaStream_t cs = c->stream;
     struct step s = {c, cudaSuccess, CUBLAS_STATUS_SUCCESS, NULL};
 
@@ -892,6 +899,9 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     }
     c->be.n_threads = tpool_size(c->pool);
     st = cu_check(cudaSetDevice(o->device), err, "select device");
+    struct cudaDeviceProp prop;
+    if (st == KVB_OK) st = cu_check(cudaGetDeviceProperties(&prop, o->device), err, "device properties");
+    if (st == KVB_OK) c->n_sm = prop.multiProcessorCount;
     if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err, "create stream");
     if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking), err, "create stream");
     if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking), err, "create stream");

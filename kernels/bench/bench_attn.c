@@ -120,11 +120,15 @@ static int run_case(const struct model_hparams *hp, const struct attn_case *ac)
 
 int bench_attn(const struct model_hparams *hp, int pf_seqs, int pf_len, int batch, int ctx)
 {
-    char pf[64], dec[64];
+    /* Decode at batch 1 too: be_cuda takes kcu_attn for steps too small to
+     * fill the GPU with tiles (outside deterministic mode); this says
+     * whether it should. */
+    char pf[64], dec[64], dec1[64];
     snprintf(pf, sizeof pf, "prefill %d x %d", pf_seqs, pf_len);
     snprintf(dec, sizeof dec, "decode %d at %d", batch, ctx);
-    const struct attn_case cases[2] = {{pf, pf_seqs, pf_len, 0}, {dec, batch, 1, ctx}};
+    snprintf(dec1, sizeof dec1, "decode 1 at %d", ctx);
+    const struct attn_case cases[3] = {{pf, pf_seqs, pf_len, 0}, {dec, batch, 1, ctx}, {dec1, 1, 1, ctx}};
     int rc = 0;
-    for (int i = 0; i < 2; i++) rc |= run_case(hp, &cases[i]);
+    for (int i = 0; i < 3; i++) rc |= run_case(hp, &cases[i]);
     return rc;
 }
