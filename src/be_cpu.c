@@ -427,12 +427,18 @@ static enum kvb_status cpu_block_write(struct backend *be, int32_t block, const 
     return KVB_OK;
 }
 
-/* One weight into the form the kernels read; a new buffer is kept. */
+/* One weight into the form the kernels read; a new buffer is kept, and the
+ * file's copy leaves resident memory (read again only if something else,
+ * such as the CUDA backend's upload, touches it): the model is held once,
+ * not twice. */
 static enum kvb_status pack_one(struct cpu_be *c, const struct mm_weight *w, struct mm_weight *out)
 {
     void *owned = NULL;
     KVB_FORWARD_IF_ERROR(mm_pack_weight(c->mm, w, out, &owned));
-    if (owned) c->packed[c->n_packed++] = owned;
+    if (owned) {
+        c->packed[c->n_packed++] = owned;
+        gguf_release_pages(c->m->gguf, w->data, (size_t)w->n_out * w->row_bytes);
+    }
     return KVB_OK;
 }
 

@@ -671,6 +671,18 @@ void gguf_close(struct gguf_file *f)
     kvb_free(f);
 }
 
+void gguf_release_pages(const struct gguf_file *f, const void *p, size_t n)
+{
+    if (!f || !f->map || !p) return;
+    const uintptr_t lo = (uintptr_t)f->map, hi = lo + (uintptr_t)f->size;
+    uintptr_t a = (uintptr_t)p, b = a + n;
+    if (a < lo || b > hi || b < a) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    a = (a + page - 1) / page * page; /* whole pages only: neighbours may still be in use */
+    b = b / page * page;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 /* ---- queries ------------------------------------------------------------------- */
 
 uint32_t gguf_version(const struct gguf_file *f) { return f->version; }

@@ -89,6 +89,13 @@ enum kvb_status gguf_open_memory(const void *data, uint64_t size, struct gguf_fi
                                  struct kvb_err *err);
 void gguf_close(struct gguf_file *f); /* accepts NULL */
 
+/* Tells the kernel that the whole pages of the mapped file inside
+ * [p, p + n) are not needed for now (a tensor that was copied elsewhere):
+ * they leave the process's resident memory and are read from the file
+ * again if touched. The data stays valid. A no-op for memory that is not
+ * this file's mapping (gguf_open_memory) or on failure. */
+void gguf_release_pages(const struct gguf_file *f, const void *p, size_t n);
+
 uint32_t gguf_version(const struct gguf_file *f);
 uint64_t gguf_n_kv(const struct gguf_file *f);
 const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, uint64_t i);

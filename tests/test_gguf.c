@@ -815,6 +815,48 @@ static void test_alloc_failures(void)
 
 /* ---- the real model -------------------------------------------------------------- */
 
+/* Resident memory of this process in bytes (/proc/self/statm), -1 if unknown. */
+static long long resident_bytes(void)
+{
+    FILE *fp = fopen("/proc/self/statm", "r");
+    long long size = 0, res = -1;
+    if (fp) {
+        if (fscanf(fp, "%lld %lld", &size, &res) != 2) res = -1;
+        fclose(fp);
+    }
+    return res < 0 ? -1 : res * sysconf(_SC_PAGESIZE);
+}
+
+static uint64_t checksum(const uint8_t *p, uint64_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* gguf_release_pages: a tensor read in full, then released, leaves
+ * resident memory (most of its bytes: whole pages only) and reads the same
+ * afterwards; bytes outside the mapping are refused quietly. */
+static void check_release_pages(struct gguf_file *f, const struct gguf_tensor *t)
+{
+    const uint64_t h0 = checksum(t->data, t->n_bytes);
+    const long long before = resident_bytes();
+    gguf_release_pages(f, t->data, (size_t)t->n_bytes);
+    const long long after = resident_bytes();
+    const uint64_t h1 = checksum(t->data, t->n_bytes);
+    const long long after_read = resident_bytes();
+    printf("release pages: %s (%.1f MB): resident %.1f -> %.1f MB, %.1f MB once read again\n", "token_embd.weight",
+           (double)t->n_bytes / 1e6, (double)before / 1e6, (double)after / 1e6, (double)after_read / 1e6);
+    CHECK_MSG(h0 == h1, "the tensor reads differently after its pages were released");
+    if (before > 0 && after > 0)
+        CHECK_MSG(before - after >= (long long)(t->n_bytes * 9 / 10), "released %.1f MB of %.1f MB",
+                  (double)(before - after) / 1e6, (double)t->n_bytes / 1e6);
+    uint8_t outside[64] = {0};
+    gguf_release_pages(f, outside, sizeof outside); /* not the mapping: nothing happens */
+    gguf_release_pages(NULL, t->data, 1);
+    CHECK(outside[0] == 0);
+}
+
 static void test_real_model(void)
 {
     const char *path = tu_env("KVB_MODEL");
@@ -841,6 +883,7 @@ static void test_real_model(void)
         CHECK_EQ_INT(t->ne[0], 576);
         CHECK_EQ_INT(t->ne[1], 49152);
         CHECK_EQ_INT(t->n_bytes, 576ull / 32 * 34 * 49152);
+        check_release_pages(f, t);
     }
     const struct gguf_value *tokens = NULL;
     CHECK(gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VTYPE_STRING, &tokens, &e) == KVB_OK);
