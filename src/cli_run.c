@@ -1,11 +1,13 @@
 /* cli_run.c — `kvbatch run`: option parsing; the work is in runner.c. */
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend_select.h"
 #include "cli.h"
 #include "cli_util.h"
+#include "job_shard.h"
 #include "runner.h"
 
 static void usage(FILE *f)
@@ -25,6 +27,11 @@ static void usage(FILE *f)
         "  -o, --output PATH        the result file (replaced unless --resume)\n"
         "      --metrics DB         SQLite metrics database (default: kvbatch.db beside the output)\n"
         "      --resume             keep the results already in the output, run the rest\n"
+        "      --shard I/N | auto   run shard I (0-based) of N: every shard reads the whole job and\n"
+        "                           takes its share, requests sharing a prompt prefix kept together;\n"
+        "                           auto: from a Slurm job array (SLURM_ARRAY_TASK_ID/_COUNT/_MIN) or\n"
+        "                           a Kubernetes Indexed Job (JOB_COMPLETION_INDEX, KVBATCH_SHARD_COUNT).\n"
+        "                           Give each shard its own --output and --metrics\n"
         "  -t, --threads N          worker threads (default: all cores)\n"
         "      --max-batch N        sequences running at once (default 128)\n"
         "      --max-step-tokens N  tokens per forward pass, prefill chunks and decodes together (default 512)\n"
@@ -55,6 +62,8 @@ static void usage(FILE *f)
         "signal N (results so far are on disk: rerun with --resume).\n");
 }
 
+static const char *env_of(const char *name) { return getenv(name); }
+
 int cli_run(int argc, char **argv)
 {
     char model_path[PATH_MAX];
@@ -75,6 +84,14 @@ int cli_run(int argc, char **argv)
         else if (!strcmp(a, "-i") || cli_opt_is(a, "--input")) { VAL(); o.input_path = val; }
         else if (!strcmp(a, "-o") || cli_opt_is(a, "--output")) { VAL(); o.output_path = val; }
         else if (cli_opt_is(a, "--metrics")) { VAL(); o.metrics_path = val; }
+        else if (cli_opt_is(a, "--shard")) {
+            VAL();
+            struct kvb_err err = {{0}};
+            if (shard_parse(val, env_of, &o.shard_index, &o.shard_count, &err) != KVB_OK) {
+                fprintf(stderr, "kvbatch run: %s\n", err.msg);
+                return CLI_EXIT_USAGE;
+            }
+        }
         else if (!strcmp(a, "--resume")) o.resume = true;
         else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) INT(1, 1024, o.n_threads);
         else if (cli_opt_is(a, "--max-batch")) INT(1, 4096, o.max_batch);

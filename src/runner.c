@@ -22,6 +22,7 @@
 #include "chat.h"
 #include "cli_util.h"
 #include "job.h"
+#include "job_shard.h"
 #include "metrics.h"
 #include "model.h"
 #include "pstore.h"
@@ -86,6 +87,8 @@ struct runner {
     struct job_reader *reader;
     struct job_idset *done_keys; /* resume: keys already in the output */
     struct job_idset *seen_ids;  /* custom_ids met in this input */
+    uint8_t *mine;               /* with --shard: mine[k] = line k+1 is this shard's; else NULL */
+    int64_t n_plan_lines;
     struct metrics_db *db;
     int64_t run_id;
     struct pstore *ps;           /* persistent prefix cache, or NULL */
@@ -427,6 +430,44 @@ oom:
     return false;
 }
 
+static bool prompt_of(void *user, const struct job_request *q, int32_t **ids, size_t *n)
+{
+    struct job_error e;
+    return tokenize_request(user, q, ids, n, &e);
+}
+
+/* --shard: which lines are this shard's (job_shard.h). The whole input is
+ * read and tokenized once more first, so it must be a file. */
+static bool plan_shard(struct runner *r)
+{
+    const struct run_opts *o = r->o;
+    if (!strcmp(o->input_path, "-")) {
+        fprintf(stderr, "kvbatch run: --shard needs the job in a file (every shard reads all of it), not stdin\n");
+        return false;
+    }
+    FILE *f = fopen(o->input_path, "rb");
+    if (!f) {
+        fprintf(stderr, "kvbatch run: cannot open %s: %s\n", o->input_path, strerror(errno));
+        return false;
+    }
+    const double t0 = cli_now();
+    struct kvb_err err = {{0}};
+    int64_t n_mine = 0;
+    enum kvb_status st = shard_plan(f, o->shard_index, o->shard_count, prompt_of, r, &r->mine, &r->n_plan_lines,
+                                    &n_mine, &err);
+    fclose(f);
+    if (st != KVB_OK) {
+        fprintf(stderr, "kvbatch run: --shard: %s\n", err.msg);
+        return false;
+    }
+    r->total_lines = n_mine;
+    if (!o->quiet)
+        fprintf(stderr, "kvbatch run: shard %d of %d (0-based): %lld of %lld lines, grouped by shared prompt prefix "
+                "(planned in %.1f s)\n", o->shard_index, o->shard_count, (long long)n_mine,
+                (long long)r->n_plan_lines, cli_now() - t0);
+    return true;
+}
+
 static struct slot *free_slot_ptr(struct runner *r)
 {
     for (int32_t i = 0; i < r->n_slots; i++)
@@ -449,6 +490,8 @@ static bool admit_line(struct runner *r, bool *eof)
         *eof = true;
         return true;
     }
+    if (r->mine && (ln.line_no > (uint64_t)r->n_plan_lines || !r->mine[ln.line_no - 1]))
+        return true; /* another shard's line (or one written after the plan) */
     if (job_line_is_blank(ln.data, ln.len)) {
         r->lines_done++; /* counted so done reaches the line total */
         return true;
@@ -683,6 +726,7 @@ static bool setup(struct runner *r)
     if (!r->have_tmpl) snprintf(r->tmpl_error, sizeof r->tmpl_error, "%s", err.msg);
 
     r->n_ctx = o->n_ctx > 0 ? o->n_ctx : (r->model->hp.n_ctx_train < 4096 ? r->model->hp.n_ctx_train : 4096);
+    if (o->shard_count > 1 && !plan_shard(r)) return false;
     struct be_select_opts bo = {.device = o->device, .n_threads = o->n_threads, .block_size = o->block_size,
                                 .kv_mem = o->kv_mem, .n_ctx = r->n_ctx, .scalar = o->scalar,
                                 .deterministic = o->deterministic, .cuda_graphs = o->cuda_graphs};
@@ -715,9 +759,10 @@ static bool setup(struct runner *r)
     char settings[512];
     snprintf(settings, sizeof settings,
              "{\"threads\":%d,\"max_batch\":%d,\"max_step_tokens\":%d,\"kv_mem\":%llu,\"block_size\":%d,"
-             "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\"}",
+             "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\",\"shard\":\"%d/%d\"}",
              be_threads(r->be), o->max_batch, o->max_step_tokens, (unsigned long long)o->kv_mem, o->block_size,
-             r->n_ctx, r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be));
+             r->n_ctx, r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be), o->shard_index,
+             o->shard_count > 1 ? o->shard_count : 1);
     struct metrics_run_info ri = {.job_file = o->input_path, .output_file = o->output_path,
                                   .model = o->model_path, .model_fingerprint = r->model->fingerprint,
                                   .backend = r->be->name, .settings = settings};
@@ -737,6 +782,7 @@ static void teardown(struct runner *r)
     for (int32_t i = 0; i < r->n_slots; i++)
         if (r->slots[i].used) free_slot(r, &r->slots[i]);
     kvb_free(r->slots);
+    kvb_free(r->mine);
     sched_free(r->sched);
     pstore_close(r->ps); /* writes what is still queued */
     be_free(r->be);

@@ -39,6 +39,7 @@ struct run_opts {
     bool cache_lossy8;         /* 8-bit lossy cache values */
     uint64_t cache_buffer;     /* bytes of blocks waiting to be written; 0: the store's default */
     bool resume, quiet, scalar;
+    int32_t shard_index, shard_count; /* run only shard_index of shard_count (job_shard.h); count <= 1: all */
 };
 
 /* Exit codes: 0 the job ran to the end (even with bad lines), 1 it could not
