@@ -33,8 +33,9 @@ static void usage(FILE *f)
         "                           a Kubernetes Indexed Job (JOB_COMPLETION_INDEX, KVBATCH_SHARD_COUNT).\n"
         "                           Give each shard its own --output and --metrics\n"
         "  -t, --threads N          worker threads (default: all cores)\n"
-        "      --max-batch N        sequences running at once (default 128)\n"
-        "      --max-step-tokens N  tokens per forward pass, prefill chunks and decodes together (default 512)\n"
+        "      --max-batch N        sequences running at once (default 128 on the CPU, 256 on a GPU)\n"
+        "      --max-step-tokens N  tokens per forward pass, prefill chunks and decodes together\n"
+        "                           (default 512 on the CPU, 4096 on a GPU: large steps keep it busy)\n"
         "      --kv-mem SIZE        memory for the KV cache, e.g. 512M, 2G (default: 1G on the CPU,\n"
         "                           90%% of what the weights leave free on a GPU)\n"
         "      --device DEV         auto | cpu | cuda | cuda:N (default auto: a CUDA device when usable)\n"
@@ -70,8 +71,6 @@ int cli_run(int argc, char **argv)
     cli_default_model(model_path, sizeof model_path);
     struct run_opts o = {
         .model_path = model_path,
-        .max_batch = 128,
-        .max_step_tokens = 512,
         .block_size = 16,
     };
     int64_t v;

@@ -101,6 +101,7 @@ struct runner {
     struct metrics_totals tot;
     double t0, last_progress;
     int32_t n_ctx;
+    int32_t max_batch, max_step; /* o's, or the defaults for the backend in use */
     int64_t created;
 };
 
@@ -734,14 +735,19 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: cannot start the backend: %s\n", err.msg);
         return false;
     }
-    struct sched_opts so = {.max_batch = o->max_batch, .max_step_tokens = o->max_step_tokens, .n_ctx = r->n_ctx};
+    /* A GPU wants many sequences and large steps to be busy; a CPU gains
+     * little beyond these and holds more logits rows for nothing. */
+    const bool gpu = strcmp(r->be->name, "cpu") != 0;
+    r->max_batch = o->max_batch > 0 ? o->max_batch : gpu ? 256 : 128;
+    r->max_step = o->max_step_tokens > 0 ? o->max_step_tokens : gpu ? 4096 : 512;
+    struct sched_opts so = {.max_batch = r->max_batch, .max_step_tokens = r->max_step, .n_ctx = r->n_ctx};
     struct sched_callbacks cb = {.user = r, .on_token = cb_token, .on_finish = cb_finish};
     if (sched_create(r->be, r->model->hp.n_vocab, &so, &cb, &r->sched, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: %s\n", err.msg);
         return false;
     }
     if (!o->no_cache) open_store(r);
-    r->n_slots = o->lookahead > 0 ? o->lookahead : (o->max_batch * 4 > 256 ? o->max_batch * 4 : 256);
+    r->n_slots = o->lookahead > 0 ? o->lookahead : (r->max_batch * 4 > 256 ? r->max_batch * 4 : 256);
     r->slots = kvb_calloc((size_t)r->n_slots, sizeof *r->slots);
     if (!r->slots) {
         fprintf(stderr, "kvbatch run: out of memory\n");
@@ -760,7 +766,7 @@ static bool setup(struct runner *r)
     snprintf(settings, sizeof settings,
              "{\"threads\":%d,\"max_batch\":%d,\"max_step_tokens\":%d,\"kv_mem\":%llu,\"block_size\":%d,"
              "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\",\"shard\":\"%d/%d\"}",
-             be_threads(r->be), o->max_batch, o->max_step_tokens, (unsigned long long)o->kv_mem, o->block_size,
+             be_threads(r->be), r->max_batch, r->max_step, (unsigned long long)o->kv_mem, o->block_size,
              r->n_ctx, r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be), o->shard_index,
              o->shard_count > 1 ? o->shard_count : 1);
     struct metrics_run_info ri = {.job_file = o->input_path, .output_file = o->output_path,
@@ -773,7 +779,7 @@ static bool setup(struct runner *r)
     if (!o->quiet)
         fprintf(stderr, "kvbatch run: %s on %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
                 r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
-                o->block_size, o->max_batch, (long long)r->run_id);
+                o->block_size, r->max_batch, (long long)r->run_id);
     return true;
 }
 

@@ -23,8 +23,8 @@ struct run_opts {
     const char *metrics_path;  /* NULL: kvbatch.db beside the output */
     const char *chat_template; /* NULL: detect from the model */
     int n_threads;             /* <= 0: all cores */
-    int32_t max_batch;         /* sequences running at once */
-    int32_t max_step_tokens;   /* tokens per forward pass */
+    int32_t max_batch;         /* sequences running at once; 0: 128 on the CPU, 256 on a GPU */
+    int32_t max_step_tokens;   /* tokens per forward pass; 0: 512 on the CPU, 4096 on a GPU */
     int32_t block_size;        /* tokens per KV block */
     int32_t n_ctx;             /* 0: min(model's, 4096) */
     int32_t lookahead;         /* requests read ahead for prefix grouping; 0: default */
