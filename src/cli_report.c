@@ -1,9 +1,11 @@
-/* cli_report.c — `kvbatch report DB [--run ID] [--list]`: prints the summary
- * of one run recorded in a metrics database, or the list of its runs. It only
- * reads: a missing database is an error, never created. */
+/* cli_report.c — `kvbatch report DB... [--run ID] [--list]`: prints the
+ * summary of one run recorded in a metrics database, or the list of its
+ * runs, or one summary of the latest runs of several databases (shards). It
+ * only reads: a missing database is an error, never created. */
 #include <stdio.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "cli.h"
 #include "cli_util.h"
 #include "metrics.h"
@@ -12,6 +14,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: kvbatch report DB [--run ID] [--list]\n"
+        "       kvbatch report DB DB...   (the shards of one job, as one run)\n"
         "\n"
         "Summarises a run recorded in the metrics database DB (the --metrics file of\n"
         "`kvbatch run`; by default kvbatch.db beside the output file): status, start and\n"
@@ -21,7 +24,9 @@ static void usage(FILE *f)
         "from the in-run cache and from the persistent cache, and cache bytes read and\n"
         "written. A run that has not ended is summarised from the rows written so far.\n"
         "\n"
-        "  DB               the SQLite metrics database (must exist)\n"
+        "  DB               the SQLite metrics database (must exist). Several: the latest\n"
+        "                   run of each, summarised as one (counts summed, percentiles over\n"
+        "                   all requests, wall time from first start to last end)\n"
         "      --run ID     the run to summarise (default: the latest run)\n"
         "      --list       print one line per run (id, start, status, ok/requests, wall\n"
         "                   time, model, job) instead of a summary\n"
@@ -31,9 +36,18 @@ static void usage(FILE *f)
         "2 bad command line.\n");
 }
 
+/* Whether argv[i] is a database path (not an option or an option's value). */
+static bool is_path_arg(char **argv, int i)
+{
+    const char *a = argv[i];
+    if (a[0] == '-' && a[1] != '\0') return false;
+    /* the value of a separate "--run ID" */
+    return !(i > 1 && !strcmp(argv[i - 1], "--run"));
+}
+
 int cli_report(int argc, char **argv)
 {
-    const char *path = NULL;
+    int n_paths = 0;
     int64_t run_id = METRICS_RUN_LATEST;
     bool list = false;
 
@@ -50,14 +64,11 @@ int cli_report(int argc, char **argv)
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "kvbatch report: unknown option '%s' (see --help)\n", a);
             return CLI_EXIT_USAGE;
-        } else if (!path) {
-            path = a;
         } else {
-            fprintf(stderr, "kvbatch report: more than one database given ('%s' and '%s')\n", path, a);
-            return CLI_EXIT_USAGE;
+            n_paths++;
         }
     }
-    if (!path) {
+    if (n_paths == 0) {
         fprintf(stderr, "kvbatch report: no database given\n");
         usage(stderr);
         return CLI_EXIT_USAGE;
@@ -66,19 +77,34 @@ int cli_report(int argc, char **argv)
         fprintf(stderr, "kvbatch report: --list and --run do not go together\n");
         return CLI_EXIT_USAGE;
     }
+    if (n_paths > 1 && (list || run_id != METRICS_RUN_LATEST)) {
+        fprintf(stderr, "kvbatch report: --list and --run take one database (several are summarised together)\n");
+        return CLI_EXIT_USAGE;
+    }
 
     struct kvb_err err = {{0}};
-    struct metrics_db *db = NULL;
-    enum kvb_status st = metrics_open_existing(path, &db, &err);
-    if (st != KVB_OK) {
-        fprintf(stderr, "kvbatch report: %s\n", err.msg);
-        return CLI_EXIT_FAIL;
+    enum kvb_status st;
+    if (n_paths > 1) {
+        const char **paths = kvb_calloc((size_t)n_paths, sizeof *paths);
+        if (!paths) {
+            fprintf(stderr, "kvbatch report: out of memory\n");
+            return CLI_EXIT_FAIL;
+        }
+        for (int i = 1, k = 0; i < argc; i++)
+            if (is_path_arg(argv, i)) paths[k++] = argv[i];
+        st = metrics_report_combined(paths, n_paths, stdout, &err);
+        kvb_free(paths);
+    } else {
+        const char *path = NULL;
+        for (int i = 1; i < argc && !path; i++)
+            if (is_path_arg(argv, i)) path = argv[i];
+        struct metrics_db *db = NULL;
+        st = metrics_open_existing(path, &db, &err);
+        if (st == KVB_OK) {
+            st = list ? metrics_list_runs(db, stdout, NULL, &err) : metrics_report(db, run_id, stdout, &err);
+            metrics_close(db);
+        }
     }
-    if (list)
-        st = metrics_list_runs(db, stdout, NULL, &err);
-    else
-        st = metrics_report(db, run_id, stdout, &err);
-    metrics_close(db);
     if (st != KVB_OK) {
         fprintf(stderr, "kvbatch report: %s\n", err.msg);
         return CLI_EXIT_FAIL;

@@ -204,4 +204,12 @@ enum kvb_status metrics_report(struct metrics_db *db, int64_t run_id, FILE *out,
  * *n_runs (if non-NULL) receives the number of runs. */
 enum kvb_status metrics_list_runs(struct metrics_db *db, FILE *out, int64_t *n_runs, struct kvb_err *err);
 
+/* metrics_report of the latest run of each of n databases taken as one run
+ * (the shards of a job, `kvbatch run --shard`): counts and tokens summed,
+ * percentiles over all request rows, wall time from the first start to the
+ * last end, status the worst of them (metrics_combine.c). The databases
+ * are only read; the combination is built in a temporary file, removed
+ * before returning. KVB_ERR_NOT_FOUND when a database holds no run. */
+enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *out, struct kvb_err *err);
+
 #endif

@@ -5,7 +5,8 @@ A RAG-shaped job (documents, several questions each, shuffled, plus a bad
 line and a repeated custom_id) is run whole, then as two and as three
 shards: every line is answered by exactly one shard, each document's
 questions by one shard, the texts are those of the whole run (greedy), the
-bad line and the duplicate are reported once; `--shard auto` reads a Slurm
+bad line and the duplicate are reported once, and `kvbatch report` over the
+shards' databases gives the whole run's counts; `--shard auto` reads a Slurm
 job array's variables; stdin and bad values are refused.
 
 Run by ctest (KVB_BIN, KVB_MODEL set); exits 77 to skip without them.
@@ -92,6 +93,14 @@ def main():
             sizes = [sum(len(v) for v in o.values()) for o in outs]
             print(f"{n} shards: {sizes} result lines; each document's questions in one shard")
             check(min(sizes) > 0, f"{n} shards: an empty shard {sizes}")
+            # One report over the shards' metrics: the whole run's counts.
+            rep = subprocess.run([BIN, "report", *[os.path.join(tmp, f"s{i}of{n}.jsonl.db") for i in range(n)]],
+                                 capture_output=True, text=True)
+            whole_rep = subprocess.run([BIN, "report", whole + ".db"], capture_output=True, text=True)
+            line = lambda out, key: next((l for l in out.splitlines() if l.startswith(key)), None)
+            check(rep.returncode == 0 and line(rep.stdout, "requests") == line(whole_rep.stdout, "requests")
+                  and line(rep.stdout, "tokens") == line(whole_rep.stdout, "tokens"),
+                  f"report over {n} shards: {rep.returncode} {rep.stderr}\n{rep.stdout}\nvs\n{whole_rep.stdout}")
         # auto: a Slurm array 3-4 (this task is index 1 of 2)
         env = dict(os.environ, SLURM_ARRAY_TASK_ID="4", SLURM_ARRAY_TASK_COUNT="2", SLURM_ARRAY_TASK_MIN="3")
         auto = os.path.join(tmp, "auto.jsonl")

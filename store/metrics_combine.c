@@ -1,0 +1,126 @@
+/* metrics_combine.c — one report over the latest runs of several metrics
+ * databases (see metrics_report_combined in metrics.h). The runs' rows are
+ * copied into a temporary database of the same schema as run 1 (sources
+ * staged as runs 2..n+1), whose row is then filled with the sums, and the
+ * ordinary report is printed for it: one code path for both reports. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "metrics.h"
+#include "metrics_internal.h"
+
+/* Runs one statement with up to two bound parameters (text, int). */
+static int exec_bound(sqlite3 *sql, const char *q, const char *text, int64_t num)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(sql, q, -1, &st, NULL);
+    if (rc != SQLITE_OK) return rc;
+    if (text) sqlite3_bind_text(st, 1, text, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, num);
+    rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE || rc == SQLITE_ROW ? SQLITE_OK : rc;
+}
+
+#define RUN_COLS                                                                                                  \
+    "job_file, output_file, model, model_fingerprint, backend, settings, started_at, ended_at, status,"          \
+    " requests_total, requests_ok, requests_failed, prompt_tokens, completion_tokens, cached_tokens_run,"        \
+    " cached_tokens_store, prefill_tokens_computed, store_bytes_read, store_bytes_written, wall_seconds"
+#define REQ_COLS                                                                                                  \
+    "custom_id, input_line, prompt_tokens, cached_tokens_run, cached_tokens_store, completion_tokens, queue_s,"  \
+    " ttft_s, tpot_s, e2e_s, finish_reason, error_code, status_code"
+
+/* A sum that is NULL unless every run has the column (totals are NULL until a run ends). */
+#define ALL_SUM(c) "CASE WHEN count(" c ") = count(*) THEN sum(" c ") END"
+
+/* Copies the latest run of `path` into db as run `as`. */
+static enum kvb_status copy_latest(sqlite3 *sql, const char *path, int64_t as, struct kvb_err *err)
+{
+    /* Opening it the usual way first gives the usual messages for a
+     * missing file or someone else's database. */
+    struct metrics_db *src = NULL;
+    KVB_FORWARD_IF_ERROR(metrics_open_existing(path, &src, err));
+    metrics_close(src);
+    int rc = exec_bound(sql, "ATTACH DATABASE ?1 AS src", path, 0);
+    if (rc != SQLITE_OK) return metrics_sql_err(sql, path, err, rc, "attaching");
+    sqlite3_stmt *st = NULL;
+    int64_t latest = -1;
+    rc = sqlite3_prepare_v2(sql, "SELECT max(id) FROM src.runs", -1, &st, NULL);
+    if (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
+        latest = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    enum kvb_status ret = KVB_OK;
+    if (rc != SQLITE_OK) ret = metrics_sql_err(sql, path, err, rc, "reading its runs");
+    else if (latest < 0) ret = kvb_errf(err, KVB_ERR_NOT_FOUND, "no runs recorded in %s", path);
+    char q[1024];
+    if (ret == KVB_OK) {
+        snprintf(q, sizeof q, "INSERT INTO main.runs (id, " RUN_COLS ") SELECT ?2, " RUN_COLS
+                 " FROM src.runs WHERE id = %lld", (long long)latest);
+        rc = exec_bound(sql, q, NULL, as);
+        if (rc == SQLITE_OK) {
+            snprintf(q, sizeof q, "INSERT INTO main.requests (run_id, " REQ_COLS ") SELECT 1, " REQ_COLS
+                     " FROM src.requests WHERE run_id = %lld", (long long)latest);
+            rc = exec_bound(sql, q, NULL, 0);
+        }
+        if (rc != SQLITE_OK) ret = metrics_sql_err(sql, path, err, rc, "copying its latest run");
+    }
+    exec_bound(sql, "DETACH DATABASE src", NULL, 0);
+    return ret;
+}
+
+enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *out, struct kvb_err *err)
+{
+    if (n < 1 || !paths) return kvb_errf(err, KVB_ERR_INVALID_ARG, "no database given");
+    char dir[] = "/tmp/kvbatch-report-XXXXXX", path[64];
+    if (!mkdtemp(dir)) return kvb_errf(err, KVB_ERR_IO, "cannot make a temporary directory in /tmp");
+    snprintf(path, sizeof path, "%s/combined.db", dir);
+    struct metrics_db *db = NULL;
+    enum kvb_status st = metrics_open(path, &db, err);
+    sqlite3 *sql = st == KVB_OK ? metrics_sqlite(db) : NULL;
+    if (st == KVB_OK) {
+        int rc = exec_bound(sql, "INSERT INTO runs (id, started_at) VALUES (1, 0)", NULL, 0);
+        if (rc != SQLITE_OK) st = metrics_sql_err(sql, path, err, rc, "staging");
+    }
+    for (int i = 0; i < n && st == KVB_OK; i++) st = copy_latest(sql, paths[i], 2 + i, err);
+    if (st == KVB_OK) {
+        /* Run 1 = the sum of the others. The worst status wins; wall time
+         * spans the first start to the last end (shards run side by side). */
+        int rc = exec_bound(sql,
+            "UPDATE runs SET (job_file, output_file, model, model_fingerprint, backend, started_at, ended_at, status,"
+            " requests_total, requests_ok, requests_failed, prompt_tokens, completion_tokens, cached_tokens_run,"
+            " cached_tokens_store, prefill_tokens_computed, store_bytes_read, store_bytes_written, wall_seconds) ="
+            " (SELECT group_concat(DISTINCT job_file), group_concat(output_file, ', '), group_concat(DISTINCT model),"
+            "  group_concat(DISTINCT model_fingerprint), group_concat(DISTINCT backend), min(started_at),"
+            "  CASE WHEN count(ended_at) = count(*) THEN max(ended_at) END,"
+            "  CASE WHEN sum(status = 'failed') > 0 THEN 'failed' WHEN sum(status = 'interrupted') > 0 THEN"
+            "  'interrupted' WHEN sum(status = 'running') > 0 THEN 'running' ELSE 'ok' END, "
+            ALL_SUM("requests_total") ", " ALL_SUM("requests_ok") ", " ALL_SUM("requests_failed") ", "
+            ALL_SUM("prompt_tokens") ", " ALL_SUM("completion_tokens") ", " ALL_SUM("cached_tokens_run") ", "
+            ALL_SUM("cached_tokens_store") ", " ALL_SUM("prefill_tokens_computed") ", "
+            ALL_SUM("store_bytes_read") ", " ALL_SUM("store_bytes_written") ","
+            "  CASE WHEN count(ended_at) = count(*) AND count(wall_seconds) = count(*)"
+            "  THEN max(ended_at) - min(started_at) END"
+            "  FROM runs WHERE id > 1) WHERE id = 1", NULL, 0);
+        if (rc == SQLITE_OK) rc = exec_bound(sql, "DELETE FROM runs WHERE id > 1", NULL, 0);
+        if (rc != SQLITE_OK) st = metrics_sql_err(sql, path, err, rc, "combining");
+    }
+    if (st == KVB_OK) {
+        fprintf(out, "combined: the latest run of each of %d databases:", n);
+        for (int i = 0; i < n; i++) fprintf(out, " %s", paths[i]);
+        fputc('\n', out);
+        st = metrics_report(db, 1, out, err);
+    }
+    metrics_close(db);
+    const char *suffix[3] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        char p[80];
+        snprintf(p, sizeof p, "%s%s", path, suffix[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+    return st;
+}
