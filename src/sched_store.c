@@ -3,6 +3,7 @@
  * backend can (see sched_store.h). */
 #include "sched_store.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
@@ -10,11 +11,13 @@
 
 #define MAX_LOAD 256  /* blocks of one load; also the load ring's size */
 #define MAX_SPILL 256 /* spills queued between two hand-overs before one is forced */
+#define MAX_BUFS (MAX_SPILL + 128) /* spill buffers in all: queued spills, and those the store still reads */
 
 struct spill {
     struct pstore_key key, parent;
     bool has_parent;
     int32_t block; /* held until handed over */
+    uint8_t *buf;  /* the block's bytes; lent to the store at hand-over */
 };
 
 struct sstore {
@@ -28,7 +31,12 @@ struct sstore {
     bool copies;  /* copies queued since the last wait */
     uint8_t *ring; /* load staging */
     int32_t cap_ring, ring_used;
-    uint8_t *sbuf; /* spill staging: spill i at i * bb */
+    /* Spill buffers, one block each, lent to the store (pstore_put_borrowed)
+     * instead of copied: a GPU's spills would otherwise cost the engine
+     * thread a memcpy of every block. The store's writer hands them back. */
+    pthread_mutex_t mu; /* guards free_bufs / n_free */
+    uint8_t **free_bufs; /* (MAX_BUFS) */
+    int32_t n_free, n_bufs;
     struct spill *spills;
     int32_t *spill_tok; /* (cap_spill, B) */
     int32_t n_spill, cap_spill;
@@ -57,8 +65,34 @@ enum kvb_status sstore_create(struct backend *be, struct kv_alloc *kv, struct ps
     x->B = be->block_size;
     x->bb = be->block_bytes;
     x->async = be->kv_read_async && be->kv_write_async && be->kv_copies_wait;
+    x->free_bufs = kvb_calloc(MAX_BUFS, sizeof *x->free_bufs);
+    if (!x->free_bufs || pthread_mutex_init(&x->mu, NULL) != 0) {
+        kvb_free(x->free_bufs);
+        kvb_free(x);
+        return KVB_ERR_NOMEM;
+    }
     *out = x;
     return KVB_OK;
+}
+
+/* The store's writer (or a put dropped at once) hands a buffer back. */
+static void put_back(void *ctx, const void *buf)
+{
+    struct sstore *x = ctx;
+    pthread_mutex_lock(&x->mu);
+    x->free_bufs[x->n_free++] = (uint8_t *)buf;
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* A spill buffer: a returned one, else a new one while under MAX_BUFS. */
+static uint8_t *get_buf(struct sstore *x)
+{
+    uint8_t *b = NULL;
+    pthread_mutex_lock(&x->mu);
+    if (x->n_free > 0) b = x->free_bufs[--x->n_free];
+    pthread_mutex_unlock(&x->mu);
+    if (!b && x->n_bufs < MAX_BUFS && (b = be_host_alloc(x->be, (size_t)x->bb))) x->n_bufs++;
+    return b;
 }
 
 static void wait_copies(struct sstore *x)
@@ -75,7 +109,10 @@ static void wait_copies(struct sstore *x)
 
 static void release_spills(struct sstore *x)
 {
-    for (int32_t i = 0; i < x->n_spill; i++) kv_unref(x->kv, x->spills[i].block);
+    for (int32_t i = 0; i < x->n_spill; i++) {
+        kv_unref(x->kv, x->spills[i].block);
+        if (x->spills[i].buf) put_back(x, x->spills[i].buf);
+    }
     x->n_spill = 0;
 }
 
@@ -87,9 +124,10 @@ static void finish(struct sstore *x)
     x->ring_used = 0;
     if (x->fail == KVB_OK)
         for (int32_t i = 0; i < x->n_spill; i++) {
-            const struct spill *sp = &x->spills[i];
-            pstore_put(x->ps, x->pm, &sp->key, sp->has_parent ? &sp->parent : NULL,
-                       x->spill_tok + (int64_t)i * x->B, x->sbuf + (int64_t)i * x->bb);
+            struct spill *sp = &x->spills[i];
+            pstore_put_borrowed(x->ps, x->pm, &sp->key, sp->has_parent ? &sp->parent : NULL,
+                                x->spill_tok + (int64_t)i * x->B, sp->buf, put_back, x);
+            sp->buf = NULL; /* the store's until it hands it back */
             x->spilled++;
         }
     release_spills(x);
@@ -100,8 +138,11 @@ void sstore_free(struct sstore *x)
     if (!x) return;
     wait_copies(x); /* no copy may still be landing in memory about to be freed */
     release_spills(x);
+    pstore_flush(x->ps); /* every lent buffer comes back */
+    for (int32_t i = 0; i < x->n_free; i++) be_host_free(x->be, x->free_bufs[i]);
+    pthread_mutex_destroy(&x->mu);
+    kvb_free(x->free_bufs);
     be_host_free(x->be, x->ring);
-    be_host_free(x->be, x->sbuf);
     kvb_free(x->spills);
     kvb_free(x->spill_tok);
     kvb_free(x);
@@ -170,14 +211,19 @@ void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_k
             if (ns) x->spills = ns;
             int32_t *nt = kvb_realloc(x->spill_tok, sizeof *nt * (size_t)c * (size_t)x->B);
             if (nt) x->spill_tok = nt;
-            int32_t cap = x->cap_spill;
-            if (ns && nt && grow_staging(x, &x->sbuf, &cap, c, MAX_SPILL)) x->cap_spill = c;
+            if (ns && nt) x->cap_spill = c;
         }
         if (x->n_spill == x->cap_spill) return; /* no memory: a miss next run, nothing worse */
     }
-    uint8_t *dst = x->sbuf + (int64_t)x->n_spill * x->bb;
+    /* No buffer: every one is queued in the store, which is behind; the
+     * block would be dropped there anyway. */
+    uint8_t *dst = get_buf(x);
+    if (!dst) return;
     enum kvb_status st = x->async ? x->be->kv_read_async(x->be, block, dst) : x->be->kv_block_read(x->be, block, dst);
-    if (st != KVB_OK) return;
+    if (st != KVB_OK) {
+        put_back(x, dst);
+        return;
+    }
     x->copies |= x->async;
     kv_ref(x->kv, block);
     struct spill *sp = &x->spills[x->n_spill];
@@ -185,6 +231,7 @@ void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_k
     sp->has_parent = i > 0;
     if (i > 0) sp->parent = keys[i - 1];
     sp->block = block;
+    sp->buf = dst;
     memcpy(x->spill_tok + (int64_t)x->n_spill * x->B, tokens + (int64_t)i * x->B, sizeof(int32_t) * (size_t)x->B);
     x->n_spill++;
 }

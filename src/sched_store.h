@@ -7,9 +7,11 @@
  *
  *   spill: the block is copied out on the backend's copy queue while the
  *     next forward pass runs; sstore_after_step, called once that pass
- *     has returned, waits for the copies (long done by then) and hands the
- *     blocks to the store. Until then the block is held (kv_ref), so no
- *     eviction can hand it to a sequence that would overwrite it.
+ *     has returned, waits for the copies (long done by then) and lends the
+ *     buffers to the store (pstore_put_borrowed: no copy on this thread),
+ *     whose writer hands them back once compressed. Until the hand-over
+ *     the block is held (kv_ref), so no eviction can hand it to a sequence
+ *     that would overwrite it.
  *   load: the store's values are decompressed into staging, and the copies
  *     into the pool are queued; the next forward pass waits for them on the
  *     device, not the host, so decoding the next sequence's blocks overlaps
@@ -21,7 +23,8 @@
  * the same path.
  *
  * Ownership: borrows the backend, the block allocator, the store and its
- * model (all must outlive it). Failures to stage or store are misses, never
+ * model (all must outlive it: sstore_free waits for the store to hand its
+ * buffers back). Failures to stage or store are misses, never
  * errors: the cache is an optimisation. Not thread-safe (the scheduler's). */
 #ifndef KVB_SCHED_STORE_H
 #define KVB_SCHED_STORE_H
@@ -38,8 +41,9 @@ struct sstore;
 
 enum kvb_status sstore_create(struct backend *be, struct kv_alloc *kv, struct pstore *ps,
                               const struct pstore_model *pm, struct sstore **out);
-/* Waits for copies in flight and drops the spills not yet handed over
- * (releasing their blocks). Accepts NULL. */
+/* Waits for copies in flight, drops the spills not yet handed over
+ * (releasing their blocks), and waits for the store's writer to be done
+ * with the buffers lent to it (pstore_flush). Accepts NULL. */
 void sstore_free(struct sstore *x);
 
 /* Fills blocks[0..n) (taken by the caller) with chain blocks from..from+n-1

@@ -87,7 +87,8 @@ enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct s
                              const struct sched_callbacks *cb, struct sched **out, struct kvb_err *err);
 void sched_free(struct sched *s); /* accepts NULL; drops unfinished sequences silently */
 
-/* Attaches a persistent prefix store (borrowed; must outlive the scheduler):
+/* Attaches a persistent prefix store (borrowed; must outlive the scheduler,
+ * whose sched_free waits for the store's writer):
  * at admission, prompt blocks the prefix tree does not hold are looked up
  * there and loaded instead of prefilled; full prompt blocks that are computed
  * are handed to it (sched_store.h: copied out beside the next step, handed

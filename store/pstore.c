@@ -163,7 +163,7 @@ void pstore_close(struct pstore *ps)
     if (ps->env) mdb_env_close(ps->env);
     for (struct pstore_put_item *it = ps->q_head, *nx; it; it = nx) {
         nx = it->next;
-        kvb_free(it);
+        pstore_item_free(it);
     }
     kvb_free(ps->models);
     kvb_free(ps->touches);
@@ -364,15 +364,29 @@ bool pstore_contains(struct pstore *ps, const struct pstore_key *key)
     return have;
 }
 
-enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
-                           const struct pstore_key *parent, const int32_t *tokens, const void *data)
+void pstore_item_free(struct pstore_put_item *it)
+{
+    if (!it) return;
+    if (it->release) it->release(it->release_ctx, it->data);
+    kvb_free(it);
+}
+
+/* Queues a put; data is copied unless release is set (then it is borrowed
+ * and handed back through release, also on every drop). */
+static enum kvb_status put_item(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
+                                const struct pstore_key *parent, const int32_t *tokens, const void *data,
+                                void (*release)(void *ctx, const void *data), void *ctx)
 {
     struct kvb_err err;
-    if (!ps || !m || !key || !tokens || !data) return KVB_ERR_INVALID_ARG;
+    if (!ps || !m || !key || !tokens || !data) {
+        if (release && data) release(ctx, data);
+        return KVB_ERR_INVALID_ARG;
+    }
     pthread_mutex_lock(&ps->mu);
     int mi = pstore_model_index_locked(ps, m, &err);
     if (mi < 0) {
         pthread_mutex_unlock(&ps->mu);
+        if (release) release(ctx, data);
         return KVB_ERR_INVALID_ARG;
     }
     const struct pstore_shape *s = &ps->models[mi].shape;
@@ -385,17 +399,19 @@ enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, cons
     if (ps->stats.writing_disabled || full) {
         ps->stats.blocks_dropped++;
         pthread_mutex_unlock(&ps->mu);
+        if (release) release(ctx, data);
         return KVB_OK;
     }
     size_t raw_len = (size_t)s->raw_len;
     pthread_mutex_unlock(&ps->mu);
 
     /* Copy outside the lock: the writer may be taking a batch meanwhile. */
-    struct pstore_put_item *it = kvb_malloc(sz);
+    struct pstore_put_item *it = kvb_malloc(release ? sizeof *it + tok_bytes : sz);
     if (!it) {
         pthread_mutex_lock(&ps->mu);
         ps->stats.blocks_dropped++;
         pthread_mutex_unlock(&ps->mu);
+        if (release) release(ctx, data);
         return KVB_OK;
     }
     it->next = NULL;
@@ -405,10 +421,17 @@ enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, cons
     else memset(&it->parent, 0, sizeof it->parent);
     it->model = mi;
     it->tokens = (int32_t *)(it + 1);
-    it->data = (uint8_t *)it->tokens + tok_bytes;
     it->alloc_len = sz;
+    it->release = release;
+    it->release_ctx = ctx;
     memcpy(it->tokens, tokens, tok_bytes);
-    memcpy(it->data, data, raw_len);
+    if (release) {
+        it->data = data;
+    } else {
+        uint8_t *own = (uint8_t *)it->tokens + tok_bytes;
+        memcpy(own, data, raw_len);
+        it->data = own;
+    }
 
     pthread_mutex_lock(&ps->mu);
     if (ps->q_tail) ps->q_tail->next = it;
@@ -419,6 +442,20 @@ enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, cons
     pthread_cond_signal(&ps->cv_work);
     pthread_mutex_unlock(&ps->mu);
     return KVB_OK;
+}
+
+enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
+                           const struct pstore_key *parent, const int32_t *tokens, const void *data)
+{
+    return put_item(ps, m, key, parent, tokens, data, NULL, NULL);
+}
+
+enum kvb_status pstore_put_borrowed(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
+                                    const struct pstore_key *parent, const int32_t *tokens, const void *data,
+                                    void (*release)(void *ctx, const void *data), void *ctx)
+{
+    if (!release) return KVB_ERR_INVALID_ARG;
+    return put_item(ps, m, key, parent, tokens, data, release, ctx);
 }
 
 void pstore_flush(struct pstore *ps)

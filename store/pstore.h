@@ -130,6 +130,16 @@ bool pstore_contains(struct pstore *ps, const struct pstore_key *key);
 enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
                            const struct pstore_key *parent, const int32_t *tokens, const void *data);
 
+/* pstore_put without copying data: the store reads it until the put is
+ * encoded or dropped, then calls release(ctx, data) — exactly once, from
+ * the writer thread, or from this call when the put is dropped at once.
+ * The caller must not change or free data before that. For a caller whose
+ * block buffers are expensive to copy (a GPU engine's pinned staging, a
+ * block at a time). */
+enum kvb_status pstore_put_borrowed(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
+                                    const struct pstore_key *parent, const int32_t *tokens, const void *data,
+                                    void (*release)(void *ctx, const void *data), void *ctx);
+
 /* Waits until every queued put (and LRU touch, and damaged-value removal)
  * is written (tests, end of run; pstore_close does it too). */
 void pstore_flush(struct pstore *ps);

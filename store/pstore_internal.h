@@ -228,9 +228,14 @@ struct pstore_put_item {
     bool has_parent;
     int model;            /* index into ps->models */
     int32_t *tokens;      /* block_size, inside this allocation */
-    uint8_t *data;        /* raw_len, inside this allocation */
-    size_t alloc_len;     /* for the queue's byte bound */
+    const uint8_t *data;  /* raw_len: inside this allocation, or the caller's (pstore_put_borrowed) */
+    size_t alloc_len;     /* for the queue's byte bound (borrowed data counted too: it is held) */
+    void (*release)(void *ctx, const void *data); /* borrowed data: handed back by pstore_item_free */
+    void *release_ctx;
 };
+
+/* Frees a queued put, handing borrowed data back first. */
+void pstore_item_free(struct pstore_put_item *it);
 
 struct pstore_damage {
     struct pstore_key key;

@@ -151,7 +151,7 @@ static void release(struct batch *b)
 {
     for (int i = 0; i < b->n; i++) {
         kvb_free(b->enc[i]);
-        kvb_free(b->items[i]);
+        pstore_item_free(b->items[i]);
         b->enc[i] = NULL;
     }
     b->n = 0;
@@ -372,7 +372,7 @@ static void *writer_main(void *arg)
             while (ps->q_head) {
                 struct pstore_put_item *it = ps->q_head;
                 ps->q_head = it->next;
-                kvb_free(it);
+                pstore_item_free(it);
                 ps->stats.blocks_dropped++;
             }
             ps->q_tail = NULL;

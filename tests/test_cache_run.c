@@ -164,12 +164,12 @@ static struct sched_stats run_as(const char *cache_dir, bool reverse, bool async
     while (!sched_idle(s)) CHECK_MSG(sched_step(s, &err) == KVB_OK, "%s", err.msg);
     struct sched_stats st;
     sched_get_stats(s, &st);
+    sched_free(s); /* before the store it borrows: it waits for the buffers lent to it */
     if (ps) {
         pstore_flush(ps);
         if (pst) pstore_get_stats(ps, pst);
     }
     pstore_close(ps);
-    sched_free(s);
     CHECK_MSG(n_host_live == 0, "%d staging buffers not handed back to the backend", n_host_live);
     CHECK_MSG(aq.n == 0, "%d queued block copies never waited for", aq.n);
     if (cache_dir) CHECK_MSG(n_host_allocs > allocs_before, "blocks were staged outside the backend's host memory");
