@@ -17,7 +17,7 @@ static const struct command commands[] = {
     {"tokenize", cli_tokenize, "print the token ids of a text"},
     {"logits", cli_logits, "write the raw logits of a prompt (for checking against a reference)"},
     {"cache", cli_cache, "inspect and manage the persistent prefix cache (stats, verify, gc, clear)"},
-    {"report", cli_report, "summarise a run recorded in a metrics database"},
+    {"report", cli_report, "summarise a run recorded in a metrics database (or several shards' runs as one)"},
 };
 
 static void usage(FILE *f)
