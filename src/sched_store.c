@@ -11,7 +11,9 @@
 
 #define MAX_LOAD 256  /* blocks of one load; also the load ring's size */
 #define MAX_SPILL 256 /* spills queued between two hand-overs before one is forced */
-#define MAX_BUFS (MAX_SPILL + 128) /* spill buffers in all: queued spills, and those the store still reads */
+/* Spill buffers in all: the spills of a step, those the store's writer is
+ * encoding (a batch), and as many as its queue holds. Beyond: a miss. */
+#define EXTRA_BUFS (MAX_SPILL + 64)
 
 struct spill {
     struct pstore_key key, parent;
@@ -35,8 +37,8 @@ struct sstore {
      * instead of copied: a GPU's spills would otherwise cost the engine
      * thread a memcpy of every block. The store's writer hands them back. */
     pthread_mutex_t mu; /* guards free_bufs / n_free */
-    uint8_t **free_bufs; /* (MAX_BUFS) */
-    int32_t n_free, n_bufs;
+    uint8_t **free_bufs; /* (max_bufs) */
+    int32_t n_free, n_bufs, max_bufs;
     struct spill *spills;
     int32_t *spill_tok; /* (cap_spill, B) */
     int32_t n_spill, cap_spill;
@@ -65,7 +67,9 @@ enum kvb_status sstore_create(struct backend *be, struct kv_alloc *kv, struct ps
     x->B = be->block_size;
     x->bb = be->block_bytes;
     x->async = be->kv_read_async && be->kv_write_async && be->kv_copies_wait;
-    x->free_bufs = kvb_calloc(MAX_BUFS, sizeof *x->free_bufs);
+    const uint64_t queued = pstore_queue_bytes(ps) / (uint64_t)(x->bb > 0 ? x->bb : 1);
+    x->max_bufs = (int32_t)(EXTRA_BUFS + (queued < 1000000 ? queued : 1000000));
+    x->free_bufs = kvb_calloc((size_t)x->max_bufs, sizeof *x->free_bufs);
     if (!x->free_bufs || pthread_mutex_init(&x->mu, NULL) != 0) {
         kvb_free(x->free_bufs);
         kvb_free(x);
@@ -84,14 +88,14 @@ static void put_back(void *ctx, const void *buf)
     pthread_mutex_unlock(&x->mu);
 }
 
-/* A spill buffer: a returned one, else a new one while under MAX_BUFS. */
+/* A spill buffer: a returned one, else a new one while under max_bufs. */
 static uint8_t *get_buf(struct sstore *x)
 {
     uint8_t *b = NULL;
     pthread_mutex_lock(&x->mu);
     if (x->n_free > 0) b = x->free_bufs[--x->n_free];
     pthread_mutex_unlock(&x->mu);
-    if (!b && x->n_bufs < MAX_BUFS && (b = be_host_alloc(x->be, (size_t)x->bb))) x->n_bufs++;
+    if (!b && x->n_bufs < x->max_bufs && (b = be_host_alloc(x->be, (size_t)x->bb))) x->n_bufs++;
     return b;
 }
 

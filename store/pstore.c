@@ -178,6 +178,11 @@ void pstore_close(struct pstore *ps)
 
 uint64_t pstore_max_size(const struct pstore *ps) { return ps ? ps->cap : 0; }
 
+uint64_t pstore_queue_bytes(const struct pstore *ps)
+{
+    return !ps ? 0 : ps->opts.queue_bytes ? ps->opts.queue_bytes : PSTORE_QUEUE_MAX_BYTES;
+}
+
 const char *pstore_dir(const struct pstore *ps) { return ps ? ps->dir : NULL; }
 
 /* ---- models ------------------------------------------------------------------- */
@@ -392,7 +397,7 @@ static enum kvb_status put_item(struct pstore *ps, const struct pstore_model *m,
     const struct pstore_shape *s = &ps->models[mi].shape;
     size_t tok_bytes = (size_t)s->block_size * sizeof(int32_t);
     size_t sz = sizeof(struct pstore_put_item) + tok_bytes + (size_t)s->raw_len;
-    const uint64_t max_bytes = ps->opts.queue_bytes ? ps->opts.queue_bytes : PSTORE_QUEUE_MAX_BYTES;
+    const uint64_t max_bytes = pstore_queue_bytes(ps);
     const uint64_t max_items =
         PSTORE_QUEUE_MAX_ITEMS * (max_bytes > PSTORE_QUEUE_MAX_BYTES ? max_bytes / PSTORE_QUEUE_MAX_BYTES : 1);
     bool full = ps->q_n >= max_items || (ps->q_n > 0 && ps->q_bytes + sz > max_bytes);

@@ -149,6 +149,8 @@ void pstore_get_stats(const struct pstore *ps, struct pstore_stats *out);
 /* The effective size cap in bytes (opts.max_size, or 10 GiB, lowered to
  * what the disk can hold), and the directory. */
 uint64_t pstore_max_size(const struct pstore *ps);
+/* The queue's bound in bytes (pstore_opts.queue_bytes or its default). */
+uint64_t pstore_queue_bytes(const struct pstore *ps);
 const char *pstore_dir(const struct pstore *ps);
 
 /* ---- management (kvbatch cache …) ------------------------------------------- */
