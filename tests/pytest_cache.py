@@ -20,15 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-BIN = os.environ.get("KVB_BIN")
-MODEL = os.environ.get("KVB_MODEL")
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg)
+from kvbcheck import BIN, MODEL, check, finish, ready
 
 
 def kvb(*args):
@@ -48,8 +40,7 @@ def run(job, out, db, *extra):
 
 
 def main():
-    if not BIN or not os.path.exists(BIN) or not MODEL or not os.path.exists(MODEL):
-        print("SKIP: kvbatch binary or model missing")
+    if not ready():
         return 77
     with tempfile.TemporaryDirectory() as tmp:
         cache = os.path.join(tmp, "cache")
@@ -110,11 +101,7 @@ def main():
         res, err = run(job, os.path.join(tmp, "blocked.jsonl"), os.path.join(tmp, "b.db"),
                        "--cache-dir", os.path.join(blocker, "sub"))
         check(texts(res) == texts(cold), "results differ with the cache unavailable")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all cache checks passed")
-    return 0
+    return finish("cache")
 
 
 if __name__ == "__main__":

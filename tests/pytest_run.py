@@ -25,16 +25,7 @@ import sys
 import tempfile
 import time
 
-BIN = os.environ.get("KVB_BIN")
-MODEL = os.environ.get("KVB_MODEL")
-SRC = os.environ.get("KVB_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg)
+from kvbcheck import BIN, MODEL, SRC, check, finish, ready
 
 
 def run(args, **kw):
@@ -270,8 +261,7 @@ def test_errors(tmp):
 
 
 def main():
-    if not BIN or not os.path.exists(BIN) or not MODEL or not os.path.exists(MODEL):
-        print("SKIP: kvbatch binary or model missing (scripts/fetch-model.sh)")
+    if not ready():
         return 77
     with tempfile.TemporaryDirectory() as tmp:
         # A private persistent cache: runs after the first find it warm, so
@@ -281,11 +271,7 @@ def main():
             t0 = time.time()
             t(tmp)
             print(f"{t.__name__}: {time.time() - t0:.1f} s")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all run checks passed")
-    return 0
+    return finish("run")
 
 
 if __name__ == "__main__":

@@ -18,15 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-BIN = os.environ.get("KVB_BIN")
-MODEL = os.environ.get("KVB_MODEL")
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAIL:", msg)
+from kvbcheck import BIN, MODEL, check, finish, ready
 
 
 def run(job, out, *extra, env=None):
@@ -47,8 +39,7 @@ def results(path):
 
 
 def main():
-    if not BIN or not os.path.exists(BIN) or not MODEL or not os.path.exists(MODEL):
-        print("SKIP: kvbatch binary or model missing")
+    if not ready():
         return 77
     docs = [f"Document {d}. " + " ".join(f"The {w} of district {d} was rebuilt in {1800 + d * 7 + i}."
                                           for i, w in enumerate(["harbor", "library", "bridge", "mill", "school"]))
@@ -112,11 +103,7 @@ def main():
         check(p.returncode == 1 and "stdin" in p.stderr, f"--shard over stdin: exit {p.returncode}: {p.stderr}")
         p = run(job, os.path.join(tmp, "y.jsonl"), "--shard", "2/2")
         check(p.returncode == 2 and "0..1" in p.stderr, f"--shard 2/2: exit {p.returncode}: {p.stderr}")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all shard checks passed")
-    return 0
+    return finish("shard")
 
 
 if __name__ == "__main__":
