@@ -766,7 +766,8 @@ static bool setup(struct runner *r)
     snprintf(settings, sizeof settings,
              "{\"threads\":%d,\"max_batch\":%d,\"max_step_tokens\":%d,\"kv_mem\":%llu,\"block_size\":%d,"
              "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\",\"shard\":\"%d/%d\"}",
-             be_threads(r->be), r->max_batch, r->max_step, (unsigned long long)o->kv_mem, o->block_size,
+             be_threads(r->be), r->max_batch, r->max_step,
+             (unsigned long long)((uint64_t)r->be->n_blocks * (uint64_t)r->be->block_bytes), o->block_size,
              r->n_ctx, r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be), o->shard_index,
              o->shard_count > 1 ? o->shard_count : 1);
     struct metrics_run_info ri = {.job_file = o->input_path, .output_file = o->output_path,
