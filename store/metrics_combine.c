@@ -112,7 +112,7 @@ enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *o
         fprintf(out, "combined: the latest run of each of %d databases:", n);
         for (int i = 0; i < n; i++) fprintf(out, " %s", paths[i]);
         fputc('\n', out);
-        st = metrics_report(db, 1, out, err);
+        st = metrics_report_as(db, 1, "all of them", out, err);
     }
     metrics_close(db);
     const char *suffix[3] = {"", "-wal", "-shm"};

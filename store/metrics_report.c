@@ -299,6 +299,12 @@ static enum kvb_status print_latencies(struct metrics_db *db, int64_t run_id, FI
 
 enum kvb_status metrics_report(struct metrics_db *db, int64_t run_id, FILE *out, struct kvb_err *err)
 {
+    return metrics_report_as(db, run_id, NULL, out, err);
+}
+
+enum kvb_status metrics_report_as(struct metrics_db *db, int64_t run_id, const char *label, FILE *out,
+                                  struct kvb_err *err)
+{
     KVB_FORWARD_IF_ERROR(metrics_flush(db, err));
     struct run_row r;
     KVB_FORWARD_IF_ERROR(read_run(db, run_id, &r, err));
@@ -311,7 +317,8 @@ enum kvb_status metrics_report(struct metrics_db *db, int64_t run_id, FILE *out,
     const struct metrics_totals *t = &r.t;
     char buf[64];
 
-    fprintf(out, "run %lld: %s\n", (long long)r.id, or_dash(r.status));
+    if (label) fprintf(out, "%s: %s\n", label, or_dash(r.status));
+    else fprintf(out, "run %lld: %s\n", (long long)r.id, or_dash(r.status));
     fprintf(out, "  job                %s\n", or_dash(r.job_file));
     fprintf(out, "  output             %s\n", or_dash(r.output_file));
     fprintf(out, "  model              %s\n", or_dash(r.model));
