@@ -5,7 +5,6 @@
 
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
 
 #include "alloc.h"
 
@@ -45,15 +44,7 @@ struct sstore {
     enum kvb_status fail; /* a wait that failed outside sstore_after_step, reported there */
     struct kvb_err fail_err;
     int64_t spilled;
-    double load_s;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 enum kvb_status sstore_create(struct backend *be, struct kv_alloc *kv, struct pstore *ps,
                               const struct pstore_model *pm, struct sstore **out)
@@ -152,19 +143,20 @@ void sstore_free(struct sstore *x)
     kvb_free(x);
 }
 
-/* Staging comes from the backend (page-locked on a GPU, where allocating
- * is slow): grown by doubling, so a run allocates it a few times at most.
- * The caller has made sure no copy uses the old buffer. */
-static bool grow_staging(struct sstore *x, uint8_t **buf, int32_t *cap, int32_t need, int32_t max)
+/* The load ring comes from the backend (page-locked on a GPU, where
+ * allocating is slow): grown by doubling up to MAX_LOAD blocks, so a run
+ * allocates it a few times at most. The caller has made sure no copy uses
+ * the old ring. need <= MAX_LOAD. */
+static bool grow_ring(struct sstore *x, int32_t need)
 {
-    if (need <= *cap) return true;
-    int32_t c = *cap * 2 > need ? *cap * 2 : need;
-    if (c > max) c = max > need ? max : need;
+    if (need <= x->cap_ring) return true;
+    int32_t c = x->cap_ring * 2 > need ? x->cap_ring * 2 : need;
+    if (c > MAX_LOAD) c = MAX_LOAD;
     uint8_t *nb = be_host_alloc(x->be, (size_t)x->bb * (size_t)c);
     if (!nb) return false;
-    be_host_free(x->be, *buf);
-    *buf = nb;
-    *cap = c;
+    be_host_free(x->be, x->ring);
+    x->ring = nb;
+    x->cap_ring = c;
     return true;
 }
 
@@ -173,13 +165,12 @@ int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore
 {
     if (n <= 0) return 0;
     if (n > MAX_LOAD) n = MAX_LOAD;
-    const double t0 = now_s();
     if (x->ring_used + n > x->cap_ring) {
         /* Reusing the ring: what earlier loads queued from it must have landed. */
         wait_copies(x);
         x->ring_used = 0;
         /* Room for two loads of this size, so the next one overlaps this one's copies. */
-        if (!grow_staging(x, &x->ring, &x->cap_ring, 2 * n < MAX_LOAD ? 2 * n : MAX_LOAD, MAX_LOAD)) return 0;
+        if (!grow_ring(x, 2 * n < MAX_LOAD ? 2 * n : MAX_LOAD)) return 0;
     }
     void *dst[MAX_LOAD];
     for (int32_t i = 0; i < n; i++) dst[i] = x->ring + (int64_t)(x->ring_used + i) * x->bb;
@@ -198,7 +189,6 @@ int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore
         x->copies = true;
         x->ring_used += n;
     }
-    x->load_s += now_s() - t0;
     return got;
 }
 
@@ -251,4 +241,3 @@ enum kvb_status sstore_after_step(struct sstore *x, struct kvb_err *err)
 
 bool sstore_pending(const struct sstore *x) { return x->copies || x->n_spill > 0; }
 int64_t sstore_blocks_spilled(const struct sstore *x) { return x->spilled; }
-double sstore_load_seconds(const struct sstore *x) { return x->load_s; }

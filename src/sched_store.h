@@ -64,6 +64,5 @@ enum kvb_status sstore_after_step(struct sstore *x, struct kvb_err *err);
 
 bool sstore_pending(const struct sstore *x); /* copies or spills not yet finished */
 int64_t sstore_blocks_spilled(const struct sstore *x); /* handed to the store */
-double sstore_load_seconds(const struct sstore *x);   /* spent in sstore_load */
 
 #endif

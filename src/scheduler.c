@@ -321,7 +321,9 @@ static int32_t load_from_store(struct sched *s, struct seq *q)
         if (id < 0) break;
         q->blocks[from + got++] = id;
     }
+    const double t0 = now_s();
     const int32_t n_loaded = sstore_load(s->io, q->tokens, q->keys, from, got, q->blocks + from);
+    s->st.store_load_s += now_s() - t0;
     for (int32_t i = n_loaded; i < got; i++) kv_unref(s->kv, q->blocks[from + i]);
     q->n_blocks = from + n_loaded;
     if (n_loaded > 0) radix_insert(s->radix, q->tokens, q->n_blocks, q->blocks);
@@ -512,10 +514,7 @@ int32_t sched_n_running(const struct sched *s) { return s->n_running; }
 void sched_get_stats(const struct sched *s, struct sched_stats *out)
 {
     *out = s->st;
-    if (s->io) {
-        out->store_blocks_spilled = sstore_blocks_spilled(s->io);
-        out->store_load_s = sstore_load_seconds(s->io);
-    }
+    if (s->io) out->store_blocks_spilled = sstore_blocks_spilled(s->io);
     out->running = s->n_running;
     out->waiting = s->n_waiting;
 }

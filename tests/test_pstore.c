@@ -318,6 +318,16 @@ static struct pstore *open_store(const char *dir, uint64_t max_size, bool lossy8
     return ps;
 }
 
+/* A store whose put queue holds at most queue_bytes. */
+static struct pstore *open_store_queue(const char *dir, uint64_t queue_bytes)
+{
+    struct pstore_opts o = {.n_threads = 2, .quiet = true, .queue_bytes = queue_bytes};
+    struct pstore *ps = NULL;
+    struct kvb_err err = {{0}};
+    CHECK_MSG(pstore_open(dir, &o, &ps, &err) == KVB_OK, "open %s: %s", dir, err.msg);
+    return ps;
+}
+
 static struct pstore_stats stats_of(struct pstore *ps)
 {
     struct pstore_stats s;
@@ -677,10 +687,7 @@ static void test_queue_bytes(void)
     const uint64_t room[2] = {100 << 10, 8 << 20};
     for (int k = 0; k < 2; k++) {
         char *dir = mktmp();
-        struct pstore_opts o = {.n_threads = 2, .quiet = true, .queue_bytes = room[k]};
-        struct pstore *ps = NULL;
-        struct kvb_err err = {{0}};
-        CHECK_MSG(pstore_open(dir, &o, &ps, &err) == KVB_OK, "%s", err.msg);
+        struct pstore *ps = open_store_queue(dir, room[k]);
         if (!ps) continue;
         chain_put(ps, &m, &c, 0, 40); /* well inside the writer's 50 ms wait for a batch to fill */
         pstore_flush(ps);
@@ -718,9 +725,7 @@ static void test_put_borrowed(void)
     const uint64_t room[2] = {100 << 10, 8 << 20};
     for (int k = 0; k < 2; k++) {
         char *dir = mktmp();
-        struct pstore_opts o = {.n_threads = 2, .quiet = true, .queue_bytes = room[k]};
-        struct pstore *ps = NULL;
-        CHECK(pstore_open(dir, &o, &ps, NULL) == KVB_OK);
+        struct pstore *ps = open_store_queue(dir, room[k]);
         if (!ps) continue;
         n_released = 0;
         for (int i = 0; i < 40; i++)
