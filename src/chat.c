@@ -9,11 +9,12 @@
  * Qwen2's insert a default system prompt when the conversation has none, and
  * prompts (hence cache keys) must match what the model was tuned on.
  *
- * Not here: tool calls, multimodal content, per-model quirks beyond these
- * families (e.g. Mistral's spacing); those need their own family. */
+ * Not here: tool calls, multimodal content, Mistral's [SYSTEM_PROMPT]
+ * templates (v7 and later), per-model quirks beyond these families. */
 #include "chat.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "alloc.h"
@@ -21,9 +22,10 @@
 static const char *const family_names[CHAT_FAMILY_COUNT_] = {
     [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
     [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma", [CHAT_LLAMA31] = "llama31",
+    [CHAT_MISTRAL] = "mistral",
 };
 
-#define NAMES_HINT "chatml, llama3, llama31, llama2, mistral, zephyr, gemma"
+#define NAMES_HINT "chatml, llama3, llama31, llama2, mistral, mistral-v3, mistral-tekken, zephyr, gemma"
 
 const char *chat_family_name(enum chat_family f)
 {
@@ -183,12 +185,35 @@ static enum kvb_status chatml_default_system(const char *t, size_t len, char **o
 
 /* ---- detection --------------------------------------------------------------------- */
 
+/* Mistral's versions differ only in literals next to [INST], [/INST] and the
+ * reply, and in the loop condition that places the system prompt, so those
+ * are what is read (either quote style). */
+static bool contains_quoted(const char *t, size_t len, const char *body)
+{
+    char a[64], b[64];
+    snprintf(a, sizeof a, "'%s'", body);
+    snprintf(b, sizeof b, "\"%s\"", body);
+    return contains(t, len, a) || contains(t, len, b);
+}
+
+static struct chat_mistral mistral_variant(const char *t, size_t len)
+{
+    struct chat_mistral v;
+    v.open_space = !contains_quoted(t, len, "[INST]");
+    v.close_space = contains_quoted(t, len, " [/INST]");
+    v.reply_space = contains(t, len, "' ' + message") || contains(t, len, "\" \" + message");
+    v.system_last = contains(t, len, "loop.last and system_message") ||
+                    contains(t, len, "system_message is defined and loop.last");
+    return v;
+}
+
 enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_template *out,
                                      struct kvb_err *err)
 {
     if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_template_detect: out is NULL");
     out->family = CHAT_CHATML;
     out->default_system = NULL;
+    out->mistral = (struct chat_mistral){0};
     if (!text || len == 0)
         return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                         "the model has no chat template; pass --chat-template NAME (" NAMES_HINT ")");
@@ -220,11 +245,20 @@ enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_t
         }
     }
     if (contains(text, len, "[INST]")) {
-        out->family = CHAT_LLAMA2;
+        if (contains(text, len, "<<SYS>>")) {
+            out->family = CHAT_LLAMA2;
+            return KVB_OK;
+        }
+        if (contains(text, len, "[SYSTEM_PROMPT]"))
+            return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                            "chat template looks like Mistral's with [SYSTEM_PROMPT] turns (v7 and later), which "
+                            "kvbatch does not format; pass --chat-template NAME (" NAMES_HINT ") if one fits");
+        out->family = CHAT_MISTRAL;
+        out->mistral = mistral_variant(text, len);
         return KVB_OK;
     }
     return kvb_errf(err, KVB_ERR_UNSUPPORTED,
-                    "chat template not recognised (no ChatML, Llama 3, Llama 2/Mistral, Zephyr or Gemma "
+                    "chat template not recognised (no ChatML, Llama 3, Llama 2, Mistral, Zephyr or Gemma "
                     "markers); pass --chat-template NAME (" NAMES_HINT ")");
 }
 
@@ -234,10 +268,22 @@ enum kvb_status chat_template_from_name(const char *name, struct chat_template *
     if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_template_from_name: out is NULL");
     out->family = CHAT_CHATML;
     out->default_system = NULL;
+    out->mistral = (struct chat_mistral){0};
     if (name) {
-        if (strcmp(name, "mistral") == 0) {
-            out->family = CHAT_LLAMA2;
-            return KVB_OK;
+        static const struct {
+            const char *name;
+            struct chat_mistral v;
+        } mistrals[] = {
+            {"mistral", {true, true, false, false}},
+            {"mistral-v3", {true, false, true, true}},
+            {"mistral-tekken", {false, false, false, true}},
+        };
+        for (size_t i = 0; i < sizeof mistrals / sizeof mistrals[0]; i++) {
+            if (strcmp(name, mistrals[i].name) == 0) {
+                out->family = CHAT_MISTRAL;
+                out->mistral = mistrals[i].v;
+                return KVB_OK;
+            }
         }
         for (int f = 0; f < CHAT_FAMILY_COUNT_; f++) {
             if (strcmp(name, family_names[f]) == 0) {
@@ -360,6 +406,56 @@ static void apply_llama2(const struct chat_msg *msgs, size_t n, struct sbuf *b)
     kvb_free(turn.p);
 }
 
+/* Mistral: user turns in [INST] … [/INST], replies closed by EOS text,
+ * the system prompt (several are joined by blank lines) opening the first
+ * or last user turn after a blank line, or a turn of its own when there is
+ * no user turn. Like Llama 2, no generation prompt: [/INST] is the cue.
+ * User text is kept verbatim, as the templates do. */
+static void apply_mistral(const struct chat_mistral *v, const struct chat_msg *msgs, size_t n, struct sbuf *b)
+{
+    struct sbuf sys = {0};
+    size_t target = n; /* the user turn that carries the system prompt */
+    for (size_t i = 0; i < n; i++) {
+        enum role r = role_of(&msgs[i]);
+        if (r == ROLE_SYSTEM) {
+            if (sys.len > 0) sb_puts(&sys, "\n\n");
+            sb_puts(&sys, msgs[i].content);
+            if (!sys.p) sb_puts(&sys, ""); /* an empty system prompt still counts */
+        } else if (r == ROLE_USER && (target == n || v->system_last)) {
+            target = i;
+        }
+    }
+    const char *open = v->open_space ? "[INST] " : "[INST]";
+    const char *close = v->close_space ? " [/INST]" : "[/INST]";
+    for (size_t i = 0; i < n; i++) {
+        enum role r = role_of(&msgs[i]);
+        if (r == ROLE_USER) {
+            sb_puts(b, open);
+            if (i == target && sys.p) {
+                sb_putn(b, sys.p, sys.len);
+                sb_puts(b, "\n\n");
+            }
+            sb_puts(b, msgs[i].content);
+            sb_puts(b, close);
+        } else if (r == ROLE_ASSISTANT) {
+            if (v->reply_space) {
+                sb_puts(b, " ");
+                sb_put_trimmed(b, msgs[i].content);
+            } else {
+                sb_puts(b, msgs[i].content);
+            }
+            sb_puts(b, "</s>");
+        }
+    }
+    if (target == n && sys.p) { /* no user turn to carry it: give it one of its own */
+        sb_puts(b, open);
+        sb_putn(b, sys.p, sys.len);
+        sb_puts(b, close);
+    }
+    if (sys.oom) b->oom = true;
+    kvb_free(sys.p);
+}
+
 static void apply_zephyr(const struct chat_msg *msgs, size_t n, bool gen, struct sbuf *b)
 {
     for (size_t i = 0; i < n; i++) {
@@ -429,6 +525,7 @@ enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg 
     case CHAT_LLAMA3: apply_llama3(msgs, n, add_generation_prompt, &b); break;
     case CHAT_LLAMA31: apply_llama31(msgs, n, add_generation_prompt, &b); break;
     case CHAT_LLAMA2: apply_llama2(msgs, n, &b); break;
+    case CHAT_MISTRAL: apply_mistral(&t->mistral, msgs, n, &b); break;
     case CHAT_ZEPHYR: apply_zephyr(msgs, n, add_generation_prompt, &b); break;
     case CHAT_GEMMA: apply_gemma(msgs, n, add_generation_prompt, &b); break;
     case CHAT_FAMILY_COUNT_: break;

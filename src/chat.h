@@ -18,17 +18,35 @@
 enum chat_family {
     CHAT_CHATML = 0,  /* <|im_start|>role\n…<|im_end|>\n (SmolLM2, Qwen2) */
     CHAT_LLAMA3,      /* <|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|> */
-    CHAT_LLAMA2,      /* [INST] <<SYS>>…<</SYS>> … [/INST] (Llama 2, Mistral, TinyLlama-chat uses zephyr) */
+    CHAT_LLAMA2,      /* [INST] <<SYS>>…<</SYS>> … [/INST] (Llama 2) */
     CHAT_ZEPHYR,      /* <|system|>\n…</s>\n<|user|>\n… (TinyLlama-chat) */
     CHAT_GEMMA,       /* <start_of_turn>user\n…<end_of_turn>\n */
     CHAT_LLAMA31,     /* Llama 3's turns after a system turn that always opens with the knowledge-cutoff
                          and date lines of Llama 3.1 / 3.2 / 3.3 */
+    CHAT_MISTRAL,     /* [INST] … [/INST] without <<SYS>>; spacing and system placement vary by
+                         version (struct chat_mistral) */
     CHAT_FAMILY_COUNT_
+};
+
+/* Mistral's [INST] templates differ by tokenizer version in three spaces
+ * and in where the system prompt goes (Mistral has no system turn: it is
+ * prepended to a user turn, separated by a blank line):
+ *   v1 (7B v0.1/v0.2, Mixtral 8x7B): "[INST] u [/INST]a</s>", system on the first user turn;
+ *   v3 (7B v0.3):                    "[INST] u[/INST] a</s>", system on the last user turn;
+ *   tekken (Nemo):                   "[INST]u[/INST]a</s>",  system on the last user turn
+ *                                    (Ministral's template: the same on the first).
+ * Detection reads all four from the template's literals. */
+struct chat_mistral {
+    bool open_space;   /* "[INST] " rather than "[INST]" */
+    bool close_space;  /* " [/INST]" rather than "[/INST]" */
+    bool reply_space;  /* " " before a reply, which is then trimmed */
+    bool system_last;  /* system prompt on the last user turn, not the first */
 };
 
 struct chat_template {
     enum chat_family family;
     char *default_system; /* system prompt the template inserts when none is given, or NULL */
+    struct chat_mistral mistral; /* CHAT_MISTRAL only */
 };
 
 struct chat_msg {
@@ -40,7 +58,8 @@ struct chat_msg {
  * KVB_ERR_UNSUPPORTED with a message when it cannot. */
 enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_template *out,
                                      struct kvb_err *err);
-/* By name: "chatml", "llama3", "llama31", "llama2", "mistral" (= llama2), "zephyr", "gemma". */
+/* By name: "chatml", "llama3", "llama31", "llama2", "mistral" (v1), "mistral-v3",
+ * "mistral-tekken", "zephyr", "gemma". */
 enum kvb_status chat_template_from_name(const char *name, struct chat_template *out,
                                         struct kvb_err *err);
 void chat_template_free(struct chat_template *t); /* frees default_system; accepts NULL */

@@ -84,6 +84,35 @@ static const char MISTRAL[] =
     "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
     "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
 
+/* Mistral 7B v0.3's shape: system prompt on the last user turn, no space before [/INST], a space and
+ * a trimmed reply. */
+static const char MISTRAL_V3[] =
+    "{%- if messages[0][\"role\"] == \"system\" %}{%- set system_message = messages[0][\"content\"] %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{{- bos_token }}{%- for message in loop_messages %}{%- if message[\"role\"] == \"user\" %}"
+    "{%- if loop.last and system_message is defined %}"
+    "{{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}"
+    "{%- else %}{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}{%- endif %}"
+    "{%- elif message[\"role\"] == \"assistant\" %}{{- \" \" + message[\"content\"]|trim + eos_token}}"
+    "{%- endif %}{%- endfor %}";
+
+/* Ministral's shape (Tekken): no spaces, system prompt on the first user turn. */
+static const char MINISTRAL[] =
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{{- bos_token }}{%- for message in loop_messages %}{%- if message['role'] == 'user' %}"
+    "{%- if loop.first and system_message is defined %}"
+    "{{- '[INST]' + system_message + '\\n\\n' + message['content'] + '[/INST]' }}"
+    "{%- else %}{{- '[INST]' + message['content'] + '[/INST]' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token}}{%- endif %}{%- endfor %}";
+
+/* Mistral's later templates give the system prompt a turn of its own. */
+static const char MISTRAL_V7[] =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + "
+    "message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' + "
+    "message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + "
+    "message['content'] + eos_token }}{% endif %}{% endfor %}";
+
 /* TinyLlama-1.1B-Chat: Zephyr with eos_token rather than a literal </s>. */
 static const char TINYLLAMA[] =
     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
@@ -133,6 +162,19 @@ static void check_detect(const char *what, const char *text, enum chat_family wa
     chat_template_free(&t);
 }
 
+static void check_mistral(const char *what, const char *text, struct chat_mistral want)
+{
+    struct chat_template t;
+    struct kvb_err err = {{0}};
+    CHECK_EQ_INT(chat_template_detect(text, strlen(text), &t, &err), KVB_OK);
+    CHECK_MSG(t.family == CHAT_MISTRAL, "%s: detected %s", what, chat_family_name(t.family));
+    CHECK_MSG(t.mistral.open_space == want.open_space && t.mistral.close_space == want.close_space &&
+                  t.mistral.reply_space == want.reply_space && t.mistral.system_last == want.system_last,
+              "%s: variant open %d close %d reply %d last %d", what, t.mistral.open_space,
+              t.mistral.close_space, t.mistral.reply_space, t.mistral.system_last);
+    chat_template_free(&t);
+}
+
 static void check_unsupported(const char *what, const char *text, size_t len, const char *msg_part)
 {
     struct chat_template t;
@@ -152,13 +194,16 @@ static void test_detect(void)
     check_detect("Llama 3", LLAMA3, CHAT_LLAMA3, NULL);
     check_detect("Llama 3.1", LLAMA31, CHAT_LLAMA31, NULL);
     check_detect("Llama 2", LLAMA2, CHAT_LLAMA2, NULL);
-    check_detect("Mistral", MISTRAL, CHAT_LLAMA2, NULL);
+    check_mistral("Mistral v0.1", MISTRAL, (struct chat_mistral){true, true, false, false});
+    check_mistral("Mistral v0.3", MISTRAL_V3, (struct chat_mistral){true, false, true, true});
+    check_mistral("Ministral", MINISTRAL, (struct chat_mistral){false, false, false, false});
     check_detect("TinyLlama", TINYLLAMA, CHAT_ZEPHYR, NULL);
     check_detect("Zephyr literal", ZEPHYR_LITERAL, CHAT_ZEPHYR, NULL);
     check_detect("Gemma", GEMMA, CHAT_GEMMA, NULL);
 
     check_unsupported("Phi-3", PHI3, strlen(PHI3), "Phi-3");
     check_unsupported("Alpaca", ALPACA, strlen(ALPACA), "not recognised");
+    check_unsupported("Mistral v7", MISTRAL_V7, strlen(MISTRAL_V7), "[SYSTEM_PROMPT]");
     check_unsupported("empty", "", 0, "no chat template");
     check_unsupported("NULL", NULL, 0, "no chat template");
     /* len bounds the text: markers past it do not count */
@@ -176,10 +221,11 @@ static void test_detect(void)
 
 static void test_names(void)
 {
-    const char *names[] = {"chatml", "llama3", "llama31", "llama2", "mistral", "zephyr", "gemma"};
-    const enum chat_family fam[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA31, CHAT_LLAMA2,
-                                    CHAT_LLAMA2, CHAT_ZEPHYR, CHAT_GEMMA};
-    for (int i = 0; i < 7; i++) {
+    const char *names[] = {"chatml", "llama3", "llama31", "llama2", "mistral",
+                           "mistral-v3", "mistral-tekken", "zephyr", "gemma"};
+    const enum chat_family fam[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA31, CHAT_LLAMA2, CHAT_MISTRAL,
+                                    CHAT_MISTRAL, CHAT_MISTRAL, CHAT_ZEPHYR, CHAT_GEMMA};
+    for (int i = 0; i < 9; i++) {
         struct chat_template t;
         CHECK_EQ_INT(chat_template_from_name(names[i], &t, NULL), KVB_OK);
         CHECK_EQ_INT(t.family, fam[i]);
@@ -215,20 +261,26 @@ static void check_apply(const char *what, const struct chat_template *t, const s
     kvb_free(got);
 }
 
+static void check_turns(const char *what, const struct chat_template *t, const char *sys_user, const char *user,
+                        const char *multi, const char *gen)
+{
+    char buf[1024];
+    check_apply(what, t, SYS_USER, 2, false, sys_user);
+    snprintf(buf, sizeof buf, "%s%s", sys_user, gen);
+    check_apply(what, t, SYS_USER, 2, true, buf);
+    check_apply(what, t, USER, 1, false, user);
+    snprintf(buf, sizeof buf, "%s%s", user, gen);
+    check_apply(what, t, USER, 1, true, buf);
+    check_apply(what, t, MULTI, 3, false, multi);
+    snprintf(buf, sizeof buf, "%s%s", multi, gen);
+    check_apply(what, t, MULTI, 3, true, buf);
+}
+
 static void check_family(const char *what, enum chat_family f, const char *default_system,
                          const char *sys_user, const char *user, const char *multi, const char *gen)
 {
-    struct chat_template t = {f, (char *)default_system};
-    char buf[1024];
-    check_apply(what, &t, SYS_USER, 2, false, sys_user);
-    snprintf(buf, sizeof buf, "%s%s", sys_user, gen);
-    check_apply(what, &t, SYS_USER, 2, true, buf);
-    check_apply(what, &t, USER, 1, false, user);
-    snprintf(buf, sizeof buf, "%s%s", user, gen);
-    check_apply(what, &t, USER, 1, true, buf);
-    check_apply(what, &t, MULTI, 3, false, multi);
-    snprintf(buf, sizeof buf, "%s%s", multi, gen);
-    check_apply(what, &t, MULTI, 3, true, buf);
+    struct chat_template t = {f, (char *)default_system, {0}};
+    check_turns(what, &t, sys_user, user, multi, gen);
 }
 
 static void test_apply(void)
@@ -268,6 +320,17 @@ static void test_apply(void)
                  "[INST] Hi there [/INST]",
                  "[INST] Hi [/INST] Hello! How can I help? </s><s>[INST] What is 2+2? [/INST]",
                  ""); /* the closing [/INST] is the cue: no generation prompt */
+    /* Mistral's versions, by their presets (what detection fills in). */
+    struct chat_template mv1, mv3, mtk;
+    CHECK_EQ_INT(chat_template_from_name("mistral", &mv1, NULL), KVB_OK);
+    CHECK_EQ_INT(chat_template_from_name("mistral-v3", &mv3, NULL), KVB_OK);
+    CHECK_EQ_INT(chat_template_from_name("mistral-tekken", &mtk, NULL), KVB_OK);
+    check_turns("mistral v1", &mv1, "[INST] You are terse.\n\nHi there [/INST]", "[INST] Hi there [/INST]",
+                         "[INST] Hi [/INST]Hello! How can I help?</s>[INST] What is 2+2? [/INST]", "");
+    check_turns("mistral v3", &mv3, "[INST] You are terse.\n\nHi there[/INST]", "[INST] Hi there[/INST]",
+                         "[INST] Hi[/INST] Hello! How can I help?</s>[INST] What is 2+2?[/INST]", "");
+    check_turns("mistral tekken", &mtk, "[INST]You are terse.\n\nHi there[/INST]", "[INST]Hi there[/INST]",
+                         "[INST]Hi[/INST]Hello! How can I help?</s>[INST]What is 2+2?[/INST]", "");
     check_family("zephyr", CHAT_ZEPHYR, NULL,
                  "<|system|>\nYou are terse.</s>\n<|user|>\nHi there</s>\n",
                  "<|user|>\nHi there</s>\n",
@@ -283,12 +346,12 @@ static void test_apply(void)
     /* Trimming: Llama 3 and Gemma trim content (| trim), Llama 2 strips the
      * whole turn, ChatML and Zephyr keep it verbatim. */
     const struct chat_msg padded[] = {{"user", "  spaced out \n"}};
-    struct chat_template t3 = {CHAT_LLAMA3, NULL}, tg = {CHAT_GEMMA, NULL}, t2 = {CHAT_LLAMA2, NULL},
-                         tc = {CHAT_CHATML, NULL};
+    struct chat_template t3 = {CHAT_LLAMA3, NULL, {0}}, tg = {CHAT_GEMMA, NULL, {0}}, t2 = {CHAT_LLAMA2, NULL, {0}},
+                         tc = {CHAT_CHATML, NULL, {0}};
     check_apply("llama3 trim", &t3, padded, 1, false,
                 "<|start_header_id|>user<|end_header_id|>\n\nspaced out<|eot_id|>");
     const struct chat_msg padded_sys[] = {{"system", " \n sys  "}, {"user", "  spaced out \n"}};
-    struct chat_template t31 = {CHAT_LLAMA31, NULL};
+    struct chat_template t31 = {CHAT_LLAMA31, NULL, {0}};
     check_apply("llama31 trim", &t31, padded_sys, 2, false,
                 L31_HEAD "sys<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nspaced out<|eot_id|>");
     check_apply("llama31 empty", &t31, NULL, 0, true,
@@ -307,6 +370,15 @@ static void test_apply(void)
     const struct chat_msg sys_multi[] = {{"system", "S"}, {"user", "U1"}, {"assistant", "A1"}, {"user", "U2"}};
     check_apply("llama2 system then turns", &t2, sys_multi, 4, true,
                 "[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1 </s><s>[INST] U2 [/INST]");
+    /* Where the system prompt goes, verbatim user text, trimmed v3 replies, a lone system prompt. */
+    check_apply("mistral v1 system then turns", &mv1, sys_multi, 4, true, "[INST] S\n\nU1 [/INST]A1</s>[INST] U2 [/INST]");
+    check_apply("mistral v3 system then turns", &mv3, sys_multi, 4, true, "[INST] U1[/INST] A1</s>[INST] S\n\nU2[/INST]");
+    const struct chat_msg padded_reply[] = {{"user", " u "}, {"assistant", "  a \n"}, {"user", "v"}};
+    check_apply("mistral v1 verbatim", &mv1, padded_reply, 3, true, "[INST]  u  [/INST]  a \n</s>[INST] v [/INST]");
+    check_apply("mistral v3 trimmed reply", &mv3, padded_reply, 3, true, "[INST]  u [/INST] a</s>[INST] v[/INST]");
+    check_apply("mistral system only", &mv1, sys_only, 1, true, "[INST] Be brief. [/INST]");
+    const struct chat_msg two_sys[] = {{"system", "S1"}, {"system", "S2"}, {"user", "U"}};
+    check_apply("mistral two system prompts", &mtk, two_sys, 3, true, "[INST]S1\n\nS2\n\nU[/INST]");
     check_apply("gemma system then turns", &tg, sys_multi, 4, true,
                 "<start_of_turn>user\nS\n\nU1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n"
                 "<start_of_turn>user\nU2<end_of_turn>\n<start_of_turn>model\n");
@@ -314,7 +386,7 @@ static void test_apply(void)
 
 static void test_errors(void)
 {
-    struct chat_template t = {CHAT_CHATML, NULL};
+    struct chat_template t = {CHAT_CHATML, NULL, {0}};
     const struct chat_msg bad[] = {{"user", "hi"}, {"tool", "{\"x\":1}"}};
     char *out = (char *)1;
     struct kvb_err err = {{0}};
@@ -326,9 +398,9 @@ static void test_errors(void)
     CHECK_EQ_INT(chat_apply(NULL, USER, 1, true, &out, NULL), KVB_ERR_INVALID_ARG);
 
     /* Allocation failures: NOMEM with nothing returned, never a crash. */
-    const enum chat_family fams[] = {CHAT_CHATML, CHAT_LLAMA2, CHAT_GEMMA};
-    for (int f = 0; f < 3; f++) {
-        struct chat_template tf = {fams[f], (char *)SMOLLM2_SYSTEM};
+    const enum chat_family fams[] = {CHAT_CHATML, CHAT_LLAMA2, CHAT_GEMMA, CHAT_MISTRAL};
+    for (int f = 0; f < 4; f++) {
+        struct chat_template tf = {fams[f], (char *)SMOLLM2_SYSTEM, {0}};
         int ok = 0;
         for (long k = 0; k < 8; k++) {
             kvb_alloc_fail_after(k);
