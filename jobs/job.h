@@ -69,6 +69,9 @@ struct job_error {
     uint64_t line_no;  /* 1-based input line */
     char param[128];   /* the field at fault, e.g. "body.temperature"; "" when none */
     char message[512]; /* "line 7: field 'body.temperature' must be a number" */
+    bool by_line;      /* keyed by line number even with a custom_id (job_key_error): set by
+                          job_parse_line for lines that do not parse, whose custom_id a later
+                          line may still own; job_error_setf clears it */
 };
 
 /* Fills e: message = "line N: " + the formatted text (truncated to fit).
@@ -187,8 +190,8 @@ struct job_key {
 };
 void job_key_custom_id(const char *custom_id, size_t len, struct job_key *out);
 void job_key_line(uint64_t line_no, struct job_key *out);
-/* The key job_format_error uses: by line when custom_id is NULL or e->code is
- * duplicate_custom_id, else by custom_id. */
+/* The key job_format_error uses: by line when custom_id is NULL, e->code is
+ * duplicate_custom_id or e->by_line, else by custom_id. */
 void job_key_error(const char *custom_id, size_t len, const struct job_error *e, struct job_key *out);
 
 /* ---- output lines ---------------------------------------------------------- */

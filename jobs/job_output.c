@@ -46,7 +46,7 @@ void job_key_line(uint64_t line_no, struct job_key *out)
 
 void job_key_error(const char *custom_id, size_t len, const struct job_error *e, struct job_key *out)
 {
-    if (!custom_id || (e->code && strcmp(e->code, JOB_ERR_DUPLICATE_CUSTOM_ID) == 0))
+    if (!custom_id || e->by_line || (e->code && strcmp(e->code, JOB_ERR_DUPLICATE_CUSTOM_ID) == 0))
         job_key_line(e->line_no, out);
     else
         job_key_custom_id(custom_id, len, out);

@@ -23,6 +23,7 @@ void job_error_setf(struct job_error *e, const char *code, uint64_t line_no, con
     if (!e) return;
     e->code = code;
     e->line_no = line_no;
+    e->by_line = false;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     int k = snprintf(e->message, sizeof e->message, "line %llu: ", (unsigned long long)line_no);
     if (k < 0 || (size_t)k >= sizeof e->message) return;
@@ -658,6 +659,7 @@ enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
     if (st != KVB_OK) {
         job_error_setf(err, JOB_ERR_INVALID_JSON, line_no, NULL, "invalid JSON at byte %zu: %s", where + 1,
                        why);
+        if (err) err->by_line = true;
         return KVB_ERR_FORMAT;
     }
     struct pctx c = {.j = &j, .r = out, .err = err, .line = line_no, .prefix = ""};
@@ -665,7 +667,10 @@ enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
     job_json_free(&j);
     if (rc == 0) return KVB_OK;
 
-    /* On error keep only custom_id, which the error line reports. */
+    /* On error keep only custom_id, which the error line reports; the line
+     * is keyed by its number, since the custom_id belongs to the first line
+     * that uses it in a request that parses (a later line, maybe). */
+    if (err) err->by_line = true;
     char *cid = out->custom_id;
     size_t cid_len = out->custom_id_len;
     out->custom_id = NULL;

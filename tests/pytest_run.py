@@ -205,6 +205,31 @@ def test_resume(tmp):
         print(f"resume: killed after {before} lines, resumed to {len(got)}")
 
 
+def test_resume_bad_then_good(tmp):
+    """A line that does not parse does not own its custom_id: a later line with
+    the same custom_id runs, under an id of its own, also when resumed."""
+    job = os.path.join(tmp, "badgood.jsonl")
+    with open(job, "w") as f:
+        f.write(json.dumps({"custom_id": "x", "prompt": 5, "max_tokens": 2}) + "\n")
+        f.write(json.dumps({"custom_id": "x", "prompt": "Hello", "max_tokens": 2, "temperature": 0}) + "\n")
+    out = os.path.join(tmp, "badgood.out")
+    for resume in (False, True):
+        if resume:  # as if killed after the first line was written
+            with open(out, "rb") as f:
+                first = f.readline()
+            with open(out, "wb") as f:
+                f.write(first)
+        p = run(["--input", job, "--output", out, "--metrics", os.path.join(tmp, "badgood.db")]
+                + (["--resume"] if resume else []))
+        check(p.returncode == 0, f"bad-then-good (resume {resume}): exit {p.returncode}: {p.stderr}")
+        lines = [json.loads(l) for l in open(out, encoding="utf-8")]
+        check(len(lines) == 2 and lines[0]["id"] != lines[1]["id"],
+              f"bad-then-good (resume {resume}): {[(l['id'], l['error']) for l in lines]}")
+        check(lines[0]["error"] is not None and lines[1]["error"] is None,
+              f"bad-then-good (resume {resume}): the bad line failed and the good one ran: "
+              f"{[l['error'] for l in lines]}")
+
+
 def test_sigterm(tmp):
     job = os.path.join(tmp, "term.jsonl")
     make_job(job, 24, max_tokens=24)
@@ -267,7 +292,8 @@ def main():
         # A private persistent cache: runs after the first find it warm, so
         # the determinism and resume checks also cover cold vs warm.
         os.environ["KVBATCH_CACHE_DIR"] = os.path.join(tmp, "cache")
-        for t in (test_example, test_errors, test_determinism, test_resume, test_sigterm):
+        for t in (test_example, test_errors, test_determinism, test_resume, test_resume_bad_then_good,
+                  test_sigterm):
             t0 = time.time()
             t(tmp)
             print(f"{t.__name__}: {time.time() - t0:.1f} s")

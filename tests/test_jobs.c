@@ -645,6 +645,10 @@ static void test_keys(void)
     CHECK(strcmp(k.hex, a.hex) == 0);
     job_key_error(NULL, 0, &e, &k);
     CHECK(strcmp(k.hex, l2.hex) == 0);
+    e.by_line = true; /* a line that did not parse */
+    job_key_error("abc", 3, &e, &k);
+    CHECK(strcmp(k.hex, l2.hex) == 0);
+    e.by_line = false;
     e.code = JOB_ERR_DUPLICATE_CUSTOM_ID;
     job_key_error("abc", 3, &e, &k);
     CHECK(strcmp(k.hex, l2.hex) == 0);
@@ -835,13 +839,15 @@ static void test_error_lines(void)
     free(msg);
     doc_close(&d);
 
-    /* a bad field: custom_id kept, param named */
+    /* a bad field: custom_id kept, param named; keyed by line, as a later
+     * line that parses may use the same custom_id and needs its own key */
     b.len = 0;
     const char *bad2 = "{\"custom_id\":\"q\\\"7\",\"prompt\":\"x\",\"top_p\":5}";
     CHECK(job_parse_line(bad2, strlen(bad2), 3, &r, &e) == KVB_ERR_FORMAT);
+    CHECK(e.by_line);
     CHECK(job_format_error(&b, r.custom_id, r.custom_id_len, &e) == KVB_OK);
     doc_open(&d, b.data, b.len);
-    job_key_custom_id("q\"7", 3, &key);
+    job_key_line(3, &key);
     snprintf(want, sizeof want, "batch_req_%s", key.hex);
     CHECK(doc_str_is(&d, "id", want));
     CHECK(doc_str_is(&d, "custom_id", "q\"7"));
