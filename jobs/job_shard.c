@@ -94,7 +94,8 @@ enum kvb_status shard_assign(const struct shard_item *items, int64_t n, int32_t 
     for (int32_t s = 1; s <= n_shards; s++) {
         int64_t cut = m;
         if (s < n_shards) {
-            const int64_t target = total * s / n_shards;
+            /* total * s / n_shards without the product (which could overflow) */
+            const int64_t target = total / n_shards * s + total % n_shards * s / n_shards;
             int64_t ideal = prev;
             while (ideal < m && cost_before[ideal] < target) ideal++;
             int64_t lo = ideal - window > prev ? ideal - window : prev, hi = ideal + window < m ? ideal + window : m;
@@ -131,12 +132,11 @@ static int cmp_u64_pair(const void *pa, const void *pb)
     return a[1] < b[1] ? -1 : a[1] > b[1];
 }
 
-enum kvb_status shard_plan(FILE *f, int32_t index, int32_t count,
+enum kvb_status shard_plan(FILE *f, int32_t index, int32_t count, int64_t max_gen,
                            bool (*prompt_of)(void *user, const struct job_request *q, int32_t **ids, size_t *n),
-                           void *user, uint8_t **mine, int64_t *n_lines, int64_t *n_mine, struct kvb_err *err)
+                           void *user, struct shard_plan_out *out, struct kvb_err *err)
 {
-    *mine = NULL;
-    *n_lines = *n_mine = 0;
+    memset(out, 0, sizeof *out);
     struct job_reader *rd = NULL;
     KVB_FORWARD_IF_ERROR(job_reader_create(f, 0, &rd, err));
     struct shard_item *items = NULL;
@@ -173,7 +173,9 @@ enum kvb_status shard_plan(FILE *f, int32_t index, int32_t count,
             size_t nt = 0;
             if (prompt_of(user, &q, &tok, &nt)) {
                 shard_hash_prompt(tok, (int64_t)nt, it);
-                it->cost = (int64_t)nt + (int64_t)(q.max_tokens > 0 ? q.max_tokens : 0) * (q.n > 0 ? q.n : 1);
+                int64_t gen = q.max_tokens > 0 ? q.max_tokens : 0;
+                if (max_gen > 0 && gen > max_gen) gen = max_gen;
+                it->cost = (int64_t)nt + gen * (q.n > 0 ? q.n : 1);
                 kvb_free(tok);
             }
             job_request_free(&q);
@@ -207,10 +209,11 @@ enum kvb_status shard_plan(FILE *f, int32_t index, int32_t count,
     if (st == KVB_OK) {
         for (int64_t i = 0; i < n; i++) {
             m[i] = shard_of[i] == index;
-            *n_mine += m[i];
+            out->n_mine += m[i];
         }
-        *mine = m;
-        *n_lines = n;
+        out->hash = XXH3_64bits(shard_of, sizeof(int32_t) * (size_t)n) ^ (uint64_t)count;
+        out->mine = m;
+        out->n_lines = n;
         m = NULL;
     }
     kvb_free(m);
@@ -268,9 +271,11 @@ enum kvb_status shard_parse(const char *spec, const char *(*get_env)(const char 
             return kvb_errf(err, KVB_ERR_INVALID_ARG, "--shard '%s': expected I/N (e.g. 0/4) or auto",
                             spec ? spec : "");
     }
-    if (n < 1 || n > 1000000 || i < 0 || i >= n)
-        return kvb_errf(err, KVB_ERR_INVALID_ARG, "shard %ld of %ld: the index must be in 0..%ld", i, n,
-                        n > 0 ? n - 1 : 0);
+    if (n < 1 || n > SHARD_MAX_COUNT)
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "shard %ld of %ld: the number of shards must be in 1..%d", i, n,
+                        SHARD_MAX_COUNT);
+    if (i < 0 || i >= n)
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "shard %ld of %ld: the index must be in 0..%ld", i, n, n - 1);
     *index = (int32_t)i;
     *count = (int32_t)n;
     return KVB_OK;

@@ -25,6 +25,7 @@
 
 #define SHARD_BLOCK 16      /* tokens per hashed block */
 #define SHARD_MAX_BLOCKS 32 /* leading blocks that decide affinity (512 tokens) */
+#define SHARD_MAX_COUNT 1000000
 
 /* One line of the job. */
 struct shard_item {
@@ -42,17 +43,27 @@ void shard_hash_prompt(const int32_t *tokens, int64_t n, struct shard_item *item
  * KVB_ERR_INVALID_ARG for n_shards < 1. */
 enum kvb_status shard_assign(const struct shard_item *items, int64_t n, int32_t n_shards, int32_t *shard_of);
 
+/* What shard_plan decides for one shard. */
+struct shard_plan_out {
+    uint8_t *mine;    /* mine[k] = 1 when line k+1 is this shard's (kvb_malloc'd: caller frees) */
+    int64_t n_lines;  /* lines read */
+    int64_t n_mine;   /* of them this shard's */
+    uint64_t hash;    /* of the whole assignment (every line's shard): equal in every shard
+                         that planned the same split, so reports can tell when they did not */
+};
+
 /* Reads the job in f (from its current position to the end) and says
- * which lines shard `index` of `count` runs: (*mine)[k] is 1 for line k+1,
- * of *n_lines; *n_mine of them are 1. prompt_of gives a parsed request's
- * prompt tokens (*ids, kvb_malloc'd by it, freed here), or false when the
- * line is no request: such a line goes by its number, and the shard that
- * takes it reports its error. Lines with one custom_id stay together, so
- * that one shard runs the first and reports the others as duplicates.
- * KVB_ERR_IO / KVB_ERR_NOMEM with a message. */
-enum kvb_status shard_plan(FILE *f, int32_t index, int32_t count,
+ * which lines shard `index` of `count` runs. prompt_of gives a parsed
+ * request's prompt tokens (*ids, kvb_malloc'd by it, freed here), or false
+ * when the line is no request: such a line goes by its number, and the
+ * shard that takes it reports its error. A request's work counts at most
+ * max_gen generated tokens per choice (pass the model's context: no
+ * request generates more, whatever its max_tokens). Lines with one
+ * custom_id stay together, so that one shard runs the first and reports
+ * the others as duplicates. KVB_ERR_IO / KVB_ERR_NOMEM with a message. */
+enum kvb_status shard_plan(FILE *f, int32_t index, int32_t count, int64_t max_gen,
                            bool (*prompt_of)(void *user, const struct job_request *q, int32_t **ids, size_t *n),
-                           void *user, uint8_t **mine, int64_t *n_lines, int64_t *n_mine, struct kvb_err *err);
+                           void *user, struct shard_plan_out *out, struct kvb_err *err);
 
 /* Parses a --shard value: "I/N" (0 <= I < N), or "auto": the Slurm job
  * array's task (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN of

@@ -89,6 +89,7 @@ struct runner {
     struct job_idset *seen_ids;  /* custom_ids met in this input */
     uint8_t *mine;               /* with --shard: mine[k] = line k+1 is this shard's; else NULL */
     int64_t n_plan_lines;
+    uint64_t plan_hash;          /* with --shard: shard_plan_out.hash, recorded in the run's settings */
     struct metrics_db *db;
     int64_t run_id;
     struct pstore *ps;           /* persistent prefix cache, or NULL */
@@ -377,8 +378,10 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
 
 /* ---- admission of input lines --------------------------------------------------- */
 
-static bool tokenize_request(struct runner *r, const struct job_request *q, int32_t **ids, size_t *n,
-                             struct job_error *e)
+/* The prompt's tokens, or false with e filled. No context check: the shard
+ * plan must not depend on --ctx (tokenize_request adds it). */
+static bool tokenize_prompt(struct runner *r, const struct job_request *q, int32_t **ids, size_t *n,
+                            struct job_error *e)
 {
     struct kvb_err err = {{0}};
     unsigned flags = tok_wants_bos(r->tok) ? TOK_ADD_BOS : 0;
@@ -418,6 +421,16 @@ static bool tokenize_request(struct runner *r, const struct job_request *q, int3
         kvb_free(*ids);
         return false;
     }
+    return true;
+oom:
+    job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory");
+    return false;
+}
+
+static bool tokenize_request(struct runner *r, const struct job_request *q, int32_t **ids, size_t *n,
+                             struct job_error *e)
+{
+    if (!tokenize_prompt(r, q, ids, n, e)) return false;
     if ((int64_t)*n >= r->n_ctx) {
         job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt",
                        "the prompt has %zu tokens; the context holds %d (prompt plus at least one generated token)",
@@ -426,41 +439,45 @@ static bool tokenize_request(struct runner *r, const struct job_request *q, int3
         return false;
     }
     return true;
-oom:
-    job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory");
-    return false;
 }
 
 static bool prompt_of(void *user, const struct job_request *q, int32_t **ids, size_t *n)
 {
     struct job_error e;
-    return tokenize_request(user, q, ids, n, &e);
+    return tokenize_prompt(user, q, ids, n, &e);
 }
 
-/* --shard: which lines are this shard's (job_shard.h). The whole input is
- * read and tokenized once more first, so it must be a file. */
+/* --shard: which lines are this shard's (job_shard.h). The plan reads the
+ * whole input through r->in, which is then rewound for the run: one open
+ * file, so both read the same bytes, and it must be a regular file. */
 static bool plan_shard(struct runner *r)
 {
     const struct run_opts *o = r->o;
-    if (!strcmp(o->input_path, "-")) {
-        fprintf(stderr, "kvbatch run: --shard needs the job in a file (every shard reads all of it), not stdin\n");
+    struct stat sb;
+    if (fstat(fileno(r->in), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fprintf(stderr, "kvbatch run: --shard needs the job as a regular file (every shard reads all of it "
+                "to plan, then again to run); %s is %s\n", o->input_path,
+                r->in == stdin ? "standard input" : "a pipe or device");
         return false;
     }
-    FILE *f = fopen(o->input_path, "rb");
-    if (!f) {
-        fprintf(stderr, "kvbatch run: cannot open %s: %s\n", o->input_path, strerror(errno));
-        return false;
-    }
+    const long start = ftell(r->in);
     const double t0 = cli_now();
     struct kvb_err err = {{0}};
-    int64_t n_mine = 0;
-    enum kvb_status st = shard_plan(f, o->shard_index, o->shard_count, prompt_of, r, &r->mine, &r->n_plan_lines,
-                                    &n_mine, &err);
-    fclose(f);
+    struct shard_plan_out plan;
+    enum kvb_status st = shard_plan(r->in, o->shard_index, o->shard_count, r->model->hp.n_ctx_train, prompt_of, r,
+                                    &plan, &err);
+    clearerr(r->in);
+    if (st == KVB_OK && (start < 0 || fseek(r->in, start, SEEK_SET) != 0))
+        st = kvb_errf(&err, KVB_ERR_IO, "cannot rewind %s: %s", o->input_path, strerror(errno));
     if (st != KVB_OK) {
+        kvb_free(plan.mine);
         fprintf(stderr, "kvbatch run: --shard: %s\n", err.msg);
         return false;
     }
+    r->mine = plan.mine;
+    r->n_plan_lines = plan.n_lines;
+    r->plan_hash = plan.hash;
+    const int64_t n_mine = plan.n_mine;
     r->total_lines = n_mine;
     if (!o->quiet)
         fprintf(stderr, "kvbatch run: shard %d of %d (0-based): %lld of %lld lines, grouped by shared prompt prefix "
@@ -765,11 +782,12 @@ static bool setup(struct runner *r)
     char settings[512];
     snprintf(settings, sizeof settings,
              "{\"threads\":%d,\"max_batch\":%d,\"max_step_tokens\":%d,\"kv_mem\":%llu,\"block_size\":%d,"
-             "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\",\"shard\":\"%d/%d\"}",
+             "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\",\"shard\":\"%d/%d\","
+             "\"shard_plan\":\"%016llx\"}",
              be_threads(r->be), r->max_batch, r->max_step,
              (unsigned long long)((uint64_t)r->be->n_blocks * (uint64_t)r->be->block_bytes), o->block_size,
              r->n_ctx, r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be), o->shard_index,
-             o->shard_count > 1 ? o->shard_count : 1);
+             o->shard_count > 1 ? o->shard_count : 1, (unsigned long long)r->plan_hash);
     struct metrics_run_info ri = {.job_file = o->input_path, .output_file = o->output_path,
                                   .model = o->model_path, .model_fingerprint = r->model->fingerprint,
                                   .backend = r->be->name, .settings = settings};

@@ -209,7 +209,11 @@ enum kvb_status metrics_list_runs(struct metrics_db *db, FILE *out, int64_t *n_r
  * percentiles over all request rows, wall time from the first start to the
  * last end, status the worst of them (metrics_combine.c). The databases
  * are only read; the combination is built in a temporary file, removed
- * before returning. KVB_ERR_NOT_FOUND when a database holds no run. */
+ * before returning. KVB_ERR_NOT_FOUND when a database holds no run;
+ * KVB_ERR_INVALID_ARG when the sums would be wrong: one run given twice,
+ * one shard twice, or shards of different splits (other N, or another plan
+ * hash: `shard_plan` in the runs' settings). Missing shards and resumed
+ * runs, whose sums are partial, get a "warning:" line on out. */
 enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *out, struct kvb_err *err);
 
 #endif

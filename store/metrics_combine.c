@@ -3,6 +3,7 @@
  * copied into a temporary database of the same schema as run 1 (sources
  * staged as runs 2..n+1), whose row is then filled with the sums, and the
  * ordinary report is printed for it: one code path for both reports. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,73 @@ static enum kvb_status copy_latest(sqlite3 *sql, const char *path, int64_t as, s
     return ret;
 }
 
+/* What the staged runs (2..n+1, from paths[0..n)) say of themselves in
+ * their settings: which shard of how many, and the plan's hash. */
+struct staged {
+    long index, count;  /* shard index / count; count 1: not sharded */
+    char plan[24];      /* hex hash of the split, "" when not recorded */
+    bool resumed;
+    double started;
+    char output[512];
+};
+
+/* Refuses combinations that would print wrong sums (the same run twice, one
+ * shard twice, shards of different splits) and warns on out about ones that
+ * print partial sums (missing shards, resumed runs). */
+static enum kvb_status check_staged(sqlite3 *sql, const char *const *paths, int n, FILE *out, struct kvb_err *err)
+{
+    struct staged *r = calloc((size_t)n, sizeof *r);
+    if (!r) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(sql,
+        "SELECT id, coalesce(json_extract(settings, '$.shard'), '0/1'), coalesce(json_extract(settings,"
+        " '$.shard_plan'), ''), coalesce(json_extract(settings, '$.resume'), 0), started_at, coalesce(output_file, '')"
+        " FROM runs WHERE id > 1 AND json_valid(settings) ORDER BY id", -1, &st, NULL);
+    for (int i = 0; i < n; i++) r[i].count = 1;
+    while (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
+        int64_t k = sqlite3_column_int64(st, 0) - 2;
+        if (k < 0 || k >= n) continue;
+        const char *sh = (const char *)sqlite3_column_text(st, 1);
+        if (!sh || sscanf(sh, "%ld/%ld", &r[k].index, &r[k].count) != 2 || r[k].count < 1) r[k].count = 1;
+        const char *plan = (const char *)sqlite3_column_text(st, 2);
+        snprintf(r[k].plan, sizeof r[k].plan, "%s", plan && strspn(plan, "0") != strlen(plan) ? plan : "");
+        r[k].resumed = sqlite3_column_int(st, 3) != 0;
+        r[k].started = sqlite3_column_double(st, 4);
+        const char *o = (const char *)sqlite3_column_text(st, 5);
+        snprintf(r[k].output, sizeof r[k].output, "%s", o ? o : "");
+    }
+    sqlite3_finalize(st);
+    enum kvb_status ret = rc == SQLITE_OK ? KVB_OK : metrics_sql_err(sql, "the combined report", err, rc, "reading settings");
+    bool sharded = false;
+    for (int i = 0; i < n; i++) sharded |= r[i].count > 1;
+    for (int i = 0; i < n && ret == KVB_OK; i++) {
+        for (int j = 0; j < i && ret == KVB_OK; j++) {
+            if (r[i].started == r[j].started && !strcmp(r[i].output, r[j].output))
+                ret = kvb_errf(err, KVB_ERR_INVALID_ARG, "%s and %s hold the same run: it would be counted twice",
+                               paths[j], paths[i]);
+            else if (sharded && r[i].count == r[j].count && r[i].index == r[j].index)
+                ret = kvb_errf(err, KVB_ERR_INVALID_ARG, "%s and %s are both shard %ld of %ld", paths[j], paths[i],
+                               r[i].index, r[i].count);
+            else if (sharded && r[i].count != r[j].count)
+                ret = kvb_errf(err, KVB_ERR_INVALID_ARG, "%s is shard %ld of %ld but %s is shard %ld of %ld: runs of "
+                               "different splits cannot be summed", paths[j], r[j].index, r[j].count, paths[i],
+                               r[i].index, r[i].count);
+            else if (sharded && r[i].plan[0] && r[j].plan[0] && strcmp(r[i].plan, r[j].plan))
+                ret = kvb_errf(err, KVB_ERR_INVALID_ARG, "%s and %s planned different splits of the job (plan %s vs "
+                               "%s): their lines may overlap or be missing; run every shard on the same job file, "
+                               "model and --chat-template", paths[j], paths[i], r[j].plan, r[i].plan);
+        }
+    }
+    if (ret == KVB_OK && sharded && n < r[0].count)
+        fprintf(out, "warning: %d of %ld shards given: the sums cover only them\n", n, r[0].count);
+    for (int i = 0; i < n && ret == KVB_OK; i++)
+        if (r[i].resumed)
+            fprintf(out, "warning: %s: its latest run resumed an earlier one (--resume); the requests that one "
+                    "finished are counted there, not here\n", paths[i]);
+    free(r);
+    return ret;
+}
+
 enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *out, struct kvb_err *err)
 {
     if (n < 1 || !paths) return kvb_errf(err, KVB_ERR_INVALID_ARG, "no database given");
@@ -86,6 +154,7 @@ enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *o
         if (rc != SQLITE_OK) st = metrics_sql_err(sql, path, err, rc, "staging");
     }
     for (int i = 0; i < n && st == KVB_OK; i++) st = copy_latest(sql, paths[i], 2 + i, err);
+    if (st == KVB_OK) st = check_staged(sql, paths, n, out, err);
     if (st == KVB_OK) {
         /* Run 1 = the sum of the others. The worst status wins; wall time
          * spans the first start to the last end (shards run side by side). */

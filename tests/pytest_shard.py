@@ -6,14 +6,17 @@ line and a repeated custom_id) is run whole, then as two and as three
 shards: every line is answered by exactly one shard, each document's
 questions by one shard, the texts are those of the whole run (greedy), the
 bad line and the duplicate are reported once, and `kvbatch report` over the
-shards' databases gives the whole run's counts; `--shard auto` reads a Slurm
-job array's variables; stdin and bad values are refused.
+shards' databases gives the whole run's counts (and refuses a run given
+twice, a shard twice, or shards of different splits); `--shard auto` reads a
+Slurm job array's variables; pipes and bad values are refused; --ctx does not
+change the plan.
 
 Run by ctest (KVB_BIN, KVB_MODEL set); exits 77 to skip without them.
 """
 import json
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -98,9 +101,30 @@ def main():
         p = run(job, auto, "--shard", "auto", env=env)
         check(p.returncode == 0 and results(auto) == results(os.path.join(tmp, "s1of2.jsonl")),
               f"--shard auto under a Slurm array is not shard 1/2: {p.stderr}")
-        p = subprocess.run([BIN, "run", "--model", MODEL, "--input", "-", "--output", os.path.join(tmp, "x.jsonl"),
-                            "--shard", "0/2"], input=lines[0] + "\n", capture_output=True, text=True)
-        check(p.returncode == 1 and "stdin" in p.stderr, f"--shard over stdin: exit {p.returncode}: {p.stderr}")
+        for src in ("-", "/dev/stdin"):  # a pipe: the plan would eat what the run reads
+            p = subprocess.run([BIN, "run", "--model", MODEL, "--input", src, "--output",
+                                os.path.join(tmp, "x.jsonl"), "--shard", "0/2"],
+                               input="\n".join(lines) + "\n", capture_output=True, text=True)
+            check(p.returncode == 1 and "regular file" in p.stderr,
+                  f"--shard over a pipe ({src}): exit {p.returncode}: {p.stderr}")
+        # The plan does not depend on --ctx (a prompt too long for one shard's
+        # context is still placed by its prefix): same plan hash in both runs.
+        ctx = os.path.join(tmp, "ctx.jsonl")
+        p = run(job, ctx, "--shard", "0/2", "--ctx", "64")
+        check(p.returncode == 0, f"--ctx 64 shard: exit {p.returncode}: {p.stderr}")
+        plan = lambda db: sqlite3.connect(db).execute(
+            "select json_extract(settings, '$.shard_plan') from runs order by id desc").fetchone()[0]
+        check(plan(ctx + ".db") == plan(os.path.join(tmp, "s0of2.jsonl.db")) and plan(ctx + ".db") != "0" * 16,
+              f"--ctx changed the plan: {plan(ctx + '.db')} vs {plan(os.path.join(tmp, 's0of2.jsonl.db'))}")
+        # The combined report refuses wrong sums and warns about partial ones.
+        db = lambda i, n: os.path.join(tmp, f"s{i}of{n}.jsonl.db")
+        for dbs, want in (([db(0, 2), db(0, 2)], "same run"), ([db(0, 2), db(1, 3)], "different splits"),
+                          ([db(0, 2), ctx + ".db"], "both shard 0 of 2")):
+            rep = subprocess.run([BIN, "report", *dbs], capture_output=True, text=True)
+            check(rep.returncode == 1 and want in rep.stderr, f"report {dbs}: exit {rep.returncode}: {rep.stderr}")
+        rep = subprocess.run([BIN, "report", db(0, 3), db(2, 3)], capture_output=True, text=True)
+        check(rep.returncode == 0 and "warning: 2 of 3 shards given" in rep.stdout,
+              f"report of 2 of 3 shards: exit {rep.returncode}: {rep.stderr}{rep.stdout}")
         p = run(job, os.path.join(tmp, "y.jsonl"), "--shard", "2/2")
         check(p.returncode == 2 and "0..1" in p.stderr, f"--shard 2/2: exit {p.returncode}: {p.stderr}")
     return finish("shard")

@@ -53,7 +53,8 @@ static void test_parse(void)
     CHECK(shard_parse("auto", fake_env, &i, &n, &err) == KVB_OK && i == 2 && n == 3);
     set_env(1, k8s);
     CHECK(shard_parse("auto", fake_env, &i, &n, &err) == KVB_ERR_INVALID_ARG && strstr(err.msg, "KVBATCH_SHARD_COUNT"));
-    printf("parse: I/N, Slurm array and Indexed Job variables, 9 bad values refused\n");
+    CHECK(shard_parse("0/2000000", fake_env, &i, &n, &err) == KVB_ERR_INVALID_ARG && strstr(err.msg, "number of shards"));
+    printf("parse: I/N, Slurm array and Indexed Job variables, 10 bad values refused\n");
 }
 
 /* n_groups documents, document g asked per_group + g % 5 - 2 questions
@@ -201,11 +202,67 @@ static void test_pins_and_bad_lines(void)
     free_job(&j);
 }
 
+/* A completion prompt's bytes as its tokens. */
+static bool bytes_as_tokens(void *user, const struct job_request *q, int32_t **ids, size_t *n)
+{
+    (void)user;
+    if (!q->prompt) return false;
+    *ids = malloc(sizeof(int32_t) * (q->prompt_len ? q->prompt_len : 1));
+    for (size_t k = 0; k < q->prompt_len; k++) (*ids)[k] = (unsigned char)q->prompt[k];
+    *n = q->prompt_len;
+    return true;
+}
+
+/* shard_plan over a file: every line in exactly one shard, the same plan
+ * hash in every shard, and a huge max_tokens counted only up to max_gen
+ * (else its request alone outweighs the rest and most shards idle). */
+static void test_plan(void)
+{
+    FILE *f = tmpfile();
+    const int n_lines = 41;
+    for (int i = 0; i < n_lines - 1; i++)
+        fprintf(f, "{\"custom_id\":\"r%d\",\"prompt\":\"question %d about topic %d\",\"max_tokens\":%d}\n", i, i,
+                i * 7919 % 101, i == 17 ? 1000000 : 16);
+    fprintf(f, "not json\n");
+    uint8_t seen[41] = {0};
+    uint64_t hash0 = 0;
+    int64_t least = n_lines;
+    for (int32_t s = 0; s < 4; s++) {
+        rewind(f);
+        struct shard_plan_out p;
+        struct kvb_err err = {{0}};
+        CHECK_MSG(shard_plan(f, s, 4, 64, bytes_as_tokens, NULL, &p, &err) == KVB_OK, "%s", err.msg);
+        CHECK(p.n_lines == n_lines);
+        if (s == 0) hash0 = p.hash;
+        CHECK(p.hash == hash0);
+        int64_t mine = 0;
+        for (int64_t k = 0; k < p.n_lines; k++) {
+            if (!p.mine[k]) continue;
+            CHECK_MSG(!seen[k], "line %lld in two shards", (long long)k + 1);
+            seen[k] = 1;
+            mine++;
+        }
+        CHECK(mine == p.n_mine);
+        if (mine < least) least = mine;
+        free(p.mine);
+    }
+    for (int k = 0; k < n_lines; k++) CHECK_MSG(seen[k], "line %d in no shard", k + 1);
+    CHECK_MSG(least >= 5, "a shard got only %lld of %d lines", (long long)least, n_lines);
+    /* A different split (other shard count) has another hash. */
+    rewind(f);
+    struct shard_plan_out p3;
+    CHECK(shard_plan(f, 0, 3, 64, bytes_as_tokens, NULL, &p3, NULL) == KVB_OK && p3.hash != hash0);
+    free(p3.mine);
+    fclose(f);
+    printf("plan: 41 lines over 4 shards, each once, one plan hash, smallest shard %lld lines\n", (long long)least);
+}
+
 int main(void)
 {
     test_parse();
     test_rag_affinity();
     test_shared_header();
     test_pins_and_bad_lines();
+    test_plan();
     return tu_finish();
 }
