@@ -823,8 +823,13 @@ static enum kvb_status cuda_copies_wait(struct backend *be, struct kvb_err *err)
 {
     struct cuda_be *c = (struct cuda_be *)be;
     KVB_FORWARD_IF_ERROR(cu_check(cudaSetDevice(c->device), err, "select device"));
-    KVB_FORWARD_IF_ERROR(cu_check(cudaStreamSynchronize(c->h2d), err, "restore copies"));
-    return cu_check(cudaStreamSynchronize(c->d2h), err, "spill copies");
+    /* Both streams, whatever the first says: the caller reuses the host
+     * buffers of either once this returns. The first failure is reported. */
+    enum kvb_status st = cu_check(cudaStreamSynchronize(c->h2d), err, "restore copies");
+    struct kvb_err e2 = {{0}};
+    enum kvb_status st2 = cu_check(cudaStreamSynchronize(c->d2h), &e2, "spill copies");
+    if (st == KVB_OK && st2 != KVB_OK) st = kvb_errf(err, st2, "%s", e2.msg);
+    return st;
 }
 
 static enum kvb_status cuda_block_read(struct backend *be, int32_t block, void *dst)

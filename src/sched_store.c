@@ -175,8 +175,9 @@ int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore
     void *dst[MAX_LOAD];
     for (int32_t i = 0; i < n; i++) dst[i] = x->ring + (int64_t)(x->ring_used + i) * x->bb;
     int32_t got = 0;
-    if (pstore_load_chain(x->ps, x->pm, tokens, keys, from, from + n, dst, &got, NULL) != KVB_OK)
-        got = 0; /* a store failure is a miss */
+    /* A store failure is a miss from where it happened: the blocks before
+     * it were read and checked (and counted as loaded). */
+    pstore_load_chain(x->ps, x->pm, tokens, keys, from, from + n, dst, &got, NULL);
     for (int32_t i = 0; i < got; i++) {
         enum kvb_status st = x->async ? x->be->kv_write_async(x->be, blocks[i], dst[i])
                                       : x->be->kv_block_write(x->be, blocks[i], dst[i]);
@@ -209,8 +210,11 @@ void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_k
         }
         if (x->n_spill == x->cap_spill) return; /* no memory: a miss next run, nothing worse */
     }
-    /* No buffer: every one is queued in the store, which is behind; the
-     * block would be dropped there anyway. */
+    /* A block the store's queue has no room for (counting the spills held
+     * for it) would be dropped at hand-over: skip the copy and its buffer,
+     * so staging stays within --cache-buffer. No buffer: every one is
+     * queued in the store, which is behind; the same. */
+    if (!pstore_put_admit(x->ps, x->pm, x->n_spill)) return;
     uint8_t *dst = get_buf(x);
     if (!dst) return;
     enum kvb_status st = x->async ? x->be->kv_read_async(x->be, block, dst) : x->be->kv_block_read(x->be, block, dst);

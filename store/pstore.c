@@ -376,6 +376,35 @@ void pstore_item_free(struct pstore_put_item *it)
     kvb_free(it);
 }
 
+/* Whether a put of one block (sz bytes queued) with `ahead` more already
+ * promised fits the queue's bounds now. Called with ps->mu held. */
+static bool queue_full_locked(struct pstore *ps, size_t sz, uint64_t ahead)
+{
+    const uint64_t max_bytes = pstore_queue_bytes(ps);
+    const uint64_t max_items =
+        PSTORE_QUEUE_MAX_ITEMS * (max_bytes > PSTORE_QUEUE_MAX_BYTES ? max_bytes / PSTORE_QUEUE_MAX_BYTES : 1);
+    const uint64_t n = ps->q_n + ahead;
+    return n >= max_items || (n > 0 && ps->q_bytes + (ahead + 1) * sz > max_bytes);
+}
+
+static size_t put_size(const struct pstore_shape *s)
+{
+    return sizeof(struct pstore_put_item) + (size_t)s->block_size * sizeof(int32_t) + (size_t)s->raw_len;
+}
+
+bool pstore_put_admit(struct pstore *ps, const struct pstore_model *m, int32_t ahead)
+{
+    if (!ps || !m) return false;
+    struct kvb_err err;
+    pthread_mutex_lock(&ps->mu);
+    int mi = pstore_model_index_locked(ps, m, &err);
+    bool ok = mi >= 0 && !ps->stats.writing_disabled &&
+              !queue_full_locked(ps, put_size(&ps->models[mi].shape), ahead > 0 ? (uint64_t)ahead : 0);
+    if (!ok) ps->stats.blocks_dropped++;
+    pthread_mutex_unlock(&ps->mu);
+    return ok;
+}
+
 /* Queues a put; data is copied unless release is set (then it is borrowed
  * and handed back through release, also on every drop). */
 static enum kvb_status put_item(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
@@ -396,12 +425,8 @@ static enum kvb_status put_item(struct pstore *ps, const struct pstore_model *m,
     }
     const struct pstore_shape *s = &ps->models[mi].shape;
     size_t tok_bytes = (size_t)s->block_size * sizeof(int32_t);
-    size_t sz = sizeof(struct pstore_put_item) + tok_bytes + (size_t)s->raw_len;
-    const uint64_t max_bytes = pstore_queue_bytes(ps);
-    const uint64_t max_items =
-        PSTORE_QUEUE_MAX_ITEMS * (max_bytes > PSTORE_QUEUE_MAX_BYTES ? max_bytes / PSTORE_QUEUE_MAX_BYTES : 1);
-    bool full = ps->q_n >= max_items || (ps->q_n > 0 && ps->q_bytes + sz > max_bytes);
-    if (ps->stats.writing_disabled || full) {
+    size_t sz = put_size(s);
+    if (ps->stats.writing_disabled || queue_full_locked(ps, sz, 0)) {
         ps->stats.blocks_dropped++;
         pthread_mutex_unlock(&ps->mu);
         if (release) release(ctx, data);

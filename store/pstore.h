@@ -106,7 +106,8 @@ void pstore_chain_keys(const struct pstore_model *m, const int32_t *tokens, int3
  * at the first miss or damaged value. *n_loaded = blocks loaded (0..n-from).
  * One read transaction; values decompressed in parallel. Errors other than
  * misses (e.g. the environment became unreadable) return a status, and the
- * caller treats them as a miss. dst[i] past *n_loaded may hold garbage.
+ * caller treats them as a miss from there: *n_loaded still counts the
+ * blocks loaded before it. dst[i] past *n_loaded may hold garbage.
  * A lossy8 value is a miss unless the store was opened with lossy8 (so a
  * lossless run's outputs never depend on a lossy run's); a lossless store
  * replaces such a value when it puts the block. A damaged value is removed
@@ -139,6 +140,13 @@ enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, cons
 enum kvb_status pstore_put_borrowed(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
                                     const struct pstore_key *parent, const int32_t *tokens, const void *data,
                                     void (*release)(void *ctx, const void *data), void *ctx);
+
+/* Whether a put of one of m's blocks would be queued now, when `ahead`
+ * more puts the caller has promised (staged, not yet put) are counted
+ * first. When not, the block counts as dropped, as pstore_put would count
+ * it: the caller skips it. Lets a caller skip preparing (e.g. copying off a
+ * device) a block the store would drop. */
+bool pstore_put_admit(struct pstore *ps, const struct pstore_model *m, int32_t ahead);
 
 /* Waits until every queued put (and LRU touch, and damaged-value removal)
  * is written (tests, end of run; pstore_close does it too). */

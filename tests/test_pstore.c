@@ -699,6 +699,17 @@ static void test_queue_bytes(void)
         if (k == 0) CHECK(s.blocks_dropped > 0 && s.blocks_written >= 1);
         else CHECK_EQ_INT(s.blocks_written, 40);
         CHECK_EQ_INT(chain_load(ps, &m, &c, 0), (int)s.blocks_written);
+        /* Admission counts promised puts: a 100 KiB queue takes three
+         * 32 KiB blocks (the first always fits), so a fourth promised one is
+         * refused and counted as dropped; nothing is refused on an empty
+         * 8 MiB queue. */
+        const uint64_t dropped = s.blocks_dropped;
+        CHECK(pstore_put_admit(ps, &m, 0));
+        CHECK(pstore_put_admit(ps, &m, 2));
+        CHECK(pstore_put_admit(ps, &m, 3) == (k == 1));
+        CHECK(pstore_put_admit(ps, &m, 256) == false); /* past the bound on items and bytes */
+        s = stats_of(ps);
+        CHECK_EQ_INT(s.blocks_dropped, dropped + (k == 0 ? 2 : 1));
         pstore_close(ps);
         rmtree(dir);
     }
