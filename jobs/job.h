@@ -119,6 +119,7 @@ enum job_given {
     JOB_GIVEN_N = 1u << 11,
     JOB_GIVEN_LOGPROBS = 1u << 12,
     JOB_GIVEN_TOP_LOGPROBS = 1u << 13,
+    JOB_GIVEN_RESPONSE_FORMAT = 1u << 14,
 };
 
 /* Defaults for absent fields. temperature and top_p follow OpenAI; max_tokens
@@ -160,6 +161,7 @@ struct job_request {
     int32_t n;                /* [1, 16]; default 1 */
     bool logprobs;            /* chat: "logprobs": true; completion: "logprobs": k given */
     int32_t top_logprobs;     /* [0, 20]: alternatives per token (completion: the k above) */
+    bool json_object;         /* "response_format": {"type": "json_object"}: the output is one JSON object */
 };
 
 /* Parses one input line (len bytes, need not be NUL-terminated, may end in

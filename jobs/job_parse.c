@@ -554,6 +554,83 @@ static int parse_sampling(struct pctx *c, int obj)
     return 0;
 }
 
+/* A field that is there and not null. */
+static int given(const struct pctx *c, int obj, const char *name)
+{
+    int i = lookup(c, obj, name);
+    return i >= 0 && job_json_kind(c->j, i) != JOB_JSON_NULL ? i : -1;
+}
+
+/* An array or object with nothing in it. */
+static bool empty_container(const struct pctx *c, int i) { return job_json_skip(c->j, i) == i + 1; }
+
+/* response_format, and the fields kvbatch does not implement whose silent
+ * omission would change what the caller gets back, which are refused by
+ * name: tools and functions (tool calls), logit_bias, echo, suffix and a
+ * best_of above n. Fields that change nothing in an offline batch (stream,
+ * user, store, metadata, service_tier, …) and unknown ones are ignored, as
+ * vLLM does. */
+static int parse_output_form(struct pctx *c, int obj)
+{
+    struct job_request *r = c->r;
+    char path[PATH_MAX_], sub[PATH_MAX_];
+    int i = given(c, obj, "response_format");
+    if (i >= 0) {
+        path_of(c, "response_format", path);
+        if (job_json_kind(c->j, i) != JOB_JSON_OBJECT) return fail_type(c, path, "an object");
+        path_sub(sub, path, ".type");
+        int t = job_json_get(c->j, i, "type");
+        if (t < 0) return fail_missing(c, sub);
+        if (job_json_kind(c->j, t) != JOB_JSON_STRING) return fail_type(c, sub, "a string");
+        if (job_json_str_eq(c->j, t, "json_object")) {
+            r->json_object = true;
+            r->given |= JOB_GIVEN_RESPONSE_FORMAT;
+        } else if (job_json_str_eq(c->j, t, "json_schema")) {
+            return fail(c, JOB_ERR_INVALID_VALUE, sub,
+                        "field '%s': \"json_schema\" is not supported (\"json_object\", any JSON object, and "
+                        "\"text\" are)", sub);
+        } else if (!job_json_str_eq(c->j, t, "text")) {
+            char got[48];
+            excerpt(c, t, got, sizeof got);
+            return fail(c, JOB_ERR_INVALID_VALUE, sub, "field '%s' must be \"text\" or \"json_object\" (got '%s')",
+                        sub, got);
+        }
+    }
+    static const char *const tool_fields[] = {"tools", "functions"};
+    for (int k = 0; k < 2; k++) {
+        i = given(c, obj, tool_fields[k]);
+        if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_ARRAY && empty_container(c, i))) {
+            path_of(c, tool_fields[k], path);
+            return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s': tool calling is not supported by kvbatch", path);
+        }
+    }
+    i = given(c, obj, "logit_bias");
+    if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_OBJECT && empty_container(c, i))) {
+        path_of(c, "logit_bias", path);
+        return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' is not supported by kvbatch", path);
+    }
+    i = given(c, obj, "echo");
+    if (i >= 0 && job_json_kind(c->j, i) != JOB_JSON_FALSE) {
+        path_of(c, "echo", path);
+        return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' is not supported by kvbatch (only false)", path);
+    }
+    i = given(c, obj, "suffix");
+    if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_STRING && job_json_str_eq(c->j, i, ""))) {
+        path_of(c, "suffix", path);
+        return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' (insertion) is not supported by kvbatch", path);
+    }
+    int64_t v;
+    bool present;
+    int rc = get_int(c, obj, "best_of", 1, INT32_MAX, &v, &present);
+    if (rc) return rc;
+    if (present && v > r->n) {
+        path_of(c, "best_of", path);
+        return fail(c, JOB_ERR_INVALID_VALUE, path,
+                    "field '%s' above n is not supported by kvbatch (it returns every choice it makes)", path);
+    }
+    return 0;
+}
+
 /* ---- the line ------------------------------------------------------------------------ */
 
 static int parse_root(struct pctx *c)
@@ -641,7 +718,8 @@ static int parse_root(struct pctx *c)
     bool present;
     if ((rc = get_string(c, body, "model", &r->model, NULL, &present))) return rc;
     if (present) r->given |= JOB_GIVEN_MODEL;
-    return parse_sampling(c, body);
+    if ((rc = parse_sampling(c, body))) return rc;
+    return parse_output_form(c, body);
 }
 
 enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,

@@ -23,6 +23,7 @@
 #include "cli_util.h"
 #include "job.h"
 #include "job_shard.h"
+#include "jsonmode.h"
 #include "metrics.h"
 #include "model.h"
 #include "pstore.h"
@@ -89,6 +90,7 @@ struct runner {
     struct job_idset *seen_ids;  /* custom_ids met in this input */
     uint8_t *mine;               /* with --shard: mine[k] = line k+1 is this shard's; else NULL */
     int64_t n_plan_lines;
+    struct jsonmode_vocab *json_vocab; /* token bytes for JSON mode, built on first use */
     uint64_t plan_hash;          /* with --shard: shard_plan_out.hash, recorded in the run's settings */
     struct metrics_db *db;
     int64_t run_id;
@@ -558,6 +560,18 @@ static bool admit_line(struct runner *r, bool *eof)
         job_request_free(q);
         return true;
     }
+    if (q->json_object && !r->json_vocab) { /* built for the first request that asks */
+        struct kvb_err jerr = {{0}};
+        enum kvb_status jst = jsonmode_vocab_create(r->tok, &r->json_vocab, &jerr);
+        if (jst != KVB_OK) {
+            job_error_setf(&e, jst == KVB_ERR_NOMEM ? JOB_ERR_SERVER : JOB_ERR_INVALID_VALUE, ln.line_no,
+                           "response_format", "JSON mode: %s", jerr.msg);
+            emit_error(r, q->custom_id, q->custom_id_len, &e, jst == KVB_ERR_NOMEM ? 500 : 400);
+            kvb_free(ids);
+            job_request_free(q);
+            return true;
+        }
+    }
     s->used = true;
     r->n_used++;
     s->n_prompt = (int32_t)n;
@@ -574,6 +588,7 @@ static bool admit_line(struct runner *r, bool *eof)
         sp.repetition_penalty = q->repetition_penalty;
         sp.presence_penalty = q->presence_penalty;
         sp.frequency_penalty = q->frequency_penalty;
+        sp.json = q->json_object ? r->json_vocab : NULL;
         /* Choice i of n draws from seed + i, so n > 1 gives n different samples
          * and choice 0 equals the n = 1 result. */
         sp.seed = q->seed + (uint64_t)i;
@@ -809,6 +824,7 @@ static void teardown(struct runner *r)
     kvb_free(r->slots);
     kvb_free(r->mine);
     sched_free(r->sched);
+    jsonmode_vocab_free(r->json_vocab); /* after the samplers that borrow it */
     pstore_close(r->ps); /* writes what is still queued */
     be_free(r->be);
     chat_template_free(&r->tmpl);

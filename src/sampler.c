@@ -18,7 +18,10 @@
  * member ("the cut") and the draw walks the vocabulary in id order without
  * materialising the set.
  *
- * Not here: logit bias, grammar constraints, beam search. */
+ * JSON mode (jsonmode.h) wraps the whole pipeline: draw, check, and only
+ * when the token would break the object, mask and draw again.
+ *
+ * Not here: logit bias, other grammars, beam search. */
 #include "sampler.h"
 
 #include <math.h>
@@ -27,6 +30,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "jsonmode.h"
 
 /* Bit-identical weights need a*b+c rounded twice, never fused. GCC keeps
  * them apart in ISO C mode (the build's -std=c11); Clang contracts within
@@ -82,6 +86,9 @@ struct sampler {
     double *tile_sum;        /* (n_vocab / SAMPLER_TILE rounded up) weight per tile */
     double bucket_mass[SAMPLER_BUCKETS + 1];  /* top-p histogram, + a spare for dropped tokens */
     int32_t bucket_count[SAMPLER_BUCKETS + 1];
+
+    struct jsonmode_state js; /* JSON mode: the output so far */
+    float *raw;               /* JSON mode: (n_vocab) the logits as given, for a masked redraw */
 };
 
 /* ---- RNG --------------------------------------------------------------------- */
@@ -235,7 +242,10 @@ static bool has_penalties(const struct sampler_params *p)
     return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
 }
 
-bool sampler_is_greedy(const struct sampler_params *p) { return p && p->temperature == 0.0f && !has_penalties(p); }
+bool sampler_is_greedy(const struct sampler_params *p)
+{
+    return p && p->temperature == 0.0f && !has_penalties(p) && !p->json;
+}
 
 void sampler_params_default(struct sampler_params *p)
 {
@@ -248,6 +258,7 @@ void sampler_params_default(struct sampler_params *p)
     p->presence_penalty = 0.0f;
     p->frequency_penalty = 0.0f;
     p->seed = 0;
+    p->json = NULL;
 }
 
 enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, struct sampler **out)
@@ -268,6 +279,16 @@ enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, 
     if (!s->tile_sum) {
         kvb_free(s);
         return KVB_ERR_NOMEM;
+    }
+    jsonmode_init(&s->js);
+    if (p->json) {
+        /* A tokenizer's vocabulary may be smaller than the logits (padding
+         * rows, masked in JSON mode), never larger. */
+        s->raw = jsonmode_vocab_size(p->json) <= n_vocab ? kvb_malloc(sizeof *s->raw * (size_t)n_vocab) : NULL;
+        if (!s->raw) {
+            sampler_free(s);
+            return jsonmode_vocab_size(p->json) <= n_vocab ? KVB_ERR_NOMEM : KVB_ERR_INVALID_ARG;
+        }
     }
     s->penalties = has_penalties(p);
     if (s->penalties) {
@@ -291,6 +312,7 @@ void sampler_free(struct sampler *s)
     kvb_free(s->cand);
     kvb_free(s->tile_sum);
     kvb_free(s->wbuf);
+    kvb_free(s->raw);
     kvb_free(s);
 }
 
@@ -298,6 +320,7 @@ void sampler_reset(struct sampler *s)
 {
     if (!s) return;
     rng_seed(s->rng, s->p.seed);
+    jsonmode_init(&s->js);
     s->ring_len = 0;
     s->ring_pos = 0;
     if (s->slots)
@@ -306,7 +329,9 @@ void sampler_reset(struct sampler *s)
 
 void sampler_accept(struct sampler *s, int32_t token)
 {
-    if (!s || !s->penalties || token < 0 || token >= s->n_vocab) return;
+    if (!s || token < 0 || token >= s->n_vocab) return;
+    if (s->p.json) jsonmode_accept(s->p.json, &s->js, token);
+    if (!s->penalties) return;
     if (s->ring_len == SAMPLER_HISTORY)
         hist_dec(s, s->ring[s->ring_pos]); /* the oldest token leaves the window */
     else
@@ -727,9 +752,27 @@ static float scale_logits(float *x, int32_t n, float t, float *smin)
     return hi;
 }
 
+static enum kvb_status sample_free(struct sampler *s, float *logits, int32_t *out_token);
+
 enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_token)
 {
     KVB_RETURN_IF(!s || !logits || !out_token, KVB_ERR_INVALID_ARG);
+    if (!s->p.json) return sample_free(s, logits, out_token);
+    const int32_t n = s->n_vocab;
+    memcpy(s->raw, logits, sizeof *logits * (size_t)n);
+    enum kvb_status st = sample_free(s, logits, out_token);
+    if (st == KVB_OK && jsonmode_allows(s->p.json, &s->js, *out_token)) return KVB_OK;
+    memcpy(logits, s->raw, sizeof *logits * (size_t)n);
+    for (int32_t i = jsonmode_vocab_size(s->p.json); i < n; i++) logits[i] = -INFINITY; /* padding rows */
+    /* Some token is always allowed (a byte-level vocabulary has every JSON
+     * character; the end of generation once the object is closed). */
+    if (jsonmode_mask(s->p.json, &s->js, logits) == 0) return KVB_ERR_INVALID_ARG;
+    return sample_free(s, logits, out_token);
+}
+
+/* The pipeline of sampler.h without JSON mode. */
+static enum kvb_status sample_free(struct sampler *s, float *logits, int32_t *out_token)
+{
     const int32_t n = s->n_vocab;
     apply_penalties(s, logits);
 

@@ -9,6 +9,13 @@
  * params.seed only, so the same seed, logits and history give the same token
  * on every machine and whatever else runs in the batch.
  *
+ * JSON mode (params.json): the token is drawn as usual; when it would break
+ * the JSON object, the draw is repeated over the logits with every such
+ * token masked out. Accepting or redrawing keeps each allowed token's chance
+ * proportional to its probability (the first draw is a rejection sampler
+ * of the masked distribution), and a vocabulary scan is paid only when the
+ * model's own choice would break the object.
+ *
  * Ownership: struct sampler owns its history and scratch; logits passed in
  * are modified in place (penalties, scaling) and not retained. */
 #ifndef KVB_SAMPLER_H
@@ -19,6 +26,8 @@
 
 #include "status.h"
 
+struct jsonmode_vocab;
+
 struct sampler_params {
     float temperature;        /* 0 = greedy; default 1 */
     int32_t top_k;            /* <= 0: disabled */
@@ -28,6 +37,8 @@ struct sampler_params {
     float presence_penalty;   /* OpenAI semantics, 0 = disabled */
     float frequency_penalty;  /* OpenAI semantics, 0 = disabled */
     uint64_t seed;
+    const struct jsonmode_vocab *json; /* non-NULL: the output is held to one JSON object
+                                          (jsonmode.h); borrowed, must outlive the sampler */
 };
 
 void sampler_params_default(struct sampler_params *p);
@@ -40,7 +51,8 @@ void sampler_free(struct sampler *s); /* accepts NULL */
 void sampler_reset(struct sampler *s);
 
 /* Records a token as seen for the penalties (prompt tokens count for the
- * repetition penalty only if the caller accepts them). */
+ * repetition penalty only if the caller accepts them) and, in JSON mode, as
+ * part of the output: accept generated tokens only there. */
 void sampler_accept(struct sampler *s, int32_t token);
 
 /* Picks the next token from logits[n_vocab] (modified in place). Does not
@@ -48,7 +60,7 @@ void sampler_accept(struct sampler *s, int32_t token);
 enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_token);
 
 /* Whether sampler_sample with these parameters is the plain argmax of the
- * raw logits whatever the history (temperature 0 and no penalty): then the
+ * raw logits whatever the history (temperature 0, no penalty, no JSON mode): then the
  * choice may be made where the logits are (sampler_greedy's rule) and the
  * sampler only told of it (sampler_accept). */
 bool sampler_is_greedy(const struct sampler_params *p);

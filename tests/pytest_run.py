@@ -230,6 +230,58 @@ def test_resume_bad_then_good(tmp):
               f"{[l['error'] for l in lines]}")
 
 
+def test_json_mode(tmp):
+    """response_format json_object: every output that stops is one JSON object,
+    whatever the batch; refused fields are named."""
+    job = os.path.join(tmp, "json.jsonl")
+    asks = ["Give me a JSON object with a name and an age.", "Describe Paris as JSON: city, country, population.",
+            "Hello, how are you?", "Write a short poem about the sea.", "List three fruits in JSON under 'fruits'."]
+    with open(job, "w") as f:
+        for i, q in enumerate(asks):
+            for t in (0, 0.8):
+                f.write(json.dumps({"custom_id": f"j{i}-{t}", "body": {
+                    "messages": [{"role": "user", "content": q}], "max_tokens": 96, "temperature": t, "seed": i,
+                    "response_format": {"type": "json_object"}}}) + "\n")
+        f.write(json.dumps({"custom_id": "c", "prompt": "The answer, as JSON:", "max_tokens": 60, "temperature": 0,
+                            "response_format": {"type": "json_object"}}) + "\n")
+        f.write(json.dumps({"custom_id": "text", "prompt": "Hi", "max_tokens": 3,
+                            "response_format": {"type": "text"}}) + "\n")
+        for cid, extra in (("schema", {"response_format": {"type": "json_schema", "json_schema": {}}}),
+                           ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
+                           ("bias", {"logit_bias": {"42": 5}}), ("echo", {"echo": True}),
+                           ("rf", {"response_format": "json"})):
+            f.write(json.dumps({"custom_id": cid, "prompt": "Hi", "max_tokens": 3, **extra}) + "\n")
+    outs = []
+    for mb in ("1", "8"):
+        out = os.path.join(tmp, f"json-{mb}.out")
+        p = run(["--input", job, "--output", out, "--metrics", os.path.join(tmp, "json.db"), "--max-batch", mb])
+        check(p.returncode == 0, f"json job: exit {p.returncode}: {p.stderr}")
+        outs.append(read_results(out))
+    res = outs[0]
+    check(texts(outs[0]) == texts(outs[1]), "JSON mode: texts depend on the batch")
+    stopped = 0
+    for cid, ds in res.items():
+        if not (cid.startswith("j") or cid == "c"):
+            continue
+        body = ds[0]["response"]["body"]
+        ch = body["choices"][0]
+        txt = ch["message"]["content"] if "message" in ch else ch["text"]
+        if ch["finish_reason"] == "stop":
+            stopped += 1
+            try:
+                ok = isinstance(json.loads(txt), dict)
+            except ValueError:
+                ok = False
+            check(ok, f"JSON mode: {cid} stopped on a non-object: {txt!r}")
+    check(stopped >= 6, f"JSON mode: only {stopped} of 11 outputs ended")
+    check(res["text"][0]["error"] is None, "response_format text refused")
+    for cid, field in (("schema", "response_format.type"), ("tools", "tools"), ("bias", "logit_bias"),
+                       ("echo", "echo"), ("rf", "response_format")):
+        err = res[cid][0]["error"]
+        check(err is not None and field in err["message"], f"{cid}: {err}")
+    print(f"json mode: {stopped} of 11 outputs ended, each one JSON object; 5 refused fields named")
+
+
 def test_sigterm(tmp):
     job = os.path.join(tmp, "term.jsonl")
     make_job(job, 24, max_tokens=24)
@@ -293,7 +345,7 @@ def main():
         # the determinism and resume checks also cover cold vs warm.
         os.environ["KVBATCH_CACHE_DIR"] = os.path.join(tmp, "cache")
         for t in (test_example, test_errors, test_determinism, test_resume, test_resume_bad_then_good,
-                  test_sigterm):
+                  test_json_mode, test_sigterm):
             t0 = time.time()
             t(tmp)
             print(f"{t.__name__}: {time.time() - t0:.1f} s")

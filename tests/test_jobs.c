@@ -381,6 +381,28 @@ static void test_bad_sampling(void)
     expect_err(CH("\"logprobs\":true,\"top_logprobs\":21"), JOB_ERR_INVALID_VALUE, "body.top_logprobs");
     expect_err(CO("\"logprobs\":21"), JOB_ERR_INVALID_VALUE, "body.logprobs");
     expect_err(CO("\"logprobs\":-1"), JOB_ERR_INVALID_VALUE, "body.logprobs");
+    /* output forms kvbatch does not make are refused by name, not ignored */
+    expect_err(CH("\"response_format\":\"json\""), JOB_ERR_INVALID_TYPE, "body.response_format");
+    expect_err(CH("\"response_format\":{}"), JOB_ERR_MISSING_FIELD, "body.response_format.type");
+    expect_err(CH("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}"), JOB_ERR_INVALID_VALUE,
+               "body.response_format.type");
+    expect_err(CH("\"response_format\":{\"type\":\"xml\"}"), JOB_ERR_INVALID_VALUE, "body.response_format.type");
+    expect_err(CH("\"tools\":[{\"type\":\"function\"}]"), JOB_ERR_INVALID_VALUE, "body.tools");
+    expect_err(CH("\"functions\":[{}]"), JOB_ERR_INVALID_VALUE, "body.functions");
+    expect_err(CH("\"logit_bias\":{\"50256\":-100}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
+    expect_err(CO("\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.echo");
+    expect_err(CO("\"suffix\":\"end\""), JOB_ERR_INVALID_VALUE, "body.suffix");
+    expect_err(CO("\"best_of\":3"), JOB_ERR_INVALID_VALUE, "body.best_of");
+    {
+        struct job_request r;
+        parse_ok(CH("\"response_format\":{\"type\":\"json_object\"},\"tools\":[],\"logit_bias\":{},"
+                    "\"stream\":false,\"user\":\"u\",\"n\":2,\"best_of\":2"), &r);
+        CHECK(r.json_object && (r.given & JOB_GIVEN_RESPONSE_FORMAT));
+        job_request_free(&r);
+        parse_ok(CO("\"response_format\":{\"type\":\"text\"},\"echo\":false,\"suffix\":null"), &r);
+        CHECK(!r.json_object);
+        job_request_free(&r);
+    }
     /* shorthand: fields at top level, paths without "body." */
     expect_err("{\"custom_id\":\"s\",\"prompt\":\"x\",\"temperature\":-1}", JOB_ERR_INVALID_VALUE, "temperature");
     expect_err("{\"custom_id\":\"s\",\"prompt\":\"x\",\"max_tokens\":-5}", JOB_ERR_INVALID_VALUE, "max_tokens");
