@@ -49,6 +49,7 @@
 #define JOB_MAX_STOP 8           /* stop strings per request */
 #define JOB_MAX_N 16             /* choices per request */
 #define JOB_MAX_TOP_LOGPROBS 20  /* alternatives per token */
+#define JOB_MAX_LOGIT_BIAS 1024  /* logit_bias entries per request */
 #define JOB_MAX_LINE_DEFAULT ((size_t)256 << 20) /* 256 MiB; the parser's hard cap is 1 GiB */
 
 /* ---- errors -------------------------------------------------------------------- */
@@ -120,6 +121,7 @@ enum job_given {
     JOB_GIVEN_LOGPROBS = 1u << 12,
     JOB_GIVEN_TOP_LOGPROBS = 1u << 13,
     JOB_GIVEN_RESPONSE_FORMAT = 1u << 14,
+    JOB_GIVEN_LOGIT_BIAS = 1u << 15,
 };
 
 /* Defaults for absent fields. temperature and top_p follow OpenAI; max_tokens
@@ -131,6 +133,11 @@ enum job_given {
 #define JOB_DEFAULT_TEMPERATURE 1.0f
 #define JOB_DEFAULT_TOP_P 1.0f
 #define JOB_DEFAULT_SEED 0u
+
+struct job_logit_bias {
+    int32_t token;
+    float value; /* [-100, 100] */
+};
 
 struct job_request {
     uint64_t line_no;      /* 1-based input line */
@@ -162,6 +169,8 @@ struct job_request {
     bool logprobs;            /* chat: "logprobs": true; completion: "logprobs": k given */
     int32_t top_logprobs;     /* [0, 20]: alternatives per token (completion: the k above) */
     bool json_object;         /* "response_format": {"type": "json_object"}: the output is one JSON object */
+    struct job_logit_bias *logit_bias; /* (n_logit_bias) distinct token ids; ids not checked here */
+    int32_t n_logit_bias;
 };
 
 /* Parses one input line (len bytes, need not be NUL-terminated, may end in

@@ -53,6 +53,7 @@ void job_request_free(struct job_request *r)
     kvb_free(r->messages);
     kvb_free(r->prompt);
     for (int i = 0; i < r->n_stop; i++) kvb_free(r->stop[i]);
+    kvb_free(r->logit_bias);
     memset(r, 0, sizeof *r);
 }
 
@@ -554,19 +555,55 @@ static int parse_sampling(struct pctx *c, int obj)
     return 0;
 }
 
-/* A field that is there and not null. */
-static int given(const struct pctx *c, int obj, const char *name)
+/* logit_bias: {"token id": bias in [-100, 100], …}, at most
+ * JOB_MAX_LOGIT_BIAS entries; a repeated id keeps its last bias. Ids are
+ * checked against the vocabulary by the caller, who knows it. */
+static int parse_logit_bias(struct pctx *c, int obj)
 {
-    int i = lookup(c, obj, name);
-    return i >= 0 && job_json_kind(c->j, i) != JOB_JSON_NULL ? i : -1;
+    struct job_request *r = c->r;
+    char path[PATH_MAX_], sub[PATH_MAX_];
+    path_of(c, "logit_bias", path);
+    int i = lookup(c, obj, "logit_bias");
+    if (i < 0) return 0;
+    if (job_json_kind(c->j, i) != JOB_JSON_OBJECT) return fail_type(c, path, "an object of token ids and biases");
+    const int n = c->j->tok[i].size;
+    if (n > JOB_MAX_LOGIT_BIAS)
+        return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' has %d entries, more than %d", path, n,
+                    JOB_MAX_LOGIT_BIAS);
+    if (n == 0) return 0;
+    r->logit_bias = kvb_malloc(sizeof *r->logit_bias * (size_t)n);
+    if (!r->logit_bias) return fail_nomem(c);
+    int k = i + 1;
+    for (int m = 0; m < n; m++, k = job_json_skip(c->j, k + 1)) {
+        char key[16] = "";
+        const int klen = c->j->tok[k].end - c->j->tok[k].start;
+        if (klen > 0 && klen < (int)sizeof key) job_json_str_decode(c->j, k, key);
+        char *end = NULL;
+        long id = strtol(key, &end, 10);
+        if (!key[0] || *end || key[0] == '-' || key[0] == '+' || id > INT32_MAX) {
+            char got[48];
+            excerpt(c, k, got, sizeof got);
+            return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s': key '%s' is not a token id", path, got);
+        }
+        char dotted[sizeof key + 1];
+        snprintf(dotted, sizeof dotted, ".%s", key);
+        path_sub(sub, path, dotted);
+        if (job_json_kind(c->j, k + 1) != JOB_JSON_NUMBER) return fail_type(c, sub, "a number");
+        const double v = number_value(c, k + 1);
+        if (!(v >= -100.0 && v <= 100.0))
+            return fail(c, JOB_ERR_INVALID_VALUE, sub, "field '%s' must be in [-100, 100]", sub);
+        int at = 0;
+        while (at < r->n_logit_bias && r->logit_bias[at].token != (int32_t)id) at++;
+        r->logit_bias[at] = (struct job_logit_bias){(int32_t)id, (float)v};
+        if (at == r->n_logit_bias) r->n_logit_bias++;
+    }
+    r->given |= JOB_GIVEN_LOGIT_BIAS;
+    return 0;
 }
 
-/* An array or object with nothing in it. */
-static bool empty_container(const struct pctx *c, int i) { return job_json_skip(c->j, i) == i + 1; }
-
-/* response_format, and the fields kvbatch does not implement whose silent
- * omission would change what the caller gets back, which are refused by
- * name: tools and functions (tool calls), logit_bias, echo, suffix and a
+/* response_format, logit_bias, and the fields kvbatch does not implement
+ * whose silent omission would change what the caller gets back, which are
+ * refused by name: tools and functions (tool calls), echo, suffix and a
  * best_of above n. Fields that change nothing in an offline batch (stream,
  * user, store, metadata, service_tier, …) and unknown ones are ignored, as
  * vLLM does. */
@@ -574,7 +611,7 @@ static int parse_output_form(struct pctx *c, int obj)
 {
     struct job_request *r = c->r;
     char path[PATH_MAX_], sub[PATH_MAX_];
-    int i = given(c, obj, "response_format");
+    int i = lookup(c, obj, "response_format");
     if (i >= 0) {
         path_of(c, "response_format", path);
         if (job_json_kind(c->j, i) != JOB_JSON_OBJECT) return fail_type(c, path, "an object");
@@ -598,30 +635,27 @@ static int parse_output_form(struct pctx *c, int obj)
     }
     static const char *const tool_fields[] = {"tools", "functions"};
     for (int k = 0; k < 2; k++) {
-        i = given(c, obj, tool_fields[k]);
-        if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_ARRAY && empty_container(c, i))) {
+        i = lookup(c, obj, tool_fields[k]);
+        if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_ARRAY && c->j->tok[i].size == 0)) {
             path_of(c, tool_fields[k], path);
             return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s': tool calling is not supported by kvbatch", path);
         }
     }
-    i = given(c, obj, "logit_bias");
-    if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_OBJECT && empty_container(c, i))) {
-        path_of(c, "logit_bias", path);
-        return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' is not supported by kvbatch", path);
-    }
-    i = given(c, obj, "echo");
+    int rc = parse_logit_bias(c, obj);
+    if (rc) return rc;
+    i = lookup(c, obj, "echo");
     if (i >= 0 && job_json_kind(c->j, i) != JOB_JSON_FALSE) {
         path_of(c, "echo", path);
         return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' is not supported by kvbatch (only false)", path);
     }
-    i = given(c, obj, "suffix");
+    i = lookup(c, obj, "suffix");
     if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_STRING && job_json_str_eq(c->j, i, ""))) {
         path_of(c, "suffix", path);
         return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' (insertion) is not supported by kvbatch", path);
     }
     int64_t v;
     bool present;
-    int rc = get_int(c, obj, "best_of", 1, INT32_MAX, &v, &present);
+    rc = get_int(c, obj, "best_of", 1, INT32_MAX, &v, &present);
     if (rc) return rc;
     if (present && v > r->n) {
         path_of(c, "best_of", path);

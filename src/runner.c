@@ -560,6 +560,16 @@ static bool admit_line(struct runner *r, bool *eof)
         job_request_free(q);
         return true;
     }
+    const int32_t n_vocab = r->model->hp.n_vocab;
+    for (int32_t k = 0; k < q->n_logit_bias; k++) {
+        if (q->logit_bias[k].token < n_vocab) continue;
+        job_error_setf(&e, JOB_ERR_INVALID_VALUE, ln.line_no, "logit_bias",
+                       "logit_bias token %d is not in the vocabulary (%d tokens)", q->logit_bias[k].token, n_vocab);
+        emit_error(r, q->custom_id, q->custom_id_len, &e, 400);
+        kvb_free(ids);
+        job_request_free(q);
+        return true;
+    }
     if (q->json_object && !r->json_vocab) { /* built for the first request that asks */
         struct kvb_err jerr = {{0}};
         enum kvb_status jst = jsonmode_vocab_create(r->tok, &r->json_vocab, &jerr);
@@ -572,6 +582,16 @@ static bool admit_line(struct runner *r, bool *eof)
             return true;
         }
     }
+    struct sampler_bias *bias = q->n_logit_bias ? kvb_malloc(sizeof *bias * (size_t)q->n_logit_bias) : NULL;
+    if (q->n_logit_bias && !bias) {
+        job_error_setf(&e, JOB_ERR_SERVER, ln.line_no, NULL, "out of memory");
+        emit_error(r, q->custom_id, q->custom_id_len, &e, 500);
+        kvb_free(ids);
+        job_request_free(q);
+        return true;
+    }
+    for (int32_t k = 0; k < q->n_logit_bias; k++)
+        bias[k] = (struct sampler_bias){q->logit_bias[k].token, q->logit_bias[k].value};
     s->used = true;
     r->n_used++;
     s->n_prompt = (int32_t)n;
@@ -589,6 +609,8 @@ static bool admit_line(struct runner *r, bool *eof)
         sp.presence_penalty = q->presence_penalty;
         sp.frequency_penalty = q->frequency_penalty;
         sp.json = q->json_object ? r->json_vocab : NULL;
+        sp.bias = bias;
+        sp.n_bias = bias ? q->n_logit_bias : 0;
         /* Choice i of n draws from seed + i, so n > 1 gives n different samples
          * and choice 0 equals the n = 1 result. */
         sp.seed = q->seed + (uint64_t)i;
@@ -597,10 +619,12 @@ static bool admit_line(struct runner *r, bool *eof)
             /* Only out of memory can get here (the context was checked). */
             fprintf(stderr, "\nkvbatch run: cannot queue '%s': %s\n", q->custom_id, err.msg);
             kvb_free(ids);
+            kvb_free(bias);
             return false;
         }
     }
     kvb_free(ids);
+    kvb_free(bias); /* each sampler keeps a copy */
     return true;
 }
 

@@ -21,7 +21,7 @@
  * JSON mode (jsonmode.h) wraps the whole pipeline: draw, check, and only
  * when the token would break the object, mask and draw again.
  *
- * Not here: logit bias, other grammars, beam search. */
+ * Not here: other grammars, beam search. */
 #include "sampler.h"
 
 #include <math.h>
@@ -87,6 +87,7 @@ struct sampler {
     double bucket_mass[SAMPLER_BUCKETS + 1];  /* top-p histogram, + a spare for dropped tokens */
     int32_t bucket_count[SAMPLER_BUCKETS + 1];
 
+    struct sampler_bias *bias; /* (p.n_bias) a copy of the caller's */
     struct jsonmode_state js; /* JSON mode: the output so far */
     float *raw;               /* JSON mode: (n_vocab) the logits as given, for a masked redraw */
 };
@@ -244,7 +245,7 @@ static bool has_penalties(const struct sampler_params *p)
 
 bool sampler_is_greedy(const struct sampler_params *p)
 {
-    return p && p->temperature == 0.0f && !has_penalties(p) && !p->json;
+    return p && p->temperature == 0.0f && !has_penalties(p) && !p->json && p->n_bias == 0;
 }
 
 void sampler_params_default(struct sampler_params *p)
@@ -259,6 +260,8 @@ void sampler_params_default(struct sampler_params *p)
     p->frequency_penalty = 0.0f;
     p->seed = 0;
     p->json = NULL;
+    p->bias = NULL;
+    p->n_bias = 0;
 }
 
 enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, struct sampler **out)
@@ -270,6 +273,10 @@ enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, 
     KVB_RETURN_IF(!(p->min_p >= 0.0f && p->min_p < 1.0f), KVB_ERR_INVALID_ARG);
     KVB_RETURN_IF(!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty), KVB_ERR_INVALID_ARG);
     KVB_RETURN_IF(!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty), KVB_ERR_INVALID_ARG);
+    KVB_RETURN_IF(p->n_bias < 0 || (p->n_bias > 0 && !p->bias), KVB_ERR_INVALID_ARG);
+    for (int32_t i = 0; i < p->n_bias; i++)
+        KVB_RETURN_IF(p->bias[i].token < 0 || p->bias[i].token >= n_vocab || !isfinite(p->bias[i].value),
+                      KVB_ERR_INVALID_ARG);
 
     struct sampler *s = kvb_calloc(1, sizeof *s);
     KVB_RETURN_IF(!s, KVB_ERR_NOMEM);
@@ -281,6 +288,15 @@ enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, 
         return KVB_ERR_NOMEM;
     }
     jsonmode_init(&s->js);
+    if (p->n_bias > 0) {
+        s->bias = kvb_malloc(sizeof *s->bias * (size_t)p->n_bias);
+        if (!s->bias) {
+            sampler_free(s);
+            return KVB_ERR_NOMEM;
+        }
+        memcpy(s->bias, p->bias, sizeof *s->bias * (size_t)p->n_bias);
+        s->p.bias = s->bias;
+    }
     if (p->json) {
         /* A tokenizer's vocabulary may be smaller than the logits (padding
          * rows, masked in JSON mode), never larger. */
@@ -313,6 +329,7 @@ void sampler_free(struct sampler *s)
     kvb_free(s->tile_sum);
     kvb_free(s->wbuf);
     kvb_free(s->raw);
+    kvb_free(s->bias);
     kvb_free(s);
 }
 
@@ -774,6 +791,7 @@ enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_to
 static enum kvb_status sample_free(struct sampler *s, float *logits, int32_t *out_token)
 {
     const int32_t n = s->n_vocab;
+    for (int32_t i = 0; i < s->p.n_bias; i++) logits[s->bias[i].token] += s->bias[i].value;
     apply_penalties(s, logits);
 
     if (s->p.temperature == 0.0f) return sampler_greedy(logits, n, out_token);

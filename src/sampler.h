@@ -1,6 +1,6 @@
 /* sampler.h — next-token selection with per-request seeded randomness.
  *
- * Pipeline (in this order, as llama.cpp/vLLM apply them): repetition,
+ * Pipeline (in this order, as llama.cpp/vLLM apply them): logit bias, repetition,
  * presence and frequency penalties over the tokens seen so far → temperature
  * → top-k → top-p → min-p → draw. temperature == 0 is greedy argmax (ties go to
  * the lowest id) and ignores the truncation settings.
@@ -39,6 +39,14 @@ struct sampler_params {
     uint64_t seed;
     const struct jsonmode_vocab *json; /* non-NULL: the output is held to one JSON object
                                           (jsonmode.h); borrowed, must outlive the sampler */
+    const struct sampler_bias *bias;   /* n_bias additions to logits before anything else
+                                          (OpenAI's logit_bias); copied by sampler_create */
+    int32_t n_bias;
+};
+
+struct sampler_bias {
+    int32_t token; /* < n_vocab */
+    float value;   /* added to the token's logit; -100 bans it in practice, +100 all but forces it */
 };
 
 void sampler_params_default(struct sampler_params *p);
@@ -60,7 +68,7 @@ void sampler_accept(struct sampler *s, int32_t token);
 enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_token);
 
 /* Whether sampler_sample with these parameters is the plain argmax of the
- * raw logits whatever the history (temperature 0, no penalty, no JSON mode): then the
+ * raw logits whatever the history (temperature 0, no penalty, bias or JSON mode): then the
  * choice may be made where the logits are (sampler_greedy's rule) and the
  * sampler only told of it (sampler_accept). */
 bool sampler_is_greedy(const struct sampler_params *p);

@@ -246,9 +246,12 @@ def test_json_mode(tmp):
                             "response_format": {"type": "json_object"}}) + "\n")
         f.write(json.dumps({"custom_id": "text", "prompt": "Hi", "max_tokens": 3,
                             "response_format": {"type": "text"}}) + "\n")
+        # logit_bias: the greedy continuation, then the same with its first token banned
+        f.write(json.dumps({"custom_id": "free", "prompt": "The capital of France is", "max_tokens": 1,
+                            "temperature": 0, "logprobs": 1}) + "\n")
         for cid, extra in (("schema", {"response_format": {"type": "json_schema", "json_schema": {}}}),
                            ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
-                           ("bias", {"logit_bias": {"42": 5}}), ("echo", {"echo": True}),
+                           ("bias", {"logit_bias": {"999999": 5}}), ("echo", {"echo": True}),
                            ("rf", {"response_format": "json"})):
             f.write(json.dumps({"custom_id": cid, "prompt": "Hi", "max_tokens": 3, **extra}) + "\n")
     outs = []
@@ -275,6 +278,17 @@ def test_json_mode(tmp):
             check(ok, f"JSON mode: {cid} stopped on a non-object: {txt!r}")
     check(stopped >= 6, f"JSON mode: only {stopped} of 11 outputs ended")
     check(res["text"][0]["error"] is None, "response_format text refused")
+    first = res["free"][0]["response"]["body"]["choices"][0]["text"]
+    ids = subprocess.run([BIN, "tokenize", "--model", MODEL, first], capture_output=True, text=True).stdout.split()
+    job2 = os.path.join(tmp, "bias.jsonl")
+    with open(job2, "w") as f:
+        f.write(json.dumps({"custom_id": "banned", "prompt": "The capital of France is", "max_tokens": 1,
+                            "temperature": 0, "logit_bias": {ids[0]: -100}}) + "\n")
+    out2 = os.path.join(tmp, "bias.out")
+    p = run(["--input", job2, "--output", out2, "--metrics", os.path.join(tmp, "json.db")])
+    banned = read_results(out2)["banned"][0]["response"]["body"]["choices"][0]["text"]
+    check(p.returncode == 0 and len(ids) == 1 and banned != first,
+          f"logit_bias -100 on the greedy token {ids} ({first!r}) gave {banned!r}")
     for cid, field in (("schema", "response_format.type"), ("tools", "tools"), ("bias", "logit_bias"),
                        ("echo", "echo"), ("rf", "response_format")):
         err = res[cid][0]["error"]

@@ -389,7 +389,12 @@ static void test_bad_sampling(void)
     expect_err(CH("\"response_format\":{\"type\":\"xml\"}"), JOB_ERR_INVALID_VALUE, "body.response_format.type");
     expect_err(CH("\"tools\":[{\"type\":\"function\"}]"), JOB_ERR_INVALID_VALUE, "body.tools");
     expect_err(CH("\"functions\":[{}]"), JOB_ERR_INVALID_VALUE, "body.functions");
-    expect_err(CH("\"logit_bias\":{\"50256\":-100}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
+    expect_err(CH("\"logit_bias\":[1]"), JOB_ERR_INVALID_TYPE, "body.logit_bias");
+    expect_err(CH("\"logit_bias\":{\"abc\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
+    expect_err(CH("\"logit_bias\":{\"-5\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
+    expect_err(CH("\"logit_bias\":{\"99999999999\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
+    expect_err(CH("\"logit_bias\":{\"7\":101}"), JOB_ERR_INVALID_VALUE, "body.logit_bias.7");
+    expect_err(CH("\"logit_bias\":{\"7\":\"1\"}"), JOB_ERR_INVALID_TYPE, "body.logit_bias.7");
     expect_err(CO("\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.echo");
     expect_err(CO("\"suffix\":\"end\""), JOB_ERR_INVALID_VALUE, "body.suffix");
     expect_err(CO("\"best_of\":3"), JOB_ERR_INVALID_VALUE, "body.best_of");
@@ -398,6 +403,12 @@ static void test_bad_sampling(void)
         parse_ok(CH("\"response_format\":{\"type\":\"json_object\"},\"tools\":[],\"logit_bias\":{},"
                     "\"stream\":false,\"user\":\"u\",\"n\":2,\"best_of\":2"), &r);
         CHECK(r.json_object && (r.given & JOB_GIVEN_RESPONSE_FORMAT));
+        CHECK(r.n_logit_bias == 0 && !(r.given & JOB_GIVEN_LOGIT_BIAS));
+        job_request_free(&r);
+        parse_ok(CH("\"logit_bias\":{\"50256\":-100,\"7\":2.5,\"50256\":3}"), &r);
+        CHECK_EQ_INT(r.n_logit_bias, 2); /* a repeated id keeps its last bias */
+        CHECK(r.n_logit_bias == 2 && r.logit_bias[0].token == 50256 && r.logit_bias[0].value == 3.0f &&
+              r.logit_bias[1].token == 7 && r.logit_bias[1].value == 2.5f);
         job_request_free(&r);
         parse_ok(CO("\"response_format\":{\"type\":\"text\"},\"echo\":false,\"suffix\":null"), &r);
         CHECK(!r.json_object);

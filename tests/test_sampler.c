@@ -526,9 +526,46 @@ static void report_timing(void)
     free(w);
 }
 
+/* logit_bias: added before everything, copied at create (the caller's
+ * array may go), never greedy on the device, bad ids refused. */
+static void test_logit_bias(void)
+{
+    float work[8];
+    const float x[6] = {0.0f, 5.0f, 1.0f, 0.0f, 0.0f, 0.0f};
+    struct sampler_bias *b = malloc(2 * sizeof *b);
+    b[0] = (struct sampler_bias){1, -100.0f};
+    b[1] = (struct sampler_bias){4, 0.5f};
+    struct sampler_params p;
+    sampler_params_default(&p);
+    p.temperature = 0.0f;
+    p.bias = b;
+    p.n_bias = 2;
+    CHECK(!sampler_is_greedy(&p));
+    struct sampler *s = NULL;
+    CHECK(sampler_create(&p, 6, &s) == KVB_OK);
+    b[0].value = 100.0f; /* the sampler's copy is what counts */
+    free(b);
+    CHECK_EQ_INT(draw(s, x, 6, work), 2); /* 1 banned; 2 (1.0) beats 4 (0.5) */
+    CHECK_EQ_INT(draw(s, x, 6, work), 2); /* applied afresh each time, not accumulated */
+    sampler_free(s);
+    struct sampler_bias force = {5, 100.0f};
+    p.bias = &force;
+    p.n_bias = 1;
+    p.temperature = 1.0f;
+    CHECK(sampler_create(&p, 6, &s) == KVB_OK);
+    for (int k = 0; k < 20; k++) CHECK_EQ_INT(draw(s, x, 6, work), 5);
+    sampler_free(s);
+    struct sampler_bias bad = {6, 1.0f};
+    p.bias = &bad;
+    CHECK_EQ_INT(sampler_create(&p, 6, &s), KVB_ERR_INVALID_ARG);
+    bad = (struct sampler_bias){0, NAN};
+    CHECK_EQ_INT(sampler_create(&p, 6, &s), KVB_ERR_INVALID_ARG);
+}
+
 int main(void)
 {
     test_greedy();
+    test_logit_bias();
     test_determinism();
     test_distributions();
     test_top_p_big();
