@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "cpu.h"
 
 void attn_rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps)
 {
@@ -99,21 +100,6 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
     for (int32_t i = 0; i < head_dim; i++) out[i] *= inv;
 }
 
-bool attn_have_avx2(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return false;
-#endif
-}
+bool attn_have_avx2(void) { return cpu_features().avx2; }
 
-bool attn_have_avx512(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    return attn_have_avx2() && __builtin_cpu_supports("avx512f");
-#else
-    return false;
-#endif
-}
+bool attn_have_avx512(void) { return cpu_features().avx512; }

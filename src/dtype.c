@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "cpu.h"
+
 static const struct ggml_type_traits traits[GGML_TYPE_COUNT_] = {
     [GGML_TYPE_F32] = {"F32", 1, 4, true},
     [GGML_TYPE_F16] = {"F16", 1, 2, true},
@@ -111,8 +113,7 @@ uint16_t kvb_f32_to_fp16(float f)
 void kvb_f32_to_fp16_n(uint16_t *dst, const float *src, int64_t n)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("f16c")) {
+    if (cpu_features().f16c) {
         kvb_f32_to_fp16_n_f16c(dst, src, n);
         return;
     }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "cpu.h"
 #include "matmul_impl.h"
 #include "quant.h"
 #include "tpool.h"
@@ -45,46 +46,6 @@ struct mm_ctx {
     void **scratch;     /* [nth] per-thread buffers */
     size_t *scratch_cap; /* [nth] bytes */
 };
-
-/* CPU features, read with cpuid rather than __builtin_cpu_supports (whose
- * feature names differ between compilers): the instruction sets, and that
- * the OS saves the vector state (XCR0) so the registers may be used. */
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-
-static uint64_t xcr0(void)
-{
-    uint32_t lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (uint64_t)hi << 32 | lo;
-}
-
-struct cpu_features {
-    bool avx2, avx512;
-};
-
-static struct cpu_features cpu_features(void)
-{
-    struct cpu_features f = {false, false};
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
-    bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
-    if (!osxsave || !avx) return f;
-    uint64_t x = xcr0();
-    if ((x & 0x6) != 0x6) return f; /* SSE and AVX state */
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
-    f.avx2 = (b & (1u << 5)) && fma && f16c;
-    bool avx512f = b & (1u << 16), avx512bw = b & (1u << 30), avx512vl = b & (1u << 31);
-    bool vnni = c & (1u << 11);
-    f.avx512 = f.avx2 && avx512f && avx512bw && avx512vl && vnni && (x & 0xE0) == 0xE0;
-    return f;
-}
-#else
-struct cpu_features {
-    bool avx2, avx512;
-};
-static struct cpu_features cpu_features(void) { return (struct cpu_features){false, false}; }
-#endif
 
 static bool cpu_has_avx2(void) { return cpu_features().avx2; }
 static bool cpu_has_avx512(void) { return cpu_features().avx512; }

@@ -442,7 +442,7 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         }
     }
 
-    int32_t nb = 0, n_logits = 0;
+    int32_t nb = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         struct seq *q = s->running[i];
         if (!q->n_new) continue;
@@ -456,7 +456,6 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
             .logits = !last ? BE_LOGITS_NONE : q->greedy_on_backend ? BE_LOGITS_ARGMAX : BE_LOGITS_LAST,
         };
         s->bsrc[nb++] = q;
-        n_logits += last;
         if (q->n_new > 1 || q->n_computed < q->n_prompt) s->st.prefill_computed += q->n_new;
         else s->st.decode_tokens += 1;
     }

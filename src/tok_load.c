@@ -58,7 +58,7 @@ static const struct pre_entry k_pre[] = {
 static const char *const k_eog_text[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>",
     "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>",
-    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", /* DeepSeek <｜end▁of▁sentence｜> */
+    "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>", /* DeepSeek <｜end▁of▁sentence｜> (octal: \x would eat the "e") */
 };
 /* Fill-in-the-middle tokens the reference also stops on (pad, repo, file separator). */
 static const char *const k_fim_pad_text[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};

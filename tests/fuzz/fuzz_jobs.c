@@ -71,6 +71,13 @@ static void check_request(const struct job_request *r)
     REQUIRE(r->repetition_penalty > 0.0f && r->repetition_penalty <= 2.0f);
     REQUIRE(r->n >= 1 && r->n <= JOB_MAX_N);
     REQUIRE(r->top_logprobs >= 0 && r->top_logprobs <= JOB_MAX_TOP_LOGPROBS);
+    REQUIRE(r->n_logit_bias >= 0 && r->n_logit_bias <= JOB_MAX_LOGIT_BIAS);
+    REQUIRE(r->n_logit_bias == 0 || r->logit_bias);
+    for (int32_t k = 0; k < r->n_logit_bias; k++) {
+        REQUIRE(r->logit_bias[k].token >= 0);
+        REQUIRE(r->logit_bias[k].value >= -100.0f && r->logit_bias[k].value <= 100.0f);
+        for (int32_t m = 0; m < k; m++) REQUIRE(r->logit_bias[m].token != r->logit_bias[k].token);
+    }
 }
 
 static void check_line(const char *s, size_t len)

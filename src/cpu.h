@@ -1,0 +1,22 @@
+/* cpu.h — which x86 vector instruction sets this machine runs, for the
+ * kernels that choose at run time.
+ *
+ * Read with cpuid, not __builtin_cpu_supports, whose feature names differ
+ * between compilers (Clang 14 knows no "f16c"), and including that the OS
+ * saves the vector registers (XCR0). Each set matches the flags its sources
+ * are compiled with (CMakeLists.txt): a kernel may use all of them. All
+ * false off x86. No state: cheap enough to call when choosing a kernel. */
+#ifndef KVB_CPU_H
+#define KVB_CPU_H
+
+#include <stdbool.h>
+
+struct cpu_features {
+    bool f16c;   /* F16C with AVX state saved */
+    bool avx2;   /* AVX2 + FMA + F16C: the *_avx2.c sources */
+    bool avx512; /* AVX-512 F/BW/VL/VNNI + the above: the *_avx512.c sources */
+};
+
+struct cpu_features cpu_features(void);
+
+#endif
