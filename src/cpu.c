@@ -3,6 +3,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <pthread.h>
 #include <stdint.h>
 
 static uint64_t xcr0(void)
@@ -12,7 +13,7 @@ static uint64_t xcr0(void)
     return (uint64_t)hi << 32 | lo;
 }
 
-struct cpu_features cpu_features(void)
+static struct cpu_features read_features(void)
 {
     struct cpu_features f = {false, false, false};
     unsigned a, b, c, d;
@@ -28,6 +29,19 @@ struct cpu_features cpu_features(void)
     const bool vnni = c & (1u << 11);
     f.avx512 = f.avx2 && avx512f && avx512bw && avx512vl && vnni && (x & 0xE0) == 0xE0; /* opmask, ZMM state */
     return f;
+}
+
+/* Read once: cpuid is slow (a virtual machine's hypervisor traps it), and
+ * kernels ask on every call. This module's one piece of state. */
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static struct cpu_features features;
+
+static void init(void) { features = read_features(); }
+
+struct cpu_features cpu_features(void)
+{
+    pthread_once(&once, init);
+    return features;
 }
 #else
 struct cpu_features cpu_features(void) { return (struct cpu_features){false, false, false}; }

@@ -5,7 +5,8 @@
  * between compilers (Clang 14 knows no "f16c"), and including that the OS
  * saves the vector registers (XCR0). Each set matches the flags its sources
  * are compiled with (CMakeLists.txt): a kernel may use all of them. All
- * false off x86. No state: cheap enough to call when choosing a kernel. */
+ * false off x86. Read once per process (thread-safe), so kernels may ask
+ * on every call. */
 #ifndef KVB_CPU_H
 #define KVB_CPU_H
 
