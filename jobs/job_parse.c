@@ -580,7 +580,7 @@ static int parse_logit_bias(struct pctx *c, int obj)
         if (klen > 0 && klen < (int)sizeof key) job_json_str_decode(c->j, k, key);
         char *end = NULL;
         long id = strtol(key, &end, 10);
-        if (!key[0] || *end || key[0] == '-' || key[0] == '+' || id > INT32_MAX) {
+        if (key[0] < '0' || key[0] > '9' || *end || id > INT32_MAX) { /* digits only: strtol takes " +5" */
             char got[48];
             excerpt(c, k, got, sizeof got);
             return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s': key '%s' is not a token id", path, got);

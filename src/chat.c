@@ -202,6 +202,7 @@ static struct chat_mistral mistral_variant(const char *t, size_t len)
     v.open_space = !contains_quoted(t, len, "[INST]");
     v.close_space = contains_quoted(t, len, " [/INST]");
     v.reply_space = contains(t, len, "' ' + message") || contains(t, len, "\" \" + message");
+    v.reply_trim = contains(t, len, "|trim") || contains(t, len, "| trim");
     v.system_last = contains(t, len, "loop.last and system_message") ||
                     contains(t, len, "system_message is defined and loop.last");
     return v;
@@ -274,9 +275,9 @@ enum kvb_status chat_template_from_name(const char *name, struct chat_template *
             const char *name;
             struct chat_mistral v;
         } mistrals[] = {
-            {"mistral", {true, true, false, false}},
-            {"mistral-v3", {true, false, true, true}},
-            {"mistral-tekken", {false, false, false, true}},
+            {"mistral", {true, true, true, false, false}},
+            {"mistral-v3", {true, false, true, true, true}},
+            {"mistral-tekken", {false, false, false, false, true}},
         };
         for (size_t i = 0; i < sizeof mistrals / sizeof mistrals[0]; i++) {
             if (strcmp(name, mistrals[i].name) == 0) {
@@ -407,9 +408,11 @@ static void apply_llama2(const struct chat_msg *msgs, size_t n, struct sbuf *b)
 }
 
 /* Mistral: user turns in [INST] … [/INST], replies closed by EOS text,
- * the system prompt (several are joined by blank lines) opening the first
- * or last user turn after a blank line, or a turn of its own when there is
- * no user turn. Like Llama 2, no generation prompt: [/INST] is the cue.
+ * the system prompt (several are joined by blank lines) opening a user
+ * turn after a blank line (struct chat_mistral says which). Where it goes
+ * on the first user turn and there is none, it gets a turn of its own; on
+ * the last message, it is dropped when that is not a user turn, as the
+ * templates do. Like Llama 2, no generation prompt: [/INST] is the cue.
  * User text is kept verbatim, as the templates do. */
 static void apply_mistral(const struct chat_mistral *v, const struct chat_msg *msgs, size_t n, struct sbuf *b)
 {
@@ -421,10 +424,11 @@ static void apply_mistral(const struct chat_mistral *v, const struct chat_msg *m
             if (sys.len > 0) sb_puts(&sys, "\n\n");
             sb_puts(&sys, msgs[i].content);
             if (!sys.p) sb_puts(&sys, ""); /* an empty system prompt still counts */
-        } else if (r == ROLE_USER && (target == n || v->system_last)) {
+        } else if (r == ROLE_USER && target == n && !v->system_last) {
             target = i;
         }
     }
+    if (v->system_last && n > 0 && role_of(&msgs[n - 1]) == ROLE_USER) target = n - 1;
     const char *open = v->open_space ? "[INST] " : "[INST]";
     const char *close = v->close_space ? " [/INST]" : "[/INST]";
     for (size_t i = 0; i < n; i++) {
@@ -438,16 +442,13 @@ static void apply_mistral(const struct chat_mistral *v, const struct chat_msg *m
             sb_puts(b, msgs[i].content);
             sb_puts(b, close);
         } else if (r == ROLE_ASSISTANT) {
-            if (v->reply_space) {
-                sb_puts(b, " ");
-                sb_put_trimmed(b, msgs[i].content);
-            } else {
-                sb_puts(b, msgs[i].content);
-            }
+            if (v->reply_space) sb_puts(b, " ");
+            if (v->reply_trim) sb_put_trimmed(b, msgs[i].content);
+            else sb_puts(b, msgs[i].content);
             sb_puts(b, "</s>");
         }
     }
-    if (target == n && sys.p) { /* no user turn to carry it: give it one of its own */
+    if (target == n && sys.p && !v->system_last) { /* no user turn to carry it: give it one of its own */
         sb_puts(b, open);
         sb_putn(b, sys.p, sys.len);
         sb_puts(b, close);

@@ -28,19 +28,22 @@ enum chat_family {
     CHAT_FAMILY_COUNT_
 };
 
-/* Mistral's [INST] templates differ by tokenizer version in three spaces
+/* Mistral's [INST] templates differ by tokenizer version in a few spaces
  * and in where the system prompt goes (Mistral has no system turn: it is
  * prepended to a user turn, separated by a blank line):
- *   v1 (7B v0.1/v0.2, Mixtral 8x7B): "[INST] u [/INST]a</s>", system on the first user turn;
- *   v3 (7B v0.3):                    "[INST] u[/INST] a</s>", system on the last user turn;
- *   tekken (Nemo):                   "[INST]u[/INST]a</s>",  system on the last user turn
- *                                    (Ministral's template: the same on the first).
- * Detection reads all four from the template's literals. */
+ *   v1 (7B v0.1/v0.2, Mixtral 8x7B): "[INST] u [/INST] a</s>", system on the first user turn
+ *                                    (older revisions: no space before the reply);
+ *   v3 (7B v0.3):                    "[INST] u[/INST] a</s>", reply trimmed, system on the
+ *                                    last message when it is a user turn (else dropped);
+ *   tekken (Nemo):                   "[INST]u[/INST]a</s>", system as v3
+ *                                    (Ministral's template: on the first user turn).
+ * Detection reads each from the template's literals. */
 struct chat_mistral {
     bool open_space;   /* "[INST] " rather than "[INST]" */
     bool close_space;  /* " [/INST]" rather than "[/INST]" */
-    bool reply_space;  /* " " before a reply, which is then trimmed */
-    bool system_last;  /* system prompt on the last user turn, not the first */
+    bool reply_space;  /* " " before a reply */
+    bool reply_trim;   /* the reply trimmed */
+    bool system_last;  /* system prompt on the last message if a user turn, not the first user turn */
 };
 
 struct chat_template {

@@ -14,7 +14,9 @@
  * token is allowed exactly when the object is complete; other tokens without
  * bytes (control tokens) never are, since they would let the output stall.
  * Bytes inside strings are not checked as UTF-8: the output writer replaces
- * invalid sequences with U+FFFD, which keeps the JSON valid.
+ * invalid sequences with U+FFFD, which keeps the JSON valid. A request's
+ * stop strings still cut the output where they match (as in OpenAI's API),
+ * as max_tokens does: such an output is a prefix of an object.
  *
  * Ownership: a vocab copies what it needs from the tokenizer (which may be
  * freed after), is immutable once built and may be shared between threads

@@ -84,6 +84,17 @@ static const char MISTRAL[] =
     "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
     "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
 
+/* Mistral 7B v0.1/v0.2 in later revisions: a space before the reply, untrimmed; the system prompt on
+ * the first user turn. */
+static const char MISTRAL_V2[] =
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{{- bos_token }}{%- for message in loop_messages %}{%- if message['role'] == 'user' %}"
+    "{%- if loop.first and system_message is defined %}"
+    "{{- '[INST] ' + system_message + '\\n\\n' + message['content'] + ' [/INST]' }}"
+    "{%- else %}{{- '[INST] ' + message['content'] + ' [/INST]' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'] + eos_token}}{%- endif %}{%- endfor %}";
+
 /* Mistral 7B v0.3's shape: system prompt on the last user turn, no space before [/INST], a space and
  * a trimmed reply. */
 static const char MISTRAL_V3[] =
@@ -169,9 +180,10 @@ static void check_mistral(const char *what, const char *text, struct chat_mistra
     CHECK_EQ_INT(chat_template_detect(text, strlen(text), &t, &err), KVB_OK);
     CHECK_MSG(t.family == CHAT_MISTRAL, "%s: detected %s", what, chat_family_name(t.family));
     CHECK_MSG(t.mistral.open_space == want.open_space && t.mistral.close_space == want.close_space &&
-                  t.mistral.reply_space == want.reply_space && t.mistral.system_last == want.system_last,
-              "%s: variant open %d close %d reply %d last %d", what, t.mistral.open_space,
-              t.mistral.close_space, t.mistral.reply_space, t.mistral.system_last);
+                  t.mistral.reply_space == want.reply_space && t.mistral.reply_trim == want.reply_trim &&
+                  t.mistral.system_last == want.system_last,
+              "%s: variant open %d close %d reply %d trim %d last %d", what, t.mistral.open_space,
+              t.mistral.close_space, t.mistral.reply_space, t.mistral.reply_trim, t.mistral.system_last);
     chat_template_free(&t);
 }
 
@@ -194,9 +206,10 @@ static void test_detect(void)
     check_detect("Llama 3", LLAMA3, CHAT_LLAMA3, NULL);
     check_detect("Llama 3.1", LLAMA31, CHAT_LLAMA31, NULL);
     check_detect("Llama 2", LLAMA2, CHAT_LLAMA2, NULL);
-    check_mistral("Mistral v0.1", MISTRAL, (struct chat_mistral){true, true, false, false});
-    check_mistral("Mistral v0.3", MISTRAL_V3, (struct chat_mistral){true, false, true, true});
-    check_mistral("Ministral", MINISTRAL, (struct chat_mistral){false, false, false, false});
+    check_mistral("Mistral v0.1 (first revision)", MISTRAL, (struct chat_mistral){true, true, false, false, false});
+    check_mistral("Mistral v0.2", MISTRAL_V2, (struct chat_mistral){true, true, true, false, false});
+    check_mistral("Mistral v0.3", MISTRAL_V3, (struct chat_mistral){true, false, true, true, true});
+    check_mistral("Ministral", MINISTRAL, (struct chat_mistral){false, false, false, false, false});
     check_detect("TinyLlama", TINYLLAMA, CHAT_ZEPHYR, NULL);
     check_detect("Zephyr literal", ZEPHYR_LITERAL, CHAT_ZEPHYR, NULL);
     check_detect("Gemma", GEMMA, CHAT_GEMMA, NULL);
@@ -326,7 +339,7 @@ static void test_apply(void)
     CHECK_EQ_INT(chat_template_from_name("mistral-v3", &mv3, NULL), KVB_OK);
     CHECK_EQ_INT(chat_template_from_name("mistral-tekken", &mtk, NULL), KVB_OK);
     check_turns("mistral v1", &mv1, "[INST] You are terse.\n\nHi there [/INST]", "[INST] Hi there [/INST]",
-                         "[INST] Hi [/INST]Hello! How can I help?</s>[INST] What is 2+2? [/INST]", "");
+                         "[INST] Hi [/INST] Hello! How can I help?</s>[INST] What is 2+2? [/INST]", "");
     check_turns("mistral v3", &mv3, "[INST] You are terse.\n\nHi there[/INST]", "[INST] Hi there[/INST]",
                          "[INST] Hi[/INST] Hello! How can I help?</s>[INST] What is 2+2?[/INST]", "");
     check_turns("mistral tekken", &mtk, "[INST]You are terse.\n\nHi there[/INST]", "[INST]Hi there[/INST]",
@@ -371,10 +384,13 @@ static void test_apply(void)
     check_apply("llama2 system then turns", &t2, sys_multi, 4, true,
                 "[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1 </s><s>[INST] U2 [/INST]");
     /* Where the system prompt goes, verbatim user text, trimmed v3 replies, a lone system prompt. */
-    check_apply("mistral v1 system then turns", &mv1, sys_multi, 4, true, "[INST] S\n\nU1 [/INST]A1</s>[INST] U2 [/INST]");
+    check_apply("mistral v1 system then turns", &mv1, sys_multi, 4, true, "[INST] S\n\nU1 [/INST] A1</s>[INST] U2 [/INST]");
     check_apply("mistral v3 system then turns", &mv3, sys_multi, 4, true, "[INST] U1[/INST] A1</s>[INST] S\n\nU2[/INST]");
+    /* v3 places it on the last message only when that is a user turn (else the template drops it) */
+    check_apply("mistral v3 system, reply last", &mv3, sys_multi, 3, true, "[INST] U1[/INST] A1</s>");
+    check_apply("mistral v1 system, reply last", &mv1, sys_multi, 3, true, "[INST] S\n\nU1 [/INST] A1</s>");
     const struct chat_msg padded_reply[] = {{"user", " u "}, {"assistant", "  a \n"}, {"user", "v"}};
-    check_apply("mistral v1 verbatim", &mv1, padded_reply, 3, true, "[INST]  u  [/INST]  a \n</s>[INST] v [/INST]");
+    check_apply("mistral v1 verbatim", &mv1, padded_reply, 3, true, "[INST]  u  [/INST]   a \n</s>[INST] v [/INST]");
     check_apply("mistral v3 trimmed reply", &mv3, padded_reply, 3, true, "[INST]  u [/INST] a</s>[INST] v[/INST]");
     check_apply("mistral system only", &mv1, sys_only, 1, true, "[INST] Be brief. [/INST]");
     const struct chat_msg two_sys[] = {{"system", "S1"}, {"system", "S2"}, {"user", "U"}};

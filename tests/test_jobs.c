@@ -392,6 +392,8 @@ static void test_bad_sampling(void)
     expect_err(CH("\"logit_bias\":[1]"), JOB_ERR_INVALID_TYPE, "body.logit_bias");
     expect_err(CH("\"logit_bias\":{\"abc\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
     expect_err(CH("\"logit_bias\":{\"-5\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
+    expect_err(CH("\"logit_bias\":{\" 5\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
+    expect_err(CH("\"logit_bias\":{\"+5\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
     expect_err(CH("\"logit_bias\":{\"99999999999\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
     expect_err(CH("\"logit_bias\":{\"7\":101}"), JOB_ERR_INVALID_VALUE, "body.logit_bias.7");
     expect_err(CH("\"logit_bias\":{\"7\":\"1\"}"), JOB_ERR_INVALID_TYPE, "body.logit_bias.7");
