@@ -10,6 +10,7 @@
 #include "cli_llm.h"
 #include "cli_util.h"
 #include "gen.h"
+#include "jsonmode.h"
 #include "sampler.h"
 #include "tok.h"
 
@@ -39,6 +40,7 @@ static void usage(FILE *f)
         "      --presence-penalty X, --frequency-penalty X  OpenAI-style penalties (default 0)\n"
         "      --seed S            sampling seed; the same seed gives the same text (default 0)\n"
         "      --ignore-eos        keep generating past end-of-generation tokens\n"
+        "      --json              the output is one JSON object (as response_format json_object)\n"
         "  -t, --threads N         worker threads (default: all cores)\n"
         "  -c, --ctx N             context length (default: min(model's, 4096))\n"
         "      --batch N           most prompt tokens per forward pass (default 512)\n"
@@ -55,7 +57,7 @@ int cli_generate(int argc, char **argv)
     cli_default_model(model_path, sizeof model_path);
     struct cli_llm_opts lo = {.model_path = model_path};
     const char *prompt = NULL, *prompt_file = NULL, *prompt_ids = NULL, *system = NULL, *tmpl = NULL;
-    bool chat = false, ignore_eos = false, print_ids = false, quiet = false;
+    bool chat = false, ignore_eos = false, print_ids = false, quiet = false, json = false;
     int64_t n_predict = 128, batch = 512, v;
     struct sampler_params sp;
     sampler_params_default(&sp);
@@ -85,6 +87,7 @@ int cli_generate(int argc, char **argv)
         else if (cli_opt_is(a, "--frequency-penalty")) { VAL(); if (!cli_parse_f32(a, val, -2, 2, &sp.frequency_penalty)) return CLI_EXIT_USAGE; }
         else if (cli_opt_is(a, "--seed")) { VAL(); if (!cli_parse_i64(a, val, 0, INT64_MAX, &v)) return CLI_EXIT_USAGE; sp.seed = (uint64_t)v; }
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
+        else if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) { VAL(); if (!cli_parse_i64(a, val, 1, 1024, &v)) return CLI_EXIT_USAGE; lo.n_threads = (int)v; }
         else if (!strcmp(a, "-c") || cli_opt_is(a, "--ctx")) { VAL(); if (!cli_parse_i64(a, val, 16, 1 << 20, &v)) return CLI_EXIT_USAGE; lo.n_ctx = (int32_t)v; }
         else if (cli_opt_is(a, "--batch")) { VAL(); if (!cli_parse_i64(a, val, 1, 1 << 16, &batch)) return CLI_EXIT_USAGE; }
@@ -94,6 +97,10 @@ int cli_generate(int argc, char **argv)
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = true;
         else { fprintf(stderr, "kvbatch generate: unknown option '%s' (see --help)\n", a); return CLI_EXIT_USAGE; }
 #undef VAL
+    }
+    if (json && ignore_eos) {
+        fprintf(stderr, "kvbatch generate: --json ends at the object's end; it cannot go with --ignore-eos\n");
+        return CLI_EXIT_USAGE;
     }
 
     char *owned_prompt = NULL;
@@ -113,6 +120,7 @@ int cli_generate(int argc, char **argv)
     struct cli_llm llm;
     struct gen_ctx *g = NULL;
     struct sampler *smp = NULL;
+    struct jsonmode_vocab *jv = NULL;
     int32_t *ids = NULL, *out_ids = NULL;
     size_t n_ids = 0;
     char *text = NULL;
@@ -155,6 +163,11 @@ int cli_generate(int argc, char **argv)
         }
         n_predict = room;
     }
+    if (json && jsonmode_vocab_create(llm.tok, &jv, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch generate: --json: %s\n", err.msg);
+        goto done;
+    }
+    sp.json = jv;
     if (gen_create(llm.model, llm.be, llm.n_ctx, (int32_t)batch, &g, &err) != KVB_OK ||
         sampler_create(&sp, llm.model->hp.n_vocab, &smp) != KVB_OK) {
         fprintf(stderr, "kvbatch generate: %s\n", err.msg[0] ? err.msg : "out of memory");
@@ -223,6 +236,7 @@ done:
     kvb_free(out_ids);
     kvb_free(ids);
     sampler_free(smp);
+    jsonmode_vocab_free(jv); /* after the sampler that borrows it */
     gen_free(g);
     cli_llm_close(&llm);
     free(owned_prompt);

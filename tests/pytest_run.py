@@ -293,6 +293,14 @@ def test_json_mode(tmp):
                        ("echo", "echo"), ("rf", "response_format")):
         err = res[cid][0]["error"]
         check(err is not None and field in err["message"], f"{cid}: {err}")
+    # kvbatch generate --json: the same mode for one prompt
+    g = subprocess.run([BIN, "generate", "--model", MODEL, "--chat", "--json", "-q", "-n", "96", "--temperature", "0",
+                        "--prompt", asks[0]], capture_output=True, text=True)
+    try:
+        gen_ok = g.returncode == 0 and isinstance(json.loads(g.stdout), dict)
+    except ValueError:
+        gen_ok = False
+    check(gen_ok, f"generate --json: exit {g.returncode}: {g.stdout!r} {g.stderr}")
     print(f"json mode: {stopped} of 11 outputs ended, each one JSON object; 5 refused fields named")
 
 
