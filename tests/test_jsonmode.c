@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "alloc.h"
-#include "gguf.h"
 #include "jsonmode.h"
 #include "sampler.h"
 #include "testutil.h"
@@ -376,19 +375,9 @@ int main(void)
 {
     test_cases();
     test_random();
-    const char *path = tu_env("KVB_MODEL");
-    FILE *probe = path ? fopen(path, "rb") : NULL;
-    if (!probe) {
-        printf("tokenizer part skipped: KVB_MODEL not present\n");
-        return tu_finish();
-    }
-    fclose(probe);
-    struct kvb_err err = {{0}};
-    struct gguf_file *f = NULL;
-    struct tok *t = NULL;
-    CHECK_MSG(gguf_open(path, &f, &err) == KVB_OK, "%s", err.msg);
-    if (f) CHECK_MSG(tok_load(f, &t, &err) == KVB_OK, "%s", err.msg);
-    gguf_close(f);
+    bool absent = false;
+    struct tok *t = tu_model_tokenizer(&absent);
+    if (absent) printf("tokenizer part skipped: KVB_MODEL not present\n");
     if (t) test_sampling(t);
     tok_free(t);
     return tu_finish();

@@ -84,17 +84,9 @@ static const struct {
 
 int main(void)
 {
-    const char *path = tu_env("KVB_MODEL");
-    FILE *probe = path ? fopen(path, "rb") : NULL;
-    if (!probe) tu_skip("KVB_MODEL not present (scripts/fetch-model.sh downloads it)");
-    fclose(probe);
-
-    struct kvb_err err = {{0}};
-    struct gguf_file *f = NULL;
-    struct tok *t = NULL;
-    CHECK_MSG(gguf_open(path, &f, &err) == KVB_OK, "%s", err.msg);
-    if (f) CHECK_MSG(tok_load(f, &t, &err) == KVB_OK, "%s", err.msg);
-    gguf_close(f);
+    bool absent = false;
+    struct tok *t = tu_model_tokenizer(&absent);
+    if (absent) tu_skip("KVB_MODEL not present (scripts/fetch-model.sh downloads it)");
     if (!t) return tu_finish();
 
     /* decode(encode(x)) == x */

@@ -3,6 +3,9 @@
 
 #include <string.h>
 
+#include "gguf.h"
+#include "tok.h"
+
 int tu_failures = 0;
 
 int tu_finish(void)
@@ -47,4 +50,20 @@ char *tu_read_file(const char *path, size_t *len)
     buf[n] = '\0';
     if (len) *len = n;
     return buf;
+}
+
+struct tok *tu_model_tokenizer(bool *absent)
+{
+    const char *path = tu_env("KVB_MODEL");
+    FILE *probe = path ? fopen(path, "rb") : NULL;
+    *absent = !probe;
+    if (!probe) return NULL;
+    fclose(probe);
+    struct kvb_err err = {{0}};
+    struct gguf_file *f = NULL;
+    struct tok *t = NULL;
+    CHECK_MSG(gguf_open(path, &f, &err) == KVB_OK, "%s", err.msg);
+    if (f) CHECK_MSG(tok_load(f, &t, &err) == KVB_OK, "%s", err.msg);
+    gguf_close(f);
+    return t;
 }

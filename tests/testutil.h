@@ -6,6 +6,7 @@
 #ifndef KVB_TESTUTIL_H
 #define KVB_TESTUTIL_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -24,5 +25,11 @@ void tu_skip(const char *why) __attribute__((noreturn));
 const char *tu_env(const char *name);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error. */
 char *tu_read_file(const char *path, size_t *len);
+
+/* The default model's tokenizer ($KVB_MODEL), tok_free by the caller; NULL
+ * when the model is not there (*absent set) or does not load (a failed
+ * check). */
+struct tok;
+struct tok *tu_model_tokenizer(bool *absent);
 
 #endif
