@@ -110,13 +110,18 @@ struct runner {
 
 /* ---- output ------------------------------------------------------------------- */
 
-static void write_line(struct runner *r)
+/* False when the line is not on disk (this write or an earlier one failed):
+ * then the request is not counted or recorded, since a --resume runs it
+ * again. */
+static bool write_line(struct runner *r)
 {
-    if (r->write_failed) return;
+    if (r->write_failed) return false;
     if (fwrite(r->line.data, 1, r->line.len, r->out) != r->line.len || fflush(r->out) != 0) {
         fprintf(stderr, "\nkvbatch run: cannot write %s: %s\n", r->o->output_path, strerror(errno));
         r->write_failed = true;
+        return false;
     }
+    return true;
 }
 
 static void record_metrics(struct runner *r, const struct metrics_request *mr)
@@ -138,8 +143,7 @@ static void emit_error(struct runner *r, const char *custom_id, size_t id_len, c
         return;
     }
     r->line.len = 0;
-    if (job_format_error(&r->line, custom_id, id_len, e) != KVB_OK) return;
-    write_line(r);
+    if (job_format_error(&r->line, custom_id, id_len, e) != KVB_OK || !write_line(r)) return;
     r->tot.requests_total++;
     r->tot.requests_failed++;
     struct metrics_request mr = {
@@ -209,17 +213,22 @@ static void emit_result(struct runner *r, struct slot *s)
         .cached_tokens = s->ch[0].cached + s->ch[0].cached_store,
     };
     r->line.len = 0;
+    bool written;
     if (!oom && job_format_result(&r->line, &res) == KVB_OK) {
-        write_line(r);
+        written = write_line(r);
     } else {
         struct job_error e;
         job_error_setf(&e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory while formatting the result");
         r->line.len = 0;
-        if (job_format_error(&r->line, q->custom_id, q->custom_id_len, &e) == KVB_OK) write_line(r);
+        written = job_format_error(&r->line, q->custom_id, q->custom_id_len, &e) == KVB_OK && write_line(r);
     }
     for (int i = 0; i < q->n; i++) {
         kvb_free(tl[i]);
         kvb_free(tt[i]);
+    }
+    if (!written) {
+        r->lines_done++;
+        return;
     }
     /* Metrics: the request as a whole, timed from its first choice's view. */
     double first = INFINITY, end = 0, admit = INFINITY;

@@ -351,6 +351,16 @@ def test_errors(tmp):
     check(p.returncode == 1 and "nope.gguf" in p.stderr, f"missing model: exit {p.returncode}: {p.stderr}")
     p = run(["--input", job, "--output", os.path.join(tmp, "no", "dir", "out.jsonl")])
     check(p.returncode == 1 and "cannot open" in p.stderr, f"unwritable output: exit {p.returncode}: {p.stderr}")
+    # A full disk: exit 1 naming the cause; the run is recorded as failed,
+    # counting only what reached the output (here nothing).
+    if os.path.exists("/dev/full"):
+        full_db = os.path.join(tmp, "full.db")
+        p = run(["--input", job, "--output", "/dev/full", "--metrics", full_db])
+        check(p.returncode == 1 and "No space left" in p.stderr, f"full disk: exit {p.returncode}: {p.stderr}")
+        with sqlite3.connect(full_db) as c:
+            row = c.execute("select status, requests_total from runs").fetchone()
+            n_rows = c.execute("select count(*) from requests").fetchone()[0]
+        check(row == ("failed", 0) and n_rows == 0, f"full disk: run {row}, {n_rows} request rows")
     p = run(["--input", os.path.join(tmp, "missing.jsonl"), "--output", out])
     check(p.returncode == 1, f"missing input: exit {p.returncode}")
     p = run(["--input", job])
