@@ -19,8 +19,10 @@
  * retrying every batch against a full disk would only slow the job down. */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <xxhash.h>
 
@@ -69,12 +71,21 @@ void pstore_queue_damage_locked(struct pstore *ps, const struct pstore_key *key,
     ps->damage[ps->n_damage++] = (struct pstore_damage){*key, XXH3_64bits(val, len), len};
 }
 
+/* A full disk can come back as EIO from LMDB's writes (tmpfs does): say so
+ * when the cache's filesystem has next to nothing left. */
+static bool disk_nearly_full(const char *dir)
+{
+    struct statvfs vfs;
+    return statvfs(dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize < ((uint64_t)16 << 20);
+}
+
 void pstore_disable_writing_locked(struct pstore *ps, int rc, const char *what)
 {
     ps->stats.writing_disabled = true;
+    const bool full = rc == ENOSPC || rc == EDQUOT || (rc == EIO && disk_nearly_full(ps->dir));
     const char *hint = rc == MDB_MAP_FULL ? "; lower --cache-max-size, or trim with `kvbatch cache gc`"
-                       : rc == ENOSPC || rc == EDQUOT ? "; free disk space or lower --cache-max-size"
-                                                      : "";
+                       : full ? "; the disk is full: free space or lower --cache-max-size"
+                              : "";
     if (!ps->warned_write && !ps->opts.quiet)
         fprintf(stderr, "kvbatch: persistent cache: %s in %s: %s; writing to the cache is off for the rest of "
                 "this run (loads go on)%s\n", what, ps->dir, mdb_strerror(rc), hint);
