@@ -134,6 +134,9 @@ enum job_given {
 #define JOB_DEFAULT_TOP_P 1.0f
 #define JOB_DEFAULT_SEED 0u
 
+struct jsonmode_schema;
+struct job_json;
+
 struct job_logit_bias {
     int32_t token;
     float value; /* [-100, 100] */
@@ -171,6 +174,7 @@ struct job_request {
     bool json_object;         /* "response_format": {"type": "json_object"}: the output is one JSON object */
     struct job_logit_bias *logit_bias; /* (n_logit_bias) distinct token ids; ids not checked here */
     int32_t n_logit_bias;
+    struct jsonmode_schema *json_schema; /* "json_schema": the compiled schema (owned); json_object is set too */
 };
 
 /* Parses one input line (len bytes, need not be NUL-terminated, may end in
@@ -186,6 +190,19 @@ enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
                                struct job_request *out, struct job_error *err);
 
 void job_request_free(struct job_request *r); /* frees the strings, zeroes r; accepts NULL */
+
+/* Compiles the JSON schema at token `root` of j (a response_format's
+ * json_schema.schema; path names it in errors) for JSON mode (jsonmode.h).
+ * The subset: type (string, number, integer, boolean, null, object, array,
+ * or a list of the scalar ones), properties, required, additionalProperties
+ * false, items, minItems, maxItems, enum and const (of strings, true, false,
+ * null); the annotations description, title, default, examples and $schema
+ * are ignored; any other keyword is refused. The root describes an object;
+ * objects and arrays nest at most 16 deep. Returns 0 (*out owned by the
+ * caller: jsonmode_schema_free), -1 with the field in err_path and the
+ * reason in msg, or -2 out of memory. */
+int job_schema_compile(const struct job_json *j, int root, const char *path, struct jsonmode_schema **out,
+                       char *err_path, size_t path_cap, char *msg, size_t msg_cap);
 
 /* ---- output keys ----------------------------------------------------------- */
 

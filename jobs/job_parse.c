@@ -16,6 +16,7 @@
 
 #include "alloc.h"
 #include "job_json.h"
+#include "jsonmode.h"
 
 void job_error_setf(struct job_error *e, const char *code, uint64_t line_no, const char *param,
                     const char *fmt, ...)
@@ -54,6 +55,7 @@ void job_request_free(struct job_request *r)
     kvb_free(r->prompt);
     for (int i = 0; i < r->n_stop; i++) kvb_free(r->stop[i]);
     kvb_free(r->logit_bias);
+    jsonmode_schema_free(r->json_schema);
     memset(r, 0, sizeof *r);
 }
 
@@ -623,14 +625,25 @@ static int parse_output_form(struct pctx *c, int obj)
             r->json_object = true;
             r->given |= JOB_GIVEN_RESPONSE_FORMAT;
         } else if (job_json_str_eq(c->j, t, "json_schema")) {
-            return fail(c, JOB_ERR_INVALID_VALUE, sub,
-                        "field '%s': \"json_schema\" is not supported (\"json_object\", any JSON object, and "
-                        "\"text\" are)", sub);
+            char js_path[PATH_MAX_], sc_path[PATH_MAX_];
+            path_sub(js_path, path, ".json_schema");
+            const int js = lookup(c, i, "json_schema");
+            if (js < 0) return fail_missing(c, js_path);
+            if (job_json_kind(c->j, js) != JOB_JSON_OBJECT) return fail_type(c, js_path, "an object");
+            path_sub(sc_path, js_path, ".schema");
+            const int sc = lookup(c, js, "schema");
+            if (sc < 0) return fail_missing(c, sc_path);
+            char epath[PATH_MAX_], emsg[320];
+            int rc = job_schema_compile(c->j, sc, sc_path, &r->json_schema, epath, sizeof epath, emsg, sizeof emsg);
+            if (rc == -2) return fail_nomem(c);
+            if (rc) return fail(c, JOB_ERR_INVALID_VALUE, epath, "%s", emsg);
+            r->json_object = true;
+            r->given |= JOB_GIVEN_RESPONSE_FORMAT;
         } else if (!job_json_str_eq(c->j, t, "text")) {
             char got[48];
             excerpt(c, t, got, sizeof got);
-            return fail(c, JOB_ERR_INVALID_VALUE, sub, "field '%s' must be \"text\" or \"json_object\" (got '%s')",
-                        sub, got);
+            return fail(c, JOB_ERR_INVALID_VALUE, sub,
+                        "field '%s' must be \"text\", \"json_object\" or \"json_schema\" (got '%s')", sub, got);
         }
     }
     static const char *const tool_fields[] = {"tools", "functions"};

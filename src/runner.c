@@ -618,6 +618,7 @@ static bool admit_line(struct runner *r, bool *eof)
         sp.presence_penalty = q->presence_penalty;
         sp.frequency_penalty = q->frequency_penalty;
         sp.json = q->json_object ? r->json_vocab : NULL;
+        sp.json_schema = q->json_schema;
         sp.bias = bias;
         sp.n_bias = bias ? q->n_logit_bias : 0;
         /* Choice i of n draws from seed + i, so n > 1 gives n different samples

@@ -260,6 +260,7 @@ void sampler_params_default(struct sampler_params *p)
     p->frequency_penalty = 0.0f;
     p->seed = 0;
     p->json = NULL;
+    p->json_schema = NULL;
     p->bias = NULL;
     p->n_bias = 0;
 }
@@ -287,7 +288,7 @@ enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, 
         kvb_free(s);
         return KVB_ERR_NOMEM;
     }
-    jsonmode_init(&s->js);
+    jsonmode_init(&s->js, s->p.json_schema);
     if (p->n_bias > 0) {
         s->bias = kvb_malloc(sizeof *s->bias * (size_t)p->n_bias);
         if (!s->bias) {
@@ -337,7 +338,7 @@ void sampler_reset(struct sampler *s)
 {
     if (!s) return;
     rng_seed(s->rng, s->p.seed);
-    jsonmode_init(&s->js);
+    jsonmode_init(&s->js, s->p.json_schema);
     s->ring_len = 0;
     s->ring_pos = 0;
     if (s->slots)
@@ -782,8 +783,12 @@ enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_to
     memcpy(logits, s->raw, sizeof *logits * (size_t)n);
     for (int32_t i = jsonmode_vocab_size(s->p.json); i < n; i++) logits[i] = -INFINITY; /* padding rows */
     /* Some token is always allowed (a byte-level vocabulary has every JSON
-     * character; the end of generation once the object is closed). */
-    if (jsonmode_mask(s->p.json, &s->js, logits) == 0) return KVB_ERR_INVALID_ARG;
+     * character; the end of generation once the object is closed). Were
+     * none, ending the output beats a token that breaks the object. */
+    if (jsonmode_mask(s->p.json, &s->js, logits) == 0) {
+        *out_token = jsonmode_vocab_eog(s->p.json);
+        return KVB_OK;
+    }
     return sample_free(s, logits, out_token);
 }
 

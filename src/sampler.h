@@ -27,6 +27,7 @@
 #include "status.h"
 
 struct jsonmode_vocab;
+struct jsonmode_schema;
 
 struct sampler_params {
     float temperature;        /* 0 = greedy; default 1 */
@@ -39,6 +40,7 @@ struct sampler_params {
     uint64_t seed;
     const struct jsonmode_vocab *json; /* non-NULL: the output is held to one JSON object
                                           (jsonmode.h); borrowed, must outlive the sampler */
+    const struct jsonmode_schema *json_schema; /* with json: one this schema allows; borrowed */
     const struct sampler_bias *bias;   /* n_bias additions to logits before anything else
                                           (OpenAI's logit_bias); copied by sampler_create */
     int32_t n_bias;

@@ -249,7 +249,8 @@ def test_json_mode(tmp):
         # logit_bias: the greedy continuation, then the same with its first token banned
         f.write(json.dumps({"custom_id": "free", "prompt": "The capital of France is", "max_tokens": 1,
                             "temperature": 0, "logprobs": 1}) + "\n")
-        for cid, extra in (("schema", {"response_format": {"type": "json_schema", "json_schema": {}}}),
+        for cid, extra in (("schema", {"response_format": {"type": "json_schema", "json_schema": {"schema": {
+                               "type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}}}),
                            ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
                            ("bias", {"logit_bias": {"999999": 5}}), ("echo", {"echo": True}),
                            ("rf", {"response_format": "json"})):
@@ -289,7 +290,7 @@ def test_json_mode(tmp):
     banned = read_results(out2)["banned"][0]["response"]["body"]["choices"][0]["text"]
     check(p.returncode == 0 and len(ids) == 1 and banned != first,
           f"logit_bias -100 on the greedy token {ids} ({first!r}) gave {banned!r}")
-    for cid, field in (("schema", "response_format.type"), ("tools", "tools"), ("bias", "logit_bias"),
+    for cid, field in (("schema", "schema.properties.d"), ("tools", "tools"), ("bias", "logit_bias"),
                        ("echo", "echo"), ("rf", "response_format")):
         err = res[cid][0]["error"]
         check(err is not None and field in err["message"], f"{cid}: {err}")
@@ -302,6 +303,66 @@ def test_json_mode(tmp):
         gen_ok = False
     check(gen_ok, f"generate --json: exit {g.returncode}: {g.stdout!r} {g.stderr}")
     print(f"json mode: {stopped} of 11 outputs ended, each one JSON object; 5 refused fields named")
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"], "properties": {
+    "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"enum": ["Paris", "London", "Rome"]},
+    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3}, "member": {"type": ["boolean", "null"]},
+    "pets": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["kind"],
+                                                        "properties": {"kind": {"const": "cat"}, "age": {"type": "number"}}}}}}
+
+
+def conforms(v, sc):
+    """The schema subset kvbatch holds outputs to, checked on a parsed value."""
+    if "enum" in sc or "const" in sc:
+        return v in (sc["enum"] if "enum" in sc else [sc["const"]])
+    types = sc.get("type")
+    if types is None:
+        return True
+    types = types if isinstance(types, list) else [types]
+    checks = {"string": lambda x: isinstance(x, str), "boolean": lambda x: isinstance(x, bool),
+              "null": lambda x: x is None, "integer": lambda x: isinstance(x, int) and not isinstance(x, bool),
+              "number": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+              "array": lambda x: isinstance(x, list), "object": lambda x: isinstance(x, dict)}
+    if not any(checks[t](v) for t in types):
+        return False
+    if isinstance(v, list):
+        return (sc.get("minItems", 0) <= len(v) <= sc.get("maxItems", 65535)
+                and all(conforms(x, sc.get("items", {})) for x in v))
+    if isinstance(v, dict) and "properties" in sc:
+        return (set(v) <= set(sc["properties"]) and set(sc.get("required", [])) <= set(v)
+                and all(conforms(x, sc["properties"][k]) for k, x in v.items()))
+    return True
+
+
+def test_json_schema(tmp):
+    """response_format json_schema: outputs that stop are objects the schema allows."""
+    job = os.path.join(tmp, "schema.jsonl")
+    asks = ["Describe a person who lives in Paris.", "Tell me about Bob, 40, from Rome, who has a cat.",
+            "Who are you?", "Write a haiku about rain."]
+    with open(job, "w") as f:
+        for i, q in enumerate(asks):
+            for t in (0, 1.0):
+                f.write(json.dumps({"custom_id": f"p{i}-{t}", "body": {
+                    "messages": [{"role": "user", "content": q}], "max_tokens": 160, "temperature": t, "seed": i,
+                    "response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "person", "strict": True, "schema": PERSON}}}}) + "\n")
+    out = os.path.join(tmp, "schema.out")
+    p = run(["--input", job, "--output", out, "--metrics", os.path.join(tmp, "schema.db")])
+    check(p.returncode == 0, f"schema job: exit {p.returncode}: {p.stderr}")
+    stopped = 0
+    for cid, ds in read_results(out).items():
+        ch = ds[0]["response"]["body"]["choices"][0]
+        if ch["finish_reason"] != "stop":
+            continue
+        stopped += 1
+        try:
+            v = json.loads(ch["message"]["content"])
+        except ValueError:
+            v = None
+        check(isinstance(v, dict) and conforms(v, PERSON), f"json_schema: {cid} stopped on {ch['message']['content']!r}")
+    check(stopped >= 3, f"json_schema: only {stopped} of 8 outputs ended")
+    print(f"json schema: {stopped} of 8 outputs ended, each an object the schema allows")
 
 
 def test_sigterm(tmp):
@@ -377,7 +438,7 @@ def main():
         # the determinism and resume checks also cover cold vs warm.
         os.environ["KVBATCH_CACHE_DIR"] = os.path.join(tmp, "cache")
         for t in (test_example, test_errors, test_determinism, test_resume, test_resume_bad_then_good,
-                  test_json_mode, test_sigterm):
+                  test_json_mode, test_json_schema, test_sigterm):
             t0 = time.time()
             t(tmp)
             print(f"{t.__name__}: {time.time() - t0:.1f} s")

@@ -20,6 +20,7 @@
 #include "alloc.h"
 #include "job.h"
 #include "job_json.h"
+#include "jsonmode.h"
 #include "testutil.h"
 
 /* ---- helpers: JSON read-back ------------------------------------------------------ */
@@ -384,8 +385,11 @@ static void test_bad_sampling(void)
     /* output forms kvbatch does not make are refused by name, not ignored */
     expect_err(CH("\"response_format\":\"json\""), JOB_ERR_INVALID_TYPE, "body.response_format");
     expect_err(CH("\"response_format\":{}"), JOB_ERR_MISSING_FIELD, "body.response_format.type");
-    expect_err(CH("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}"), JOB_ERR_INVALID_VALUE,
-               "body.response_format.type");
+    expect_err(CH("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}"), JOB_ERR_MISSING_FIELD,
+               "body.response_format.json_schema.schema");
+    expect_err(CH("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"type\":\"object\","
+                  "\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"date\"}}}}}"),
+               JOB_ERR_INVALID_VALUE, "body.response_format.json_schema.schema.properties.a");
     expect_err(CH("\"response_format\":{\"type\":\"xml\"}"), JOB_ERR_INVALID_VALUE, "body.response_format.type");
     expect_err(CH("\"tools\":[{\"type\":\"function\"}]"), JOB_ERR_INVALID_VALUE, "body.tools");
     expect_err(CH("\"functions\":[{}]"), JOB_ERR_INVALID_VALUE, "body.functions");
@@ -413,7 +417,12 @@ static void test_bad_sampling(void)
               r.logit_bias[1].token == 7 && r.logit_bias[1].value == 2.5f);
         job_request_free(&r);
         parse_ok(CO("\"response_format\":{\"type\":\"text\"},\"echo\":false,\"suffix\":null"), &r);
-        CHECK(!r.json_object);
+        CHECK(!r.json_object && !r.json_schema);
+        job_request_free(&r);
+        parse_ok(CH("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":true,"
+                    "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"),
+                 &r);
+        CHECK(r.json_object && r.json_schema && r.json_schema->n_nodes == 2 && r.json_schema->nodes[0].required == 1);
         job_request_free(&r);
     }
     /* shorthand: fields at top level, paths without "body." */

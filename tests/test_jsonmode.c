@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "job.h"
+#include "job_json.h"
 #include "jsonmode.h"
 #include "sampler.h"
 #include "testutil.h"
@@ -29,14 +31,27 @@ struct rd {
     int depth;
 };
 
-static bool rd_ws(struct rd *r)
+/* Whitespace as JSON mode allows it: before the object, at most
+ * JSONMODE_MAX_LEAD_WS bytes; after a colon, at most one space; elsewhere
+ * at most one newline with spaces or tabs, JSONMODE_MAX_WS bytes in all;
+ * never a carriage return. */
+static bool rd_ws_max(struct rd *r, int max)
 {
-    int k = 0;
+    int k = 0, nl = 0;
     while (r->i < r->n && strchr(" \t\n\r", r->s[r->i]) && r->s[r->i]) {
+        if (r->s[r->i] == '\r' || (r->s[r->i] == '\n' && ++nl > 1)) return false;
         r->i++;
-        if (++k > JSONMODE_MAX_WS) return false;
+        if (++k > max) return false;
     }
     return true;
+}
+
+static bool rd_ws(struct rd *r) { return rd_ws_max(r, JSONMODE_MAX_WS); }
+
+static bool rd_after_colon(struct rd *r)
+{
+    if (r->i < r->n && r->s[r->i] == ' ') r->i++;
+    return r->i >= r->n || !strchr(" \t\n\r", r->s[r->i]) || !r->s[r->i];
 }
 
 static bool rd_lit(struct rd *r, const char *w)
@@ -107,7 +122,7 @@ static bool rd_container(struct rd *r, bool array)
     }
     for (;;) {
         if (!array) {
-            if (!rd_string(r) || !rd_ws(r) || r->i >= r->n || r->s[r->i++] != ':' || !rd_ws(r)) return false;
+            if (!rd_string(r) || r->i >= r->n || r->s[r->i++] != ':' || !rd_after_colon(r)) return false;
         }
         if (!rd_value(r) || !rd_ws(r) || r->i >= r->n) return false;
         unsigned char c = r->s[r->i++];
@@ -135,14 +150,14 @@ static bool rd_value(struct rd *r)
 static bool is_object(const char *s, size_t n)
 {
     struct rd r = {(const unsigned char *)s, n, 0, 0};
-    return rd_ws(&r) && r.i < n && s[r.i] == '{' && rd_container(&r, false) && r.i == n;
+    return rd_ws_max(&r, JSONMODE_MAX_LEAD_WS) && r.i < n && s[r.i] == '{' && rd_container(&r, false) && r.i == n;
 }
 
 /* What the recogniser makes of s: -1 rejected, 0 a prefix, 1 complete. */
 static int recognise(const char *s, size_t n)
 {
     struct jsonmode_state st;
-    jsonmode_init(&st);
+    jsonmode_init(&st, NULL);
     if (!jsonmode_feed(&st, s, n)) return -1;
     return jsonmode_complete(&st) ? 1 : 0;
 }
@@ -153,11 +168,12 @@ static void test_cases(void)
         const char *s;
         int want; /* -1 rejected, 0 prefix, 1 complete */
     } cases[] = {
-        {"{}", 1}, {" \n{ }", 1}, {"{\"a\":1}", 1}, {"{\"a\": [1, 2.5, -0.5e+3, true, false, null, \"x\"]}", 1},
+        {"{}", 1}, {" { }", 1}, {"\n{}", 1}, {" \n{}", -1}, {"{\"a\" :1}", -1}, {"{\"a\":  1}", -1},
+        {"{\"a\":\n1}", -1}, {"{\n\n}", -1}, {"{\r\n}", -1}, {"{\n\t\"a\": [\n  1,\n  2\n ]\n}", 1}, {"{\"a\":1}", 1}, {"{\"a\": [1, 2.5, -0.5e+3, true, false, null, \"x\"]}", 1},
         {"{\"k\":{\"n\":{}}}", 1}, {"{\"e\":\"\\u00e9\\n\\\"\\\\\\/\"}", 1}, {"{\"a\":0}", 1}, {"{\"a\":-0}", 1},
         {"{\"a\":1E5}", 1}, {"{\"\xc3\xa9\":\"\xe6\x97\xa5\"}", 1}, {"{\"a\":[]}", 1}, {"{\"a\":[[],{}]}", 1},
         {"{", 0}, {"{\"a", 0}, {"{\"a\":", 0}, {"{\"a\":1", 0}, {"{\"a\":1.", 0}, {"{\"a\":tr", 0},
-        {"{\"a\":\"\\u00", 0}, {"{\"a\":1e", 0}, {"{\"a\":-", 0}, {"", 0}, {"   ", 0},
+        {"{\"a\":\"\\u00", 0}, {"{\"a\":1e", 0}, {"{\"a\":-", 0}, {"", 0}, {" ", 0}, {"   ", -1},
         {"[]", -1}, {"\"a\"", -1}, {"1", -1}, {"{}x", -1}, {"{} ", -1}, {"{,}", -1}, {"{\"a\":1,}", -1},
         {"{\"a\":01}", -1}, {"{\"a\":1.e3}", -1}, {"{\"a\":.5}", -1}, {"{\"a\":+1}", -1}, {"{\"a\":tru}", -1},
         {"{\"a\":\"\\x\"}", -1}, {"{\"a\":\"\t\"}", -1}, {"{a:1}", -1}, {"{\"a\" 1}", -1}, {"{\"a\":1]", -1},
@@ -184,10 +200,11 @@ static void test_cases(void)
     CHECK(recognise(deep, n) == -1);
     char ws[200];
     memset(ws, ' ', sizeof ws);
-    CHECK(recognise(ws, JSONMODE_MAX_WS) == 0);
-    CHECK(recognise(ws, JSONMODE_MAX_WS + 1) == -1);
-    ws[JSONMODE_MAX_WS] = '{';
-    CHECK(recognise(ws, JSONMODE_MAX_WS + 1) == 0);
+    CHECK(recognise(ws, JSONMODE_MAX_LEAD_WS) == 0);
+    CHECK(recognise(ws, JSONMODE_MAX_LEAD_WS + 1) == -1);
+    ws[0] = '{';
+    CHECK(recognise(ws, JSONMODE_MAX_WS + 1) == 0); /* inside the object: the longer bound */
+    CHECK(recognise(ws, JSONMODE_MAX_WS + 2) == -1);
     printf("cases: %zu hand-picked texts, depth and whitespace bounds\n", sizeof cases / sizeof cases[0]);
 }
 
@@ -218,7 +235,7 @@ static void put(struct buf *b, const char *t)
 
 static void gen_ws(struct buf *b)
 {
-    static const char *const w[] = {"", "", "", " ", "\n", "\n  ", "\t", "\r\n"};
+    static const char *const w[] = {"", "", "", " ", "\n", "\n  ", "\t", "\n\t\t"};
     put(b, w[rnd(8)]);
 }
 
@@ -245,9 +262,7 @@ static void gen_container(struct buf *b, int depth, bool array)
         }
         if (!array) {
             gen_string(b);
-            gen_ws(b);
-            put(b, ":");
-            gen_ws(b);
+            put(b, rnd(2) ? ":" : ": ");
         }
         gen_value(b, depth + 1);
         gen_ws(b);
@@ -272,11 +287,11 @@ static void test_random(void)
     int n_ok = 0, n_mut = 0, n_mut_complete = 0;
     for (int it = 0; it < 3000; it++) {
         struct buf b = {.n = 0};
-        gen_ws(&b);
+        if (rnd(2)) put(&b, rnd(2) ? " " : "\n");
         gen_container(&b, 0, false);
         CHECK_MSG(is_object(b.s, b.n), "generator made a non-object: [%.*s]", (int)b.n, b.s);
         struct jsonmode_state st;
-        jsonmode_init(&st);
+        jsonmode_init(&st, NULL);
         bool fine = true;
         for (size_t i = 0; i < b.n && fine; i++) {
             fine = jsonmode_feed(&st, b.s + i, 1) && (i + 1 == b.n || !jsonmode_complete(&st));
@@ -311,9 +326,202 @@ static void test_random(void)
            n_ok, n_mut, n_mut_complete);
 }
 
+/* ---- schemas ------------------------------------------------------------------ */
+
+static struct jsonmode_schema *compile_schema(const char *text)
+{
+    struct job_json j;
+    const char *why;
+    size_t where;
+    CHECK_MSG(job_json_parse(text, strlen(text), &j, &why, &where) == KVB_OK, "schema text: %s", why);
+    struct jsonmode_schema *sc = NULL;
+    char path[128], msg[320];
+    int rc = job_schema_compile(&j, 0, "schema", &sc, path, sizeof path, msg, sizeof msg);
+    CHECK_MSG(rc == 0, "%s: %s", path, msg);
+    job_json_free(&j);
+    return sc;
+}
+
+/* Conformance by walking the parsed value against the nodes: a second,
+ * tree-shaped reading of what the streaming recogniser checks. Returns the
+ * token after the value, or -1 when it does not conform. */
+static int conforms(const struct job_json *j, int i, const struct jsonmode_schema *sc, int32_t ni)
+{
+    const struct jsonmode_node *n = &sc->nodes[ni];
+    const enum job_json_kind k = job_json_kind(j, i);
+    const int next = job_json_skip(j, i);
+    switch (n->kind) {
+    case JSK_ANY:
+        return next;
+    case JSK_ENUM:
+        for (uint16_t e = 0; e < n->n; e++) {
+            const struct jsonmode_text *t = &sc->lits[n->first + e];
+            const char *src = j->src + j->tok[i].start - (k == JOB_JSON_STRING);
+            const size_t len = (size_t)(j->tok[i].end - j->tok[i].start) + 2 * (k == JOB_JSON_STRING);
+            if (t->len == len && memcmp(sc->bytes + t->off, src, len) == 0) return next;
+        }
+        return -1;
+    case JSK_SCALAR: {
+        const unsigned ty = n->types;
+        if (k == JOB_JSON_STRING) return ty & JST_STRING ? next : -1;
+        if (k == JOB_JSON_TRUE || k == JOB_JSON_FALSE) return ty & JST_BOOLEAN ? next : -1;
+        if (k == JOB_JSON_NULL) return ty & JST_NULL ? next : -1;
+        if (k != JOB_JSON_NUMBER) return -1;
+        if (ty & JST_NUMBER) return next;
+        const char *p = j->src + j->tok[i].start;
+        for (int c = j->tok[i].start; c < j->tok[i].end; c++, p++)
+            if (*p == '.' || *p == 'e' || *p == 'E') return -1;
+        return ty & JST_INTEGER ? next : -1;
+    }
+    case JSK_ARRAY: {
+        if (k != JOB_JSON_ARRAY) return -1;
+        const int count = j->tok[i].size;
+        if (count < (int)n->min_items || count > (int)n->max_items) return -1;
+        int c = i + 1;
+        for (int m = 0; m < count; m++)
+            if ((c = conforms(j, c, sc, n->items)) < 0) return -1;
+        return next;
+    }
+    default: { /* OBJECT */
+        if (k != JOB_JSON_OBJECT) return -1;
+        if (n->any_object) return next;
+        uint64_t seen = 0;
+        int c = i + 1;
+        for (int m = 0; m < j->tok[i].size; m++) {
+            const size_t len = (size_t)(j->tok[c].end - j->tok[c].start);
+            int w = -1;
+            for (uint16_t p = 0; p < n->n && w < 0; p++) {
+                const struct jsonmode_text *t = &sc->props[n->first + p].name;
+                if (t->len == len && memcmp(sc->bytes + t->off, j->src + j->tok[c].start, len) == 0) w = p;
+            }
+            if (w < 0 || (seen >> w & 1)) return -1;
+            seen |= (uint64_t)1 << w;
+            if ((c = conforms(j, c + 1, sc, sc->props[n->first + (uint32_t)w].node)) < 0) return -1;
+        }
+        return (n->required & ~seen) == 0 ? next : -1;
+    }
+    }
+}
+
+static bool text_conforms(const char *s, size_t n, const struct jsonmode_schema *sc)
+{
+    struct job_json j;
+    const char *why;
+    size_t where;
+    if (job_json_parse(s, n, &j, &why, &where) != KVB_OK) return false;
+    const bool ok = job_json_kind(&j, 0) == JOB_JSON_OBJECT && conforms(&j, 0, sc, 0) >= 0;
+    job_json_free(&j);
+    return ok;
+}
+
+static const char PERSON[] =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
+    "\"city\":{\"enum\":[\"Paris\",\"Rome\",\"Par\",null]},\"tags\":{\"type\":\"array\",\"items\":{\"type\":"
+    "\"string\"},\"minItems\":1,\"maxItems\":2},\"extra\":{\"type\":\"object\"},\"score\":{\"type\":[\"number\","
+    "\"null\"]},\"any\":{},\"pets\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":"
+    "{\"kind\":{\"const\":\"cat\"},\"ok\":{\"type\":\"boolean\"}},\"required\":[\"kind\"]}}},"
+    "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}";
+
+static int recognise_with_n(const struct jsonmode_schema *sc, const char *s, size_t n)
+{
+    struct jsonmode_state st;
+    jsonmode_init(&st, sc);
+    if (!jsonmode_feed(&st, s, n)) return -1;
+    return jsonmode_complete(&st) ? 1 : 0;
+}
+
+static int recognise_with(const struct jsonmode_schema *sc, const char *s) { return recognise_with_n(sc, s, strlen(s)); }
+
+static void test_schema_cases(void)
+{
+    struct jsonmode_schema *sc = compile_schema(PERSON);
+    if (!sc) return;
+    static const struct {
+        const char *s;
+        int want;
+    } cases[] = {
+        {"{\"name\":\"Ann\",\"age\":30}", 1},
+        {"{\"age\": -4, \"name\": \"\\u00e9\"}", 1},                  /* any order, escapes in values */
+        {"{\"name\":\"A\",\"age\":1,\"city\":\"Par\"}", 1},           /* a literal that prefixes another */
+        {"{\"name\":\"A\",\"age\":1,\"city\":\"Paris\"}", 1},
+        {"{\"name\":\"A\",\"age\":1,\"city\":null}", 1},
+        {"{\"name\":\"A\",\"age\":1,\"tags\":[\"x\",\"y\"]}", 1},
+        {"{\"name\":\"A\",\"age\":1,\"extra\":{\"q\":[1,{\"r\":null}]}}", 1}, /* any object */
+        {"{\"name\":\"A\",\"age\":1,\"any\":[true,{\"z\":1.5e3}]}", 1},  /* anything */
+        {"{\"name\":\"A\",\"age\":1,\"score\":2.5}", 1},
+        {"{\"name\":\"A\",\"age\":1,\"score\":null}", 1},
+        {"{\"name\":\"A\",\"age\":1,\"pets\":[{\"kind\":\"cat\",\"ok\":true},{\"kind\":\"cat\"}]}", 1},
+        {"{\"name\":\"A\",\"age\":1,\"pets\":[]}", 1},
+        {"{\"name\":\"A\"", 0},
+        {"{\"name\":\"A\",\"age\":1,\"city\":\"Pa", 0},
+        {"{}", -1},                                           /* required missing */
+        {"{\"name\":\"A\"}", -1},
+        {"{\"nam\":", -1},                                    /* not a property */
+        {"{\"names\"", -1},
+        {"{\"na\\u006de\"", -1},                              /* property names as written */
+        {"{\"name\":1", -1},                                  /* wrong type */
+        {"{\"name\":\"A\",\"age\":1.5", -1},                  /* integer */
+        {"{\"name\":\"A\",\"age\":1e3", -1},
+        {"{\"name\":\"A\",\"name\":", -1},                    /* each property once */
+        {"{\"name\":\"A\",\"age\":1,\"city\":\"Berlin\"", -1},
+        {"{\"name\":\"A\",\"age\":1,\"city\":\"Pari\"}", -1},
+        {"{\"name\":\"A\",\"age\":1,\"city\":true", -1},
+        {"{\"name\":\"A\",\"age\":1,\"tags\":[]", -1},       /* minItems */
+        {"{\"name\":\"A\",\"age\":1,\"tags\":[\"a\",\"b\",", -1}, /* maxItems */
+        {"{\"name\":\"A\",\"age\":1,\"tags\":[1", -1},
+        {"{\"name\":\"A\",\"age\":1,\"extra\":[", -1},
+        {"{\"name\":\"A\",\"age\":1,\"score\":\"x", -1},
+        {"{\"name\":\"A\",\"age\":1,\"pets\":[{\"ok\":true}", -1}, /* nested required */
+        {"{\"name\":\"A\",\"age\":1,\"pets\":[{\"kind\":\"dog\"", -1},
+        {"{\"name\":\"A\",\"age\":1,\"other\":", -1},         /* additionalProperties false */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int got = recognise_with(sc, cases[k].s);
+        CHECK_MSG(got == cases[k].want, "schema [%s]: %d, want %d", cases[k].s, got, cases[k].want);
+        if (cases[k].want == 1) CHECK_MSG(text_conforms(cases[k].s, strlen(cases[k].s), sc), "checker on [%s]", cases[k].s);
+    }
+    /* Every property given: only the closer may follow. */
+    const char *full = "{\"name\":\"A\",\"age\":1,\"city\":null,\"tags\":[\"t\"],\"extra\":{},\"score\":1,"
+                       "\"any\":0,\"pets\":[]";
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s,", full);
+    CHECK(recognise_with(sc, full) == 0 && recognise_with(sc, buf) == -1);
+    jsonmode_schema_free(sc);
+
+    /* Refused schemas name the keyword or field. */
+    static const struct {
+        const char *schema, *part;
+    } bad[] = {
+        {"{\"type\":\"string\"}", "must describe an object"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}", "'pattern'"},
+        {"{\"anyOf\":[]}", "'anyOf'"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}", "required"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":true}", "additionalProperties"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,2]}}}", "only strings"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":[\"object\",\"null\"]}}}", "list of types"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}}}", "above maxItems"},
+        {"{\"type\":\"object\",\"properties\":{\"a\\\"b\":{}}}", "escapes"},
+        {"{\"type\":\"objekt\"}", "must name JSON types"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        struct job_json j;
+        const char *why;
+        size_t where;
+        CHECK_MSG(job_json_parse(bad[k].schema, strlen(bad[k].schema), &j, &why, &where) == KVB_OK, "%s", bad[k].schema);
+        struct jsonmode_schema *b = NULL;
+        char path[128], msg[320] = "";
+        CHECK_MSG(job_schema_compile(&j, 0, "schema", &b, path, sizeof path, msg, sizeof msg) == -1 && !b &&
+                      strstr(msg, bad[k].part),
+                  "[%s] gave [%s]", bad[k].schema, msg);
+        job_json_free(&j);
+    }
+    printf("schemas: %zu texts against one schema, %zu refused schemas\n", sizeof cases / sizeof cases[0],
+           sizeof bad / sizeof bad[0]);
+}
+
 /* ---- the sampler in JSON mode on the real vocabulary ------------------------ */
 
-static void test_sampling(const struct tok *t)
+static void test_sampling(const struct tok *t, const struct jsonmode_schema *sc)
 {
     struct jsonmode_vocab *v = NULL;
     struct kvb_err err = {{0}};
@@ -321,14 +529,24 @@ static void test_sampling(const struct tok *t)
     if (!v) return;
     const int32_t n_vocab = tok_n_vocab(t);
     float *logits = kvb_malloc(sizeof(float) * (size_t)n_vocab);
+    /* One-byte tokens that close strings and containers, or make numbers:
+     * pushed up now and then so that outputs end within the step budget. */
+    int32_t structural[32];
+    int n_structural = 0;
+    for (int32_t i = 0; i < n_vocab && n_structural < 32; i++) {
+        char piece[8];
+        if (tok_piece(t, i, false, piece, sizeof piece) == 1 && strchr("\"}],:0123456789", piece[0]) && piece[0])
+            structural[n_structural++] = i;
+    }
     int ended = 0, runs = 0;
-    for (int run = 0; run < 24; run++, runs++) {
+    for (int run = 0; run < 16; run++, runs++) {
         struct sampler_params p;
         sampler_params_default(&p);
         p.temperature = run % 4 == 0 ? 0.0f : 1.0f;
         p.top_k = run % 3 == 1 ? 40 : 0;
         p.seed = (uint64_t)run;
         p.json = v;
+        p.json_schema = sc;
         CHECK(!sampler_is_greedy(&p));
         struct sampler *s = NULL;
         CHECK(sampler_create(&p, n_vocab, &s) == KVB_OK);
@@ -343,6 +561,8 @@ static void test_sampling(const struct tok *t)
             if (step > 20 && rnd(4) == 0)
                 for (int32_t i = 0; i < n_vocab; i++)
                     if (tok_is_eog(t, i)) logits[i] = 40.0f;
+            if (sc && rnd(2) == 0)
+                for (int k = 0; k < n_structural; k++) logits[structural[k]] += 12.0f;
             int32_t tok = -1;
             CHECK(sampler_sample(s, logits, &tok) == KVB_OK);
             if (tok < 0) break;
@@ -357,15 +577,18 @@ static void test_sampling(const struct tok *t)
             if (n_out + len > sizeof out) break;
             memcpy(out + n_out, piece, len);
             n_out += len;
-            CHECK_MSG(recognise(out, n_out) >= 0, "run %d: [%.*s] is no prefix of an object", run, (int)n_out, out);
+            CHECK_MSG(sc ? recognise_with_n(sc, out, n_out) >= 0 : recognise(out, n_out) >= 0,
+                      "run %d: [%.*s] is no prefix of an object", run, (int)n_out, out);
         }
         if (eog) {
             ended++;
             CHECK_MSG(is_object(out, n_out), "run %d ended on [%.*s]", run, (int)n_out, out);
+            if (sc) CHECK_MSG(text_conforms(out, n_out, sc), "run %d ended on [%.*s], not the schema's", run, (int)n_out, out);
         }
         sampler_free(s);
     }
-    printf("sampling: %d of %d runs on random logits ended, each on one JSON object\n", ended, runs);
+    printf("sampling%s: %d of %d runs on random logits ended, each on one JSON object%s\n", sc ? " (schema)" : "",
+           ended, runs, sc ? " the schema allows" : "");
     CHECK(ended > 0);
     kvb_free(logits);
     jsonmode_vocab_free(v);
@@ -375,10 +598,16 @@ int main(void)
 {
     test_cases();
     test_random();
+    test_schema_cases();
     bool absent = false;
     struct tok *t = tu_model_tokenizer(&absent);
     if (absent) printf("tokenizer part skipped: KVB_MODEL not present\n");
-    if (t) test_sampling(t);
+    if (t) {
+        test_sampling(t, NULL);
+        struct jsonmode_schema *sc = compile_schema(PERSON);
+        if (sc) test_sampling(t, sc);
+        jsonmode_schema_free(sc);
+    }
     tok_free(t);
     return tu_finish();
 }

@@ -1,0 +1,353 @@
+/* job_schema.c — a request's response_format json_schema compiled into the
+ * node arrays JSON mode reads (jsonmode.h). See job_schema_compile in job.h
+ * for the subset; anything outside it is refused by name, never ignored, so
+ * an output is never held to less than what was asked. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "job.h"
+#include "job_json.h"
+#include "jsonmode.h"
+
+#define MAX_NODES 4096
+#define MAX_BYTES (1u << 20)
+
+struct builder {
+    const struct job_json *j;
+    struct jsonmode_schema *s;
+    int32_t cap_nodes, cap_props, cap_lits;
+    size_t cap_bytes;
+    char *path;      /* the error's field, PATH chars */
+    char *msg;       /* the error's text, MSG chars */
+    size_t path_cap, msg_cap;
+    bool oom;
+};
+
+/* The error: its field (path) and message; -1. */
+static int fail(struct builder *b, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(struct builder *b, const char *path, const char *fmt, ...)
+{
+    snprintf(b->path, b->path_cap, "%s", path);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->msg, b->msg_cap, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static bool grow(void **p, int64_t need, int64_t *cap, size_t elem)
+{
+    if (need <= *cap) return true;
+    int64_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *q = kvb_realloc(*p, (size_t)c * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+static int32_t new_node(struct builder *b)
+{
+    int64_t cap = b->cap_nodes;
+    if (b->s->n_nodes >= MAX_NODES || !grow((void **)&b->s->nodes, b->s->n_nodes + 1, &cap, sizeof *b->s->nodes)) {
+        b->oom = b->s->n_nodes < MAX_NODES;
+        return -1;
+    }
+    b->cap_nodes = (int32_t)cap;
+    memset(&b->s->nodes[b->s->n_nodes], 0, sizeof b->s->nodes[0]);
+    return b->s->n_nodes++;
+}
+
+/* Copies n bytes into the schema's byte store; the text naming them. */
+static bool add_bytes(struct builder *b, const char *p, size_t n, struct jsonmode_text *out)
+{
+    int64_t cap = (int64_t)b->cap_bytes;
+    if (b->s->n_bytes + n > MAX_BYTES || !grow((void **)&b->s->bytes, (int64_t)(b->s->n_bytes + n), &cap, 1)) {
+        b->oom = b->s->n_bytes + n <= MAX_BYTES;
+        return false;
+    }
+    b->cap_bytes = (size_t)cap;
+    memcpy(b->s->bytes + b->s->n_bytes, p, n);
+    *out = (struct jsonmode_text){(uint32_t)b->s->n_bytes, (uint32_t)n};
+    b->s->n_bytes += n;
+    return true;
+}
+
+/* out = base.key, cut to fit (paths only label errors). */
+static void sub_path(char *out, size_t cap, const char *base, const char *key)
+{
+    const size_t n = strnlen(base, cap - 1);
+    memcpy(out, base, n);
+    size_t m = 0;
+    if (n + 1 < cap) {
+        out[n] = '.';
+        m = strnlen(key, cap - n - 2);
+        memcpy(out + n + 1, key, m);
+        m++;
+    }
+    out[n + m] = '\0';
+}
+
+/* A whole number in [lo, hi] at token i. */
+static bool count_at(const struct job_json *j, int i, double lo, double hi, uint32_t *out)
+{
+    if (job_json_kind(j, i) != JOB_JSON_NUMBER) return false;
+    double v = strtod(j->src + j->tok[i].start, NULL);
+    if (!(v >= lo && v <= hi) || v != (double)(uint32_t)v) return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+static const char *const annotations[] = {"description", "title", "default", "examples", "$schema", "$id",
+                                          "$comment", "readOnly", "writeOnly", "deprecated"};
+static const char *const understood[] = {"type", "properties", "required", "additionalProperties", "items",
+                                         "minItems", "maxItems", "enum", "const"};
+
+static int compile(struct builder *b, int i, const char *path, int depth);
+
+static int type_bits(struct builder *b, int t, const char *path, unsigned *bits)
+{
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } names[] = {{"string", JST_STRING}, {"number", JST_NUMBER}, {"integer", JST_INTEGER},
+                 {"boolean", JST_BOOLEAN}, {"null", JST_NULL}, {"object", 32}, {"array", 64}};
+    const struct job_json *j = b->j;
+    const int n = job_json_kind(j, t) == JOB_JSON_ARRAY ? j->tok[t].size : 1;
+    int k = job_json_kind(j, t) == JOB_JSON_ARRAY ? t + 1 : t;
+    *bits = 0;
+    for (int m = 0; m < n; m++, k = job_json_skip(j, k)) {
+        size_t w = 0;
+        if (job_json_kind(j, k) == JOB_JSON_STRING)
+            while (w < sizeof names / sizeof names[0] && !job_json_str_eq(j, k, names[w].name)) w++;
+        if (job_json_kind(j, k) != JOB_JSON_STRING || w == sizeof names / sizeof names[0])
+            return fail(b, path, "field '%s' must name JSON types (string, number, integer, boolean, null, object, "
+                        "array)", path);
+        *bits |= names[w].bit;
+    }
+    if (*bits == 0) return fail(b, path, "field '%s' names no type", path);
+    if ((*bits & (32 | 64)) && (n > 1 || (*bits & (*bits - 1))))
+        return fail(b, path, "field '%s': a list of types may hold only string, number, integer, boolean and "
+                    "null", path);
+    return 0;
+}
+
+static int compile_enum(struct builder *b, int32_t ni, int vals, bool single, const char *path)
+{
+    const struct job_json *j = b->j;
+    const int n = single ? 1 : j->tok[vals].size;
+    if (!single && job_json_kind(j, vals) != JOB_JSON_ARRAY) return fail(b, path, "field '%s' must be an array", path);
+    if (n < 1 || n > JSONMODE_MAX_PROPS)
+        return fail(b, path, "field '%s' must hold 1 to 64 values", path);
+    int64_t cap = b->cap_lits;
+    if (!grow((void **)&b->s->lits, b->s->n_lits + n, &cap, sizeof *b->s->lits)) {
+        b->oom = true;
+        return -1;
+    }
+    b->cap_lits = (int32_t)cap;
+    b->s->nodes[ni].kind = JSK_ENUM;
+    b->s->nodes[ni].first = (uint32_t)b->s->n_lits;
+    b->s->nodes[ni].n = (uint16_t)n;
+    int k = single ? vals : vals + 1;
+    for (int m = 0; m < n; m++, k = job_json_skip(j, k)) {
+        const enum job_json_kind kind = job_json_kind(j, k);
+        const char *src = j->src + j->tok[k].start;
+        size_t len = (size_t)(j->tok[k].end - j->tok[k].start);
+        if (kind == JOB_JSON_STRING) { /* the token's text is inside the quotes */
+            src--;
+            len += 2;
+        } else if (kind != JOB_JSON_TRUE && kind != JOB_JSON_FALSE && kind != JOB_JSON_NULL) {
+            return fail(b, path, "field '%s': only strings, true, false and null are supported as values", path);
+        }
+        for (int e = 0; e < m; e++) {
+            const struct jsonmode_text *t = &b->s->lits[b->s->nodes[ni].first + (uint32_t)e];
+            if (t->len == len && memcmp(b->s->bytes + t->off, src, len) == 0)
+                return fail(b, path, "field '%s' repeats a value", path);
+        }
+        if (!add_bytes(b, src, len, &b->s->lits[b->s->n_lits])) return -1;
+        b->s->n_lits++;
+    }
+    return 0;
+}
+
+static int compile_object(struct builder *b, int32_t ni, int props, int req, int addl, const char *path, int depth)
+{
+    const struct job_json *j = b->j;
+    char sub[256];
+    struct jsonmode_node *nd = &b->s->nodes[ni];
+    nd->kind = JSK_OBJECT;
+    if (addl >= 0 && job_json_kind(j, addl) != JOB_JSON_FALSE) {
+        sub_path(sub, sizeof sub, path, "additionalProperties");
+        return fail(b, sub, "field '%s': only false is supported (no property beyond those listed)", sub);
+    }
+    if (props < 0) {
+        if (req >= 0 && j->tok[req].size > 0) {
+            sub_path(sub, sizeof sub, path, "required");
+            return fail(b, sub, "field '%s' names properties the object does not list", sub);
+        }
+        nd->any_object = true;
+        return 0;
+    }
+    sub_path(sub, sizeof sub, path, "properties");
+    if (job_json_kind(j, props) != JOB_JSON_OBJECT) return fail(b, sub, "field '%s' must be an object", sub);
+    const int n = j->tok[props].size;
+    if (n < 1 || n > JSONMODE_MAX_PROPS) return fail(b, sub, "field '%s' must list 1 to 64 properties", sub);
+    int64_t cap = b->cap_props;
+    if (!grow((void **)&b->s->props, b->s->n_props + n, &cap, sizeof *b->s->props)) {
+        b->oom = true;
+        return -1;
+    }
+    b->cap_props = (int32_t)cap;
+    const uint32_t first = (uint32_t)b->s->n_props;
+    b->s->n_props += n; /* reserved here: the properties' own schemas add theirs after */
+    nd->first = first;
+    nd->n = (uint16_t)n;
+    int k = props + 1;
+    for (int m = 0; m < n; m++, k = job_json_skip(j, k + 1)) {
+        const char *name = j->src + j->tok[k].start;
+        const size_t len = (size_t)(j->tok[k].end - j->tok[k].start);
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)(len < 60 ? len : 60), name);
+        char ppath[256];
+        sub_path(ppath, sizeof ppath, sub, key);
+        if (memchr(name, '\\', len)) return fail(b, ppath, "field '%s': property names with escapes are not supported", ppath);
+        for (int e = 0; e < m; e++) {
+            const struct jsonmode_text *t = &b->s->props[first + (uint32_t)e].name;
+            if (t->len == len && memcmp(b->s->bytes + t->off, name, len) == 0)
+                return fail(b, ppath, "field '%s' is listed twice", ppath);
+        }
+        struct jsonmode_text t;
+        if (!add_bytes(b, name, len, &t)) return -1;
+        b->s->props[first + (uint32_t)m].name = t;
+        const int32_t child = compile(b, k + 1, ppath, depth);
+        if (child < 0) return -1;
+        b->s->props[first + (uint32_t)m].node = child;
+    }
+    if (req >= 0) {
+        sub_path(sub, sizeof sub, path, "required");
+        if (job_json_kind(j, req) != JOB_JSON_ARRAY) return fail(b, sub, "field '%s' must be an array of names", sub);
+        int r = req + 1;
+        for (int m = 0; m < j->tok[req].size; m++, r = job_json_skip(j, r)) {
+            int w = 0;
+            if (job_json_kind(j, r) == JOB_JSON_STRING) {
+                const size_t len = (size_t)(j->tok[r].end - j->tok[r].start);
+                for (; w < n; w++) {
+                    const struct jsonmode_text *t = &b->s->props[first + (uint32_t)w].name;
+                    if (t->len == len && memcmp(b->s->bytes + t->off, j->src + j->tok[r].start, len) == 0) break;
+                }
+            }
+            if (job_json_kind(j, r) != JOB_JSON_STRING || w == n)
+                return fail(b, sub, "field '%s' names a property the object does not list", sub);
+            b->s->nodes[ni].required |= (uint64_t)1 << w;
+        }
+    }
+    return 0;
+}
+
+/* Node for the schema at token i (path names it in errors), or -1. */
+static int compile(struct builder *b, int i, const char *path, int depth)
+{
+    const struct job_json *j = b->j;
+    const int32_t ni = new_node(b);
+    if (ni < 0) {
+        if (!b->oom) fail(b, path, "field '%s': the schema has too many parts", path);
+        return -1;
+    }
+    if (job_json_kind(j, i) == JOB_JSON_TRUE) return ni; /* true: anything (JSK_ANY) */
+    if (job_json_kind(j, i) != JOB_JSON_OBJECT) return fail(b, path, "field '%s' must be a schema (an object)", path);
+    int type = -1, props = -1, req = -1, addl = -1, items = -1, min = -1, max = -1, en = -1, cn = -1;
+    int k = i + 1;
+    for (int m = 0; m < j->tok[i].size; m++, k = job_json_skip(j, k + 1)) {
+        int *slot[] = {&type, &props, &req, &addl, &items, &min, &max, &en, &cn};
+        size_t w = 0;
+        while (w < sizeof understood / sizeof understood[0] && !job_json_str_eq(j, k, understood[w])) w++;
+        if (w < sizeof understood / sizeof understood[0]) {
+            *slot[w] = k + 1;
+            continue;
+        }
+        size_t a = 0;
+        while (a < sizeof annotations / sizeof annotations[0] && !job_json_str_eq(j, k, annotations[a])) a++;
+        if (a < sizeof annotations / sizeof annotations[0]) continue;
+        char key[48];
+        snprintf(key, sizeof key, "%.*s", (int)(j->tok[k].end - j->tok[k].start < 40 ? j->tok[k].end - j->tok[k].start : 40),
+                 j->src + j->tok[k].start);
+        return fail(b, path, "field '%s': keyword '%s' is not supported (kvbatch holds outputs to type, properties, "
+                    "required, items, minItems, maxItems, enum and const)", path, key);
+    }
+    char sub[256];
+    if (en >= 0 || cn >= 0) {
+        sub_path(sub, sizeof sub, path, en >= 0 ? "enum" : "const");
+        return compile_enum(b, ni, en >= 0 ? en : cn, en < 0, sub) < 0 ? -1 : ni;
+    }
+    unsigned bits = 0;
+    if (type >= 0) {
+        sub_path(sub, sizeof sub, path, "type");
+        if (type_bits(b, type, sub, &bits) < 0) return -1;
+    } else if (props >= 0 || req >= 0 || addl >= 0) {
+        bits = 32;
+    } else if (items >= 0 || min >= 0 || max >= 0) {
+        bits = 64;
+    } else {
+        return ni; /* no constraint: anything */
+    }
+    if (bits & (32 | 64)) {
+        if (depth + 1 > JSONMODE_MAX_FRAMES)
+            return fail(b, path, "field '%s': objects and arrays nest deeper than 16", path);
+    }
+    if (bits == 32) return compile_object(b, ni, props, req, addl, path, depth + 1) < 0 ? -1 : ni;
+    if (bits == 64) {
+        b->s->nodes[ni].kind = JSK_ARRAY;
+        b->s->nodes[ni].min_items = 0;
+        b->s->nodes[ni].max_items = UINT16_MAX;
+        if (min >= 0 && !count_at(j, min, 0, UINT16_MAX, &b->s->nodes[ni].min_items)) {
+            sub_path(sub, sizeof sub, path, "minItems");
+            return fail(b, sub, "field '%s' must be a whole number from 0 to 65535", sub);
+        }
+        if (max >= 0 && !count_at(j, max, 0, UINT16_MAX, &b->s->nodes[ni].max_items)) {
+            sub_path(sub, sizeof sub, path, "maxItems");
+            return fail(b, sub, "field '%s' must be a whole number from 0 to 65535", sub);
+        }
+        if (b->s->nodes[ni].min_items > b->s->nodes[ni].max_items) {
+            sub_path(sub, sizeof sub, path, "minItems");
+            return fail(b, sub, "field '%s' is above maxItems", sub);
+        }
+        sub_path(sub, sizeof sub, path, "items");
+        int32_t child = -1;
+        if (items >= 0) {
+            child = compile(b, items, sub, depth + 1);
+        } else if ((child = new_node(b)) < 0 && !b->oom) {
+            fail(b, path, "field '%s': the schema has too many parts", path);
+        }
+        if (child < 0) return -1;
+        b->s->nodes[ni].items = child;
+        return ni;
+    }
+    if (props >= 0 || items >= 0) return fail(b, path, "field '%s': properties or items given for a scalar type", path);
+    b->s->nodes[ni].kind = JSK_SCALAR;
+    b->s->nodes[ni].types = (uint8_t)bits;
+    return ni;
+}
+
+int job_schema_compile(const struct job_json *j, int root, const char *path, struct jsonmode_schema **out,
+                       char *err_path, size_t path_cap, char *msg, size_t msg_cap)
+{
+    *out = NULL;
+    struct builder b = {.j = j, .path = err_path, .msg = msg, .path_cap = path_cap, .msg_cap = msg_cap};
+    b.s = kvb_calloc(1, sizeof *b.s);
+    if (!b.s) return -2;
+    const int32_t r = compile(&b, root, path, 0);
+    if (r < 0) {
+        jsonmode_schema_free(b.s);
+        return b.oom ? -2 : -1;
+    }
+    if (b.s->nodes[0].kind != JSK_OBJECT) {
+        jsonmode_schema_free(b.s);
+        return fail(&b, path, "field '%s' must describe an object (\"type\": \"object\")", path);
+    }
+    *out = b.s;
+    return 0;
+}
