@@ -24,6 +24,7 @@
 
 #include "job.h"
 #include "job_json.h"
+#include "jsonmode.h"
 
 #define REQUIRE(c) \
     do { if (!(c)) { fprintf(stderr, "fuzz_jobs: %s:%d: %s\n", __FILE__, __LINE__, #c); __builtin_trap(); } } while (0)
@@ -71,6 +72,8 @@ static void check_request(const struct job_request *r)
     REQUIRE(r->repetition_penalty > 0.0f && r->repetition_penalty <= 2.0f);
     REQUIRE(r->n >= 1 && r->n <= JOB_MAX_N);
     REQUIRE(r->top_logprobs >= 0 && r->top_logprobs <= JOB_MAX_TOP_LOGPROBS);
+    REQUIRE(!r->json_schema || (r->json_object && r->json_schema->n_nodes >= 1 &&
+                                r->json_schema->nodes[0].kind == JSK_OBJECT));
     REQUIRE(r->n_logit_bias >= 0 && r->n_logit_bias <= JOB_MAX_LOGIT_BIAS);
     REQUIRE(r->n_logit_bias == 0 || r->logit_bias);
     for (int32_t k = 0; k < r->n_logit_bias; k++) {
