@@ -200,6 +200,14 @@ enum kvb_status radix_insert(struct radix *r, const int32_t *tokens, int32_t n_b
             if (parent >= 0) r->nodes[parent].n_children++;
             kv_set_cached(r->kv, block_ids[k], true);
             r->n_live++;
+        } else if (r->nodes[c].block != block_ids[k]) {
+            /* The tree holds these tokens in another block (two sequences
+             * computed the same prefix side by side). Hanging this
+             * sequence's later blocks below that node would keep it from
+             * eviction once its own holder is gone, with no reference on it
+             * from this sequence: stop here. */
+            r->nodes[c].last_use = r->clock;
+            break;
         }
         r->nodes[c].last_use = r->clock;
         parent = c;

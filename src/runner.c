@@ -931,12 +931,14 @@ int run_job(const struct run_opts *o)
     if (metrics_run_end(r.db, r.run_id, status, &r.tot, &err) != KVB_OK)
         fprintf(stderr, "kvbatch run: warning: metrics: %s\n", err.msg);
     if (!o->quiet) {
+        /* Reuse per request (as the metrics record it); computed counts the
+         * work, recomputation after preemption included. */
         fprintf(stderr,
                 "kvbatch run: %s: %lld requests (%lld ok, %lld failed, %lld already done), %lld prompt tokens "
                 "(%lld reused in-run, %lld from the cache, %lld computed), %lld generated, %.1f s\n",
                 metrics_run_status_name(status), (long long)r.tot.requests_total, (long long)r.tot.requests_ok,
                 (long long)r.tot.requests_failed, (long long)r.skipped, (long long)r.tot.prompt_tokens,
-                (long long)st.cached_tokens, (long long)st.store_tokens, (long long)st.prefill_computed,
+                (long long)r.tot.cached_tokens_run, (long long)r.tot.cached_tokens_store, (long long)st.prefill_computed,
                 (long long)r.tot.completion_tokens,
                 r.tot.wall_seconds);
     }

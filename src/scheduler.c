@@ -425,6 +425,12 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
             if ((pass == 0) != decode || q->n_new) continue;
             int32_t take = left < budget ? left : budget;
             while (!grow_blocks(s, q, q->n_computed + take)) {
+                /* Spills not yet handed to the store hold their blocks: hand
+                 * them over before taking anything from a sequence. */
+                if (s->io && sstore_pending(s->io)) {
+                    KVB_FORWARD_IF_ERROR(sstore_after_step(s->io, err));
+                    continue;
+                }
                 /* Out of blocks: preempt the youngest; if that is q itself, stop. */
                 struct seq *victim = s->running[0];
                 for (int32_t k = 1; k < s->n_running; k++)

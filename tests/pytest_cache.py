@@ -95,6 +95,26 @@ def main():
                   "--cache-buffer", "lots")
         check(bad.returncode == 2 and "--cache-buffer" in bad.stderr, f"bad --cache-buffer: exit {bad.returncode}")
 
+        # A pool of four blocks, one sequence preempting another whose newest
+        # block is still waiting to go to the store: the spill is handed over
+        # rather than the job failing with "KV pool too small" (it did), and
+        # the texts are those of the run without the cache.
+        tight = os.path.join(tmp, "tight.jsonl")
+        with open(tight, "w") as f:
+            f.write(json.dumps({"custom_id": "Y", "prompt": " ".join(["alpha"] * 13), "max_tokens": 45,
+                                "temperature": 0}) + "\n")
+            f.write(json.dumps({"custom_id": "X", "prompt": " ".join(["beta"] * 50), "max_tokens": 5,
+                                "temperature": 0}) + "\n")
+        outs = []
+        for extra in (["--cache-dir", os.path.join(tmp, "tight-cache")], ["--no-cache"]):
+            out = os.path.join(tmp, f"tight{len(outs)}.out")
+            p = kvb("run", "--model", MODEL, "--input", tight, "--output", out, "--metrics", os.path.join(tmp, "t.db"),
+                    "--quiet", "--ctx", "64", "--kv-mem", "1500K", "--max-batch", "2", "--max-step-tokens", "16", *extra)
+            check(p.returncode == 0, f"tight pool {extra[0]}: exit {p.returncode}: {p.stderr}")
+            outs.append(sorted(open(out).read().splitlines()) if p.returncode == 0 else [])
+        strip = lambda ls: [json.loads(l)["response"]["body"]["choices"][0]["text"] for l in ls]
+        check(len(outs[0]) == 2 and strip(outs[0]) == strip(outs[1]), "tight pool: results differ with the cache")
+
         # A cache that cannot be opened is a warning, not a failure.
         blocker = os.path.join(tmp, "file")
         open(blocker, "w").close()

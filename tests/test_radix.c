@@ -65,6 +65,24 @@ static void test_duplicate_insert(void)
     CHECK_EQ_INT(radix_n_cached(r), 1);
     radix_free(r);
     kv_alloc_free(kv);
+
+    /* Two sequences computed one prefix side by side, then went on: the
+     * second's later blocks must not hang below the first's node, which it
+     * holds no reference on, or that node could never be evicted once the
+     * first finishes (found with two identical prompts and a small pool). */
+    CHECK(kv_alloc_create(8, &kv) == KVB_OK);
+    CHECK(radix_create(B, kv, &r) == KVB_OK);
+    int32_t three[12] = {5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7};
+    int32_t first[2] = {kv_take(kv), kv_take(kv)}, second[3] = {kv_take(kv), kv_take(kv), kv_take(kv)};
+    CHECK(radix_insert(r, three, 2, first) == KVB_OK);
+    CHECK(radix_insert(r, three, 3, second) == KVB_OK); /* the second goes on one block further */
+    for (int k = 0; k < 2; k++) kv_unref(kv, first[k]); /* the first sequence finishes */
+    CHECK_EQ_INT(radix_evict(r, 8), 2);                  /* its chain can go while the second runs */
+    for (int k = 0; k < 3; k++) kv_unref(kv, second[k]);
+    radix_evict(r, 8);
+    CHECK_EQ_INT(kv_n_free(kv), 8);
+    radix_free(r);
+    kv_alloc_free(kv);
 }
 
 /* Random prompts over a tiny alphabet so prefixes collide; after every
