@@ -195,9 +195,11 @@ void job_request_free(struct job_request *r); /* frees the strings, zeroes r; ac
  * json_schema.schema; path names it in errors) for JSON mode (jsonmode.h).
  * The subset: type (string, number, integer, boolean, null, object, array,
  * or a list of the scalar ones), properties, required, additionalProperties
- * false, items, minItems, maxItems, enum and const (of strings, true, false,
- * null); the annotations description, title, default, examples and $schema
- * are ignored; any other keyword is refused. The root describes an object;
+ * false (also the default where properties are listed; with none listed it
+ * allows only {}), items, minItems, maxItems, enum or const (of strings,
+ * true, false, null; a type beside them keeps the values of that type); the
+ * annotations description, title, default, examples and $schema are
+ * ignored; any other keyword is refused. The root describes an object;
  * objects and arrays nest at most 16 deep. Returns 0 (*out owned by the
  * caller: jsonmode_schema_free), -1 with the field in err_path and the
  * reason in msg, or -2 out of memory. */

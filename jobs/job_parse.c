@@ -633,7 +633,7 @@ static int parse_output_form(struct pctx *c, int obj)
             path_sub(sc_path, js_path, ".schema");
             const int sc = lookup(c, js, "schema");
             if (sc < 0) return fail_missing(c, sc_path);
-            char epath[PATH_MAX_], emsg[320];
+            char epath[PATH_MAX_] = "", emsg[320] = "";
             int rc = job_schema_compile(c->j, sc, sc_path, &r->json_schema, epath, sizeof epath, emsg, sizeof emsg);
             if (rc == -2) return fail_nomem(c);
             if (rc) return fail(c, JOB_ERR_INVALID_VALUE, epath, "%s", emsg);

@@ -14,6 +14,7 @@
 
 #define MAX_NODES 4096
 #define MAX_BYTES (1u << 20)
+#define MAX_TEXT 1024 /* bytes of one property name or enum value */
 
 struct builder {
     const struct job_json *j;
@@ -63,15 +64,19 @@ static int32_t new_node(struct builder *b)
 }
 
 /* Copies n bytes into the schema's byte store; the text naming them. */
-static bool add_bytes(struct builder *b, const char *p, size_t n, struct jsonmode_text *out)
+static bool add_bytes(struct builder *b, const char *p, size_t n, struct jsonmode_text *out, const char *path)
 {
     int64_t cap = (int64_t)b->cap_bytes;
-    if (b->s->n_bytes + n > MAX_BYTES || !grow((void **)&b->s->bytes, (int64_t)(b->s->n_bytes + n), &cap, 1)) {
-        b->oom = b->s->n_bytes + n <= MAX_BYTES;
+    if (b->s->n_bytes + n > MAX_BYTES) {
+        fail(b, path, "field '%s': the schema's names and values exceed 1 MiB", path);
+        return false;
+    }
+    if (!grow((void **)&b->s->bytes, (int64_t)(b->s->n_bytes + n), &cap, 1)) {
+        b->oom = true;
         return false;
     }
     b->cap_bytes = (size_t)cap;
-    memcpy(b->s->bytes + b->s->n_bytes, p, n);
+    if (n) memcpy(b->s->bytes + b->s->n_bytes, p, n);
     *out = (struct jsonmode_text){(uint32_t)b->s->n_bytes, (uint32_t)n};
     b->s->n_bytes += n;
     return true;
@@ -136,11 +141,13 @@ static int type_bits(struct builder *b, int t, const char *path, unsigned *bits)
     return 0;
 }
 
-static int compile_enum(struct builder *b, int32_t ni, int vals, bool single, const char *path)
+/* enum (or const: single) at token vals: the literals whose kind `types`
+ * allows (0: any), which must leave at least one. */
+static int compile_enum(struct builder *b, int32_t ni, int vals, bool single, unsigned types, const char *path)
 {
     const struct job_json *j = b->j;
-    const int n = single ? 1 : j->tok[vals].size;
     if (!single && job_json_kind(j, vals) != JOB_JSON_ARRAY) return fail(b, path, "field '%s' must be an array", path);
+    const int n = single ? 1 : j->tok[vals].size;
     if (n < 1 || n > JSONMODE_MAX_PROPS)
         return fail(b, path, "field '%s' must hold 1 to 64 values", path);
     int64_t cap = b->cap_lits;
@@ -151,26 +158,36 @@ static int compile_enum(struct builder *b, int32_t ni, int vals, bool single, co
     b->cap_lits = (int32_t)cap;
     b->s->nodes[ni].kind = JSK_ENUM;
     b->s->nodes[ni].first = (uint32_t)b->s->n_lits;
-    b->s->nodes[ni].n = (uint16_t)n;
-    int k = single ? vals : vals + 1;
+    int kept = 0, k = single ? vals : vals + 1;
     for (int m = 0; m < n; m++, k = job_json_skip(j, k)) {
         const enum job_json_kind kind = job_json_kind(j, k);
         const char *src = j->src + j->tok[k].start;
         size_t len = (size_t)(j->tok[k].end - j->tok[k].start);
+        unsigned bit;
         if (kind == JOB_JSON_STRING) { /* the token's text is inside the quotes */
             src--;
             len += 2;
-        } else if (kind != JOB_JSON_TRUE && kind != JOB_JSON_FALSE && kind != JOB_JSON_NULL) {
+            bit = JST_STRING;
+        } else if (kind == JOB_JSON_TRUE || kind == JOB_JSON_FALSE) {
+            bit = JST_BOOLEAN;
+        } else if (kind == JOB_JSON_NULL) {
+            bit = JST_NULL;
+        } else {
             return fail(b, path, "field '%s': only strings, true, false and null are supported as values", path);
         }
-        for (int e = 0; e < m; e++) {
+        if (len > MAX_TEXT) return fail(b, path, "field '%s' holds a value longer than 1024 bytes", path);
+        if (types && !(types & bit)) continue; /* the schema's type rules it out */
+        for (int e = 0; e < kept; e++) {
             const struct jsonmode_text *t = &b->s->lits[b->s->nodes[ni].first + (uint32_t)e];
             if (t->len == len && memcmp(b->s->bytes + t->off, src, len) == 0)
                 return fail(b, path, "field '%s' repeats a value", path);
         }
-        if (!add_bytes(b, src, len, &b->s->lits[b->s->n_lits])) return -1;
+        if (!add_bytes(b, src, len, &b->s->lits[b->s->n_lits], path)) return -1;
         b->s->n_lits++;
+        kept++;
     }
+    if (kept == 0) return fail(b, path, "field '%s': no value has the schema's type", path);
+    b->s->nodes[ni].n = (uint16_t)kept;
     return 0;
 }
 
@@ -184,18 +201,23 @@ static int compile_object(struct builder *b, int32_t ni, int props, int req, int
         sub_path(sub, sizeof sub, path, "additionalProperties");
         return fail(b, sub, "field '%s': only false is supported (no property beyond those listed)", sub);
     }
+    if (req >= 0 && job_json_kind(j, req) != JOB_JSON_ARRAY) {
+        sub_path(sub, sizeof sub, path, "required");
+        return fail(b, sub, "field '%s' must be an array of names", sub);
+    }
     if (props < 0) {
         if (req >= 0 && j->tok[req].size > 0) {
             sub_path(sub, sizeof sub, path, "required");
             return fail(b, sub, "field '%s' names properties the object does not list", sub);
         }
-        nd->any_object = true;
+        /* No properties listed: any object, unless none may be added (then only {}). */
+        nd->any_object = addl < 0;
         return 0;
     }
     sub_path(sub, sizeof sub, path, "properties");
     if (job_json_kind(j, props) != JOB_JSON_OBJECT) return fail(b, sub, "field '%s' must be an object", sub);
     const int n = j->tok[props].size;
-    if (n < 1 || n > JSONMODE_MAX_PROPS) return fail(b, sub, "field '%s' must list 1 to 64 properties", sub);
+    if (n > JSONMODE_MAX_PROPS) return fail(b, sub, "field '%s' lists more than 64 properties", sub);
     int64_t cap = b->cap_props;
     if (!grow((void **)&b->s->props, b->s->n_props + n, &cap, sizeof *b->s->props)) {
         b->oom = true;
@@ -220,8 +242,9 @@ static int compile_object(struct builder *b, int32_t ni, int props, int req, int
             if (t->len == len && memcmp(b->s->bytes + t->off, name, len) == 0)
                 return fail(b, ppath, "field '%s' is listed twice", ppath);
         }
+        if (len > MAX_TEXT) return fail(b, ppath, "field '%s': property names longer than 1024 bytes are not supported", ppath);
         struct jsonmode_text t;
-        if (!add_bytes(b, name, len, &t)) return -1;
+        if (!add_bytes(b, name, len, &t, ppath)) return -1;
         b->s->props[first + (uint32_t)m].name = t;
         const int32_t child = compile(b, k + 1, ppath, depth);
         if (child < 0) return -1;
@@ -229,7 +252,6 @@ static int compile_object(struct builder *b, int32_t ni, int props, int req, int
     }
     if (req >= 0) {
         sub_path(sub, sizeof sub, path, "required");
-        if (job_json_kind(j, req) != JOB_JSON_ARRAY) return fail(b, sub, "field '%s' must be an array of names", sub);
         int r = req + 1;
         for (int m = 0; m < j->tok[req].size; m++, r = job_json_skip(j, r)) {
             int w = 0;
@@ -279,9 +301,15 @@ static int compile(struct builder *b, int i, const char *path, int depth)
                     "required, items, minItems, maxItems, enum and const)", path, key);
     }
     char sub[256];
+    if (en >= 0 && cn >= 0) return fail(b, path, "field '%s': give enum or const, not both", path);
     if (en >= 0 || cn >= 0) {
+        unsigned types = 0;
+        if (type >= 0) {
+            sub_path(sub, sizeof sub, path, "type");
+            if (type_bits(b, type, sub, &types) < 0) return -1;
+        }
         sub_path(sub, sizeof sub, path, en >= 0 ? "enum" : "const");
-        return compile_enum(b, ni, en >= 0 ? en : cn, en < 0, sub) < 0 ? -1 : ni;
+        return compile_enum(b, ni, en >= 0 ? en : cn, en < 0, types, sub) < 0 ? -1 : ni;
     }
     unsigned bits = 0;
     if (type >= 0) {

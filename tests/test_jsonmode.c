@@ -502,6 +502,9 @@ static void test_schema_cases(void)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}}}", "above maxItems"},
         {"{\"type\":\"object\",\"properties\":{\"a\\\"b\":{}}}", "escapes"},
         {"{\"type\":\"objekt\"}", "must name JSON types"},
+        {"{\"type\":\"object\",\"required\":\"a\"}", "array of names"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[\"x\"],\"const\":\"x\"}}}", "not both"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\",\"enum\":[\"x\"]}}}", "no value has"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         struct job_json j;
@@ -515,8 +518,31 @@ static void test_schema_cases(void)
                   "[%s] gave [%s]", bad[k].schema, msg);
         job_json_free(&j);
     }
-    printf("schemas: %zu texts against one schema, %zu refused schemas\n", sizeof cases / sizeof cases[0],
-           sizeof bad / sizeof bad[0]);
+    /* Found in review: enum and type together (the type rules values out),
+     * additionalProperties false without properties (only {}), an empty
+     * property name. */
+    static const struct {
+        const char *schema, *text;
+        int want;
+    } more[] = {
+        {"{\"type\":\"object\",\"properties\":{\"c\":{\"type\":\"string\",\"enum\":[\"red\",null]}}}", "{\"c\":null", -1},
+        {"{\"type\":\"object\",\"properties\":{\"c\":{\"type\":\"string\",\"enum\":[\"red\",null]}}}", "{\"c\":\"red\"}", 1},
+        {"{\"type\":\"object\",\"properties\":{\"m\":{\"type\":\"object\",\"additionalProperties\":false}}}", "{\"m\":{}}", 1},
+        {"{\"type\":\"object\",\"properties\":{\"m\":{\"type\":\"object\",\"additionalProperties\":false}}}", "{\"m\":{\"", -1},
+        {"{\"type\":\"object\",\"properties\":{}}", "{}", 1},
+        {"{\"type\":\"object\",\"properties\":{}}", "{\"", -1},
+        {"{\"type\":\"object\",\"properties\":{\"\":{\"type\":\"string\"}}}", "{\"\":\"x\"}", 1},
+        {"{\"type\":\"object\",\"properties\":{\"m\":{\"type\":\"object\"}}}", "{\"m\":{\"any\":[1]}}", 1},
+    };
+    for (size_t k = 0; k < sizeof more / sizeof more[0]; k++) {
+        struct jsonmode_schema *m = compile_schema(more[k].schema);
+        if (!m) continue;
+        const int got = recognise_with(m, more[k].text);
+        CHECK_MSG(got == more[k].want, "[%s] under [%s]: %d, want %d", more[k].text, more[k].schema, got, more[k].want);
+        jsonmode_schema_free(m);
+    }
+    printf("schemas: %zu texts against one schema, %zu against others, %zu refused schemas\n",
+           sizeof cases / sizeof cases[0], sizeof more / sizeof more[0], sizeof bad / sizeof bad[0]);
 }
 
 /* ---- the sampler in JSON mode on the real vocabulary ------------------------ */
