@@ -504,6 +504,17 @@ static struct slot *free_slot_ptr(struct runner *r)
     return NULL;
 }
 
+/* An admitted line that cannot run: its error line (400, or 500 for the
+ * server's own failures), and its request and tokens freed. True: the job
+ * goes on. */
+static bool refuse(struct runner *r, struct job_request *q, int32_t *ids, const struct job_error *e)
+{
+    emit_error(r, q->custom_id, q->custom_id_len, e, strcmp(e->code, JOB_ERR_SERVER) ? 400 : 500);
+    kvb_free(ids);
+    job_request_free(q);
+    return true;
+}
+
 /* Reads input lines until one request is submitted, the window is full, or
  * the input ends (*eof). Returns false on a fatal error. */
 static bool admit_line(struct runner *r, bool *eof)
@@ -564,20 +575,13 @@ static bool admit_line(struct runner *r, bool *eof)
     }
     int32_t *ids = NULL;
     size_t n = 0;
-    if (!tokenize_request(r, q, &ids, &n, &e)) {
-        emit_error(r, q->custom_id, q->custom_id_len, &e, strcmp(e.code, JOB_ERR_SERVER) ? 400 : 500);
-        job_request_free(q);
-        return true;
-    }
+    if (!tokenize_request(r, q, &ids, &n, &e)) return refuse(r, q, NULL, &e);
     const int32_t n_vocab = r->model->hp.n_vocab;
     for (int32_t k = 0; k < q->n_logit_bias; k++) {
         if (q->logit_bias[k].token < n_vocab) continue;
         job_error_setf(&e, JOB_ERR_INVALID_VALUE, ln.line_no, "logit_bias",
                        "logit_bias token %d is not in the vocabulary (%d tokens)", q->logit_bias[k].token, n_vocab);
-        emit_error(r, q->custom_id, q->custom_id_len, &e, 400);
-        kvb_free(ids);
-        job_request_free(q);
-        return true;
+        return refuse(r, q, ids, &e);
     }
     if (q->json_object && !r->json_vocab) { /* built for the first request that asks */
         struct kvb_err jerr = {{0}};
@@ -585,19 +589,13 @@ static bool admit_line(struct runner *r, bool *eof)
         if (jst != KVB_OK) {
             job_error_setf(&e, jst == KVB_ERR_NOMEM ? JOB_ERR_SERVER : JOB_ERR_INVALID_VALUE, ln.line_no,
                            "response_format", "JSON mode: %s", jerr.msg);
-            emit_error(r, q->custom_id, q->custom_id_len, &e, jst == KVB_ERR_NOMEM ? 500 : 400);
-            kvb_free(ids);
-            job_request_free(q);
-            return true;
+            return refuse(r, q, ids, &e);
         }
     }
     struct sampler_bias *bias = q->n_logit_bias ? kvb_malloc(sizeof *bias * (size_t)q->n_logit_bias) : NULL;
     if (q->n_logit_bias && !bias) {
         job_error_setf(&e, JOB_ERR_SERVER, ln.line_no, NULL, "out of memory");
-        emit_error(r, q->custom_id, q->custom_id_len, &e, 500);
-        kvb_free(ids);
-        job_request_free(q);
-        return true;
+        return refuse(r, q, ids, &e);
     }
     for (int32_t k = 0; k < q->n_logit_bias; k++)
         bias[k] = (struct sampler_bias){q->logit_bias[k].token, q->logit_bias[k].value};
