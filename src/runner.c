@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "backend_select.h"
 #include "chat.h"
+#include "cli_files.h"
 #include "cli_util.h"
 #include "job.h"
 #include "job_shard.h"
@@ -106,6 +107,8 @@ struct runner {
     int32_t n_ctx;
     int32_t max_batch, max_step; /* o's, or the defaults for the backend in use */
     int64_t created;
+    bool out_cut;        /* setup's last step cuts the output to out_cut_at bytes */
+    uint64_t out_cut_at;
 };
 
 /* ---- output ------------------------------------------------------------------- */
@@ -715,37 +718,47 @@ static void open_store(struct runner *r)
     if (!o->quiet) fprintf(stderr, "kvbatch run: persistent prefix cache in %s\n", dir);
 }
 
+/* Opens the output without emptying it (cli_files.h): setup cuts it last,
+ * so a run that cannot start leaves earlier results alone. */
 static bool open_output(struct runner *r)
 {
     const struct run_opts *o = r->o;
+    struct kvb_err err = {{0}};
+    r->out_cut = !o->resume;
+    r->out_cut_at = 0;
     if (o->resume) {
         struct job_resume_info info;
-        struct kvb_err err = {{0}};
         if (job_resume_scan(o->output_path, r->done_keys, &info, &err) != KVB_OK) {
             fprintf(stderr, "kvbatch run: cannot resume from %s: %s\n", o->output_path, err.msg);
             return false;
         }
-        if (info.torn) {
-            if (truncate(o->output_path, (off_t)info.truncate_at) != 0) {
-                fprintf(stderr, "kvbatch run: cannot cut the torn last line of %s: %s\n", o->output_path,
-                        strerror(errno));
-                return false;
-            }
-            if (!o->quiet)
-                fprintf(stderr, "kvbatch run: %s ended in a torn line; cut it at byte %llu\n", o->output_path,
-                        (unsigned long long)info.truncate_at);
-        }
+        r->out_cut = info.torn;
+        r->out_cut_at = info.truncate_at;
         if (!o->quiet && info.lines_ok)
             fprintf(stderr, "kvbatch run: resuming: %llu results already in %s\n", (unsigned long long)info.lines_ok,
                     o->output_path);
-        r->out = fopen(o->output_path, "ab");
-    } else {
-        r->out = fopen(o->output_path, "wb");
     }
-    if (!r->out) {
-        fprintf(stderr, "kvbatch run: cannot open %s for writing: %s\n", o->output_path, strerror(errno));
+    if (cli_output_open(o->output_path, &r->out, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: %s\n", err.msg);
         return false;
     }
+    return true;
+}
+
+/* The last step of setup, after everything that can fail: empty the output
+ * (or cut a resumed one's torn last line). */
+static bool cut_output(struct runner *r)
+{
+    const struct run_opts *o = r->o;
+    struct kvb_err err = {{0}};
+    if (!r->out_cut) return true;
+    if (cli_output_cut(r->out, o->output_path, r->out_cut_at, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: %s\n", err.msg);
+        return false;
+    }
+    if (o->resume && !o->quiet)
+        fprintf(stderr, "kvbatch run: %s ended in a torn line; cut it at byte %llu\n", o->output_path,
+                (unsigned long long)r->out_cut_at);
     return true;
 }
 
@@ -840,6 +853,10 @@ static bool setup(struct runner *r)
                                   .backend = r->be->name, .settings = settings};
     if (metrics_run_begin(r->db, &ri, &r->run_id, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: cannot record the run: %s\n", err.msg);
+        return false;
+    }
+    if (!cut_output(r)) {
+        metrics_run_end(r->db, r->run_id, METRICS_RUN_FAILED, &r->tot, NULL);
         return false;
     }
     if (!o->quiet)
