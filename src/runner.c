@@ -392,13 +392,16 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
 
 /* ---- admission of input lines --------------------------------------------------- */
 
-/* The prompt's tokens, or false with e filled. No context check: the shard
- * plan must not depend on --ctx (tokenize_request adds it). */
-static bool tokenize_prompt(struct runner *r, const struct job_request *q, int32_t **ids, size_t *n,
-                            struct job_error *e)
+/* The prompt's tokens, or false with e filled. At most max_ids of them:
+ * more is found without tokenizing all of a long prompt (tok.h), and the
+ * shard plan, which must not depend on --ctx, passes its own bound. A
+ * signal stops a long tokenization (the caller sees stop_signal). */
+static bool tokenize_prompt(struct runner *r, const struct job_request *q, size_t max_ids, int32_t **ids,
+                            size_t *n, struct job_error *e)
 {
     struct kvb_err err = {{0}};
     unsigned flags = tok_wants_bos(r->tok) ? TOK_ADD_BOS : 0;
+    const struct tok_limits lim = {.max_ids = max_ids, .cancel = &stop_signal};
     enum kvb_status st;
     if (q->url == JOB_URL_CHAT) {
         if (!r->have_tmpl) {
@@ -419,12 +422,17 @@ static bool tokenize_prompt(struct runner *r, const struct job_request *q, int32
             job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, "messages", "%s", err.msg);
             return false;
         }
-        st = tok_encode(r->tok, text, strlen(text), flags | TOK_PARSE_SPECIAL, ids, n, &err);
+        st = tok_encode_with(r->tok, text, strlen(text), flags | TOK_PARSE_SPECIAL, &lim, ids, n, &err);
         kvb_free(text);
     } else {
-        st = tok_encode(r->tok, q->prompt, q->prompt_len, flags, ids, n, &err);
+        st = tok_encode_with(r->tok, q->prompt, q->prompt_len, flags, &lim, ids, n, &err);
     }
     if (st == KVB_ERR_NOMEM) goto oom;
+    if (st == KVB_ERR_RANGE) {
+        job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt",
+                       "%s; the context holds %d (prompt plus at least one generated token)", err.msg, r->n_ctx);
+        return false;
+    }
     if (st != KVB_OK) {
         job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt", "%s",
                        err.msg);
@@ -444,7 +452,7 @@ oom:
 static bool tokenize_request(struct runner *r, const struct job_request *q, int32_t **ids, size_t *n,
                              struct job_error *e)
 {
-    if (!tokenize_prompt(r, q, ids, n, e)) return false;
+    if (!tokenize_prompt(r, q, (size_t)r->n_ctx - 1, ids, n, e)) return false;
     if ((int64_t)*n >= r->n_ctx) {
         job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt",
                        "the prompt has %zu tokens; the context holds %d (prompt plus at least one generated token)",
@@ -457,8 +465,12 @@ static bool tokenize_request(struct runner *r, const struct job_request *q, int3
 
 static bool prompt_of(void *user, const struct job_request *q, int32_t **ids, size_t *n)
 {
+    /* No prompt longer than the model's context is worth grouping: one
+     * that runs at all (--ctx past it) is planned as a line by number. */
+    const struct runner *r = user;
+    const size_t max_ids = r->model->hp.n_ctx_train > 0 ? (size_t)r->model->hp.n_ctx_train : (size_t)1 << 20;
     struct job_error e;
-    return tokenize_prompt(user, q, ids, n, &e);
+    return tokenize_prompt(user, q, max_ids, ids, n, &e);
 }
 
 /* --shard: which lines are this shard's (job_shard.h). The plan reads the
@@ -525,7 +537,9 @@ static bool admit_line(struct runner *r, bool *eof)
     struct job_line ln;
     bool got;
     struct kvb_err err = {{0}};
-    if (job_reader_next(r->reader, &ln, &got, &err) != KVB_OK) {
+    enum kvb_status rst = job_reader_next(r->reader, &ln, &got, &err);
+    if (rst != KVB_OK) {
+        if (rst == KVB_ERR_CANCELLED && stop_signal) return true; /* a signal cut a read from a pipe short */
         fprintf(stderr, "\nkvbatch run: cannot read %s: %s\n", r->o->input_path, err.msg);
         return false;
     }
@@ -578,7 +592,13 @@ static bool admit_line(struct runner *r, bool *eof)
     }
     int32_t *ids = NULL;
     size_t n = 0;
-    if (!tokenize_request(r, q, &ids, &n, &e)) return refuse(r, q, NULL, &e);
+    if (!tokenize_request(r, q, &ids, &n, &e)) {
+        if (stop_signal) { /* cut short: no error line, so that --resume runs it */
+            job_request_free(q);
+            return true;
+        }
+        return refuse(r, q, NULL, &e);
+    }
     const int32_t n_vocab = r->model->hp.n_vocab;
     for (int32_t k = 0; k < q->n_logit_bias; k++) {
         if (q->logit_bias[k].token < n_vocab) continue;
