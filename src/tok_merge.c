@@ -20,11 +20,16 @@ static void place(struct tok_merge *m, int32_t at, struct tok_merge_pair e)
     m->sym[e.sym].hpos = at;
 }
 
+/* A 4-ary heap: half the levels of a binary one, and the four children
+ * of a node share a cache line, which matters once a word's heap is far
+ * larger than the caches. */
+#define ARITY 4
+
 static void sift_up(struct tok_merge *m, int32_t at)
 {
     const struct tok_merge_pair e = m->heap[at];
     while (at > 0) {
-        int32_t parent = (at - 1) / 2;
+        int32_t parent = (at - 1) / ARITY;
         if (!before(e, m->heap[parent])) break;
         place(m, at, m->heap[parent]);
         at = parent;
@@ -36,9 +41,12 @@ static void sift_down(struct tok_merge *m, int32_t at)
 {
     const struct tok_merge_pair e = m->heap[at];
     for (;;) {
-        int32_t c = 2 * at + 1;
-        if (c >= m->heap_n) break;
-        if (c + 1 < m->heap_n && before(m->heap[c + 1], m->heap[c])) c++;
+        const int32_t first = ARITY * at + 1;
+        if (first >= m->heap_n) break;
+        const int32_t last = first + ARITY <= m->heap_n ? first + ARITY : m->heap_n;
+        int32_t c = first;
+        for (int32_t k = first + 1; k < last; k++)
+            if (before(m->heap[k], m->heap[c])) c = k;
         if (!before(m->heap[c], e)) break;
         place(m, at, m->heap[c]);
         at = c;
@@ -54,7 +62,7 @@ static void heap_remove(struct tok_merge *m, int32_t sym)
     const struct tok_merge_pair last = m->heap[--m->heap_n];
     if (at == m->heap_n) return;
     place(m, at, last);
-    if (at > 0 && before(last, m->heap[(at - 1) / 2])) sift_up(m, at);
+    if (at > 0 && before(last, m->heap[(at - 1) / ARITY])) sift_up(m, at);
     else sift_down(m, at);
 }
 
@@ -128,7 +136,7 @@ enum kvb_status tok_merge_run(struct tok_merge *m, tok_merge_key_fn key_of, void
         if (key_of(user, i, r, tok_merge_end(m, r), &k)) place(m, m->heap_n++, (struct tok_merge_pair){k, i});
         if (++work % (POLL_EVERY * 16) == 0 && cancel && *cancel) return KVB_ERR_CANCELLED;
     }
-    for (int32_t at = m->heap_n / 2 - 1; at >= 0; at--) sift_down(m, at);
+    for (int32_t at = m->heap_n > 1 ? (m->heap_n - 2) / ARITY : -1; at >= 0; at--) sift_down(m, at);
 
     work = 0;
     while (m->heap_n > 0) {

@@ -8,10 +8,10 @@
  * without a space in it. A symbol is named by the offset of its first byte,
  * and the state is five int32 per byte of the word (its neighbours, its
  * pair's place in the heap; one heap slot of key and symbol), reused from
- * word to word. The heap is indexed: a merge re-keys the pairs on either side in
- * place instead of pushing new entries beside stale ones, so it never holds
- * more than one entry per symbol. The order of merges, and so the result,
- * is exactly that of the lazy heap the reference uses. */
+ * word to word. The heap is indexed: a merge re-keys the pairs on either
+ * side in place instead of pushing new entries beside stale ones, so it
+ * never holds more than one entry per symbol. The order of merges, and so
+ * the result, is exactly that of the lazy heap the reference uses. */
 #ifndef KVB_TOK_MERGE_H
 #define KVB_TOK_MERGE_H
 
