@@ -1,10 +1,13 @@
 /* cli_report.c — `kvbatch report DB... [--run ID] [--list] [--format F]
- * `: prints the summary of one run recorded in a metrics
+ * [--html FILE]`: prints the summary of one run recorded in a metrics
  * database, or the list of its runs, or one summary of the latest runs of
- * several databases (shards), as text, JSON or CSV. It only reads: a missing database is an error, never
+ * several databases (shards), as text, JSON or CSV; and/or writes an HTML
+ * page with charts. It only reads: a missing database is an error, never
  * created. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "cli.h"
@@ -15,8 +18,8 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: kvbatch report DB [--run ID] [--list] [--format text|json|csv]\n"
-        "       kvbatch report DB DB... [--format text|json|csv]\n"
+        "usage: kvbatch report DB [--run ID] [--list] [--format F] [--html FILE]\n"
+        "       kvbatch report DB DB... [--format F] [--html FILE]\n"
         "\n"
         "Summarises a run recorded in the metrics database DB (the --metrics file of\n"
         "`kvbatch run`; by default kvbatch.db beside the output file): status, start and\n"
@@ -28,8 +31,8 @@ static void usage(FILE *f)
         "written so far.\n"
         "\n"
         "  DB               the SQLite metrics database (must exist). Several: the latest\n"
-        "                   run of each, summarised as one (counts summed, percentiles over\n"
-        "                   all requests, wall time from first start to last end)\n"
+        "                   run of each, summarised as one (counts summed, percentiles\n"
+        "                   over all requests, wall time from first start to last end)\n"
         "      --run ID     the run to summarise (default: the latest run)\n"
         "      --list       print one line per run (id, start, status, ok/requests, wall\n"
         "                   time, model, job) instead of a summary\n"
@@ -37,10 +40,15 @@ static void usage(FILE *f)
         "                   one row; with --list, one row per run): the same figures as\n"
         "                   the text, in a layout README.md documents\n"
         "      --json       the same as --format json\n"
+        "      --html FILE  write one self-contained page (no script, nothing fetched):\n"
+        "                   throughput and running/waiting sequences over time, latency\n"
+        "                   distributions, prefix reuse, errors, the slowest requests,\n"
+        "                   one row per run; several DBs are drawn one line each. '-' is\n"
+        "                   stdout. Without --format, nothing else is printed\n"
         "  -h, --help       this text\n"
         "\n"
-        "Exit status: 0 printed, 1 the database cannot be read or the run does not exist,\n"
-        "2 bad command line.\n");
+        "Exit status: 0 printed, 1 the database cannot be read, the run does not exist or\n"
+        "FILE cannot be written, 2 bad command line.\n");
 }
 
 /* Whether argv[i] is a database path (not an option or an option's value). */
@@ -48,18 +56,40 @@ static bool is_path_arg(char **argv, int i)
 {
     const char *a = argv[i];
     if (a[0] == '-' && a[1] != '\0') return false;
-    /* the value of a separate "--run ID", "--format F" */
-    if (i > 1 && (!strcmp(argv[i - 1], "--run") || !strcmp(argv[i - 1], "--format")))
+    /* the value of a separate "--run ID", "--format F", "--html FILE" */
+    if (i > 1 && (!strcmp(argv[i - 1], "--run") || !strcmp(argv[i - 1], "--format") || !strcmp(argv[i - 1], "--html")))
         return false;
     return true;
+}
+
+/* Writes the page to FILE through a temporary file beside it, renamed into
+ * place when complete: a failed report never leaves half a page. */
+static enum kvb_status write_html(const char *file, const char *const *paths, int n, int64_t run_id,
+                                  struct kvb_err *err)
+{
+    if (!strcmp(file, "-")) return metrics_report_html(paths, n, run_id, stdout, err);
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", file, (long)getpid()) >= (int)sizeof tmp)
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "--html %s: path too long", file);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return kvb_errf(err, KVB_ERR_IO, "--html %s: cannot write: %s", file, strerror(errno));
+    enum kvb_status st = metrics_report_html(paths, n, run_id, f, err);
+    bool bad = ferror(f);
+    if (fclose(f) != 0) bad = true;
+    if (st == KVB_OK && bad) st = kvb_errf(err, KVB_ERR_IO, "--html %s: cannot write: %s", file, strerror(errno));
+    if (st == KVB_OK && rename(tmp, file) != 0)
+        st = kvb_errf(err, KVB_ERR_IO, "--html %s: cannot rename %s into place: %s", file, tmp, strerror(errno));
+    if (st != KVB_OK) unlink(tmp);
+    return st;
 }
 
 int cli_report(int argc, char **argv)
 {
     int n_paths = 0;
     int64_t run_id = METRICS_RUN_LATEST;
-    bool list = false;
+    bool list = false, format_given = false;
     enum metrics_format fmt = METRICS_FORMAT_TEXT;
+    const char *html = NULL;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -78,8 +108,17 @@ int cli_report(int argc, char **argv)
                 fprintf(stderr, "kvbatch report: --format '%s': expected text, json or csv\n", val);
                 return CLI_EXIT_USAGE;
             }
+            format_given = true;
         } else if (!strcmp(a, "--json")) {
             fmt = METRICS_FORMAT_JSON;
+            format_given = true;
+        } else if (cli_opt_is(a, "--html")) {
+            html = cli_opt_value(argc, argv, &i);
+            if (!html) return CLI_EXIT_USAGE;
+            if (!*html) {
+                fprintf(stderr, "kvbatch report: --html needs a file name ('-' for stdout)\n");
+                return CLI_EXIT_USAGE;
+            }
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "kvbatch report: unknown option '%s' (see --help)\n", a);
             return CLI_EXIT_USAGE;
@@ -100,6 +139,15 @@ int cli_report(int argc, char **argv)
         fprintf(stderr, "kvbatch report: --list and --run take one database (several are summarised together)\n");
         return CLI_EXIT_USAGE;
     }
+    if (html && list) {
+        fprintf(stderr, "kvbatch report: --html draws a run, --list lists runs: give one of them\n");
+        return CLI_EXIT_USAGE;
+    }
+    if (html && !strcmp(html, "-") && format_given) {
+        fprintf(stderr, "kvbatch report: --html - and --format both write to stdout: give one of them\n");
+        return CLI_EXIT_USAGE;
+    }
+    const bool print = !html || format_given;
 
     const char **paths = kvb_calloc((size_t)n_paths, sizeof *paths);
     if (!paths) {
@@ -111,9 +159,9 @@ int cli_report(int argc, char **argv)
 
     struct kvb_err err = {{0}};
     enum kvb_status st = KVB_OK;
-    if (n_paths > 1) {
+    if (print && n_paths > 1) {
         st = metrics_report_combined_format(paths, n_paths, fmt, stdout, stderr, &err);
-    } else {
+    } else if (print) {
         struct metrics_db *db = NULL;
         st = metrics_open_existing(paths[0], &db, &err);
         if (st == KVB_OK) {
@@ -121,6 +169,10 @@ int cli_report(int argc, char **argv)
                       : metrics_report_format(db, run_id, fmt, stdout, &err);
             metrics_close(db);
         }
+    }
+    if (st == KVB_OK && html) {
+        st = write_html(html, paths, n_paths, run_id, &err);
+        if (st == KVB_OK && strcmp(html, "-") != 0) fprintf(stderr, "kvbatch report: wrote %s\n", html);
     }
     kvb_free(paths);
     if (st != KVB_OK) {

@@ -399,9 +399,12 @@ def main():
             w = jd["combined"]["warnings"]
             check(len(w) == 1 and "resumed" in w[0] and ";" in w[0], f"combined warnings: {w}")
         # bad command lines
-        for args in (["--format", "xml"], ["--format"]):
+        for args in (["--format", "xml"], ["--list", "--html", os.path.join(tmp, "x.html")],
+                     ["--html", "-", "--format", "json"], ["--html="]):
             p = kvb("report", dbs["tight"], *args)
             check(p.returncode == 2, f"report {args}: exit {p.returncode}, want 2 ({p.stderr.strip()})")
+        p = kvb("report", dbs["tight"], "--html", os.path.join(tmp, "no", "such", "dir.html"))
+        check(p.returncode == 1 and "dir.html" in p.stderr, f"--html into a missing directory: {p.returncode} {p.stderr}")
     return finish("report")
 
 
