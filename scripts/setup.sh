@@ -34,4 +34,14 @@ if ! "$KVB_VENV/bin/python" -c 'import torch, transformers, numpy, gguf, openai,
   "$KVB_VENV/bin/python" -m pip install --quiet torch transformers numpy gguf openai jsonschema
 fi
 
+# Headless Chromium, for the browser test of `kvbatch report --html`
+# (tests/pytest_report_html.py, which skips without it) and for
+# scripts/report-demo.sh's screenshots. Skipped when a chromium is there.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  echo "setup: installing chromium (the HTML report's browser test)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
+fi
+
 scripts/fetch-model.sh

@@ -57,6 +57,7 @@ struct choice {
     int32_t cached;       /* prompt tokens reused from the in-run prefix tree */
     int32_t cached_store; /* prompt tokens loaded from the persistent store */
     double t_admit, t_first, t_end;
+    int32_t preemptions, restored_tokens; /* the scheduler's, at its end */
     /* logprobs, when asked: token texts live in arena */
     struct job_buf arena;
     struct lp_entry *lp;
@@ -104,6 +105,7 @@ struct runner {
     int64_t total_lines, lines_done, skipped;
     struct metrics_totals tot;
     double t0, last_progress;
+    double unix_minus_mono; /* wall clock minus cli_now() at start: the metrics' wall-clock times */
     int32_t n_ctx;
     int32_t max_batch, max_step; /* o's, or the defaults for the backend in use */
     int64_t created;
@@ -153,7 +155,9 @@ static void emit_error(struct runner *r, const char *custom_id, size_t id_len, c
         .custom_id = custom_id,
         .input_line = (int64_t)e->line_no,
         .error_code = e->code,
+        .error_message = e->message,
         .status_code = status,
+        .ended_at = cli_now() + r->unix_minus_mono,
     };
     record_metrics(r, &mr);
 }
@@ -235,11 +239,15 @@ static void emit_result(struct runner *r, struct slot *s)
     }
     /* Metrics: the request as a whole, timed from its first choice's view. */
     double first = INFINITY, end = 0, admit = INFINITY;
+    int64_t preemptions = 0, restored = 0;
     for (int i = 0; i < q->n; i++) {
         if (s->ch[i].t_first > 0 && s->ch[i].t_first < first) first = s->ch[i].t_first;
         if (s->ch[i].t_end > end) end = s->ch[i].t_end;
         if (s->ch[i].t_admit < admit) admit = s->ch[i].t_admit;
+        preemptions += s->ch[i].preemptions;
+        restored += s->ch[i].restored_tokens;
     }
+    const double wall = r->unix_minus_mono;
     struct metrics_request mr = {
         .custom_id = q->custom_id,
         .input_line = (int64_t)q->line_no,
@@ -254,6 +262,12 @@ static void emit_result(struct runner *r, struct slot *s)
         .e2e_s = end - s->t_submit,
         .finish_reason = s->ch[0].finish == JOB_FINISH_LENGTH ? "length" : "stop",
         .status_code = 200,
+        .submitted_at = s->t_submit + wall,
+        .started_at = admit + wall,
+        .first_token_at = isfinite(first) ? first + wall : 0,
+        .ended_at = end + wall,
+        .preemptions = preemptions,
+        .restored_tokens = restored,
     };
     record_metrics(r, &mr);
     r->tot.requests_total++;
@@ -377,6 +391,8 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
     c->cached_store = info->store_tokens;
     c->t_admit = info->t_admit;
     c->t_end = info->t_end;
+    c->preemptions = info->preemptions;
+    c->restored_tokens = info->restored_tokens;
     if (why == SCHED_FINISH_LENGTH) c->finish = JOB_FINISH_LENGTH;
     if (!c->cut_at_stop) tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap);
     if (++s->n_done < s->req.n) return;
@@ -917,6 +933,11 @@ int run_job(const struct run_opts *o)
     memset(&r, 0, sizeof r);
     r.o = o;
     r.t0 = cli_now();
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r.unix_minus_mono = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - r.t0;
+    }
     r.created = (int64_t)time(NULL);
     stop_signal = 0;
     struct sigaction sa;

@@ -60,6 +60,15 @@ static const char *const migrations[METRICS_SCHEMA_VERSION] = {
     "  finish_reason TEXT, error_code TEXT, status_code INTEGER"
     ");"
     "CREATE INDEX requests_run_id ON requests(run_id);",
+    /* 1 -> 2: what a picture of the run needs (times on one clock), and what
+     * explains a slow or failed request */
+    "ALTER TABLE requests ADD COLUMN submitted_at REAL;"   /* unix seconds; NULL = not known */
+    "ALTER TABLE requests ADD COLUMN started_at REAL;"
+    "ALTER TABLE requests ADD COLUMN first_token_at REAL;"
+    "ALTER TABLE requests ADD COLUMN ended_at REAL;"
+    "ALTER TABLE requests ADD COLUMN preemptions INTEGER;"
+    "ALTER TABLE requests ADD COLUMN restored_tokens INTEGER;"
+    "ALTER TABLE requests ADD COLUMN error_message TEXT;",
 };
 
 /* One buffered request row. Strings live in the handle's pool; an offset of
@@ -71,7 +80,9 @@ struct pending_row {
     double queue_s, ttft_s, tpot_s, e2e_s;
     bool has_timing, has_tpot;
     int status_code;
-    size_t custom_id, finish_reason, error_code; /* offsets into pool, or NO_STR */
+    size_t custom_id, finish_reason, error_code, error_message; /* offsets into pool, or NO_STR */
+    double submitted_at, started_at, first_token_at, ended_at;   /* unix seconds; <= 0: NULL */
+    int64_t preemptions, restored_tokens;
 };
 
 struct metrics_db {
@@ -310,7 +321,9 @@ static enum kvb_status prepare_all(struct metrics_db *db, struct kvb_err *err)
     KVB_FORWARD_IF_ERROR(prepare(db,
         "INSERT INTO requests (run_id, custom_id, input_line, prompt_tokens, cached_tokens_run,"
         " cached_tokens_store, completion_tokens, queue_s, ttft_s, tpot_s, e2e_s, finish_reason,"
-        " error_code, status_code) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)",
+        " error_code, status_code, error_message, submitted_at, started_at, first_token_at, ended_at,"
+        " preemptions, restored_tokens)"
+        " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21)",
         &db->st_insert_req, err));
     KVB_FORWARD_IF_ERROR(prepare(db,
         "INSERT INTO runs (job_file, output_file, model, model_fingerprint, backend, settings,"
@@ -580,6 +593,13 @@ static int insert_row(struct metrics_db *db, const struct pending_row *r)
     if (rc == SQLITE_OK) rc = bind_pool_str(db, st, 12, r->finish_reason);
     if (rc == SQLITE_OK) rc = bind_pool_str(db, st, 13, r->error_code);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 14, r->status_code);
+    if (rc == SQLITE_OK) rc = bind_pool_str(db, st, 15, r->error_message);
+    if (rc == SQLITE_OK) rc = bind_time(st, 16, r->submitted_at > 0, r->submitted_at);
+    if (rc == SQLITE_OK) rc = bind_time(st, 17, r->started_at > 0, r->started_at);
+    if (rc == SQLITE_OK) rc = bind_time(st, 18, r->first_token_at > 0, r->first_token_at);
+    if (rc == SQLITE_OK) rc = bind_time(st, 19, r->ended_at > 0, r->ended_at);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 20, r->preemptions);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 21, r->restored_tokens);
     if (rc == SQLITE_OK) rc = step_reset(st);
     return rc;
 }
@@ -629,6 +649,7 @@ enum kvb_status metrics_request_add(struct metrics_db *db, int64_t run_id, const
     r->custom_id = pool_add(db, req->custom_id, &oom);
     r->finish_reason = pool_add(db, req->finish_reason, &oom);
     r->error_code = pool_add(db, req->error_code, &oom);
+    r->error_message = pool_add(db, req->error_message, &oom);
     if (oom) {
         db->pool_len = pool_mark;
         return kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory buffering a request row", db->path);
@@ -646,6 +667,12 @@ enum kvb_status metrics_request_add(struct metrics_db *db, int64_t run_id, const
     r->tpot_s = req->tpot_s;
     r->e2e_s = req->e2e_s;
     r->status_code = req->status_code;
+    r->submitted_at = req->submitted_at;
+    r->started_at = req->started_at;
+    r->first_token_at = req->first_token_at;
+    r->ended_at = req->ended_at;
+    r->preemptions = req->preemptions;
+    r->restored_tokens = req->restored_tokens;
     double now = now_mono();
     if (db->n_rows == 0) db->oldest_at = now;
     db->n_rows++;
