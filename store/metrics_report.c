@@ -330,8 +330,11 @@ enum kvb_status metrics_report_as(struct metrics_db *db, int64_t run_id, const c
     if (r.ended) {
         fmt_time(buf, sizeof buf, r.ended_at);
         fprintf(out, "  ended              %s\n", buf);
+    } else if (r.status && !strcmp(r.status, "died")) {
+        fprintf(out, "  ended              - (its process died without recording an end: killed, out of memory, "
+                "or crashed; `kvbatch run --resume` continues the job)\n");
     } else {
-        fprintf(out, "  ended              - (still running, or its process died)\n");
+        fprintf(out, "  ended              - (still running, or its process died on another machine)\n");
     }
     bool have_wall = r.has_totals && t->wall_seconds > 0;
     if (have_wall)
