@@ -447,8 +447,11 @@ static void print_text(const struct metrics_summary *s, FILE *out)
     if (s->ended) {
         metrics_fmt_time(buf, sizeof buf, s->ended_at);
         fprintf(out, "  ended              %s\n", buf);
+    } else if (s->status && !strcmp(s->status, "died")) {
+        fprintf(out, "  ended              - (its process died without recording an end: killed, out of memory, "
+                "or crashed; `kvbatch run --resume` continues the job)\n");
     } else {
-        fprintf(out, "  ended              - (still running, or its process died)\n");
+        fprintf(out, "  ended              - (still running, or its process died on another machine)\n");
     }
     if (s->has_wall) fprintf(out, "  wall time          %.2f s\n", t->wall_seconds);
     if (!s->has_totals)
