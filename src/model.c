@@ -289,6 +289,7 @@ enum kvb_status model_load(const char *path, struct model **out, struct kvb_err 
     enum kvb_status st = gguf_open(path, &m->gguf, err);
     if (st == KVB_OK) st = load_hparams(m, err);
     if (st == KVB_OK) st = model_rope_load(m, err);
+    if (st == KVB_OK) st = model_check_keys(m, err);
     if (st == KVB_OK) {
         ls.cap = gguf_n_tensors(m->gguf);
         ls.bound = kvb_calloc(ls.cap ? ls.cap : 1, sizeof *ls.bound);

@@ -199,8 +199,7 @@ static enum kvb_status check_vocab(const struct model *m, struct kvb_err *err)
     return KVB_OK;
 }
 
-enum kvb_status model_check(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
-                            struct kvb_err *err)
+enum kvb_status model_check_keys(const struct model *m, struct kvb_err *err)
 {
     const struct model_hparams *hp = &m->hp;
     char key[128];
@@ -213,7 +212,12 @@ enum kvb_status model_check(const struct model *m, const struct gguf_tensor *con
     if (!isfinite(hp->rms_eps) || hp->rms_eps < 0)
         return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %g must be a non-negative number",
                         model_key(m, "attention.layer_norm_rms_epsilon", key, sizeof key), (double)hp->rms_eps);
+    return check_keys(m, err);
+}
+
+enum kvb_status model_check(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
+                            struct kvb_err *err)
+{
     KVB_FORWARD_IF_ERROR(check_vocab(m, err));
-    KVB_FORWARD_IF_ERROR(check_keys(m, err));
     return check_tensors(m, bound, n_bound, err);
 }

@@ -27,6 +27,7 @@ struct edit {
     const char *key[3];           /* keys set, with val[i] */
     struct gguf_value val[3];
     const char *drop;             /* a key removed */
+    const char *drop_tensors;     /* tensors whose name holds this are left out */
     int tokens_delta;             /* tokenizer.ggml.tokens shortened (<0) or lengthened (>0) */
     const char *add_tensor;       /* an extra F32 tensor of add_n values add_fill */
     int64_t add_n;
@@ -87,6 +88,7 @@ static void rewrite(const char *src, const char *dst, const struct edit *e)
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
         char name[256];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        if (e->drop_tensors && strstr(name, e->drop_tensors)) continue;
         void *data = NULL;
         CHECK(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, &data) == KVB_OK);
         if (e->poke_tensor && !strcmp(name, e->poke_tensor) && t->type == GGML_TYPE_F32 && data)
@@ -206,6 +208,12 @@ static void test_refused_keys(void)
     refused(&(struct edit){.key = {"llama.rope.freq_base_swa"}, .val = {F32(10000)}}, KVB_ERR_UNSUPPORTED,
             "llama.rope.freq_base_swa", "10000");
     refused(&(struct edit){.key = {"split.count"}, .val = {U32(3)}}, KVB_ERR_UNSUPPORTED, "split.count", "3");
+    /* A mixture of experts (Mixtral: llama.expert_count 8, expert tensors
+     * instead of blk.N.ffn_gate.weight) is refused by the key that says so,
+     * not by the dense tensor it lacks: keys are checked before weights. */
+    refused(&(struct edit){.key = {"llama.expert_count", "llama.expert_used_count"}, .val = {U32(8), U32(2)},
+                           .drop_tensors = "ffn_gate.weight"},
+            KVB_ERR_UNSUPPORTED, "llama.expert_count", "mixture of experts");
     /* Tensors nothing reads. */
     refused(&(struct edit){.add_tensor = "blk.0.attn_output.bias", .add_n = 64}, KVB_ERR_UNSUPPORTED,
             "blk.0.attn_output.bias", NULL);
