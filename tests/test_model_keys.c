@@ -214,6 +214,10 @@ static void test_refused_keys(void)
     refused(&(struct edit){.key = {"llama.expert_count", "llama.expert_used_count"}, .val = {U32(8), U32(2)},
                            .drop_tensors = "ffn_gate.weight"},
             KVB_ERR_UNSUPPORTED, "llama.expert_count", "mixture of experts");
+    /* Ollama's converter also writes the head size as attention.head_dim:
+     * a value other than the key length is a head kvbatch does not compute. */
+    refused(&(struct edit){.key = {"llama.attention.head_dim"}, .val = {U32(32)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attention.head_dim", "= 32");
     /* Tensors nothing reads. */
     refused(&(struct edit){.add_tensor = "blk.0.attn_output.bias", .add_n = 64}, KVB_ERR_UNSUPPORTED,
             "blk.0.attn_output.bias", NULL);
@@ -272,6 +276,13 @@ static void test_neutral_and_scaled(void)
                   "scaling type none", ref, n);
     accepted_same(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 1},
                   "rope factors of 1", ref, n);
+    /* Keys other writers add that leave these architectures' arithmetic
+     * alone: Ollama's attention.head_dim equal to the key length, and the
+     * LayerNorm epsilon both converters copy from a config that has one
+     * (llama, qwen2, qwen3 normalize with RMSNorm only). */
+    accepted_same(&(struct edit){.key = {"llama.attention.head_dim", "llama.attention.layer_norm_epsilon"},
+                                 .val = {U32(16), F32(1e-5)}},
+                  "head_dim and layer_norm_epsilon", ref, n);
 
     /* The scalings kvbatch computes load with what the file says, change the
      * logits, and name themselves in the fingerprint. */
