@@ -188,7 +188,13 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
                         "model key '%s.rope.dimension_count' = %d: a partial rotary embedding (head size %d) is not "
                         "computed by kvbatch", a, hp->rope_dim, hp->head_dim);
     KVB_FORWARD_IF_ERROR(get_hp_f32(f, a, "rope.freq_base", 10000.0f, &hp->rope_base, err));
-    KVB_FORWARD_IF_ERROR(get_hp_f32(f, a, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps, err));
+    /* Required, as llama.cpp requires it for these architectures: there is
+     * no default the authors share (transformers' configs default to 1e-6,
+     * kvbatch used to take 1e-5), and every converter writes it. */
+    char eps_key[128];
+    snprintf(eps_key, sizeof eps_key, "%s.attention.layer_norm_rms_epsilon", a);
+    if (!gguf_find(f, eps_key)) return kvb_errf(err, KVB_ERR_FORMAT, "model is missing required key '%s'", eps_key);
+    KVB_FORWARD_IF_ERROR(get_hp_f32(f, a, "attention.layer_norm_rms_epsilon", 0.0f, &hp->rms_eps, err));
     hp->rope = m->arch == MODEL_ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
     return KVB_OK;
 }

@@ -252,6 +252,10 @@ static void test_inconsistent(void)
             "rope_freqs.weight", NULL);
     refused(&(struct edit){.poke_tensor = "output_norm.weight", .poke_value = NAN}, KVB_ERR_FORMAT,
             "output_norm.weight", "non-finite");
+    /* llama.cpp requires the RMS epsilon; kvbatch has no default the
+     * authors share (transformers' is 1e-6, llama.cpp's fallback 1e-5). */
+    refused(&(struct edit){.drop = "llama.attention.layer_norm_rms_epsilon"}, KVB_ERR_FORMAT,
+            "llama.attention.layer_norm_rms_epsilon", "missing");
 }
 
 static void test_neutral_and_scaled(void)
