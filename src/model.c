@@ -244,10 +244,35 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
 static enum kvb_status check_freq_factors(const struct model *m, struct kvb_err *err)
 {
     const float *ff = m->rope.freq_factors;
-    for (int32_t i = 0; ff && i < m->hp.rope_dim / 2; i++)
+    const int32_t half = m->hp.rope_dim / 2;
+    for (int32_t i = 0; ff && i < half; i++)
         if (!(ff[i] > 0))
             return kvb_errf(err, KVB_ERR_FORMAT, "tensor 'rope_freqs.weight' holds %g at %d; factors must be positive",
                             (double)ff[i], i);
+    /* Each parameter can be positive and finite and their quotient not (a
+     * factor of 1e-39 divides a frequency of 1 into inf): every angle, and
+     * so every logit, would be NaN. Named here, with what produced it. */
+    float inv_freq[4096], unfactored[4096];
+    if (half > (int32_t)(sizeof inv_freq / sizeof inv_freq[0]))
+        return kvb_errf(err, KVB_ERR_FORMAT, "implausible rope dims %d", m->hp.rope_dim);
+    model_rope_freqs(m, inv_freq);
+    struct model plain = *m; /* a view without the factors tensor, to tell which one is to blame */
+    plain.rope.freq_factors = NULL;
+    model_rope_freqs(&plain, unfactored);
+    for (int32_t i = 0; i < half; i++) {
+        if (isfinite(inv_freq[i])) continue;
+        char key[128], key2[128];
+        const char *fk = gguf_find(m->gguf, model_key(m, "rope.scaling.factor", key2, sizeof key2))
+                             ? "rope.scaling.factor" : "rope.scale_linear";
+        if (ff && isfinite(unfactored[i]))
+            return kvb_errf(err, KVB_ERR_FORMAT,
+                            "tensor 'rope_freqs.weight' holds %g at %d, which gives that rotary pair a frequency "
+                            "of %g", (double)ff[i], i, (double)inv_freq[i]);
+        return kvb_errf(err, KVB_ERR_FORMAT,
+                        "model keys '%s' = %g and '%s' = %g give rotary pair %d a frequency of %g",
+                        model_key(m, "rope.freq_base", key, sizeof key), (double)m->hp.rope_base,
+                        model_key(m, fk, key2, sizeof key2), (double)m->rope.factor, i, (double)inv_freq[i]);
+    }
     return KVB_OK;
 }
 

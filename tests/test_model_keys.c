@@ -256,6 +256,13 @@ static void test_inconsistent(void)
      * authors share (transformers' is 1e-6, llama.cpp's fallback 1e-5). */
     refused(&(struct edit){.drop = "llama.attention.layer_norm_rms_epsilon"}, KVB_ERR_FORMAT,
             "llama.attention.layer_norm_rms_epsilon", "missing");
+    /* Positive, finite parameters whose frequencies are not: pair 0 would
+     * rotate by 1/1e-39 = inf per position, every logit NaN. */
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
+                           .val = {STR("linear"), F32(1e-39)}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.factor", "frequency");
+    refused(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 1e-39f}, KVB_ERR_FORMAT,
+            "rope_freqs.weight", "frequency");
 }
 
 static void test_neutral_and_scaled(void)
