@@ -30,13 +30,15 @@ static enum kvb_status opt_f32(const struct model *m, const char *suffix, float 
 {
     char key[128];
     model_key(m, suffix, key, sizeof key);
-    enum kvb_status st = gguf_get_f32(m->gguf, key, out, err);
+    /* Looked up without err first: an absent key is the usual case and must
+     * leave no message behind in a load that succeeds. */
+    enum kvb_status st = gguf_get_f32(m->gguf, key, out, NULL);
     if (given) *given = st == KVB_OK;
     if (st == KVB_ERR_NOT_FOUND) {
         *out = dflt;
         return KVB_OK;
     }
-    return st;
+    return st == KVB_OK ? st : gguf_get_f32(m->gguf, key, out, err);
 }
 
 static enum kvb_status refuse_f32(const struct model *m, const char *suffix, float v, const char *why,
@@ -59,10 +61,10 @@ static enum kvb_status read_type(struct model *m, bool *given, struct kvb_err *e
 {
     char key[128];
     struct gguf_str s;
-    enum kvb_status st = gguf_get_str(m->gguf, model_key(m, "rope.scaling.type", key, sizeof key), &s, err);
+    enum kvb_status st = gguf_get_str(m->gguf, model_key(m, "rope.scaling.type", key, sizeof key), &s, NULL);
     *given = st == KVB_OK;
     if (st == KVB_ERR_NOT_FOUND) return KVB_OK;
-    KVB_FORWARD_IF_ERROR(st);
+    if (st != KVB_OK) return gguf_get_str(m->gguf, key, &s, err);
     if (gguf_str_eq(s, "none")) m->rope.type = ROPE_SCALING_NONE;
     else if (gguf_str_eq(s, "linear")) m->rope.type = ROPE_SCALING_LINEAR;
     else if (gguf_str_eq(s, "yarn")) m->rope.type = ROPE_SCALING_YARN;
@@ -80,9 +82,20 @@ static enum kvb_status read_yarn(struct model *m, struct kvb_err *err)
     char key[128];
     uint32_t orig = 0;
     enum kvb_status st =
-        gguf_get_u32(m->gguf, model_key(m, "rope.scaling.original_context_length", key, sizeof key), &orig, err);
-    if (st == KVB_ERR_NOT_FOUND) orig = (uint32_t)hp->n_ctx_train; /* llama.cpp's fallback */
-    else KVB_FORWARD_IF_ERROR(st);
+        gguf_get_u32(m->gguf, model_key(m, "rope.scaling.original_context_length", key, sizeof key), &orig, NULL);
+    if (st == KVB_ERR_NOT_FOUND) {
+        /* llama.cpp's fallback, and transformers' (standardize_rope_params
+         * takes max_position_embeddings, which the converter writes as the
+         * context length): the file's context length, when it has one. */
+        char ctx_key[128];
+        if (!gguf_find(m->gguf, model_key(m, "context_length", ctx_key, sizeof ctx_key)))
+            return kvb_errf(err, KVB_ERR_FORMAT,
+                            "yarn scaling without '%s' needs '%s' to fall back on, and the file has neither", key,
+                            ctx_key);
+        orig = (uint32_t)hp->n_ctx_train;
+    } else if (st != KVB_OK) {
+        return gguf_get_u32(m->gguf, key, &orig, err);
+    }
     if (orig < 2 || orig > INT32_MAX)
         return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %u is not a usable context length", key, orig);
     r->orig_ctx = (int32_t)orig;

@@ -263,6 +263,11 @@ static void test_inconsistent(void)
             KVB_ERR_FORMAT, "llama.rope.scaling.factor", "frequency");
     refused(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 1e-39f}, KVB_ERR_FORMAT,
             "rope_freqs.weight", "frequency");
+    /* yarn without its original context falls back to the file's context
+     * length (llama.cpp's rule), not to kvbatch's default when there is none. */
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"}, .val = {STR("yarn"), F32(4)},
+                           .drop = "llama.context_length"},
+            KVB_ERR_FORMAT, "llama.rope.scaling.original_context_length", "llama.context_length");
 }
 
 static void test_neutral_and_scaled(void)
