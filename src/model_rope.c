@@ -143,6 +143,14 @@ enum kvb_status model_rope_load(struct model *m, struct kvb_err *err)
     KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.factor", 1.0f, &factor_given, &factor, err));
     KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scale_linear", 1.0f, &legacy_given, &legacy, err));
     const char *factor_key = factor_given ? "rope.scaling.factor" : "rope.scale_linear";
+    /* Both names (GGUF's first and its current one): llama.cpp reads the
+     * current one, but a file whose two factors disagree contradicts itself. */
+    if (factor_given && legacy_given && factor != legacy && !(isnan(factor) && isnan(legacy))) {
+        char k1[128], k2[128];
+        return kvb_errf(err, KVB_ERR_FORMAT, "model keys '%s' = %g and '%s' = %g disagree on the RoPE scaling factor",
+                        model_key(m, "rope.scaling.factor", k1, sizeof k1), (double)factor,
+                        model_key(m, "rope.scale_linear", k2, sizeof k2), (double)legacy);
+    }
     if (!factor_given) factor = legacy;
     if (!type_given && (factor_given || legacy_given) && factor != 1.0f) r->type = ROPE_SCALING_LINEAR;
     if (r->type != ROPE_SCALING_NONE) {

@@ -263,6 +263,9 @@ static void test_inconsistent(void)
             KVB_ERR_FORMAT, "llama.rope.scaling.factor", "frequency");
     refused(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 1e-39f}, KVB_ERR_FORMAT,
             "rope_freqs.weight", "frequency");
+    /* The factor under GGUF's first name and its current one, disagreeing. */
+    refused(&(struct edit){.key = {"llama.rope.scale_linear", "llama.rope.scaling.factor"}, .val = {F32(2), F32(4)}},
+            KVB_ERR_FORMAT, "llama.rope.scale_linear", "disagree");
     /* yarn without its original context falls back to the file's context
      * length (llama.cpp's rule), not to kvbatch's default when there is none. */
     refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"}, .val = {STR("yarn"), F32(4)},
@@ -323,6 +326,13 @@ static void test_neutral_and_scaled(void)
     struct kvb_err err = {{0}};
     CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
     if (m) CHECK_EQ_INT(m->n_ctx_max, 8192);
+    model_free(m);
+    /* Both names agreeing are one factor. */
+    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scale_linear", "llama.rope.scaling.factor"},
+                                      .val = {F32(2), F32(2)}});
+    m = NULL;
+    CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
+    if (m) CHECK(m->rope.type == ROPE_SCALING_LINEAR && m->rope.factor == 2.0f);
     model_free(m);
     /* A factor with no type is linear, as llama.cpp reads it. */
     rewrite(good, bad, &(struct edit){.key = {"llama.rope.scale_linear"}, .val = {F32(2)}});
