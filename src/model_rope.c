@@ -159,6 +159,15 @@ enum kvb_status model_rope_load(struct model *m, struct kvb_err *err)
         r->factor = factor;
     }
     if (r->type == ROPE_SCALING_YARN) KVB_FORWARD_IF_ERROR(read_yarn(m, err));
+    /* A factor of 1 scales nothing: linear divides by 1, and yarn blends
+     * each frequency with itself at an attention factor of ln(1)/10 + 1 = 1
+     * (unless the file gives one). Read as no scaling, so such a file
+     * keeps the fingerprint of the same weights without the keys. */
+    if (r->factor == 1.0f && r->type != ROPE_SCALING_NONE) {
+        r->type = ROPE_SCALING_NONE; /* mscale stays: yarn_attn_factor, when given, still applies */
+        r->orig_ctx = 0;
+        r->beta_fast = r->beta_slow = 0.0f;
+    }
     float attn_factor;
     KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.attn_factor", 1.0f, NULL, &attn_factor, err));
     if (!isfinite(attn_factor) || attn_factor <= 0)

@@ -150,6 +150,19 @@ static float *logits_of(const char *path, struct model **keep)
     return out;
 }
 
+/* The fingerprint of a file that must load. */
+static const char *fingerprint_of(const char *path)
+{
+    static char fp[33];
+    struct model *m = NULL;
+    struct kvb_err err = {{0}};
+    fp[0] = 0;
+    CHECK_MSG(model_load(path, &m, &err) == KVB_OK, "%s: %s", path, err.msg);
+    if (m) memcpy(fp, m->fingerprint, sizeof fp);
+    model_free(m);
+    return fp;
+}
+
 /* The edited file loads and computes exactly what the original does. */
 static void accepted_same(const struct edit *e, const char *label, const float *ref, size_t n)
 {
@@ -302,6 +315,18 @@ static void test_neutral_and_scaled(void)
     accepted_same(&(struct edit){.key = {"llama.attention.head_dim", "llama.attention.layer_norm_epsilon"},
                                  .val = {U32(16), F32(1e-5)}},
                   "head_dim and layer_norm_epsilon", ref, n);
+    /* A scaling by 1 is no scaling: same logits, same fingerprint as the
+     * file without it (transformers: linear and yarn with factor 1 leave
+     * every frequency and the attention factor at 1). */
+    accepted_same(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
+                                 .val = {STR("linear"), F32(1)}},
+                  "linear factor 1", ref, n);
+    CHECK_MSG(!strcmp(fingerprint_of(bad), fp), "linear factor 1 changes the fingerprint");
+    accepted_same(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                         "llama.rope.scaling.original_context_length"},
+                                 .val = {STR("yarn"), F32(1), U32(512)}},
+                  "yarn factor 1", ref, n);
+    CHECK_MSG(!strcmp(fingerprint_of(bad), fp), "yarn factor 1 changes the fingerprint");
 
     /* The scalings kvbatch computes load with what the file says, change the
      * logits, and name themselves in the fingerprint. */
