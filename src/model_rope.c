@@ -11,8 +11,8 @@
  *  - yarn: with dim = rope_dim and corr(b) = dim * ln(orig_ctx / (2 pi b)) /
  *    (2 ln base), low = max(0, floor(corr(beta_fast))), high = min(dim - 1,
  *    ceil(corr(beta_slow))), pair i keeps its frequency with weight
- *    e = 1 - clamp((i - low) / (high - low), 0, 1) (high - low at least
- *    0.001) and takes frequency / factor with weight 1 - e. cos and sin are
+ *    e = 1 - clamp((i - low) / (high - low), 0, 1) (0.001 for high - low
+ *    when they are equal) and takes frequency / factor with weight 1 - e. cos and sin are
  *    multiplied by the attention factor: `yarn_attn_factor` when the file
  *    gives it (HF's `attention_factor`, used as given), else
  *    0.1 ln(factor) + 1 (1 for factor <= 1). The legacy
@@ -206,7 +206,11 @@ void model_rope_freqs(const struct model *m, float *inv_freq)
         if (r->type == ROPE_SCALING_LINEAR) {
             f /= (double)r->factor;
         } else if (r->type == ROPE_SCALING_YARN) {
-            double ramp = ((double)i - low) / (high - low > 0.001 ? high - low : 0.001);
+            /* transformers' linear_ramp_factor: max += 0.001 only when the
+             * bounds meet. (ggml takes max(0.001, high - low), which differs
+             * when high < low: betas given in the wrong order, or an
+             * original context under 2 pi.) */
+            double ramp = ((double)i - low) / (high != low ? high - low : 0.001);
             ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
             const double keep = 1.0 - ramp; /* weight of the original (extrapolated) frequency */
             f = f / (double)r->factor * (1.0 - keep) + f * keep;
