@@ -268,6 +268,10 @@ static enum kvb_status check_freq_factors(const struct model *m, struct kvb_err 
             return kvb_errf(err, KVB_ERR_FORMAT,
                             "tensor 'rope_freqs.weight' holds %g at %d, which gives that rotary pair a frequency "
                             "of %g", (double)ff[i], i, (double)inv_freq[i]);
+        if (m->rope.type == ROPE_SCALING_NONE)
+            return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %g gives rotary pair %d a frequency of %g",
+                            model_key(m, "rope.freq_base", key, sizeof key), (double)m->hp.rope_base, i,
+                            (double)inv_freq[i]);
         return kvb_errf(err, KVB_ERR_FORMAT,
                         "model keys '%s' = %g and '%s' = %g give rotary pair %d a frequency of %g",
                         model_key(m, "rope.freq_base", key, sizeof key), (double)m->hp.rope_base,

@@ -276,6 +276,8 @@ static void test_inconsistent(void)
             KVB_ERR_FORMAT, "llama.rope.scaling.factor", "frequency");
     refused(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 1e-39f}, KVB_ERR_FORMAT,
             "rope_freqs.weight", "frequency");
+    refused(&(struct edit){.key = {"llama.rope.freq_base"}, .val = {F32(1e-45)}}, KVB_ERR_FORMAT,
+            "model key 'llama.rope.freq_base' = 1.4013e-45 gives", "frequency of inf");
     /* The factor under GGUF's first name and its current one, disagreeing. */
     refused(&(struct edit){.key = {"llama.rope.scale_linear", "llama.rope.scaling.factor"}, .val = {F32(2), F32(4)}},
             KVB_ERR_FORMAT, "llama.rope.scale_linear", "disagree");
