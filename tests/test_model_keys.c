@@ -38,6 +38,7 @@ struct edit {
 
 #define U32(x) {.type = GGUF_VTYPE_UINT32, .v.u64 = (x)}
 #define F32(x) {.type = GGUF_VTYPE_FLOAT32, .v.f64 = (x)}
+#define I32(x) {.type = GGUF_VTYPE_INT32, .v.i64 = (x)}
 #define BOOL(x) {.type = GGUF_VTYPE_BOOL, .v.b = (x)}
 #define STR(s) {.type = GGUF_VTYPE_STRING, .v.str = {sizeof(s) - 1, s}}
 
@@ -278,6 +279,30 @@ static void test_inconsistent(void)
             "rope_freqs.weight", "frequency");
     refused(&(struct edit){.key = {"llama.rope.freq_base"}, .val = {F32(1e-45)}}, KVB_ERR_FORMAT,
             "model key 'llama.rope.freq_base' = 1.4013e-45 gives", "frequency of inf");
+    /* Values of the wrong type, and a factors tensor of the wrong length. */
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
+                           .val = {STR("linear"), STR("4")}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.factor", NULL);
+    refused(&(struct edit){.key = {"llama.rope.scaling.type"}, .val = {U32(2)}}, KVB_ERR_FORMAT,
+            "llama.rope.scaling.type", NULL);
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.original_context_length"},
+                           .val = {STR("yarn"), F32(4), STR("8192")}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.original_context_length", NULL);
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.yarn_beta_fast"},
+                           .val = {STR("yarn"), F32(4), F32(NAN)}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.yarn_beta_fast", "nan");
+    refused(&(struct edit){.key = {"llama.rope.scaling.attn_factor"}, .val = {F32(-1)}}, KVB_ERR_FORMAT,
+            "llama.rope.scaling.attn_factor", "-1");
+    refused(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 4, .add_fill = 1}, KVB_ERR_FORMAT,
+            "rope_freqs.weight", "shape");
+    refused(&(struct edit){.key = {"llama.context_length"}, .val = {I32(-5)}}, KVB_ERR_FORMAT,
+            "llama.context_length", NULL);
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.original_context_length"},
+                           .val = {STR("yarn"), F32(4), U32(4000000000u)}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.original_context_length", "4000000000");
     /* The factor under GGUF's first name and its current one, disagreeing. */
     refused(&(struct edit){.key = {"llama.rope.scale_linear", "llama.rope.scaling.factor"}, .val = {F32(2), F32(4)}},
             KVB_ERR_FORMAT, "llama.rope.scale_linear", "disagree");
@@ -353,6 +378,14 @@ static void test_neutral_and_scaled(void)
     struct kvb_err err = {{0}};
     CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
     if (m) CHECK_EQ_INT(m->n_ctx_max, 8192);
+    model_free(m);
+    /* An extension past what an int32 counts is capped, not wrapped. */
+    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                              "llama.rope.scaling.original_context_length"},
+                                      .val = {STR("yarn"), F32(1e30), U32(4096)}});
+    m = NULL;
+    CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
+    if (m) CHECK_EQ_INT(m->n_ctx_max, INT32_MAX);
     model_free(m);
     /* Both names agreeing are one factor. */
     rewrite(good, bad, &(struct edit){.key = {"llama.rope.scale_linear", "llama.rope.scaling.factor"},
