@@ -298,7 +298,7 @@ static enum kvb_status lp_push(struct runner *r, struct choice *c, int32_t token
     /* The k best by logit (ties: lower id), by repeated selection: k <= 20. */
     int32_t best[JOB_MAX_TOP_LOGPROBS];
     int nb = 0;
-    for (int32_t i = 0; i < nv; i++) {
+    for (int32_t i = 0; i < nv && k > 0; i++) { /* k = 0: the chosen token alone */
         if (nb < k || logits[i] > logits[best[nb - 1]]) {
             int j = nb < k ? nb++ : k - 1;
             while (j > 0 && logits[i] > logits[best[j - 1]]) {
