@@ -69,6 +69,8 @@ struct slot {
     struct job_request req;
     int32_t n_prompt;
     int32_t n_done;
+    bool failed;        /* a choice could not be completed: the line is a 500 error */
+    char fail_msg[320]; /* the first failure's cause */
     double t_submit;
     struct choice ch[JOB_MAX_N];
 };
@@ -332,22 +334,41 @@ static enum kvb_status lp_push(struct runner *r, struct choice *c, int32_t token
     return KVB_OK;
 }
 
+/* Marks the slot's line as failed (the first cause is kept): when its last
+ * choice ends it is written as a 500 error line, and the job goes on. */
+static void fail_slot(struct slot *s, const char *why)
+{
+    if (s->failed) return;
+    s->failed = true;
+    snprintf(s->fail_msg, sizeof s->fail_msg, "%s", why);
+}
+
 static bool cb_token(void *user, const struct sched_seq_info *info, int32_t token)
 {
     struct runner *r = user;
     struct slot *s = &r->slots[info->user_id / JOB_MAX_N];
     struct choice *c = &s->ch[info->user_id % JOB_MAX_N];
     const struct job_request *q = &s->req;
+    if (s->failed) return true; /* a sibling choice failed: the line is an error whatever this one does */
     c->n_tokens++;
     if (c->n_tokens == 1) c->t_first = info->t_first_token;
-    if (q->logprobs && info->logits && lp_push(r, c, token, info->logits, q->top_logprobs) != KVB_OK)
-        fprintf(stderr, "\nkvbatch run: warning: out of memory recording logprobs of '%s'\n", q->custom_id);
+    if (q->logprobs && !info->logits) {
+        fail_slot(s, "internal error: the logits for logprobs were not returned");
+        return true;
+    }
+    if (q->logprobs && lp_push(r, c, token, info->logits, q->top_logprobs) != KVB_OK) {
+        fail_slot(s, "out of memory while recording logprobs");
+        return true;
+    }
     if (tok_is_eog(r->tok, token)) {
         c->finish = JOB_FINISH_STOP;
         return true;
     }
     size_t before = c->text.len;
-    if (tok_stream_push(r->tok, &c->ts, token, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK) return false;
+    if (tok_stream_push(r->tok, &c->ts, token, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK) {
+        fail_slot(s, "out of memory while decoding the output");
+        return true;
+    }
     for (int i = 0; i < q->n_stop; i++) {
         size_t sl = q->stop_len[i];
         if (c->text.len < sl) continue;
@@ -375,11 +396,14 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
     c->t_admit = info->t_admit;
     c->t_end = info->t_end;
     if (why == SCHED_FINISH_LENGTH) c->finish = JOB_FINISH_LENGTH;
-    if (!c->cut_at_stop) tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap);
+    if (why == SCHED_FINISH_ERROR) fail_slot(s, info->error ? info->error : "internal error in the scheduler");
+    if (!c->cut_at_stop && !s->failed &&
+        tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK)
+        fail_slot(s, "out of memory while decoding the output");
     if (++s->n_done < s->req.n) return;
-    if (why == SCHED_FINISH_ERROR) {
+    if (s->failed) {
         struct job_error e;
-        job_error_setf(&e, JOB_ERR_SERVER, s->req.line_no, NULL, "the request could not be scheduled");
+        job_error_setf(&e, JOB_ERR_SERVER, s->req.line_no, NULL, "%s", s->fail_msg);
         emit_error(r, s->req.custom_id, s->req.custom_id_len, &e, 500);
     } else {
         emit_result(r, s);
@@ -603,6 +627,7 @@ static bool admit_line(struct runner *r, bool *eof)
     r->n_used++;
     s->n_prompt = (int32_t)n;
     s->n_done = 0;
+    s->failed = false;
     s->t_submit = cli_now();
     for (int i = 0; i < q->n; i++) {
         tok_stream_init(&s->ch[i].ts, r->tok);

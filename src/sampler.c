@@ -826,6 +826,21 @@ static enum kvb_status sample_free(struct sampler *s, float *logits, int32_t *ou
     return draw_tiles(s, logits, &kr, u, out_token);
 }
 
+int32_t sampler_first_nonfinite(const float *logits, int32_t n_vocab)
+{
+    /* Four lanes at a time: x - x is 0 for every finite x and NaN for NaN
+     * and both infinities, so one compare per vector finds them all. */
+    int32_t i = 0;
+    for (; i + VL <= n_vocab; i += VL) {
+        const vf x = vf_load(logits + i);
+        const vi ok = (x - x) == vf_splat(0.0f);
+        if (!(ok[0] & ok[1] & ok[2] & ok[3])) break;
+    }
+    for (; i < n_vocab; i++)
+        if (!isfinite(logits[i])) return i;
+    return -1;
+}
+
 enum kvb_status sampler_greedy(const float *logits, int32_t n_vocab, int32_t *out_token)
 {
     KVB_RETURN_IF(!logits || n_vocab <= 0 || !out_token, KVB_ERR_INVALID_ARG);

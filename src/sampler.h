@@ -80,6 +80,12 @@ bool sampler_is_greedy(const struct sampler_params *p);
  * -inf. The C reference of the CUDA backend's device-side argmax. */
 enum kvb_status sampler_greedy(const float *logits, int32_t n_vocab, int32_t *out_token);
 
+/* The first index in logits[n_vocab] holding NaN or an infinity, or -1
+ * when all are finite. A model's raw logits are always finite; anything
+ * else means broken weights or a broken backend, and sampling from them
+ * would only hide it. */
+int32_t sampler_first_nonfinite(const float *logits, int32_t n_vocab);
+
 /* log-softmax of raw logits at `token` (for OpenAI-style logprobs). */
 float sampler_logprob(const float *logits, int32_t n_vocab, int32_t token);
 

@@ -4,12 +4,16 @@ one a case that once went wrong:
 
 - logprobs without alternatives (chat "logprobs": true alone, completions
   "logprobs": 0) next to ordinary lines: it crashed the whole process.
+- a numerically broken model (NaN output_norm, NaN epsilon): every line was
+  a 200 with empty content; now each is a 500 naming non-finite logits (or
+  the model is refused at load, naming why), and `generate` says why.
 
 Run by ctest (KVB_BIN, KVB_MODEL, KVB_SOURCE_DIR set); exits 77 to skip when
 the model or binary is missing. Uses only the Python standard library.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,11 +73,66 @@ def test_logprobs_without_alternatives(d):
     check(all(t == {} for t in lp["top_logprobs"]), "b: logprobs 0 gives no alternatives")
 
 
+def broken_copy(d, name, spoil):
+    """A copy of the model spoiled in place by spoil(reader), or None without the gguf package."""
+    try:
+        import gguf
+        import numpy as np
+    except ImportError:
+        print("note: no gguf/numpy package: broken-model checks skipped")
+        return None
+    path = os.path.join(d, name)
+    shutil.copyfile(MODEL, path)
+    r = gguf.GGUFReader(path, "r+")
+    spoil(r, np)
+    del r
+    return path
+
+
+def spoil_output_norm(r, np):
+    t = next(t for t in r.tensors if t.name == "output_norm.weight")
+    t.data[:] = np.nan
+
+
+def spoil_epsilon(r, np):
+    f = next(f for k, f in r.fields.items() if k.endswith("layer_norm_rms_epsilon"))
+    f.parts[-1][0] = np.nan
+
+
+def test_nonfinite_model(d):
+    job = os.path.join(d, "nf.jsonl")
+    write_job(job, [chat("c1"), comp("p1"), chat("c2", temperature=0.8, max_tokens=4)])
+    for name, spoil in (("nan-norm.gguf", spoil_output_norm), ("nan-eps.gguf", spoil_epsilon)):
+        path = broken_copy(d, name, spoil)
+        if path is None:
+            return
+        out = os.path.join(d, name + ".out.jsonl")
+        p = subprocess.run([BIN, "run", "--model", path, "--quiet", "--no-cache", "-i", job, "-o", out],
+                           capture_output=True, text=True)
+        if p.returncode == 1:  # refused at load: the message must say why
+            check(any(w in p.stderr for w in ("NaN", "non-finite", "not finite")),
+                  f"{name}: refused without naming the cause: {p.stderr[-300:]}")
+        else:
+            check(p.returncode == 0, f"{name}: exit {p.returncode}: {p.stderr[-300:]}")
+            lines = read_lines(out)
+            check(len(lines) == 3, f"{name}: {len(lines)} lines, not 3")
+            for l in lines:
+                check(l["response"]["status_code"] == 500 and l["error"]["code"] == "server_error" and
+                      "not finite" in l["error"]["message"],
+                      f"{name}: {l['custom_id']}: not a 500 naming non-finite logits: {json.dumps(l)[:300]}")
+        g = subprocess.run([BIN, "generate", "--model", path, "-q", "-n", "4", "--prompt", "Hello"],
+                           capture_output=True, text=True)
+        check(g.returncode == 1, f"{name}: generate exit {g.returncode}")
+        check(any(w in g.stderr for w in ("NaN", "non-finite", "not finite")),
+              f"{name}: generate failed without saying why: {g.stderr[-300:]!r}")
+
+
 def main():
     if not ready():
         return 77
     with tempfile.TemporaryDirectory() as d:
         test_logprobs_without_alternatives(d)
+        test_nonfinite_model(d)
     return finish("hardening")
 
 
