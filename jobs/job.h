@@ -25,6 +25,12 @@
  * the request. So every decoded string is valid UTF-8 with no NUL inside, and
  * is also NUL-terminated.
  *
+ * custom_id is the exception: it names the request, so it is never repaired.
+ * Output lines echo it exactly as written (custom_id_json), and it is told
+ * from other ids in its exact form (job_json_str_dup_exact: "x\ud800" and
+ * "x\udfff" are two ids, not both "x\uFFFD"). Raw bytes that are not valid
+ * UTF-8 in a custom_id are refused: they could not be written back as JSON.
+ *
  * Numbers are read with strtod and written with snprintf: the process must
  * keep the default "C" LC_NUMERIC locale (kvbatch never calls setlocale).
  *
@@ -144,8 +150,13 @@ struct job_logit_bias {
 
 struct job_request {
     uint64_t line_no;      /* 1-based input line */
-    char *custom_id;       /* NUL-terminated; set as soon as it is read, so also on most errors */
+    char *custom_id;       /* its exact decoded form (job_json_str_dup_exact: lone surrogates kept, not
+                              valid UTF-8 then), NUL-terminated, no NUL inside; the identity that keys,
+                              duplicates and shards use; set as soon as it is read, so also on most errors */
     size_t custom_id_len;
+    char *custom_id_json;  /* the same id as written between its quotes in the input (escapes kept):
+                              what output lines carry, byte for byte; set with custom_id */
+    size_t custom_id_json_len;
     enum job_url url;
     bool shorthand;        /* fields were at top level rather than under "body" */
     char *model;           /* recorded as given, or NULL */
@@ -272,6 +283,9 @@ struct job_choice {
 struct job_result {
     const char *custom_id;
     size_t custom_id_len;
+    const char *custom_id_json;     /* as written in the input (job_request.custom_id_json), or NULL:
+                                       then custom_id is written escaped */
+    size_t custom_id_json_len;
     enum job_url url;
     const char *model;              /* written as "model" (NUL-terminated) */
     const char *system_fingerprint; /* NULL: written as null */
@@ -306,6 +320,11 @@ enum kvb_status job_format_result(struct job_buf *out, const struct job_result *
  * be NULL. KVB_ERR_NOMEM on allocation failure. */
 enum kvb_status job_format_error(struct job_buf *out, const char *custom_id, size_t custom_id_len,
                                  const struct job_error *e);
+/* The same with the custom_id as written in the input (custom_id_json, see
+ * job_request), echoed byte for byte; NULL: escaped from custom_id. */
+enum kvb_status job_format_error_json(struct job_buf *out, const char *custom_id, size_t custom_id_len,
+                                      const char *custom_id_json, size_t custom_id_json_len,
+                                      const struct job_error *e);
 
 /* Appends s as a JSON string literal (quotes included): control characters
  * as \uXXXX (or \n, \t, …), invalid UTF-8 as U+FFFD. Exposed for other

@@ -49,6 +49,7 @@ void job_request_free(struct job_request *r)
 {
     if (!r) return;
     kvb_free(r->custom_id);
+    kvb_free(r->custom_id_json);
     kvb_free(r->model);
     for (size_t i = 0; i < r->n_messages; i++) kvb_free(r->messages[i].content);
     kvb_free(r->messages);
@@ -692,7 +693,14 @@ static int parse_root(struct pctx *c)
     if (job_json_kind(j, i) != JOB_JSON_STRING) return fail_type(c, "custom_id", "a string");
     if (j->tok[i].end == j->tok[i].start)
         return fail(c, JOB_ERR_INVALID_VALUE, "custom_id", "field 'custom_id' must not be empty");
-    if (job_json_str_dup(j, i, &r->custom_id, &r->custom_id_len) != KVB_OK) return fail_nomem(c);
+    enum kvb_status st = job_json_str_dup_exact(j, i, &r->custom_id, &r->custom_id_len);
+    if (st == KVB_ERR_FORMAT)
+        return fail(c, JOB_ERR_INVALID_VALUE, "custom_id",
+                    "field 'custom_id' holds bytes that are not valid UTF-8 (it could not be echoed back as written)");
+    if (st != KVB_OK) return fail_nomem(c);
+    r->custom_id_json_len = (size_t)(j->tok[i].end - j->tok[i].start);
+    r->custom_id_json = kvb_strndup(j->src + j->tok[i].start, r->custom_id_json_len);
+    if (!r->custom_id_json) return fail_nomem(c);
 
     i = lookup(c, 0, "method");
     if (i >= 0) {
@@ -796,12 +804,19 @@ enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
      * is keyed by its number, since the custom_id belongs to the first line
      * that uses it in a request that parses (a later line, maybe). */
     if (err) err->by_line = true;
-    char *cid = out->custom_id;
-    size_t cid_len = out->custom_id_len;
-    out->custom_id = NULL;
+    char *cid = out->custom_id, *cid_json = out->custom_id_json;
+    size_t cid_len = out->custom_id_len, cid_json_len = out->custom_id_json_len;
+    if (!cid_json) { /* the exact form alone is no use to an error line */
+        kvb_free(cid);
+        cid = NULL;
+        cid_len = 0;
+    }
+    out->custom_id = out->custom_id_json = NULL;
     job_request_free(out);
     request_defaults(out, line_no);
     out->custom_id = cid;
     out->custom_id_len = cid_len;
+    out->custom_id_json = cid_json;
+    out->custom_id_json_len = cid_json_len;
     return rc == -2 ? KVB_ERR_NOMEM : KVB_ERR_FORMAT;
 }

@@ -134,9 +134,12 @@ static void record_metrics(struct runner *r, const struct metrics_request *mr)
         fprintf(stderr, "\nkvbatch run: warning: metrics: %s\n", err.msg);
 }
 
-static void emit_error(struct runner *r, const char *custom_id, size_t id_len, const struct job_error *e,
-                       int status)
+/* The error line for an input line; q (NULL when the line gave none) is
+ * where its custom_id comes from. */
+static void emit_error(struct runner *r, const struct job_request *q, const struct job_error *e, int status)
 {
+    const char *custom_id = q ? q->custom_id : NULL;
+    const size_t id_len = q ? q->custom_id_len : 0;
     struct job_key key;
     job_key_error(custom_id, id_len, e, &key);
     r->lines_done++;
@@ -145,7 +148,10 @@ static void emit_error(struct runner *r, const char *custom_id, size_t id_len, c
         return;
     }
     r->line.len = 0;
-    if (job_format_error(&r->line, custom_id, id_len, e) != KVB_OK || !write_line(r)) return;
+    if (job_format_error_json(&r->line, custom_id, id_len, q ? q->custom_id_json : NULL,
+                              q ? q->custom_id_json_len : 0, e) != KVB_OK ||
+        !write_line(r))
+        return;
     r->tot.requests_total++;
     r->tot.requests_failed++;
     struct metrics_request mr = {
@@ -205,6 +211,8 @@ static void emit_result(struct runner *r, struct slot *s)
     struct job_result res = {
         .custom_id = q->custom_id,
         .custom_id_len = q->custom_id_len,
+        .custom_id_json = q->custom_id_json,
+        .custom_id_json_len = q->custom_id_json_len,
         .url = q->url,
         .model = q->model ? q->model : r->model->name,
         .created = r->created,
@@ -222,7 +230,9 @@ static void emit_result(struct runner *r, struct slot *s)
         struct job_error e;
         job_error_setf(&e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory while formatting the result");
         r->line.len = 0;
-        written = job_format_error(&r->line, q->custom_id, q->custom_id_len, &e) == KVB_OK && write_line(r);
+        written = job_format_error_json(&r->line, q->custom_id, q->custom_id_len, q->custom_id_json,
+                                        q->custom_id_json_len, &e) == KVB_OK &&
+                  write_line(r);
     }
     for (int i = 0; i < q->n; i++) {
         kvb_free(tl[i]);
@@ -404,7 +414,7 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
     if (s->failed) {
         struct job_error e;
         job_error_setf(&e, JOB_ERR_SERVER, s->req.line_no, NULL, "%s", s->fail_msg);
-        emit_error(r, s->req.custom_id, s->req.custom_id_len, &e, 500);
+        emit_error(r, &s->req, &e, 500);
     } else {
         emit_result(r, s);
     }
@@ -533,7 +543,7 @@ static struct slot *free_slot_ptr(struct runner *r)
  * goes on. */
 static bool refuse(struct runner *r, struct job_request *q, int32_t *ids, const struct job_error *e)
 {
-    emit_error(r, q->custom_id, q->custom_id_len, e, strcmp(e->code, JOB_ERR_SERVER) ? 400 : 500);
+    emit_error(r, q, e, strcmp(e->code, JOB_ERR_SERVER) ? 400 : 500);
     kvb_free(ids);
     job_request_free(q);
     return true;
@@ -565,27 +575,27 @@ static bool admit_line(struct runner *r, bool *eof)
     if (ln.too_long) {
         job_error_setf(&e, JOB_ERR_INVALID_REQUEST, ln.line_no, NULL, "the line is %llu bytes, longer than the limit",
                        (unsigned long long)ln.full_len);
-        emit_error(r, NULL, 0, &e, 400);
+        emit_error(r, NULL, &e, 400);
         return true;
     }
     struct job_request *q = &s->req;
     enum kvb_status st = job_parse_line(ln.data, ln.len, ln.line_no, q, &e);
     if (st != KVB_OK) {
-        emit_error(r, q->custom_id, q->custom_id_len, &e, st == KVB_ERR_NOMEM ? 500 : 400);
+        emit_error(r, q, &e, st == KVB_ERR_NOMEM ? 500 : 400);
         job_request_free(q);
         return true;
     }
     bool added = false;
     if (job_idset_add(r->seen_ids, q->custom_id, q->custom_id_len, &added) != KVB_OK) {
         job_error_setf(&e, JOB_ERR_SERVER, ln.line_no, "custom_id", "out of memory");
-        emit_error(r, q->custom_id, q->custom_id_len, &e, 500);
+        emit_error(r, q, &e, 500);
         job_request_free(q);
         return true;
     }
     if (!added) {
         job_error_setf(&e, JOB_ERR_DUPLICATE_CUSTOM_ID, ln.line_no, "custom_id",
                        "custom_id '%.200s' was already used by an earlier line (the first one is run)", q->custom_id);
-        emit_error(r, q->custom_id, q->custom_id_len, &e, 400);
+        emit_error(r, q, &e, 400);
         job_request_free(q);
         return true;
     }

@@ -7,6 +7,8 @@ one a case that once went wrong:
 - a numerically broken model (NaN output_norm, NaN epsilon): every line was
   a 200 with empty content; now each is a 500 naming non-finite logits (or
   the model is refused at load, naming why), and `generate` says why.
+- custom_ids are echoed exactly as written: "x\\ud800" and "x\\udfff" were
+  both repaired to "x\\ufffd" (the second then a duplicate_custom_id).
 
 Run by ctest (KVB_BIN, KVB_MODEL, KVB_SOURCE_DIR set); exits 77 to skip when
 the model or binary is missing. Uses only the Python standard library.
@@ -127,12 +129,53 @@ def test_nonfinite_model(d):
               f"{name}: generate failed without saying why: {g.stderr[-300:]!r}")
 
 
+def raw_custom_id(line):
+    """The custom_id's JSON text as the line writes it (quotes included)."""
+    at = line.index('"custom_id":') + len('"custom_id":')
+    if line.startswith("null", at):
+        return "null"
+    _, end = json.decoder.scanstring(line, at + 1)
+    return line[at:end]
+
+
+def test_custom_id_exact(d):
+    job, out = os.path.join(d, "cid.jsonl"), os.path.join(d, "cid.out.jsonl")
+    ids = ['"x\\ud800"', '"x\\udfff"', '"x\\ufffd"', '"x\\u0000"', '"q\\"\\\\\\/\\u00e9"', '"\\ud83d\\ude00"',
+           '"caf\u00e9"']
+    lines = []
+    for k, cid in enumerate(ids):
+        body = ('{"messages":[{"role":"user","content":"Hi"}],"max_tokens":1}' if k % 2 else
+                '{"prompt":"Hi","max_tokens":1}')
+        url = "/v1/chat/completions" if k % 2 else "/v1/completions"
+        lines.append('{"custom_id":%s,"method":"POST","url":"%s","body":%s}' % (cid, url, body))
+    lines.append('{"custom_id":"x\\ud800","prompt":"Hi","max_tokens":1}')  # the same id again: a duplicate
+    lines.append('{"custom_id":"bad\\ud800","prompt":"Hi","max_tokens":0}')  # an error line keeps it too
+    with open(job, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    p = run(["-i", job, "-o", out])
+    check(p.returncode == 0, f"custom_id: exit {p.returncode}: {p.stderr[-300:]}")
+    with open(out, encoding="utf-8", errors="surrogatepass") as f:
+        got = f.read().splitlines()
+    check(len(got) == len(lines), f"custom_id: {len(got)} lines for {len(lines)}")
+    raw = [raw_custom_id(l) for l in got]
+    for cid in ids:
+        want = 2 if cid == ids[0] else 1  # the duplicate's error line carries it too
+        check(raw.count(cid) == want, f"custom_id {cid}: written {raw.count(cid)} times as given, not {want}: {raw}")
+    outs = [json.loads(l) for l in got]
+    dup = [o for o in outs if o["error"] and o["error"]["code"] == "duplicate_custom_id"]
+    check(len(dup) == 1 and dup[0]["custom_id"] == "x\ud800", f"custom_id: duplicates {dup}")
+    ok = [o for o in outs if o["response"]["status_code"] == 200]
+    check(len(ok) == len(ids), f"custom_id: {len(ok)} results for {len(ids)} distinct ids")
+    check(raw.count('"bad\\ud800"') == 1, "custom_id: an error line echoes its id as written")
+
+
 def main():
     if not ready():
         return 77
     with tempfile.TemporaryDirectory() as d:
         test_logprobs_without_alternatives(d)
         test_nonfinite_model(d)
+        test_custom_id_exact(d)
     return finish("hardening")
 
 

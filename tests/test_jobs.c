@@ -666,6 +666,50 @@ static void test_escapes(void)
                        "[\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd][\xe2\x82\xac]";
     CHECK_MSG(strcmp(r.prompt, want) == 0, "%s", r.prompt);
     job_request_free(&r);
+
+    /* custom_id is never repaired (job.h): lone surrogates keep their code
+     * points, so "x\ud800" and "x\udfff" stay two ids; \u0000 is C0 80; the
+     * text as written is kept beside it for the output lines */
+    static const struct { const char *json; const char *exact; } ids[] = {
+        {"x\\ud800", "x\xed\xa0\x80"},
+        {"x\\udfff", "x\xed\xbf\xbf"},
+        {"x\\ud800\\u0041", "x\xed\xa0\x80" "A"},
+        {"x\\ufffd", "x\xef\xbf\xbd"},
+        {"x\\u0000y", "x\xc0\x80y"},
+        {"q\\\"\\\\\\/", "q\"\\/"},
+        {"\\ud83d\\ude00", "\xf0\x9f\x98\x80"},
+    };
+    struct job_key keys[sizeof ids / sizeof ids[0]];
+    for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++) {
+        char line[128];
+        snprintf(line, sizeof line, "{\"custom_id\":\"%s\",\"prompt\":\"x\"}", ids[k].json);
+        parse_ok(line, &r);
+        CHECK_MSG(r.custom_id && strcmp(r.custom_id, ids[k].exact) == 0 && r.custom_id_len == strlen(ids[k].exact),
+                  "custom_id %s", ids[k].json);
+        CHECK_MSG(r.custom_id_json && strcmp(r.custom_id_json, ids[k].json) == 0, "custom_id %s as written", ids[k].json);
+        job_key_custom_id(r.custom_id, r.custom_id_len, &keys[k]);
+        for (size_t m = 0; m < k; m++) CHECK_MSG(strcmp(keys[m].hex, keys[k].hex) != 0, "ids %zu and %zu share a key", m, k);
+        /* both kinds of line carry the id exactly as written */
+        struct job_buf b = {0};
+        struct job_choice ch = {.text = "t", .text_len = 1};
+        struct job_result res = {.custom_id = r.custom_id, .custom_id_len = r.custom_id_len,
+                                 .custom_id_json = r.custom_id_json, .custom_id_json_len = r.custom_id_json_len,
+                                 .url = JOB_URL_COMPLETION, .model = "m", .choices = &ch, .n_choices = 1};
+        CHECK(job_format_result(&b, &res) == KVB_OK);
+        struct job_error e;
+        job_error_setf(&e, JOB_ERR_SERVER, 1, NULL, "x");
+        CHECK(job_format_error_json(&b, r.custom_id, r.custom_id_len, r.custom_id_json, r.custom_id_json_len, &e) ==
+              KVB_OK);
+        char want_id[96];
+        snprintf(want_id, sizeof want_id, "\"custom_id\":\"%s\",", ids[k].json);
+        const char *first = b.data ? strstr(b.data, want_id) : NULL;
+        CHECK_MSG(first && strstr(first + 1, want_id), "custom_id %s not echoed as written in both lines", ids[k].json);
+        CHECK(strict_jsmn_ok(b.data, strchr(b.data, '\n') - b.data));
+        job_buf_free(&b);
+        job_request_free(&r);
+    }
+    /* raw bytes that are not UTF-8 cannot be echoed as JSON: refused by name */
+    expect_err("{\"custom_id\":\"a\xff\",\"prompt\":\"x\"}", JOB_ERR_INVALID_VALUE, "custom_id");
 }
 
 /* ---- output ------------------------------------------------------------------------- */
