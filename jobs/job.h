@@ -315,7 +315,10 @@ enum kvb_status job_format_result(struct job_buf *out, const struct job_result *
 /* Appends one error line ending in "\n":
  *   {"id":"batch_req_K","custom_id":… or null,"response":{"status_code":400,
  *    "request_id":"req_K","body":{"error":{"message":…,"type":"invalid_request_error",
- *    "param":… or null,"code":…}}},"error":{"code":…,"message":…}}
+ *    "param":… or null,"code":…}}},"error":{"code":…,"message":…,"param":… or null,
+ *    "line":N}}
+ * (the last object has the fields of OpenAI's BatchError; line is the 1-based
+ * input line, null when e->line_no is 0).
  * server_error lines have status 500 and type "server_error". custom_id may
  * be NULL. KVB_ERR_NOMEM on allocation failure. */
 enum kvb_status job_format_error(struct job_buf *out, const char *custom_id, size_t custom_id_len,

@@ -376,10 +376,17 @@ enum kvb_status job_format_error_json(struct job_buf *out, const char *custom_id
     else puts_(&w, "null");
     puts_(&w, ",\"code\":");
     put_cstr_or_null(&w, code);
+    /* OpenAI's BatchError: code, message, and the param and line at fault */
     puts_(&w, "}}},\"error\":{\"code\":");
     put_cstr_or_null(&w, code);
     puts_(&w, ",\"message\":");
     put_str(&w, e->message, strnlen(e->message, sizeof e->message));
+    puts_(&w, ",\"param\":");
+    if (e->param[0]) put_str(&w, e->param, strnlen(e->param, sizeof e->param));
+    else puts_(&w, "null");
+    puts_(&w, ",\"line\":");
+    if (e->line_no) put_i64(&w, (int64_t)e->line_no);
+    else puts_(&w, "null");
     puts_(&w, "}}\n");
     return finish(&w);
 }

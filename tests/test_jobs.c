@@ -922,6 +922,8 @@ static void test_error_lines(void)
     CHECK(doc_str_is(&d, "response.body.error.code", "invalid_json"));
     CHECK(doc_is_null(&d, "response.body.error.param"));
     CHECK(doc_str_is(&d, "error.code", "invalid_json"));
+    CHECK(doc_is_null(&d, "error.param")); /* the fields of OpenAI's BatchError */
+    CHECK(doc_num(&d, "error.line") == 12);
     char *msg = doc_str(&d, "error.message");
     CHECK_MSG(strncmp(msg, "line 12: invalid JSON", 21) == 0, "%s", msg);
     free(msg);
@@ -942,6 +944,8 @@ static void test_error_lines(void)
     CHECK(doc_str_is(&d, "response.body.error.param", "top_p"));
     CHECK(doc_str_is(&d, "response.body.error.code", "invalid_value"));
     CHECK(doc_str_is(&d, "error.message", e.message));
+    CHECK(doc_str_is(&d, "error.param", "top_p"));
+    CHECK(doc_num(&d, "error.line") == 3);
     doc_close(&d);
     job_request_free(&r);
 
