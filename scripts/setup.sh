@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS="build-essential cmake pkg-config liblmdb-dev libzstd-dev libsqlite3-dev libjsmn-dev libxxhash-dev clang libclang-rt-14-dev python3-pip"
+APT_PKGS="build-essential cmake pkg-config liblmdb-dev libzstd-dev libsqlite3-dev libjsmn-dev libxxhash-dev clang libclang-rt-14-dev python3-pip man-db"
 missing=""
 for p in $APT_PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

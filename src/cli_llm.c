@@ -27,9 +27,9 @@ bool cli_llm_open(const struct cli_llm_opts *o, struct cli_llm *l)
     }
     int32_t n_ctx = o->n_ctx;
     if (n_ctx <= 0) n_ctx = l->model->hp.n_ctx_train < 4096 ? l->model->hp.n_ctx_train : 4096;
-    if (n_ctx > l->model->hp.n_ctx_train)
-        fprintf(stderr, "kvbatch: warning: context %d is longer than the model was trained for (%d)\n", n_ctx,
-                l->model->hp.n_ctx_train);
+    if (n_ctx > l->model->n_ctx_max)
+        fprintf(stderr, "kvbatch: warning: context %d is longer than the model was trained for (%d%s)\n", n_ctx,
+                l->model->n_ctx_max, l->model->n_ctx_max > l->model->hp.n_ctx_train ? ", with its RoPE scaling" : "");
     l->n_ctx = n_ctx;
     struct be_select_opts bo = {.device = o->device, .n_threads = o->n_threads, .block_size = 16,
                                 .kv_mem = be_cpu_block_bytes(l->model, 16) * (uint64_t)((n_ctx + 15) / 16),
