@@ -1,9 +1,11 @@
 /* runner.c — the run loop of `kvbatch run` (see runner.h).
  *
  * Requests in flight live in a fixed table of slots (the look-ahead window);
- * each slot holds one input request and its n choices, and each choice is
- * one scheduler sequence (user id = slot * JOB_MAX_N + choice). A slot is
- * written out and freed when its last choice finishes. */
+ * each slot holds one input line and its choices (n per prompt, prompt by
+ * prompt), and each choice is one scheduler sequence (user id = slot *
+ * JOB_MAX_CHOICES + choice). A slot is written out and freed when its last
+ * choice finishes. What a line needs before it can run (tokens, checks,
+ * sampler parameters) is admit.c's. */
 #include "runner.h"
 
 #include <errno.h>
@@ -16,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admit.h"
 #include "alloc.h"
 #include "backend.h"
 #include "backend_select.h"
@@ -67,12 +70,13 @@ struct choice {
 struct slot {
     bool used;
     struct job_request req;
-    int32_t n_prompt;
+    struct admit_plan plan; /* its prompts' token ids are freed once submitted; their lengths stay */
+    int32_t n_choices;      /* plan.n_choices */
     int32_t n_done;
-    bool failed;        /* a choice could not be completed: the line is a 500 error */
-    char fail_msg[320]; /* the first failure's cause */
+    bool failed;            /* a choice could not be completed: the line is a 500 error */
+    char fail_msg[320];     /* the first failure's cause */
     double t_submit;
-    struct choice ch[JOB_MAX_N];
+    struct choice *ch;      /* (n_choices) */
 };
 
 struct runner {
@@ -92,14 +96,13 @@ struct runner {
     struct job_idset *seen_ids;  /* custom_ids met in this input */
     uint8_t *mine;               /* with --shard: mine[k] = line k+1 is this shard's; else NULL */
     int64_t n_plan_lines;
-    struct jsonmode_vocab *json_vocab; /* token bytes for JSON mode, built on first use */
+    struct admit_ctx admit;      /* what admit_prepare needs (owns JSON mode's table) */
     uint64_t plan_hash;          /* with --shard: shard_plan_out.hash, recorded in the run's settings */
     struct metrics_db *db;
     int64_t run_id;
     struct pstore *ps;           /* persistent prefix cache, or NULL */
     struct pstore_model pm;
     struct job_buf line;
-    float *scratch;              /* (n_vocab) for logprobs */
     bool write_failed;
     /* progress and totals */
     int64_t total_lines, lines_done, skipped;
@@ -174,7 +177,11 @@ static void free_choice(struct choice *c)
 
 static void free_slot(struct runner *r, struct slot *s)
 {
-    for (int i = 0; i < JOB_MAX_N; i++) free_choice(&s->ch[i]);
+    if (s->ch)
+        for (int32_t i = 0; i < s->n_choices; i++) free_choice(&s->ch[i]);
+    kvb_free(s->ch);
+    s->ch = NULL;
+    admit_plan_free(&s->plan);
     job_request_free(&s->req);
     s->used = false;
     r->n_used--;
@@ -183,31 +190,43 @@ static void free_slot(struct runner *r, struct slot *s)
 static void emit_result(struct runner *r, struct slot *s)
 {
     const struct job_request *q = &s->req;
-    struct job_choice jc[JOB_MAX_N];
-    struct job_token_logprob *tl[JOB_MAX_N] = {0};
-    struct job_top_logprob *tt[JOB_MAX_N] = {0};
-    int64_t completion = 0;
-    bool oom = false;
-    for (int i = 0; i < q->n; i++) {
-        struct choice *c = &s->ch[i];
-        completion += c->n_tokens;
+    const int32_t nc = s->n_choices;
+    /* One allocation for the choices and their logprob views. */
+    size_t n_lp = 0, n_top = 0;
+    for (int32_t i = 0; i < nc; i++) {
+        n_lp += (size_t)s->ch[i].n_lp;
+        n_top += (size_t)s->ch[i].n_top;
+    }
+    struct job_choice *jc = kvb_calloc((size_t)nc, sizeof *jc);
+    struct job_token_logprob *tl = kvb_calloc(n_lp + 1, sizeof *tl);
+    struct job_top_logprob *tt = kvb_calloc(n_top + 1, sizeof *tt);
+    const bool oom = !jc || !tl || !tt;
+    int64_t completion = 0, prompt_tokens = 0, cached_run = 0, cached_store = 0;
+    for (int32_t k = 0; k < s->plan.n_prompts; k++) {
+        const struct choice *first = &s->ch[k * q->n]; /* a prompt's reuse is seen by its first choice */
+        prompt_tokens += s->plan.prompts[k].n;
+        cached_run += first->cached;
+        cached_store += first->cached_store;
+    }
+    size_t at_lp = 0, at_top = 0;
+    for (int32_t i = 0; i < nc && !oom; i++) {
+        const struct choice *c = &s->ch[i];
         jc[i] = (struct job_choice){.text = c->text.data ? c->text.data : "", .text_len = c->text.len,
                                     .finish = c->finish, .has_logprobs = q->logprobs};
         if (!q->logprobs) continue;
-        tl[i] = kvb_calloc((size_t)c->n_lp + 1, sizeof *tl[i]);
-        tt[i] = kvb_calloc((size_t)c->n_top + 1, sizeof *tt[i]);
-        if (!tl[i] || !tt[i]) {
-            oom = true;
-            continue;
-        }
+        struct job_top_logprob *top = tt + at_top;
         for (int32_t k = 0; k < c->n_top; k++)
-            tt[i][k] = (struct job_top_logprob){c->arena.data + c->top[k].off, c->top[k].len, c->top[k].lp};
+            top[k] = (struct job_top_logprob){c->arena.data + c->top[k].off, c->top[k].len, c->top[k].lp};
         for (int32_t k = 0; k < c->n_lp; k++)
-            tl[i][k] = (struct job_token_logprob){c->arena.data + c->lp[k].off, c->lp[k].len, c->lp[k].lp,
-                                                  tt[i] + c->lp[k].top_start, (size_t)c->lp[k].n_top};
-        jc[i].logprobs = tl[i];
+            tl[at_lp + (size_t)k] = (struct job_token_logprob){c->arena.data + c->lp[k].off, c->lp[k].len,
+                                                               c->lp[k].lp, top + c->lp[k].top_start,
+                                                               (size_t)c->lp[k].n_top};
+        jc[i].logprobs = tl + at_lp;
         jc[i].n_logprobs = (size_t)c->n_lp;
+        at_lp += (size_t)c->n_lp;
+        at_top += (size_t)c->n_top;
     }
+    for (int32_t i = 0; i < nc; i++) completion += s->ch[i].n_tokens;
     struct job_result res = {
         .custom_id = q->custom_id,
         .custom_id_len = q->custom_id_len,
@@ -217,10 +236,10 @@ static void emit_result(struct runner *r, struct slot *s)
         .model = q->model ? q->model : r->model->name,
         .created = r->created,
         .choices = jc,
-        .n_choices = (size_t)q->n,
-        .prompt_tokens = s->n_prompt,
+        .n_choices = (size_t)nc,
+        .prompt_tokens = prompt_tokens,
         .completion_tokens = completion,
-        .cached_tokens = s->ch[0].cached + s->ch[0].cached_store,
+        .cached_tokens = cached_run + cached_store,
     };
     r->line.len = 0;
     bool written;
@@ -234,17 +253,16 @@ static void emit_result(struct runner *r, struct slot *s)
                                         q->custom_id_json_len, &e) == KVB_OK &&
                   write_line(r);
     }
-    for (int i = 0; i < q->n; i++) {
-        kvb_free(tl[i]);
-        kvb_free(tt[i]);
-    }
+    kvb_free(jc);
+    kvb_free(tl);
+    kvb_free(tt);
     if (!written) {
         r->lines_done++;
         return;
     }
     /* Metrics: the request as a whole, timed from its first choice's view. */
     double first = INFINITY, end = 0, admit = INFINITY;
-    for (int i = 0; i < q->n; i++) {
+    for (int32_t i = 0; i < nc; i++) {
         if (s->ch[i].t_first > 0 && s->ch[i].t_first < first) first = s->ch[i].t_first;
         if (s->ch[i].t_end > end) end = s->ch[i].t_end;
         if (s->ch[i].t_admit < admit) admit = s->ch[i].t_admit;
@@ -252,9 +270,9 @@ static void emit_result(struct runner *r, struct slot *s)
     struct metrics_request mr = {
         .custom_id = q->custom_id,
         .input_line = (int64_t)q->line_no,
-        .prompt_tokens = s->n_prompt,
-        .cached_tokens_run = s->ch[0].cached,
-        .cached_tokens_store = s->ch[0].cached_store,
+        .prompt_tokens = prompt_tokens,
+        .cached_tokens_run = cached_run,
+        .cached_tokens_store = cached_store,
         .completion_tokens = completion,
         .has_timing = true,
         .queue_s = admit - s->t_submit,
@@ -267,10 +285,10 @@ static void emit_result(struct runner *r, struct slot *s)
     record_metrics(r, &mr);
     r->tot.requests_total++;
     r->tot.requests_ok++;
-    r->tot.prompt_tokens += s->n_prompt;
+    r->tot.prompt_tokens += prompt_tokens;
     r->tot.completion_tokens += completion;
-    r->tot.cached_tokens_run += s->ch[0].cached;
-    r->tot.cached_tokens_store += s->ch[0].cached_store;
+    r->tot.cached_tokens_run += cached_run;
+    r->tot.cached_tokens_store += cached_store;
     r->lines_done++;
 }
 
@@ -353,11 +371,52 @@ static void fail_slot(struct slot *s, const char *why)
     snprintf(s->fail_msg, sizeof s->fail_msg, "%s", why);
 }
 
+/* Appends token's text to the choice: with skip_special_tokens false a
+ * control token (one whose text is only shown when asked) adds its text,
+ * after any bytes held back for an unfinished character. False when out of
+ * memory (the line is failed). */
+static bool push_text(struct runner *r, struct slot *s, struct choice *c, int32_t token)
+{
+    struct job_buf *t = &c->text;
+    enum kvb_status st;
+    if (!s->req.skip_special_tokens && tok_piece(r->tok, token, false, NULL, 0) == 0 &&
+        tok_piece(r->tok, token, true, NULL, 0) > 0) {
+        st = tok_stream_flush(r->tok, &c->ts, &t->data, &t->len, &t->cap);
+        char piece[256];
+        size_t n = tok_piece(r->tok, token, true, piece, sizeof piece);
+        if (n > sizeof piece) n = sizeof piece;
+        if (st == KVB_OK && t->len + n + 1 > t->cap) {
+            size_t cap = t->cap ? t->cap * 2 : 64;
+            while (cap < t->len + n + 1) cap *= 2;
+            char *nd = kvb_realloc(t->data, cap);
+            if (!nd) st = KVB_ERR_NOMEM;
+            else {
+                t->data = nd;
+                t->cap = cap;
+            }
+        }
+        if (st == KVB_OK) {
+            memcpy(t->data + t->len, piece, n);
+            t->len += n;
+        }
+    } else {
+        st = tok_stream_push(r->tok, &c->ts, token, &t->data, &t->len, &t->cap);
+    }
+    if (st != KVB_OK) fail_slot(s, "out of memory while decoding the output");
+    return st == KVB_OK;
+}
+
+/* vLLM's rules for where an output ends: an end-of-generation token (unless
+ * ignore_eos) or one of stop_token_ids ends it, its text kept only with
+ * include_stop_str_in_output; stop strings are looked for once min_tokens
+ * are out (before, end-of-generation and stop tokens cannot be drawn: the
+ * sampler's ban) and cut the text before the string, or after it with
+ * include_stop_str_in_output. */
 static bool cb_token(void *user, const struct sched_seq_info *info, int32_t token)
 {
     struct runner *r = user;
-    struct slot *s = &r->slots[info->user_id / JOB_MAX_N];
-    struct choice *c = &s->ch[info->user_id % JOB_MAX_N];
+    struct slot *s = &r->slots[info->user_id / JOB_MAX_CHOICES];
+    struct choice *c = &s->ch[info->user_id % JOB_MAX_CHOICES];
     const struct job_request *q = &s->req;
     if (s->failed) return true; /* a sibling choice failed: the line is an error whatever this one does */
     c->n_tokens++;
@@ -370,22 +429,22 @@ static bool cb_token(void *user, const struct sched_seq_info *info, int32_t toke
         fail_slot(s, "out of memory while recording logprobs");
         return true;
     }
-    if (tok_is_eog(r->tok, token)) {
+    if ((!q->ignore_eos && tok_is_eog(r->tok, token)) || admit_is_stop_token(q, token)) {
+        if (q->include_stop_str_in_output && !push_text(r, s, c, token)) return true;
         c->finish = JOB_FINISH_STOP;
         return true;
     }
     size_t before = c->text.len;
-    if (tok_stream_push(r->tok, &c->ts, token, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK) {
-        fail_slot(s, "out of memory while decoding the output");
-        return true;
-    }
+    if (!push_text(r, s, c, token)) return true;
+    if (c->n_tokens < q->min_tokens) return false;
     for (int i = 0; i < q->n_stop; i++) {
         size_t sl = q->stop_len[i];
         if (c->text.len < sl) continue;
         size_t from = before + 1 > sl ? before + 1 - sl : 0;
         for (size_t p = from; p + sl <= c->text.len; p++) {
             if (memcmp(c->text.data + p, q->stop[i], sl) == 0) {
-                c->text.len = p; /* the stop string is not part of the output, as in OpenAI's API */
+                /* the stop string is not part of the output, as in OpenAI's API, unless asked */
+                c->text.len = q->include_stop_str_in_output ? p + sl : p;
                 c->finish = JOB_FINISH_STOP;
                 c->cut_at_stop = true;
                 return true;
@@ -398,8 +457,8 @@ static bool cb_token(void *user, const struct sched_seq_info *info, int32_t toke
 static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_finish why)
 {
     struct runner *r = user;
-    struct slot *s = &r->slots[info->user_id / JOB_MAX_N];
-    struct choice *c = &s->ch[info->user_id % JOB_MAX_N];
+    struct slot *s = &r->slots[info->user_id / JOB_MAX_CHOICES];
+    struct choice *c = &s->ch[info->user_id % JOB_MAX_CHOICES];
     c->done = true;
     c->cached = info->cached_tokens;
     c->cached_store = info->store_tokens;
@@ -410,7 +469,7 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
     if (!c->cut_at_stop && !s->failed &&
         tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK)
         fail_slot(s, "out of memory while decoding the output");
-    if (++s->n_done < s->req.n) return;
+    if (++s->n_done < s->n_choices) return;
     if (s->failed) {
         struct job_error e;
         job_error_setf(&e, JOB_ERR_SERVER, s->req.line_no, NULL, "%s", s->fail_msg);
@@ -423,73 +482,13 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
 
 /* ---- admission of input lines --------------------------------------------------- */
 
-/* The prompt's tokens, or false with e filled. No context check: the shard
- * plan must not depend on --ctx (tokenize_request adds it). */
-static bool tokenize_prompt(struct runner *r, const struct job_request *q, int32_t **ids, size_t *n,
-                            struct job_error *e)
-{
-    struct kvb_err err = {{0}};
-    unsigned flags = tok_wants_bos(r->tok) ? TOK_ADD_BOS : 0;
-    enum kvb_status st;
-    if (q->url == JOB_URL_CHAT) {
-        if (!r->have_tmpl) {
-            job_error_setf(e, JOB_ERR_INVALID_REQUEST, q->line_no, "messages", "%s", r->tmpl_error);
-            return false;
-        }
-        struct chat_msg *msgs = kvb_calloc(q->n_messages, sizeof *msgs);
-        if (!msgs) goto oom;
-        for (size_t i = 0; i < q->n_messages; i++) {
-            enum job_role role = q->messages[i].role == JOB_ROLE_DEVELOPER ? JOB_ROLE_SYSTEM : q->messages[i].role;
-            msgs[i] = (struct chat_msg){job_role_name(role), q->messages[i].content};
-        }
-        char *text = NULL;
-        st = chat_apply(&r->tmpl, msgs, q->n_messages, true, &text, &err);
-        kvb_free(msgs);
-        if (st == KVB_ERR_NOMEM) goto oom;
-        if (st != KVB_OK) {
-            job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, "messages", "%s", err.msg);
-            return false;
-        }
-        st = tok_encode(r->tok, text, strlen(text), flags | TOK_PARSE_SPECIAL, ids, n, &err);
-        kvb_free(text);
-    } else {
-        st = tok_encode(r->tok, q->prompt, q->prompt_len, flags, ids, n, &err);
-    }
-    if (st == KVB_ERR_NOMEM) goto oom;
-    if (st != KVB_OK) {
-        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt", "%s",
-                       err.msg);
-        return false;
-    }
-    if (*n == 0) {
-        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, "prompt", "the prompt is empty");
-        kvb_free(*ids);
-        return false;
-    }
-    return true;
-oom:
-    job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory");
-    return false;
-}
-
-static bool tokenize_request(struct runner *r, const struct job_request *q, int32_t **ids, size_t *n,
-                             struct job_error *e)
-{
-    if (!tokenize_prompt(r, q, ids, n, e)) return false;
-    if ((int64_t)*n >= r->n_ctx) {
-        job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt",
-                       "the prompt has %zu tokens; the context holds %d (prompt plus at least one generated token)",
-                       *n, r->n_ctx);
-        kvb_free(*ids);
-        return false;
-    }
-    return true;
-}
-
+/* The first prompt's tokens for the shard plan (no context check: the plan
+ * must not depend on --ctx). */
 static bool prompt_of(void *user, const struct job_request *q, int32_t **ids, size_t *n)
 {
+    struct runner *r = user;
     struct job_error e;
-    return tokenize_prompt(user, q, ids, n, &e);
+    return admit_prompt_ids(&r->admit, q, 0, ids, n, &e) == KVB_OK;
 }
 
 /* --shard: which lines are this shard's (job_shard.h). The plan reads the
@@ -539,13 +538,37 @@ static struct slot *free_slot_ptr(struct runner *r)
 }
 
 /* An admitted line that cannot run: its error line (400, or 500 for the
- * server's own failures), and its request and tokens freed. True: the job
- * goes on. */
-static bool refuse(struct runner *r, struct job_request *q, int32_t *ids, const struct job_error *e)
+ * server's own failures), and its request freed. True: the job goes on. */
+static bool refuse(struct runner *r, struct job_request *q, const struct job_error *e)
 {
     emit_error(r, q, e, strcmp(e->code, JOB_ERR_SERVER) ? 400 : 500);
-    kvb_free(ids);
     job_request_free(q);
+    return true;
+}
+
+/* Submits every choice of a prepared slot to the scheduler, then frees the
+ * prompts' token ids (the scheduler copies them). False on a fatal error. */
+static bool submit_slot(struct runner *r, struct slot *s)
+{
+    const struct job_request *q = &s->req;
+    s->t_submit = cli_now();
+    for (int32_t i = 0; i < s->n_choices; i++) {
+        tok_stream_init(&s->ch[i].ts, r->tok);
+        struct sampler_params sp;
+        admit_choice_params(&s->plan, q, i, &sp);
+        const struct admit_prompt *p = &s->plan.prompts[i / q->n];
+        uint64_t uid = (uint64_t)(s - r->slots) * JOB_MAX_CHOICES + (uint64_t)i;
+        struct kvb_err err = {{0}};
+        if (sched_submit(r->sched, uid, p->ids, p->n, q->max_tokens, &sp, q->logprobs, &err) != KVB_OK) {
+            /* Only out of memory can get here (the context was checked). */
+            fprintf(stderr, "\nkvbatch run: cannot queue '%s': %s\n", q->custom_id, err.msg);
+            return false;
+        }
+    }
+    for (int32_t k = 0; k < s->plan.n_prompts; k++) {
+        kvb_free(s->plan.prompts[k].ids);
+        s->plan.prompts[k].ids = NULL;
+    }
     return true;
 }
 
@@ -588,16 +611,12 @@ static bool admit_line(struct runner *r, bool *eof)
     bool added = false;
     if (job_idset_add(r->seen_ids, q->custom_id, q->custom_id_len, &added) != KVB_OK) {
         job_error_setf(&e, JOB_ERR_SERVER, ln.line_no, "custom_id", "out of memory");
-        emit_error(r, q, &e, 500);
-        job_request_free(q);
-        return true;
+        return refuse(r, q, &e);
     }
     if (!added) {
         job_error_setf(&e, JOB_ERR_DUPLICATE_CUSTOM_ID, ln.line_no, "custom_id",
                        "custom_id '%.200s' was already used by an earlier line (the first one is run)", q->custom_id);
-        emit_error(r, q, &e, 400);
-        job_request_free(q);
-        return true;
+        return refuse(r, q, &e);
     }
     struct job_key key;
     job_key_custom_id(q->custom_id, q->custom_id_len, &key);
@@ -607,68 +626,19 @@ static bool admit_line(struct runner *r, bool *eof)
         job_request_free(q);
         return true;
     }
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (!tokenize_request(r, q, &ids, &n, &e)) return refuse(r, q, NULL, &e);
-    const int32_t n_vocab = r->model->hp.n_vocab;
-    for (int32_t k = 0; k < q->n_logit_bias; k++) {
-        if (q->logit_bias[k].token < n_vocab) continue;
-        job_error_setf(&e, JOB_ERR_INVALID_VALUE, ln.line_no, "logit_bias",
-                       "logit_bias token %d is not in the vocabulary (%d tokens)", q->logit_bias[k].token, n_vocab);
-        return refuse(r, q, ids, &e);
-    }
-    if (q->json_object && !r->json_vocab) { /* built for the first request that asks */
-        struct kvb_err jerr = {{0}};
-        enum kvb_status jst = jsonmode_vocab_create(r->tok, &r->json_vocab, &jerr);
-        if (jst != KVB_OK) {
-            job_error_setf(&e, jst == KVB_ERR_NOMEM ? JOB_ERR_SERVER : JOB_ERR_INVALID_VALUE, ln.line_no,
-                           "response_format", "JSON mode: %s", jerr.msg);
-            return refuse(r, q, ids, &e);
-        }
-    }
-    struct sampler_bias *bias = q->n_logit_bias ? kvb_malloc(sizeof *bias * (size_t)q->n_logit_bias) : NULL;
-    if (q->n_logit_bias && !bias) {
+    if (admit_prepare(&r->admit, q, &s->plan, &e) != KVB_OK) return refuse(r, q, &e);
+    s->n_choices = s->plan.n_choices;
+    s->ch = kvb_calloc((size_t)s->n_choices, sizeof *s->ch);
+    if (!s->ch) {
+        admit_plan_free(&s->plan);
         job_error_setf(&e, JOB_ERR_SERVER, ln.line_no, NULL, "out of memory");
-        return refuse(r, q, ids, &e);
+        return refuse(r, q, &e);
     }
-    for (int32_t k = 0; k < q->n_logit_bias; k++)
-        bias[k] = (struct sampler_bias){q->logit_bias[k].token, q->logit_bias[k].value};
     s->used = true;
     r->n_used++;
-    s->n_prompt = (int32_t)n;
     s->n_done = 0;
     s->failed = false;
-    s->t_submit = cli_now();
-    for (int i = 0; i < q->n; i++) {
-        tok_stream_init(&s->ch[i].ts, r->tok);
-        struct sampler_params sp;
-        sampler_params_default(&sp);
-        sp.temperature = q->temperature;
-        sp.top_k = q->top_k;
-        sp.top_p = q->top_p;
-        sp.min_p = q->min_p < 0.999999f ? q->min_p : 0.999999f; /* min_p = 1 means "top token only" */
-        sp.repetition_penalty = q->repetition_penalty;
-        sp.presence_penalty = q->presence_penalty;
-        sp.frequency_penalty = q->frequency_penalty;
-        sp.json = q->json_object ? r->json_vocab : NULL;
-        sp.json_schema = q->json_schema;
-        sp.bias = bias;
-        sp.n_bias = bias ? q->n_logit_bias : 0;
-        /* Choice i of n draws from seed + i, so n > 1 gives n different samples
-         * and choice 0 equals the n = 1 result. */
-        sp.seed = q->seed + (uint64_t)i;
-        uint64_t uid = (uint64_t)(s - r->slots) * JOB_MAX_N + (uint64_t)i;
-        if (sched_submit(r->sched, uid, ids, (int32_t)n, q->max_tokens, &sp, q->logprobs, &err) != KVB_OK) {
-            /* Only out of memory can get here (the context was checked). */
-            fprintf(stderr, "\nkvbatch run: cannot queue '%s': %s\n", q->custom_id, err.msg);
-            kvb_free(ids);
-            kvb_free(bias);
-            return false;
-        }
-    }
-    kvb_free(ids);
-    kvb_free(bias); /* each sampler keeps a copy */
-    return true;
+    return submit_slot(r, s);
 }
 
 /* ---- progress -------------------------------------------------------------------- */
@@ -826,6 +796,11 @@ static bool setup(struct runner *r)
     if (!r->have_tmpl) snprintf(r->tmpl_error, sizeof r->tmpl_error, "%s", err.msg);
 
     r->n_ctx = o->n_ctx > 0 ? o->n_ctx : (r->model->hp.n_ctx_train < 4096 ? r->model->hp.n_ctx_train : 4096);
+    if (admit_ctx_init(&r->admit, r->tok, r->have_tmpl ? &r->tmpl : NULL, r->tmpl_error, r->model->hp.n_vocab,
+                       r->n_ctx) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: out of memory\n");
+        return false;
+    }
     if (o->shard_count > 1 && !plan_shard(r)) return false;
     struct be_select_opts bo = {.device = o->device, .n_threads = o->n_threads, .block_size = o->block_size,
                                 .kv_mem = o->kv_mem, .n_ctx = r->n_ctx, .scalar = o->scalar,
@@ -891,7 +866,7 @@ static void teardown(struct runner *r)
     kvb_free(r->slots);
     kvb_free(r->mine);
     sched_free(r->sched);
-    jsonmode_vocab_free(r->json_vocab); /* after the samplers that borrow it */
+    admit_ctx_free(&r->admit); /* after the samplers that borrow its JSON-mode table */
     pstore_close(r->ps); /* writes what is still queued */
     be_free(r->be);
     chat_template_free(&r->tmpl);

@@ -7,6 +7,11 @@ one a case that once went wrong:
 - a numerically broken model (NaN output_norm, NaN epsilon): every line was
   a 200 with empty content; now each is a 500 naming non-finite logits (or
   the model is refused at load, naming why), and `generate` says why.
+- every request field either works or is refused by name: ignore_eos (it
+  stopped at EOS), min_tokens, stop_token_ids, include_stop_str_in_output,
+  skip_special_tokens, prompt lists and token-id prompts, the developer role
+  and continue_final_message rendered as the template does (checked against
+  the same tokens sent as a completion), unknown fields refused;
 - custom_ids are echoed exactly as written: "x\\ud800" and "x\\udfff" were
   both repaired to "x\\ufffd" (the second then a duplicate_custom_id).
 
@@ -52,7 +57,10 @@ def chat(cid, text="Say yes.", **kw):
 
 
 def comp(cid, text="The capital of France is", **kw):
-    return {"custom_id": cid, "prompt": text, "max_tokens": 3, "temperature": 0, **kw}
+    d = {"custom_id": cid, "max_tokens": 3, "temperature": 0, **kw}
+    if text is not None:
+        d["prompt"] = text
+    return d
 
 
 def test_logprobs_without_alternatives(d):
@@ -112,7 +120,7 @@ def test_nonfinite_model(d):
         p = subprocess.run([BIN, "run", "--model", path, "--quiet", "--no-cache", "-i", job, "-o", out],
                            capture_output=True, text=True)
         if p.returncode == 1:  # refused at load: the message must say why
-            check(any(w in p.stderr for w in ("NaN", "non-finite", "not finite")),
+            check(any(w in p.stderr.lower() for w in ("nan", "finite")),
                   f"{name}: refused without naming the cause: {p.stderr[-300:]}")
         else:
             check(p.returncode == 0, f"{name}: exit {p.returncode}: {p.stderr[-300:]}")
@@ -125,7 +133,7 @@ def test_nonfinite_model(d):
         g = subprocess.run([BIN, "generate", "--model", path, "-q", "-n", "4", "--prompt", "Hello"],
                            capture_output=True, text=True)
         check(g.returncode == 1, f"{name}: generate exit {g.returncode}")
-        check(any(w in g.stderr for w in ("NaN", "non-finite", "not finite")),
+        check(any(w in g.stderr.lower() for w in ("nan", "finite")),
               f"{name}: generate failed without saying why: {g.stderr[-300:]!r}")
 
 
@@ -169,6 +177,163 @@ def test_custom_id_exact(d):
     check(raw.count('"bad\\ud800"') == 1, "custom_id: an error line echoes its id as written")
 
 
+SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def tokenize(text, special=False):
+    p = subprocess.run([BIN, "tokenize", "--model", MODEL] + (["--special"] if special else []) + ["--", text],
+                       capture_output=True, text=True)
+    check(p.returncode == 0, f"tokenize: {p.stderr}")
+    return [int(x) for x in p.stdout.split()]
+
+
+def results(d, name, lines):
+    """Runs lines, returns custom_id -> output line (and checks one line each)."""
+    job, out = os.path.join(d, name + ".jsonl"), os.path.join(d, name + ".out.jsonl")
+    write_job(job, lines)
+    p = run(["-i", job, "-o", out])
+    check(p.returncode == 0, f"{name}: exit {p.returncode}: {p.stderr[-400:]}")
+    if p.returncode != 0:
+        return {}
+    res = by_id(read_lines(out))
+    check(len(res) == len(lines), f"{name}: {len(res)} lines for {len(lines)}")
+    return res
+
+
+def body(res, cid):
+    d = res.get(cid)
+    if not check(d is not None and d["response"]["status_code"] == 200, f"{cid}: not a result: {d}"):
+        return None
+    return d["response"]["body"]
+
+
+def text_of(b, i=0):
+    c = b["choices"][i]
+    return c["message"]["content"] if "message" in c else c["text"]
+
+
+def test_fields(d):
+    q = "Say yes."
+    lines = []
+    for k in range(12):  # ignore_eos: every sample runs to max_tokens
+        lines.append(chat(f"ie{k}", q, ignore_eos=True, max_tokens=24, temperature=0.9, seed=k))
+        lines.append(chat(f"ref{k}", q, max_tokens=24, temperature=0.9, seed=k))
+    lines.append(chat("min", q, min_tokens=12, max_tokens=16))
+    lines.append(chat("min-stop", q, min_tokens=6, max_tokens=16, stop=[" ", "."]))
+    lines.append(comp("greedy", max_tokens=8, logprobs=0))
+    # greedy "Hi" ends at <|im_end|> after about 10 tokens
+    lines.append(chat("special", "Hi", max_tokens=14, skip_special_tokens=False, include_stop_str_in_output=True))
+    lines.append(chat("special-skip", "Hi", max_tokens=14, include_stop_str_in_output=True))
+    lines.append(chat("special-ie", "Hi", max_tokens=14, skip_special_tokens=False, ignore_eos=True))
+    res = results(d, "fields", lines)
+    if not res:
+        return
+    stopped = 0
+    for k in range(12):
+        b, ref = body(res, f"ie{k}"), body(res, f"ref{k}")
+        if b and ref:
+            check(b["usage"]["completion_tokens"] == 24 and b["choices"][0]["finish_reason"] == "length",
+                  f"ie{k}: ignore_eos ended after {b['usage']['completion_tokens']} tokens")
+            stopped += ref["choices"][0]["finish_reason"] == "stop"
+    check(stopped > 0, "ignore_eos: no reference request stopped at EOS, so the check saw nothing")
+    b = body(res, "min")
+    if b:
+        check(b["usage"]["completion_tokens"] >= 12, f"min_tokens 12: {b['usage']['completion_tokens']} tokens")
+    b = body(res, "min-stop")
+    if b:
+        check(b["usage"]["completion_tokens"] >= 6, f"min_tokens with stop: {b['usage']['completion_tokens']} tokens")
+    b = body(res, "special")
+    if b:
+        check(b["choices"][0]["finish_reason"] == "stop" and text_of(b).endswith("<|im_end|>"),
+              f"skip_special_tokens false + include_stop_str_in_output: {text_of(b)!r}")
+    b = body(res, "special-skip")
+    if b:
+        check("<|im_" not in text_of(b), f"skip_special_tokens true shows special text: {text_of(b)!r}")
+    b = body(res, "special-ie")
+    if b:
+        check("<|im_end|>" in text_of(b), f"ignore_eos + skip_special_tokens false: {text_of(b)!r}")
+
+    # stop_token_ids and include_stop_str_in_output, from the greedy run's own tokens
+    g = body(res, "greedy")
+    if not g:
+        return
+    toks = g["choices"][0]["logprobs"]["tokens"]
+    full = text_of(g)
+    stop_tok = tokenize(toks[2])
+    check(len(stop_tok) == 1, f"greedy token {toks[2]!r} is not one token alone: {stop_tok}")
+    stop_str = full[len(toks[0]):len(toks[0]) + len(toks[1]) + 2].strip() or toks[1]
+    lines = [comp("sti", max_tokens=8, stop_token_ids=stop_tok),
+             comp("sti-inc", max_tokens=8, stop_token_ids=stop_tok, include_stop_str_in_output=True),
+             comp("stop-inc", max_tokens=8, stop=[stop_str], include_stop_str_in_output=True),
+             comp("stop", max_tokens=8, stop=[stop_str]),
+             comp("ids", text=None, prompt=tokenize("The capital of France is"), max_tokens=8),
+             comp("list", text=None, prompt=["The capital of France is", "Once upon a time"], n=2, max_tokens=5,
+                  temperature=0.8, seed=3),
+             comp("one", text="Once upon a time", n=2, max_tokens=5, temperature=0.8, seed=3),
+             comp("badtok", text=None, prompt=[1, 10 ** 7])]
+    res = results(d, "fields2", lines)
+    if not res:
+        return
+    b = body(res, "sti")
+    if b:
+        check(text_of(b) == toks[0] + toks[1] and b["choices"][0]["finish_reason"] == "stop",
+              f"stop_token_ids: {text_of(b)!r}, want {toks[0] + toks[1]!r}")
+    b = body(res, "sti-inc")
+    if b:
+        check(text_of(b) == toks[0] + toks[1] + toks[2], f"stop_token_ids + include: {text_of(b)!r}")
+    b, b2 = body(res, "stop-inc"), body(res, "stop")
+    if b and b2:
+        at = full.index(stop_str)
+        check(text_of(b) == full[:at + len(stop_str)], f"include_stop_str_in_output: {text_of(b)!r} ({stop_str!r})")
+        check(text_of(b2) == full[:at], f"stop: {text_of(b2)!r}")
+    b = body(res, "ids")
+    if b:
+        check(text_of(b) == full, f"token-id prompt: {text_of(b)!r} vs text prompt {full!r}")
+    b, one = body(res, "list"), body(res, "one")
+    if b and one:
+        ch = b["choices"]
+        check([c["index"] for c in ch] == [0, 1, 2, 3], f"prompt list: indices {[c['index'] for c in ch]}")
+        check([text_of(b, 2), text_of(b, 3)] == [text_of(one, 0), text_of(one, 1)],
+              "prompt list: the second prompt's choices differ from the same prompt alone")
+        check(b["usage"]["prompt_tokens"] == len(tokenize("The capital of France is")) +
+              one["usage"]["prompt_tokens"], f"prompt list: usage {b['usage']}")
+    e = res.get("badtok")
+    check(e and e["error"] and e["error"]["code"] == "invalid_value" and e["error"]["param"] == "prompt",
+          f"token id out of the vocabulary: {e}")
+
+    # the developer role and continue_final_message, against the very tokens as a completion
+    dev_text = (f"<|im_start|>system\n{SMOLLM_SYSTEM}<|im_end|>\n<|im_start|>developer\nAnswer in French.<|im_end|>\n"
+                "<|im_start|>user\nWhat is bread?<|im_end|>\n<|im_start|>assistant\n")
+    cont_text = (f"<|im_start|>system\n{SMOLLM_SYSTEM}<|im_end|>\n<|im_start|>user\nName a fruit.<|im_end|>\n"
+                 "<|im_start|>assistant\nMy favourite fruit is the")
+    dev_msgs = [{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "What is bread?"}]
+    cont_msgs = [{"role": "user", "content": "Name a fruit."},
+                 {"role": "assistant", "content": "My favourite fruit is the"}]
+    lines = [{"custom_id": "dev", "messages": dev_msgs, "max_tokens": 10, "temperature": 0},
+             comp("dev-ids", text=None, prompt=tokenize(dev_text, special=True), max_tokens=10),
+             {"custom_id": "cont", "messages": cont_msgs, "max_tokens": 10, "temperature": 0,
+              "add_generation_prompt": False, "continue_final_message": True},
+             comp("cont-ids", text=None, prompt=tokenize(cont_text, special=True), max_tokens=10),
+             {"custom_id": "nogen", "messages": cont_msgs, "max_tokens": 4, "add_generation_prompt": False},
+             chat("unknown", q, chat_template="{{ messages }}"),
+             chat("misspelt", q, max_token=3),
+             chat("ignored", q, stream=True, user="u", metadata={"a": "b"})]
+    res = results(d, "fields3", lines)
+    if not res:
+        return
+    for a, b in (("dev", "dev-ids"), ("cont", "cont-ids")):
+        x, y = body(res, a), body(res, b)
+        if x and y:
+            check(x["usage"]["prompt_tokens"] == y["usage"]["prompt_tokens"] and text_of(x) == text_of(y),
+                  f"{a}: not rendered as the template does: {x['usage']} {text_of(x)!r} vs {y['usage']} {text_of(y)!r}")
+    body(res, "nogen")
+    for cid, field in (("unknown", "chat_template"), ("misspelt", "max_token")):
+        e = res[cid]
+        check(e["error"] and e["error"]["code"] == "unsupported_field" and e["error"]["param"] == field and
+              field in e["error"]["message"], f"{cid}: not refused by name: {e['error']}")
+    body(res, "ignored")
+
+
 def main():
     if not ready():
         return 77
@@ -176,6 +341,7 @@ def main():
         test_logprobs_without_alternatives(d)
         test_nonfinite_model(d)
         test_custom_id_exact(d)
+        test_fields(d)
     return finish("hardening")
 
 

@@ -64,9 +64,23 @@ static void check_request(const struct job_request *r)
             REQUIRE(r->messages[k].role <= JOB_ROLE_DEVELOPER);
         }
     } else {
-        REQUIRE(r->url == JOB_URL_COMPLETION && r->prompt && !r->messages);
-        check_text(r->prompt, r->prompt_len);
+        REQUIRE(r->url == JOB_URL_COMPLETION && !r->messages && r->prompts);
+        REQUIRE(r->n_prompts >= 1 && r->n_prompts <= JOB_MAX_PROMPTS && r->prompt == r->prompts[0].text);
+        for (int32_t k = 0; k < r->n_prompts; k++) {
+            const struct job_prompt *p = &r->prompts[k];
+            REQUIRE(!p->text != !p->ids);
+            if (p->text) check_text(p->text, p->text_len);
+            else REQUIRE(p->n_ids >= 1);
+            for (int32_t m = 0; m < p->n_ids; m++) REQUIRE(p->ids[m] >= 0);
+        }
     }
+    REQUIRE(r->min_tokens >= 0 && r->min_tokens <= r->max_tokens);
+    REQUIRE(r->n_stop_token_ids >= 0 && r->n_stop_token_ids <= JOB_MAX_STOP_TOKEN_IDS);
+    for (int32_t k = 0; k < r->n_stop_token_ids; k++) REQUIRE(r->stop_token_ids[k] >= 0);
+    REQUIRE(!(r->ignore_eos && r->json_object));
+    REQUIRE(!r->continue_final_message ||
+            (r->url == JOB_URL_CHAT && !r->add_generation_prompt &&
+             r->messages[r->n_messages - 1].role == JOB_ROLE_ASSISTANT));
     REQUIRE(r->max_tokens >= 1);
     REQUIRE(r->temperature >= 0.0f && r->temperature <= 2.0f);
     REQUIRE(r->top_p > 0.0f && r->top_p <= 1.0f);
@@ -131,8 +145,8 @@ static void check_line(const char *s, size_t len, const struct job_request *r)
  * UTF-8 reaches the logprobs writer). */
 static void write_result(const struct job_request *r, struct job_buf *b)
 {
-    const char *text = r->prompt ? r->prompt : r->messages[r->n_messages - 1].content;
-    size_t len = r->prompt ? r->prompt_len : r->messages[r->n_messages - 1].content_len;
+    const char *text = r->prompt ? r->prompt : r->messages ? r->messages[r->n_messages - 1].content : "ids";
+    size_t len = r->prompt ? r->prompt_len : r->messages ? r->messages[r->n_messages - 1].content_len : 3;
     size_t ntok = len < 64 ? len : 64;
     struct job_token_logprob lp[64];
     struct job_top_logprob top[64][2];
