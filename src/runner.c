@@ -24,6 +24,7 @@
 #include "backend_select.h"
 #include "chat.h"
 #include "cli_util.h"
+#include "crashlog.h"
 #include "job.h"
 #include "job_shard.h"
 #include "jsonmode.h"
@@ -77,7 +78,15 @@ struct slot {
     char fail_msg[320];     /* the first failure's cause */
     double t_submit;
     struct choice *ch;      /* (n_choices) */
+    uint64_t line_hash;     /* crashlog_hash of its input line */
 };
+
+/* KVBATCH_TEST_CRASH=CUSTOM_ID:token|step makes the process crash (SIGSEGV)
+ * while that request runs, for the tests of the crash journal: "token" in
+ * the request's own callback (its line is named), "step" just before a
+ * forward pass it takes part in (no line is named unless it runs alone).
+ * Test-only; nothing else reads it. */
+enum test_crash { TEST_CRASH_NONE = 0, TEST_CRASH_TOKEN, TEST_CRASH_STEP };
 
 struct runner {
     const struct run_opts *o;
@@ -97,6 +106,15 @@ struct runner {
     uint8_t *mine;               /* with --shard: mine[k] = line k+1 is this shard's; else NULL */
     int64_t n_plan_lines;
     struct admit_ctx admit;      /* what admit_prepare needs (owns JSON mode's table) */
+    bool journal;                /* a crash journal is open (crashlog.h) */
+    char journal_path[4200];
+    struct crashlog_history hist; /* what earlier runs' journal says (resume) */
+    struct slot *held;           /* a line to run alone (it was in flight at a crash): waits for an idle
+                                    scheduler, and nothing else is admitted meanwhile */
+    struct slot *isolating;      /* the line running alone; nothing else is admitted until it ends */
+    enum test_crash test_crash;
+    const char *test_crash_id;
+    size_t test_crash_id_len;
     uint64_t plan_hash;          /* with --shard: shard_plan_out.hash, recorded in the run's settings */
     struct metrics_db *db;
     int64_t run_id;
@@ -177,6 +195,9 @@ static void free_choice(struct choice *c)
 
 static void free_slot(struct runner *r, struct slot *s)
 {
+    crashlog_track((int32_t)(s - r->slots), 0, 0);
+    if (r->isolating == s) r->isolating = NULL;
+    if (r->held == s) r->held = NULL;
     if (s->ch)
         for (int32_t i = 0; i < s->n_choices; i++) free_choice(&s->ch[i]);
     kvb_free(s->ch);
@@ -412,13 +433,29 @@ static bool push_text(struct runner *r, struct slot *s, struct choice *c, int32_
  * are out (before, end-of-generation and stop tokens cannot be drawn: the
  * sampler's ban) and cut the text before the string, or after it with
  * include_stop_str_in_output. */
+static bool test_crash_is(const struct runner *r, const struct job_request *q, enum test_crash where)
+{
+    return r->test_crash == where && q->custom_id_len == r->test_crash_id_len &&
+           memcmp(q->custom_id, r->test_crash_id, q->custom_id_len) == 0;
+}
+
+static bool on_token(struct runner *r, const struct sched_seq_info *info, int32_t token);
+
 static bool cb_token(void *user, const struct sched_seq_info *info, int32_t token)
 {
-    struct runner *r = user;
+    crashlog_mark_uid(info->user_id); /* a crash in here is this request's */
+    const bool stop = on_token(user, info, token);
+    crashlog_mark_uid(UINT64_MAX);
+    return stop;
+}
+
+static bool on_token(struct runner *r, const struct sched_seq_info *info, int32_t token)
+{
     struct slot *s = &r->slots[info->user_id / JOB_MAX_CHOICES];
     struct choice *c = &s->ch[info->user_id % JOB_MAX_CHOICES];
     const struct job_request *q = &s->req;
     if (s->failed) return true; /* a sibling choice failed: the line is an error whatever this one does */
+    if (test_crash_is(r, q, TEST_CRASH_TOKEN)) raise(SIGSEGV);
     c->n_tokens++;
     if (c->n_tokens == 1) c->t_first = info->t_first_token;
     if (q->logprobs && !info->logits) {
@@ -454,9 +491,17 @@ static bool cb_token(void *user, const struct sched_seq_info *info, int32_t toke
     return false;
 }
 
+static void on_finish(struct runner *r, const struct sched_seq_info *info, enum sched_finish why);
+
 static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_finish why)
 {
-    struct runner *r = user;
+    crashlog_mark_uid(info->user_id);
+    on_finish(user, info, why);
+    crashlog_mark_uid(UINT64_MAX);
+}
+
+static void on_finish(struct runner *r, const struct sched_seq_info *info, enum sched_finish why)
+{
     struct slot *s = &r->slots[info->user_id / JOB_MAX_CHOICES];
     struct choice *c = &s->ch[info->user_id % JOB_MAX_CHOICES];
     c->done = true;
@@ -488,7 +533,12 @@ static bool prompt_of(void *user, const struct job_request *q, int32_t **ids, si
 {
     struct runner *r = user;
     struct job_error e;
-    return admit_prompt_ids(&r->admit, q, 0, ids, n, &e) == KVB_OK;
+    /* a line that crashed an earlier run is not tokenized again, here either */
+    if (crashlog_find(r->hist.blamed, r->hist.n_blamed, q->line_no, 0)) return false;
+    crashlog_mark_line(q->line_no, 0, 'r');
+    const bool ok = admit_prompt_ids(&r->admit, q, 0, ids, n, &e) == KVB_OK;
+    crashlog_mark_line(0, 0, 0);
+    return ok;
 }
 
 /* --shard: which lines are this shard's (job_shard.h). The plan reads the
@@ -572,6 +622,98 @@ static bool submit_slot(struct runner *r, struct slot *s)
     return true;
 }
 
+static const char *signal_name(int sig)
+{
+    switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGABRT: return "SIGABRT";
+    }
+    return "a fatal signal";
+}
+
+/* The error for a line that crashed an earlier run (crashlog.h): it is
+ * not run again, so that a resume can finish the job. */
+static void crashed_error(const struct crashlog_line *b, uint64_t line_no, struct job_error *e)
+{
+    job_error_setf(e, JOB_ERR_SERVER, line_no, NULL,
+                   "this line crashed kvbatch (signal %d, %s) in an earlier run%s; it is not run again, so that the "
+                   "job can finish (a bug: please report it with the line)",
+                   b->sig, signal_name(b->sig), b->phase == 'p' ? " while it was being read" : "");
+}
+
+/* One line: parse, checks, preparation, then submission (or, for a line
+ * that was in flight at a crash naming none, held to run alone). */
+static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash)
+{
+    struct job_error e;
+    struct slot *s = free_slot_ptr(r);
+    if (ln->too_long) {
+        job_error_setf(&e, JOB_ERR_INVALID_REQUEST, ln->line_no, NULL, "the line is %llu bytes, longer than the limit",
+                       (unsigned long long)ln->full_len);
+        emit_error(r, NULL, &e, 400);
+        return true;
+    }
+    const struct crashlog_line *blamed = crashlog_find(r->hist.blamed, r->hist.n_blamed, ln->line_no, hash);
+    if (blamed && blamed->phase == 'p') { /* it crashed the parser: not even that again */
+        crashed_error(blamed, ln->line_no, &e);
+        emit_error(r, NULL, &e, 500);
+        return true;
+    }
+    struct job_request *q = &s->req;
+    crashlog_mark_line(ln->line_no, hash, 'p');
+    enum kvb_status st = job_parse_line(ln->data, ln->len, ln->line_no, q, &e);
+    crashlog_mark_line(ln->line_no, hash, 'r');
+    if (st != KVB_OK) {
+        emit_error(r, q, &e, st == KVB_ERR_NOMEM ? 500 : 400);
+        job_request_free(q);
+        return true;
+    }
+    bool added = false;
+    if (job_idset_add(r->seen_ids, q->custom_id, q->custom_id_len, &added) != KVB_OK) {
+        job_error_setf(&e, JOB_ERR_SERVER, ln->line_no, "custom_id", "out of memory");
+        return refuse(r, q, &e);
+    }
+    if (!added) {
+        job_error_setf(&e, JOB_ERR_DUPLICATE_CUSTOM_ID, ln->line_no, "custom_id",
+                       "custom_id '%.200s' was already used by an earlier line (the first one is run)", q->custom_id);
+        return refuse(r, q, &e);
+    }
+    struct job_key key;
+    job_key_custom_id(q->custom_id, q->custom_id_len, &key);
+    if (job_idset_contains(r->done_keys, key.hex, JOB_KEY_LEN)) {
+        r->skipped++;
+        r->lines_done++;
+        job_request_free(q);
+        return true;
+    }
+    if (blamed) {
+        crashed_error(blamed, ln->line_no, &e);
+        return refuse(r, q, &e);
+    }
+    if (admit_prepare(&r->admit, q, &s->plan, &e) != KVB_OK) return refuse(r, q, &e);
+    s->n_choices = s->plan.n_choices;
+    s->ch = kvb_calloc((size_t)s->n_choices, sizeof *s->ch);
+    if (!s->ch) {
+        admit_plan_free(&s->plan);
+        job_error_setf(&e, JOB_ERR_SERVER, ln->line_no, NULL, "out of memory");
+        return refuse(r, q, &e);
+    }
+    s->used = true;
+    r->n_used++;
+    s->n_done = 0;
+    s->failed = false;
+    s->line_hash = hash;
+    if (crashlog_find(r->hist.suspects, r->hist.n_suspects, ln->line_no, hash)) {
+        r->held = s; /* tracked once it runs, alone */
+        return true;
+    }
+    crashlog_track((int32_t)(s - r->slots), ln->line_no, hash);
+    return submit_slot(r, s);
+}
+
 /* Reads input lines until one request is submitted, the window is full, or
  * the input ends (*eof). Returns false on a fatal error. */
 static bool admit_line(struct runner *r, bool *eof)
@@ -593,51 +735,18 @@ static bool admit_line(struct runner *r, bool *eof)
         r->lines_done++; /* counted so done reaches the line total */
         return true;
     }
-    struct job_error e;
-    struct slot *s = free_slot_ptr(r);
-    if (ln.too_long) {
-        job_error_setf(&e, JOB_ERR_INVALID_REQUEST, ln.line_no, NULL, "the line is %llu bytes, longer than the limit",
-                       (unsigned long long)ln.full_len);
-        emit_error(r, NULL, &e, 400);
-        return true;
-    }
-    struct job_request *q = &s->req;
-    enum kvb_status st = job_parse_line(ln.data, ln.len, ln.line_no, q, &e);
-    if (st != KVB_OK) {
-        emit_error(r, q, &e, st == KVB_ERR_NOMEM ? 500 : 400);
-        job_request_free(q);
-        return true;
-    }
-    bool added = false;
-    if (job_idset_add(r->seen_ids, q->custom_id, q->custom_id_len, &added) != KVB_OK) {
-        job_error_setf(&e, JOB_ERR_SERVER, ln.line_no, "custom_id", "out of memory");
-        return refuse(r, q, &e);
-    }
-    if (!added) {
-        job_error_setf(&e, JOB_ERR_DUPLICATE_CUSTOM_ID, ln.line_no, "custom_id",
-                       "custom_id '%.200s' was already used by an earlier line (the first one is run)", q->custom_id);
-        return refuse(r, q, &e);
-    }
-    struct job_key key;
-    job_key_custom_id(q->custom_id, q->custom_id_len, &key);
-    if (job_idset_contains(r->done_keys, key.hex, JOB_KEY_LEN)) {
-        r->skipped++;
-        r->lines_done++;
-        job_request_free(q);
-        return true;
-    }
-    if (admit_prepare(&r->admit, q, &s->plan, &e) != KVB_OK) return refuse(r, q, &e);
-    s->n_choices = s->plan.n_choices;
-    s->ch = kvb_calloc((size_t)s->n_choices, sizeof *s->ch);
-    if (!s->ch) {
-        admit_plan_free(&s->plan);
-        job_error_setf(&e, JOB_ERR_SERVER, ln.line_no, NULL, "out of memory");
-        return refuse(r, q, &e);
-    }
-    s->used = true;
-    r->n_used++;
-    s->n_done = 0;
-    s->failed = false;
+    const bool ok = admit_one(r, &ln, crashlog_hash(ln.data, ln.len));
+    crashlog_mark_line(0, 0, 0);
+    return ok;
+}
+
+/* The held line (r->held) runs now, alone: the scheduler is idle. */
+static bool run_held(struct runner *r)
+{
+    struct slot *s = r->held;
+    r->held = NULL;
+    r->isolating = s;
+    crashlog_track((int32_t)(s - r->slots), s->req.line_no, s->line_hash);
     return submit_slot(r, s);
 }
 
@@ -754,6 +863,30 @@ static bool open_output(struct runner *r)
     return true;
 }
 
+/* The crash journal beside the output (crashlog.h): what earlier runs left
+ * (with --resume), read before anything tokenizes a line. No journal for an
+ * output that is not a regular file, where a resume means nothing. */
+static void journal_read(struct runner *r)
+{
+    const struct run_opts *o = r->o;
+    struct stat sb;
+    if (stat(o->output_path, &sb) == 0 && !S_ISREG(sb.st_mode)) return;
+    if (snprintf(r->journal_path, sizeof r->journal_path, "%s.journal", o->output_path) >= (int)sizeof r->journal_path)
+        return;
+    r->journal = true;
+    if (!o->resume) return;
+    struct kvb_err err = {{0}};
+    if (crashlog_read(r->journal_path, &r->hist, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: warning: %s; lines that crashed an earlier run may crash this one\n", err.msg);
+        return;
+    }
+    if (o->quiet || !r->hist.n_crashes) return;
+    fprintf(stderr, "kvbatch run: %s records %d crash%s: lines named by a crash (%zu) get an error line instead of "
+            "running again; lines in flight at a crash naming none (%zu) run one at a time\n",
+            r->journal_path, r->hist.n_crashes, r->hist.n_crashes == 1 ? "" : "es", r->hist.n_blamed,
+            r->hist.n_suspects);
+}
+
 static bool setup(struct runner *r)
 {
     const struct run_opts *o = r->o;
@@ -796,6 +929,7 @@ static bool setup(struct runner *r)
     if (!r->have_tmpl) snprintf(r->tmpl_error, sizeof r->tmpl_error, "%s", err.msg);
 
     r->n_ctx = o->n_ctx > 0 ? o->n_ctx : (r->model->hp.n_ctx_train < 4096 ? r->model->hp.n_ctx_train : 4096);
+    journal_read(r);
     if (admit_ctx_init(&r->admit, r->tok, r->have_tmpl ? &r->tmpl : NULL, r->tmpl_error, r->model->hp.n_vocab,
                        r->n_ctx) != KVB_OK) {
         fprintf(stderr, "kvbatch run: out of memory\n");
@@ -827,6 +961,13 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: out of memory\n");
         return false;
     }
+    if (r->journal) {
+        if (crashlog_open(r->journal_path, o->resume, r->n_slots, JOB_MAX_CHOICES, &err) != KVB_OK) {
+            fprintf(stderr, "kvbatch run: warning: %s; a line that crashes the process would crash a resume too\n",
+                    err.msg);
+            r->journal = false;
+        }
+    }
     if (!open_output(r)) return false;
 
     char mpath[4096];
@@ -852,6 +993,13 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: cannot record the run: %s\n", err.msg);
         return false;
     }
+    /* The run this one resumes never ended it own row if it crashed or was
+     * killed: it would read "running" forever. */
+    if (r->hist.last_open && r->hist.last_run_id > 0 && strcmp(r->hist.last_db, mpath) == 0 &&
+        metrics_run_end(r->db, r->hist.last_run_id, r->hist.last_crashed ? METRICS_RUN_FAILED : METRICS_RUN_INTERRUPTED,
+                        NULL, &err) != KVB_OK)
+        fprintf(stderr, "kvbatch run: warning: metrics: run %lld: %s\n", (long long)r->hist.last_run_id, err.msg);
+    crashlog_note_run(r->run_id, mpath);
     if (!o->quiet)
         fprintf(stderr, "kvbatch run: %s on %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
                 r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
@@ -861,6 +1009,7 @@ static bool setup(struct runner *r)
 
 static void teardown(struct runner *r)
 {
+    crashlog_history_free(&r->hist);
     for (int32_t i = 0; i < r->n_slots; i++)
         if (r->slots[i].used) free_slot(r, &r->slots[i]);
     kvb_free(r->slots);
@@ -891,6 +1040,14 @@ int run_job(const struct run_opts *o)
     r.o = o;
     r.t0 = cli_now();
     r.created = (int64_t)time(NULL);
+    const char *tc = getenv("KVBATCH_TEST_CRASH");
+    const char *colon = tc ? strrchr(tc, ':') : NULL;
+    if (colon) {
+        r.test_crash = !strcmp(colon + 1, "token") ? TEST_CRASH_TOKEN : !strcmp(colon + 1, "step") ? TEST_CRASH_STEP
+                                                                                                  : TEST_CRASH_NONE;
+        r.test_crash_id = tc;
+        r.test_crash_id_len = (size_t)(colon - tc);
+    }
     stop_signal = 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -906,13 +1063,22 @@ int run_job(const struct run_opts *o)
     while (!fatal && !r.write_failed && !stop_signal) {
         /* Keep the window full: the scheduler can only group by prefix what it
          * has been given. */
-        while (!eof && !fatal && !stop_signal && r.n_used < r.n_slots) {
+        while (!eof && !fatal && !stop_signal && r.n_used < r.n_slots && !r.held && !r.isolating) {
             if (!admit_line(&r, &eof)) fatal = true;
         }
         if (sched_idle(r.sched)) {
-            if (eof) break;
+            if (r.held && !fatal && !stop_signal) {
+                if (!run_held(&r)) fatal = true;
+                continue;
+            }
+            if (eof || fatal || stop_signal) break;
             continue;
         }
+        if (r.test_crash == TEST_CRASH_STEP)
+            for (int32_t i = 0; i < r.n_slots; i++)
+                if (r.slots[i].used && r.slots[i].n_done == 0 && test_crash_is(&r, &r.slots[i].req, TEST_CRASH_STEP) &&
+                    r.slots[i].ch[0].n_tokens > 0)
+                    raise(SIGSEGV);
         struct kvb_err err = {{0}};
         if (sched_step(r.sched, &err) != KVB_OK) {
             fprintf(stderr, "\nkvbatch run: forward pass failed: %s\n", err.msg);
@@ -938,6 +1104,8 @@ int run_job(const struct run_opts *o)
     struct kvb_err err = {{0}};
     if (metrics_run_end(r.db, r.run_id, status, &r.tot, &err) != KVB_OK)
         fprintf(stderr, "kvbatch run: warning: metrics: %s\n", err.msg);
+    /* a finished job leaves nothing to resume, so no journal either */
+    crashlog_close(metrics_run_status_name(status), status == METRICS_RUN_OK);
     if (!o->quiet) {
         /* Reuse per request (as the metrics record it); computed counts the
          * work, recomputation after preemption included. */
@@ -979,6 +1147,7 @@ int run_job(const struct run_opts *o)
         rc = fatal || r.write_failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
     }
 out:
+    crashlog_close("failed", false); /* when setup failed after opening it; else already closed */
     teardown(&r);
     if (r.write_failed && rc == CLI_EXIT_OK) rc = CLI_EXIT_FAIL;
     sigaction(SIGINT, &old_int, NULL);

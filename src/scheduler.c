@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "alloc.h"
+#include "crashlog.h"
 #include "kv.h"
 #include "radix.h"
 #include "sched_store.h"
@@ -411,6 +412,7 @@ static void sample_worker(void *arg, int ith, int nth)
     for (int32_t b = ith; b < j->nb; b += n) {
         if (s->samp_row[b] < 0) continue;
         const float *row = s->logits + (int64_t)s->samp_row[b] * s->n_vocab;
+        crashlog_mark_uid(s->bsrc[b]->user_id); /* a crash in the sampler is this sequence's */
         s->samp_bad[b] = SAMP_OK;
         if (sampler_first_nonfinite(row, s->n_vocab) >= 0) {
             s->samp_bad[b] = SAMP_NONFINITE;
@@ -419,6 +421,7 @@ static void sample_worker(void *arg, int ith, int nth)
         memcpy(scratch, row, sizeof(float) * (size_t)s->n_vocab);
         if (sampler_sample(s->bsrc[b]->smp, scratch, &s->samp_tok[b]) != KVB_OK) s->samp_bad[b] = SAMP_FAILED;
     }
+    crashlog_mark_uid(UINT64_MAX);
 }
 
 /* The message for a batch entry that got no token (samp_bad). */

@@ -12,6 +12,11 @@ one a case that once went wrong:
   skip_special_tokens, prompt lists and token-id prompts, the developer role
   and continue_final_message rendered as the template does (checked against
   the same tokens sent as a completion), unknown fields refused;
+- a line that crashes the process (KVBATCH_TEST_CRASH injects one) crashed
+  every --resume again, forever: now the journal beside the output names it
+  and the resume writes it as a 500 line; a crash that names no line runs
+  the lines then in flight one at a time; a SIGKILLed run's lines simply run
+  again; the journal goes when the job is done;
 - custom_ids are echoed exactly as written: "x\\ud800" and "x\\udfff" were
   both repaired to "x\\ufffd" (the second then a duplicate_custom_id).
 
@@ -24,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 from kvbcheck import BIN, MODEL, check, finish, ready
 
@@ -334,6 +340,59 @@ def test_fields(d):
     body(res, "ignored")
 
 
+def test_crash_resume(d):
+    qs = ["Say yes.", "Name a color.", "Count to three.", "Hi", "What is 2+2?", "Name a fruit.", "Say no.",
+          "Hello there"]
+    lines = [chat(f"c{i}", q, max_tokens=6) for i, q in enumerate(qs)]
+    job = os.path.join(d, "crash.jsonl")
+    write_job(job, lines)
+    clean = os.path.join(d, "crash.clean.jsonl")
+    p = run(["-i", job, "-o", clean])
+    check(p.returncode == 0, f"crash: clean run exit {p.returncode}")
+    want = {cid: text_of(l["response"]["body"]) for cid, l in by_id(read_lines(clean)).items()}
+    for where, max_crashes in (("token", 1), ("step", 2)):
+        out = os.path.join(d, f"crash.{where}.jsonl")
+        env = {"KVBATCH_TEST_CRASH": f"c3:{where}"}
+        crashes, rc = 0, None
+        for attempt in range(4):
+            p = run(["-i", job, "-o", out] + (["--resume"] if attempt else []), env=env)
+            rc = p.returncode
+            if rc == 0:
+                break
+            check(rc == -11, f"crash {where}: run {attempt}: exit {rc}, not SIGSEGV: {p.stderr[-300:]}")
+            crashes += 1
+        check(rc == 0 and crashes <= max_crashes,
+              f"crash {where}: {crashes} crashes, exit {rc} (at most {max_crashes} crash(es) before a resume finishes)")
+        if rc != 0:
+            continue
+        got = read_lines(out)
+        check(len(got) == len(lines), f"crash {where}: {len(got)} lines for {len(lines)}")
+        res = by_id(got)
+        bad = res.get("c3")
+        check(bad and bad["response"]["status_code"] == 500 and "crashed" in bad["error"]["message"],
+              f"crash {where}: c3 is not a 500 naming the crash: {bad}")
+        for cid, t in want.items():
+            if cid != "c3":
+                check(cid in res and res[cid]["response"]["status_code"] == 200 and
+                      text_of(res[cid]["response"]["body"]) == t, f"crash {where}: {cid} lost or changed")
+        check(not os.path.exists(out + ".journal"), f"crash {where}: the journal outlived the finished job")
+    # killed, not crashed: every line simply runs again
+    out = os.path.join(d, "crash.kill.jsonl")
+    write_job(job, [chat(f"k{i}", q, max_tokens=48, ignore_eos=True) for i, q in enumerate(qs)])
+    proc = subprocess.Popen([BIN, "run", "--model", MODEL, "--quiet", "--no-cache", "--max-batch", "2", "-i", job,
+                             "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        time.sleep(0.02)
+        if os.path.exists(out) and os.path.getsize(out) > 0:
+            break
+    proc.kill()
+    proc.wait()
+    p = run(["-i", job, "-o", out, "--resume"])
+    got = read_lines(out)
+    check(p.returncode == 0 and len(got) == len(qs), f"kill: resume exit {p.returncode}, {len(got)} lines")
+    check(all(l["response"]["status_code"] == 200 for l in got), "kill: a killed run's line was not run again")
+
+
 def main():
     if not ready():
         return 77
@@ -342,6 +401,7 @@ def main():
         test_nonfinite_model(d)
         test_custom_id_exact(d)
         test_fields(d)
+        test_crash_resume(d)
     return finish("hardening")
 
 
