@@ -806,8 +806,15 @@ enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_to
     for (int32_t i = jsonmode_vocab_size(s->p.json); i < n; i++) logits[i] = -INFINITY; /* padding rows */
     /* Some token is always allowed (a byte-level vocabulary has every JSON
      * character; the end of generation once the object is closed). Were
-     * none, ending the output beats a token that breaks the object. */
-    if (jsonmode_mask(s->p.json, &s->js, logits) == 0) {
+     * none, or none left with a weight (min_tokens bans the end of
+     * generation that a closed object allows alone), ending the output
+     * beats a token that breaks the object. */
+    bool any = jsonmode_mask(s->p.json, &s->js, logits) > 0;
+    if (any) {
+        any = false;
+        for (int32_t i = 0; i < n && !any; i++) any = logits[i] > -INFINITY;
+    }
+    if (!any) {
         *out_token = jsonmode_vocab_eog(s->p.json);
         return KVB_OK;
     }
