@@ -17,8 +17,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-SEEDS = [11, 22, 33, 44, 55, 66, 77, 88]  # fixed: CI sees the same lines every time
-LINES_PER_SEED = 150
+SEEDS = [11, 22, 33, 44, 55, 66]  # fixed: CI sees the same lines every time
+LINES_PER_SEED = 100
 
 
 def reexec_or_skip():

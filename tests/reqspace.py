@@ -52,8 +52,9 @@ class Gen:
     """One seed's lines. Each line: (text, expectation, info) where info
     keeps what the checks need (custom_id as written, url, n, prompts, ...)."""
 
-    def __init__(self, seed):
+    def __init__(self, seed, n_ctx=4096):
         self.r = random.Random(seed)
+        self.n_ctx = n_ctx  # the run's --ctx: token-id prompts at and past it are refused
         self.ids = {}  # custom_id -> "claimed" once a line that parses uses it
         self.k = 0
         self.pbad = 0.0  # chance of a bad value at each place that can hold one (set per line)
@@ -129,11 +130,15 @@ class Gen:
             info["n_prompts"] = 1
             return p
         if v < 0.55:
-            ps = [r.choice(WORDS) for _ in range(r.randint(1, 3))]
+            ps = [r.choice(WORDS) for _ in range(r.choice([1, 2, 3, 3, 8, 40]))]
             info["n_prompts"] = len(ps)
             return ps
         if v < 0.7:
             ids = [r.randrange(0, 5000) for _ in range(r.randint(1, 6))]
+            if r.random() < (0.03 if self.n_ctx <= 512 else 0.002):  # at the context's edge: just short fits
+                ids = [r.randrange(0, N_VOCAB) for _ in range(self.n_ctx - r.choice([1, 2, 0]))]
+                if len(ids) >= self.n_ctx:
+                    bad.append("context length")
             if r.random() < self.pbad:
                 ids[-1] = r.choice([N_VOCAB, N_VOCAB + 7, 2 ** 31])
                 bad.append("token id")
@@ -188,8 +193,9 @@ class Gen:
         f("top_k", [-1, 0, 1, 5, 40, 100000], [-2, 1.5], body, bad, p=0.2)
         f("min_p", [0, 0.1, 1], [1.5, -0.1], body, bad, p=0.15)
         f("seed", [0, 1, -1, 42, 2 ** 64 - 1, -2 ** 63, 7.0], [2 ** 64, 1.5, "1", 1e300], body, bad, p=0.4)
-        f("stop", ["\n", ".", ["a", "b"], [], ["\u00e9"], " "], ["", [""], ["a"] * 9, 5, [5]], body, bad, p=0.25)
-        f("n", [1, 1, 2, 3], [0, 17, 1.5], body, bad, p=0.25)
+        f("stop", ["\n", ".", ["a", "b"], [], ["\u00e9"], " ", ["e", "s", "t", " ", ".", ",", "\n", "a"], "\U0001F600",
+                   "<|im_end|>"], ["", [""], ["a"] * 9, 5, [5]], body, bad, p=0.25)
+        f("n", [1, 1, 2, 3, 16], [0, 17, 1.5], body, bad, p=0.25)
         f("presence_penalty", [-2, 0, 2, 0.5], [2.5, -3], body, bad, p=0.1)
         f("frequency_penalty", [-2, 0, 2], [9], body, bad, p=0.1)
         f("repetition_penalty", [1, 1.2, 2, 0.5], [0, 2.5, -1], body, bad, p=0.1)
@@ -218,7 +224,8 @@ class Gen:
             body["min_tokens"] = r.choice([0, 1, mt if isinstance(mt, int) else 1] + ([3, -1] if self.pbad else []))
             if body["min_tokens"] < 0 or (isinstance(mt, int) and 1 <= mt < 2 ** 31 and body["min_tokens"] > mt):
                 bad.append("min_tokens")
-        f("stop_token_ids", [[], [2], [0, 2, 7], [N_VOCAB - 1]], [[-1], [N_VOCAB], 2, ["2"]], body, bad, p=0.12)
+        f("stop_token_ids", [[], [2], [0, 2, 7], [N_VOCAB - 1], list(range(0, 2000, 8)), [28, 30, 216]],
+          [[-1], [N_VOCAB], 2, ["2"], list(range(300))], body, bad, p=0.12)
         f("include_stop_str_in_output", [True, False], [0], body, bad, p=0.1)
         f("skip_special_tokens", [True, False], ["no"], body, bad, p=0.1)
         f("spaces_between_special_tokens", [True, False], [], body, bad, p=0.05)
@@ -246,7 +253,7 @@ class Gen:
         # ignored on purpose, any value
         for name in ("stream", "user", "metadata", "store", "service_tier", "priority"):
             if r.random() < 0.04:
-                body[name] = r.choice([True, "x", {"k": "v"}, 3, None])
+                body[name] = r.choice([True, "x", {"k": "v"}, 3, None, [[[[[[[[[[1]]]]]]]]]]])
         if r.random() < 0.03:
             body["model"] = r.choice(["SmolLM2", "gpt-4o-mini"])
         if r.random() < self.pbad:
@@ -292,7 +299,12 @@ class Gen:
         # raw (not \u-escaped) text half the time; a lone surrogate written raw
         # is not UTF-8, which a custom_id may not hold (content is repaired)
         raw_ok = not any(0xD800 <= ord(ch) <= 0xDFFF for ch in cid)
-        text = json.dumps(line, ensure_ascii=not raw_ok or r.random() < 0.5)
+        text = json.dumps(line, ensure_ascii=not raw_ok or r.random() < 0.5,
+                          separators=r.choice([(", ", ": "), (",", ":"), (" ,\t", " :  ")]))
+        if r.random() < 0.03 and not shorthand:  # a repeated key: the last one counts
+            text = text[:-1] + ', "url": ' + json.dumps(info["url"]) + "}"
+        if r.random() < 0.03:
+            text += "\r"  # CRLF line ends
         # lines that are not requests at all
         v = r.random() if self.pbad else 1.0
         if v < 0.06:
@@ -314,7 +326,12 @@ class Gen:
         return text, expect, info
 
     def lines(self, count):
-        return [self.line() for _ in range(count)]
+        out = []
+        for _ in range(count):
+            if self.r.random() < 0.02:
+                out.append((self.r.choice(["", "   ", "\t"]), None, {}))  # blank: no output line
+            out.append(self.line())
+        return out
 
 
 # ---- checks ----------------------------------------------------------------------------------
@@ -392,6 +409,8 @@ def check_output(inputs, out_text, fail, stats):
             by_cid.setdefault(d["custom_id"], []).append((d, l))
     for i, (text, expect, info) in enumerate(inputs):
         n = i + 1
+        if not text.strip():
+            continue
         got = by_line.pop(n, [])
         cid = info.get("custom_id")
         if not got and cid is not None:
@@ -486,7 +505,9 @@ def run_seed(binary, model, seed, count, workdir, fail, log=print):
     """One seed: generate, run with one random kill and a resume, check. Returns stats."""
     outer = fail
     fail = lambda m: outer(m.encode("utf-8", "backslashreplace").decode("utf-8"))  # lone surrogates printable
-    g = Gen(seed)
+    r = random.Random(seed * 7919 + 1)
+    n_ctx = r.choice([4096, 512, 512])
+    g = Gen(seed, n_ctx)
     inputs = g.lines(count)
     job = os.path.join(workdir, f"space-{seed}.jsonl")
     out = os.path.join(workdir, f"space-{seed}.out.jsonl")
@@ -496,9 +517,13 @@ def run_seed(binary, model, seed, count, workdir, fail, log=print):
     for p in (out, out + ".journal"):
         if os.path.exists(p):
             os.remove(p)
-    r = random.Random(seed * 7919 + 1)
     args = [binary, "run", "--model", model, "--quiet", "--no-cache", "-i", job, "-o", out,
-            "--metrics", os.path.join(workdir, f"space-{seed}.db"), "--max-batch", str(r.choice([4, 16, 64]))]
+            "--metrics", os.path.join(workdir, f"space-{seed}.db"), "--max-batch", str(r.choice([1, 4, 4, 16, 16, 64, 64, 64])),
+            "--ctx", str(n_ctx)]
+    if r.random() < 0.3:
+        args += ["--max-step-tokens", str(r.choice([7, 64]))]
+    if r.random() < 0.3:
+        args += ["--lookahead", str(r.choice([1, 3, 40]))]
     t0 = time.monotonic()
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     delay = r.uniform(0.02, 0.25 + count / 150)
@@ -521,7 +546,8 @@ def run_seed(binary, model, seed, count, workdir, fail, log=print):
         fail(f"seed {seed}: the resume exited {p.returncode}: {p.stderr[-500:]}")
     with open(out, encoding="utf-8", errors="surrogatepass") as f:
         out_text = f.read()
-    stats = {"lines": len(inputs), "killed": killed.name if killed else "no", "seconds": round(time.monotonic() - t0, 1)}
+    stats = {"lines": len(inputs), "killed": killed.name if killed else "no", "seconds": round(time.monotonic() - t0, 1),
+             "args": " ".join(args[args.index("--max-batch"):])}
     check_output(inputs, out_text, lambda m: fail(f"seed {seed}: {m}"), stats)
     if os.path.exists(out + ".journal"):
         fail(f"seed {seed}: the crash journal outlived the finished job")
