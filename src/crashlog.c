@@ -74,8 +74,9 @@ static void put_all(const char *s, size_t n)
     }
 }
 
-static void on_fatal(int sig)
+static void on_fatal(int sig, siginfo_t *info, void *uctx)
 {
+    (void)uctx;
     const int saved = errno;
     if (J.fd >= 0) {
         uint64_t line = 0, hash = 0;
@@ -125,14 +126,14 @@ static void on_fatal(int sig)
             put_all(b, n);
         }
     }
-    /* the default action, as if no handler had been there */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, NULL);
+    /* Then whatever handled the signal before (the default action, or a
+     * sanitizer's report): for a fault the kernel raised, by returning, so
+     * the faulting instruction runs again and faults into it with its own
+     * siginfo; for a signal sent (raise, abort, kill), by sending it again. */
+    for (int i = 0; i < N_FATAL; i++)
+        if (fatal_signals[i] == sig) sigaction(sig, &J.old[i], NULL);
     errno = saved;
-    raise(sig);
+    if (!info || info->si_code <= 0) raise(sig);
 }
 
 /* ---- the journal ------------------------------------------------------------------ */
@@ -173,9 +174,9 @@ enum kvb_status crashlog_open(const char *path, bool append, int32_t n_entries, 
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_fatal;
+    sa.sa_sigaction = on_fatal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_ONSTACK;
+    sa.sa_flags = SA_ONSTACK | SA_SIGINFO;
     for (int i = 0; i < N_FATAL; i++) sigaction(fatal_signals[i], &sa, &J.old[i]);
     return KVB_OK;
 }

@@ -25,8 +25,9 @@
  * runs each of them alone (see runner.c) so that a second crash names one.
  *
  * The handler uses only async-signal-safe calls (write, sigaction, raise)
- * and memory set up beforehand, then re-raises the signal, so the exit
- * status is still 128 + SIG.
+ * and memory set up beforehand, then hands the signal to the handler that
+ * was there before (the default action, or a sanitizer's report), so the
+ * exit status is still 128 + SIG.
  *
  * State: one journal per process (a run is one per process); the module
  * owns it, as the signal handler must reach it. Marks are thread-local. */

@@ -83,8 +83,9 @@ struct slot {
 
 /* KVBATCH_TEST_CRASH=CUSTOM_ID:token|step makes the process crash (SIGSEGV)
  * while that request runs, for the tests of the crash journal: "token" in
- * the request's own callback (its line is named), "step" just before a
- * forward pass it takes part in (no line is named unless it runs alone).
+ * the request's own callback, by writing through a null pointer (its line is
+ * named), "step" just before a forward pass it takes part in, by raise (no
+ * line is named unless it runs alone).
  * Test-only; nothing else reads it. */
 enum test_crash { TEST_CRASH_NONE = 0, TEST_CRASH_TOKEN, TEST_CRASH_STEP };
 
@@ -115,6 +116,7 @@ struct runner {
     enum test_crash test_crash;
     const char *test_crash_id;
     size_t test_crash_id_len;
+    volatile int *test_crash_null; /* NULL: what TEST_CRASH_TOKEN writes through */
     uint64_t plan_hash;          /* with --shard: shard_plan_out.hash, recorded in the run's settings */
     struct metrics_db *db;
     int64_t run_id;
@@ -455,7 +457,7 @@ static bool on_token(struct runner *r, const struct sched_seq_info *info, int32_
     struct choice *c = &s->ch[info->user_id % JOB_MAX_CHOICES];
     const struct job_request *q = &s->req;
     if (s->failed) return true; /* a sibling choice failed: the line is an error whatever this one does */
-    if (test_crash_is(r, q, TEST_CRASH_TOKEN)) raise(SIGSEGV);
+    if (test_crash_is(r, q, TEST_CRASH_TOKEN)) *r->test_crash_null = 1; /* a real fault, as a bug would make */
     c->n_tokens++;
     if (c->n_tokens == 1) c->t_first = info->t_first_token;
     if (q->logprobs && !info->logits) {
@@ -870,7 +872,7 @@ static void journal_read(struct runner *r)
 {
     const struct run_opts *o = r->o;
     struct stat sb;
-    if (stat(o->output_path, &sb) == 0 && !S_ISREG(sb.st_mode)) return;
+    if (!strcmp(o->output_path, "-") || (stat(o->output_path, &sb) == 0 && !S_ISREG(sb.st_mode))) return;
     if (snprintf(r->journal_path, sizeof r->journal_path, "%s.journal", o->output_path) >= (int)sizeof r->journal_path)
         return;
     r->journal = true;
