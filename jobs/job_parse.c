@@ -792,12 +792,10 @@ static int parse_logit_bias(struct pctx *c, int obj)
     return 0;
 }
 
-/* response_format, logit_bias, and the fields kvbatch does not implement
- * whose silent omission would change what the caller gets back, which are
- * refused by name: tools and functions (tool calls), echo, suffix and a
- * best_of above n. Fields that change nothing in an offline batch (stream,
- * user, store, metadata, service_tier, …) and unknown ones are ignored, as
- * vLLM does. */
+/* response_format, logit_bias, and the fields kvbatch implements only at
+ * their no-op values, refused by name otherwise: tools and functions (tool
+ * calls; tool_choice and function_call only "none" or "auto"), echo, suffix
+ * and a best_of above n. Which fields exist at all is check_body_fields'. */
 static int parse_output_form(struct pctx *c, int obj)
 {
     struct job_request *r = c->r;
