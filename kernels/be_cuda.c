@@ -390,8 +390,7 @@ static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, str
     KVB_FORWARD_IF_ERROR(upload_f32(&c->output_norm, m->output_norm, e, "output norm", err));
     float *inv = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));
     if (!inv) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
-    for (int32_t i = 0; i < hp->rope_dim / 2; i++) /* be_cpu.c's formula */
-        inv[i] = (float)pow((double)hp->rope_base, -2.0 * i / (double)hp->rope_dim);
+    model_rope_freqs(m, inv); /* the CPU backend's frequencies, scaling included */
     enum kvb_status st = upload_f32(&c->inv_freq, inv, hp->rope_dim / 2 + 1, "RoPE frequencies", err);
     kvb_free(inv);
     return st;
@@ -584,7 +583,7 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
             step_cu(s, kcu_rmsnorm(q, qkvd, q, qkvd, NULL, nt, nh, h, L->q_norm, eps, cs), "Q norm");
             step_cu(s, kcu_rmsnorm(k, qkvd, k, qkvd, NULL, nt, nkv, h, L->k_norm, eps, cs), "K norm");
         }
-        step_cu(s, kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, c->inv_freq, cs), "RoPE");
+        step_cu(s, kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, c->inv_freq, c->m->rope.mscale, cs), "RoPE");
         /* All of the step's K/V go in before attention reads any, so the
          * tokens of one prefill chunk see each other causally. */
         pg.layer = l;

@@ -64,9 +64,10 @@ cudaError_t kcu_rmsnorm_bf16(uint16_t *out, int64_t out_ld, const float *x, int6
  * (row t starts at x + t * ld) by the position tok_pos[t]: the first rope_dim
  * dims of each head, in pairs (2i, 2i+1) when neox == 0 (llama) or
  * (i, i + rope_dim/2) when neox != 0 (qwen). inv_freq (rope_dim/2) on the
- * device. Reference: attn_rope. */
+ * device, scaling included (model_rope_freqs); cos and sin are multiplied by
+ * mscale (yarn's attention factor, else 1). Reference: attn_rope. */
 cudaError_t kcu_rope(float *x, int64_t ld, int32_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
-                     int neox, const int32_t *tok_pos, const float *inv_freq, cudaStream_t stream);
+                     int neox, const int32_t *tok_pos, const float *inv_freq, float mscale, cudaStream_t stream);
 
 /* ---- k_act.cu --------------------------------------------------------------- */
 

@@ -18,12 +18,12 @@ void attn_rmsnorm(float *out, const float *x, const float *w, int32_t n, float e
 }
 
 void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, enum rope_kind kind,
-               int32_t pos, const float *inv_freq)
+               int32_t pos, const float *inv_freq, float mscale)
 {
     const int32_t half = rope_dim / 2;
     for (int32_t i = 0; i < half; i++) {
         const float theta = (float)pos * inv_freq[i];
-        const float c = cosf(theta), s = sinf(theta);
+        const float c = cosf(theta) * mscale, s = sinf(theta) * mscale; /* exact when mscale is 1 */
         for (int32_t h = 0; h < n_heads; h++) {
             float *v = x + (int64_t)h * head_dim;
             int32_t a = kind == ROPE_NORM ? 2 * i : i;

@@ -16,9 +16,10 @@
 void attn_rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps);
 
 /* Rotates n_heads heads of head_dim floats at position pos (first rope_dim
- * dims of each head). inv_freq has rope_dim/2 entries. */
+ * dims of each head). inv_freq has rope_dim/2 entries (model_rope_freqs);
+ * cos and sin are multiplied by mscale (m->rope.mscale: 1 unless yarn). */
 void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, enum rope_kind kind,
-               int32_t pos, const float *inv_freq);
+               int32_t pos, const float *inv_freq, float mscale);
 
 /* g[i] = silu(g[i]) * u[i]. */
 void attn_swiglu(float *g, const float *u, int64_t n);

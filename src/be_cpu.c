@@ -299,8 +299,8 @@ static void prep_tokens(const struct prep_job *j, int64_t t0, int64_t t1)
             for (int32_t h = 0; h < hp->n_head; h++) attn_rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int32_t)hd, hp->rms_eps);
             for (int32_t h = 0; h < hp->n_head_kv; h++) attn_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int32_t)hd, hp->rms_eps);
         }
-        attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq);
-        attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq);
+        attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq, c->m->rope.mscale);
+        attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq, c->m->rope.mscale);
         const struct be_seq *s = &j->batch->seqs[c->tok_seq[t]];
         const int32_t p = c->tok_pos[t];
         uint16_t *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_elems;
@@ -516,8 +516,7 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
         return kvb_errf(err, KVB_ERR_NOMEM, "cannot allocate %zu MiB of KV cache (lower --kv-mem or the context)",
                         kv_bytes >> 20);
     }
-    for (int32_t i = 0; i < hp->rope_dim / 2; i++)
-        c->inv_freq[i] = (float)pow((double)hp->rope_base, -2.0 * i / (double)hp->rope_dim);
+    model_rope_freqs(m, c->inv_freq);
     *out = &c->be;
     return KVB_OK;
 }

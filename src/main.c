@@ -4,6 +4,8 @@
 
 #include "cli.h"
 #include "cli_util.h"
+#include "cpu.h"
+#include "kvb_build_info.h"
 
 struct command {
     const char *name;
@@ -26,6 +28,7 @@ static void usage(FILE *f)
         "kvbatch — offline batch runner for large language models\n"
         "\n"
         "usage: kvbatch COMMAND [options]     (kvbatch COMMAND --help for its options)\n"
+        "       kvbatch --version             version, git revision and build options\n"
         "\n"
         "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -34,7 +37,22 @@ static void usage(FILE *f)
         "\n"
         "The default model is models/SmolLM2-135M-Instruct.Q4_1.gguf (scripts/fetch-model.sh\n"
         "downloads it) or $KVBATCH_MODEL.\n"
-        "Exit status: 0 success, 1 the work could not be done, 2 bad command line.\n");
+        "Exit status: 0 success, 1 the work could not be done, 2 bad command line,\n"
+        "128+N interrupted by signal N. The man page (man kvbatch) has every command's help.\n");
+}
+
+static void version(void)
+{
+    const struct cpu_features cf = cpu_features();
+    printf("kvbatch %s (git %s)\n", KVB_VERSION, KVB_GIT_REV);
+#ifdef KVBATCH_HAVE_CUDA
+    const char *cuda = "CUDA backend built in";
+#else
+    const char *cuda = "no CUDA backend";
+#endif
+    printf("%s; %s\n", cuda, KVB_BUILD_OPTS);
+    printf("CPU kernels this machine runs: %s (AVX2 %s, AVX-512 VNNI %s)\n",
+           cf.avx512 ? "avx512" : cf.avx2 ? "avx2" : "scalar", cf.avx2 ? "yes" : "no", cf.avx512 ? "yes" : "no");
 }
 
 int main(int argc, char **argv)
@@ -48,7 +66,7 @@ int main(int argc, char **argv)
         return CLI_EXIT_OK;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("kvbatch 0.1.0\n");
+        version();
         return CLI_EXIT_OK;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -1,11 +1,20 @@
 /* model.c — binds GGUF tensors and metadata to struct model (see model.h). */
 #include "model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "alloc.h"
+#include "model_internal.h"
+
+/* What model_load keeps while it binds: the tensors bound so far, so that
+ * model_check can name any tensor of the file that was not. */
+struct model_load_state {
+    const struct gguf_tensor **bound;
+    uint64_t n_bound, cap;
+};
 
 static const char *arch_key_prefix(enum model_arch a)
 {
@@ -70,6 +79,8 @@ static enum kvb_status find_tensor(const struct model *m, const char *name, int6
         return kvb_errf(err, KVB_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kvbatch cannot compute with",
                         name, tr ? tr->name : "?");
     }
+    struct model_load_state *ls = m->load;
+    if (ls && ls->n_bound < ls->cap) ls->bound[ls->n_bound++] = t;
     *out = t;
     return KVB_OK;
 }
@@ -94,6 +105,17 @@ static enum kvb_status bind_matrix(struct model *m, const char *name, int64_t n_
     return KVB_OK;
 }
 
+/* A norm weight, bias or frequency factor that is NaN or infinite makes
+ * every logit so; cheap to refuse at load, where the message can name it. */
+static enum kvb_status check_finite(const char *name, const float *v, int64_t n, struct kvb_err *err)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return kvb_errf(err, KVB_ERR_FORMAT, "tensor '%s' holds a non-finite value (%g at %lld)", name,
+                            (double)v[i], (long long)i);
+    return KVB_OK;
+}
+
 /* A vector the forward pass reads as f32: borrowed when stored as F32,
  * converted into a model-owned buffer otherwise. */
 static enum kvb_status bind_vector(struct model *m, const char *name, int64_t n, bool required,
@@ -106,7 +128,7 @@ static enum kvb_status bind_vector(struct model *m, const char *name, int64_t n,
     m->weight_bytes += t->n_bytes;
     if (t->type == GGML_TYPE_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
         *out = t->data;
-        return KVB_OK;
+        return check_finite(name, *out, n, err);
     }
     void **no = kvb_realloc(m->owned, sizeof *no * (size_t)(m->n_owned + 1));
     if (!no) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory converting '%s'", name);
@@ -117,7 +139,7 @@ static enum kvb_status bind_vector(struct model *m, const char *name, int64_t n,
     enum kvb_status st = quant_dequant_row(t->type, t->data, buf, n);
     if (st != KVB_OK) return kvb_errf(err, st, "cannot convert tensor '%s' to f32", name);
     *out = buf;
-    return KVB_OK;
+    return check_finite(name, buf, n, err);
 }
 
 static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
@@ -148,9 +170,23 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
                         hp->n_embd, hp->n_ff, hp->n_layer, hp->n_head, hp->n_head_kv);
     KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "attention.key_length", false,
                                     (uint32_t)(hp->n_embd / hp->n_head), &hp->head_dim, err));
+    int32_t v_len;
+    KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "attention.value_length", false, (uint32_t)hp->head_dim, &v_len, err));
     KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "rope.dimension_count", false, (uint32_t)hp->head_dim, &hp->rope_dim, err));
-    if (hp->head_dim <= 0 || hp->head_dim % 2 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
-        return kvb_errf(err, KVB_ERR_FORMAT, "implausible head_dim %d / rope dims %d", hp->head_dim, hp->rope_dim);
+    if (hp->head_dim <= 0 || hp->head_dim % 2 || hp->rope_dim <= 0 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
+        return kvb_errf(err, KVB_ERR_FORMAT, "implausible head_dim %d / rope dims %d ('%s.attention.key_length', "
+                        "'%s.rope.dimension_count')", hp->head_dim, hp->rope_dim, a, a);
+    if (v_len != hp->head_dim)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "model key '%s.attention.value_length' = %d differs from the key length %d, which kvbatch "
+                        "does not compute", a, v_len, hp->head_dim);
+    /* Partial rotary embedding: none of llama, qwen2, qwen3 defines one
+     * (transformers rotates the whole head), so a shorter count is a file
+     * kvbatch would compute differently from its authors. */
+    if (hp->rope_dim != hp->head_dim)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "model key '%s.rope.dimension_count' = %d: a partial rotary embedding (head size %d) is not "
+                        "computed by kvbatch", a, hp->rope_dim, hp->head_dim);
     KVB_FORWARD_IF_ERROR(get_hp_f32(f, a, "rope.freq_base", 10000.0f, &hp->rope_base, err));
     KVB_FORWARD_IF_ERROR(get_hp_f32(f, a, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps, err));
     hp->rope = m->arch == MODEL_ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
@@ -196,6 +232,16 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_down.weight"), hp->n_ff, e, true, &L->w_down, err));
 #undef NAME
     }
+    return bind_vector(m, "rope_freqs.weight", hp->rope_dim / 2, false, &m->rope.freq_factors, err);
+}
+
+static enum kvb_status check_freq_factors(const struct model *m, struct kvb_err *err)
+{
+    const float *ff = m->rope.freq_factors;
+    for (int32_t i = 0; ff && i < m->hp.rope_dim / 2; i++)
+        if (!(ff[i] > 0))
+            return kvb_errf(err, KVB_ERR_FORMAT, "tensor 'rope_freqs.weight' holds %g at %d; factors must be positive",
+                            (double)ff[i], i);
     return KVB_OK;
 }
 
@@ -208,6 +254,17 @@ static enum kvb_status compute_fingerprint(struct model *m)
     if (!st) return KVB_ERR_NOMEM;
     XXH3_128bits_reset(st);
     XXH3_128bits_update(st, &m->hp, sizeof m->hp);
+    /* Scaling is metadata, not weights, yet it changes every K: hashed when
+     * present (field by field, no padding), so unscaled models keep the
+     * fingerprint they always had. The factors tensor is hashed below. */
+    const struct model_rope *r = &m->rope;
+    if (r->type != ROPE_SCALING_NONE || r->mscale != 1.0f) {
+        const uint32_t type = (uint32_t)r->type;
+        const float fv[4] = {r->factor, r->beta_fast, r->beta_slow, r->mscale};
+        XXH3_128bits_update(st, &type, sizeof type);
+        XXH3_128bits_update(st, &r->orig_ctx, sizeof r->orig_ctx);
+        XXH3_128bits_update(st, fv, sizeof fv);
+    }
     for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         XXH3_128bits_update(st, t->name.ptr, (size_t)t->name.len);
@@ -228,9 +285,21 @@ enum kvb_status model_load(const char *path, struct model **out, struct kvb_err 
 {
     struct model *m = kvb_calloc(1, sizeof *m);
     if (!m) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    struct model_load_state ls = {0};
     enum kvb_status st = gguf_open(path, &m->gguf, err);
     if (st == KVB_OK) st = load_hparams(m, err);
+    if (st == KVB_OK) st = model_rope_load(m, err);
+    if (st == KVB_OK) {
+        ls.cap = gguf_n_tensors(m->gguf);
+        ls.bound = kvb_calloc(ls.cap ? ls.cap : 1, sizeof *ls.bound);
+        if (!ls.bound) st = kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+        m->load = &ls;
+    }
     if (st == KVB_OK) st = load_weights(m, err);
+    if (st == KVB_OK) st = check_freq_factors(m, err);
+    if (st == KVB_OK) st = model_check(m, ls.bound, ls.n_bound, err);
+    m->load = NULL;
+    kvb_free(ls.bound);
     if (st == KVB_OK && compute_fingerprint(m) != KVB_OK) st = kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     if (st != KVB_OK) {
         kvb_err_wrap(err, st, "%s", path);

@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "backend_select.h"
 #include "chat.h"
+#include "cli_files.h"
 #include "cli_util.h"
 #include "job.h"
 #include "job_shard.h"
@@ -56,6 +57,7 @@ struct choice {
     int32_t cached;       /* prompt tokens reused from the in-run prefix tree */
     int32_t cached_store; /* prompt tokens loaded from the persistent store */
     double t_admit, t_first, t_end;
+    int32_t preemptions, restored_tokens; /* the scheduler's, at its end */
     /* logprobs, when asked: token texts live in arena */
     struct job_buf arena;
     struct lp_entry *lp;
@@ -103,9 +105,12 @@ struct runner {
     int64_t total_lines, lines_done, skipped;
     struct metrics_totals tot;
     double t0, last_progress;
+    double unix_minus_mono; /* wall clock minus cli_now() at start: the metrics' wall-clock times */
     int32_t n_ctx;
     int32_t max_batch, max_step; /* o's, or the defaults for the backend in use */
     int64_t created;
+    bool out_cut;        /* setup's last step cuts the output to out_cut_at bytes */
+    uint64_t out_cut_at;
 };
 
 /* ---- output ------------------------------------------------------------------- */
@@ -150,7 +155,9 @@ static void emit_error(struct runner *r, const char *custom_id, size_t id_len, c
         .custom_id = custom_id,
         .input_line = (int64_t)e->line_no,
         .error_code = e->code,
+        .error_message = e->message,
         .status_code = status,
+        .ended_at = cli_now() + r->unix_minus_mono,
     };
     record_metrics(r, &mr);
 }
@@ -232,11 +239,15 @@ static void emit_result(struct runner *r, struct slot *s)
     }
     /* Metrics: the request as a whole, timed from its first choice's view. */
     double first = INFINITY, end = 0, admit = INFINITY;
+    int64_t preemptions = 0, restored = 0;
     for (int i = 0; i < q->n; i++) {
         if (s->ch[i].t_first > 0 && s->ch[i].t_first < first) first = s->ch[i].t_first;
         if (s->ch[i].t_end > end) end = s->ch[i].t_end;
         if (s->ch[i].t_admit < admit) admit = s->ch[i].t_admit;
+        preemptions += s->ch[i].preemptions;
+        restored += s->ch[i].restored_tokens;
     }
+    const double wall = r->unix_minus_mono;
     struct metrics_request mr = {
         .custom_id = q->custom_id,
         .input_line = (int64_t)q->line_no,
@@ -251,6 +262,12 @@ static void emit_result(struct runner *r, struct slot *s)
         .e2e_s = end - s->t_submit,
         .finish_reason = s->ch[0].finish == JOB_FINISH_LENGTH ? "length" : "stop",
         .status_code = 200,
+        .submitted_at = s->t_submit + wall,
+        .started_at = admit + wall,
+        .first_token_at = isfinite(first) ? first + wall : 0,
+        .ended_at = end + wall,
+        .preemptions = preemptions,
+        .restored_tokens = restored,
     };
     record_metrics(r, &mr);
     r->tot.requests_total++;
@@ -374,6 +391,8 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
     c->cached_store = info->store_tokens;
     c->t_admit = info->t_admit;
     c->t_end = info->t_end;
+    c->preemptions = info->preemptions;
+    c->restored_tokens = info->restored_tokens;
     if (why == SCHED_FINISH_LENGTH) c->finish = JOB_FINISH_LENGTH;
     if (!c->cut_at_stop) tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap);
     if (++s->n_done < s->req.n) return;
@@ -389,13 +408,16 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
 
 /* ---- admission of input lines --------------------------------------------------- */
 
-/* The prompt's tokens, or false with e filled. No context check: the shard
- * plan must not depend on --ctx (tokenize_request adds it). */
-static bool tokenize_prompt(struct runner *r, const struct job_request *q, int32_t **ids, size_t *n,
-                            struct job_error *e)
+/* The prompt's tokens, or false with e filled. At most max_ids of them:
+ * more is found without tokenizing all of a long prompt (tok.h), and the
+ * shard plan, which must not depend on --ctx, passes its own bound. A
+ * signal stops a long tokenization (the caller sees stop_signal). */
+static bool tokenize_prompt(struct runner *r, const struct job_request *q, size_t max_ids, int32_t **ids,
+                            size_t *n, struct job_error *e)
 {
     struct kvb_err err = {{0}};
     unsigned flags = tok_wants_bos(r->tok) ? TOK_ADD_BOS : 0;
+    const struct tok_limits lim = {.max_ids = max_ids, .cancel = &stop_signal};
     enum kvb_status st;
     if (q->url == JOB_URL_CHAT) {
         if (!r->have_tmpl) {
@@ -416,12 +438,17 @@ static bool tokenize_prompt(struct runner *r, const struct job_request *q, int32
             job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, "messages", "%s", err.msg);
             return false;
         }
-        st = tok_encode(r->tok, text, strlen(text), flags | TOK_PARSE_SPECIAL, ids, n, &err);
+        st = tok_encode_with(r->tok, text, strlen(text), flags | TOK_PARSE_SPECIAL, &lim, ids, n, &err);
         kvb_free(text);
     } else {
-        st = tok_encode(r->tok, q->prompt, q->prompt_len, flags, ids, n, &err);
+        st = tok_encode_with(r->tok, q->prompt, q->prompt_len, flags, &lim, ids, n, &err);
     }
     if (st == KVB_ERR_NOMEM) goto oom;
+    if (st == KVB_ERR_RANGE) {
+        job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt",
+                       "%s; the context holds %d (prompt plus at least one generated token)", err.msg, r->n_ctx);
+        return false;
+    }
     if (st != KVB_OK) {
         job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt", "%s",
                        err.msg);
@@ -441,7 +468,7 @@ oom:
 static bool tokenize_request(struct runner *r, const struct job_request *q, int32_t **ids, size_t *n,
                              struct job_error *e)
 {
-    if (!tokenize_prompt(r, q, ids, n, e)) return false;
+    if (!tokenize_prompt(r, q, (size_t)r->n_ctx - 1, ids, n, e)) return false;
     if ((int64_t)*n >= r->n_ctx) {
         job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt",
                        "the prompt has %zu tokens; the context holds %d (prompt plus at least one generated token)",
@@ -454,8 +481,12 @@ static bool tokenize_request(struct runner *r, const struct job_request *q, int3
 
 static bool prompt_of(void *user, const struct job_request *q, int32_t **ids, size_t *n)
 {
+    /* No prompt longer than the model's context is worth grouping: one
+     * that runs at all (--ctx past it) is planned as a line by number. */
+    const struct runner *r = user;
+    const size_t max_ids = r->model->hp.n_ctx_train > 0 ? (size_t)r->model->hp.n_ctx_train : (size_t)1 << 20;
     struct job_error e;
-    return tokenize_prompt(user, q, ids, n, &e);
+    return tokenize_prompt(user, q, max_ids, ids, n, &e);
 }
 
 /* --shard: which lines are this shard's (job_shard.h). The plan reads the
@@ -522,7 +553,9 @@ static bool admit_line(struct runner *r, bool *eof)
     struct job_line ln;
     bool got;
     struct kvb_err err = {{0}};
-    if (job_reader_next(r->reader, &ln, &got, &err) != KVB_OK) {
+    enum kvb_status rst = job_reader_next(r->reader, &ln, &got, &err);
+    if (rst != KVB_OK) {
+        if (rst == KVB_ERR_CANCELLED && stop_signal) return true; /* a signal cut a read from a pipe short */
         fprintf(stderr, "\nkvbatch run: cannot read %s: %s\n", r->o->input_path, err.msg);
         return false;
     }
@@ -575,7 +608,13 @@ static bool admit_line(struct runner *r, bool *eof)
     }
     int32_t *ids = NULL;
     size_t n = 0;
-    if (!tokenize_request(r, q, &ids, &n, &e)) return refuse(r, q, NULL, &e);
+    if (!tokenize_request(r, q, &ids, &n, &e)) {
+        if (stop_signal) { /* cut short: no error line, so that --resume runs it */
+            job_request_free(q);
+            return true;
+        }
+        return refuse(r, q, NULL, &e);
+    }
     const int32_t n_vocab = r->model->hp.n_vocab;
     for (int32_t k = 0; k < q->n_logit_bias; k++) {
         if (q->logit_bias[k].token < n_vocab) continue;
@@ -715,37 +754,47 @@ static void open_store(struct runner *r)
     if (!o->quiet) fprintf(stderr, "kvbatch run: persistent prefix cache in %s\n", dir);
 }
 
+/* Opens the output without emptying it (cli_files.h): setup cuts it last,
+ * so a run that cannot start leaves earlier results alone. */
 static bool open_output(struct runner *r)
 {
     const struct run_opts *o = r->o;
+    struct kvb_err err = {{0}};
+    r->out_cut = !o->resume;
+    r->out_cut_at = 0;
     if (o->resume) {
         struct job_resume_info info;
-        struct kvb_err err = {{0}};
         if (job_resume_scan(o->output_path, r->done_keys, &info, &err) != KVB_OK) {
             fprintf(stderr, "kvbatch run: cannot resume from %s: %s\n", o->output_path, err.msg);
             return false;
         }
-        if (info.torn) {
-            if (truncate(o->output_path, (off_t)info.truncate_at) != 0) {
-                fprintf(stderr, "kvbatch run: cannot cut the torn last line of %s: %s\n", o->output_path,
-                        strerror(errno));
-                return false;
-            }
-            if (!o->quiet)
-                fprintf(stderr, "kvbatch run: %s ended in a torn line; cut it at byte %llu\n", o->output_path,
-                        (unsigned long long)info.truncate_at);
-        }
+        r->out_cut = info.torn;
+        r->out_cut_at = info.truncate_at;
         if (!o->quiet && info.lines_ok)
             fprintf(stderr, "kvbatch run: resuming: %llu results already in %s\n", (unsigned long long)info.lines_ok,
                     o->output_path);
-        r->out = fopen(o->output_path, "ab");
-    } else {
-        r->out = fopen(o->output_path, "wb");
     }
-    if (!r->out) {
-        fprintf(stderr, "kvbatch run: cannot open %s for writing: %s\n", o->output_path, strerror(errno));
+    if (cli_output_open(o->output_path, &r->out, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: %s\n", err.msg);
         return false;
     }
+    return true;
+}
+
+/* The last step of setup, after everything that can fail: empty the output
+ * (or cut a resumed one's torn last line). */
+static bool cut_output(struct runner *r)
+{
+    const struct run_opts *o = r->o;
+    struct kvb_err err = {{0}};
+    if (!r->out_cut) return true;
+    if (cli_output_cut(r->out, o->output_path, r->out_cut_at, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: %s\n", err.msg);
+        return false;
+    }
+    if (o->resume && !o->quiet)
+        fprintf(stderr, "kvbatch run: %s ended in a torn line; cut it at byte %llu\n", o->output_path,
+                (unsigned long long)r->out_cut_at);
     return true;
 }
 
@@ -842,6 +891,10 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: cannot record the run: %s\n", err.msg);
         return false;
     }
+    if (!cut_output(r)) {
+        metrics_run_end(r->db, r->run_id, METRICS_RUN_FAILED, &r->tot, NULL);
+        return false;
+    }
     if (!o->quiet)
         fprintf(stderr, "kvbatch run: %s on %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
                 r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
@@ -880,6 +933,11 @@ int run_job(const struct run_opts *o)
     memset(&r, 0, sizeof r);
     r.o = o;
     r.t0 = cli_now();
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r.unix_minus_mono = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - r.t0;
+    }
     r.created = (int64_t)time(NULL);
     stop_signal = 0;
     struct sigaction sa;

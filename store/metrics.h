@@ -12,7 +12,15 @@
  *   requests  one row per finished request (or rejected input line), indexed
  *             by run_id: token counts split by where the prompt prefix came
  *             from (in-run radix cache vs persistent LMDB store), latencies,
- *             finish reason, error code, HTTP-style status code.
+ *             wall-clock submit/start/first-token/end times, preemptions and
+ *             the positions they dropped, finish reason, error code and
+ *             message, HTTP-style status code.
+ *
+ * The columns are documented for users in README.md ("Metrics database");
+ * schema version 2 added the wall-clock times, preemptions, restored_tokens
+ * and error_message (NULL in rows written by version 1); version 3 the
+ * runs' pid, host, boot_id and proc_start and the status 'died' (NULL
+ * before).
  *
  * Request rows are queued in memory and written in batches, one transaction
  * per batch (every 256 rows or every 2 s by default, and on flush/run end):
@@ -56,7 +64,7 @@
 #include "status.h"
 
 /* Schema version this build writes (PRAGMA user_version). */
-#define METRICS_SCHEMA_VERSION 2
+#define METRICS_SCHEMA_VERSION 3
 
 /* Default batching of request rows (see metrics_set_batching). */
 #define METRICS_BATCH_ROWS 256
@@ -111,7 +119,17 @@ struct metrics_request {
     double queue_s, ttft_s, tpot_s, e2e_s;
     const char *finish_reason; /* "stop", "length", … or NULL */
     const char *error_code;    /* NULL on success, else e.g. "invalid_json" */
+    const char *error_message; /* NULL on success, else the message of its error line */
     int status_code;           /* 200 on success, 400 for a bad line, 500 … */
+    /* Wall-clock times, unix seconds (0, negative or not finite: unknown,
+     * stored as NULL): submitted_at when the line was read and queued for
+     * the scheduler, started_at when it was first admitted (its prefill
+     * began), first_token_at when its first output token was sampled,
+     * ended_at when it finished — for a rejected line, when its error line
+     * was written. Independent of has_timing. */
+    double submitted_at, started_at, first_token_at, ended_at;
+    int64_t preemptions;     /* times the scheduler preempted it (0 when never scheduled) */
+    int64_t restored_tokens; /* positions whose K/V those preemptions dropped (rebuilt later) */
 };
 
 /* Totals recorded at run end. */

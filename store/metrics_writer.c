@@ -41,7 +41,9 @@ struct row {
     double queue_s, ttft_s, tpot_s, e2e_s;
     bool has_timing, has_tpot;
     int status_code;
-    size_t custom_id, finish_reason, error_code; /* offsets into pool, or NO_STR */
+    size_t custom_id, finish_reason, error_code, error_message; /* offsets into pool, or NO_STR */
+    double submitted_at, started_at, first_token_at, ended_at;   /* unix seconds; <= 0: NULL */
+    int64_t preemptions, restored_tokens;
 };
 
 struct rowbuf {
@@ -149,8 +151,8 @@ static bool rowbuf_append(struct rowbuf *dst, const struct rowbuf *src)
     bool oom = false;
     for (size_t i = 0; i < src->n && !oom; i++) {
         struct row r = src->rows[i];
-        size_t *s[3] = {&r.custom_id, &r.finish_reason, &r.error_code};
-        for (int k = 0; k < 3; k++)
+        size_t *s[4] = {&r.custom_id, &r.finish_reason, &r.error_code, &r.error_message};
+        for (int k = 0; k < 4; k++)
             if (*s[k] != NO_STR) {
                 const char *str = src->pool + *s[k];
                 *s[k] = pool_add(dst, str, strlen(str), &oom);
@@ -204,7 +206,9 @@ static enum kvb_status open_conn(struct metrics_writer *w, struct kvb_err *err)
         rc = sqlite3_prepare_v3(w->sql,
             "INSERT INTO requests (run_id, custom_id, input_line, prompt_tokens, cached_tokens_run,"
             " cached_tokens_store, completion_tokens, queue_s, ttft_s, tpot_s, e2e_s, finish_reason,"
-            " error_code, status_code) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)",
+            " error_code, status_code, error_message, submitted_at, started_at, first_token_at, ended_at,"
+            " preemptions, restored_tokens)"
+            " VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21)",
             -1, SQLITE_PREPARE_PERSISTENT, &w->st_insert, NULL);
     if (rc != SQLITE_OK) {
         enum kvb_status st = wsql_err(w, err, rc, what);
@@ -242,6 +246,13 @@ static int insert_row(struct metrics_writer *w, const struct rowbuf *b, const st
     if (rc == SQLITE_OK) rc = bind_str(st, 12, b, r->finish_reason);
     if (rc == SQLITE_OK) rc = bind_str(st, 13, b, r->error_code);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 14, r->status_code);
+    if (rc == SQLITE_OK) rc = bind_str(st, 15, b, r->error_message);
+    if (rc == SQLITE_OK) rc = bind_time(st, 16, r->submitted_at > 0, r->submitted_at);
+    if (rc == SQLITE_OK) rc = bind_time(st, 17, r->started_at > 0, r->started_at);
+    if (rc == SQLITE_OK) rc = bind_time(st, 18, r->first_token_at > 0, r->first_token_at);
+    if (rc == SQLITE_OK) rc = bind_time(st, 19, r->ended_at > 0, r->ended_at);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 20, r->preemptions);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 21, r->restored_tokens);
     if (rc == SQLITE_OK) rc = step_reset(st);
     return rc;
 }
@@ -441,6 +452,7 @@ enum kvb_status metrics_writer_add(struct metrics_writer *w, int64_t run_id, con
     r->custom_id = req->custom_id ? pool_add(q, req->custom_id, strlen(req->custom_id), &oom) : NO_STR;
     r->finish_reason = req->finish_reason ? pool_add(q, req->finish_reason, strlen(req->finish_reason), &oom) : NO_STR;
     r->error_code = req->error_code ? pool_add(q, req->error_code, strlen(req->error_code), &oom) : NO_STR;
+    r->error_message = req->error_message ? pool_add(q, req->error_message, strlen(req->error_message), &oom) : NO_STR;
     if (oom) {
         q->pool_len = mark;
         st = kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory buffering a request row", w->path);
@@ -459,6 +471,12 @@ enum kvb_status metrics_writer_add(struct metrics_writer *w, int64_t run_id, con
     r->tpot_s = req->tpot_s;
     r->e2e_s = req->e2e_s;
     r->status_code = req->status_code;
+    r->submitted_at = req->submitted_at;
+    r->started_at = req->started_at;
+    r->first_token_at = req->first_token_at;
+    r->ended_at = req->ended_at;
+    r->preemptions = req->preemptions;
+    r->restored_tokens = req->restored_tokens;
     if (pending(w) == 0) w->oldest_at = now_mono();
     q->n++;
     if (!w->started) {

@@ -24,6 +24,7 @@
 #include "be_cuda.h"
 #include "dtype.h"
 #include "kernels.h"
+#include "model.h"
 #include "sampler.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -195,7 +196,10 @@ static void test_rmsnorm(int32_t n_rows, int32_t n_sub, int32_t n, int64_t ld, b
 
 /* ---- RoPE -------------------------------------------------------------------------------------- */
 
-static void test_rope(int32_t n_tok, int32_t n_heads, int32_t hd, int32_t rope_dim, int neox, int32_t max_pos)
+/* sc: the RoPE scaling (NULL: none); its frequencies and mscale come from
+ * model_rope_freqs, which both backends use. */
+static void test_rope_scaled(int32_t n_tok, int32_t n_heads, int32_t hd, int32_t rope_dim, int neox, int32_t max_pos,
+                             const struct model_rope *sc, const char *label)
 {
     const int64_t ld = (int64_t)n_heads * hd + 32; /* a stride wider than the row, as in the fused QKV */
     float *x = malloc(sizeof(float) * (size_t)(n_tok * ld)), *ref = malloc(sizeof(float) * (size_t)(n_tok * ld));
@@ -203,17 +207,21 @@ static void test_rope(int32_t n_tok, int32_t n_heads, int32_t hd, int32_t rope_d
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_tok);
     fill(x, n_tok * ld, 2.0f);
     memcpy(ref, x, sizeof(float) * (size_t)(n_tok * ld));
-    for (int32_t i = 0; i < rope_dim / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * i / (double)rope_dim);
+    struct model fm = {.hp = {.rope_dim = rope_dim, .head_dim = hd, .rope_base = 10000.0f},
+                       .rope = {.type = ROPE_SCALING_NONE, .factor = 1.0f, .mscale = 1.0f}};
+    if (sc) fm.rope = *sc;
+    model_rope_freqs(&fm, inv);
+    const float mscale = fm.rope.mscale;
     for (int32_t t = 0; t < n_tok; t++) pos[t] = t == 0 ? max_pos : (int32_t)(rnd() % (uint64_t)(max_pos + 1));
     for (int32_t t = 0; t < n_tok; t++)
-        attn_rope(ref + t * ld, n_heads, hd, rope_dim, neox ? ROPE_NEOX : ROPE_NORM, pos[t], inv);
+        attn_rope(ref + t * ld, n_heads, hd, rope_dim, neox ? ROPE_NEOX : ROPE_NORM, pos[t], inv, mscale);
     float *d_x = dev_put(x, sizeof(float) * (size_t)(n_tok * ld)), *d_inv = dev_put(inv, sizeof(float) * (size_t)(rope_dim / 2));
     int32_t *d_pos = dev_put(pos, sizeof(int32_t) * (size_t)n_tok);
-    CU(kcu_rope(d_x, ld, n_tok, n_heads, hd, rope_dim, neox, d_pos, d_inv, 0));
+    CU(kcu_rope(d_x, ld, n_tok, n_heads, hd, rope_dim, neox, d_pos, d_inv, mscale, 0));
     dev_get(got, d_x, sizeof(float) * (size_t)(n_tok * ld));
     char name[96];
-    snprintf(name, sizeof name, "rope %s tok=%d heads=%d hd=%d rot=%d pos<=%d", neox ? "neox" : "norm", n_tok, n_heads,
-             hd, rope_dim, max_pos);
+    snprintf(name, sizeof name, "rope %s %s tok=%d heads=%d hd=%d rot=%d pos<=%d", label, neox ? "neox" : "norm", n_tok,
+             n_heads, hd, rope_dim, max_pos);
     /* cosf/sinf of the same f32 angle, within 2 ulp on either side. */
     compare(name, got, ref, n_tok * ld, 1e-11, 1e-5, 2e-6);
     cudaFree(d_x);
@@ -224,6 +232,28 @@ static void test_rope(int32_t n_tok, int32_t n_heads, int32_t hd, int32_t rope_d
     free(got);
     free(inv);
     free(pos);
+}
+
+static void test_rope(int32_t n_tok, int32_t n_heads, int32_t hd, int32_t rope_dim, int neox, int32_t max_pos)
+{
+    test_rope_scaled(n_tok, n_heads, hd, rope_dim, neox, max_pos, NULL, "plain");
+}
+
+/* Each scaling type GGUF files carry, through the same kernel. */
+static void test_rope_scalings(void)
+{
+    float factors[64];
+    for (int i = 0; i < 64; i++) factors[i] = i < 20 ? 1.0f : i > 40 ? 8.0f : 1.0f + 7.0f * (float)(i - 20) / 20.0f;
+    const struct model_rope linear = {.type = ROPE_SCALING_LINEAR, .factor = 4.0f, .mscale = 1.0f};
+    const struct model_rope yarn = {.type = ROPE_SCALING_YARN, .factor = 4.0f, .orig_ctx = 512, .beta_fast = 32.0f,
+                                    .beta_slow = 1.0f, .mscale = 1.1386294f};
+    const struct model_rope llama3 = {.type = ROPE_SCALING_NONE, .factor = 1.0f, .mscale = 1.0f,
+                                      .freq_factors = factors};
+    test_rope_scaled(5, 6, 128, 128, 0, 8000, &linear, "linear");
+    test_rope_scaled(5, 6, 128, 128, 1, 8000, &linear, "linear");
+    test_rope_scaled(5, 6, 128, 128, 1, 2047, &yarn, "yarn");
+    test_rope_scaled(5, 6, 64, 64, 0, 2047, &yarn, "yarn");
+    test_rope_scaled(5, 6, 128, 128, 0, 30000, &llama3, "llama3");
 }
 
 /* ---- elementwise ----------------------------------------------------------------------------- */
@@ -634,7 +664,7 @@ static void test_refusals(void)
     CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 3, 64, 1.0f, 0) == cudaErrorInvalidValue); /* 4 heads over 3 */
     CHECK(kcu_attn_tc(NULL, NULL, 0, &pg, NULL, 1, 4, 1, 96, 1.0f, 0) == cudaErrorInvalidValue); /* head 96 */
     CHECK(kcu_attn_tc_tile_tokens(4, 1, 96) == 0 && kcu_attn_tc_tile_tokens(32, 8, 128) == 16);
-    CHECK(kcu_rope(NULL, 0, 1, 1, 64, 128, 0, NULL, NULL, 0) == cudaErrorInvalidValue); /* rope_dim > head_dim */
+    CHECK(kcu_rope(NULL, 0, 1, 1, 64, 128, 0, NULL, NULL, 1.0f, 0) == cudaErrorInvalidValue); /* rope_dim > head_dim */
     CHECK(kcu_add(NULL, NULL, 0, 0) == cudaSuccess); /* empty: nothing enqueued */
     CHECK(kcu_argmax(NULL, NULL, 10, NULL, 1, 20, 0) == cudaErrorInvalidValue); /* rows overlap */
     CHECK(kcu_argmax(NULL, NULL, 10, NULL, 0, 10, 0) == cudaSuccess);
@@ -665,6 +695,7 @@ int main(void)
     test_rope(3, 8, 128, 128, 1, 32767);
     test_rope(4, 4, 64, 32, 0, 300);  /* partial rotation */
     test_rope(4, 4, 64, 32, 1, 300);
+    test_rope_scalings();
 
     test_swiglu(1, 128);
     test_swiglu(3, 1536);

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Writes kvbatch's man page and shell completions from its own --help texts.
+
+    scripts/gen-docs.py BUILD/kvbatch OUTDIR     -> OUTDIR/kvbatch.1, kvbatch.bash, _kvbatch
+
+Run by the build (CMakeLists.txt), so the page and the completions always say
+what the binary they are installed with says: one source of truth, the help
+texts in src/cli_*.c and src/main.c.
+"""
+import datetime
+import os
+import re
+import subprocess
+import sys
+
+OPT_RE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])(?![\w-])")
+# Options whose value is a file or directory (complete paths after them).
+PATH_ARGS = ("PATH", "DB", "FILE", "DIR", "JOBS.jsonl", "RESULTS.jsonl")
+
+
+def run_help(binary, *args):
+    p = subprocess.run([binary, *args, "--help"], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        sys.exit(f"gen-docs: '{binary} {' '.join(args)} --help' exited {p.returncode}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def commands_of(main_help):
+    """(name, description) pairs of the 'commands:' block of `kvbatch --help`."""
+    out, inside = [], False
+    for line in main_help.splitlines():
+        if line.strip() == "commands:":
+            inside = True
+            continue
+        if inside:
+            m = re.match(r"^  (\S+)\s+(.*)$", line)
+            if not m:
+                break
+            out.append((m.group(1), m.group(2)))
+    if not out:
+        sys.exit("gen-docs: no 'commands:' block in kvbatch --help")
+    return out
+
+
+def options_of(text):
+    """Options listed at the start of an indented help line, with whether they take a path."""
+    opts = {}
+    for line in text.splitlines():
+        s = line.lstrip()
+        if not s.startswith("-") or len(line) - len(s) < 2:
+            continue
+        head = re.split(r"\s{2,}", s, maxsplit=1)[0]
+        for m in OPT_RE.finditer(head):
+            rest = head[m.end():].lstrip(" =")
+            opts[m.group(1)] = any(rest.startswith(a) for a in PATH_ARGS)
+    return opts
+
+
+def roff_escape(line):
+    line = line.replace("\\", "\\e").replace("-", "\\-")
+    if line.startswith((".", "'")):
+        line = "\\&" + line
+    return line
+
+
+def man_page(version, main_help, cmds, helps):
+    date = datetime.date.today().isoformat()
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        date = datetime.datetime.utcfromtimestamp(int(os.environ["SOURCE_DATE_EPOCH"])).date().isoformat()
+    lines = [
+        f'.TH KVBATCH 1 "{date}" "kvbatch {version}" "User Commands"',
+        ".SH NAME",
+        "kvbatch \\- offline batch runner for large language models",
+        ".SH SYNOPSIS",
+        ".B kvbatch",
+        ".I COMMAND",
+        "[\\fIoptions\\fR]",
+        ".br",
+        ".B kvbatch --version",
+        ".SH DESCRIPTION",
+        "kvbatch reads a JSONL file of requests (the OpenAI Batch format), groups them by shared prompt",
+        "prefix, runs them with continuous batching over a paged KV cache, keeps prompt-prefix KV blocks",
+        "in a persistent cache so later runs skip that prefill, and records per-request metrics in SQLite.",
+        "Each command below prints the same text with \\fBkvbatch\\fR \\fICOMMAND\\fR \\fB--help\\fR.",
+        ".SH COMMANDS",
+    ]
+    for name, desc in cmds:
+        lines += [f".SS {name}", roff_escape(desc), ".PP", ".nf"]
+        lines += [roff_escape(l) for l in helps[name].rstrip("\n").splitlines()]
+        lines += [".fi"]
+    lines += [
+        ".SH ENVIRONMENT",
+        ".TP", ".B KVBATCH_MODEL", "the GGUF model used when \\fB--model\\fR is not given",
+        ".TP", ".B KVBATCH_CACHE_DIR",
+        "the persistent prefix cache (else \\fI$XDG_CACHE_HOME/kvbatch\\fR, else \\fI~/.cache/kvbatch\\fR)",
+        ".SH EXIT STATUS",
+        "0 success (for \\fBrun\\fR: the job ran to the end, even with bad lines), 1 the work could not be",
+        "done (the message on standard error says why), 2 bad command line, 128+N interrupted by signal N.",
+        ".SH SEE ALSO",
+        "The README of the kvbatch source tree.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def bash_completion(cmds, opts):
+    cases = []
+    for name, _ in cmds:
+        o = opts[name]
+        paths = "|".join(sorted(k for k, v in o.items() if v))
+        words = " ".join(sorted(o))
+        case = f"    {name})\n"
+        if paths:
+            case += f'      case "$prev" in {paths}) COMPREPLY=($(compgen -f -- "$cur")); return;; esac\n'
+        if name == "cache":
+            case += ('      if [ "$COMP_CWORD" -eq 2 ]; then COMPREPLY=($(compgen -W "stats verify gc clear" -- '
+                     '"$cur")); return; fi\n')
+        case += f'      COMPREPLY=($(compgen -W "{words}" -- "$cur"))\n'
+        case += '      [[ "$cur" != -* ]] && COMPREPLY+=($(compgen -f -- "$cur"))\n      ;;\n'
+        cases.append(case)
+    names = " ".join(n for n, _ in cmds)
+    return (
+        "# bash completion for kvbatch (generated by scripts/gen-docs.py from the --help texts)\n"
+        "_kvbatch() {\n"
+        '  local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"\n'
+        "  if [ \"$COMP_CWORD\" -eq 1 ]; then\n"
+        f'    COMPREPLY=($(compgen -W "{names} --help --version" -- "$cur")); return\n'
+        "  fi\n"
+        '  case "${COMP_WORDS[1]}" in\n' + "".join(cases) + "  esac\n}\n"
+        "complete -F _kvbatch kvbatch\n"
+    )
+
+
+def zsh_completion(cmds, opts):
+    descs = "\n".join(f"    '{n}:{d.replace(chr(39), '')}'" for n, d in cmds)
+    cases = []
+    for name, _ in cmds:
+        specs = " ".join(f"'{o}[]{':file:_files' if p else ''}'" for o, p in sorted(opts[name].items()))
+        extra = " '1:action:(stats verify gc clear)'" if name == "cache" else " '*:file:_files'"
+        cases.append(f"    {name}) _arguments {specs}{extra} ;;\n")
+    return (
+        "#compdef kvbatch\n"
+        "# zsh completion for kvbatch (generated by scripts/gen-docs.py from the --help texts)\n"
+        "_kvbatch() {\n"
+        "  local -a cmds\n"
+        f"  cmds=(\n{descs}\n  )\n"
+        "  if (( CURRENT == 2 )); then _describe command cmds; return; fi\n"
+        "  local cmd=$words[2]; shift words; (( CURRENT-- ))\n"
+        "  case $cmd in\n" + "".join(cases) + "  esac\n}\n"
+        '_kvbatch "$@"\n'
+    )
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    binary, outdir = sys.argv[1:]
+    os.makedirs(outdir, exist_ok=True)
+    main_help = run_help(binary)
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split()[1]
+    cmds = commands_of(main_help)
+    helps = {n: run_help(binary, n) for n, _ in cmds}
+    opts = {n: options_of(helps[n]) for n, _ in cmds}
+    for n in opts:
+        opts[n].setdefault("--help", False)
+    files = {
+        "kvbatch.1": man_page(version, main_help, cmds, helps),
+        "kvbatch.bash": bash_completion(cmds, opts),
+        "_kvbatch": zsh_completion(cmds, opts),
+    }
+    for name, text in files.items():
+        path = os.path.join(outdir, name)
+        if not os.path.exists(path) or open(path).read() != text:
+            with open(path, "w") as f:
+                f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+/* model_internal.h — what the three files of the model module share
+ * (model.c binds tensors, model_rope.c reads the RoPE scaling, model_check.c
+ * refuses what kvbatch does not compute). Not for use outside src/model*.c. */
+#ifndef KVB_MODEL_INTERNAL_H
+#define KVB_MODEL_INTERNAL_H
+
+#include "model.h"
+
+/* The key `<arch>.<suffix>` (arch: general.architecture) into buf. */
+const char *model_key(const struct model *m, const char *suffix, char *buf, size_t size);
+
+/* Reads `<arch>.rope.scaling.*` (and the legacy `rope.scale_linear`) into
+ * m->rope and sets m->n_ctx_max. m->hp must be loaded; m->rope.freq_factors
+ * is bound by model.c. Values outside what kvbatch computes are
+ * KVB_ERR_UNSUPPORTED naming the key and its value. */
+enum kvb_status model_rope_load(struct model *m, struct kvb_err *err);
+
+/* After hyperparameters and weights are bound: every `<arch>.*` key is one
+ * kvbatch computes, or has the value that leaves the arithmetic alone;
+ * every tensor was bound (bound[0..n_bound)); the metadata agrees with
+ * itself (vocabulary, special token ids, context, RoPE base, epsilon). */
+enum kvb_status model_check(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
+                            struct kvb_err *err);
+
+/* "value" of a scalar metadata entry for messages: 42, 0.5, true, "yarn". */
+void model_value_str(const struct gguf_value *v, char *buf, size_t size);
+
+#endif

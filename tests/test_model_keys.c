@@ -1,0 +1,320 @@
+/* test_model_keys.c — a model that loads is computed as its authors compute
+ * it (model_check.c, model_rope.c). For each GGUF key or tensor that would
+ * change the arithmetic of a llama/qwen2/qwen3 forward pass, a file that
+ * carries it (written from a small synthetic model) is refused with a
+ * message naming the key and its value; metadata that contradicts itself
+ * is refused naming the key; the value that leaves the arithmetic alone is
+ * accepted and gives the very same logits; the RoPE scalings kvbatch
+ * computes load with the parameters the file gives. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "backend.h"
+#include "gen.h"
+#include "gguf_write.h"
+#include "model.h"
+#include "synth.h"
+#include "testutil.h"
+
+static char dir[256], good[512], bad[512];
+
+/* One change to a copy of `good`: set (or replace) keys, drop a key, add a
+ * tensor, or poke one float of a tensor. */
+struct edit {
+    const char *key[3];           /* keys set, with val[i] */
+    struct gguf_value val[3];
+    const char *drop;             /* a key removed */
+    int tokens_delta;             /* tokenizer.ggml.tokens shortened (<0) or lengthened (>0) */
+    const char *add_tensor;       /* an extra F32 tensor of add_n values add_fill */
+    int64_t add_n;
+    float add_fill;
+    const char *poke_tensor;      /* an F32 tensor whose element 0 becomes poke_value */
+    float poke_value;
+};
+
+#define U32(x) {.type = GGUF_VTYPE_UINT32, .v.u64 = (x)}
+#define F32(x) {.type = GGUF_VTYPE_FLOAT32, .v.f64 = (x)}
+#define BOOL(x) {.type = GGUF_VTYPE_BOOL, .v.b = (x)}
+#define STR(s) {.type = GGUF_VTYPE_STRING, .v.str = {sizeof(s) - 1, s}}
+
+static bool is_set(const struct edit *e, const char *key)
+{
+    for (int i = 0; i < 3; i++)
+        if (e->key[i] && !strcmp(e->key[i], key)) return true;
+    return false;
+}
+
+static void write_tokens(struct gguf_writer *w, const struct gguf_kv *kv, int delta)
+{
+    const uint64_t n = kv->val.v.arr.n, nn = (uint64_t)((int64_t)n + delta);
+    char **s = kvb_calloc(nn, sizeof *s);
+    for (uint64_t i = 0; i < nn; i++) {
+        if (i < n) {
+            const struct gguf_str *t = &kv->val.v.arr.items[i].v.str;
+            s[i] = kvb_malloc(t->len + 1);
+            memcpy(s[i], t->ptr, t->len);
+            s[i][t->len] = 0;
+        } else {
+            s[i] = kvb_malloc(32);
+            snprintf(s[i], 32, "[PAD%llu]", (unsigned long long)i);
+        }
+    }
+    CHECK(gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)s, nn) == KVB_OK);
+    for (uint64_t i = 0; i < nn; i++) kvb_free(s[i]);
+    kvb_free(s);
+}
+
+static void rewrite(const char *src, const char *dst, const struct edit *e)
+{
+    struct gguf_file *f = NULL;
+    struct gguf_writer *w = NULL;
+    CHECK(gguf_open(src, &f, NULL) == KVB_OK);
+    CHECK(gguf_writer_create(&w, NULL) == KVB_OK);
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
+        if ((e->drop && !strcmp(key, e->drop)) || is_set(e, key)) continue;
+        if (e->tokens_delta && !strcmp(key, "tokenizer.ggml.tokens")) write_tokens(w, kv, e->tokens_delta);
+        else CHECK(gguf_writer_add_value(w, key, &kv->val) == KVB_OK);
+    }
+    for (int i = 0; i < 3; i++)
+        if (e->key[i]) CHECK_MSG(gguf_writer_add_value(w, e->key[i], &e->val[i]) == KVB_OK, "%s", e->key[i]);
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        void *data = NULL;
+        CHECK(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, &data) == KVB_OK);
+        if (e->poke_tensor && !strcmp(name, e->poke_tensor) && t->type == GGML_TYPE_F32 && data)
+            memcpy(data, &e->poke_value, sizeof(float));
+    }
+    if (e->add_tensor) {
+        float *v = kvb_malloc(sizeof(float) * (size_t)e->add_n);
+        for (int64_t i = 0; i < e->add_n; i++) v[i] = e->add_fill;
+        const uint64_t ne[1] = {(uint64_t)e->add_n};
+        CHECK(gguf_writer_add_tensor(w, e->add_tensor, GGML_TYPE_F32, 1, ne, v, NULL) == KVB_OK);
+        kvb_free(v);
+    }
+    struct kvb_err err = {{0}};
+    CHECK_MSG(gguf_writer_write_file(w, dst, &err) == KVB_OK, "%s", err.msg);
+    gguf_writer_free(w);
+    gguf_close(f);
+}
+
+static int n_refused;
+
+/* The edited file is refused with status `want` and a message holding each phrase. */
+static void refused(const struct edit *e, enum kvb_status want, const char *phrase, const char *phrase2)
+{
+    rewrite(good, bad, e);
+    struct model *m = NULL;
+    struct kvb_err err = {{0}};
+    enum kvb_status st = model_load(bad, &m, &err);
+    CHECK_MSG(st == want, "'%s': status %s, expected %s (%s)", phrase, kvb_strerror(st), kvb_strerror(want),
+              err.msg);
+    CHECK_MSG(strstr(err.msg, phrase) != NULL, "message '%s' lacks '%s'", err.msg, phrase);
+    if (phrase2) CHECK_MSG(strstr(err.msg, phrase2) != NULL, "message '%s' lacks '%s'", err.msg, phrase2);
+    printf("refused: %s\n", err.msg);
+    n_refused++;
+    model_free(m);
+}
+
+static float *logits_of(const char *path, struct model **keep)
+{
+    struct model *m = NULL;
+    struct kvb_err err = {{0}};
+    if (model_load(path, &m, &err) != KVB_OK) {
+        CHECK_MSG(0, "%s: %s", path, err.msg);
+        return NULL;
+    }
+    struct be_cpu_opts o = {.n_threads = 2, .block_size = 16, .n_blocks = 8, .impl = MM_IMPL_AUTO};
+    struct backend *be = NULL;
+    CHECK_MSG(be_cpu_create(m, &o, &be, &err) == KVB_OK, "%s", err.msg);
+    enum { N = 24 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (i * 53 + 7) % m->hp.n_vocab;
+    float *out = kvb_malloc(sizeof(float) * (size_t)m->hp.n_vocab * N);
+    struct gen_ctx *g = NULL;
+    CHECK(gen_create(m, be, 128, 512, &g, &err) == KVB_OK);
+    CHECK_MSG(gen_feed(g, ids, N, out, &err) == KVB_OK, "%s", err.msg);
+    gen_free(g);
+    be_free(be);
+    if (keep) *keep = m;
+    else model_free(m);
+    return out;
+}
+
+/* The edited file loads and computes exactly what the original does. */
+static void accepted_same(const struct edit *e, const char *label, const float *ref, size_t n)
+{
+    rewrite(good, bad, e);
+    float *got = logits_of(bad, NULL);
+    CHECK_MSG(got && memcmp(got, ref, n * sizeof(float)) == 0, "%s: logits differ from the plain model", label);
+    kvb_free(got);
+}
+
+static void test_refused_keys(void)
+{
+    /* RoPE variants kvbatch does not compute. */
+    refused(&(struct edit){.key = {"llama.rope.scaling.type"}, .val = {STR("longrope")}}, KVB_ERR_UNSUPPORTED,
+            "llama.rope.scaling.type", "longrope");
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.yarn_ext_factor"},
+                           .val = {STR("yarn"), F32(4), F32(0.5)}},
+            KVB_ERR_UNSUPPORTED, "llama.rope.scaling.yarn_ext_factor", "0.5");
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.yarn_log_multiplier"},
+                           .val = {STR("yarn"), F32(4), F32(0.1)}},
+            KVB_ERR_UNSUPPORTED, "llama.rope.scaling.yarn_log_multiplier", "0.1");
+    refused(&(struct edit){.key = {"llama.rope.dimension_count"}, .val = {U32(8)}}, KVB_ERR_UNSUPPORTED,
+            "llama.rope.dimension_count", "= 8");
+    refused(&(struct edit){.key = {"llama.attention.value_length"}, .val = {U32(32)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attention.value_length", "= 32");
+    /* Windowing, capping, multipliers, other attention. */
+    refused(&(struct edit){.key = {"llama.attention.sliding_window"}, .val = {U32(256)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attention.sliding_window", "= 256");
+    refused(&(struct edit){.key = {"llama.attention.sliding_window_pattern"}, .val = {U32(2)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attention.sliding_window_pattern", "= 2");
+    refused(&(struct edit){.key = {"llama.attn_logit_softcapping"}, .val = {F32(50)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attn_logit_softcapping", "50");
+    refused(&(struct edit){.key = {"llama.final_logit_softcapping"}, .val = {F32(30)}}, KVB_ERR_UNSUPPORTED,
+            "llama.final_logit_softcapping", "30");
+    refused(&(struct edit){.key = {"llama.logit_scale"}, .val = {F32(0.5)}}, KVB_ERR_UNSUPPORTED, "llama.logit_scale",
+            "0.5");
+    refused(&(struct edit){.key = {"llama.embedding_scale"}, .val = {F32(12)}}, KVB_ERR_UNSUPPORTED,
+            "llama.embedding_scale", "12");
+    refused(&(struct edit){.key = {"llama.residual_scale"}, .val = {F32(0.25)}}, KVB_ERR_UNSUPPORTED,
+            "llama.residual_scale", "0.25");
+    refused(&(struct edit){.key = {"llama.attention.scale"}, .val = {F32(0.125)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attention.scale", "0.125");
+    refused(&(struct edit){.key = {"llama.attention.causal"}, .val = {BOOL(false)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attention.causal", "false");
+    refused(&(struct edit){.key = {"llama.use_parallel_residual"}, .val = {BOOL(true)}}, KVB_ERR_UNSUPPORTED,
+            "llama.use_parallel_residual", "true");
+    refused(&(struct edit){.key = {"llama.expert_count"}, .val = {U32(8)}}, KVB_ERR_UNSUPPORTED, "llama.expert_count",
+            "= 8");
+    refused(&(struct edit){.key = {"llama.attention.max_alibi_bias"}, .val = {F32(8)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attention.max_alibi_bias", "8");
+    refused(&(struct edit){.key = {"llama.attention.clamp_kqv"}, .val = {F32(8)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attention.clamp_kqv", "8");
+    refused(&(struct edit){.key = {"llama.attention.temperature_length"}, .val = {U32(8192)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attention.temperature_length", "8192");
+    refused(&(struct edit){.key = {"llama.rope.freq_base_swa"}, .val = {F32(10000)}}, KVB_ERR_UNSUPPORTED,
+            "llama.rope.freq_base_swa", "10000");
+    refused(&(struct edit){.key = {"split.count"}, .val = {U32(3)}}, KVB_ERR_UNSUPPORTED, "split.count", "3");
+    /* Tensors nothing reads. */
+    refused(&(struct edit){.add_tensor = "blk.0.attn_output.bias", .add_n = 64}, KVB_ERR_UNSUPPORTED,
+            "blk.0.attn_output.bias", NULL);
+    refused(&(struct edit){.add_tensor = "blk.1.post_attention_norm.weight", .add_n = 64, .add_fill = 1},
+            KVB_ERR_UNSUPPORTED, "blk.1.post_attention_norm.weight", NULL);
+}
+
+static void test_inconsistent(void)
+{
+    refused(&(struct edit){.key = {"llama.context_length"}, .val = {U32(0)}}, KVB_ERR_FORMAT, "llama.context_length",
+            "= 0");
+    refused(&(struct edit){.key = {"llama.context_length"}, .val = {U32(1)}}, KVB_ERR_FORMAT, "llama.context_length",
+            "= 1");
+    refused(&(struct edit){.key = {"llama.rope.dimension_count"}, .val = {U32(0)}}, KVB_ERR_FORMAT,
+            "llama.rope.dimension_count", NULL);
+    refused(&(struct edit){.key = {"llama.rope.freq_base"}, .val = {F32(-1)}}, KVB_ERR_FORMAT, "llama.rope.freq_base",
+            "-1");
+    refused(&(struct edit){.key = {"llama.rope.freq_base"}, .val = {F32(INFINITY)}}, KVB_ERR_FORMAT,
+            "llama.rope.freq_base", "inf");
+    refused(&(struct edit){.key = {"llama.attention.layer_norm_rms_epsilon"}, .val = {F32(NAN)}}, KVB_ERR_FORMAT,
+            "llama.attention.layer_norm_rms_epsilon", "nan");
+    refused(&(struct edit){.key = {"tokenizer.ggml.eos_token_id"}, .val = {U32(9999)}}, KVB_ERR_FORMAT,
+            "tokenizer.ggml.eos_token_id", "9999");
+    refused(&(struct edit){.key = {"llama.vocab_size"}, .val = {U32(300)}}, KVB_ERR_FORMAT, "llama.vocab_size",
+            "300");
+    refused(&(struct edit){.tokens_delta = -3}, KVB_ERR_FORMAT, "tokenizer.ggml.tokens", "256 tokens");
+    refused(&(struct edit){.tokens_delta = 5}, KVB_ERR_FORMAT, "tokenizer.ggml.tokens", "264 tokens");
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
+                           .val = {STR("linear"), F32(-2)}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.factor", "-2");
+    refused(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 0}, KVB_ERR_FORMAT,
+            "rope_freqs.weight", NULL);
+    refused(&(struct edit){.poke_tensor = "output_norm.weight", .poke_value = NAN}, KVB_ERR_FORMAT,
+            "output_norm.weight", "non-finite");
+}
+
+static void test_neutral_and_scaled(void)
+{
+    struct model *m = NULL;
+    float *ref = logits_of(good, &m);
+    if (!ref || !m) return;
+    const size_t n = (size_t)m->hp.n_vocab * 24;
+    CHECK(m->rope.type == ROPE_SCALING_NONE && m->rope.mscale == 1.0f && m->n_ctx_max == m->hp.n_ctx_train);
+    char fp[33];
+    memcpy(fp, m->fingerprint, sizeof fp);
+    model_free(m);
+    accepted_same(&(struct edit){.key = {"llama.logit_scale", "llama.attention.causal", "llama.expert_count"},
+                                 .val = {F32(1), BOOL(true), U32(0)}},
+                  "neutral values", ref, n);
+    accepted_same(&(struct edit){.key = {"llama.attention.sliding_window", "llama.attention.scale",
+                                         "llama.tensor_data_layout"},
+                                 .val = {U32(2048), F32(0.25) /* 1/sqrt(16) */, STR("Meta AI original pth")}},
+                  "window as long as the context", ref, n);
+    accepted_same(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
+                                 .val = {STR("none"), F32(4)}},
+                  "scaling type none", ref, n);
+    accepted_same(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 1},
+                  "rope factors of 1", ref, n);
+
+    /* The scalings kvbatch computes load with what the file says, change the
+     * logits, and name themselves in the fingerprint. */
+    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                              "llama.rope.scaling.original_context_length"},
+                                      .val = {STR("yarn"), F32(4), U32(512)}});
+    float *yarn = logits_of(bad, &m);
+    if (m) {
+        CHECK(m->rope.type == ROPE_SCALING_YARN && m->rope.factor == 4.0f && m->rope.orig_ctx == 512);
+        CHECK(m->rope.beta_fast == 32.0f && m->rope.beta_slow == 1.0f);
+        CHECK(fabsf(m->rope.mscale - (float)(0.1 * log(4.0) + 1.0)) < 1e-6f);
+        CHECK_EQ_INT(m->n_ctx_max, 2048); /* 512 x 4, no longer than the file's context */
+        CHECK(strcmp(fp, m->fingerprint) != 0);
+        model_free(m);
+    }
+    CHECK(yarn && memcmp(yarn, ref, n * sizeof(float)) != 0);
+    kvb_free(yarn);
+    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                              "llama.rope.scaling.original_context_length"},
+                                      .val = {STR("yarn"), F32(8), U32(1024)}});
+    m = NULL;
+    struct kvb_err err = {{0}};
+    CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
+    if (m) CHECK_EQ_INT(m->n_ctx_max, 8192);
+    model_free(m);
+    /* A factor with no type is linear, as llama.cpp reads it. */
+    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scale_linear"}, .val = {F32(2)}});
+    m = NULL;
+    CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
+    if (m) CHECK(m->rope.type == ROPE_SCALING_LINEAR && m->rope.factor == 2.0f);
+    model_free(m);
+    kvb_free(ref);
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/kvb-test-keys-XXXXXX");
+    if (!mkdtemp(dir)) tu_skip("cannot make a temporary directory");
+    snprintf(good, sizeof good, "%s/good.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    struct synth_opts so;
+    synth_opts_default(&so); /* 64 wide, 4 heads of 16, vocabulary 259 */
+    so.norm_type = GGML_TYPE_F32;
+    struct kvb_err err = {{0}};
+    CHECK_MSG(synth_model_write(good, &so, &err) == KVB_OK, "%s", err.msg);
+    test_refused_keys();
+    test_inconsistent();
+    test_neutral_and_scaled();
+    printf("%d files refused, each naming its key or tensor\n", n_refused);
+    unlink(good);
+    unlink(bad);
+    rmdir(dir);
+    return tu_finish();
+}
