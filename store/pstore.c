@@ -94,7 +94,8 @@ static bool open_error_may_be_damage(int rc)
  * holding the old file keeps its own locks) into DIR/damaged-TIME/. Only
  * the file that was checked: when another process moved it first, there
  * is nothing to do. lockfd (or -1) serialises this against other
- * processes' opens. 0, or an errno (where names the step). */
+ * processes' opens; it is left held exclusively. 0, or an errno (where
+ * names the step). */
 static int set_aside(struct pstore *ps, int lockfd, const struct pstore_check *c, char *moved, size_t cap,
                      const char **where)
 {
@@ -141,34 +142,42 @@ static int set_aside(struct pstore *ps, int lockfd, const struct pstore_check *c
     snprintf(to, sizeof to, "%s/lock.mdb", moved);
     if (rename(lock, to) != 0) unlink(lock); /* a stale lock file is rebuilt by the next open */
 out:
-    if (lockfd >= 0) flock(lockfd, LOCK_SH);
-    return rc;
+    return rc; /* still holding the lock exclusively: the caller opens anew under it */
 }
 
 /* Opens the environment and checks the file's structure (pstore_check.c)
  * before anything reads it through the map. A damaged file is moved aside
  * and an empty cache started in its place, or, with opts.keep_damaged, the
- * open fails with KVB_ERR_FORMAT saying so. */
+ * open fails with KVB_ERR_FORMAT saying so.
+ *
+ * DIR/kvbatch.lock orders this between processes: held exclusively while
+ * the meta pages are read and LMDB opens the file (mdb_env_open trusts the
+ * page size it finds: a zero divides by zero; and the first opener of a
+ * fresh directory writes the meta pages, which another must not see half
+ * written), shared while the tree is walked (under a read transaction, so
+ * other processes' commits cannot disturb it), exclusive again to move a
+ * damaged file. A directory where it cannot be created goes without. */
 static enum kvb_status open_checked(struct pstore *ps, struct kvb_err *err)
 {
     char lockpath[4200];
     snprintf(lockpath, sizeof lockpath, "%s/kvbatch.lock", ps->dir);
-    /* Held shared while opening and checking, exclusive while moving a
-     * damaged file away, so that no process opens a file half moved. A
-     * directory we cannot create it in goes without (then LMDB will
-     * refuse to open anyway, or the directory is read-only). */
     int lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lockfd >= 0) {
-        while (flock(lockfd, LOCK_SH) != 0 && errno == EINTR) {
-        }
-    }
     enum kvb_status st = KVB_OK;
     char data[4200];
     snprintf(data, sizeof data, "%s/data.mdb", ps->dir);
     for (int attempt = 0;; attempt++) {
+        if (lockfd >= 0) {
+            while (flock(lockfd, LOCK_EX) != 0 && errno == EINTR) {
+            }
+        }
         struct pstore_check c = {0};
-        int rc = env_open(ps);
-        if (rc == 0) {
+        /* The meta pages first, by pread: what mdb_env_open would trust. */
+        pstore_file_check(data, &c);
+        int rc = c.damaged ? 0 : env_open(ps);
+        if (lockfd >= 0) flock(lockfd, LOCK_SH);
+        if (c.damaged) {
+            /* handled below */
+        } else if (rc == 0) {
             /* Reader slots left by killed processes would pin old pages
              * (and grow the file) until cleared. */
             int dead = 0;

@@ -160,6 +160,7 @@ struct walk {
     int fd;
     uint32_t psize;
     uint64_t last_pg;     /* the meta's last page */
+    uint64_t txnid;       /* the snapshot's transaction */
     uint64_t file_pages;  /* whole pages in the file */
     uint64_t n_ref;       /* pages a tree may use: min(last_pg + 1, file_pages) */
     uint8_t *used;        /* bitmap, n_ref bits: reached by a tree */
@@ -263,6 +264,9 @@ static int key_cmp(const struct walk *w, const uint8_t *a, size_t na, const uint
 static int free_record(struct walk *w, uint64_t pg, const uint8_t *key, const uint8_t *d, uint64_t len)
 {
     uint64_t txnid = rd64(key);
+    if (txnid > w->txnid)
+        return bad(w, "free list (page %llu): a record of transaction %llu, after the file's last (%llu)",
+                   (unsigned long long)pg, (unsigned long long)txnid, (unsigned long long)w->txnid);
     if (len < 8 || len % 8) return bad(w, "free list: record of transaction %llu has %llu bytes",
                                        (unsigned long long)txnid, (unsigned long long)len);
     uint64_t n = rd64(d);
@@ -429,7 +433,9 @@ static int walk_page(struct walk *w, uint64_t pg, unsigned level, struct bound l
         const uint8_t *node = p + off;
         uint32_t room = w->psize - off;
         uint16_t ks = rd16(node + 6);
-        if (ks > MAX_KEY || NODEHDR + (uint32_t)ks > room)
+        /* LMDB never stores an empty key (mdb_put refuses one), except as a
+         * branch's ignored first. */
+        if (ks > MAX_KEY || NODEHDR + (uint32_t)ks > room || (ks == 0 && (is_leaf || i > 0)))
             return bad(w, "%s: page %llu: node %u has a key of %u bytes", w->db_name, (unsigned long long)pg, i,
                        (unsigned)ks);
         if (w->kind == DB_FREE && !(is_leaf == false && i == 0) && ks != 8)
@@ -462,7 +468,7 @@ static int walk_page(struct walk *w, uint64_t pg, unsigned level, struct bound l
                 return bad(w, "%s: page %llu: node %u at offset %u lies outside the page's node area", w->db_name,
                            (unsigned long long)pg, i + 1, (unsigned)noff);
             uint16_t nks = rd16(p + noff + 6);
-            if (nks > MAX_KEY || NODEHDR + (uint32_t)nks > w->psize - noff)
+            if (nks == 0 || nks > MAX_KEY || NODEHDR + (uint32_t)nks > w->psize - noff)
                 return bad(w, "%s: page %llu: node %u has a key of %u bytes", w->db_name, (unsigned long long)pg,
                            i + 1, (unsigned)nks);
             if (w->kind == DB_FREE && nks != 8)
@@ -546,7 +552,7 @@ static int run_cmp(const void *a, const void *b)
  * threads when there are many), then checked and their pages claimed. */
 static int overflow_headers(struct walk *w)
 {
-    qsort(w->runs, w->n_runs, sizeof *w->runs, run_cmp);
+    if (w->n_runs > 1) qsort(w->runs, w->n_runs, sizeof *w->runs, run_cmp);
     struct hdr_job job = {.fd = w->fd, .psize = w->psize, .runs = w->runs, .n = w->n_runs};
     atomic_init(&job.next, 0);
     pthread_t th[HDR_THREADS];
@@ -641,7 +647,7 @@ static bool metas_judge(const struct meta m[2], uint64_t file_size, struct pstor
     }
     const struct meta *cur = &m[m[0].txnid < m[1].txnid];
     uint64_t file_pages = file_size / cur->psize;
-    if (cur->last_pg < 1 || cur->last_pg + 1 > file_pages + tail_slack(file_pages)) {
+    if (cur->last_pg < 1 || cur->last_pg >= file_pages + tail_slack(file_pages)) {
         snprintf(c->why, sizeof c->why, "the meta page counts %llu pages of %u bytes but the file holds %llu: "
                  "the file is truncated or the meta page is overwritten", (unsigned long long)(cur->last_pg + 1),
                  cur->psize, (unsigned long long)file_pages);
@@ -716,13 +722,21 @@ static int check_snapshot(int fd, uint32_t env_psize, uint64_t txnid, struct pst
         c->damaged = true;
         return 0;
     }
+    uint64_t fp = file_size / cur->psize;
+    if (cur->last_pg < 1 || cur->last_pg >= fp + tail_slack(fp)) {
+        snprintf(c->why, sizeof c->why, "the meta page counts %llu pages of %u bytes but the file holds %llu: "
+                 "the file is truncated or the meta page is overwritten", (unsigned long long)(cur->last_pg + 1),
+                 cur->psize, (unsigned long long)fp);
+        c->damaged = true;
+        return 0;
+    }
     if (cur->psize != env_psize) {
         snprintf(c->why, sizeof c->why, "meta page gives %u-byte pages, LMDB opened it with %u", cur->psize, env_psize);
         c->damaged = true;
         return 0;
     }
 
-    struct walk w = {.fd = fd, .psize = cur->psize, .last_pg = cur->last_pg, .out = c};
+    struct walk w = {.fd = fd, .psize = cur->psize, .last_pg = cur->last_pg, .txnid = txnid, .out = c};
     w.file_pages = file_size / w.psize;
     w.n_ref = cur->last_pg + 1 < w.file_pages ? cur->last_pg + 1 : w.file_pages;
     c->file_pages = w.file_pages;
@@ -800,8 +814,18 @@ int pstore_env_check(MDB_env *env, struct pstore_check *c)
         MDB_txn *txn;
         rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
         if (rc == MDB_MAP_RESIZED && tries < 20) {
+            /* Another process grew the map: adopt its size. */
             if ((rc = mdb_env_set_mapsize(env, 0))) return rc;
             continue;
+        }
+        if (rc == MDB_MAP_RESIZED) {
+            /* Adopting the size did not help: the meta page a reader takes
+             * counts more pages than the newest one maps. */
+            snprintf(c->why, sizeof c->why, "the meta pages disagree about the file's size (the one readers use "
+                     "counts more pages than the newest)");
+            c->damaged = true;
+            rc = 0;
+            break;
         }
         if (rc) return rc;
         uint64_t txnid = mdb_txn_id(txn);
