@@ -400,7 +400,8 @@ struct job_line {
 enum kvb_status job_reader_create(FILE *f, size_t max_line, struct job_reader **out,
                                   struct kvb_err *err);
 /* Next line into *line and *got = true; at end of input *got = false.
- * KVB_ERR_IO on a read error, KVB_ERR_NOMEM when a line cannot be held. */
+ * KVB_ERR_IO on a read error, KVB_ERR_NOMEM when a line cannot be held,
+ * KVB_ERR_CANCELLED when a handled signal interrupted a read (of a pipe). */
 enum kvb_status job_reader_next(struct job_reader *r, struct job_line *line, bool *got,
                                 struct kvb_err *err);
 void job_reader_free(struct job_reader *r); /* accepts NULL; does not close f */

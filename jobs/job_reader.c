@@ -70,14 +70,21 @@ static enum kvb_status fill(struct job_reader *r, size_t *got, struct kvb_err *e
         r->cap = ncap;
     }
     size_t n = fread(r->buf + r->tail, 1, r->cap - r->tail, r->f);
+    r->tail += n;
+    *got = n;
+    if (ferror(r->f) && errno == EINTR) {
+        /* A signal the caller handles (SIGINT, SIGTERM) cut a read from a
+         * pipe short: say so rather than block again. */
+        clearerr(r->f);
+        return kvb_errf(err, KVB_ERR_CANCELLED, "reading the job file was interrupted at byte %llu",
+                        (unsigned long long)(r->offset + (r->tail - r->head)));
+    }
     if (n == 0) {
         if (ferror(r->f))
             return kvb_errf(err, KVB_ERR_IO, "reading the job file at byte %llu: %s",
                             (unsigned long long)(r->offset + (r->tail - r->head)), strerror(errno));
         r->eof = true;
     }
-    r->tail += n;
-    *got = n;
     return KVB_OK;
 }
 

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS="build-essential cmake pkg-config liblmdb-dev libzstd-dev libsqlite3-dev libjsmn-dev libxxhash-dev clang libclang-rt-14-dev python3-pip man-db"
+APT_PKGS="build-essential cmake pkg-config liblmdb-dev libzstd-dev libsqlite3-dev libjsmn-dev libxxhash-dev clang libclang-rt-14-dev python3-pip python3-venv man-db"
 missing=""
 for p in $APT_PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -21,6 +21,27 @@ fi
 if ! python3 -c 'import numpy, gguf' 2>/dev/null; then
   echo "setup: installing Python packages numpy and gguf (reference tests)"
   python3 -m pip install --quiet numpy gguf 2>&1 | grep -v "Running pip as the 'root' user" || true
+fi
+
+# The Hugging Face reference test (tests/pytest_hf_ref.py) runs under its own
+# venv: torch (from PyPI; the test runs it on the CPU) and transformers, beside
+# numpy, gguf, openai and jsonschema. $KVBATCH_VENV moves it (default
+# ~/.cache/kvbatch-venv); skipped when everything in it imports.
+KVB_VENV="${KVBATCH_VENV:-$HOME/.cache/kvbatch-venv}"
+if ! "$KVB_VENV/bin/python" -c 'import torch, transformers, numpy, gguf, openai, jsonschema' 2>/dev/null; then
+  echo "setup: making the Python venv $KVB_VENV (torch, transformers: the Hugging Face reference test)"
+  python3 -m venv "$KVB_VENV"
+  "$KVB_VENV/bin/python" -m pip install --quiet torch transformers numpy gguf openai jsonschema
+fi
+
+# Headless Chromium, for the browser test of `kvbatch report --html`
+# (tests/pytest_report_html.py, which skips without it) and for
+# scripts/report-demo.sh's screenshots. Skipped when a chromium is there.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  echo "setup: installing chromium (the HTML report's browser test)"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
 fi
 
 scripts/fetch-model.sh

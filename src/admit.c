@@ -91,8 +91,9 @@ oom:
 }
 
 enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
-                                 int32_t **ids, size_t *n, struct job_error *e)
+                                 size_t max_ids, int32_t **ids, size_t *n, struct job_error *e)
 {
+    const struct tok_limits lim = {.max_ids = max_ids, .cancel = ctx->cancel};
     *ids = NULL;
     *n = 0;
     char param[64];
@@ -103,7 +104,7 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
     if (q->url == JOB_URL_CHAT) {
         char *text = NULL;
         KVB_FORWARD_IF_ERROR(render_chat(ctx, q, &text, e));
-        st = tok_encode(ctx->tok, text, strlen(text), bos | TOK_PARSE_SPECIAL, ids, n, &err);
+        st = tok_encode_with(ctx->tok, text, strlen(text), bos | TOK_PARSE_SPECIAL, &lim, ids, n, &err);
         kvb_free(text);
     } else if (q->prompts[k].ids) {
         /* token ids are used as given, as vLLM does: no BOS added */
@@ -114,15 +115,27 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
                            "token id %d is not in the vocabulary (%d tokens)", p->ids[i], ctx->n_vocab);
             return KVB_ERR_FORMAT;
         }
+        if (max_ids > 0 && (size_t)p->n_ids > max_ids) {
+            job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, param,
+                           "the prompt has %d tokens; the context holds %zu (prompt plus at least one generated "
+                           "token)", p->n_ids, max_ids + 1);
+            return KVB_ERR_FORMAT;
+        }
         *ids = kvb_malloc(sizeof **ids * (size_t)p->n_ids);
         if (!*ids) goto oom;
         memcpy(*ids, p->ids, sizeof **ids * (size_t)p->n_ids);
         *n = (size_t)p->n_ids;
         return KVB_OK;
     } else {
-        st = tok_encode(ctx->tok, q->prompts[k].text, q->prompts[k].text_len, bos, ids, n, &err);
+        st = tok_encode_with(ctx->tok, q->prompts[k].text, q->prompts[k].text_len, bos, &lim, ids, n, &err);
     }
     if (st == KVB_ERR_NOMEM) goto oom;
+    if (st == KVB_ERR_CANCELLED) return st;
+    if (st == KVB_ERR_RANGE) {
+        job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, param,
+                       "%s; the context holds %zu (prompt plus at least one generated token)", err.msg, max_ids + 1);
+        return KVB_ERR_FORMAT;
+    }
     if (st != KVB_OK) {
         job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", err.msg);
         return KVB_ERR_FORMAT;
@@ -185,7 +198,7 @@ enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q
     for (int32_t k = 0; k < np; k++) {
         int32_t *ids;
         size_t n;
-        st = admit_prompt_ids(ctx, q, k, &ids, &n, e);
+        st = admit_prompt_ids(ctx, q, k, ctx->n_ctx > 0 ? (size_t)ctx->n_ctx - 1 : 0, &ids, &n, e);
         if (st != KVB_OK) goto fail;
         plan->prompts[k] = (struct admit_prompt){ids, (int32_t)n};
         plan->n_prompts = k + 1;

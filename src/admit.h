@@ -17,6 +17,7 @@
 #ifndef KVB_ADMIT_H
 #define KVB_ADMIT_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -37,6 +38,8 @@ struct admit_ctx {
     int32_t *eog;                     /* (n_eog) end-of-generation ids, found by admit_ctx_init */
     int32_t n_eog;
     struct jsonmode_vocab *json_vocab; /* built for the first request in JSON mode (owned) */
+    const volatile sig_atomic_t *cancel; /* non-NULL: a long tokenization stops once it is nonzero
+                                            (KVB_ERR_CANCELLED); set by the caller after init */
 };
 
 /* Fills ctx (tmpl may be NULL with tmpl_error saying why). KVB_ERR_NOMEM. */
@@ -60,8 +63,11 @@ struct admit_plan {
 };
 
 /* Prepares q. KVB_OK with *plan filled; KVB_ERR_FORMAT with e a 400 error
- * (a line that cannot run on this model); KVB_ERR_NOMEM with e a
- * server_error. *plan holds nothing to free unless KVB_OK. */
+ * (a line that cannot run on this model; a prompt too long for the context
+ * is found without tokenizing all of it); KVB_ERR_NOMEM with e a
+ * server_error; KVB_ERR_CANCELLED when ctx->cancel stopped it (no error
+ * line is due: the line was not judged). *plan holds nothing to free unless
+ * KVB_OK. */
 enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct admit_plan *plan,
                               struct job_error *e);
 void admit_plan_free(struct admit_plan *plan); /* accepts a zeroed plan */
@@ -70,11 +76,13 @@ void admit_plan_free(struct admit_plan *plan); /* accepts a zeroed plan */
 void admit_choice_params(const struct admit_plan *plan, const struct job_request *q, int32_t c,
                          struct sampler_params *out);
 
-/* Prompt k's token ids without the context check (the shard plan must not
- * depend on --ctx): *ids is kvb_malloc'd, the caller frees it. The same
- * results as admit_prepare for that prompt. */
+/* Prompt k's token ids, at most max_ids of them (0: no bound; more is a
+ * context_length_exceeded error), without ctx's context check (the shard
+ * plan, which must not depend on --ctx, passes its own bound): *ids is
+ * kvb_malloc'd, the caller frees it. The same results as admit_prepare for
+ * that prompt. */
 enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
-                                 int32_t **ids, size_t *n, struct job_error *e);
+                                 size_t max_ids, int32_t **ids, size_t *n, struct job_error *e);
 
 /* Whether token is one of q's stop_token_ids. */
 bool admit_is_stop_token(const struct job_request *q, int32_t token);

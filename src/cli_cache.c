@@ -25,12 +25,14 @@ static void usage(FILE *f)
         "\n"
         "  stats    entries, stored and uncompressed bytes, compression ratio, data file and\n"
         "           map size, and the same per model (name, fingerprint, KV type, shape)\n"
-        "  verify   decodes every value and checks its header, model, tokens, checksum and\n"
+        "  verify   checks the LMDB file's own structure (pages, tree, free list), then\n"
+        "           decodes every value and checks its header, model, tokens, checksum and\n"
         "           key; removes the bad ones, the entries that hung below them, and values\n"
         "           or records left without their other half; repairs child counts\n"
         "  gc       evicts least recently used blocks (leaves of the prefix tree first, so\n"
         "           every chain that remains is whole) until the stored bytes fit SIZE\n"
-        "  clear    removes every entry, or only those of one model\n"
+        "  clear    removes every entry, or only those of one model (a file whose\n"
+        "           structure is damaged is moved to DIR/damaged-TIME/ instead)\n"
         "\n"
         "      --cache-dir DIR     the cache (default: $KVBATCH_CACHE_DIR, else\n"
         "                          $XDG_CACHE_HOME/kvbatch, else ~/.cache/kvbatch)\n"
@@ -45,8 +47,14 @@ static void usage(FILE *f)
         "LMDB reuses freed pages but does not shrink data.mdb; to give the disk space\n"
         "back, remove the directory when no job is using it.\n"
         "\n"
-        "Exit status: 0 done (verify: also when it found and removed damage), 1 the cache\n"
-        "or the model could not be read or written, 2 bad command line.\n");
+        "A damaged value is a miss: verify removes it and exits 0. Damage to the file's\n"
+        "structure (a truncated or overwritten data.mdb) is not repairable in place:\n"
+        "verify, stats and gc report it and exit 1; `kvbatch run` and `cache clear` move\n"
+        "the file to DIR/damaged-TIME/ and start an empty cache.\n"
+        "\n"
+        "Exit status: 0 done (verify: also when it found and removed damaged values), 1\n"
+        "the cache's structure is damaged, or the cache or the model could not be read or\n"
+        "written, 2 bad command line.\n");
 }
 
 int cli_cache(int argc, char **argv)
@@ -133,10 +141,14 @@ int cli_cache(int argc, char **argv)
         fingerprint = fp;
     }
 
-    struct pstore_opts opts = {0};
+    /* A file whose own structure is damaged is reported, not moved, except
+     * by clear, whose point is an empty cache. */
+    struct pstore_opts opts = {.keep_damaged = !is_clear};
     struct pstore *ps = NULL;
-    if (pstore_open(dir, &opts, &ps, &err) != KVB_OK) {
-        fprintf(stderr, "kvbatch cache: %s\n", err.msg);
+    enum kvb_status os = pstore_open(dir, &opts, &ps, &err);
+    if (os != KVB_OK) {
+        if (is_verify && os == KVB_ERR_FORMAT) printf("damaged: %s\n", err.msg);
+        else fprintf(stderr, "kvbatch cache %s: %s\n", sub, err.msg);
         return CLI_EXIT_FAIL;
     }
     enum kvb_status rs = KVB_OK;

@@ -129,27 +129,10 @@ int cli_generate(int argc, char **argv)
     struct kvb_err err = {{0}};
     if (!cli_llm_open(&lo, &llm)) goto done;
     if (prompt_ids) {
-        ids = kvb_malloc(sizeof(int32_t) * (strlen(prompt_ids) / 2 + 1));
-        if (!ids) {
-            fprintf(stderr, "kvbatch generate: out of memory\n");
+        int prc = cli_llm_prompt_ids(&llm, "generate", prompt_ids, &ids, &n_ids);
+        if (prc != CLI_EXIT_OK) {
+            rc = prc;
             goto done;
-        }
-        for (const char *s = prompt_ids; *s;) {
-            char *end;
-            long t = strtol(s, &end, 10);
-            if (end == s) {
-                if (*s == ' ' || *s == ',' || *s == '\n' || *s == '\t') { s++; continue; }
-                fprintf(stderr, "kvbatch generate: --prompt-ids: not a token id at '%.10s'\n", s);
-                rc = CLI_EXIT_USAGE;
-                goto done;
-            }
-            if (t < 0 || t >= tok_n_vocab(llm.tok)) {
-                fprintf(stderr, "kvbatch generate: --prompt-ids: token %ld is outside the vocabulary (0..%d)\n", t, tok_n_vocab(llm.tok) - 1);
-                rc = CLI_EXIT_USAGE;
-                goto done;
-            }
-            ids[n_ids++] = (int32_t)t;
-            s = end;
         }
     } else if (!cli_llm_prompt(&llm, prompt, chat, system, tmpl, &ids, &n_ids)) {
         goto done;

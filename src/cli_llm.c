@@ -2,11 +2,13 @@
 #include "cli_llm.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "alloc.h"
 #include "backend_select.h"
 #include "chat.h"
+#include "cli_util.h"
 #include "tpool.h"
 
 bool cli_llm_open(const struct cli_llm_opts *o, struct cli_llm *l)
@@ -95,4 +97,39 @@ bool cli_llm_prompt(const struct cli_llm *l, const char *prompt, bool chat, cons
         return false;
     }
     return true;
+}
+
+int cli_llm_prompt_ids(const struct cli_llm *l, const char *cmd, const char *list, int32_t **ids, size_t *n)
+{
+    const int32_t nv = l->model->hp.n_vocab;
+    *n = 0;
+    /* every id takes at least one character and one separator */
+    *ids = kvb_malloc(sizeof(int32_t) * (strlen(list) / 2 + 1));
+    if (!*ids) {
+        fprintf(stderr, "kvbatch %s: out of memory\n", cmd);
+        return CLI_EXIT_FAIL;
+    }
+    for (const char *s = list; *s;) {
+        if (*s == ' ' || *s == ',' || *s == '\n' || *s == '\t' || *s == '\r') {
+            s++;
+            continue;
+        }
+        char *end;
+        long t = strtol(s, &end, 10);
+        const char *why = NULL;
+        if (end == s || (*end && !strchr(" ,\n\t\r", *end))) why = "not a token id";
+        else if (t < 0 || t >= nv) why = "outside the vocabulary";
+        if (why) {
+            int len = (int)strcspn(s, " ,\n\t\r");
+            fprintf(stderr, "kvbatch %s: --prompt-ids: '%.*s' (item %zu of the list) is %s (ids are 0..%d)\n", cmd,
+                    len > 20 ? 20 : len, s, *n + 1, why, nv - 1);
+            kvb_free(*ids);
+            *ids = NULL;
+            *n = 0;
+            return CLI_EXIT_USAGE;
+        }
+        (*ids)[(*n)++] = (int32_t)t;
+        s = end;
+    }
+    return CLI_EXIT_OK;
 }

@@ -36,4 +36,13 @@ void cli_llm_close(struct cli_llm *l);
 bool cli_llm_prompt(const struct cli_llm *l, const char *prompt, bool chat, const char *system,
                     const char *template_name, int32_t **ids, size_t *n);
 
+/* Parses a prompt given as token ids (--prompt-ids "1 2 3": decimal ids
+ * separated by spaces, tabs, newlines or commas), taken as they are: no
+ * template, no BOS. Every id must be below the model's vocabulary size.
+ * `cmd` names the command in messages. Returns CLI_EXIT_OK with *ids (the
+ * caller frees it with kvb_free) and *n (0 for an empty list), else
+ * CLI_EXIT_USAGE for a bad list or CLI_EXIT_FAIL when out of memory, after
+ * printing why; *ids is NULL then. */
+int cli_llm_prompt_ids(const struct cli_llm *l, const char *cmd, const char *list, int32_t **ids, size_t *n);
+
 #endif

@@ -6,8 +6,10 @@
 
 #include "backend_select.h"
 #include "cli.h"
+#include "cli_files.h"
 #include "cli_util.h"
 #include "job_shard.h"
+#include "metrics.h"
 #include "runner.h"
 
 static void usage(FILE *f)
@@ -24,9 +26,12 @@ static void usage(FILE *f)
         "  -m, --model PATH         GGUF model (default: $KVBATCH_MODEL or\n"
         "                           models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
         "  -i, --input PATH         the job file ('-' = standard input)\n"
-        "  -o, --output PATH        the result file (replaced unless --resume)\n"
-        "      --metrics DB         SQLite metrics database (default: kvbatch.db beside the output)\n"
-        "      --resume             keep the results already in the output, run the rest\n"
+        "  -o, --output PATH        the result file ('-' = standard output), replaced unless --resume,\n"
+        "                           and only once the run has started; never the input, the model\n"
+        "                           or the metrics database, even through a link\n"
+        "      --metrics DB         SQLite metrics database (default: kvbatch.db beside the output,\n"
+        "                           in the working directory for '-o -')\n"
+        "      --resume             keep the results already in the output (a regular file), run the rest\n"
         "      --shard I/N | auto   run shard I (0-based) of N: every shard reads the whole job and\n"
         "                           takes its share, requests sharing a prompt prefix kept together;\n"
         "                           auto: from a Slurm job array (SLURM_ARRAY_TASK_ID/_COUNT/_MIN) or\n"
@@ -125,6 +130,23 @@ int cli_run(int argc, char **argv)
     }
     if (!o.input_path || !o.output_path) {
         fprintf(stderr, "kvbatch run: --input and --output are required (see --help)\n");
+        return CLI_EXIT_USAGE;
+    }
+    /* The runner opens the metrics database at this path: the check below
+     * must look at the same one. */
+    char mpath[PATH_MAX];
+    if (!o.metrics_path) {
+        if (metrics_default_path(strcmp(o.output_path, "-") ? o.output_path : "", mpath, sizeof mpath) != KVB_OK) {
+            fprintf(stderr, "kvbatch run: the output path is too long to put kvbatch.db beside it (give --metrics)\n");
+            return CLI_EXIT_USAGE;
+        }
+        o.metrics_path = mpath;
+    }
+    struct cli_run_files files = {.input = o.input_path, .output = o.output_path, .metrics = o.metrics_path,
+                                  .model = o.model_path, .resume = o.resume};
+    struct kvb_err err = {{0}};
+    if (cli_files_check(&files, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: %s\n", err.msg);
         return CLI_EXIT_USAGE;
     }
     return run_job(&o);

@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "backend_select.h"
 #include "chat.h"
+#include "cli_files.h"
 #include "cli_util.h"
 #include "crashlog.h"
 #include "job.h"
@@ -60,6 +61,7 @@ struct choice {
     int32_t cached;       /* prompt tokens reused from the in-run prefix tree */
     int32_t cached_store; /* prompt tokens loaded from the persistent store */
     double t_admit, t_first, t_end;
+    int32_t preemptions, restored_tokens; /* the scheduler's, at its end */
     /* logprobs, when asked: token texts live in arena */
     struct job_buf arena;
     struct lp_entry *lp;
@@ -128,9 +130,12 @@ struct runner {
     int64_t total_lines, lines_done, skipped;
     struct metrics_totals tot;
     double t0, last_progress;
+    double unix_minus_mono; /* wall clock minus cli_now() at start: the metrics' wall-clock times */
     int32_t n_ctx;
     int32_t max_batch, max_step; /* o's, or the defaults for the backend in use */
     int64_t created;
+    bool out_cut;        /* setup's last step cuts the output to out_cut_at bytes */
+    uint64_t out_cut_at;
 };
 
 /* ---- output ------------------------------------------------------------------- */
@@ -181,7 +186,9 @@ static void emit_error(struct runner *r, const struct job_request *q, const stru
         .custom_id = custom_id,
         .input_line = (int64_t)e->line_no,
         .error_code = e->code,
+        .error_message = e->message,
         .status_code = status,
+        .ended_at = cli_now() + r->unix_minus_mono,
     };
     record_metrics(r, &mr);
 }
@@ -285,11 +292,15 @@ static void emit_result(struct runner *r, struct slot *s)
     }
     /* Metrics: the request as a whole, timed from its first choice's view. */
     double first = INFINITY, end = 0, admit = INFINITY;
+    int64_t preemptions = 0, restored = 0;
     for (int32_t i = 0; i < nc; i++) {
         if (s->ch[i].t_first > 0 && s->ch[i].t_first < first) first = s->ch[i].t_first;
         if (s->ch[i].t_end > end) end = s->ch[i].t_end;
         if (s->ch[i].t_admit < admit) admit = s->ch[i].t_admit;
+        preemptions += s->ch[i].preemptions;
+        restored += s->ch[i].restored_tokens;
     }
+    const double wall = r->unix_minus_mono;
     struct metrics_request mr = {
         .custom_id = q->custom_id,
         .input_line = (int64_t)q->line_no,
@@ -304,6 +315,12 @@ static void emit_result(struct runner *r, struct slot *s)
         .e2e_s = end - s->t_submit,
         .finish_reason = s->ch[0].finish == JOB_FINISH_LENGTH ? "length" : "stop",
         .status_code = 200,
+        .submitted_at = s->t_submit + wall,
+        .started_at = admit + wall,
+        .first_token_at = isfinite(first) ? first + wall : 0,
+        .ended_at = end + wall,
+        .preemptions = preemptions,
+        .restored_tokens = restored,
     };
     record_metrics(r, &mr);
     r->tot.requests_total++;
@@ -511,6 +528,8 @@ static void on_finish(struct runner *r, const struct sched_seq_info *info, enum 
     c->cached_store = info->store_tokens;
     c->t_admit = info->t_admit;
     c->t_end = info->t_end;
+    c->preemptions = info->preemptions;
+    c->restored_tokens = info->restored_tokens;
     if (why == SCHED_FINISH_LENGTH) c->finish = JOB_FINISH_LENGTH;
     if (why == SCHED_FINISH_ERROR) fail_slot(s, info->error ? info->error : "internal error in the scheduler");
     if (!c->cut_at_stop && !s->failed &&
@@ -537,8 +556,11 @@ static bool prompt_of(void *user, const struct job_request *q, int32_t **ids, si
     struct job_error e;
     /* a line that crashed an earlier run is not tokenized again, here either */
     if (crashlog_find(r->hist.blamed, r->hist.n_blamed, q->line_no, 0)) return false;
+    /* No prompt longer than the model's context is worth grouping: one
+     * that runs at all (--ctx past it) is planned as a line by number. */
+    const size_t max_ids = r->model->hp.n_ctx_train > 0 ? (size_t)r->model->hp.n_ctx_train : (size_t)1 << 20;
     crashlog_mark_line(q->line_no, 0, 'r');
-    const bool ok = admit_prompt_ids(&r->admit, q, 0, ids, n, &e) == KVB_OK;
+    const bool ok = admit_prompt_ids(&r->admit, q, 0, max_ids, ids, n, &e) == KVB_OK;
     crashlog_mark_line(0, 0, 0);
     return ok;
 }
@@ -695,7 +717,13 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
         crashed_error(blamed, ln->line_no, &e);
         return refuse(r, q, &e);
     }
-    if (admit_prepare(&r->admit, q, &s->plan, &e) != KVB_OK) return refuse(r, q, &e);
+    if (admit_prepare(&r->admit, q, &s->plan, &e) != KVB_OK) {
+        if (stop_signal) { /* cut short: no error line, so that --resume runs it */
+            job_request_free(q);
+            return true;
+        }
+        return refuse(r, q, &e);
+    }
     s->n_choices = s->plan.n_choices;
     s->ch = kvb_calloc((size_t)s->n_choices, sizeof *s->ch);
     if (!s->ch) {
@@ -723,7 +751,9 @@ static bool admit_line(struct runner *r, bool *eof)
     struct job_line ln;
     bool got;
     struct kvb_err err = {{0}};
-    if (job_reader_next(r->reader, &ln, &got, &err) != KVB_OK) {
+    enum kvb_status rst = job_reader_next(r->reader, &ln, &got, &err);
+    if (rst != KVB_OK) {
+        if (rst == KVB_ERR_CANCELLED && stop_signal) return true; /* a signal cut a read from a pipe short */
         fprintf(stderr, "\nkvbatch run: cannot read %s: %s\n", r->o->input_path, err.msg);
         return false;
     }
@@ -831,37 +861,47 @@ static void open_store(struct runner *r)
     if (!o->quiet) fprintf(stderr, "kvbatch run: persistent prefix cache in %s\n", dir);
 }
 
+/* Opens the output without emptying it (cli_files.h): setup cuts it last,
+ * so a run that cannot start leaves earlier results alone. */
 static bool open_output(struct runner *r)
 {
     const struct run_opts *o = r->o;
+    struct kvb_err err = {{0}};
+    r->out_cut = !o->resume;
+    r->out_cut_at = 0;
     if (o->resume) {
         struct job_resume_info info;
-        struct kvb_err err = {{0}};
         if (job_resume_scan(o->output_path, r->done_keys, &info, &err) != KVB_OK) {
             fprintf(stderr, "kvbatch run: cannot resume from %s: %s\n", o->output_path, err.msg);
             return false;
         }
-        if (info.torn) {
-            if (truncate(o->output_path, (off_t)info.truncate_at) != 0) {
-                fprintf(stderr, "kvbatch run: cannot cut the torn last line of %s: %s\n", o->output_path,
-                        strerror(errno));
-                return false;
-            }
-            if (!o->quiet)
-                fprintf(stderr, "kvbatch run: %s ended in a torn line; cut it at byte %llu\n", o->output_path,
-                        (unsigned long long)info.truncate_at);
-        }
+        r->out_cut = info.torn;
+        r->out_cut_at = info.truncate_at;
         if (!o->quiet && info.lines_ok)
             fprintf(stderr, "kvbatch run: resuming: %llu results already in %s\n", (unsigned long long)info.lines_ok,
                     o->output_path);
-        r->out = fopen(o->output_path, "ab");
-    } else {
-        r->out = fopen(o->output_path, "wb");
     }
-    if (!r->out) {
-        fprintf(stderr, "kvbatch run: cannot open %s for writing: %s\n", o->output_path, strerror(errno));
+    if (cli_output_open(o->output_path, &r->out, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: %s\n", err.msg);
         return false;
     }
+    return true;
+}
+
+/* The last step of setup, after everything that can fail: empty the output
+ * (or cut a resumed one's torn last line). */
+static bool cut_output(struct runner *r)
+{
+    const struct run_opts *o = r->o;
+    struct kvb_err err = {{0}};
+    if (!r->out_cut) return true;
+    if (cli_output_cut(r->out, o->output_path, r->out_cut_at, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: %s\n", err.msg);
+        return false;
+    }
+    if (o->resume && !o->quiet)
+        fprintf(stderr, "kvbatch run: %s ended in a torn line; cut it at byte %llu\n", o->output_path,
+                (unsigned long long)r->out_cut_at);
     return true;
 }
 
@@ -937,6 +977,7 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: out of memory\n");
         return false;
     }
+    r->admit.cancel = &stop_signal;
     if (o->shard_count > 1 && !plan_shard(r)) return false;
     struct be_select_opts bo = {.device = o->device, .n_threads = o->n_threads, .block_size = o->block_size,
                                 .kv_mem = o->kv_mem, .n_ctx = r->n_ctx, .scalar = o->scalar,
@@ -964,7 +1005,7 @@ static bool setup(struct runner *r)
         return false;
     }
     if (r->journal) {
-        if (crashlog_open(r->journal_path, o->resume, r->n_slots, JOB_MAX_CHOICES, &err) != KVB_OK) {
+        if (crashlog_open(r->journal_path, r->n_slots, JOB_MAX_CHOICES, &err) != KVB_OK) {
             fprintf(stderr, "kvbatch run: warning: %s; a line that crashes the process would crash a resume too\n",
                     err.msg);
             r->journal = false;
@@ -995,13 +1036,11 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: cannot record the run: %s\n", err.msg);
         return false;
     }
-    /* The run this one resumes never ended it own row if it crashed or was
-     * killed: it would read "running" forever. */
-    if (r->hist.last_open && r->hist.last_run_id > 0 && strcmp(r->hist.last_db, mpath) == 0 &&
-        metrics_run_end(r->db, r->hist.last_run_id, r->hist.last_crashed ? METRICS_RUN_FAILED : METRICS_RUN_INTERRUPTED,
-                        NULL, &err) != KVB_OK)
-        fprintf(stderr, "kvbatch run: warning: metrics: run %lld: %s\n", (long long)r->hist.last_run_id, err.msg);
-    crashlog_note_run(r->run_id, mpath);
+    if (!cut_output(r)) {
+        metrics_run_end(r->db, r->run_id, METRICS_RUN_FAILED, &r->tot, NULL);
+        return false;
+    }
+    if (!o->resume) crashlog_restart(); /* a fresh job: what earlier runs recorded is of no use now */
     if (!o->quiet)
         fprintf(stderr, "kvbatch run: %s on %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
                 r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
@@ -1041,6 +1080,11 @@ int run_job(const struct run_opts *o)
     memset(&r, 0, sizeof r);
     r.o = o;
     r.t0 = cli_now();
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r.unix_minus_mono = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - r.t0;
+    }
     r.created = (int64_t)time(NULL);
     const char *tc = getenv("KVBATCH_TEST_CRASH");
     const char *colon = tc ? strrchr(tc, ':') : NULL;

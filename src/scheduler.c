@@ -28,6 +28,8 @@ struct seq {
     int32_t store_tokens;
     int32_t cached_tokens;
     bool admitted_once;
+    int32_t preemptions;     /* times preempted */
+    int32_t restored_tokens; /* positions whose K/V those preemptions dropped */
     uint64_t admit_seq; /* admission order, for choosing whom to preempt */
     struct sampler *smp;
     bool greedy_on_backend; /* the backend makes the choice (BE_LOGITS_ARGMAX) */
@@ -206,6 +208,8 @@ static void info_of(const struct seq *q, struct sched_seq_info *info, const floa
         .n_generated = q->n_tokens - q->n_prompt,
         .cached_tokens = q->cached_tokens,
         .store_tokens = q->store_tokens,
+        .preemptions = q->preemptions,
+        .restored_tokens = q->restored_tokens,
         .t_submit = q->t_submit,
         .t_admit = q->t_admit,
         .t_first_token = q->t_first,
@@ -354,6 +358,8 @@ static void preempt_youngest(struct sched *s)
     for (int32_t i = 1; i < s->n_running; i++)
         if (s->running[i]->admit_seq > s->running[y]->admit_seq) y = i;
     struct seq *q = s->running[y];
+    q->preemptions++;
+    q->restored_tokens += q->n_computed;
     release_blocks(s, q);
     remove_running(s, y);
     if (push_waiting(s, q) != KVB_OK) {

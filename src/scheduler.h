@@ -54,6 +54,10 @@ struct sched_seq_info {
     int32_t n_generated;
     int32_t cached_tokens;     /* prompt tokens reused from the prefix tree at (first) admission */
     int32_t store_tokens;      /* prompt tokens loaded from the persistent store at (first) admission */
+    int32_t preemptions;       /* times it was preempted so far */
+    int32_t restored_tokens;   /* positions whose K/V its preemptions dropped: rebuilt at readmission,
+                                * from the prefix tree or the store where they were still there,
+                                * else recomputed */
     double t_submit, t_admit, t_first_token, t_end; /* monotonic seconds */
     const float *logits;       /* on_token only: the logits the token was sampled from (n_vocab);
                                 * NULL when the backend chose it (see sched_submit) */

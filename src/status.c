@@ -17,6 +17,7 @@ const char *kvb_strerror(enum kvb_status st)
     case KVB_ERR_NOT_FOUND: return "KVB_ERR_NOT_FOUND: not found";
     case KVB_ERR_RANGE: return "KVB_ERR_RANGE: value out of range";
     case KVB_ERR_INTERNAL: return "KVB_ERR_INTERNAL: internal error";
+    case KVB_ERR_CANCELLED: return "KVB_ERR_CANCELLED: interrupted";
     case KVB_STATUS_COUNT: break;
     }
     return "KVB_ERR_UNKNOWN: unknown status";

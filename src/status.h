@@ -19,6 +19,7 @@ enum kvb_status {
     KVB_ERR_NOT_FOUND,   /* a key, tensor or token that was asked for is absent */
     KVB_ERR_RANGE,       /* a value does not fit where it must go (context length, buffer) */
     KVB_ERR_INTERNAL,    /* a broken invariant inside kvbatch: a bug */
+    KVB_ERR_CANCELLED,   /* stopped on request (a signal) before the work was done */
     KVB_STATUS_COUNT
 };
 

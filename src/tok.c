@@ -110,7 +110,7 @@ static enum kvb_status split_on(const struct tok *t, int32_t id, const char *tex
 }
 
 static enum kvb_status encode(const struct tok *t, const char *text, size_t len, unsigned flags,
-                              struct frags *a, struct frags *b, struct tok_ids *out)
+                              const struct tok_limits *lim, struct frags *a, struct frags *b, struct tok_ids *out)
 {
     if (len > 0) KVB_FORWARD_IF_ERROR(frag_push(a, (struct frag){-1, 0, len}));
     for (size_t i = 0; i < t->n_special && a->n > 0; i++) {
@@ -118,6 +118,7 @@ static enum kvb_status encode(const struct tok *t, const char *text, size_t len,
         /* Without TOK_PARSE_SPECIAL, control and unknown tokens are plain
          * text; user-defined ones are still split out (as upstream does). */
         if (!(flags & TOK_PARSE_SPECIAL) && (t->tokens[id].attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN))) continue;
+        if (tok_cancelled(lim)) return KVB_ERR_CANCELLED; /* each pass reads all the text */
         KVB_FORWARD_IF_ERROR(split_on(t, id, text, a, b));
         struct frags tmp = *a;
         *a = *b;
@@ -133,27 +134,59 @@ static enum kvb_status encode(const struct tok *t, const char *text, size_t len,
             prev_special = true;
         } else if (t->kind == TOK_KIND_SPM) {
             KVB_FORWARD_IF_ERROR(
-                tok_spm_encode(t, text + f->off, f->len, t->add_space_prefix && prev_special, out));
+                tok_spm_encode(t, text + f->off, f->len, t->add_space_prefix && prev_special, lim, out));
             prev_special = false;
         } else {
-            KVB_FORWARD_IF_ERROR(tok_bpe_encode(t, text + f->off, f->len, out));
+            KVB_FORWARD_IF_ERROR(tok_bpe_encode(t, text + f->off, f->len, lim, out));
         }
+        if (lim->max_ids && out->n > lim->max_ids) return KVB_ERR_RANGE;
     }
     if ((flags & TOK_ADD_EOS) && t->eos >= 0) KVB_FORWARD_IF_ERROR(tok_ids_push(out, t->eos));
+    if (lim->max_ids && out->n > lim->max_ids) return KVB_ERR_RANGE;
     return KVB_OK;
 }
 
-enum kvb_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags,
-                           int32_t **out_ids, size_t *out_n, struct kvb_err *err)
+/* A lower bound on the live bytes the encoders will be given, from the raw
+ * text alone (tok_internal.h says what a live byte is): BPE decoding keeps
+ * ASCII bytes as they are (other bytes may change); SentencePiece keeps
+ * every byte, a space becoming "▁". Bytes inside special tokens are not in
+ * the encoders' input, but each such token covers at most max_cover bytes
+ * too; the white space a special token may strip is not counted. */
+static uint64_t live_at_least(const struct tok *t, const char *text, size_t len)
+{
+    uint64_t c = 0;
+    const bool spm = t->kind == TOK_KIND_SPM;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char b = (unsigned char)text[i];
+        if (t->strip_specials && is_space((char)b)) continue;
+        if (spm) c += t->byte_live[b == ' ' ? 0xE2 : b];
+        else c += b < 0x80 && t->byte_live[b];
+    }
+    return c;
+}
+
+enum kvb_status tok_encode_with(const struct tok *t, const char *text, size_t len, unsigned flags,
+                                const struct tok_limits *lim, int32_t **out_ids, size_t *out_n,
+                                struct kvb_err *err)
 {
     *out_ids = NULL;
     *out_n = 0;
+    static const struct tok_limits k_none = {0};
+    if (!lim) lim = &k_none;
     if (!text && len > 0) return kvb_errf(err, KVB_ERR_INVALID_ARG, "tok_encode: NULL text");
     if (len > (size_t)INT32_MAX / 4)
         return kvb_errf(err, KVB_ERR_RANGE, "tok_encode: text of %zu bytes is too long", len);
+    /* Refused before any work when its bytes alone need more ids than the
+     * limit allows. */
+    if (lim->max_ids && t->max_cover) {
+        const size_t bos = (flags & TOK_ADD_BOS) && t->bos >= 0;
+        if (tok_check_room(t, lim, bos, live_at_least(t, text, len)) != KVB_OK)
+            return kvb_errf(err, KVB_ERR_RANGE, "the text has more than %zu tokens (%zu bytes, and no token stands "
+                            "for more than %u)", lim->max_ids, len, t->max_cover);
+    }
     struct frags a = {0}, b = {0};
     struct tok_ids ids = {0};
-    enum kvb_status st = encode(t, text, len, flags, &a, &b, &ids);
+    enum kvb_status st = encode(t, text, len, flags, lim, &a, &b, &ids);
     kvb_free(a.v);
     kvb_free(b.v);
     if (st == KVB_OK && !ids.v) { /* keep *out_ids non-NULL even when empty */
@@ -162,9 +195,17 @@ enum kvb_status tok_encode(const struct tok *t, const char *text, size_t len, un
     }
     if (st != KVB_OK) {
         kvb_free(ids.v);
+        if (st == KVB_ERR_RANGE) return kvb_errf(err, st, "the text has more than %zu tokens", lim->max_ids);
+        if (st == KVB_ERR_CANCELLED) return kvb_errf(err, st, "tokenizing was interrupted");
         return kvb_errf(err, st, "tok_encode: out of memory for %zu bytes of text", len);
     }
     *out_ids = ids.v;
     *out_n = ids.n;
     return KVB_OK;
+}
+
+enum kvb_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags,
+                           int32_t **out_ids, size_t *out_n, struct kvb_err *err)
+{
+    return tok_encode_with(t, text, len, flags, NULL, out_ids, out_n, err);
 }

@@ -12,6 +12,7 @@
 #ifndef KVB_TOK_H
 #define KVB_TOK_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -41,9 +42,31 @@ bool tok_is_eog(const struct tok *t, int32_t id);
 int32_t tok_find(const struct tok *t, const char *text);
 
 /* Encodes len bytes of text (any bytes; invalid UTF-8 is handled as the
- * reference tokenizer does). *out_ids is kvb_malloc'd, caller frees. */
+ * reference tokenizer does). *out_ids is kvb_malloc'd, caller frees.
+ * Memory: about 6 bytes per byte of text, plus 20 per byte of its longest
+ * pre-tokenizer word (SentencePiece: of its longest run between special
+ * tokens), plus the ids. */
 enum kvb_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags,
                            int32_t **out_ids, size_t *out_n, struct kvb_err *err);
+
+/* What a caller that will refuse long texts anyway, or may be interrupted,
+ * tells tok_encode_with. */
+struct tok_limits {
+    /* > 0: at most this many ids (BOS/EOS included), else KVB_ERR_RANGE. It
+     * is found early: a text whose bytes alone rule it out is not
+     * tokenized at all (no token stands for more than so many bytes of
+     * text), and tokenizing stops once the ids pass the limit. */
+    size_t max_ids;
+    /* Non-NULL: polled during a long encode; once nonzero (a signal
+     * handler's flag), the encode stops with KVB_ERR_CANCELLED. */
+    const volatile sig_atomic_t *cancel;
+};
+
+/* tok_encode within lim (NULL: none). The ids are those of tok_encode
+ * whenever it returns KVB_OK. */
+enum kvb_status tok_encode_with(const struct tok *t, const char *text, size_t len, unsigned flags,
+                                const struct tok_limits *lim, int32_t **out_ids, size_t *out_n,
+                                struct kvb_err *err);
 
 /* The raw bytes one token stands for (byte-level decoding and SentencePiece
  * "▁" → space applied; byte-fallback tokens <0xNN> give that byte; control

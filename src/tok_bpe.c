@@ -2,17 +2,23 @@
  * fragment → ids.
  *
  * As the reference does it: decode the bytes to code points (invalid UTF-8
- * becomes U+FFFD), split into words with the pre-tokenizer, write each word's
+ * becomes U+FFFD), split into words with the pre-tokenizer, take each word's
  * UTF-8 bytes as GPT-2's printable stand-in characters, then merge adjacent
- * symbols by merge rank (lowest first, leftmost on ties) with a heap over a
- * linked list of symbols, so a long word costs O(n log n), not O(n^2). A
- * final symbol that is not a token falls back to its single bytes' tokens
- * (those that exist). */
+ * symbols by merge rank (lowest first, leftmost on ties: tok_merge.c), so a
+ * long word costs O(n log n), not O(n^2). A final symbol that is not a token
+ * falls back to the tokens of its stand-in text's single bytes (those that
+ * exist).
+ *
+ * Memory is kept to a few bytes per byte of text, since one prompt may be
+ * megabytes without a space: the words are written out as plain UTF-8 (the
+ * code points and their class bits are freed before merging), symbols are
+ * runs of those bytes, and only a lookup key — never longer than the
+ * longest merge or token — is written in stand-in characters. */
 #include <string.h>
 
 #include "alloc.h"
-#include "tok_heap.h"
 #include "tok_internal.h"
+#include "tok_merge.h"
 #include "tok_pre.h"
 #include "unicode.h"
 
@@ -38,32 +44,29 @@ int tok_cpt_to_byte(uint32_t cpt)
     return -1;
 }
 
-struct sym {
-    uint32_t off, n; /* bytes of the word buffer */
-    int32_t prev, next;
-};
-
+/* Reused across the words of one fragment. */
 struct bpe_session {
+    const struct tok *t;
     uint32_t *cpts;
     size_t cpts_cap;
     struct tok_pre_words words;
-    char *word; /* the current word, byte-encoded */
-    size_t word_len, word_cap;
-    struct sym *syms;
-    size_t syms_cap;
-    char *key; /* "left right" lookup key */
+    char *raw; /* the fragment's words as UTF-8, back to back */
+    size_t raw_cap;
+    const char *word; /* the word being merged: into raw */
+    struct tok_merge merge;
+    char *key; /* a lookup key in stand-in form */
     size_t key_cap;
-    struct tok_heap heap;
+    uint8_t sl[256];    /* stand-in of byte b: sl[b] bytes of sb[b] */
+    char sb[256][2];
 };
 
 static void session_free(struct bpe_session *s)
 {
     kvb_free(s->cpts);
     tok_pre_words_free(&s->words);
-    kvb_free(s->word);
-    kvb_free(s->syms);
+    kvb_free(s->raw);
+    tok_merge_free(&s->merge);
     kvb_free(s->key);
-    tok_heap_free(&s->heap);
 }
 
 /* Returns p grown to hold `need` elements (updating *cap), or NULL (p intact). */
@@ -77,118 +80,144 @@ static void *reserve(void *p, size_t *cap, size_t need, size_t elem)
     return np;
 }
 
-/* Merge rank of the adjacent symbols a, b, or -1. s->key has room for the
- * whole word plus the space. */
-static int32_t rank_of(const struct tok *t, struct bpe_session *s, const struct sym *a, const struct sym *b)
+/* Appends the stand-in form of w[0..n) to s->key at *at, stopping (false)
+ * once it would pass `limit` bytes. */
+static bool put_standin(struct bpe_session *s, const char *w, size_t n, size_t *at, size_t limit)
 {
-    size_t need = (size_t)a->n + 1 + b->n;
-    memcpy(s->key, s->word + a->off, a->n);
-    s->key[a->n] = ' ';
-    memcpy(s->key + a->n + 1, s->word + b->off, b->n);
-    return tok_map_get(&t->ranks, s->key, need);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b = (uint8_t)w[i];
+        if (*at + s->sl[b] > limit) return false;
+        memcpy(s->key + *at, s->sb[b], s->sl[b]);
+        *at += s->sl[b];
+    }
+    return true;
 }
 
-static enum kvb_status add_bigram(const struct tok *t, struct bpe_session *s, int32_t left, int32_t right)
+/* tok_merge_key_fn: the rank of merging [a, b) with [b, c). A pair longer
+ * than the longest merge string cannot be one (stand-ins only lengthen). */
+static bool rank_of(void *user, int32_t a, int32_t b, int32_t c, uint32_t *key)
 {
-    if (left < 0 || right < 0) return KVB_OK;
-    int32_t rank = rank_of(t, s, &s->syms[left], &s->syms[right]);
-    if (rank < 0) return KVB_OK;
-    struct tok_bigram b = {.prio = rank, .left = left, .right = right,
-                           .size = (size_t)s->syms[left].n + s->syms[right].n};
-    return tok_heap_push(&s->heap, b);
+    struct bpe_session *s = user;
+    const size_t limit = s->t->max_merge_len;
+    if ((size_t)(c - a) + 1 > limit) return false;
+    size_t at = 0;
+    if (!put_standin(s, s->word + a, (size_t)(b - a), &at, limit) || at + 1 > limit) return false;
+    s->key[at++] = ' ';
+    if (!put_standin(s, s->word + b, (size_t)(c - b), &at, limit)) return false;
+    int32_t rank = tok_map_get(&s->t->ranks, s->key, at);
+    if (rank < 0) return false;
+    *key = (uint32_t)rank;
+    return true;
 }
 
-static enum kvb_status merge_word(const struct tok *t, struct bpe_session *s, struct tok_ids *out)
+/* The token whose stand-in text is w[0..n), or -1. */
+static int32_t token_of(struct bpe_session *s, const char *w, size_t n)
 {
-    const size_t len = s->word_len;
+    size_t at = 0;
+    if (n > s->t->max_len || !put_standin(s, w, n, &at, s->t->max_len)) return -1;
+    return tok_map_get(&s->t->vocab, s->key, at);
+}
+
+static enum kvb_status merge_word(struct bpe_session *s, const char *w, size_t len, const struct tok_limits *lim,
+                                  struct tok_ids *out)
+{
+    const struct tok *t = s->t;
     if (t->ignore_merges) { /* Llama 3: a word that is a token is taken whole */
-        int32_t id = tok_map_get(&t->vocab, s->word, len);
+        int32_t id = token_of(s, w, len);
         if (id >= 0) return tok_ids_push(out, id);
     }
-    struct sym *ns = reserve(s->syms, &s->syms_cap, len, sizeof *s->syms);
-    if (!ns) return KVB_ERR_NOMEM;
-    s->syms = ns;
-    char *nk = reserve(s->key, &s->key_cap, len + 1, 1);
-    if (!nk) return KVB_ERR_NOMEM;
-    s->key = nk;
-    int32_t n = 0;
-    for (size_t off = 0; off < len;) {
-        size_t cl = unicode_utf8_len((unsigned char)s->word[off]);
-        if (cl > len - off) cl = len - off;
-        s->syms[n] = (struct sym){.off = (uint32_t)off, .n = (uint32_t)cl, .prev = n - 1,
-                                  .next = off + cl == len ? -1 : n + 1};
-        off += cl;
-        n++;
-    }
-    s->heap.n = 0;
-    for (int32_t i = 1; i < n; i++) KVB_FORWARD_IF_ERROR(add_bigram(t, s, i - 1, i));
-
-    struct tok_bigram b;
-    while (tok_heap_pop(&s->heap, &b)) {
-        struct sym *l = &s->syms[b.left], *r = &s->syms[b.right];
-        /* A bigram is stale once either side merged with something else;
-         * symbols only grow, so the byte count tells. */
-        if (l->n == 0 || r->n == 0 || (size_t)l->n + r->n != b.size) continue;
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0) s->syms[r->next].prev = b.left;
-        KVB_FORWARD_IF_ERROR(add_bigram(t, s, l->prev, b.left));
-        KVB_FORWARD_IF_ERROR(add_bigram(t, s, b.left, l->next));
-    }
-
-    for (int32_t i = 0; i >= 0 && n > 0; i = s->syms[i].next) {
-        const struct sym *y = &s->syms[i];
-        int32_t id = tok_map_get(&t->vocab, s->word + y->off, y->n);
+    s->word = w;
+    KVB_FORWARD_IF_ERROR(tok_merge_start(&s->merge, w, len, false));
+    KVB_FORWARD_IF_ERROR(tok_merge_run(&s->merge, rank_of, s, lim));
+    for (int32_t i = 0; i >= 0; i = s->merge.sym[i].next) {
+        const size_t a = (size_t)i, n = (size_t)tok_merge_end(&s->merge, i) - a;
+        int32_t id = token_of(s, w + a, n);
         if (id >= 0) {
             KVB_FORWARD_IF_ERROR(tok_ids_push(out, id));
             continue;
         }
-        /* Not a token: the tokens of its single bytes, skipping the absent
-         * (the reference does the same; a complete vocab never gets here). */
-        for (uint32_t j = 0; j < y->n; j++) {
-            int32_t bid = tok_map_get(&t->vocab, s->word + y->off + j, 1);
-            if (bid >= 0) KVB_FORWARD_IF_ERROR(tok_ids_push(out, bid));
+        /* Not a token: the tokens of the single bytes of its stand-in text,
+         * skipping the absent (the reference does the same; a complete
+         * vocab never gets here). */
+        for (size_t j = 0; j < n; j++) {
+            uint8_t b = (uint8_t)w[a + j];
+            for (uint8_t k = 0; k < s->sl[b]; k++) {
+                int32_t bid = tok_map_get(&t->vocab, &s->sb[b][k], 1);
+                if (bid >= 0) KVB_FORWARD_IF_ERROR(tok_ids_push(out, bid));
+            }
         }
     }
     return KVB_OK;
 }
 
-static enum kvb_status encode(const struct tok *t, struct bpe_session *s, const char *text, size_t len,
+/* Code points between two looks at the cancel flag while decoding. */
+#define POLL_CPTS ((size_t)1 << 20)
+
+static enum kvb_status encode(struct bpe_session *s, const char *text, size_t len, const struct tok_limits *lim,
                               struct tok_ids *out)
 {
+    const struct tok *t = s->t;
     if (len == 0) return KVB_OK;
     uint32_t *nc = reserve(s->cpts, &s->cpts_cap, len, sizeof *s->cpts);
     if (!nc) return KVB_ERR_NOMEM;
     s->cpts = nc;
     size_t n = 0;
-    for (size_t pos = 0; pos < len;) s->cpts[n++] = unicode_decode_lenient(text, len, &pos);
+    uint64_t bytes = 0, live = 0; /* of the code points' UTF-8 */
+    for (size_t pos = 0; pos < len;) {
+        uint32_t c = unicode_decode_lenient(text, len, &pos);
+        s->cpts[n++] = c;
+        char u[4];
+        size_t ul = unicode_encode(c, u);
+        bytes += ul;
+        live += tok_live_bytes(t, u, ul);
+        if (n % POLL_CPTS == 0 && tok_cancelled(lim)) return KVB_ERR_CANCELLED;
+    }
+    KVB_FORWARD_IF_ERROR(tok_check_room(t, lim, out->n, live));
     KVB_FORWARD_IF_ERROR(tok_pre_split(t->split, s->cpts, n, &s->words));
+    if (tok_cancelled(lim)) return KVB_ERR_CANCELLED;
 
-    size_t start = 0;
+    /* The words as UTF-8; their ends become byte offsets. */
+    char *nr = reserve(s->raw, &s->raw_cap, (size_t)bytes, 1);
+    if (!nr) return KVB_ERR_NOMEM;
+    s->raw = nr;
+    size_t at = 0, start = 0;
     for (size_t w = 0; w < s->words.n; w++) {
-        size_t end = s->words.ends[w];
-        /* each code point: up to 4 UTF-8 bytes, each written as a 1-2 byte stand-in */
-        char *nw = reserve(s->word, &s->word_cap, (end - start) * 8, 1);
-        if (!nw) return KVB_ERR_NOMEM;
-        s->word = nw;
-        s->word_len = 0;
-        for (size_t i = start; i < end; i++) {
-            char u[4];
-            size_t ul = unicode_encode(s->cpts[i], u);
-            for (size_t j = 0; j < ul; j++)
-                s->word_len += unicode_encode(tok_byte_to_cpt((uint8_t)u[j]), s->word + s->word_len);
-        }
-        KVB_FORWARD_IF_ERROR(merge_word(t, s, out));
+        const size_t end = s->words.ends[w];
+        for (size_t i = start; i < end; i++) at += unicode_encode(s->cpts[i], s->raw + at);
+        s->words.ends[w] = (uint32_t)at;
         start = end;
     }
-    return KVB_OK;
+    /* What only the split needed goes before the merging, which needs the
+     * most: a word may be the whole fragment. */
+    kvb_free(s->cpts);
+    s->cpts = NULL;
+    s->cpts_cap = 0;
+    tok_pre_words_trim(&s->words);
+
+    size_t ws = 0;
+    for (size_t w = 0; w < s->words.n; w++) {
+        const size_t we = s->words.ends[w];
+        if (lim->max_ids) KVB_FORWARD_IF_ERROR(tok_check_room(t, lim, out->n, tok_live_bytes(t, s->raw + ws, we - ws)));
+        if (w % 4096 == 4095 && tok_cancelled(lim)) return KVB_ERR_CANCELLED;
+        KVB_FORWARD_IF_ERROR(merge_word(s, s->raw + ws, we - ws, lim, out));
+        ws = we;
+    }
+    return tok_check_room(t, lim, out->n, 0);
 }
 
-enum kvb_status tok_bpe_encode(const struct tok *t, const char *text, size_t len, struct tok_ids *out)
+enum kvb_status tok_bpe_encode(const struct tok *t, const char *text, size_t len, const struct tok_limits *lim,
+                               struct tok_ids *out)
 {
-    struct bpe_session s = {0};
-    enum kvb_status st = encode(t, &s, text, len, out);
+    struct bpe_session s = {.t = t};
+    for (int b = 0; b < 256; b++) {
+        char u[4];
+        s.sl[b] = (uint8_t)unicode_encode(tok_byte_to_cpt((uint8_t)b), u); /* 1 or 2: the stand-ins are < U+0144 */
+        memcpy(s.sb[b], u, 2);
+    }
+    /* The longest key: a merge string, or a token's text. */
+    size_t key_need = (t->max_merge_len > t->max_len ? t->max_merge_len : t->max_len) + 1;
+    s.key = kvb_malloc(key_need);
+    enum kvb_status st = s.key ? encode(&s, text, len, lim, out) : KVB_ERR_NOMEM;
     session_free(&s);
     return st;
 }

@@ -16,6 +16,7 @@
 
 #include "alloc.h"
 #include "tok_internal.h"
+#include "unicode.h"
 
 struct pre_entry {
     const char *name;
@@ -203,6 +204,7 @@ static enum kvb_status load_merges(struct tok *t, const struct gguf_file *f, str
         memcpy(dst, s.ptr, (size_t)s.len);
         dst[s.len] = '\0';
         tok_map_put(&t->ranks, dst, (size_t)s.len, (int32_t)i);
+        if (s.len > t->max_merge_len) t->max_merge_len = (uint32_t)s.len;
         off += (size_t)s.len + 1;
     }
     return KVB_OK;
@@ -342,6 +344,64 @@ static enum kvb_status load_specials(struct tok *t, const struct gguf_file *f, s
     return KVB_OK;
 }
 
+/* UTF-8 characters of s[0..n), by lead bytes. */
+static uint32_t n_chars(const char *s, uint32_t n)
+{
+    uint32_t c = 0;
+    for (uint32_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* The bounds of struct tok's last fields (tok_internal.h). max_cover must
+ * never be too small: texts are refused by it. Each output token is a
+ * symbol that is a vocabulary entry, a special token matched as text, or a
+ * fallback token of one byte, and covers accordingly: byte-level BPE
+ * symbols are runs of stand-in characters, one per byte; SentencePiece ones
+ * slices of the buffer. A symbol left over that is no entry falls back to
+ * tokens of its bytes, which is how live bytes always land in a token —
+ * provided every BPE merge makes an entry, as it does in any vocabulary
+ * trained as one. */
+static enum kvb_status compute_bounds(struct tok *t, struct kvb_err *err)
+{
+    uint32_t cover = 1;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        const struct tok_entry *e = &t->tokens[i];
+        if (e->len > t->max_len) t->max_len = e->len;
+        const bool special = e->attr & (TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED | TOK_ATTR_UNKNOWN);
+        uint32_t c = t->kind == TOK_KIND_BPE && !special ? n_chars(t->text + e->off, e->len) : e->len;
+        if (c > cover) cover = c;
+    }
+    for (size_t i = 0; i < t->n_special; i++)
+        if (t->tokens[t->special[i]].attr & (TOK_ATTR_LSTRIP | TOK_ATTR_RSTRIP)) t->strip_specials = true;
+
+    bool merges_make_tokens = true;
+    for (int b = 0; b < 256; b++) {
+        if (t->kind == TOK_KIND_SPM) {
+            t->byte_live[b] = t->byte_tok[b] >= 0 || t->unk >= 0;
+        } else {
+            char u[4];
+            size_t ul = unicode_encode(tok_byte_to_cpt((uint8_t)b), u);
+            t->byte_live[b] = tok_map_get(&t->vocab, u, ul) >= 0;
+        }
+    }
+    if (t->kind == TOK_KIND_BPE && t->ranks.slots) {
+        char *cat = kvb_malloc((size_t)t->max_merge_len + 1);
+        if (!cat) return kvb_errf(err, KVB_ERR_NOMEM, "tokenizer: out of memory");
+        for (size_t i = 0; merges_make_tokens && i <= t->ranks.mask; i++) {
+            const struct tok_map_slot *sl = &t->ranks.slots[i];
+            if (!sl->key) continue;
+            const char *sp = memchr(sl->key + 1, ' ', sl->len - 1); /* as load_merges split it */
+            size_t l = (size_t)(sp - sl->key);
+            memcpy(cat, sl->key, l);
+            memcpy(cat + l, sp + 1, sl->len - l - 1);
+            merges_make_tokens = tok_map_get(&t->vocab, cat, sl->len - 1) >= 0;
+        }
+        kvb_free(cat);
+    }
+    t->max_cover = merges_make_tokens ? cover : 0;
+    return KVB_OK;
+}
+
 static enum kvb_status load(struct tok *t, const struct gguf_file *f, struct kvb_err *err)
 {
     struct gguf_str model;
@@ -376,7 +436,8 @@ static enum kvb_status load(struct tok *t, const struct gguf_file *f, struct kvb
 
     t->add_bos = opt_bool(f, "tokenizer.ggml.add_bos_token", t->kind == TOK_KIND_SPM || (pre && pre->llama3));
     t->add_space_prefix = opt_bool(f, "tokenizer.ggml.add_space_prefix", t->kind == TOK_KIND_SPM);
-    return load_specials(t, f, err);
+    KVB_FORWARD_IF_ERROR(load_specials(t, f, err));
+    return compute_bounds(t, err);
 }
 
 enum kvb_status tok_load(const struct gguf_file *f, struct tok **out, struct kvb_err *err)

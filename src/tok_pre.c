@@ -40,12 +40,12 @@ static uint8_t class_bits(uint32_t c)
     return f;
 }
 
-static enum kvb_status grow(size_t **v, size_t *cap, size_t need)
+static enum kvb_status grow(uint32_t **v, size_t *cap, size_t need)
 {
     if (need <= *cap) return KVB_OK;
     size_t nc = *cap ? *cap : 64;
     while (nc < need) nc *= 2;
-    size_t *nv = kvb_realloc(*v, nc * sizeof **v);
+    uint32_t *nv = kvb_realloc(*v, nc * sizeof **v);
     if (!nv) return KVB_ERR_NOMEM;
     *v = nv;
     *cap = nc;
@@ -58,7 +58,7 @@ struct chunk {
     const uint8_t *f;
     size_t ini, end;
     size_t prev; /* end of the last word emitted */
-    size_t **out;
+    uint32_t **out;
     size_t *out_n, *out_cap;
     enum kvb_status st;
 };
@@ -72,7 +72,7 @@ static void emit(struct chunk *k, size_t end)
     if (end <= k->prev || k->st != KVB_OK) return;
     k->st = grow(k->out, k->out_cap, *k->out_n + 1);
     if (k->st != KVB_OK) return;
-    (*k->out)[(*k->out_n)++] = end;
+    (*k->out)[(*k->out_n)++] = (uint32_t)end;
     k->prev = end;
 }
 
@@ -262,7 +262,8 @@ static enum kvb_status run_pass(struct tok_pre_words *w, const uint32_t *cpts, e
     }
     if (k.st != KVB_OK) return k.st;
     /* swap: the new boundaries become the current ones */
-    size_t *v = w->ends, cap = w->cap;
+    uint32_t *v = w->ends;
+    size_t cap = w->cap;
     w->ends = w->tmp;
     w->cap = w->tmp_cap;
     w->n = w->tmp_n;
@@ -276,6 +277,7 @@ enum kvb_status tok_pre_split(enum tok_split split, const uint32_t *cpts, size_t
 {
     w->n = 0;
     if (n == 0) return KVB_OK;
+    if (n > UINT32_MAX) return KVB_ERR_RANGE;
     if (n > w->flags_cap) {
         uint8_t *nf = kvb_realloc(w->flags, n);
         if (!nf) return KVB_ERR_NOMEM;
@@ -284,7 +286,7 @@ enum kvb_status tok_pre_split(enum tok_split split, const uint32_t *cpts, size_t
     }
     for (size_t i = 0; i < n; i++) w->flags[i] = class_bits(cpts[i]);
     KVB_FORWARD_IF_ERROR(grow(&w->ends, &w->cap, 1));
-    w->ends[0] = n;
+    w->ends[0] = (uint32_t)n;
     w->n = 1;
 
     static const enum pass k_default[] = {PASS_PUNCT_RUNS, PASS_GPT2, PASS_NUM_RUNS, PASS_DIGIT3};
@@ -303,6 +305,15 @@ enum kvb_status tok_pre_split(enum tok_split split, const uint32_t *cpts, size_t
     }
     for (size_t i = 0; i < n_passes; i++) KVB_FORWARD_IF_ERROR(run_pass(w, cpts, passes[i]));
     return KVB_OK;
+}
+
+void tok_pre_words_trim(struct tok_pre_words *w)
+{
+    kvb_free(w->tmp);
+    kvb_free(w->flags);
+    w->tmp = NULL;
+    w->flags = NULL;
+    w->tmp_n = w->tmp_cap = w->flags_cap = 0;
 }
 
 void tok_pre_words_free(struct tok_pre_words *w)

@@ -16,18 +16,22 @@
 #include "tok_internal.h"
 
 /* Word boundaries: ends[i] is the code-point index one past word i; the last
- * end is n. Reused across calls (tok_pre_words_free releases). */
+ * end is n. Reused across calls (tok_pre_words_free releases). 32 bits: the
+ * tokenizer takes at most INT32_MAX / 4 bytes of text. */
 struct tok_pre_words {
-    size_t *ends;
+    uint32_t *ends;
     size_t n, cap;
-    size_t *tmp; /* scratch for multi-pass splits */
+    uint32_t *tmp; /* scratch for multi-pass splits */
     size_t tmp_n, tmp_cap;
     uint8_t *flags; /* per code point class bits (tok_pre.c) */
     size_t flags_cap;
 };
 
-/* Splits cpts[0..n) per `split` into w (previous contents replaced). */
+/* Splits cpts[0..n) per `split` into w (previous contents replaced).
+ * KVB_ERR_RANGE for n past UINT32_MAX. */
 enum kvb_status tok_pre_split(enum tok_split split, const uint32_t *cpts, size_t n, struct tok_pre_words *w);
+/* Frees the scratch of a split, keeping its result (ends). */
+void tok_pre_words_trim(struct tok_pre_words *w);
 void tok_pre_words_free(struct tok_pre_words *w);
 
 #endif

@@ -7,45 +7,56 @@
  * adjacent symbols whose concatenation is a token merge, highest token score
  * first, leftmost on ties. A symbol left over that is not a token is written
  * as byte-fallback tokens <0xNN>, or as the unknown token when the vocab has
- * none for that byte. */
+ * none for that byte. The merging is tok_merge.c's, over the buffer's bytes. */
 #include <string.h>
 
 #include "alloc.h"
-#include "tok_heap.h"
 #include "tok_internal.h"
+#include "tok_merge.h"
 #include "unicode.h"
 
-struct sym {
-    uint32_t off, n; /* bytes of the buffer */
-    int32_t prev, next;
-};
-
 struct spm_session {
+    const struct tok *t;
     char *buf;
     size_t len;
-    struct sym *syms;
-    struct tok_heap heap;
+    struct tok_merge merge;
 };
 
-static enum kvb_status add_bigram(const struct tok *t, struct spm_session *s, int32_t left, int32_t right)
+/* SentencePiece orders by score, higher first; tok_merge pops the least
+ * key. This maps floats to 32-bit keys in reverse order of their value
+ * (ties stay ties: -0 counts as 0). */
+static uint32_t score_key(float score)
 {
-    if (left < 0 || right < 0) return KVB_OK;
-    const struct sym *l = &s->syms[left], *r = &s->syms[right];
-    /* adjacent symbols are contiguous in buf, so their concatenation is a slice */
-    size_t size = (size_t)l->n + r->n;
-    int32_t id = tok_map_get(&t->vocab, s->buf + l->off, size);
-    if (id < 0) return KVB_OK;
-    struct tok_bigram b = {.prio = -(double)t->tokens[id].score, .left = left, .right = right, .size = size};
-    return tok_heap_push(&s->heap, b);
+    if (score == 0.0f) score = 0.0f;
+    uint32_t u;
+    memcpy(&u, &score, sizeof u);
+    u = (u & 0x80000000u) ? ~u : u | 0x80000000u; /* ascending with the value */
+    return ~u;
 }
 
-static enum kvb_status encode(const struct tok *t, struct spm_session *s, const char *text, size_t len,
-                              bool prefix_space, struct tok_ids *out)
+/* tok_merge_key_fn: adjacent symbols are contiguous in buf, so their
+ * concatenation is the slice [a, c). */
+static bool score_of(void *user, int32_t a, int32_t b, int32_t c, uint32_t *key)
 {
+    (void)b;
+    const struct spm_session *s = user;
+    size_t size = (size_t)(c - a);
+    if (size > s->t->max_len) return false;
+    int32_t id = tok_map_get(&s->t->vocab, s->buf + a, size);
+    if (id < 0) return false;
+    *key = score_key(s->t->tokens[id].score);
+    return true;
+}
+
+static enum kvb_status encode(struct spm_session *s, const char *text, size_t len, bool prefix_space,
+                              const struct tok_limits *lim, struct tok_ids *out)
+{
+    const struct tok *t = s->t;
     static const char k_space[3] = {'\xE2', '\x96', '\x81'}; /* U+2581 */
     size_t n_sp = prefix_space;
     for (size_t i = 0; i < len; i++) n_sp += text[i] == ' ';
-    s->buf = kvb_malloc(len + 2 * n_sp + 1);
+    const size_t o_len = len + 2 * n_sp;
+    s->buf = kvb_malloc(o_len + 1);
     if (!s->buf) return KVB_ERR_NOMEM;
     size_t o = 0;
     if (prefix_space) {
@@ -62,57 +73,34 @@ static enum kvb_status encode(const struct tok *t, struct spm_session *s, const 
     }
     s->len = o;
     if (o == 0) return KVB_OK;
+    if (lim->max_ids) KVB_FORWARD_IF_ERROR(tok_check_room(t, lim, out->n, tok_live_bytes(t, s->buf, o)));
 
-    s->syms = kvb_malloc(o * sizeof *s->syms);
-    if (!s->syms) return KVB_ERR_NOMEM;
-    int32_t n = 0;
-    for (size_t off = 0; off < o;) {
-        size_t cl = unicode_utf8_len((unsigned char)s->buf[off]);
-        if (cl > o - off) cl = o - off;
-        s->syms[n] = (struct sym){.off = (uint32_t)off, .n = (uint32_t)cl, .prev = n - 1,
-                                  .next = off + cl == o ? -1 : n + 1};
-        off += cl;
-        n++;
-    }
-    for (int32_t i = 1; i < n; i++) KVB_FORWARD_IF_ERROR(add_bigram(t, s, i - 1, i));
-
-    struct tok_bigram b;
-    while (tok_heap_pop(&s->heap, &b)) {
-        struct sym *l = &s->syms[b.left], *r = &s->syms[b.right];
-        if (l->n == 0 || r->n == 0 || (size_t)l->n + r->n != b.size) continue; /* stale */
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0) s->syms[r->next].prev = b.left;
-        KVB_FORWARD_IF_ERROR(add_bigram(t, s, l->prev, b.left));
-        KVB_FORWARD_IF_ERROR(add_bigram(t, s, b.left, l->next));
-    }
-
-    for (int32_t i = 0; i >= 0; i = s->syms[i].next) {
-        const struct sym *y = &s->syms[i];
-        int32_t id = tok_map_get(&t->vocab, s->buf + y->off, y->n);
+    KVB_FORWARD_IF_ERROR(tok_merge_start(&s->merge, s->buf, o, true));
+    KVB_FORWARD_IF_ERROR(tok_merge_run(&s->merge, score_of, s, lim));
+    for (int32_t i = 0; i >= 0; i = s->merge.sym[i].next) {
+        const size_t a = (size_t)i, n = (size_t)tok_merge_end(&s->merge, i) - a;
+        int32_t id = n <= t->max_len ? tok_map_get(&t->vocab, s->buf + a, n) : -1;
         if (id >= 0) {
             KVB_FORWARD_IF_ERROR(tok_ids_push(out, id));
             continue;
         }
         /* Only unmerged single characters get here (every merge makes a
          * token), so there is nothing to re-split: fall back to bytes. */
-        for (uint32_t j = 0; j < y->n; j++) {
-            int32_t bid = t->byte_tok[(unsigned char)s->buf[y->off + j]];
+        for (size_t j = 0; j < n; j++) {
+            int32_t bid = t->byte_tok[(unsigned char)s->buf[a + j]];
             if (bid < 0) bid = t->unk;
             if (bid >= 0) KVB_FORWARD_IF_ERROR(tok_ids_push(out, bid));
         }
     }
-    return KVB_OK;
+    return tok_check_room(t, lim, out->n, 0);
 }
 
 enum kvb_status tok_spm_encode(const struct tok *t, const char *text, size_t len, bool prefix_space,
-                               struct tok_ids *out)
+                               const struct tok_limits *lim, struct tok_ids *out)
 {
-    struct spm_session s = {0};
-    enum kvb_status st = encode(t, &s, text, len, prefix_space, out);
+    struct spm_session s = {.t = t};
+    enum kvb_status st = encode(&s, text, len, prefix_space, lim, out);
     kvb_free(s.buf);
-    kvb_free(s.syms);
-    tok_heap_free(&s.heap);
+    tok_merge_free(&s.merge);
     return st;
 }

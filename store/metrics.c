@@ -1,22 +1,27 @@
-/* metrics.c — writing side of the SQLite metrics store (see metrics.h).
+/* metrics.c — the SQLite metrics store (see metrics.h): opening, the
+ * schema, and the runs table.
  *
  * Opening validates identity (application id, schema version) before writing
  * anything, then brings the schema up to date inside one BEGIN IMMEDIATE
  * transaction so that two processes opening a fresh file at once cannot both
- * create it. Request rows go into an in-memory buffer (fixed-size records
- * plus one string pool) and are written in one transaction per batch through
- * a prepared statement kept for the life of the handle. The buffer, not an
- * open transaction, is what batches: holding SQLite's write lock for two
- * seconds would stall every other process sharing the file.
+ * create it. Request rows are queued and written by metrics_writer.c's
+ * thread, through a connection of its own, so that the caller never waits on
+ * another process's lock; run rows are written here, at the start and end of
+ * a run, where waiting is bounded and harmless.
  *
  * This file does not read reports; that is metrics_report.c. */
 #include "metrics.h"
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <sqlite3.h>
 
@@ -60,47 +65,60 @@ static const char *const migrations[METRICS_SCHEMA_VERSION] = {
     "  finish_reason TEXT, error_code TEXT, status_code INTEGER"
     ");"
     "CREATE INDEX requests_run_id ON requests(run_id);",
-};
-
-/* One buffered request row. Strings live in the handle's pool; an offset of
- * NO_STR stands for SQL NULL (internal only, never stored). */
-#define NO_STR SIZE_MAX
-struct pending_row {
-    int64_t run_id, input_line;
-    int64_t prompt_tokens, cached_tokens_run, cached_tokens_store, completion_tokens;
-    double queue_s, ttft_s, tpot_s, e2e_s;
-    bool has_timing, has_tpot;
-    int status_code;
-    size_t custom_id, finish_reason, error_code; /* offsets into pool, or NO_STR */
+    /* 1 -> 2: who runs a run (pid, host, boot, process start), so that a
+     * later open can tell a run whose process is gone, and the status
+     * 'died' for those. SQLite cannot alter a CHECK, so the table is
+     * rebuilt (requests refer to it by name, which the rename keeps). */
+    "CREATE TABLE runs_v2 ("
+    "  id INTEGER PRIMARY KEY,"
+    "  job_file TEXT, output_file TEXT, model TEXT, model_fingerprint TEXT, backend TEXT,"
+    "  settings TEXT,"
+    "  started_at REAL NOT NULL,"
+    "  ended_at REAL,"
+    "  status TEXT NOT NULL DEFAULT 'running'"
+    "    CHECK (status IN ('running','ok','interrupted','failed','died')),"
+    "  requests_total INTEGER, requests_ok INTEGER, requests_failed INTEGER,"
+    "  prompt_tokens INTEGER, completion_tokens INTEGER,"
+    "  cached_tokens_run INTEGER, cached_tokens_store INTEGER, prefill_tokens_computed INTEGER,"
+    "  store_bytes_read INTEGER, store_bytes_written INTEGER,"
+    "  wall_seconds REAL,"
+    "  pid INTEGER, host TEXT,"              /* the process that runs it */
+    "  boot_id TEXT,"                        /* the machine's boot (Linux), to tell a reboot */
+    "  proc_start INTEGER"                   /* the process's start (clock ticks after boot), to tell a reused pid */
+    ");"
+    "INSERT INTO runs_v2 (id, job_file, output_file, model, model_fingerprint, backend, settings, started_at,"
+    "  ended_at, status, requests_total, requests_ok, requests_failed, prompt_tokens, completion_tokens,"
+    "  cached_tokens_run, cached_tokens_store, prefill_tokens_computed, store_bytes_read, store_bytes_written,"
+    "  wall_seconds)"
+    " SELECT id, job_file, output_file, model, model_fingerprint, backend, settings, started_at,"
+    "  ended_at, status, requests_total, requests_ok, requests_failed, prompt_tokens, completion_tokens,"
+    "  cached_tokens_run, cached_tokens_store, prefill_tokens_computed, store_bytes_read, store_bytes_written,"
+    "  wall_seconds FROM runs;"
+    "DROP TABLE runs;"
+    "ALTER TABLE runs_v2 RENAME TO runs;",
+    /* 2 -> 3: what a picture of the run needs (times on one clock), and what
+     * explains a slow or failed request */
+    "ALTER TABLE requests ADD COLUMN submitted_at REAL;"   /* unix seconds; NULL = not known */
+    "ALTER TABLE requests ADD COLUMN started_at REAL;"
+    "ALTER TABLE requests ADD COLUMN first_token_at REAL;"
+    "ALTER TABLE requests ADD COLUMN ended_at REAL;"
+    "ALTER TABLE requests ADD COLUMN preemptions INTEGER;"
+    "ALTER TABLE requests ADD COLUMN restored_tokens INTEGER;"
+    "ALTER TABLE requests ADD COLUMN error_message TEXT;",
 };
 
 struct metrics_db {
     sqlite3 *sql;
     char *path;
     /* statements reused for the life of the handle */
-    sqlite3_stmt *st_begin, *st_commit, *st_rollback, *st_insert_req, *st_insert_run, *st_end_run,
-        *st_end_run_derived;
-    /* buffered request rows */
-    struct pending_row *rows;
-    size_t n_rows, cap_rows;
-    char *pool;
-    size_t pool_len, pool_cap;
-    double oldest_at;      /* monotonic time the first buffered row was added */
-    double next_try_at;    /* after a failed write: do not retry before this */
-    size_t retry_rows;     /* ... or before the buffer reaches this many rows */
-    int batch_rows;
-    double batch_seconds;
-    struct metrics_counters counters;
+    sqlite3_stmt *st_insert_run, *st_end_run, *st_end_run_derived;
+    struct metrics_writer *writer; /* request rows: queued, written by its thread */
+    int busy_ms;
+    double drain_seconds;
+    bool drain_failed;             /* a drain gave up: close does not wait again */
 };
 
 /* ---- small helpers --------------------------------------------------------- */
-
-static double now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 double metrics_now_unix(void)
 {
@@ -116,6 +134,7 @@ const char *metrics_run_status_name(enum metrics_run_status st)
     case METRICS_RUN_OK: return "ok";
     case METRICS_RUN_INTERRUPTED: return "interrupted";
     case METRICS_RUN_FAILED: return "failed";
+    case METRICS_RUN_DIED: return "died";
     }
     return "failed";
 }
@@ -304,17 +323,9 @@ static enum kvb_status prepare(struct metrics_db *db, const char *q, sqlite3_stm
 
 static enum kvb_status prepare_all(struct metrics_db *db, struct kvb_err *err)
 {
-    KVB_FORWARD_IF_ERROR(prepare(db, "BEGIN IMMEDIATE", &db->st_begin, err));
-    KVB_FORWARD_IF_ERROR(prepare(db, "COMMIT", &db->st_commit, err));
-    KVB_FORWARD_IF_ERROR(prepare(db, "ROLLBACK", &db->st_rollback, err));
-    KVB_FORWARD_IF_ERROR(prepare(db,
-        "INSERT INTO requests (run_id, custom_id, input_line, prompt_tokens, cached_tokens_run,"
-        " cached_tokens_store, completion_tokens, queue_s, ttft_s, tpot_s, e2e_s, finish_reason,"
-        " error_code, status_code) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)",
-        &db->st_insert_req, err));
     KVB_FORWARD_IF_ERROR(prepare(db,
         "INSERT INTO runs (job_file, output_file, model, model_fingerprint, backend, settings,"
-        " started_at, status) VALUES (?1,?2,?3,?4,?5,?6,?7,'running')",
+        " started_at, status, pid, host, boot_id, proc_start) VALUES (?1,?2,?3,?4,?5,?6,?7,'running',?8,?9,?10,?11)",
         &db->st_insert_run, err));
     KVB_FORWARD_IF_ERROR(prepare(db,
         "UPDATE runs SET status=?1, ended_at=?2, requests_total=?4, requests_ok=?5, requests_failed=?6,"
@@ -360,6 +371,109 @@ static enum kvb_status open_failed(struct metrics_db *db, int rc, struct kvb_err
     return db_err(db, err, rc, "cannot open the metrics database");
 }
 
+/* ---- runs whose process is gone ------------------------------------------------------------ */
+
+/* Who this process is, as a run records it. */
+struct proc_id {
+    pid_t pid;
+    char host[256];
+    char boot_id[64];     /* "" when unknown */
+    int64_t start_ticks;  /* -1 when unknown */
+};
+
+/* Field 22 of /proc/PID/stat (start time, clock ticks after boot), or -1. */
+static int64_t proc_start_ticks(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* The command name (field 2) is in parentheses and may hold anything:
+     * count fields after its last ')'. */
+    char *p = strrchr(buf, ')');
+    if (!p) return -1;
+    int field = 2;
+    for (p++; *p && field < 22; p++)
+        if (*p == ' ') field++;
+    if (field != 22) return -1;
+    char *end;
+    long long v = strtoll(p, &end, 10);
+    return end == p ? -1 : (int64_t)v;
+}
+
+static void proc_id_self(struct proc_id *id)
+{
+    memset(id, 0, sizeof *id);
+    id->pid = getpid();
+    if (gethostname(id->host, sizeof id->host - 1) != 0) id->host[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f) {
+        if (!fgets(id->boot_id, sizeof id->boot_id, f)) id->boot_id[0] = '\0';
+        id->boot_id[strcspn(id->boot_id, "\n")] = '\0';
+        fclose(f);
+    }
+    id->start_ticks = proc_start_ticks(id->pid);
+}
+
+/* Whether the process that began a run on this machine is gone: the
+ * machine rebooted since, or no process has that pid, or the one that has
+ * it started at another time (the pid was reused). */
+static bool run_process_gone(const struct proc_id *me, int64_t pid, const char *boot_id, int64_t start, bool has_start)
+{
+    if (pid <= 0 || pid > INT32_MAX) return false;
+    if (boot_id && me->boot_id[0] && strcmp(boot_id, me->boot_id) != 0) return true;
+    if (has_start) {
+        int64_t now = proc_start_ticks((pid_t)pid);
+        if (now >= 0) return now != start;
+        /* no /proc entry: gone, unless /proc is not there at all */
+        if (me->start_ticks >= 0) return true;
+    }
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Marks runs still 'running' whose process, on this machine, is gone as
+ * 'died' (killed, out of memory, crashed, machine lost). Runs begun on
+ * other machines are left alone: nothing here can tell. Best effort, and
+ * never waits for a lock: a busy database is left for the next open. */
+static void mark_dead_runs(struct metrics_db *db)
+{
+    struct proc_id me;
+    proc_id_self(&me);
+    if (!me.host[0]) return;
+    sqlite3_stmt *q = NULL;
+    if (sqlite3_prepare_v2(db->sql, "SELECT id, pid, boot_id, proc_start FROM runs WHERE status='running'"
+                           " AND pid IS NOT NULL AND host=?1", -1, &q, NULL) != SQLITE_OK)
+        return;
+    sqlite3_bind_text(q, 1, me.host, -1, SQLITE_STATIC);
+    int64_t dead[64];
+    int n = 0;
+    while (n < 64 && sqlite3_step(q) == SQLITE_ROW) {
+        const char *boot = (const char *)sqlite3_column_text(q, 2);
+        bool has_start = sqlite3_column_type(q, 3) != SQLITE_NULL;
+        if (run_process_gone(&me, sqlite3_column_int64(q, 1), boot, sqlite3_column_int64(q, 3), has_start))
+            dead[n++] = sqlite3_column_int64(q, 0);
+    }
+    sqlite3_finalize(q);
+    if (n == 0) return;
+    sqlite3_busy_timeout(db->sql, 0);
+    sqlite3_stmt *u = NULL;
+    if (sqlite3_prepare_v2(db->sql, "UPDATE runs SET status='died' WHERE id=?1 AND status='running'", -1, &u,
+                           NULL) == SQLITE_OK &&
+        sqlite3_exec(db->sql, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK) {
+        for (int i = 0; i < n; i++) {
+            sqlite3_bind_int64(u, 1, dead[i]);
+            step_reset(u);
+        }
+        if (sqlite3_exec(db->sql, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+            sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
+    }
+    sqlite3_finalize(u);
+    sqlite3_busy_timeout(db->sql, db->busy_ms);
+}
+
 static enum kvb_status open_common(const char *path, bool create, struct metrics_db **out, struct kvb_err *err)
 {
     *out = NULL;
@@ -379,8 +493,8 @@ static enum kvb_status open_common(const char *path, bool create, struct metrics
         kvb_free(db);
         return kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory opening the metrics database", path);
     }
-    db->batch_rows = METRICS_BATCH_ROWS;
-    db->batch_seconds = METRICS_BATCH_SECONDS;
+    db->busy_ms = METRICS_BUSY_TIMEOUT_MS;
+    db->drain_seconds = METRICS_DRAIN_SECONDS;
 
     int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
     int rc = sqlite3_open_v2(path, &db->sql, flags, NULL);
@@ -409,6 +523,9 @@ static enum kvb_status open_common(const char *path, bool create, struct metrics
         if (rc != SQLITE_OK) st = db_err(db, err, rc, "setting synchronous mode");
     }
     if (st == KVB_OK) st = prepare_all(db, err);
+    if (st == KVB_OK)
+        st = metrics_writer_create(path, METRICS_BATCH_ROWS, METRICS_BATCH_SECONDS, db->busy_ms, &db->writer, err);
+    if (st == KVB_OK) mark_dead_runs(db);
     if (st != KVB_OK) {
         metrics_close(db);
         return st;
@@ -430,17 +547,12 @@ enum kvb_status metrics_open_existing(const char *path, struct metrics_db **out,
 void metrics_close(struct metrics_db *db)
 {
     if (!db) return;
-    if (db->sql && db->st_insert_req) metrics_flush(db, NULL);
-    sqlite3_finalize(db->st_begin);
-    sqlite3_finalize(db->st_commit);
-    sqlite3_finalize(db->st_rollback);
-    sqlite3_finalize(db->st_insert_req);
+    /* A drain that already gave up said how many rows were lost. */
+    metrics_writer_free(db->writer, db->drain_failed ? 0 : db->drain_seconds);
     sqlite3_finalize(db->st_insert_run);
     sqlite3_finalize(db->st_end_run);
     sqlite3_finalize(db->st_end_run_derived);
     sqlite3_close(db->sql); /* NULL is a no-op; every statement is finalized above */
-    kvb_free(db->rows);
-    kvb_free(db->pool);
     kvb_free(db->path);
     kvb_free(db);
 }
@@ -459,22 +571,29 @@ enum kvb_status metrics_set_batching(struct metrics_db *db, int max_rows, double
 {
     KVB_RETURN_IF(max_rows < 1 || max_rows > METRICS_MAX_PENDING, KVB_ERR_INVALID_ARG);
     KVB_RETURN_IF(!(max_seconds >= 0), KVB_ERR_INVALID_ARG); /* also refuses NaN */
-    db->batch_rows = max_rows;
-    db->batch_seconds = max_seconds;
+    metrics_writer_set_batching(db->writer, max_rows, max_seconds);
     return KVB_OK;
 }
 
 enum kvb_status metrics_set_busy_timeout(struct metrics_db *db, int ms)
 {
     KVB_RETURN_IF(ms < 0, KVB_ERR_INVALID_ARG);
+    db->busy_ms = ms;
     sqlite3_busy_timeout(db->sql, ms);
+    metrics_writer_set_busy_timeout(db->writer, ms);
+    return KVB_OK;
+}
+
+enum kvb_status metrics_set_drain_timeout(struct metrics_db *db, double seconds)
+{
+    KVB_RETURN_IF(!(seconds >= 0), KVB_ERR_INVALID_ARG);
+    db->drain_seconds = seconds;
     return KVB_OK;
 }
 
 void metrics_get_counters(const struct metrics_db *db, struct metrics_counters *out)
 {
-    *out = db->counters;
-    out->rows_pending = (int64_t)db->n_rows;
+    metrics_writer_counters(db->writer, out);
 }
 
 /* ---- runs -------------------------------------------------------------------- */
@@ -497,6 +616,13 @@ enum kvb_status metrics_run_begin(struct metrics_db *db, const struct metrics_ru
     if (rc == SQLITE_OK) rc = bind_text_or_null(st, 5, info->backend);
     if (rc == SQLITE_OK) rc = bind_text_or_null(st, 6, info->settings);
     if (rc == SQLITE_OK) rc = sqlite3_bind_double(st, 7, metrics_now_unix());
+    struct proc_id me;
+    proc_id_self(&me);
+    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 8, (int64_t)me.pid);
+    if (rc == SQLITE_OK) rc = bind_text_or_null(st, 9, me.host[0] ? me.host : NULL);
+    if (rc == SQLITE_OK) rc = bind_text_or_null(st, 10, me.boot_id[0] ? me.boot_id : NULL);
+    if (rc == SQLITE_OK)
+        rc = me.start_ticks >= 0 ? sqlite3_bind_int64(st, 11, me.start_ticks) : sqlite3_bind_null(st, 11);
     if (rc == SQLITE_OK) rc = step_reset(st);
     /* The insert runs in autocommit mode, so last_insert_rowid is ours:
      * a handle is used by one thread at a time. */
@@ -509,7 +635,11 @@ enum kvb_status metrics_run_begin(struct metrics_db *db, const struct metrics_ru
 enum kvb_status metrics_run_end(struct metrics_db *db, int64_t run_id, enum metrics_run_status status,
                                 const struct metrics_totals *t, struct kvb_err *err)
 {
-    KVB_FORWARD_IF_ERROR(metrics_flush(db, err));
+    /* The rows first (derived totals count them), waiting a bounded time;
+     * the end is recorded even when some rows could not be written, so the
+     * run does not stay 'running'. */
+    struct kvb_err ferr = {{0}};
+    enum kvb_status fst = metrics_flush(db, &ferr);
     sqlite3_stmt *st = t ? db->st_end_run : db->st_end_run_derived;
     int rc = sqlite3_bind_text(st, 1, metrics_run_status_name(status), -1, SQLITE_STATIC);
     if (rc == SQLITE_OK) rc = sqlite3_bind_double(st, 2, metrics_now_unix());
@@ -524,143 +654,38 @@ enum kvb_status metrics_run_end(struct metrics_db *db, int64_t run_id, enum metr
     }
     if (rc == SQLITE_OK) rc = step_reset(st);
     sqlite3_clear_bindings(st);
-    if (rc != SQLITE_OK) return db_err(db, err, rc, "recording the end of a run");
+    if (rc != SQLITE_OK) {
+        enum kvb_status est = db_err(db, err, rc, "recording the end of a run");
+        if (fst != KVB_OK && err) {
+            char end[sizeof err->msg];
+            snprintf(end, sizeof end, "%s", err->msg);
+            int n = snprintf(err->msg, sizeof err->msg, "%.250s; and %.250s", ferr.msg, end);
+            (void)n;
+        }
+        return est;
+    }
     if (sqlite3_changes(db->sql) == 0)
         return kvb_errf(err, KVB_ERR_NOT_FOUND, "%s: no run %lld to end", db->path, (long long)run_id);
+    if (fst != KVB_OK) return kvb_errf(err, fst, "%s (the run's end is recorded)", ferr.msg);
     return KVB_OK;
 }
 
-/* ---- request rows ------------------------------------------------------------ */
-
-static size_t pool_add(struct metrics_db *db, const char *s, bool *oom)
-{
-    if (!s) return NO_STR;
-    size_t n = strlen(s) + 1;
-    if (db->pool_len + n > db->pool_cap) {
-        size_t cap = db->pool_cap ? db->pool_cap : 4096;
-        while (cap < db->pool_len + n) cap *= 2;
-        char *p = kvb_realloc(db->pool, cap);
-        if (!p) {
-            *oom = true;
-            return NO_STR;
-        }
-        db->pool = p;
-        db->pool_cap = cap;
-    }
-    memcpy(db->pool + db->pool_len, s, n);
-    db->pool_len += n;
-    return db->pool_len - n;
-}
-
-static int bind_pool_str(struct metrics_db *db, sqlite3_stmt *st, int i, size_t off)
-{
-    /* STATIC: the pool is not touched until the statement is reset. */
-    return off == NO_STR ? sqlite3_bind_null(st, i) : sqlite3_bind_text(st, i, db->pool + off, -1, SQLITE_STATIC);
-}
-
-static int bind_time(sqlite3_stmt *st, int i, bool present, double v)
-{
-    return present && isfinite(v) ? sqlite3_bind_double(st, i, v) : sqlite3_bind_null(st, i);
-}
-
-static int insert_row(struct metrics_db *db, const struct pending_row *r)
-{
-    sqlite3_stmt *st = db->st_insert_req;
-    int rc = sqlite3_bind_int64(st, 1, r->run_id);
-    if (rc == SQLITE_OK) rc = bind_pool_str(db, st, 2, r->custom_id);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 3, r->input_line);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 4, r->prompt_tokens);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 5, r->cached_tokens_run);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 6, r->cached_tokens_store);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 7, r->completion_tokens);
-    if (rc == SQLITE_OK) rc = bind_time(st, 8, r->has_timing, r->queue_s);
-    if (rc == SQLITE_OK) rc = bind_time(st, 9, r->has_timing, r->ttft_s);
-    if (rc == SQLITE_OK) rc = bind_time(st, 10, r->has_timing && r->has_tpot, r->tpot_s);
-    if (rc == SQLITE_OK) rc = bind_time(st, 11, r->has_timing, r->e2e_s);
-    if (rc == SQLITE_OK) rc = bind_pool_str(db, st, 12, r->finish_reason);
-    if (rc == SQLITE_OK) rc = bind_pool_str(db, st, 13, r->error_code);
-    if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, 14, r->status_code);
-    if (rc == SQLITE_OK) rc = step_reset(st);
-    return rc;
-}
+/* ---- request rows (written by metrics_writer.c) ------------------------------------------ */
 
 enum kvb_status metrics_flush(struct metrics_db *db, struct kvb_err *err)
 {
-    if (db->n_rows == 0) return KVB_OK;
-    int rc = step_reset(db->st_begin);
-    if (rc != SQLITE_OK) {
-        db->counters.flush_failures++;
-        return db_err(db, err, rc, "locking the database to write request rows");
+    enum kvb_status st = metrics_writer_drain(db->writer, db->drain_seconds, err);
+    if (st != KVB_OK) {
+        db->drain_failed = true;
+        kvb_err_wrap(err, st, "%s", db->path);
     }
-    for (size_t i = 0; rc == SQLITE_OK && i < db->n_rows; i++) rc = insert_row(db, &db->rows[i]);
-    sqlite3_clear_bindings(db->st_insert_req);
-    if (rc == SQLITE_OK) rc = step_reset(db->st_commit);
-    if (rc != SQLITE_OK) {
-        enum kvb_status st = db_err(db, err, rc, "writing request rows");
-        step_reset(db->st_rollback);
-        db->counters.flush_failures++;
-        return st;
-    }
-    db->counters.rows_written += (int64_t)db->n_rows;
-    db->counters.batches_written++;
-    db->n_rows = 0;
-    db->pool_len = 0;
-    db->retry_rows = 0;
-    db->next_try_at = 0;
-    return KVB_OK;
+    return st;
 }
 
 enum kvb_status metrics_request_add(struct metrics_db *db, int64_t run_id, const struct metrics_request *req,
                                     struct kvb_err *err)
 {
-    if (db->n_rows >= METRICS_MAX_PENDING)
-        return kvb_errf(err, KVB_ERR_RANGE, "%s: %d request rows wait to be written; row of line %lld dropped",
-                        db->path, METRICS_MAX_PENDING, (long long)req->input_line);
-    if (db->n_rows == db->cap_rows) {
-        size_t cap = db->cap_rows ? db->cap_rows * 2 : 64;
-        struct pending_row *p = kvb_realloc(db->rows, cap * sizeof *p);
-        if (!p) return kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory buffering a request row", db->path);
-        db->rows = p;
-        db->cap_rows = cap;
-    }
-    size_t pool_mark = db->pool_len;
-    bool oom = false;
-    struct pending_row *r = &db->rows[db->n_rows];
-    r->custom_id = pool_add(db, req->custom_id, &oom);
-    r->finish_reason = pool_add(db, req->finish_reason, &oom);
-    r->error_code = pool_add(db, req->error_code, &oom);
-    if (oom) {
-        db->pool_len = pool_mark;
-        return kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory buffering a request row", db->path);
-    }
-    r->run_id = run_id;
-    r->input_line = req->input_line;
-    r->prompt_tokens = req->prompt_tokens;
-    r->cached_tokens_run = req->cached_tokens_run;
-    r->cached_tokens_store = req->cached_tokens_store;
-    r->completion_tokens = req->completion_tokens;
-    r->has_timing = req->has_timing;
-    r->has_tpot = req->completion_tokens >= 2;
-    r->queue_s = req->queue_s;
-    r->ttft_s = req->ttft_s;
-    r->tpot_s = req->tpot_s;
-    r->e2e_s = req->e2e_s;
-    r->status_code = req->status_code;
-    double now = now_mono();
-    if (db->n_rows == 0) db->oldest_at = now;
-    db->n_rows++;
-
-    bool due = db->n_rows >= (size_t)db->batch_rows || now - db->oldest_at >= db->batch_seconds;
-    /* After a failed write, wait for another full batch or batch interval
-     * rather than paying the busy timeout on every row. */
-    if (due && db->retry_rows && db->n_rows < db->retry_rows && now < db->next_try_at) due = false;
-    if (!due) return KVB_OK;
-    enum kvb_status st = metrics_flush(db, err);
-    if (st != KVB_OK) {
-        db->retry_rows = db->n_rows + (size_t)db->batch_rows;
-        db->next_try_at = now + db->batch_seconds;
-    }
-    return st;
+    return metrics_writer_add(db->writer, run_id, req, err);
 }
 
 enum kvb_status metrics_default_path(const char *output_file, char *buf, size_t cap)

@@ -6,15 +6,31 @@
  *
  *   runs      one row per run: job and output files, model and its fingerprint,
  *             backend, settings (JSON text), start/end (unix seconds, REAL),
- *             status ('running', 'ok', 'interrupted', 'failed') and totals.
+ *             status ('running', 'ok', 'interrupted', 'failed', 'died'),
+ *             totals, and the process running it (pid, host, boot id,
+ *             process start time).
  *   requests  one row per finished request (or rejected input line), indexed
  *             by run_id: token counts split by where the prompt prefix came
  *             from (in-run radix cache vs persistent LMDB store), latencies,
- *             finish reason, error code, HTTP-style status code.
+ *             wall-clock submit/start/first-token/end times, preemptions and
+ *             the positions they dropped, finish reason, error code and
+ *             message, HTTP-style status code.
  *
- * Request rows are buffered in memory and written in batches, one transaction
+ * The columns are documented for users in README.md ("Metrics database");
+ * schema version 2 added who runs a run (pid, host, boot id, process start) and
+ * the status "died"; version 3 the wall-clock times, preemptions, restored_tokens
+ * and error_message (NULL in rows written by version 1).
+ *
+ * Request rows are queued in memory and written in batches, one transaction
  * per batch (every 256 rows or every 2 s by default, and on flush/run end):
- * a transaction per row would cost an fsync-ish WAL commit per request.
+ * a transaction per row would cost an fsync-ish WAL commit per request. The
+ * handle writes them from a thread (and a connection) of its own, so adding
+ * a row never waits on SQLite: while another process holds the write lock,
+ * rows queue up and are written when it is free (a failed batch is tried
+ * again about a second later). Flushing, ending a run and closing wait for
+ * the queue, at most metrics_set_drain_timeout seconds (default
+ * METRICS_DRAIN_SECONDS), and then say how many rows could not be written
+ * and why.
  *
  * Several processes may share one database file: each holds its own handle,
  * writes take SQLite's write lock only for the length of one batch, and a busy
@@ -47,13 +63,15 @@
 #include "status.h"
 
 /* Schema version this build writes (PRAGMA user_version). */
-#define METRICS_SCHEMA_VERSION 1
+#define METRICS_SCHEMA_VERSION 3
 
 /* Default batching of request rows (see metrics_set_batching). */
 #define METRICS_BATCH_ROWS 256
 #define METRICS_BATCH_SECONDS 2.0
 /* Most request rows held in memory while the database refuses writes. */
 #define METRICS_MAX_PENDING 65536
+/* How long flush, run end and close wait for queued rows by default. */
+#define METRICS_DRAIN_SECONDS 30.0
 
 /* Passed as run_id to metrics_report: the run with the highest id. */
 #define METRICS_RUN_LATEST ((int64_t)-1)
@@ -64,10 +82,12 @@ enum metrics_run_status {
     METRICS_RUN_RUNNING = 0, /* begun, not ended (or the process died) */
     METRICS_RUN_OK,          /* the job ran to the end (some lines may have failed) */
     METRICS_RUN_INTERRUPTED, /* stopped by SIGINT/SIGTERM; --resume continues it */
-    METRICS_RUN_FAILED       /* could not go on (I/O error, model error, …) */
+    METRICS_RUN_FAILED,      /* could not go on (I/O error, model error, …) */
+    METRICS_RUN_DIED         /* its process ended without recording an end (killed, out of memory,
+                                crashed, machine lost); set by a later open, see metrics_open */
 };
 
-/* The text stored in runs.status: "running", "ok", "interrupted", "failed". */
+/* The text stored in runs.status: "running", "ok", "interrupted", "failed", "died". */
 const char *metrics_run_status_name(enum metrics_run_status st);
 
 /* What a run is. Every string is copied; NULL is stored as SQL NULL. */
@@ -98,7 +118,17 @@ struct metrics_request {
     double queue_s, ttft_s, tpot_s, e2e_s;
     const char *finish_reason; /* "stop", "length", … or NULL */
     const char *error_code;    /* NULL on success, else e.g. "invalid_json" */
+    const char *error_message; /* NULL on success, else the message of its error line */
     int status_code;           /* 200 on success, 400 for a bad line, 500 … */
+    /* Wall-clock times, unix seconds (0, negative or not finite: unknown,
+     * stored as NULL): submitted_at when the line was read and queued for
+     * the scheduler, started_at when it was first admitted (its prefill
+     * began), first_token_at when its first output token was sampled,
+     * ended_at when it finished — for a rejected line, when its error line
+     * was written. Independent of has_timing. */
+    double submitted_at, started_at, first_token_at, ended_at;
+    int64_t preemptions;     /* times the scheduler preempted it (0 when never scheduled) */
+    int64_t restored_tokens; /* positions whose K/V those preemptions dropped (rebuilt later) */
 };
 
 /* Totals recorded at run end. */
@@ -114,14 +144,20 @@ struct metrics_totals {
 
 /* Counters of this handle's buffered writes (for logs and tests). */
 struct metrics_counters {
-    int64_t rows_pending;    /* request rows buffered, not yet written */
+    int64_t rows_pending;    /* request rows queued, not yet written */
     int64_t rows_written;    /* request rows committed by this handle */
     int64_t batches_written; /* transactions that committed request rows */
-    int64_t flush_failures;  /* batches that failed (their rows stayed buffered) */
+    int64_t flush_failures;  /* write attempts that failed (their rows stayed queued) */
+    int64_t rows_refused;    /* rows not queued: METRICS_MAX_PENDING were waiting */
 };
 
 /* Opens the database at `path`, creating the file and the schema if absent,
  * upgrading an older kvbatch schema; sets WAL mode and a busy timeout.
+ * Runs still 'running' that were begun on this machine by a process that
+ * is gone (no such pid, a pid reused by a later process, or a reboot since)
+ * are marked 'died'; runs of other machines are left as they are. That is
+ * best effort and never waits for a lock (a busy file is left for the next
+ * open).
  * On success *out owns the connection until metrics_close(). On failure *out
  * is NULL. A path in a missing directory gives KVB_ERR_IO naming the
  * directory; a file that is not SQLite gives KVB_ERR_FORMAT. */
@@ -132,22 +168,29 @@ enum kvb_status metrics_open(const char *path, struct metrics_db **out, struct k
  * KVB_ERR_IO when the file is missing, KVB_ERR_FORMAT when it is not ours. */
 enum kvb_status metrics_open_existing(const char *path, struct metrics_db **out, struct kvb_err *err);
 
-/* Writes any buffered rows (errors ignored: call metrics_flush first to know),
- * then closes. Runs still 'running' stay so. Accepts NULL. */
+/* Writes any queued rows (waiting at most the drain timeout, or not at all
+ * when a flush already gave up; errors ignored: call metrics_flush or
+ * metrics_run_end first to know), then closes. Runs still 'running' stay
+ * so. Accepts NULL. */
 void metrics_close(struct metrics_db *db);
 
 /* The path the handle was opened with; valid until metrics_close(). */
 const char *metrics_path(const struct metrics_db *db);
 
-/* Batching of request rows: a batch is written when `max_rows` rows are
- * buffered or when the oldest buffered row is `max_seconds` old (checked at
- * each metrics_request_add — no background thread, so an idle caller should
- * call metrics_flush). max_rows >= 1, max_seconds >= 0. */
+/* Batching of request rows: a batch (every row queued then) is written
+ * when `max_rows` rows are queued or when the oldest queued row is
+ * `max_seconds` old (by the handle's writer thread; nothing to call).
+ * max_rows >= 1, max_seconds >= 0. */
 enum kvb_status metrics_set_batching(struct metrics_db *db, int max_rows, double max_seconds);
 
-/* How long a write waits for another process's lock before giving up with
- * KVB_ERR_IO (default 10000 ms). ms >= 0. */
+/* How long one write waits for another process's lock before that attempt
+ * fails (default 10000 ms): the writer thread then tries again; run begin
+ * and end fail with KVB_ERR_IO. ms >= 0. */
 enum kvb_status metrics_set_busy_timeout(struct metrics_db *db, int ms);
+
+/* How long flush, run end and close wait for queued rows (default
+ * METRICS_DRAIN_SECONDS). seconds >= 0. */
+enum kvb_status metrics_set_drain_timeout(struct metrics_db *db, double seconds);
 
 /* Inserts a runs row with status 'running' and started_at = now; writes it at
  * once (not buffered) so a concurrent reader sees the run. *run_id receives
@@ -155,20 +198,23 @@ enum kvb_status metrics_set_busy_timeout(struct metrics_db *db, int ms);
 enum kvb_status metrics_run_begin(struct metrics_db *db, const struct metrics_run_info *info,
                                   int64_t *run_id, struct kvb_err *err);
 
-/* Buffers one request row of run `run_id`, writing the buffer when it is due
- * (see metrics_set_batching). Returns KVB_OK when the row is buffered and no
- * write was due or the write succeeded. If the due write fails the error is
- * returned, the rows stay buffered and are tried again at the next due point;
- * past METRICS_MAX_PENDING buffered rows further rows are refused
- * (KVB_ERR_RANGE) so that a dead database cannot eat memory. The run id is
- * not checked here (a row of a missing run is written all the same). */
+/* Queues one request row of run `run_id` (copied) for the writer thread;
+ * never waits on the database. KVB_OK when queued; past METRICS_MAX_PENDING
+ * queued rows further rows are refused (KVB_ERR_RANGE, counted) so that a
+ * dead database cannot eat memory; KVB_ERR_NOMEM. Write failures are not
+ * reported here but by the next flush or run end (and counted). The run id
+ * is not checked (a row of a missing run is written all the same). */
 enum kvb_status metrics_request_add(struct metrics_db *db, int64_t run_id,
                                     const struct metrics_request *req, struct kvb_err *err);
 
-/* Writes every buffered row now, in one transaction. */
+/* Waits until every queued row is written, at most the drain timeout:
+ * KVB_ERR_IO saying how many rows are still queued and why the last write
+ * failed (they stay queued). */
 enum kvb_status metrics_flush(struct metrics_db *db, struct kvb_err *err);
 
-/* Flushes, then sets the run's status, ended_at = now and totals. With
+/* Flushes, then sets the run's status, ended_at = now and totals — also
+ * when the flush timed out (then KVB_ERR_IO saying how many rows could not
+ * be written and why, and that the end is recorded). With
  * totals == NULL the request counts and token sums are computed from the
  * run's request rows, prefill_tokens_computed is set to prompt minus both
  * cached counts, store bytes to 0 and wall_seconds to ended_at - started_at.

@@ -13,6 +13,8 @@
 
 #include "metrics.h"
 #include "metrics_internal.h"
+#include "metrics_report.h"
+#include "metrics_report_internal.h"
 
 /* Runs one statement with up to two bound parameters (text, int). */
 static int exec_bound(sqlite3 *sql, const char *q, const char *text, int64_t num)
@@ -33,7 +35,8 @@ static int exec_bound(sqlite3 *sql, const char *q, const char *text, int64_t num
     " cached_tokens_store, prefill_tokens_computed, store_bytes_read, store_bytes_written, wall_seconds"
 #define REQ_COLS                                                                                                  \
     "custom_id, input_line, prompt_tokens, cached_tokens_run, cached_tokens_store, completion_tokens, queue_s,"  \
-    " ttft_s, tpot_s, e2e_s, finish_reason, error_code, status_code"
+    " ttft_s, tpot_s, e2e_s, finish_reason, error_code, status_code, error_message, submitted_at, started_at,"  \
+    " first_token_at, ended_at, preemptions, restored_tokens"
 
 /* A sum that is NULL unless every run has the column (totals are NULL until a run ends). */
 #define ALL_SUM(c) "CASE WHEN count(" c ") = count(*) THEN sum(" c ") END"
@@ -86,8 +89,9 @@ struct staged {
 /* Refuses combinations that would print wrong sums (the same run twice, one
  * shard twice, shards of different splits) and warns on out about ones that
  * print partial sums (missing shards, resumed runs). */
-static enum kvb_status check_staged(sqlite3 *sql, const char *const *paths, int n, FILE *out, struct kvb_err *err)
+static enum kvb_status check_staged(sqlite3 *sql, const char *const *paths, int n, FILE *warn, struct kvb_err *err)
 {
+    if (n < 1) return KVB_OK;
     struct staged *r = calloc((size_t)n, sizeof *r);
     if (!r) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     sqlite3_stmt *st = NULL;
@@ -130,21 +134,25 @@ static enum kvb_status check_staged(sqlite3 *sql, const char *const *paths, int 
                                "model and --chat-template", paths[j], paths[i], r[j].plan, r[i].plan);
         }
     }
-    if (ret == KVB_OK && sharded && n < r[0].count)
-        fprintf(out, "warning: %d of %ld shards given: the sums cover only them\n", n, r[0].count);
+    if (ret == KVB_OK && sharded && n < r[0].count && warn)
+        fprintf(warn, "warning: %d of %ld shards given: the sums cover only them\n", n, r[0].count);
     for (int i = 0; i < n && ret == KVB_OK; i++)
-        if (r[i].resumed)
-            fprintf(out, "warning: %s: its latest run resumed an earlier one (--resume); the requests that one "
+        if (r[i].resumed && warn)
+            fprintf(warn, "warning: %s: its latest run resumed an earlier one (--resume); the requests that one "
                     "finished are counted there, not here\n", paths[i]);
     free(r);
     return ret;
 }
 
-enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *out, struct kvb_err *err)
+enum kvb_status metrics_combined_open(const char *const *paths, int n, FILE *warn, struct metrics_db **out,
+                                      char *tmp_dir, struct kvb_err *err)
 {
+    *out = NULL;
+    tmp_dir[0] = '\0';
     if (n < 1 || !paths) return kvb_errf(err, KVB_ERR_INVALID_ARG, "no database given");
     char dir[] = "/tmp/kvbatch-report-XXXXXX", path[64];
     if (!mkdtemp(dir)) return kvb_errf(err, KVB_ERR_IO, "cannot make a temporary directory in /tmp");
+    snprintf(tmp_dir, 64, "%s", dir);
     snprintf(path, sizeof path, "%s/combined.db", dir);
     struct metrics_db *db = NULL;
     enum kvb_status st = metrics_open(path, &db, err);
@@ -154,7 +162,7 @@ enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *o
         if (rc != SQLITE_OK) st = metrics_sql_err(sql, path, err, rc, "staging");
     }
     for (int i = 0; i < n && st == KVB_OK; i++) st = copy_latest(sql, paths[i], 2 + i, err);
-    if (st == KVB_OK) st = check_staged(sql, paths, n, out, err);
+    if (st == KVB_OK) st = check_staged(sql, paths, n, warn, err);
     if (st == KVB_OK) {
         /* Run 1 = the sum of the others. The worst status wins; wall time
          * spans the first start to the last end (shards run side by side). */
@@ -165,7 +173,8 @@ enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *o
             " (SELECT group_concat(DISTINCT job_file), group_concat(output_file, ', '), group_concat(DISTINCT model),"
             "  group_concat(DISTINCT model_fingerprint), group_concat(DISTINCT backend), min(started_at),"
             "  CASE WHEN count(ended_at) = count(*) THEN max(ended_at) END,"
-            "  CASE WHEN sum(status = 'failed') > 0 THEN 'failed' WHEN sum(status = 'interrupted') > 0 THEN"
+            "  CASE WHEN sum(status = 'failed') > 0 THEN 'failed' WHEN sum(status = 'died') > 0 THEN 'died'"
+            "  WHEN sum(status = 'interrupted') > 0 THEN"
             "  'interrupted' WHEN sum(status = 'running') > 0 THEN 'running' ELSE 'ok' END, "
             ALL_SUM("requests_total") ", " ALL_SUM("requests_ok") ", " ALL_SUM("requests_failed") ", "
             ALL_SUM("prompt_tokens") ", " ALL_SUM("completion_tokens") ", " ALL_SUM("cached_tokens_run") ", "
@@ -177,19 +186,61 @@ enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *o
         if (rc == SQLITE_OK) rc = exec_bound(sql, "DELETE FROM runs WHERE id > 1", NULL, 0);
         if (rc != SQLITE_OK) st = metrics_sql_err(sql, path, err, rc, "combining");
     }
-    if (st == KVB_OK) {
+    if (st != KVB_OK) {
+        metrics_combined_close(db, tmp_dir);
+        tmp_dir[0] = '\0';
+        return st;
+    }
+    *out = db;
+    return KVB_OK;
+}
+
+void metrics_combined_close(struct metrics_db *db, const char *tmp_dir)
+{
+    metrics_close(db);
+    if (!tmp_dir || !tmp_dir[0]) return;
+    const char *suffix[3] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        char p[96];
+        snprintf(p, sizeof p, "%s/combined.db%s", tmp_dir, suffix[i]);
+        unlink(p);
+    }
+    rmdir(tmp_dir);
+}
+
+enum kvb_status metrics_report_combined_format(const char *const *paths, int n, enum metrics_format fmt,
+                                               FILE *out, FILE *warn, struct kvb_err *err)
+{
+    /* JSON and CSV carry the warnings inside: collect them first. */
+    char *wbuf = NULL;
+    size_t wlen = 0;
+    FILE *wf = fmt == METRICS_FORMAT_TEXT ? out : open_memstream(&wbuf, &wlen);
+    if (!wf) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    struct metrics_db *db = NULL;
+    char tmp[64];
+    enum kvb_status st = metrics_combined_open(paths, n, wf, &db, tmp, err);
+    if (fmt != METRICS_FORMAT_TEXT) {
+        fclose(wf); /* wbuf now holds the warnings */
+        if (fmt == METRICS_FORMAT_CSV && warn && wbuf) fputs(wbuf, warn);
+    }
+    if (st == KVB_OK && fmt == METRICS_FORMAT_TEXT) {
         fprintf(out, "combined: the latest run of each of %d databases:", n);
         for (int i = 0; i < n; i++) fprintf(out, " %s", paths[i]);
         fputc('\n', out);
-        st = metrics_report_as(db, 1, "all of them", out, err);
     }
-    metrics_close(db);
-    const char *suffix[3] = {"", "-wal", "-shm"};
-    for (int i = 0; i < 3; i++) {
-        char p[80];
-        snprintf(p, sizeof p, "%s%s", path, suffix[i]);
-        unlink(p);
+    struct metrics_summary s;
+    if (st == KVB_OK) st = metrics_summary_load(db, 1, "all of them", &s, err);
+    if (st == KVB_OK) {
+        struct metrics_combined_info ci = {.paths = paths, .n_paths = n, .warnings = wbuf};
+        metrics_summary_print(&s, fmt, &ci, out);
+        metrics_summary_free(&s);
     }
-    rmdir(dir);
+    free(wbuf); /* open_memstream's buffer is malloc'd */
+    metrics_combined_close(db, tmp);
     return st;
+}
+
+enum kvb_status metrics_report_combined(const char *const *paths, int n, FILE *out, struct kvb_err *err)
+{
+    return metrics_report_combined_format(paths, n, METRICS_FORMAT_TEXT, out, NULL, err);
 }

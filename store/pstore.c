@@ -11,8 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "alloc.h"
@@ -55,6 +59,173 @@ static uint64_t effective_cap(const char *dir, uint64_t want)
     uint64_t have = n > 0 && (size_t)n < sizeof path && stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
     uint64_t disk = have + avail - avail / 10;
     return want < disk ? want : disk;
+}
+
+/* ---- opening, and a damaged file ------------------------------------------------- */
+
+static int env_open(struct pstore *ps)
+{
+    int rc = mdb_env_create(&ps->env);
+    if (rc) {
+        ps->env = NULL;
+        return rc;
+    }
+    /* NOTLS: the engine thread and the writer thread each run transactions.
+     * NOMETASYNC: a crash may lose the last commit but never corrupts, and
+     * it halves the fsyncs; losing a cache write costs only a recompute. */
+    if (!(rc = mdb_env_set_maxdbs(ps->env, 8)) && !(rc = mdb_env_set_mapsize(ps->env, (size_t)ps->map_size)))
+        rc = mdb_env_open(ps->env, ps->dir, MDB_NOTLS | MDB_NOMETASYNC, 0644);
+    if (rc) {
+        mdb_env_close(ps->env); /* LMDB: a failed open leaves a handle only good for closing */
+        ps->env = NULL;
+    }
+    return rc;
+}
+
+/* Errors of mdb_env_open that a damaged data file produces (bad meta page;
+ * a page count that cannot be mapped). */
+static bool open_error_may_be_damage(int rc)
+{
+    return rc == MDB_INVALID || rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == ENOMEM || rc == EINVAL ||
+           rc == EFBIG || rc == EOVERFLOW;
+}
+
+/* Moves the damaged data file (and its lock file, so that a process still
+ * holding the old file keeps its own locks) into DIR/damaged-TIME/. Only
+ * the file that was checked: when another process moved it first, there
+ * is nothing to do. lockfd (or -1) serialises this against other
+ * processes' opens. 0, or an errno (where names the step). */
+static int set_aside(struct pstore *ps, int lockfd, const struct pstore_check *c, char *moved, size_t cap,
+                     const char **where)
+{
+    char data[4200], lock[4200], to[4200];
+    snprintf(data, sizeof data, "%s/data.mdb", ps->dir);
+    snprintf(lock, sizeof lock, "%s/lock.mdb", ps->dir);
+    moved[0] = '\0';
+    if (lockfd >= 0) {
+        while (flock(lockfd, LOCK_EX) != 0 && errno == EINTR) {
+        }
+    }
+    int rc = 0;
+    struct stat st;
+    *where = "looking at the file";
+    if (stat(data, &st) != 0) {
+        rc = errno == ENOENT ? 0 : errno; /* gone: moved by another process */
+        goto out;
+    }
+    if ((uint64_t)st.st_dev != c->dev || (uint64_t)st.st_ino != c->ino) goto out; /* another file now */
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    *where = "making a directory for it";
+    for (int i = 1;; i++) {
+        if (i == 1) snprintf(moved, cap, "%s/damaged-%s", ps->dir, stamp);
+        else snprintf(moved, cap, "%s/damaged-%s-%d", ps->dir, stamp, i);
+        if (mkdir(moved, 0755) == 0) break;
+        if (errno != EEXIST || i >= 100) {
+            rc = errno;
+            moved[0] = '\0';
+            goto out;
+        }
+    }
+    *where = "moving it";
+    snprintf(to, sizeof to, "%s/data.mdb", moved);
+    if (rename(data, to) != 0) {
+        rc = errno;
+        rmdir(moved);
+        moved[0] = '\0';
+        goto out;
+    }
+    snprintf(to, sizeof to, "%s/lock.mdb", moved);
+    if (rename(lock, to) != 0) unlink(lock); /* a stale lock file is rebuilt by the next open */
+out:
+    if (lockfd >= 0) flock(lockfd, LOCK_SH);
+    return rc;
+}
+
+/* Opens the environment and checks the file's structure (pstore_check.c)
+ * before anything reads it through the map. A damaged file is moved aside
+ * and an empty cache started in its place, or, with opts.keep_damaged, the
+ * open fails with KVB_ERR_FORMAT saying so. */
+static enum kvb_status open_checked(struct pstore *ps, struct kvb_err *err)
+{
+    char lockpath[4200];
+    snprintf(lockpath, sizeof lockpath, "%s/kvbatch.lock", ps->dir);
+    /* Held shared while opening and checking, exclusive while moving a
+     * damaged file away, so that no process opens a file half moved. A
+     * directory we cannot create it in goes without (then LMDB will
+     * refuse to open anyway, or the directory is read-only). */
+    int lockfd = open(lockpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lockfd >= 0) {
+        while (flock(lockfd, LOCK_SH) != 0 && errno == EINTR) {
+        }
+    }
+    enum kvb_status st = KVB_OK;
+    char data[4200];
+    snprintf(data, sizeof data, "%s/data.mdb", ps->dir);
+    for (int attempt = 0;; attempt++) {
+        struct pstore_check c = {0};
+        int rc = env_open(ps);
+        if (rc == 0) {
+            /* Reader slots left by killed processes would pin old pages
+             * (and grow the file) until cleared. */
+            int dead = 0;
+            mdb_reader_check(ps->env, &dead);
+            int crc = pstore_env_check(ps->env, &c);
+            ps->stats.checked = crc == 0;
+            ps->stats.check_pages = c.pages_read;
+            ps->stats.check_seconds = c.seconds;
+            if (crc != 0 && crc != ENOTSUP && !ps->opts.quiet)
+                fprintf(stderr, "kvbatch: persistent cache: could not check %s (%s); using it unchecked\n", data,
+                        mdb_strerror(crc));
+            if (crc != 0 || !c.damaged) break;
+        } else {
+            if (rc == MDB_VERSION_MISMATCH) {
+                st = kvb_errf(err, KVB_ERR_UNSUPPORTED, "%s was written by another version of LMDB (or its lock "
+                              "file by a program using one): kvbatch cannot use it; give another --cache-dir, or "
+                              "remove %s when no other program uses it", data, ps->dir);
+                break;
+            }
+            if (open_error_may_be_damage(rc)) pstore_file_check(data, &c);
+            if (!c.damaged) {
+                st = pstore_lmdb_status(err, rc, ps->dir);
+                break;
+            }
+        }
+        /* Damaged. */
+        if (ps->env) {
+            mdb_env_close(ps->env);
+            ps->env = NULL;
+        }
+        if (ps->opts.keep_damaged || attempt > 0) {
+            st = kvb_errf(err, KVB_ERR_FORMAT, "%s is damaged: %s. This is the file's own structure, not one value: "
+                          "kvbatch cannot read it safely. `kvbatch run` moves such a file aside and starts an empty "
+                          "cache; or remove %s when no job uses it", data, c.why, ps->dir);
+            break;
+        }
+        char moved[4200];
+        const char *where = "";
+        int mrc = set_aside(ps, lockfd, &c, moved, sizeof moved, &where);
+        if (mrc) {
+            st = kvb_errf(err, KVB_ERR_FORMAT, "%s is damaged (%s) and could not be moved aside (%s: %s): remove "
+                          "%s when no job uses it, or give another --cache-dir", data, c.why, where, strerror(mrc),
+                          ps->dir);
+            break;
+        }
+        ps->stats.set_aside = true;
+        /* Said even when quiet: files moved on disk. */
+        if (moved[0])
+            fprintf(stderr, "kvbatch: persistent cache: %s is damaged (%s). Moved it to %s/ and started an empty "
+                    "cache: results are not affected, the prefixes it held are computed again. Remove %s when "
+                    "you no longer need it.\n", data, c.why, moved, moved);
+        else if (!ps->opts.quiet)
+            fprintf(stderr, "kvbatch: persistent cache: %s was damaged (%s); another process has moved it aside "
+                    "already\n", data, c.why);
+    }
+    if (lockfd >= 0) close(lockfd); /* drops the lock */
+    return st;
 }
 
 enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, struct pstore **out,
@@ -106,25 +277,7 @@ enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, str
     }
     ps->map_size = (ps->map_size + MIB - 1) / MIB * MIB;
 
-    if ((rc = mdb_env_create(&ps->env))) {
-        st = pstore_lmdb_status(err, rc, "lmdb environment");
-        goto fail;
-    }
-    if ((rc = mdb_env_set_maxdbs(ps->env, 8)) || (rc = mdb_env_set_mapsize(ps->env, (size_t)ps->map_size))) {
-        st = pstore_lmdb_status(err, rc, "lmdb environment");
-        goto fail;
-    }
-    /* NOTLS: the engine thread and the writer thread each run transactions.
-     * NOMETASYNC: a crash may lose the last commit but never corrupts, and
-     * it halves the fsyncs; losing a cache write costs only a recompute. */
-    if ((rc = mdb_env_open(ps->env, dir, MDB_NOTLS | MDB_NOMETASYNC, 0644))) {
-        st = pstore_lmdb_status(err, rc, dir);
-        goto fail;
-    }
-    /* Reader slots left by killed processes would pin old pages (and grow
-     * the file) until cleared. */
-    int dead = 0;
-    mdb_reader_check(ps->env, &dead);
+    if ((st = open_checked(ps, err)) != KVB_OK) goto fail;
     MDB_txn *txn;
     if ((rc = pstore_txn_begin(ps, true, &txn))) {
         st = pstore_lmdb_status(err, rc, dir);

@@ -23,6 +23,19 @@
  * whole). Full disk or map-full turns writing off for the rest of the run
  * with a warning; reading goes on.
  *
+ * The LMDB file itself has no checksums, and LMDB follows whatever page
+ * numbers it finds: a truncated or overwritten data.mdb would crash every
+ * process that reads it. So opening first checks the file's structure
+ * (pstore_check.c: meta pages, every branch and leaf page, overflow
+ * headers, the free list; by pread, under a read transaction, so neither
+ * damage nor other processes' commits can disturb it). A damaged file is
+ * moved to DIR/damaged-TIME/ with a message and an empty cache started in
+ * its place (or, with opts.keep_damaged, the open fails). The check reads
+ * each branch/leaf page and 16 bytes of each value's first overflow page
+ * (those by 8 threads): linear in entries, not bytes. 40k values (a 10 GiB
+ * cache of SmolLM2-135M blocks is about that) took 42k reads: 55 ms from
+ * the page cache, 0.7 s cold on the development VM's disk.
+ *
  * Thread-safety: one struct pstore is used by one engine thread; the writer
  * and decompression threads are internal.
  *
@@ -67,6 +80,8 @@ struct pstore_opts {
     bool quiet;         /* no warnings on stderr (they are still counted) */
     uint64_t map_size;  /* LMDB map (address space) in bytes; 0 = automatic: max(2 x cap,
                            cap + 256 MiB). Tests set it small to provoke map-full. */
+    bool keep_damaged;  /* a data file whose structure is damaged makes pstore_open fail (KVB_ERR_FORMAT,
+                           saying where) instead of being moved aside: for `cache verify` and `stats` */
     uint64_t queue_bytes; /* puts waiting to be compressed and written, at most (raw bytes); beyond
                              it a put is dropped rather than waited for. 0 = 64 MiB. A GPU spills
                              faster than zstd compresses: a cold run wanting every block stored
@@ -82,6 +97,11 @@ struct pstore_stats {
     uint64_t damaged;                            /* values found bad and removed (loads, verify) */
     uint64_t evicted;                            /* values removed by the size cap */
     bool writing_disabled;                       /* after map-full / disk-full */
+    bool set_aside;                              /* open found the file damaged and moved it aside */
+    bool checked;                                /* the open-time structural check ran (not: another LMDB
+                                                    format, or the file could not be read) */
+    uint64_t check_pages;                        /* pages (and overflow headers) the open-time check read */
+    double check_seconds;                        /* and how long it took */
 };
 
 /* The default directory: $KVBATCH_CACHE_DIR, else $XDG_CACHE_HOME/kvbatch,
@@ -89,7 +109,12 @@ struct pstore_stats {
 void pstore_default_dir(char *buf, size_t cap);
 
 /* Opens (creating the directory and environment if needed). dir NULL or ""
- * = pstore_default_dir; opts NULL = all defaults. One process must not open
+ * = pstore_default_dir; opts NULL = all defaults. A data file whose LMDB
+ * structure is damaged is moved aside (message on stderr, even when quiet:
+ * it moves files) and an empty cache started; when it cannot be moved, or
+ * opts.keep_damaged, KVB_ERR_FORMAT with a message saying what is damaged
+ * and what to do. A file written by another LMDB version is
+ * KVB_ERR_UNSUPPORTED and left alone. One process must not open
  * the same directory twice at once (LMDB's rule: closing one handle would
  * drop the other's locks); other processes may. */
 enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, struct pstore **out,

@@ -390,6 +390,12 @@ enum kvb_status pstore_verify(struct pstore *ps, FILE *out, uint64_t *n_bad_out,
         return pstore_lmdb_status(err, rc, what);
     }
     if (out) {
+        /* pstore_open checked it (a damaged one does not get this far). */
+        if (ps->stats.checked)
+            fprintf(out, "structure: sound (%llu pages and overflow headers checked in %.0f ms)\n",
+                    (unsigned long long)ps->stats.check_pages, ps->stats.check_seconds * 1e3);
+        else
+            fprintf(out, "structure: not checked (this build does not know the LMDB file format)\n");
         for (size_t i = 0; i < n_bad && i < VERIFY_SHOW; i++) {
             char hex[33];
             pstore_hex16(bad[i].key.b, hex);

@@ -71,7 +71,21 @@ enum kvb_status pstore_lmdb_status(struct kvb_err *err, int rc, const char *what
     case MDB_BAD_VALSIZE: st = KVB_ERR_FORMAT; break;
     default: st = KVB_ERR_IO; break;
     }
-    return kvb_errf(err, st, "%s: %s", what, mdb_strerror(rc));
+    return kvb_errf(err, st, "%s: %s%s", what, mdb_strerror(rc), pstore_lmdb_hint(rc));
+}
+
+const char *pstore_lmdb_hint(int rc)
+{
+    switch (rc) {
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND:
+    case MDB_CURSOR_FULL:
+    case MDB_PAGE_FULL:
+    case MDB_INVALID:
+        return " (the cache file looks damaged: `kvbatch cache verify` checks it; the next `kvbatch run` moves a "
+               "damaged file aside and starts an empty cache)";
+    default: return "";
+    }
 }
 
 /* ---- records --------------------------------------------------------------------- */

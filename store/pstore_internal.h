@@ -186,6 +186,9 @@ int pstore_txn_begin(struct pstore *ps, bool write, MDB_txn **txn);
 void pstore_txn_abort(struct pstore *ps, MDB_txn *txn);
 int pstore_txn_commit(struct pstore *ps, MDB_txn *txn);
 enum kvb_status pstore_lmdb_status(struct kvb_err *err, int rc, const char *what);
+/* What to do about an LMDB code that means a damaged file ("" for others):
+ * appended to messages. */
+const char *pstore_lmdb_hint(int rc);
 
 int pstore_totals_get(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t);
 int pstore_totals_put(struct pstore *ps, MDB_txn *txn, const struct pstore_totals *t);
@@ -219,6 +222,43 @@ int pstore_db_gc(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, uint6
  * remains. *n_removed: entries removed, *n_fixed: child counts corrected. */
 int pstore_db_sweep(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, uint64_t *n_removed,
                     uint64_t *n_fixed);
+
+/* ---- structural check of data.mdb (pstore_check.c) ---------------------------- */
+
+/* What a page is, as the check found it (tests: which overwrites must be
+ * caught). */
+enum pstore_page_kind {
+    PSTORE_PAGE_UNREACHED = 0, /* not in the snapshot: stale, past the end, or leaked */
+    PSTORE_PAGE_META,
+    PSTORE_PAGE_BRANCH,
+    PSTORE_PAGE_LEAF,
+    PSTORE_PAGE_OVERFLOW_HEAD, /* first page of a value too big for a leaf: has a header */
+    PSTORE_PAGE_OVERFLOW,      /* the rest of such a value: value bytes only */
+    PSTORE_PAGE_FREE
+};
+
+struct pstore_check {
+    bool damaged;             /* the structure is broken; why says where and how */
+    char why[256];
+    uint64_t pages_read;      /* branch/leaf pages plus overflow headers read */
+    uint64_t file_pages, last_pg;
+    double seconds;
+    uint64_t dev, ino;        /* the file checked (to move exactly that one aside) */
+    uint8_t *kinds;           /* optional (caller's, n_kinds): enum pstore_page_kind per page */
+    size_t n_kinds;
+};
+
+/* Walks the latest committed snapshot of env's data file with pread (so
+ * damage cannot fault here) under a read transaction (so other processes'
+ * commits cannot make it look damaged). 0: the check ran and c->damaged
+ * says what it found; otherwise an LMDB code or errno and nothing is known
+ * (ENOTSUP: built against an LMDB whose file format this does not know).
+ * Keeps c->kinds/n_kinds, clears the rest. */
+int pstore_env_check(MDB_env *env, struct pstore_check *c);
+/* What the meta pages and the size alone say about a data file that LMDB
+ * refused to open (bad meta page, impossible size). Sets c->damaged/why
+ * and c->dev/ino only. */
+void pstore_file_check(const char *path, struct pstore_check *c);
 
 /* ---- the store ---------------------------------------------------------------- */
 

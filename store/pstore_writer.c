@@ -85,7 +85,11 @@ void pstore_disable_writing_locked(struct pstore *ps, int rc, const char *what)
     const bool full = rc == ENOSPC || rc == EDQUOT || (rc == EIO && disk_nearly_full(ps->dir));
     const char *hint = rc == MDB_MAP_FULL ? "; lower --cache-max-size, or trim with `kvbatch cache gc`"
                        : full ? "; the disk is full: free space or lower --cache-max-size"
-                              : "";
+                       : rc == ENOMEM ? "; the machine is short of memory (or the cache file is damaged: `kvbatch "
+                                        "cache verify` checks it)"
+                       : *pstore_lmdb_hint(rc) ? "; the cache file looks damaged: `kvbatch cache verify` checks it, "
+                                                 "and the next `kvbatch run` moves a damaged file aside"
+                                               : "";
     if (!ps->warned_write && !ps->opts.quiet)
         fprintf(stderr, "kvbatch: persistent cache: %s in %s: %s; writing to the cache is off for the rest of "
                 "this run (loads go on)%s\n", what, ps->dir, mdb_strerror(rc), hint);

@@ -205,7 +205,13 @@ static int plant_damage(const char *dir)
     CHECK(mdb_txn_begin(env, NULL, 0, &txn) == 0);
     CHECK(mdb_dbi_open(txn, "blocks", 0, &dbi) == 0);
     CHECK(mdb_cursor_open(txn, dbi, &cur) == 0);
-    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    /* Collected first and written with mdb_put: LMDB 0.9.24's
+     * mdb_cursor_put(MDB_CURRENT) with another size, while iterating,
+     * leaves the tree's keys out of order (damage to the file's structure,
+     * which opening now detects and sets aside, not the value damage meant
+     * here). */
+    struct { uint8_t key[16]; uint8_t *val; size_t len; } planted[256];
+    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && n < 256; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
         size_t len = v.mv_size;
         uint8_t *val = malloc(len);
         memcpy(val, v.mv_data, len);
@@ -220,12 +226,18 @@ static int plant_damage(const char *dir)
             uint64_t h = XXH3_64bits(val, hl - 8);
             for (int i = 0; i < 8; i++) val[hl - 8 + (size_t)i] = (uint8_t)(h >> (8 * i));
         }
-        MDB_val nv = {len, val};
-        CHECK(mdb_cursor_put(cur, &k, &nv, MDB_CURRENT) == 0 || mdb_put(txn, dbi, &k, &nv, 0) == 0);
-        free(val);
+        CHECK(k.mv_size == 16);
+        memcpy(planted[n].key, k.mv_data, 16);
+        planted[n].val = val;
+        planted[n].len = len;
         n++;
     }
     mdb_cursor_close(cur);
+    for (int i = 0; i < n; i++) {
+        MDB_val nk = {16, planted[i].key}, nv = {planted[i].len, planted[i].val};
+        CHECK(mdb_put(txn, dbi, &nk, &nv, 0) == 0);
+        free(planted[i].val);
+    }
     CHECK(mdb_txn_commit(txn) == 0);
     mdb_env_close(env);
     return n;

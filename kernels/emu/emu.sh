@@ -87,8 +87,10 @@ rm -f "$bdir/emu/tiny.gguf"
 # choices on the device, sampling, logprobs) and the persistent cache over
 # be_cuda, with backend_select.c rebuilt with CUDA on. Cold, warm and warm
 # with --cuda-graphs must write the same completions.
+cmake -DSRC="$root" -DOUT="$bdir/emu/gen/kvb_build_info.h" -P "$root/cmake/build-info.cmake"
 for c in "$root/src/backend_select.c" "$root/src/main.c"; do
-  gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$c" -o "$bdir/emu/cli-$(basename "$c").o"
+  gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -I"$bdir/emu/gen" \
+    -DKVB_VERSION='"emu"' -DKVB_BUILD_OPTS='"emulated device"' -c "$c" -o "$bdir/emu/cli-$(basename "$c").o"
 done
 g++ $san "$bdir/emu/cli-main.c.o" "$bdir/emu/cli-backend_select.c.o" "${objs[@]}" $libs -o "$bdir/emu/kvbatch"
 echo "== kvbatch run --device cuda (emulated device, tiny model)"

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (build-fuzz/, clang, library and harness
+# instrumented, ASan + UBSan) and runs each tests/fuzz/fuzz_*.c for a bounded
+# time, printing what it reached.
+#   scripts/fuzz.sh [SECONDS]    seconds per target (default 60)
+#
+# Each target starts from its saved corpus (tests/fuzz/corpus/NAME, read
+# only) plus a working corpus of its own in build-fuzz/fuzz-corpus/NAME that
+# is kept between runs, so repeated runs go further. A crash, leak, timeout
+# or sanitizer report leaves its input in build-fuzz/fuzz-artifacts/NAME/ and
+# makes the script exit 1 (after the other targets have run). New inputs
+# worth keeping can be folded into the saved corpus with
+#   build-fuzz/fuzz_NAME -merge=1 tests/fuzz/corpus/NAME build-fuzz/fuzz-corpus/NAME
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+secs=${1:-60}
+if ! [[ "$secs" =~ ^[0-9]+$ ]] || [ "$secs" -lt 1 ]; then
+  echo "usage: scripts/fuzz.sh [SECONDS]   (a whole number of seconds per target, default 60)" >&2
+  exit 2
+fi
+command -v clang >/dev/null || { echo "scripts/fuzz.sh: clang not found (scripts/setup.sh installs it)" >&2; exit 1; }
+
+targets=()
+for src in tests/fuzz/fuzz_*.c; do
+  [ -e "$src" ] || continue
+  targets+=("$(basename "$src" .c)")
+done
+[ ${#targets[@]} -gt 0 ] || { echo "scripts/fuzz.sh: no tests/fuzz/fuzz_*.c" >&2; exit 1; }
+
+CC=clang cmake -S . -B build-fuzz -DKVBATCH_FUZZ=ON -DKVBATCH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}"
+
+# The code under test is the library: without coverage instrumentation there
+# libFuzzer sees only the harness's branches and mutates blind. Check that
+# (nearly) every object of libkvbcore.a carries coverage and ASan hooks.
+lib=build-fuzz/libkvbcore.a
+n_obj=$(ar t "$lib" | wc -l)
+n_cov=$(nm -A "$lib" 2>/dev/null | grep -E ' U (__sanitizer_cov_|__asan_report)' | cut -d: -f2 | sort -u | wc -l || true)
+echo "library objects instrumented: $n_cov of $n_obj"
+if [ "$n_cov" -lt $((n_obj - 2)) ]; then
+  echo "scripts/fuzz.sh: libkvbcore.a is not instrumented for fuzzing (see the fuzz section of CMakeLists.txt)" >&2
+  exit 1
+fi
+
+status=0
+summary=()
+for t in "${targets[@]}"; do
+  name=${t#fuzz_}
+  work=build-fuzz/fuzz-corpus/$name
+  arts=build-fuzz/fuzz-artifacts/$name
+  log=build-fuzz/fuzz-$name.log
+  mkdir -p "$work" "$arts"
+  seeds=()
+  [ -d "tests/fuzz/corpus/$name" ] && seeds+=("tests/fuzz/corpus/$name")
+  echo "== $t: $secs s (log: $log)"
+  set +e
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+    "build-fuzz/$t" -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$arts/" "$work" "${seeds[@]}" >"$log" 2>&1
+  rc=$?
+  set -e
+  # libFuzzer's status lines: "#RUNS <event> cov: N ft: N corp: N/SIZE ..."
+  last=$(grep -E '^#[0-9]+' "$log" | grep 'cov:' | tail -n 1 || true)
+  runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p' "$log" | tail -n 1)
+  cov=$(sed -nE 's/.* cov: ([0-9]+).*/\1/p' <<<"$last")
+  ft=$(sed -nE 's/.* ft: ([0-9]+).*/\1/p' <<<"$last")
+  corp=$(sed -nE 's/.* corp: ([0-9]+)\/.*/\1/p' <<<"$last")
+  line="$t: ${runs:-?} runs, coverage ${cov:-?} edges, ${ft:-?} features, corpus ${corp:-?} inputs"
+  if [ $rc -ne 0 ]; then
+    status=1
+    line="$line; FAILED (exit $rc): $(ls "$arts" | head -n 3 | tr '\n' ' ')see $log"
+    grep -E 'ERROR: |runtime error|SUMMARY' "$log" | head -n 5 || true
+  else
+    line="$line; nothing found"
+  fi
+  echo "$line"
+  summary+=("$line")
+done
+echo
+echo "== summary ($secs s per target)"
+printf '%s\n' "${summary[@]}"
+exit $status
