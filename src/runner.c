@@ -908,6 +908,12 @@ static bool cut_output(struct runner *r)
 /* The crash journal beside the output (crashlog.h): what earlier runs left
  * (with --resume), read before anything tokenizes a line. No journal for an
  * output that is not a regular file, where a resume means nothing. */
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 static void journal_read(struct runner *r)
 {
     const struct run_opts *o = r->o;
@@ -915,6 +921,13 @@ static void journal_read(struct runner *r)
     if (!strcmp(o->output_path, "-") || (stat(o->output_path, &sb) == 0 && !S_ISREG(sb.st_mode))) return;
     if (snprintf(r->journal_path, sizeof r->journal_path, "%s.journal", o->output_path) >= (int)sizeof r->journal_path)
         return;
+    /* never write over a file the run reads (the journal is emptied on a fresh run) */
+    if (same_file(r->journal_path, o->input_path) || same_file(r->journal_path, o->model_path) ||
+        same_file(r->journal_path, o->metrics_path)) {
+        fprintf(stderr, "kvbatch run: warning: %s is also the input, the model or the metrics; no crash journal\n",
+                r->journal_path);
+        return;
+    }
     r->journal = true;
     if (!o->resume) return;
     struct kvb_err err = {{0}};
