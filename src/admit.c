@@ -93,6 +93,7 @@ oom:
 enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
                                  size_t max_ids, int32_t **ids, size_t *n, struct job_error *e)
 {
+    const struct tok_limits lim = {.max_ids = max_ids, .cancel = ctx->cancel};
     *ids = NULL;
     *n = 0;
     char param[64];
@@ -100,7 +101,6 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
     struct kvb_err err = {{0}};
     enum kvb_status st;
     const unsigned bos = tok_wants_bos(ctx->tok) ? TOK_ADD_BOS : 0;
-    const struct tok_limits lim = {.max_ids = max_ids, .cancel = ctx->cancel};
     if (q->url == JOB_URL_CHAT) {
         char *text = NULL;
         KVB_FORWARD_IF_ERROR(render_chat(ctx, q, &text, e));
@@ -115,6 +115,12 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
                            "token id %d is not in the vocabulary (%d tokens)", p->ids[i], ctx->n_vocab);
             return KVB_ERR_FORMAT;
         }
+        if (max_ids > 0 && (size_t)p->n_ids > max_ids) {
+            job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, param,
+                           "the prompt has %d tokens; the context holds %zu (prompt plus at least one generated "
+                           "token)", p->n_ids, max_ids + 1);
+            return KVB_ERR_FORMAT;
+        }
         *ids = kvb_malloc(sizeof **ids * (size_t)p->n_ids);
         if (!*ids) goto oom;
         memcpy(*ids, p->ids, sizeof **ids * (size_t)p->n_ids);
@@ -127,7 +133,7 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
     if (st == KVB_ERR_CANCELLED) return st;
     if (st == KVB_ERR_RANGE) {
         job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, param,
-                       "%s; the context holds %d (prompt plus at least one generated token)", err.msg, ctx->n_ctx);
+                       "%s; the context holds %zu (prompt plus at least one generated token)", err.msg, max_ids + 1);
         return KVB_ERR_FORMAT;
     }
     if (st != KVB_OK) {

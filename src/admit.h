@@ -38,8 +38,8 @@ struct admit_ctx {
     int32_t *eog;                     /* (n_eog) end-of-generation ids, found by admit_ctx_init */
     int32_t n_eog;
     struct jsonmode_vocab *json_vocab; /* built for the first request in JSON mode (owned) */
-    const volatile sig_atomic_t *cancel; /* non-NULL: a signal handler's flag that stops a long
-                                            tokenization (KVB_ERR_CANCELLED) */
+    const volatile sig_atomic_t *cancel; /* non-NULL: a long tokenization stops once it is nonzero
+                                            (KVB_ERR_CANCELLED); set by the caller after init */
 };
 
 /* Fills ctx (tmpl may be NULL with tmpl_error saying why). KVB_ERR_NOMEM. */
@@ -63,9 +63,11 @@ struct admit_plan {
 };
 
 /* Prepares q. KVB_OK with *plan filled; KVB_ERR_FORMAT with e a 400 error
- * (a line that cannot run on this model); KVB_ERR_NOMEM with e a
- * server_error; KVB_ERR_CANCELLED (no error) when ctx->cancel stopped a
- * tokenization. *plan holds nothing to free unless KVB_OK. */
+ * (a line that cannot run on this model; a prompt too long for the context
+ * is found without tokenizing all of it); KVB_ERR_NOMEM with e a
+ * server_error; KVB_ERR_CANCELLED when ctx->cancel stopped it (no error
+ * line is due: the line was not judged). *plan holds nothing to free unless
+ * KVB_OK. */
 enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct admit_plan *plan,
                               struct job_error *e);
 void admit_plan_free(struct admit_plan *plan); /* accepts a zeroed plan */
@@ -74,12 +76,11 @@ void admit_plan_free(struct admit_plan *plan); /* accepts a zeroed plan */
 void admit_choice_params(const struct admit_plan *plan, const struct job_request *q, int32_t c,
                          struct sampler_params *out);
 
-/* Prompt k's token ids, at most max_ids of them (0: no bound; the shard
- * plan passes its own, as it must not depend on --ctx): more is found
- * without tokenizing all of a long prompt (tok.h) and is a
- * context_length_exceeded error. *ids is kvb_malloc'd, the caller frees it.
- * The same results as admit_prepare for that prompt. KVB_ERR_CANCELLED
- * (no error in e) when ctx->cancel stopped it. */
+/* Prompt k's token ids, at most max_ids of them (0: no bound; more is a
+ * context_length_exceeded error), without ctx's context check (the shard
+ * plan, which must not depend on --ctx, passes its own bound): *ids is
+ * kvb_malloc'd, the caller frees it. The same results as admit_prepare for
+ * that prompt. */
 enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
                                  size_t max_ids, int32_t **ids, size_t *n, struct job_error *e);
 

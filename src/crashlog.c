@@ -143,15 +143,14 @@ static void put_record(const char *s)
     if (J.fd >= 0) put_all(s, strlen(s));
 }
 
-enum kvb_status crashlog_open(const char *path, bool append, int32_t n_entries, uint64_t uid_div,
-                              struct kvb_err *err)
+enum kvb_status crashlog_open(const char *path, int32_t n_entries, uint64_t uid_div, struct kvb_err *err)
 {
     if (J.fd >= 0) return kvb_errf(err, KVB_ERR_INVALID_ARG, "a crash journal is already open");
     if (snprintf(J.path, sizeof J.path, "%s", path) >= (int)sizeof J.path)
         return kvb_errf(err, KVB_ERR_RANGE, "journal path too long");
     J.entries = kvb_calloc((size_t)(n_entries > 0 ? n_entries : 1), sizeof *J.entries);
     if (!J.entries) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND | (append ? 0 : O_TRUNC), 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_APPEND, 0644);
     if (fd < 0) {
         kvb_free(J.entries);
         J.entries = NULL;
@@ -181,11 +180,11 @@ enum kvb_status crashlog_open(const char *path, bool append, int32_t n_entries, 
     return KVB_OK;
 }
 
-void crashlog_note_run(int64_t run_id, const char *db_path)
+void crashlog_restart(void)
 {
-    if (J.fd < 0 || strchr(db_path, '\n')) return;
-    char rec[1100];
-    snprintf(rec, sizeof rec, "run %lld %.1000s\n", (long long)run_id, db_path);
+    if (J.fd < 0 || ftruncate(J.fd, 0) != 0) return;
+    char rec[64];
+    snprintf(rec, sizeof rec, "start %ld\n", (long)getpid());
     put_record(rec);
 }
 
@@ -253,7 +252,6 @@ static bool push(struct crashlog_line **v, size_t *n, size_t *cap, struct crashl
 enum kvb_status crashlog_read(const char *path, struct crashlog_history *h, struct kvb_err *err)
 {
     memset(h, 0, sizeof *h);
-    h->last_run_id = -1;
     FILE *f = fopen(path, "rb");
     if (!f) {
         if (errno == ENOENT) return KVB_OK;
@@ -268,25 +266,13 @@ enum kvb_status crashlog_read(const char *path, struct crashlog_history *h, stru
         line[n - 1] = '\0';
         unsigned long long a = 0, b = 0, c = 0;
         char ph = 0;
-        long long id = 0;
-        int off = 0;
         if (strncmp(line, "start ", 6) == 0) {
             h->n_runs++;
-            h->last_open = true;
-            h->last_crashed = false;
-            h->last_run_id = -1;
-            h->last_db[0] = '\0';
-        } else if (sscanf(line, "run %lld %n", &id, &off) == 1 && off > 0) {
-            h->last_run_id = id;
-            snprintf(h->last_db, sizeof h->last_db, "%s", line + off);
         } else if (sscanf(line, "crash %llu %llu %llx %c", &a, &b, &c, &ph) == 4) {
             h->n_crashes++;
-            h->last_crashed = true;
             if (b) ok = push(&h->blamed, &h->n_blamed, &cap_b, (struct crashlog_line){b, c, ph, (int)a});
         } else if (sscanf(line, "inflight %llu %llx", &b, &c) == 2) {
             ok = push(&h->suspects, &h->n_suspects, &cap_s, (struct crashlog_line){b, c, 'r', 0});
-        } else if (strncmp(line, "end ", 4) == 0) {
-            h->last_open = false;
         }
     }
     fclose(f);

@@ -4,7 +4,6 @@
  * Records, one text line each, appended with write(2) so that they reach
  * the file even when the process dies right after:
  *   start PID               a run began
- *   run ID PATH             its metrics run id and database
  *   crash SIG LINE HASH P   a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
  *                           SIGABRT): LINE is the input line whose work the
  *                           crashing thread was doing (0: none known), HASH
@@ -55,10 +54,6 @@ struct crashlog_history {
     struct crashlog_line *suspects; /* (n_suspects) lines in flight at crashes that named none */
     size_t n_suspects;
     int n_runs, n_crashes;
-    bool last_open;                 /* the last run has no end record (it crashed or was killed) */
-    bool last_crashed;              /* ... and it crashed */
-    int64_t last_run_id;            /* its metrics run id, -1 when not recorded */
-    char last_db[1024];             /* and database path */
 };
 
 /* Reads the journal at path (a missing file is an empty history).
@@ -73,16 +68,16 @@ const struct crashlog_line *crashlog_find(const struct crashlog_line *v, size_t 
 /* A line's identity in the journal (never 0). */
 uint64_t crashlog_hash(const void *data, size_t len);
 
-/* Opens the journal (appending, or truncating it when !append), writes a
- * start record, makes a table of n_entries in-flight entries, and installs
+/* Opens the journal (appending to what is there), writes a start record, makes a table of n_entries in-flight entries, and installs
  * the handler for the fatal signals. uid_div: crashlog_mark_uid(u) names
  * entry u / uid_div. KVB_ERR_IO, KVB_ERR_NOMEM, KVB_ERR_INVALID_ARG when a
  * journal is already open. */
-enum kvb_status crashlog_open(const char *path, bool append, int32_t n_entries, uint64_t uid_div,
-                              struct kvb_err *err);
+enum kvb_status crashlog_open(const char *path, int32_t n_entries, uint64_t uid_div, struct kvb_err *err);
 
-/* Writes "run ID PATH". */
-void crashlog_note_run(int64_t run_id, const char *db_path);
+/* Empties the open journal and writes a new start record: a run that
+ * starts afresh (no --resume) calls it once it is sure to run, so that a
+ * run that could not start leaves an earlier run's records for a resume. */
+void crashlog_restart(void);
 
 /* Entry `entry` now holds line_no (hash of its bytes); line_no 0 frees it. */
 void crashlog_track(int32_t entry, uint64_t line_no, uint64_t hash);

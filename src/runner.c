@@ -549,16 +549,16 @@ static void on_finish(struct runner *r, const struct sched_seq_info *info, enum 
 /* ---- admission of input lines --------------------------------------------------- */
 
 /* The first prompt's tokens for the shard plan (no context check: the plan
- * must not depend on --ctx). No prompt longer than the model's context is
- * worth grouping: one that runs at all (--ctx past it) is planned as a line
- * by number. */
+ * must not depend on --ctx). */
 static bool prompt_of(void *user, const struct job_request *q, int32_t **ids, size_t *n)
 {
     struct runner *r = user;
-    const size_t max_ids = r->model->hp.n_ctx_train > 0 ? (size_t)r->model->hp.n_ctx_train : (size_t)1 << 20;
     struct job_error e;
     /* a line that crashed an earlier run is not tokenized again, here either */
     if (crashlog_find(r->hist.blamed, r->hist.n_blamed, q->line_no, 0)) return false;
+    /* No prompt longer than the model's context is worth grouping: one
+     * that runs at all (--ctx past it) is planned as a line by number. */
+    const size_t max_ids = r->model->hp.n_ctx_train > 0 ? (size_t)r->model->hp.n_ctx_train : (size_t)1 << 20;
     crashlog_mark_line(q->line_no, 0, 'r');
     const bool ok = admit_prompt_ids(&r->admit, q, 0, max_ids, ids, n, &e) == KVB_OK;
     crashlog_mark_line(0, 0, 0);
@@ -717,12 +717,13 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
         crashed_error(blamed, ln->line_no, &e);
         return refuse(r, q, &e);
     }
-    enum kvb_status ast = admit_prepare(&r->admit, q, &s->plan, &e);
-    if (ast == KVB_ERR_CANCELLED || (ast != KVB_OK && stop_signal)) {
-        job_request_free(q); /* cut short by a signal: no error line, so that --resume runs it */
-        return true;
+    if (admit_prepare(&r->admit, q, &s->plan, &e) != KVB_OK) {
+        if (stop_signal) { /* cut short: no error line, so that --resume runs it */
+            job_request_free(q);
+            return true;
+        }
+        return refuse(r, q, &e);
     }
-    if (ast != KVB_OK) return refuse(r, q, &e);
     s->n_choices = s->plan.n_choices;
     s->ch = kvb_calloc((size_t)s->n_choices, sizeof *s->ch);
     if (!s->ch) {
@@ -907,6 +908,12 @@ static bool cut_output(struct runner *r)
 /* The crash journal beside the output (crashlog.h): what earlier runs left
  * (with --resume), read before anything tokenizes a line. No journal for an
  * output that is not a regular file, where a resume means nothing. */
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 static void journal_read(struct runner *r)
 {
     const struct run_opts *o = r->o;
@@ -914,6 +921,13 @@ static void journal_read(struct runner *r)
     if (!strcmp(o->output_path, "-") || (stat(o->output_path, &sb) == 0 && !S_ISREG(sb.st_mode))) return;
     if (snprintf(r->journal_path, sizeof r->journal_path, "%s.journal", o->output_path) >= (int)sizeof r->journal_path)
         return;
+    /* never write over a file the run reads (the journal is emptied on a fresh run) */
+    if (same_file(r->journal_path, o->input_path) || same_file(r->journal_path, o->model_path) ||
+        same_file(r->journal_path, o->metrics_path)) {
+        fprintf(stderr, "kvbatch run: warning: %s is also the input, the model or the metrics; no crash journal\n",
+                r->journal_path);
+        return;
+    }
     r->journal = true;
     if (!o->resume) return;
     struct kvb_err err = {{0}};
@@ -1004,7 +1018,7 @@ static bool setup(struct runner *r)
         return false;
     }
     if (r->journal) {
-        if (crashlog_open(r->journal_path, o->resume, r->n_slots, JOB_MAX_CHOICES, &err) != KVB_OK) {
+        if (crashlog_open(r->journal_path, r->n_slots, JOB_MAX_CHOICES, &err) != KVB_OK) {
             fprintf(stderr, "kvbatch run: warning: %s; a line that crashes the process would crash a resume too\n",
                     err.msg);
             r->journal = false;
@@ -1039,13 +1053,7 @@ static bool setup(struct runner *r)
         metrics_run_end(r->db, r->run_id, METRICS_RUN_FAILED, &r->tot, NULL);
         return false;
     }
-    /* The run this one resumes never ended it own row if it crashed or was
-     * killed: it would read "running" forever. */
-    if (r->hist.last_open && r->hist.last_run_id > 0 && strcmp(r->hist.last_db, mpath) == 0 &&
-        metrics_run_end(r->db, r->hist.last_run_id, r->hist.last_crashed ? METRICS_RUN_FAILED : METRICS_RUN_INTERRUPTED,
-                        NULL, &err) != KVB_OK)
-        fprintf(stderr, "kvbatch run: warning: metrics: run %lld: %s\n", (long long)r->hist.last_run_id, err.msg);
-    crashlog_note_run(r->run_id, mpath);
+    if (!o->resume) crashlog_restart(); /* a fresh job: what earlier runs recorded is of no use now */
     if (!o->quiet)
         fprintf(stderr, "kvbatch run: %s on %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
                 r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,

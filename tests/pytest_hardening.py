@@ -391,6 +391,13 @@ def test_crash_resume(d):
     got = read_lines(out)
     check(p.returncode == 0 and len(got) == len(qs), f"kill: resume exit {p.returncode}, {len(got)} lines")
     check(all(l["response"]["status_code"] == 200 for l in got), "kill: a killed run's line was not run again")
+    # a job named like the journal of its own output is read, never emptied
+    out = os.path.join(d, "named.jsonl")
+    shutil.copyfile(job, out + ".journal")
+    before = open(out + ".journal", "rb").read()
+    p = run(["-i", out + ".journal", "-o", out])
+    check(p.returncode == 0 and open(out + ".journal", "rb").read() == before,
+          f"journal named as the input: exit {p.returncode}, input changed: {open(out + '.journal', 'rb').read() != before}")
 
 
 def main():

@@ -151,7 +151,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (int32_t k = 0; k < plan.n_prompts; k++) {
                 int32_t *ids = NULL;
                 size_t n = 0;
-                REQUIRE(admit_prompt_ids(&F.ctx, &q, k, 0, &ids, &n, &e) == KVB_OK);
+                REQUIRE(admit_prompt_ids(&F.ctx, &q, k, N_CTX - 1, &ids, &n, &e) == KVB_OK);
                 REQUIRE((int32_t)n == plan.prompts[k].n &&
                         memcmp(ids, plan.prompts[k].ids, sizeof *ids * n) == 0);
                 kvb_free(ids);
