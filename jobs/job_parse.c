@@ -767,8 +767,9 @@ static int parse_logit_bias(struct pctx *c, int obj)
     int k = i + 1;
     for (int m = 0; m < n; m++, k = job_json_skip(c->j, k + 1)) {
         char key[16] = "";
-        const int klen = c->j->tok[k].end - c->j->tok[k].start;
-        if (klen > 0 && klen < (int)sizeof key) job_json_str_decode(c->j, k, key);
+        /* the decoded length: raw bytes that are not UTF-8 decode to three each */
+        const size_t klen = job_json_str_decode(c->j, k, NULL);
+        if (klen > 0 && klen < sizeof key) job_json_str_decode(c->j, k, key);
         char *end = NULL;
         long id = strtol(key, &end, 10);
         if (key[0] < '0' || key[0] > '9' || *end || id > INT32_MAX) { /* digits only: strtol takes " +5" */

@@ -652,6 +652,11 @@ static void test_request_fields(void)
     expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}",
                JOB_ERR_INVALID_VALUE, "ignore_eos");
 
+    /* a logit_bias key whose raw bytes are not UTF-8 decodes longer than it
+     * is written (three bytes each): refused, not copied past the key's buffer */
+    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"logit_bias\":{\"1\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\":1}}",
+               JOB_ERR_INVALID_VALUE, "logit_bias");
+
     /* prompt lists and token ids: one set of choices per prompt */
     parse_ok("{\"custom_id\":\"l\",\"prompt\":[\"a\",\"\",\"bc\"],\"n\":2}", &r);
     CHECK(r.n_prompts == 3 && strcmp(r.prompts[2].text, "bc") == 0 && r.prompts[1].text_len == 0);
