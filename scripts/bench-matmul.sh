@@ -12,7 +12,7 @@ cc=${CC:-gcc}
 # never shadow system headers of the same name.
 cf="-std=c11 -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -D_GNU_SOURCE -iquote $root/src"
 objs=""
-for f in quant matmul matmul_scalar alloc dtype status tpool; do
+for f in quant matmul matmul_scalar alloc cpu dtype status tpool; do
   $cc $cf -c "$root/src/$f.c" -o "$out/$f.o"
   objs="$objs $out/$f.o"
 done
