@@ -12,7 +12,7 @@ cc=${CC:-gcc}
 # never shadow system headers of the same name.
 cf="-std=c11 -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -D_GNU_SOURCE -iquote $root/src"
 objs=""
-for f in quant matmul matmul_scalar alloc dtype status tpool; do
+for f in quant matmul matmul_scalar alloc cpu dtype status tpool; do
   $cc $cf -c "$root/src/$f.c" -o "$out/$f.o"
   objs="$objs $out/$f.o"
 done
@@ -20,10 +20,13 @@ for f in matmul_avx2 dtype_avx2; do
   $cc $cf -mavx2 -mfma -mf16c -c "$root/src/$f.c" -o "$out/$f.o"
   objs="$objs $out/$f.o"
 done
-$cc $cf -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c \
-  -c "$root/src/matmul_avx512.c" -o "$out/matmul_avx512.o"
-$cc $cf "$root/scripts/bench_matmul.c" $objs "$out/matmul_avx512.o" \
-  -lpthread -lm -o "$out/bench_matmul"
+for src in "$root"/src/matmul*_avx512.c; do
+  f=$(basename "$src" .c)
+  $cc $cf -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c \
+    -c "$src" -o "$out/$f.o"
+  objs="$objs $out/$f.o"
+done
+$cc $cf "$root/scripts/bench_matmul.c" $objs -lpthread -lm -o "$out/bench_matmul"
 impl=${1:-auto}
 if [ "$impl" = all ]; then
   for i in avx512 avx2 scalar; do "$out/bench_matmul" "$i" "${2:-2}" "${3:-0.5}" || true; echo; done
