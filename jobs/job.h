@@ -14,8 +14,12 @@
  *   {"custom_id":"c","messages":[…],"temperature":0}      shorthand: fields at top level
  *   {"custom_id":"d","prompt":"…","max_tokens":16}
  * In the batch form `method` and `url` may be omitted (then `url` is inferred
- * from the body: `messages` → chat, `prompt` → completion). Unknown fields are
- * ignored. A JSON `null` for an optional field means "not given".
+ * from the body: `messages` → chat, `prompt` → completion). Every field is
+ * either read (and does what OpenAI or vLLM says it does), ignored on purpose
+ * because it means nothing offline (job_field_ignored), or refused by name
+ * (JOB_ERR_UNSUPPORTED_FIELD): a field kvbatch silently dropped would change
+ * what the caller gets back without saying so. A JSON `null` for an optional
+ * field means "not given".
  *
  * Text decoding (documented choice): JSON *syntax* errors, invalid escapes
  * such as "\x" among them, make the line invalid_json. Damaged *text* does not:
@@ -24,6 +28,12 @@
  * middle of an emoji produce such text, and one bad character should not cost
  * the request. So every decoded string is valid UTF-8 with no NUL inside, and
  * is also NUL-terminated.
+ *
+ * custom_id is the exception: it names the request, so it is never repaired.
+ * Output lines echo it exactly as written (custom_id_json), and it is told
+ * from other ids in its exact form (job_json_str_dup_exact: "x\ud800" and
+ * "x\udfff" are two ids, not both "x\uFFFD"). Raw bytes that are not valid
+ * UTF-8 in a custom_id are refused: they could not be written back as JSON.
  *
  * Numbers are read with strtod and written with snprintf: the process must
  * keep the default "C" LC_NUMERIC locale (kvbatch never calls setlocale).
@@ -47,7 +57,10 @@
 /* ---- limits ------------------------------------------------------------------ */
 
 #define JOB_MAX_STOP 8           /* stop strings per request */
-#define JOB_MAX_N 16             /* choices per request */
+#define JOB_MAX_N 16             /* choices per prompt ("n") */
+#define JOB_MAX_PROMPTS 128      /* prompts in one completion line (a list: one set of choices each) */
+#define JOB_MAX_CHOICES 128      /* choices per line: prompts x n */
+#define JOB_MAX_STOP_TOKEN_IDS 256 /* stop_token_ids per request */
 #define JOB_MAX_TOP_LOGPROBS 20  /* alternatives per token */
 #define JOB_MAX_LOGIT_BIAS 1024  /* logit_bias entries per request */
 #define JOB_MAX_LINE_DEFAULT ((size_t)256 << 20) /* 256 MiB; the parser's hard cap is 1 GiB */
@@ -61,6 +74,7 @@
 #define JOB_ERR_MISSING_FIELD "missing_field"
 #define JOB_ERR_INVALID_TYPE "invalid_type"
 #define JOB_ERR_INVALID_VALUE "invalid_value"      /* right type, out of range or not allowed */
+#define JOB_ERR_UNSUPPORTED_FIELD "unsupported_field" /* a field kvbatch does not implement (or knows not) */
 #define JOB_ERR_DUPLICATE_CUSTOM_ID "duplicate_custom_id"
 #define JOB_ERR_CONTEXT_LENGTH "context_length_exceeded"
 #define JOB_ERR_SERVER "server_error"              /* kvbatch failed (out of memory, …): status 500 */
@@ -122,6 +136,17 @@ enum job_given {
     JOB_GIVEN_TOP_LOGPROBS = 1u << 13,
     JOB_GIVEN_RESPONSE_FORMAT = 1u << 14,
     JOB_GIVEN_LOGIT_BIAS = 1u << 15,
+    JOB_GIVEN_MIN_TOKENS = 1u << 16,
+    JOB_GIVEN_STOP_TOKEN_IDS = 1u << 17,
+};
+
+/* One prompt of a completion line: text, or token ids as given. */
+struct job_prompt {
+    char *text;       /* NUL-terminated UTF-8, or NULL when the prompt is token ids */
+    size_t text_len;
+    int32_t *ids;     /* (n_ids) token ids >= 0, used as given (no BOS added); checked against the
+                         vocabulary by the caller, who knows it; NULL for a text prompt */
+    int32_t n_ids;    /* >= 1 when ids */
 };
 
 /* Defaults for absent fields. temperature and top_p follow OpenAI; max_tokens
@@ -144,15 +169,23 @@ struct job_logit_bias {
 
 struct job_request {
     uint64_t line_no;      /* 1-based input line */
-    char *custom_id;       /* NUL-terminated; set as soon as it is read, so also on most errors */
+    char *custom_id;       /* its exact decoded form (job_json_str_dup_exact: lone surrogates kept, not
+                              valid UTF-8 then), NUL-terminated, no NUL inside; the identity that keys,
+                              duplicates and shards use; set as soon as it is read, so also on most errors */
     size_t custom_id_len;
+    char *custom_id_json;  /* the same id as written between its quotes in the input (escapes kept):
+                              what output lines carry, byte for byte; set with custom_id */
+    size_t custom_id_json_len;
     enum job_url url;
     bool shorthand;        /* fields were at top level rather than under "body" */
     char *model;           /* recorded as given, or NULL */
 
     struct job_message *messages; /* chat: n_messages >= 1; completion: NULL */
     size_t n_messages;
-    char *prompt;          /* completion: NUL-terminated UTF-8; chat: NULL */
+    struct job_prompt *prompts; /* completion: (n_prompts) >= 1, from "prompt": a string, a list of
+                                   strings, a list of token ids, or a list of such lists; chat: NULL */
+    int32_t n_prompts;
+    char *prompt;          /* completion: prompts[0].text (borrowed from it; NULL when token ids); chat: NULL */
     size_t prompt_len;
 
     uint32_t given;        /* enum job_given bits */
@@ -175,7 +208,27 @@ struct job_request {
     struct job_logit_bias *logit_bias; /* (n_logit_bias) distinct token ids; ids not checked here */
     int32_t n_logit_bias;
     struct jsonmode_schema *json_schema; /* "json_schema": the compiled schema (owned); json_object is set too */
+
+    /* vLLM's sampling extensions */
+    bool ignore_eos;          /* end-of-generation tokens do not end the output (max_tokens does) */
+    int32_t min_tokens;       /* [0, max_tokens]: until this many tokens, end-of-generation tokens and
+                                 stop_token_ids cannot be drawn and stop strings are not looked for */
+    int32_t *stop_token_ids;  /* (n_stop_token_ids) ids >= 0 that end the output with finish "stop";
+                                 ids not checked here */
+    int32_t n_stop_token_ids;
+    bool include_stop_str_in_output; /* the stop string (or stop token's text) stays in the output */
+    bool skip_special_tokens;        /* default true: control tokens add no text */
+    /* chat templating (chat only) */
+    bool add_generation_prompt;      /* default true: the template's opening of the assistant's turn */
+    bool continue_final_message;     /* the last message (an assistant's) is left open and continued;
+                                        needs add_generation_prompt false */
 };
+
+/* Whether a request field named `name` (at the top of a body) is one that
+ * means nothing offline and is ignored on purpose: stream, stream_options,
+ * user, store, metadata, service_tier, priority, prompt_cache_key,
+ * safety_identifier, parallel_tool_calls (without tools), cache_salt. */
+bool job_field_ignored(const char *name);
 
 /* Parses one input line (len bytes, need not be NUL-terminated, may end in
  * "\r"; no "\n" inside). `out` is always initialised, so call
@@ -272,6 +325,9 @@ struct job_choice {
 struct job_result {
     const char *custom_id;
     size_t custom_id_len;
+    const char *custom_id_json;     /* as written in the input (job_request.custom_id_json), or NULL:
+                                       then custom_id is written escaped */
+    size_t custom_id_json_len;
     enum job_url url;
     const char *model;              /* written as "model" (NUL-terminated) */
     const char *system_fingerprint; /* NULL: written as null */
@@ -301,11 +357,19 @@ enum kvb_status job_format_result(struct job_buf *out, const struct job_result *
 /* Appends one error line ending in "\n":
  *   {"id":"batch_req_K","custom_id":… or null,"response":{"status_code":400,
  *    "request_id":"req_K","body":{"error":{"message":…,"type":"invalid_request_error",
- *    "param":… or null,"code":…}}},"error":{"code":…,"message":…}}
+ *    "param":… or null,"code":…}}},"error":{"code":…,"message":…,"param":… or null,
+ *    "line":N}}
+ * (the last object has the fields of OpenAI's BatchError; line is the 1-based
+ * input line, null when e->line_no is 0).
  * server_error lines have status 500 and type "server_error". custom_id may
  * be NULL. KVB_ERR_NOMEM on allocation failure. */
 enum kvb_status job_format_error(struct job_buf *out, const char *custom_id, size_t custom_id_len,
                                  const struct job_error *e);
+/* The same with the custom_id as written in the input (custom_id_json, see
+ * job_request), echoed byte for byte; NULL: escaped from custom_id. */
+enum kvb_status job_format_error_json(struct job_buf *out, const char *custom_id, size_t custom_id_len,
+                                      const char *custom_id_json, size_t custom_id_json_len,
+                                      const struct job_error *e);
 
 /* Appends s as a JSON string literal (quotes included): control characters
  * as \uXXXX (or \n, \t, …), invalid UTF-8 as U+FFFD. Exposed for other

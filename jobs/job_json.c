@@ -322,7 +322,13 @@ static size_t put_cp(char *dst, uint32_t cp)
     return n;
 }
 
-size_t job_json_str_decode(const struct job_json *j, int i, char *dst)
+/* Unescapes string token i into dst (when non-NULL) and returns the length.
+ * exact (for identities such as custom_id, job.h): a lone surrogate is kept
+ * as the three bytes UTF-8's pattern gives its code point, \u0000 becomes
+ * C0 80, and raw bytes that are not valid UTF-8 set *bad (no replacement),
+ * so distinct JSON strings always decode to distinct bytes with no NUL.
+ * Otherwise all three become U+FFFD. */
+static size_t str_decode(const struct job_json *j, int i, char *dst, bool exact, bool *bad_utf8)
 {
     const unsigned char *s = (const unsigned char *)j->src + j->tok[i].start;
     size_t n = (size_t)(j->tok[i].end - j->tok[i].start), o = 0, p = 0;
@@ -347,6 +353,11 @@ size_t job_json_str_decode(const struct job_json *j, int i, char *dst)
             }
             uint32_t cp = hex4(s + p + 2);
             p += 6;
+            if (exact && cp == 0) {
+                if (dst) memcpy(dst + o, "\xC0\x80", 2);
+                o += 2;
+                continue;
+            }
             if (cp >= 0xD800 && cp <= 0xDBFF) {
                 /* A high surrogate joins a following low one; alone it is
                  * damaged text and becomes U+FFFD (job.h). */
@@ -355,13 +366,13 @@ size_t job_json_str_decode(const struct job_json *j, int i, char *dst)
                     if (lo >= 0xDC00 && lo <= 0xDFFF) {
                         cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
                         p += 6;
-                    } else {
+                    } else if (!exact) {
                         cp = 0xFFFD;
                     }
-                } else {
+                } else if (!exact) {
                     cp = 0xFFFD;
                 }
-            } else if ((cp >= 0xDC00 && cp <= 0xDFFF) || cp == 0) {
+            } else if (!exact && ((cp >= 0xDC00 && cp <= 0xDFFF) || cp == 0)) {
                 cp = 0xFFFD; /* lone low surrogate; NUL would cut C strings short */
             }
             o += put_cp(dst ? dst + o : NULL, cp);
@@ -379,11 +390,17 @@ size_t job_json_str_decode(const struct job_json *j, int i, char *dst)
             o += k;
             p += k;
         } else {
+            if (exact) *bad_utf8 = true;
             o += put_cp(dst ? dst + o : NULL, 0xFFFD);
             p += bad;
         }
     }
     return o;
+}
+
+size_t job_json_str_decode(const struct job_json *j, int i, char *dst)
+{
+    return str_decode(j, i, dst, false, NULL);
 }
 
 enum kvb_status job_json_str_dup(const struct job_json *j, int i, char **out, size_t *out_len)
@@ -392,6 +409,20 @@ enum kvb_status job_json_str_dup(const struct job_json *j, int i, char **out, si
     char *d = kvb_malloc(n + 1);
     if (!d) return KVB_ERR_NOMEM;
     job_json_str_decode(j, i, d);
+    d[n] = '\0';
+    *out = d;
+    if (out_len) *out_len = n;
+    return KVB_OK;
+}
+
+enum kvb_status job_json_str_dup_exact(const struct job_json *j, int i, char **out, size_t *out_len)
+{
+    bool bad = false;
+    size_t n = str_decode(j, i, NULL, true, &bad);
+    if (bad) return KVB_ERR_FORMAT;
+    char *d = kvb_malloc(n + 1);
+    if (!d) return KVB_ERR_NOMEM;
+    str_decode(j, i, d, true, &bad);
     d[n] = '\0';
     *out = d;
     if (out_len) *out_len = n;

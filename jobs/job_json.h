@@ -71,6 +71,14 @@ bool job_json_str_eq(const struct job_json *j, int i, const char *lit);
  * (see job.h for the U+FFFD rules). KVB_ERR_NOMEM. */
 enum kvb_status job_json_str_dup(const struct job_json *j, int i, char **out, size_t *out_len);
 
+/* The exact form, for identities (custom_id): distinct JSON strings give
+ * distinct bytes. A lone surrogate escape keeps its code point (three bytes
+ * in UTF-8's pattern, which is not valid UTF-8), \u0000 becomes C0 80 (no
+ * NUL inside), and raw bytes that are not valid UTF-8 are refused
+ * (KVB_ERR_FORMAT: the string could not be echoed back as it was written).
+ * KVB_ERR_NOMEM. */
+enum kvb_status job_json_str_dup_exact(const struct job_json *j, int i, char **out, size_t *out_len);
+
 /* Unescaped length of string token i, and the bytes written into dst
  * (which must hold that many) when dst is non-NULL. */
 size_t job_json_str_decode(const struct job_json *j, int i, char *dst);

@@ -175,6 +175,21 @@ static void put_str(struct w *w, const char *s, size_t n)
     put(w, "\"", 1);
 }
 
+/* A custom_id: as written in the input (json, the text between its quotes,
+ * already valid JSON string text) when the caller has it, else escaped. */
+static void put_custom_id(struct w *w, const char *id, size_t len, const char *json, size_t json_len)
+{
+    if (json) {
+        put(w, "\"", 1);
+        put(w, json, json_len);
+        put(w, "\"", 1);
+    } else if (id) {
+        put_str(w, id, len);
+    } else {
+        puts_(w, "null");
+    }
+}
+
 static void put_cstr_or_null(struct w *w, const char *s)
 {
     if (s) put_str(w, s, strlen(s));
@@ -287,7 +302,7 @@ enum kvb_status job_format_result(struct job_buf *out, const struct job_result *
     puts_(&w, "{\"id\":\"batch_req_");
     puts_(&w, key.hex);
     puts_(&w, "\",\"custom_id\":");
-    put_str(&w, r->custom_id, r->custom_id_len);
+    put_custom_id(&w, r->custom_id, r->custom_id_len, r->custom_id_json, r->custom_id_json_len);
     puts_(&w, ",\"response\":{\"status_code\":200,\"request_id\":\"req_");
     puts_(&w, key.hex);
     puts_(&w, chat ? "\",\"body\":{\"id\":\"chatcmpl-" : "\",\"body\":{\"id\":\"cmpl-");
@@ -334,6 +349,13 @@ enum kvb_status job_format_result(struct job_buf *out, const struct job_result *
 enum kvb_status job_format_error(struct job_buf *out, const char *custom_id, size_t custom_id_len,
                                  const struct job_error *e)
 {
+    return job_format_error_json(out, custom_id, custom_id_len, NULL, 0, e);
+}
+
+enum kvb_status job_format_error_json(struct job_buf *out, const char *custom_id, size_t custom_id_len,
+                                      const char *custom_id_json, size_t custom_id_json_len,
+                                      const struct job_error *e)
+{
     struct w w = {.b = out, .start = out->len};
     struct job_key key;
     job_key_error(custom_id, custom_id_len, e, &key);
@@ -343,8 +365,7 @@ enum kvb_status job_format_error(struct job_buf *out, const char *custom_id, siz
     puts_(&w, "{\"id\":\"batch_req_");
     puts_(&w, key.hex);
     puts_(&w, "\",\"custom_id\":");
-    if (custom_id) put_str(&w, custom_id, custom_id_len);
-    else puts_(&w, "null");
+    put_custom_id(&w, custom_id, custom_id_len, custom_id ? custom_id_json : NULL, custom_id_json_len);
     puts_(&w, server ? ",\"response\":{\"status_code\":500" : ",\"response\":{\"status_code\":400");
     puts_(&w, ",\"request_id\":\"req_");
     puts_(&w, key.hex);
@@ -355,10 +376,17 @@ enum kvb_status job_format_error(struct job_buf *out, const char *custom_id, siz
     else puts_(&w, "null");
     puts_(&w, ",\"code\":");
     put_cstr_or_null(&w, code);
+    /* OpenAI's BatchError: code, message, and the param and line at fault */
     puts_(&w, "}}},\"error\":{\"code\":");
     put_cstr_or_null(&w, code);
     puts_(&w, ",\"message\":");
     put_str(&w, e->message, strnlen(e->message, sizeof e->message));
+    puts_(&w, ",\"param\":");
+    if (e->param[0]) put_str(&w, e->param, strnlen(e->param, sizeof e->param));
+    else puts_(&w, "null");
+    puts_(&w, ",\"line\":");
+    if (e->line_no) put_i64(&w, (int64_t)e->line_no);
+    else puts_(&w, "null");
     puts_(&w, "}}\n");
     return finish(&w);
 }

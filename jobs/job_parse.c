@@ -49,10 +49,16 @@ void job_request_free(struct job_request *r)
 {
     if (!r) return;
     kvb_free(r->custom_id);
+    kvb_free(r->custom_id_json);
     kvb_free(r->model);
     for (size_t i = 0; i < r->n_messages; i++) kvb_free(r->messages[i].content);
     kvb_free(r->messages);
-    kvb_free(r->prompt);
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        kvb_free(r->prompts[i].text);
+        kvb_free(r->prompts[i].ids);
+    }
+    kvb_free(r->prompts);
+    kvb_free(r->stop_token_ids);
     for (int i = 0; i < r->n_stop; i++) kvb_free(r->stop[i]);
     kvb_free(r->logit_bias);
     jsonmode_schema_free(r->json_schema);
@@ -73,6 +79,8 @@ static void request_defaults(struct job_request *r, uint64_t line_no)
     r->frequency_penalty = 0.0f;
     r->repetition_penalty = 1.0f;
     r->n = 1;
+    r->skip_special_tokens = true;
+    r->add_generation_prompt = true;
 }
 
 /* ---- parse context and error helpers ------------------------------------------ */
@@ -274,6 +282,20 @@ range:
     return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must fit in 64 bits", path);
 }
 
+static int get_bool(struct pctx *c, int obj, const char *name, bool *out, bool *present)
+{
+    if (present) *present = false;
+    int i = lookup(c, obj, name);
+    if (i < 0) return 0;
+    char path[PATH_MAX_];
+    path_of(c, name, path);
+    enum job_json_kind k = job_json_kind(c->j, i);
+    if (k != JOB_JSON_TRUE && k != JOB_JSON_FALSE) return fail_type(c, path, "a boolean");
+    *out = k == JOB_JSON_TRUE;
+    if (present) *present = true;
+    return 0;
+}
+
 static int get_string(struct pctx *c, int obj, const char *name, char **out, size_t *out_len,
                       bool *present)
 {
@@ -289,6 +311,10 @@ static int get_string(struct pctx *c, int obj, const char *name, char **out, siz
 }
 
 /* ---- messages and prompt ---------------------------------------------------------- */
+
+static int check_members(struct pctx *c, int obj, const char *path, const char *const *names, size_t n);
+static void key_name(const struct pctx *c, int k, char *buf, size_t cap);
+static int fail_unknown(struct pctx *c, const char *path, const char *name, const char *extra);
 
 static int parse_role(struct pctx *c, int msg, const char *mpath, enum job_role *role)
 {
@@ -360,6 +386,9 @@ static int parse_content(struct pctx *c, int msg, const char *mpath, enum job_ro
         int tx = job_json_get(c->j, p, "text");
         if (tx < 0) return fail_missing(c, tpath);
         if (job_json_kind(c->j, tx) != JOB_JSON_STRING) return fail_type(c, tpath, "a string");
+        static const char *const part_fields[] = {"type", "text"};
+        int rc = check_members(c, p, ppath, part_fields, 2);
+        if (rc) return rc;
         total += job_json_str_decode(c->j, tx, NULL) + (q > 0);
         p = job_json_skip(c->j, p);
     }
@@ -375,6 +404,40 @@ static int parse_content(struct pctx *c, int msg, const char *mpath, enum job_ro
     buf[o] = '\0';
     m->content = buf;
     m->content_len = o;
+    return 0;
+}
+
+/* A message is role and content; "name" is allowed and, as in the chat
+ * templates kvbatch knows, not rendered; an assistant's "tool_calls" may be
+ * an empty list and its "refusal" null. Anything else is refused. */
+static int check_message_members(struct pctx *c, int msg, const char *mpath)
+{
+    static const char *const names[] = {"role", "content", "name"};
+    int k = msg + 1;
+    for (int m = 0; m < c->j->tok[msg].size; m++, k = job_json_skip(c->j, k + 1)) {
+        const int v = k + 1;
+        const enum job_json_kind kind = job_json_kind(c->j, v);
+        if ((job_json_str_eq(c->j, k, "tool_calls") && (kind == JOB_JSON_NULL ||
+                                                        (kind == JOB_JSON_ARRAY && c->j->tok[v].size == 0))) ||
+            (job_json_str_eq(c->j, k, "refusal") && kind == JOB_JSON_NULL))
+            continue;
+        bool known = false;
+        for (size_t f = 0; f < 3 && !known; f++) known = job_json_str_eq(c->j, k, names[f]);
+        if (known) continue;
+        char name[64], sub[PATH_MAX_], dotted[72];
+        key_name(c, k, name, sizeof name);
+        snprintf(dotted, sizeof dotted, ".%s", name);
+        path_sub(sub, mpath, dotted);
+        return fail_unknown(c, sub, name,
+                            !strcmp(name, "tool_calls") || !strcmp(name, "tool_call_id") || !strcmp(name, "function_call")
+                                ? "no tool calling"
+                                : NULL);
+    }
+    if (job_json_get(c->j, msg, "name") >= 0 && job_json_kind(c->j, job_json_get(c->j, msg, "name")) != JOB_JSON_STRING) {
+        char path[PATH_MAX_];
+        path_sub(path, mpath, ".name");
+        return fail_type(c, path, "a string");
+    }
     return 0;
 }
 
@@ -395,6 +458,7 @@ static int parse_messages(struct pctx *c, int arr)
         struct job_message *m = &c->r->messages[k];
         int rc = parse_role(c, i, mpath, &m->role);
         if (rc) return rc;
+        if ((rc = check_message_members(c, i, mpath))) return rc;
         rc = parse_content(c, i, mpath, m->role, m);
         if (rc) return rc;
         c->r->n_messages = (size_t)k + 1; /* only filled messages are freed */
@@ -403,30 +467,82 @@ static int parse_messages(struct pctx *c, int arr)
     return 0;
 }
 
-/* prompt: a string, or an array holding exactly one string (the form
- * OpenAI clients send for a single prompt). Several prompts in one line, or
- * token-id prompts, are refused with a message saying what to do instead. */
+/* A token-id prompt: array token i of integers >= 0 (checked against the
+ * vocabulary later), at least one. */
+static int parse_ids(struct pctx *c, int i, const char *path, struct job_prompt *p)
+{
+    const int n = c->j->tok[i].size;
+    if (n == 0) return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must not be an empty list of token ids", path);
+    p->ids = kvb_malloc(sizeof *p->ids * (size_t)n);
+    if (!p->ids) return fail_nomem(c);
+    for (int k = 0, t = i + 1; k < n; k++, t++) {
+        char ipath[PATH_MAX_];
+        path_idx(ipath, path, k);
+        if (job_json_kind(c->j, t) != JOB_JSON_NUMBER) return fail_type(c, ipath, "a token id (an integer)");
+        const double v = number_value(c, t);
+        if (v != floor(v)) return fail_type(c, ipath, "a token id (an integer)");
+        if (!(v >= 0 && v <= INT32_MAX))
+            return fail(c, JOB_ERR_INVALID_VALUE, ipath, "field '%s' is not a token id (got %.17g)", ipath, v);
+        p->ids[k] = (int32_t)v;
+        p->n_ids = k + 1;
+    }
+    return 0;
+}
+
+/* prompt, as OpenAI's completions take it: a string, a list of strings, a
+ * list of token ids, or a list of lists of token ids. Each prompt gets its
+ * own n choices, written prompt by prompt. */
 static int parse_prompt(struct pctx *c, int i)
 {
+    struct job_request *r = c->r;
     char path[PATH_MAX_];
     path_of(c, "prompt", path);
+    const char *what = "a string, a list of strings, a list of token ids or a list of lists of token ids";
     enum job_json_kind k = job_json_kind(c->j, i);
+    int n = 1, first = i;
+    bool list = false, single_ids = false;
     if (k == JOB_JSON_ARRAY) {
-        int n = c->j->tok[i].size;
+        n = c->j->tok[i].size;
         if (n == 0) return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must not be empty", path);
         enum job_json_kind k0 = job_json_kind(c->j, i + 1);
-        if (k0 == JOB_JSON_NUMBER || k0 == JOB_JSON_ARRAY)
-            return fail(c, JOB_ERR_INVALID_VALUE, path,
-                        "field '%s' holds token ids, which are not supported; give the text", path);
-        if (n > 1)
-            return fail(c, JOB_ERR_INVALID_VALUE, path,
-                        "field '%s' holds %d prompts; put one prompt per line", path, n);
-        if (k0 != JOB_JSON_STRING) return fail_type(c, path, "a string or an array of one string");
-        i = i + 1;
+        if (k0 == JOB_JSON_NUMBER) {
+            single_ids = true; /* one prompt of token ids */
+            n = 1;
+        } else {
+            list = true;
+            first = i + 1;
+        }
     } else if (k != JOB_JSON_STRING) {
-        return fail_type(c, path, "a string or an array of one string");
+        return fail_type(c, path, what);
     }
-    if (job_json_str_dup(c->j, i, &c->r->prompt, &c->r->prompt_len) != KVB_OK) return fail_nomem(c);
+    if (n > JOB_MAX_PROMPTS)
+        return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' holds %d prompts; at most %d are allowed", path, n,
+                    JOB_MAX_PROMPTS);
+    r->prompts = kvb_calloc((size_t)n, sizeof *r->prompts);
+    if (!r->prompts) return fail_nomem(c);
+    enum job_json_kind want = list ? job_json_kind(c->j, first) : k;
+    for (int q = 0, t = first; q < n; q++, t = job_json_skip(c->j, t)) {
+        char ppath[PATH_MAX_];
+        if (list) path_idx(ppath, path, q);
+        else path_sub(ppath, path, "");
+        r->n_prompts = q + 1; /* only filled prompts are freed */
+        struct job_prompt *p = &r->prompts[q];
+        const enum job_json_kind kt = job_json_kind(c->j, t);
+        if (single_ids) {
+            int rc = parse_ids(c, i, path, p);
+            if (rc) return rc;
+        } else if (kt != want || (kt != JOB_JSON_STRING && kt != JOB_JSON_ARRAY)) {
+            /* a list holds prompts of one kind, as OpenAI's types say */
+            return fail_type(c, ppath, list ? (want == JOB_JSON_ARRAY ? "a list of token ids" : "a string") : what);
+        } else if (kt == JOB_JSON_ARRAY) {
+            int rc = parse_ids(c, t, ppath, p);
+            if (rc) return rc;
+        } else if (job_json_str_dup(c->j, t, &p->text, &p->text_len) != KVB_OK) {
+            return fail_nomem(c);
+        }
+    }
+    r->prompt = r->prompts[0].text;
+    r->prompt_len = r->prompts[0].text_len;
     return 0;
 }
 
@@ -466,6 +582,79 @@ static int parse_stop(struct pctx *c, int obj)
 }
 
 /* ---- sampling fields ------------------------------------------------------------- */
+
+/* stop_token_ids: a list of token ids (checked against the vocabulary by the
+ * caller); duplicates are harmless. */
+static int parse_stop_token_ids(struct pctx *c, int obj)
+{
+    struct job_request *r = c->r;
+    int i = lookup(c, obj, "stop_token_ids");
+    if (i < 0) return 0;
+    char path[PATH_MAX_];
+    path_of(c, "stop_token_ids", path);
+    if (job_json_kind(c->j, i) != JOB_JSON_ARRAY) return fail_type(c, path, "a list of token ids");
+    const int n = c->j->tok[i].size;
+    if (n > JOB_MAX_STOP_TOKEN_IDS)
+        return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' holds %d ids; at most %d are allowed", path, n,
+                    JOB_MAX_STOP_TOKEN_IDS);
+    r->given |= JOB_GIVEN_STOP_TOKEN_IDS;
+    if (n == 0) return 0;
+    struct job_prompt ids = {0};
+    int rc = parse_ids(c, i, path, &ids);
+    r->stop_token_ids = ids.ids;
+    r->n_stop_token_ids = ids.n_ids;
+    return rc;
+}
+
+/* vLLM's extensions to the sampling fields and chat's templating switches
+ * (see job_request). */
+static int parse_vllm(struct pctx *c, int obj)
+{
+    struct job_request *r = c->r;
+    char path[PATH_MAX_];
+    bool present;
+    int rc;
+    if ((rc = get_bool(c, obj, "ignore_eos", &r->ignore_eos, NULL))) return rc;
+    int64_t v;
+    if ((rc = get_int(c, obj, "min_tokens", 0, INT32_MAX, &v, &present))) return rc;
+    if (present) {
+        if (v > r->max_tokens) {
+            path_of(c, "min_tokens", path);
+            return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' (%lld) must not exceed max_tokens (%d%s)", path,
+                        (long long)v, r->max_tokens, r->given & JOB_GIVEN_MAX_TOKENS ? "" : ", the default");
+        }
+        r->min_tokens = (int32_t)v;
+        r->given |= JOB_GIVEN_MIN_TOKENS;
+    }
+    if ((rc = parse_stop_token_ids(c, obj))) return rc;
+    if ((rc = get_bool(c, obj, "include_stop_str_in_output", &r->include_stop_str_in_output, NULL))) return rc;
+    if ((rc = get_bool(c, obj, "skip_special_tokens", &r->skip_special_tokens, NULL))) return rc;
+    /* spaces_between_special_tokens: special tokens' texts are joined with
+     * no spaces whatever its value, as fast tokenizers (and so vLLM with
+     * one) do; read for its type only. */
+    bool spaces = true;
+    if ((rc = get_bool(c, obj, "spaces_between_special_tokens", &spaces, NULL))) return rc;
+    bool beam = false;
+    if ((rc = get_bool(c, obj, "use_beam_search", &beam, NULL))) return rc;
+    if (beam) {
+        path_of(c, "use_beam_search", path);
+        return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s': beam search is not supported by kvbatch", path);
+    }
+    if (r->url != JOB_URL_CHAT) return 0;
+    if ((rc = get_bool(c, obj, "add_generation_prompt", &r->add_generation_prompt, NULL))) return rc;
+    if ((rc = get_bool(c, obj, "continue_final_message", &r->continue_final_message, NULL))) return rc;
+    if (r->continue_final_message) {
+        path_of(c, "continue_final_message", path);
+        if (r->add_generation_prompt)
+            return fail(c, JOB_ERR_INVALID_VALUE, path,
+                        "field '%s' needs \"add_generation_prompt\": false (the final message is continued, "
+                        "not answered)", path);
+        if (r->messages[r->n_messages - 1].role != JOB_ROLE_ASSISTANT)
+            return fail(c, JOB_ERR_INVALID_VALUE, path,
+                        "field '%s' needs the last message to be the assistant's (the one to continue)", path);
+    }
+    return 0;
+}
 
 static int parse_sampling(struct pctx *c, int obj)
 {
@@ -554,7 +743,7 @@ static int parse_sampling(struct pctx *c, int obj)
             r->given |= JOB_GIVEN_LOGPROBS | JOB_GIVEN_TOP_LOGPROBS;
         }
     }
-    return 0;
+    return parse_vllm(c, obj);
 }
 
 /* logit_bias: {"token id": bias in [-100, 100], …}, at most
@@ -603,12 +792,10 @@ static int parse_logit_bias(struct pctx *c, int obj)
     return 0;
 }
 
-/* response_format, logit_bias, and the fields kvbatch does not implement
- * whose silent omission would change what the caller gets back, which are
- * refused by name: tools and functions (tool calls), echo, suffix and a
- * best_of above n. Fields that change nothing in an offline batch (stream,
- * user, store, metadata, service_tier, …) and unknown ones are ignored, as
- * vLLM does. */
+/* response_format, logit_bias, and the fields kvbatch implements only at
+ * their no-op values, refused by name otherwise: tools and functions (tool
+ * calls; tool_choice and function_call only "none" or "auto"), echo, suffix
+ * and a best_of above n. Which fields exist at all is check_body_fields'. */
 static int parse_output_form(struct pctx *c, int obj)
 {
     struct job_request *r = c->r;
@@ -617,6 +804,9 @@ static int parse_output_form(struct pctx *c, int obj)
     if (i >= 0) {
         path_of(c, "response_format", path);
         if (job_json_kind(c->j, i) != JOB_JSON_OBJECT) return fail_type(c, path, "an object");
+        static const char *const rf_fields[] = {"type", "json_schema"};
+        int rc = check_members(c, i, path, rf_fields, 2);
+        if (rc) return rc;
         path_sub(sub, path, ".type");
         int t = job_json_get(c->j, i, "type");
         if (t < 0) return fail_missing(c, sub);
@@ -630,11 +820,15 @@ static int parse_output_form(struct pctx *c, int obj)
             const int js = lookup(c, i, "json_schema");
             if (js < 0) return fail_missing(c, js_path);
             if (job_json_kind(c->j, js) != JOB_JSON_OBJECT) return fail_type(c, js_path, "an object");
+            /* name, description and strict describe the schema to OpenAI's
+             * models; kvbatch always holds the output to it */
+            static const char *const js_fields[] = {"name", "description", "schema", "strict"};
+            if ((rc = check_members(c, js, js_path, js_fields, 4))) return rc;
             path_sub(sc_path, js_path, ".schema");
             const int sc = lookup(c, js, "schema");
             if (sc < 0) return fail_missing(c, sc_path);
             char epath[PATH_MAX_] = "", emsg[320] = "";
-            int rc = job_schema_compile(c->j, sc, sc_path, &r->json_schema, epath, sizeof epath, emsg, sizeof emsg);
+            rc = job_schema_compile(c->j, sc, sc_path, &r->json_schema, epath, sizeof epath, emsg, sizeof emsg);
             if (rc == -2) return fail_nomem(c);
             if (rc) return fail(c, JOB_ERR_INVALID_VALUE, epath, "%s", emsg);
             r->json_object = true;
@@ -652,6 +846,17 @@ static int parse_output_form(struct pctx *c, int obj)
         if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_ARRAY && c->j->tok[i].size == 0)) {
             path_of(c, tool_fields[k], path);
             return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s': tool calling is not supported by kvbatch", path);
+        }
+    }
+    /* With no tools there is nothing to call: "none" and "auto" mean the same */
+    static const char *const choice_fields[] = {"tool_choice", "function_call"};
+    for (int k = 0; k < 2; k++) {
+        i = lookup(c, obj, choice_fields[k]);
+        if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_STRING &&
+                        (job_json_str_eq(c->j, i, "none") || job_json_str_eq(c->j, i, "auto")))) {
+            path_of(c, choice_fields[k], path);
+            return fail(c, JOB_ERR_INVALID_VALUE, path,
+                        "field '%s': tool calling is not supported by kvbatch (only \"none\" or \"auto\")", path);
         }
     }
     int rc = parse_logit_bias(c, obj);
@@ -675,6 +880,128 @@ static int parse_output_form(struct pctx *c, int obj)
         return fail(c, JOB_ERR_INVALID_VALUE, path,
                     "field '%s' above n is not supported by kvbatch (it returns every choice it makes)", path);
     }
+    if (r->ignore_eos && r->json_object) {
+        path_of(c, "ignore_eos", path);
+        return fail(c, JOB_ERR_INVALID_VALUE, path,
+                    "field '%s' cannot go with response_format: the JSON output ends where the object does", path);
+    }
+    return 0;
+}
+
+/* ---- which fields exist --------------------------------------------------------------- */
+
+enum { F_CHAT = 1, F_COMP = 2, F_BOTH = 3 };
+
+/* Every body field kvbatch reads, and for which endpoints. */
+static const struct { const char *name; unsigned where; } body_fields[] = {
+    {"messages", F_CHAT}, {"prompt", F_COMP}, {"model", F_BOTH},
+    {"max_tokens", F_BOTH}, {"max_completion_tokens", F_BOTH}, {"temperature", F_BOTH}, {"top_p", F_BOTH},
+    {"top_k", F_BOTH}, {"min_p", F_BOTH}, {"seed", F_BOTH}, {"stop", F_BOTH}, {"presence_penalty", F_BOTH},
+    {"frequency_penalty", F_BOTH}, {"repetition_penalty", F_BOTH}, {"n", F_BOTH}, {"logprobs", F_BOTH},
+    {"top_logprobs", F_CHAT}, {"response_format", F_BOTH}, {"logit_bias", F_BOTH}, {"best_of", F_BOTH},
+    {"echo", F_BOTH}, {"suffix", F_COMP}, {"tools", F_CHAT}, {"functions", F_CHAT}, {"tool_choice", F_CHAT},
+    {"function_call", F_CHAT}, {"ignore_eos", F_BOTH}, {"min_tokens", F_BOTH}, {"stop_token_ids", F_BOTH},
+    {"include_stop_str_in_output", F_BOTH}, {"skip_special_tokens", F_BOTH},
+    {"spaces_between_special_tokens", F_BOTH}, {"use_beam_search", F_BOTH}, {"add_generation_prompt", F_CHAT},
+    {"continue_final_message", F_CHAT},
+};
+
+/* Fields that mean nothing to an offline batch (how a reply is delivered,
+ * who asked, how a server should queue or bill it). Kept short on purpose:
+ * anything that could change the output is read or refused instead. */
+static const char *const ignored_fields[] = {
+    "stream", "stream_options", "user", "store", "metadata", "service_tier", "priority", "prompt_cache_key",
+    "safety_identifier", "parallel_tool_calls", "cache_salt",
+};
+
+bool job_field_ignored(const char *name)
+{
+    for (size_t k = 0; k < sizeof ignored_fields / sizeof ignored_fields[0]; k++)
+        if (strcmp(name, ignored_fields[k]) == 0) return true;
+    return false;
+}
+
+/* Why a few well-known fields are refused, for a message that helps. */
+static const char *refusal_hint(const char *name)
+{
+    static const struct { const char *name, *hint; } hints[] = {
+        {"chat_template", "kvbatch does not run Jinja templates; choose a family with --chat-template NAME"},
+        {"chat_template_kwargs", "kvbatch does not run Jinja templates"},
+        {"guided_json", "use response_format json_schema"},
+        {"guided_regex", "constrained decoding other than JSON is not supported"},
+        {"guided_choice", "constrained decoding other than JSON is not supported"},
+        {"guided_grammar", "constrained decoding other than JSON is not supported"},
+        {"prompt_logprobs", "logprobs of the prompt are not computed"},
+        {"truncate_prompt_tokens", "prompts are never cut; a prompt too long for --ctx is an error line"},
+    };
+    for (size_t k = 0; k < sizeof hints / sizeof hints[0]; k++)
+        if (strcmp(name, hints[k].name) == 0) return hints[k].hint;
+    return NULL;
+}
+
+/* The key of object member token k (a string), decoded into buf for
+ * comparison; an over-long key is cut (it matches no field then). */
+static void key_name(const struct pctx *c, int k, char *buf, size_t cap)
+{
+    const size_t n = job_json_str_decode(c->j, k, NULL);
+    if (n + 1 > cap) {
+        memcpy(buf, "(a long key)", 13);
+        return;
+    }
+    job_json_str_decode(c->j, k, buf);
+    buf[n] = '\0';
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] == '\0') buf[i] = '?';
+}
+
+static int fail_unknown(struct pctx *c, const char *path, const char *name, const char *extra)
+{
+    const char *hint = extra ? extra : refusal_hint(name);
+    return fail(c, JOB_ERR_UNSUPPORTED_FIELD, path, "field '%s' is not supported by kvbatch (%s)", path,
+                hint ? hint : "README: Request fields lists those that are");
+}
+
+/* Refuses any member of the body (or the shorthand's top level, which also
+ * holds custom_id, method and url) that kvbatch does not read and does not
+ * ignore on purpose. */
+static int check_body_fields(struct pctx *c, int obj)
+{
+    const struct job_request *r = c->r;
+    const unsigned mine = r->url == JOB_URL_CHAT ? F_CHAT : F_COMP;
+    int k = obj + 1;
+    for (int m = 0; m < c->j->tok[obj].size; m++, k = job_json_skip(c->j, k + 1)) {
+        char name[64], path[PATH_MAX_];
+        key_name(c, k, name, sizeof name);
+        if (r->shorthand && (!strcmp(name, "custom_id") || !strcmp(name, "method") || !strcmp(name, "url"))) continue;
+        if (job_field_ignored(name)) continue;
+        unsigned where = 0;
+        for (size_t f = 0; f < sizeof body_fields / sizeof body_fields[0] && !where; f++)
+            if (!strcmp(name, body_fields[f].name)) where = body_fields[f].where;
+        if (where & mine) continue;
+        path_of(c, name, path);
+        if (where)
+            return fail(c, JOB_ERR_UNSUPPORTED_FIELD, path, "field '%s' belongs to %s, not %s", path,
+                        where == F_CHAT ? "/v1/chat/completions" : "/v1/completions",
+                        mine == F_CHAT ? "/v1/chat/completions" : "/v1/completions");
+        return fail_unknown(c, path, name, NULL);
+    }
+    return 0;
+}
+
+/* Refuses members of object token obj (at path) outside names[n]. */
+static int check_members(struct pctx *c, int obj, const char *path, const char *const *names, size_t n)
+{
+    int k = obj + 1;
+    for (int m = 0; m < c->j->tok[obj].size; m++, k = job_json_skip(c->j, k + 1)) {
+        char name[64], sub[PATH_MAX_], dotted[72];
+        key_name(c, k, name, sizeof name);
+        bool known = false;
+        for (size_t f = 0; f < n && !known; f++) known = !strcmp(name, names[f]);
+        if (known) continue;
+        snprintf(dotted, sizeof dotted, "%s%s", path[0] ? "." : "", name);
+        path_sub(sub, path, dotted);
+        return fail_unknown(c, sub, name, NULL);
+    }
     return 0;
 }
 
@@ -692,7 +1019,14 @@ static int parse_root(struct pctx *c)
     if (job_json_kind(j, i) != JOB_JSON_STRING) return fail_type(c, "custom_id", "a string");
     if (j->tok[i].end == j->tok[i].start)
         return fail(c, JOB_ERR_INVALID_VALUE, "custom_id", "field 'custom_id' must not be empty");
-    if (job_json_str_dup(j, i, &r->custom_id, &r->custom_id_len) != KVB_OK) return fail_nomem(c);
+    enum kvb_status st = job_json_str_dup_exact(j, i, &r->custom_id, &r->custom_id_len);
+    if (st == KVB_ERR_FORMAT)
+        return fail(c, JOB_ERR_INVALID_VALUE, "custom_id",
+                    "field 'custom_id' holds bytes that are not valid UTF-8 (it could not be echoed back as written)");
+    if (st != KVB_OK) return fail_nomem(c);
+    r->custom_id_json_len = (size_t)(j->tok[i].end - j->tok[i].start);
+    r->custom_id_json = kvb_strndup(j->src + j->tok[i].start, r->custom_id_json_len);
+    if (!r->custom_id_json) return fail_nomem(c);
 
     i = lookup(c, 0, "method");
     if (i >= 0) {
@@ -748,6 +1082,10 @@ static int parse_root(struct pctx *c)
         r->url = msgs >= 0 ? JOB_URL_CHAT : JOB_URL_COMPLETION;
     }
     int rc;
+    if (!r->shorthand) {
+        static const char *const top[] = {"custom_id", "method", "url", "body"};
+        if ((rc = check_members(c, 0, "", top, 4))) return rc;
+    }
     if (r->url == JOB_URL_CHAT) {
         if (msgs < 0) {
             path_of(c, "messages", path);
@@ -761,6 +1099,7 @@ static int parse_root(struct pctx *c)
         }
         if ((rc = parse_prompt(c, prompt))) return rc;
     }
+    if ((rc = check_body_fields(c, body))) return rc;
 
     bool present;
     if ((rc = get_string(c, body, "model", &r->model, NULL, &present))) return rc;
@@ -796,12 +1135,19 @@ enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
      * is keyed by its number, since the custom_id belongs to the first line
      * that uses it in a request that parses (a later line, maybe). */
     if (err) err->by_line = true;
-    char *cid = out->custom_id;
-    size_t cid_len = out->custom_id_len;
-    out->custom_id = NULL;
+    char *cid = out->custom_id, *cid_json = out->custom_id_json;
+    size_t cid_len = out->custom_id_len, cid_json_len = out->custom_id_json_len;
+    if (!cid_json) { /* the exact form alone is no use to an error line */
+        kvb_free(cid);
+        cid = NULL;
+        cid_len = 0;
+    }
+    out->custom_id = out->custom_id_json = NULL;
     job_request_free(out);
     request_defaults(out, line_no);
     out->custom_id = cid;
     out->custom_id_len = cid_len;
+    out->custom_id_json = cid_json;
+    out->custom_id_json_len = cid_json_len;
     return rc == -2 ? KVB_ERR_NOMEM : KVB_ERR_FORMAT;
 }

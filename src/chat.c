@@ -306,13 +306,25 @@ void chat_template_free(struct chat_template *t)
 
 /* ---- formatting -------------------------------------------------------------------- */
 
-enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
+enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_DEVELOPER };
 
 static enum role role_of(const struct chat_msg *m)
 {
-    return strcmp(m->role, "system") == 0 ? ROLE_SYSTEM
-         : strcmp(m->role, "user") == 0   ? ROLE_USER
-                                          : ROLE_ASSISTANT;
+    return strcmp(m->role, "system") == 0      ? ROLE_SYSTEM
+         : strcmp(m->role, "user") == 0        ? ROLE_USER
+         : strcmp(m->role, "developer") == 0   ? ROLE_DEVELOPER
+                                               : ROLE_ASSISTANT;
+}
+
+/* Whether the family's template renders a "developer" message. ChatML and
+ * Llama 3's write any role's name into the turn header, so a developer turn
+ * is "<|im_start|>developer\n…" (and, not being "system", it does not stop
+ * ChatML's default system prompt); the others either raise an error for a
+ * role they do not know (Llama 2, Mistral, Gemma) or drop the message
+ * without a word (Zephyr), which kvbatch turns into a refusal. */
+static bool renders_developer(enum chat_family f)
+{
+    return f == CHAT_CHATML || f == CHAT_LLAMA3 || f == CHAT_LLAMA31;
 }
 
 static void apply_chatml(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
@@ -515,9 +527,15 @@ enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg 
         const char *r = msgs[i].role;
         if (!r || !msgs[i].content)
             return kvb_errf(err, KVB_ERR_INVALID_ARG, "message %zu: role or content missing", i);
-        if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0)
+        if (strcmp(r, "developer") == 0 && !renders_developer(t->family))
+            return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                            "message %zu: the %s chat template has no developer role (give it as a system message)",
+                            i, chat_family_name(t->family));
+        if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0 &&
+            strcmp(r, "developer") != 0)
             return kvb_errf(err, KVB_ERR_INVALID_ARG,
-                            "message %zu: role \"%.64s\" is not supported (system, user or assistant)", i, r);
+                            "message %zu: role \"%.64s\" is not supported (system, user, assistant or developer)", i,
+                            r);
     }
 
     struct sbuf b = {0};
@@ -537,5 +555,38 @@ enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg 
         return kvb_errf(err, KVB_ERR_NOMEM, "chat template: out of memory");
     }
     *out = b.p;
+    return KVB_OK;
+}
+
+enum kvb_status chat_apply_continue(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                                    char **out, struct kvb_err *err)
+{
+    if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_apply_continue: out is NULL");
+    *out = NULL;
+    if (n == 0 || !msgs || !msgs[n - 1].role || strcmp(msgs[n - 1].role, "assistant") != 0)
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "the last message must be the assistant's to be continued");
+    char *text = NULL;
+    KVB_FORWARD_IF_ERROR(chat_apply(t, msgs, n, false, &text, err));
+    /* Hugging Face's rule: cut after the last occurrence of the final
+     * content, or of that content trimmed, for templates that trim it. */
+    const char *fin = msgs[n - 1].content;
+    size_t fl = strlen(fin), tl = strlen(text);
+    const char *at = NULL;
+    for (int pass = 0; pass < 2 && !at; pass++) {
+        if (pass == 1) trim_span(&fin, &fl);
+        for (size_t k = tl >= fl ? tl - fl + 1 : 0; k-- > 0;)
+            if (memcmp(text + k, fin, fl) == 0) {
+                at = text + k;
+                break;
+            }
+    }
+    if (!at) {
+        kvb_free(text);
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "the %s chat template does not write the final message where it could be continued",
+                        chat_family_name(t->family));
+    }
+    text[at - text + fl] = '\0';
+    *out = text;
     return KVB_OK;
 }

@@ -53,7 +53,8 @@ struct chat_template {
 };
 
 struct chat_msg {
-    const char *role;    /* "system", "user", "assistant" */
+    const char *role;    /* "system", "user", "assistant", "developer" (ChatML and Llama 3 families only:
+                            rendered as their templates render any role; refused by the others) */
     const char *content; /* NUL-terminated */
 };
 
@@ -74,5 +75,15 @@ const char *chat_family_name(enum chat_family f);
  * included: the caller adds it by the tokenizer's rule. */
 enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
                            bool add_generation_prompt, char **out, struct kvb_err *err);
+
+/* As chat_apply without a generation prompt, but with the last message (an
+ * assistant's) left open so that generation continues it, as Hugging Face's
+ * continue_final_message does: the text is cut just after the last
+ * occurrence of that message's content (or of the content trimmed of
+ * whitespace, for templates that trim it). KVB_ERR_INVALID_ARG when the last
+ * message is not the assistant's, KVB_ERR_UNSUPPORTED when the template
+ * does not write it. */
+enum kvb_status chat_apply_continue(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                                    char **out, struct kvb_err *err);
 
 #endif

@@ -1,6 +1,7 @@
 /* cli_generate.c — `kvbatch generate`: one prompt, streamed completion on
  * stdout, prefill and decode speed on stderr. */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,7 +162,11 @@ int cli_generate(int argc, char **argv)
     }
     float *logits = kvb_malloc(sizeof(float) * (size_t)llm.model->hp.n_vocab);
     out_ids = kvb_malloc(sizeof(int32_t) * (size_t)(n_predict + 1));
-    if (!logits || !out_ids) { kvb_free(logits); goto done; }
+    if (!logits || !out_ids) {
+        fprintf(stderr, "kvbatch generate: out of memory\n");
+        kvb_free(logits);
+        goto done;
+    }
 
     double t0 = cli_now();
     if (gen_feed(g, ids, (int32_t)n_ids, NULL, &err) != KVB_OK) {
@@ -176,15 +181,34 @@ int cli_generate(int argc, char **argv)
     int64_t n_gen = 0;
     bool failed = false;
     while (n_gen < n_predict) {
-        memcpy(logits, gen_logits(g), sizeof(float) * (size_t)llm.model->hp.n_vocab);
+        const int32_t nv = llm.model->hp.n_vocab;
+        memcpy(logits, gen_logits(g), sizeof(float) * (size_t)nv);
+        const int32_t bad = sampler_first_nonfinite(logits, nv);
+        if (bad >= 0) {
+            fprintf(stderr, "\nkvbatch generate: the model's logits are not finite (%s at token id %d of %d) after "
+                    "%lld generated tokens: the model's weights or the backend are broken\n",
+                    isnan(logits[bad]) ? "NaN" : logits[bad] > 0 ? "+inf" : "-inf", bad, nv, (long long)n_gen);
+            failed = true;
+            break;
+        }
         int32_t next;
-        if (sampler_sample(smp, logits, &next) != KVB_OK) { failed = true; break; }
+        enum kvb_status sst = sampler_sample(smp, logits, &next);
+        if (sst != KVB_OK) {
+            fprintf(stderr, "\nkvbatch generate: sampling failed after %lld tokens: %s\n", (long long)n_gen,
+                    kvb_strerror(sst));
+            failed = true;
+            break;
+        }
         sampler_accept(smp, next);
         out_ids[n_gen++] = next;
         if (!ignore_eos && tok_is_eog(llm.tok, next)) break;
         if (!print_ids) {
             size_t before = text_len;
-            if (tok_stream_push(llm.tok, &ts, next, &text, &text_len, &text_cap) != KVB_OK) { failed = true; break; }
+            if (tok_stream_push(llm.tok, &ts, next, &text, &text_len, &text_cap) != KVB_OK) {
+                fprintf(stderr, "\nkvbatch generate: out of memory decoding the output\n");
+                failed = true;
+                break;
+            }
             fwrite(text + before, 1, text_len - before, stdout);
             fflush(stdout);
         }

@@ -188,7 +188,13 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
                         "model key '%s.rope.dimension_count' = %d: a partial rotary embedding (head size %d) is not "
                         "computed by kvbatch", a, hp->rope_dim, hp->head_dim);
     KVB_FORWARD_IF_ERROR(get_hp_f32(f, a, "rope.freq_base", 10000.0f, &hp->rope_base, err));
-    KVB_FORWARD_IF_ERROR(get_hp_f32(f, a, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps, err));
+    /* Required, as llama.cpp requires it for these architectures: there is
+     * no default the authors share (transformers' configs default to 1e-6,
+     * kvbatch used to take 1e-5), and every converter writes it. */
+    char eps_key[128];
+    snprintf(eps_key, sizeof eps_key, "%s.attention.layer_norm_rms_epsilon", a);
+    if (!gguf_find(f, eps_key)) return kvb_errf(err, KVB_ERR_FORMAT, "model is missing required key '%s'", eps_key);
+    KVB_FORWARD_IF_ERROR(get_hp_f32(f, a, "attention.layer_norm_rms_epsilon", 0.0f, &hp->rms_eps, err));
     hp->rope = m->arch == MODEL_ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
     return KVB_OK;
 }
@@ -238,10 +244,39 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
 static enum kvb_status check_freq_factors(const struct model *m, struct kvb_err *err)
 {
     const float *ff = m->rope.freq_factors;
-    for (int32_t i = 0; ff && i < m->hp.rope_dim / 2; i++)
+    const int32_t half = m->hp.rope_dim / 2;
+    for (int32_t i = 0; ff && i < half; i++)
         if (!(ff[i] > 0))
             return kvb_errf(err, KVB_ERR_FORMAT, "tensor 'rope_freqs.weight' holds %g at %d; factors must be positive",
                             (double)ff[i], i);
+    /* Each parameter can be positive and finite and their quotient not (a
+     * factor of 1e-39 divides a frequency of 1 into inf): every angle, and
+     * so every logit, would be NaN. Named here, with what produced it. */
+    float inv_freq[4096], unfactored[4096];
+    if (half > (int32_t)(sizeof inv_freq / sizeof inv_freq[0]))
+        return kvb_errf(err, KVB_ERR_FORMAT, "implausible rope dims %d", m->hp.rope_dim);
+    model_rope_freqs(m, inv_freq);
+    struct model plain = *m; /* a view without the factors tensor, to tell which one is to blame */
+    plain.rope.freq_factors = NULL;
+    model_rope_freqs(&plain, unfactored);
+    for (int32_t i = 0; i < half; i++) {
+        if (isfinite(inv_freq[i])) continue;
+        char key[128], key2[128];
+        const char *fk = gguf_find(m->gguf, model_key(m, "rope.scaling.factor", key2, sizeof key2))
+                             ? "rope.scaling.factor" : "rope.scale_linear";
+        if (ff && isfinite(unfactored[i]))
+            return kvb_errf(err, KVB_ERR_FORMAT,
+                            "tensor 'rope_freqs.weight' holds %g at %d, which gives that rotary pair a frequency "
+                            "of %g", (double)ff[i], i, (double)inv_freq[i]);
+        if (m->rope.type == ROPE_SCALING_NONE)
+            return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %g gives rotary pair %d a frequency of %g",
+                            model_key(m, "rope.freq_base", key, sizeof key), (double)m->hp.rope_base, i,
+                            (double)inv_freq[i]);
+        return kvb_errf(err, KVB_ERR_FORMAT,
+                        "model keys '%s' = %g and '%s' = %g give rotary pair %d a frequency of %g",
+                        model_key(m, "rope.freq_base", key, sizeof key), (double)m->hp.rope_base,
+                        model_key(m, fk, key2, sizeof key2), (double)m->rope.factor, i, (double)inv_freq[i]);
+    }
     return KVB_OK;
 }
 
@@ -289,6 +324,7 @@ enum kvb_status model_load(const char *path, struct model **out, struct kvb_err 
     enum kvb_status st = gguf_open(path, &m->gguf, err);
     if (st == KVB_OK) st = load_hparams(m, err);
     if (st == KVB_OK) st = model_rope_load(m, err);
+    if (st == KVB_OK) st = model_check_keys(m, err);
     if (st == KVB_OK) {
         ls.cap = gguf_n_tensors(m->gguf);
         ls.bound = kvb_calloc(ls.cap ? ls.cap : 1, sizeof *ls.bound);

@@ -27,9 +27,15 @@ static const char *const read_keys[] = {
     /* Descriptive only: whether the scaled model was fine-tuned, and the
      * layout of the original checkpoint the converter undid. */
     "rope.scaling.finetuned", "tensor_data_layout",
+    /* A LayerNorm epsilon: convert_hf_to_gguf and Ollama's converter copy
+     * one from a config that has layer_norm_eps/layer_norm_epsilon/
+     * norm_epsilon next to rms_norm_eps, but llama, qwen2 and qwen3 only
+     * normalize with RMSNorm (transformers reads rms_norm_eps, llama.cpp
+     * layer_norm_rms_epsilon), so it is never part of the arithmetic. */
+    "attention.layer_norm_epsilon",
 };
 
-enum neutral { N_ZERO, N_ONE, N_TRUE, N_FALSE, N_WINDOW, N_ATTN_SCALE };
+enum neutral { N_ZERO, N_ONE, N_TRUE, N_FALSE, N_WINDOW, N_ATTN_SCALE, N_HEAD_DIM };
 
 /* Keys that change the computation unless they hold the neutral value. */
 static const struct {
@@ -51,6 +57,9 @@ static const struct {
     {"use_parallel_residual", N_FALSE, "parallel residual blocks"},
     {"expert_count", N_ZERO, "mixture of experts"},
     {"expert_used_count", N_ZERO, "mixture of experts"},
+    /* Ollama's converter writes the config's head_dim here as well as in
+     * attention.key_length; llama.cpp reads only the latter. */
+    {"attention.head_dim", N_HEAD_DIM, "a head size other than attention.key_length"},
 };
 
 const char *model_key(const struct model *m, const char *suffix, char *buf, size_t size)
@@ -107,6 +116,7 @@ static bool is_neutral(const struct model *m, enum neutral want, const struct gg
     case N_TRUE: case N_FALSE: return false;
     case N_WINDOW: return x == 0 || x >= (double)m->n_ctx_max; /* a window the context cannot exceed */
     case N_ATTN_SCALE: return x == 0 || fabs(x * sqrt((double)m->hp.head_dim) - 1.0) < 1e-6; /* 0: the default */
+    case N_HEAD_DIM: return x == (double)m->hp.head_dim;
     }
     return false;
 }
@@ -199,8 +209,7 @@ static enum kvb_status check_vocab(const struct model *m, struct kvb_err *err)
     return KVB_OK;
 }
 
-enum kvb_status model_check(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
-                            struct kvb_err *err)
+enum kvb_status model_check_keys(const struct model *m, struct kvb_err *err)
 {
     const struct model_hparams *hp = &m->hp;
     char key[128];
@@ -213,7 +222,12 @@ enum kvb_status model_check(const struct model *m, const struct gguf_tensor *con
     if (!isfinite(hp->rms_eps) || hp->rms_eps < 0)
         return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %g must be a non-negative number",
                         model_key(m, "attention.layer_norm_rms_epsilon", key, sizeof key), (double)hp->rms_eps);
+    return check_keys(m, err);
+}
+
+enum kvb_status model_check(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
+                            struct kvb_err *err)
+{
     KVB_FORWARD_IF_ERROR(check_vocab(m, err));
-    KVB_FORWARD_IF_ERROR(check_keys(m, err));
     return check_tensors(m, bound, n_bound, err);
 }

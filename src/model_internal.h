@@ -15,10 +15,15 @@ const char *model_key(const struct model *m, const char *suffix, char *buf, size
  * KVB_ERR_UNSUPPORTED naming the key and its value. */
 enum kvb_status model_rope_load(struct model *m, struct kvb_err *err);
 
-/* After hyperparameters and weights are bound: every `<arch>.*` key is one
+/* After hyperparameters and RoPE scaling are read, before any weight is
+ * bound (so that a variant is named by its key, not by a tensor it lacks:
+ * Mixtral has no blk.N.ffn_gate.weight): every `<arch>.*` key is one
  * kvbatch computes, or has the value that leaves the arithmetic alone;
- * every tensor was bound (bound[0..n_bound)); the metadata agrees with
- * itself (vocabulary, special token ids, context, RoPE base, epsilon). */
+ * context, RoPE base and epsilon are usable. */
+enum kvb_status model_check_keys(const struct model *m, struct kvb_err *err);
+
+/* After weights are bound: every tensor was bound (bound[0..n_bound)); the
+ * vocabulary and special token ids agree with the embedding. */
 enum kvb_status model_check(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
                             struct kvb_err *err);
 

@@ -11,8 +11,8 @@
  *  - yarn: with dim = rope_dim and corr(b) = dim * ln(orig_ctx / (2 pi b)) /
  *    (2 ln base), low = max(0, floor(corr(beta_fast))), high = min(dim - 1,
  *    ceil(corr(beta_slow))), pair i keeps its frequency with weight
- *    e = 1 - clamp((i - low) / (high - low), 0, 1) (high - low at least
- *    0.001) and takes frequency / factor with weight 1 - e. cos and sin are
+ *    e = 1 - clamp((i - low) / (high - low), 0, 1) (0.001 for high - low
+ *    when they are equal) and takes frequency / factor with weight 1 - e. cos and sin are
  *    multiplied by the attention factor: `yarn_attn_factor` when the file
  *    gives it (HF's `attention_factor`, used as given), else
  *    0.1 ln(factor) + 1 (1 for factor <= 1). The legacy
@@ -30,13 +30,15 @@ static enum kvb_status opt_f32(const struct model *m, const char *suffix, float 
 {
     char key[128];
     model_key(m, suffix, key, sizeof key);
-    enum kvb_status st = gguf_get_f32(m->gguf, key, out, err);
+    /* Looked up without err first: an absent key is the usual case and must
+     * leave no message behind in a load that succeeds. */
+    enum kvb_status st = gguf_get_f32(m->gguf, key, out, NULL);
     if (given) *given = st == KVB_OK;
     if (st == KVB_ERR_NOT_FOUND) {
         *out = dflt;
         return KVB_OK;
     }
-    return st;
+    return st == KVB_OK ? st : gguf_get_f32(m->gguf, key, out, err);
 }
 
 static enum kvb_status refuse_f32(const struct model *m, const char *suffix, float v, const char *why,
@@ -59,10 +61,10 @@ static enum kvb_status read_type(struct model *m, bool *given, struct kvb_err *e
 {
     char key[128];
     struct gguf_str s;
-    enum kvb_status st = gguf_get_str(m->gguf, model_key(m, "rope.scaling.type", key, sizeof key), &s, err);
+    enum kvb_status st = gguf_get_str(m->gguf, model_key(m, "rope.scaling.type", key, sizeof key), &s, NULL);
     *given = st == KVB_OK;
     if (st == KVB_ERR_NOT_FOUND) return KVB_OK;
-    KVB_FORWARD_IF_ERROR(st);
+    if (st != KVB_OK) return gguf_get_str(m->gguf, key, &s, err);
     if (gguf_str_eq(s, "none")) m->rope.type = ROPE_SCALING_NONE;
     else if (gguf_str_eq(s, "linear")) m->rope.type = ROPE_SCALING_LINEAR;
     else if (gguf_str_eq(s, "yarn")) m->rope.type = ROPE_SCALING_YARN;
@@ -80,9 +82,20 @@ static enum kvb_status read_yarn(struct model *m, struct kvb_err *err)
     char key[128];
     uint32_t orig = 0;
     enum kvb_status st =
-        gguf_get_u32(m->gguf, model_key(m, "rope.scaling.original_context_length", key, sizeof key), &orig, err);
-    if (st == KVB_ERR_NOT_FOUND) orig = (uint32_t)hp->n_ctx_train; /* llama.cpp's fallback */
-    else KVB_FORWARD_IF_ERROR(st);
+        gguf_get_u32(m->gguf, model_key(m, "rope.scaling.original_context_length", key, sizeof key), &orig, NULL);
+    if (st == KVB_ERR_NOT_FOUND) {
+        /* llama.cpp's fallback, and transformers' (standardize_rope_params
+         * takes max_position_embeddings, which the converter writes as the
+         * context length): the file's context length, when it has one. */
+        char ctx_key[128];
+        if (!gguf_find(m->gguf, model_key(m, "context_length", ctx_key, sizeof ctx_key)))
+            return kvb_errf(err, KVB_ERR_FORMAT,
+                            "yarn scaling without '%s' needs '%s' to fall back on, and the file has neither", key,
+                            ctx_key);
+        orig = (uint32_t)hp->n_ctx_train;
+    } else if (st != KVB_OK) {
+        return gguf_get_u32(m->gguf, key, &orig, err);
+    }
     if (orig < 2 || orig > INT32_MAX)
         return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %u is not a usable context length", key, orig);
     r->orig_ctx = (int32_t)orig;
@@ -130,6 +143,14 @@ enum kvb_status model_rope_load(struct model *m, struct kvb_err *err)
     KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.factor", 1.0f, &factor_given, &factor, err));
     KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scale_linear", 1.0f, &legacy_given, &legacy, err));
     const char *factor_key = factor_given ? "rope.scaling.factor" : "rope.scale_linear";
+    /* Both names (GGUF's first and its current one): llama.cpp reads the
+     * current one, but a file whose two factors disagree contradicts itself. */
+    if (factor_given && legacy_given && factor != legacy && !(isnan(factor) && isnan(legacy))) {
+        char k1[128], k2[128];
+        return kvb_errf(err, KVB_ERR_FORMAT, "model keys '%s' = %g and '%s' = %g disagree on the RoPE scaling factor",
+                        model_key(m, "rope.scaling.factor", k1, sizeof k1), (double)factor,
+                        model_key(m, "rope.scale_linear", k2, sizeof k2), (double)legacy);
+    }
     if (!factor_given) factor = legacy;
     if (!type_given && (factor_given || legacy_given) && factor != 1.0f) r->type = ROPE_SCALING_LINEAR;
     if (r->type != ROPE_SCALING_NONE) {
@@ -138,6 +159,15 @@ enum kvb_status model_rope_load(struct model *m, struct kvb_err *err)
         r->factor = factor;
     }
     if (r->type == ROPE_SCALING_YARN) KVB_FORWARD_IF_ERROR(read_yarn(m, err));
+    /* A factor of 1 scales nothing: linear divides by 1, and yarn blends
+     * each frequency with itself at an attention factor of ln(1)/10 + 1 = 1
+     * (unless the file gives one). Read as no scaling, so such a file
+     * keeps the fingerprint of the same weights without the keys. */
+    if (r->factor == 1.0f && r->type != ROPE_SCALING_NONE) {
+        r->type = ROPE_SCALING_NONE; /* mscale stays: yarn_attn_factor, when given, still applies */
+        r->orig_ctx = 0;
+        r->beta_fast = r->beta_slow = 0.0f;
+    }
     float attn_factor;
     KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.attn_factor", 1.0f, NULL, &attn_factor, err));
     if (!isfinite(attn_factor) || attn_factor <= 0)
@@ -176,7 +206,11 @@ void model_rope_freqs(const struct model *m, float *inv_freq)
         if (r->type == ROPE_SCALING_LINEAR) {
             f /= (double)r->factor;
         } else if (r->type == ROPE_SCALING_YARN) {
-            double ramp = ((double)i - low) / (high - low > 0.001 ? high - low : 0.001);
+            /* transformers' linear_ramp_factor: max += 0.001 only when the
+             * bounds meet. (ggml takes max(0.001, high - low), which differs
+             * when high < low: betas given in the wrong order, or an
+             * original context under 2 pi.) */
+            double ramp = ((double)i - low) / (high != low ? high - low : 0.001);
             ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
             const double keep = 1.0 - ramp; /* weight of the original (extrapolated) frequency */
             f = f / (double)r->factor * (1.0 - keep) + f * keep;

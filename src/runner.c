@@ -1,9 +1,11 @@
 /* runner.c — the run loop of `kvbatch run` (see runner.h).
  *
  * Requests in flight live in a fixed table of slots (the look-ahead window);
- * each slot holds one input request and its n choices, and each choice is
- * one scheduler sequence (user id = slot * JOB_MAX_N + choice). A slot is
- * written out and freed when its last choice finishes. */
+ * each slot holds one input line and its choices (n per prompt, prompt by
+ * prompt), and each choice is one scheduler sequence (user id = slot *
+ * JOB_MAX_CHOICES + choice). A slot is written out and freed when its last
+ * choice finishes. What a line needs before it can run (tokens, checks,
+ * sampler parameters) is admit.c's. */
 #include "runner.h"
 
 #include <errno.h>
@@ -16,12 +18,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admit.h"
 #include "alloc.h"
 #include "backend.h"
 #include "backend_select.h"
 #include "chat.h"
 #include "cli_files.h"
 #include "cli_util.h"
+#include "crashlog.h"
 #include "job.h"
 #include "job_shard.h"
 #include "jsonmode.h"
@@ -69,11 +73,23 @@ struct choice {
 struct slot {
     bool used;
     struct job_request req;
-    int32_t n_prompt;
+    struct admit_plan plan; /* its prompts' token ids are freed once submitted; their lengths stay */
+    int32_t n_choices;      /* plan.n_choices */
     int32_t n_done;
+    bool failed;            /* a choice could not be completed: the line is a 500 error */
+    char fail_msg[320];     /* the first failure's cause */
     double t_submit;
-    struct choice ch[JOB_MAX_N];
+    struct choice *ch;      /* (n_choices) */
+    uint64_t line_hash;     /* crashlog_hash of its input line */
 };
+
+/* KVBATCH_TEST_CRASH=CUSTOM_ID:token|step makes the process crash (SIGSEGV)
+ * while that request runs, for the tests of the crash journal: "token" in
+ * the request's own callback, by writing through a null pointer (its line is
+ * named), "step" just before a forward pass it takes part in, by raise (no
+ * line is named unless it runs alone).
+ * Test-only; nothing else reads it. */
+enum test_crash { TEST_CRASH_NONE = 0, TEST_CRASH_TOKEN, TEST_CRASH_STEP };
 
 struct runner {
     const struct run_opts *o;
@@ -92,14 +108,23 @@ struct runner {
     struct job_idset *seen_ids;  /* custom_ids met in this input */
     uint8_t *mine;               /* with --shard: mine[k] = line k+1 is this shard's; else NULL */
     int64_t n_plan_lines;
-    struct jsonmode_vocab *json_vocab; /* token bytes for JSON mode, built on first use */
+    struct admit_ctx admit;      /* what admit_prepare needs (owns JSON mode's table) */
+    bool journal;                /* a crash journal is open (crashlog.h) */
+    char journal_path[4200];
+    struct crashlog_history hist; /* what earlier runs' journal says (resume) */
+    struct slot *held;           /* a line to run alone (it was in flight at a crash): waits for an idle
+                                    scheduler, and nothing else is admitted meanwhile */
+    struct slot *isolating;      /* the line running alone; nothing else is admitted until it ends */
+    enum test_crash test_crash;
+    const char *test_crash_id;
+    size_t test_crash_id_len;
+    volatile int *test_crash_null; /* NULL: what TEST_CRASH_TOKEN writes through */
     uint64_t plan_hash;          /* with --shard: shard_plan_out.hash, recorded in the run's settings */
     struct metrics_db *db;
     int64_t run_id;
     struct pstore *ps;           /* persistent prefix cache, or NULL */
     struct pstore_model pm;
     struct job_buf line;
-    float *scratch;              /* (n_vocab) for logprobs */
     bool write_failed;
     /* progress and totals */
     int64_t total_lines, lines_done, skipped;
@@ -137,9 +162,12 @@ static void record_metrics(struct runner *r, const struct metrics_request *mr)
         fprintf(stderr, "\nkvbatch run: warning: metrics: %s\n", err.msg);
 }
 
-static void emit_error(struct runner *r, const char *custom_id, size_t id_len, const struct job_error *e,
-                       int status)
+/* The error line for an input line; q (NULL when the line gave none) is
+ * where its custom_id comes from. */
+static void emit_error(struct runner *r, const struct job_request *q, const struct job_error *e, int status)
 {
+    const char *custom_id = q ? q->custom_id : NULL;
+    const size_t id_len = q ? q->custom_id_len : 0;
     struct job_key key;
     job_key_error(custom_id, id_len, e, &key);
     r->lines_done++;
@@ -148,7 +176,10 @@ static void emit_error(struct runner *r, const char *custom_id, size_t id_len, c
         return;
     }
     r->line.len = 0;
-    if (job_format_error(&r->line, custom_id, id_len, e) != KVB_OK || !write_line(r)) return;
+    if (job_format_error_json(&r->line, custom_id, id_len, q ? q->custom_id_json : NULL,
+                              q ? q->custom_id_json_len : 0, e) != KVB_OK ||
+        !write_line(r))
+        return;
     r->tot.requests_total++;
     r->tot.requests_failed++;
     struct metrics_request mr = {
@@ -173,7 +204,14 @@ static void free_choice(struct choice *c)
 
 static void free_slot(struct runner *r, struct slot *s)
 {
-    for (int i = 0; i < JOB_MAX_N; i++) free_choice(&s->ch[i]);
+    crashlog_track((int32_t)(s - r->slots), 0, 0);
+    if (r->isolating == s) r->isolating = NULL;
+    if (r->held == s) r->held = NULL;
+    if (s->ch)
+        for (int32_t i = 0; i < s->n_choices; i++) free_choice(&s->ch[i]);
+    kvb_free(s->ch);
+    s->ch = NULL;
+    admit_plan_free(&s->plan);
     job_request_free(&s->req);
     s->used = false;
     r->n_used--;
@@ -182,42 +220,56 @@ static void free_slot(struct runner *r, struct slot *s)
 static void emit_result(struct runner *r, struct slot *s)
 {
     const struct job_request *q = &s->req;
-    struct job_choice jc[JOB_MAX_N];
-    struct job_token_logprob *tl[JOB_MAX_N] = {0};
-    struct job_top_logprob *tt[JOB_MAX_N] = {0};
-    int64_t completion = 0;
-    bool oom = false;
-    for (int i = 0; i < q->n; i++) {
-        struct choice *c = &s->ch[i];
-        completion += c->n_tokens;
+    const int32_t nc = s->n_choices;
+    /* One allocation for the choices and their logprob views. */
+    size_t n_lp = 0, n_top = 0;
+    for (int32_t i = 0; i < nc; i++) {
+        n_lp += (size_t)s->ch[i].n_lp;
+        n_top += (size_t)s->ch[i].n_top;
+    }
+    struct job_choice *jc = kvb_calloc((size_t)nc, sizeof *jc);
+    struct job_token_logprob *tl = kvb_calloc(n_lp + 1, sizeof *tl);
+    struct job_top_logprob *tt = kvb_calloc(n_top + 1, sizeof *tt);
+    const bool oom = !jc || !tl || !tt;
+    int64_t completion = 0, prompt_tokens = 0, cached_run = 0, cached_store = 0;
+    for (int32_t k = 0; k < s->plan.n_prompts; k++) {
+        const struct choice *first = &s->ch[k * q->n]; /* a prompt's reuse is seen by its first choice */
+        prompt_tokens += s->plan.prompts[k].n;
+        cached_run += first->cached;
+        cached_store += first->cached_store;
+    }
+    size_t at_lp = 0, at_top = 0;
+    for (int32_t i = 0; i < nc && !oom; i++) {
+        const struct choice *c = &s->ch[i];
         jc[i] = (struct job_choice){.text = c->text.data ? c->text.data : "", .text_len = c->text.len,
                                     .finish = c->finish, .has_logprobs = q->logprobs};
         if (!q->logprobs) continue;
-        tl[i] = kvb_calloc((size_t)c->n_lp + 1, sizeof *tl[i]);
-        tt[i] = kvb_calloc((size_t)c->n_top + 1, sizeof *tt[i]);
-        if (!tl[i] || !tt[i]) {
-            oom = true;
-            continue;
-        }
+        struct job_top_logprob *top = tt + at_top;
         for (int32_t k = 0; k < c->n_top; k++)
-            tt[i][k] = (struct job_top_logprob){c->arena.data + c->top[k].off, c->top[k].len, c->top[k].lp};
+            top[k] = (struct job_top_logprob){c->arena.data + c->top[k].off, c->top[k].len, c->top[k].lp};
         for (int32_t k = 0; k < c->n_lp; k++)
-            tl[i][k] = (struct job_token_logprob){c->arena.data + c->lp[k].off, c->lp[k].len, c->lp[k].lp,
-                                                  tt[i] + c->lp[k].top_start, (size_t)c->lp[k].n_top};
-        jc[i].logprobs = tl[i];
+            tl[at_lp + (size_t)k] = (struct job_token_logprob){c->arena.data + c->lp[k].off, c->lp[k].len,
+                                                               c->lp[k].lp, top + c->lp[k].top_start,
+                                                               (size_t)c->lp[k].n_top};
+        jc[i].logprobs = tl + at_lp;
         jc[i].n_logprobs = (size_t)c->n_lp;
+        at_lp += (size_t)c->n_lp;
+        at_top += (size_t)c->n_top;
     }
+    for (int32_t i = 0; i < nc; i++) completion += s->ch[i].n_tokens;
     struct job_result res = {
         .custom_id = q->custom_id,
         .custom_id_len = q->custom_id_len,
+        .custom_id_json = q->custom_id_json,
+        .custom_id_json_len = q->custom_id_json_len,
         .url = q->url,
         .model = q->model ? q->model : r->model->name,
         .created = r->created,
         .choices = jc,
-        .n_choices = (size_t)q->n,
-        .prompt_tokens = s->n_prompt,
+        .n_choices = (size_t)nc,
+        .prompt_tokens = prompt_tokens,
         .completion_tokens = completion,
-        .cached_tokens = s->ch[0].cached + s->ch[0].cached_store,
+        .cached_tokens = cached_run + cached_store,
     };
     r->line.len = 0;
     bool written;
@@ -227,12 +279,13 @@ static void emit_result(struct runner *r, struct slot *s)
         struct job_error e;
         job_error_setf(&e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory while formatting the result");
         r->line.len = 0;
-        written = job_format_error(&r->line, q->custom_id, q->custom_id_len, &e) == KVB_OK && write_line(r);
+        written = job_format_error_json(&r->line, q->custom_id, q->custom_id_len, q->custom_id_json,
+                                        q->custom_id_json_len, &e) == KVB_OK &&
+                  write_line(r);
     }
-    for (int i = 0; i < q->n; i++) {
-        kvb_free(tl[i]);
-        kvb_free(tt[i]);
-    }
+    kvb_free(jc);
+    kvb_free(tl);
+    kvb_free(tt);
     if (!written) {
         r->lines_done++;
         return;
@@ -240,7 +293,7 @@ static void emit_result(struct runner *r, struct slot *s)
     /* Metrics: the request as a whole, timed from its first choice's view. */
     double first = INFINITY, end = 0, admit = INFINITY;
     int64_t preemptions = 0, restored = 0;
-    for (int i = 0; i < q->n; i++) {
+    for (int32_t i = 0; i < nc; i++) {
         if (s->ch[i].t_first > 0 && s->ch[i].t_first < first) first = s->ch[i].t_first;
         if (s->ch[i].t_end > end) end = s->ch[i].t_end;
         if (s->ch[i].t_admit < admit) admit = s->ch[i].t_admit;
@@ -251,9 +304,9 @@ static void emit_result(struct runner *r, struct slot *s)
     struct metrics_request mr = {
         .custom_id = q->custom_id,
         .input_line = (int64_t)q->line_no,
-        .prompt_tokens = s->n_prompt,
-        .cached_tokens_run = s->ch[0].cached,
-        .cached_tokens_store = s->ch[0].cached_store,
+        .prompt_tokens = prompt_tokens,
+        .cached_tokens_run = cached_run,
+        .cached_tokens_store = cached_store,
         .completion_tokens = completion,
         .has_timing = true,
         .queue_s = admit - s->t_submit,
@@ -272,10 +325,10 @@ static void emit_result(struct runner *r, struct slot *s)
     record_metrics(r, &mr);
     r->tot.requests_total++;
     r->tot.requests_ok++;
-    r->tot.prompt_tokens += s->n_prompt;
+    r->tot.prompt_tokens += prompt_tokens;
     r->tot.completion_tokens += completion;
-    r->tot.cached_tokens_run += s->ch[0].cached;
-    r->tot.cached_tokens_store += s->ch[0].cached_store;
+    r->tot.cached_tokens_run += cached_run;
+    r->tot.cached_tokens_store += cached_store;
     r->lines_done++;
 }
 
@@ -315,7 +368,7 @@ static enum kvb_status lp_push(struct runner *r, struct choice *c, int32_t token
     /* The k best by logit (ties: lower id), by repeated selection: k <= 20. */
     int32_t best[JOB_MAX_TOP_LOGPROBS];
     int nb = 0;
-    for (int32_t i = 0; i < nv; i++) {
+    for (int32_t i = 0; i < nv && k > 0; i++) { /* k = 0: the chosen token alone */
         if (nb < k || logits[i] > logits[best[nb - 1]]) {
             int j = nb < k ? nb++ : k - 1;
             while (j > 0 && logits[i] > logits[best[j - 1]]) {
@@ -349,29 +402,105 @@ static enum kvb_status lp_push(struct runner *r, struct choice *c, int32_t token
     return KVB_OK;
 }
 
+/* Marks the slot's line as failed (the first cause is kept): when its last
+ * choice ends it is written as a 500 error line, and the job goes on. */
+static void fail_slot(struct slot *s, const char *why)
+{
+    if (s->failed) return;
+    s->failed = true;
+    snprintf(s->fail_msg, sizeof s->fail_msg, "%s", why);
+}
+
+/* Appends token's text to the choice: with skip_special_tokens false a
+ * control token (one whose text is only shown when asked) adds its text,
+ * after any bytes held back for an unfinished character. False when out of
+ * memory (the line is failed). */
+static bool push_text(struct runner *r, struct slot *s, struct choice *c, int32_t token)
+{
+    struct job_buf *t = &c->text;
+    enum kvb_status st;
+    if (!s->req.skip_special_tokens && tok_piece(r->tok, token, false, NULL, 0) == 0 &&
+        tok_piece(r->tok, token, true, NULL, 0) > 0) {
+        st = tok_stream_flush(r->tok, &c->ts, &t->data, &t->len, &t->cap);
+        char piece[256];
+        size_t n = tok_piece(r->tok, token, true, piece, sizeof piece);
+        if (n > sizeof piece) n = sizeof piece;
+        if (st == KVB_OK && t->len + n + 1 > t->cap) {
+            size_t cap = t->cap ? t->cap * 2 : 64;
+            while (cap < t->len + n + 1) cap *= 2;
+            char *nd = kvb_realloc(t->data, cap);
+            if (!nd) st = KVB_ERR_NOMEM;
+            else {
+                t->data = nd;
+                t->cap = cap;
+            }
+        }
+        if (st == KVB_OK) {
+            memcpy(t->data + t->len, piece, n);
+            t->len += n;
+        }
+    } else {
+        st = tok_stream_push(r->tok, &c->ts, token, &t->data, &t->len, &t->cap);
+    }
+    if (st != KVB_OK) fail_slot(s, "out of memory while decoding the output");
+    return st == KVB_OK;
+}
+
+/* vLLM's rules for where an output ends: an end-of-generation token (unless
+ * ignore_eos) or one of stop_token_ids ends it, its text kept only with
+ * include_stop_str_in_output; stop strings are looked for once min_tokens
+ * are out (before, end-of-generation and stop tokens cannot be drawn: the
+ * sampler's ban) and cut the text before the string, or after it with
+ * include_stop_str_in_output. */
+static bool test_crash_is(const struct runner *r, const struct job_request *q, enum test_crash where)
+{
+    return r->test_crash == where && q->custom_id_len == r->test_crash_id_len &&
+           memcmp(q->custom_id, r->test_crash_id, q->custom_id_len) == 0;
+}
+
+static bool on_token(struct runner *r, const struct sched_seq_info *info, int32_t token);
+
 static bool cb_token(void *user, const struct sched_seq_info *info, int32_t token)
 {
-    struct runner *r = user;
-    struct slot *s = &r->slots[info->user_id / JOB_MAX_N];
-    struct choice *c = &s->ch[info->user_id % JOB_MAX_N];
+    crashlog_mark_uid(info->user_id); /* a crash in here is this request's */
+    const bool stop = on_token(user, info, token);
+    crashlog_mark_uid(UINT64_MAX);
+    return stop;
+}
+
+static bool on_token(struct runner *r, const struct sched_seq_info *info, int32_t token)
+{
+    struct slot *s = &r->slots[info->user_id / JOB_MAX_CHOICES];
+    struct choice *c = &s->ch[info->user_id % JOB_MAX_CHOICES];
     const struct job_request *q = &s->req;
+    if (s->failed) return true; /* a sibling choice failed: the line is an error whatever this one does */
+    if (test_crash_is(r, q, TEST_CRASH_TOKEN)) *r->test_crash_null = 1; /* a real fault, as a bug would make */
     c->n_tokens++;
     if (c->n_tokens == 1) c->t_first = info->t_first_token;
-    if (q->logprobs && info->logits && lp_push(r, c, token, info->logits, q->top_logprobs) != KVB_OK)
-        fprintf(stderr, "\nkvbatch run: warning: out of memory recording logprobs of '%s'\n", q->custom_id);
-    if (tok_is_eog(r->tok, token)) {
+    if (q->logprobs && !info->logits) {
+        fail_slot(s, "internal error: the logits for logprobs were not returned");
+        return true;
+    }
+    if (q->logprobs && lp_push(r, c, token, info->logits, q->top_logprobs) != KVB_OK) {
+        fail_slot(s, "out of memory while recording logprobs");
+        return true;
+    }
+    if ((!q->ignore_eos && tok_is_eog(r->tok, token)) || admit_is_stop_token(q, token)) {
+        if (q->include_stop_str_in_output && !push_text(r, s, c, token)) return true;
         c->finish = JOB_FINISH_STOP;
         return true;
     }
     size_t before = c->text.len;
-    if (tok_stream_push(r->tok, &c->ts, token, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK) return false;
+    if (!push_text(r, s, c, token)) return true;
+    if (c->n_tokens < q->min_tokens) return false;
     for (int i = 0; i < q->n_stop; i++) {
         size_t sl = q->stop_len[i];
         if (c->text.len < sl) continue;
         size_t from = before + 1 > sl ? before + 1 - sl : 0;
         for (size_t p = from; p + sl <= c->text.len; p++) {
             if (memcmp(c->text.data + p, q->stop[i], sl) == 0) {
-                c->text.len = p; /* the stop string is not part of the output, as in OpenAI's API */
+                /* the stop string is not part of the output, as in OpenAI's API, unless asked */
+                c->text.len = q->include_stop_str_in_output ? p + sl : p;
                 c->finish = JOB_FINISH_STOP;
                 c->cut_at_stop = true;
                 return true;
@@ -381,11 +510,19 @@ static bool cb_token(void *user, const struct sched_seq_info *info, int32_t toke
     return false;
 }
 
+static void on_finish(struct runner *r, const struct sched_seq_info *info, enum sched_finish why);
+
 static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_finish why)
 {
-    struct runner *r = user;
-    struct slot *s = &r->slots[info->user_id / JOB_MAX_N];
-    struct choice *c = &s->ch[info->user_id % JOB_MAX_N];
+    crashlog_mark_uid(info->user_id);
+    on_finish(user, info, why);
+    crashlog_mark_uid(UINT64_MAX);
+}
+
+static void on_finish(struct runner *r, const struct sched_seq_info *info, enum sched_finish why)
+{
+    struct slot *s = &r->slots[info->user_id / JOB_MAX_CHOICES];
+    struct choice *c = &s->ch[info->user_id % JOB_MAX_CHOICES];
     c->done = true;
     c->cached = info->cached_tokens;
     c->cached_store = info->store_tokens;
@@ -394,12 +531,15 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
     c->preemptions = info->preemptions;
     c->restored_tokens = info->restored_tokens;
     if (why == SCHED_FINISH_LENGTH) c->finish = JOB_FINISH_LENGTH;
-    if (!c->cut_at_stop) tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap);
-    if (++s->n_done < s->req.n) return;
-    if (why == SCHED_FINISH_ERROR) {
+    if (why == SCHED_FINISH_ERROR) fail_slot(s, info->error ? info->error : "internal error in the scheduler");
+    if (!c->cut_at_stop && !s->failed &&
+        tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK)
+        fail_slot(s, "out of memory while decoding the output");
+    if (++s->n_done < s->n_choices) return;
+    if (s->failed) {
         struct job_error e;
-        job_error_setf(&e, JOB_ERR_SERVER, s->req.line_no, NULL, "the request could not be scheduled");
-        emit_error(r, s->req.custom_id, s->req.custom_id_len, &e, 500);
+        job_error_setf(&e, JOB_ERR_SERVER, s->req.line_no, NULL, "%s", s->fail_msg);
+        emit_error(r, &s->req, &e, 500);
     } else {
         emit_result(r, s);
     }
@@ -408,85 +548,21 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
 
 /* ---- admission of input lines --------------------------------------------------- */
 
-/* The prompt's tokens, or false with e filled. At most max_ids of them:
- * more is found without tokenizing all of a long prompt (tok.h), and the
- * shard plan, which must not depend on --ctx, passes its own bound. A
- * signal stops a long tokenization (the caller sees stop_signal). */
-static bool tokenize_prompt(struct runner *r, const struct job_request *q, size_t max_ids, int32_t **ids,
-                            size_t *n, struct job_error *e)
-{
-    struct kvb_err err = {{0}};
-    unsigned flags = tok_wants_bos(r->tok) ? TOK_ADD_BOS : 0;
-    const struct tok_limits lim = {.max_ids = max_ids, .cancel = &stop_signal};
-    enum kvb_status st;
-    if (q->url == JOB_URL_CHAT) {
-        if (!r->have_tmpl) {
-            job_error_setf(e, JOB_ERR_INVALID_REQUEST, q->line_no, "messages", "%s", r->tmpl_error);
-            return false;
-        }
-        struct chat_msg *msgs = kvb_calloc(q->n_messages, sizeof *msgs);
-        if (!msgs) goto oom;
-        for (size_t i = 0; i < q->n_messages; i++) {
-            enum job_role role = q->messages[i].role == JOB_ROLE_DEVELOPER ? JOB_ROLE_SYSTEM : q->messages[i].role;
-            msgs[i] = (struct chat_msg){job_role_name(role), q->messages[i].content};
-        }
-        char *text = NULL;
-        st = chat_apply(&r->tmpl, msgs, q->n_messages, true, &text, &err);
-        kvb_free(msgs);
-        if (st == KVB_ERR_NOMEM) goto oom;
-        if (st != KVB_OK) {
-            job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, "messages", "%s", err.msg);
-            return false;
-        }
-        st = tok_encode_with(r->tok, text, strlen(text), flags | TOK_PARSE_SPECIAL, &lim, ids, n, &err);
-        kvb_free(text);
-    } else {
-        st = tok_encode_with(r->tok, q->prompt, q->prompt_len, flags, &lim, ids, n, &err);
-    }
-    if (st == KVB_ERR_NOMEM) goto oom;
-    if (st == KVB_ERR_RANGE) {
-        job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt",
-                       "%s; the context holds %d (prompt plus at least one generated token)", err.msg, r->n_ctx);
-        return false;
-    }
-    if (st != KVB_OK) {
-        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt", "%s",
-                       err.msg);
-        return false;
-    }
-    if (*n == 0) {
-        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, "prompt", "the prompt is empty");
-        kvb_free(*ids);
-        return false;
-    }
-    return true;
-oom:
-    job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory");
-    return false;
-}
-
-static bool tokenize_request(struct runner *r, const struct job_request *q, int32_t **ids, size_t *n,
-                             struct job_error *e)
-{
-    if (!tokenize_prompt(r, q, (size_t)r->n_ctx - 1, ids, n, e)) return false;
-    if ((int64_t)*n >= r->n_ctx) {
-        job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, q->url == JOB_URL_CHAT ? "messages" : "prompt",
-                       "the prompt has %zu tokens; the context holds %d (prompt plus at least one generated token)",
-                       *n, r->n_ctx);
-        kvb_free(*ids);
-        return false;
-    }
-    return true;
-}
-
+/* The first prompt's tokens for the shard plan (no context check: the plan
+ * must not depend on --ctx). */
 static bool prompt_of(void *user, const struct job_request *q, int32_t **ids, size_t *n)
 {
+    struct runner *r = user;
+    struct job_error e;
+    /* a line that crashed an earlier run is not tokenized again, here either */
+    if (crashlog_find(r->hist.blamed, r->hist.n_blamed, q->line_no, 0)) return false;
     /* No prompt longer than the model's context is worth grouping: one
      * that runs at all (--ctx past it) is planned as a line by number. */
-    const struct runner *r = user;
     const size_t max_ids = r->model->hp.n_ctx_train > 0 ? (size_t)r->model->hp.n_ctx_train : (size_t)1 << 20;
-    struct job_error e;
-    return tokenize_prompt(user, q, max_ids, ids, n, &e);
+    crashlog_mark_line(q->line_no, 0, 'r');
+    const bool ok = admit_prompt_ids(&r->admit, q, 0, max_ids, ids, n, &e) == KVB_OK;
+    crashlog_mark_line(0, 0, 0);
+    return ok;
 }
 
 /* --shard: which lines are this shard's (job_shard.h). The plan reads the
@@ -536,14 +612,136 @@ static struct slot *free_slot_ptr(struct runner *r)
 }
 
 /* An admitted line that cannot run: its error line (400, or 500 for the
- * server's own failures), and its request and tokens freed. True: the job
- * goes on. */
-static bool refuse(struct runner *r, struct job_request *q, int32_t *ids, const struct job_error *e)
+ * server's own failures), and its request freed. True: the job goes on. */
+static bool refuse(struct runner *r, struct job_request *q, const struct job_error *e)
 {
-    emit_error(r, q->custom_id, q->custom_id_len, e, strcmp(e->code, JOB_ERR_SERVER) ? 400 : 500);
-    kvb_free(ids);
+    emit_error(r, q, e, strcmp(e->code, JOB_ERR_SERVER) ? 400 : 500);
     job_request_free(q);
     return true;
+}
+
+/* Submits every choice of a prepared slot to the scheduler, then frees the
+ * prompts' token ids (the scheduler copies them). False on a fatal error. */
+static bool submit_slot(struct runner *r, struct slot *s)
+{
+    const struct job_request *q = &s->req;
+    s->t_submit = cli_now();
+    for (int32_t i = 0; i < s->n_choices; i++) {
+        tok_stream_init(&s->ch[i].ts, r->tok);
+        struct sampler_params sp;
+        admit_choice_params(&s->plan, q, i, &sp);
+        const struct admit_prompt *p = &s->plan.prompts[i / q->n];
+        uint64_t uid = (uint64_t)(s - r->slots) * JOB_MAX_CHOICES + (uint64_t)i;
+        struct kvb_err err = {{0}};
+        if (sched_submit(r->sched, uid, p->ids, p->n, q->max_tokens, &sp, q->logprobs, &err) != KVB_OK) {
+            /* Only out of memory can get here (the context was checked). */
+            fprintf(stderr, "\nkvbatch run: cannot queue '%s': %s\n", q->custom_id, err.msg);
+            return false;
+        }
+    }
+    for (int32_t k = 0; k < s->plan.n_prompts; k++) {
+        kvb_free(s->plan.prompts[k].ids);
+        s->plan.prompts[k].ids = NULL;
+    }
+    return true;
+}
+
+static const char *signal_name(int sig)
+{
+    switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGABRT: return "SIGABRT";
+    }
+    return "a fatal signal";
+}
+
+/* The error for a line that crashed an earlier run (crashlog.h): it is
+ * not run again, so that a resume can finish the job. */
+static void crashed_error(const struct crashlog_line *b, uint64_t line_no, struct job_error *e)
+{
+    job_error_setf(e, JOB_ERR_SERVER, line_no, NULL,
+                   "this line crashed kvbatch (signal %d, %s) in an earlier run%s; it is not run again, so that the "
+                   "job can finish (a bug: please report it with the line)",
+                   b->sig, signal_name(b->sig), b->phase == 'p' ? " while it was being read" : "");
+}
+
+/* One line: parse, checks, preparation, then submission (or, for a line
+ * that was in flight at a crash naming none, held to run alone). */
+static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash)
+{
+    struct job_error e;
+    struct slot *s = free_slot_ptr(r);
+    if (ln->too_long) {
+        job_error_setf(&e, JOB_ERR_INVALID_REQUEST, ln->line_no, NULL, "the line is %llu bytes, longer than the limit",
+                       (unsigned long long)ln->full_len);
+        emit_error(r, NULL, &e, 400);
+        return true;
+    }
+    const struct crashlog_line *blamed = crashlog_find(r->hist.blamed, r->hist.n_blamed, ln->line_no, hash);
+    if (blamed && blamed->phase == 'p') { /* it crashed the parser: not even that again */
+        crashed_error(blamed, ln->line_no, &e);
+        emit_error(r, NULL, &e, 500);
+        return true;
+    }
+    struct job_request *q = &s->req;
+    crashlog_mark_line(ln->line_no, hash, 'p');
+    enum kvb_status st = job_parse_line(ln->data, ln->len, ln->line_no, q, &e);
+    crashlog_mark_line(ln->line_no, hash, 'r');
+    if (st != KVB_OK) {
+        emit_error(r, q, &e, st == KVB_ERR_NOMEM ? 500 : 400);
+        job_request_free(q);
+        return true;
+    }
+    bool added = false;
+    if (job_idset_add(r->seen_ids, q->custom_id, q->custom_id_len, &added) != KVB_OK) {
+        job_error_setf(&e, JOB_ERR_SERVER, ln->line_no, "custom_id", "out of memory");
+        return refuse(r, q, &e);
+    }
+    if (!added) {
+        job_error_setf(&e, JOB_ERR_DUPLICATE_CUSTOM_ID, ln->line_no, "custom_id",
+                       "custom_id '%.200s' was already used by an earlier line (the first one is run)", q->custom_id);
+        return refuse(r, q, &e);
+    }
+    struct job_key key;
+    job_key_custom_id(q->custom_id, q->custom_id_len, &key);
+    if (job_idset_contains(r->done_keys, key.hex, JOB_KEY_LEN)) {
+        r->skipped++;
+        r->lines_done++;
+        job_request_free(q);
+        return true;
+    }
+    if (blamed) {
+        crashed_error(blamed, ln->line_no, &e);
+        return refuse(r, q, &e);
+    }
+    if (admit_prepare(&r->admit, q, &s->plan, &e) != KVB_OK) {
+        if (stop_signal) { /* cut short: no error line, so that --resume runs it */
+            job_request_free(q);
+            return true;
+        }
+        return refuse(r, q, &e);
+    }
+    s->n_choices = s->plan.n_choices;
+    s->ch = kvb_calloc((size_t)s->n_choices, sizeof *s->ch);
+    if (!s->ch) {
+        admit_plan_free(&s->plan);
+        job_error_setf(&e, JOB_ERR_SERVER, ln->line_no, NULL, "out of memory");
+        return refuse(r, q, &e);
+    }
+    s->used = true;
+    r->n_used++;
+    s->n_done = 0;
+    s->failed = false;
+    s->line_hash = hash;
+    if (crashlog_find(r->hist.suspects, r->hist.n_suspects, ln->line_no, hash)) {
+        r->held = s; /* tracked once it runs, alone */
+        return true;
+    }
+    crashlog_track((int32_t)(s - r->slots), ln->line_no, hash);
+    return submit_slot(r, s);
 }
 
 /* Reads input lines until one request is submitted, the window is full, or
@@ -569,110 +767,19 @@ static bool admit_line(struct runner *r, bool *eof)
         r->lines_done++; /* counted so done reaches the line total */
         return true;
     }
-    struct job_error e;
-    struct slot *s = free_slot_ptr(r);
-    if (ln.too_long) {
-        job_error_setf(&e, JOB_ERR_INVALID_REQUEST, ln.line_no, NULL, "the line is %llu bytes, longer than the limit",
-                       (unsigned long long)ln.full_len);
-        emit_error(r, NULL, 0, &e, 400);
-        return true;
-    }
-    struct job_request *q = &s->req;
-    enum kvb_status st = job_parse_line(ln.data, ln.len, ln.line_no, q, &e);
-    if (st != KVB_OK) {
-        emit_error(r, q->custom_id, q->custom_id_len, &e, st == KVB_ERR_NOMEM ? 500 : 400);
-        job_request_free(q);
-        return true;
-    }
-    bool added = false;
-    if (job_idset_add(r->seen_ids, q->custom_id, q->custom_id_len, &added) != KVB_OK) {
-        job_error_setf(&e, JOB_ERR_SERVER, ln.line_no, "custom_id", "out of memory");
-        emit_error(r, q->custom_id, q->custom_id_len, &e, 500);
-        job_request_free(q);
-        return true;
-    }
-    if (!added) {
-        job_error_setf(&e, JOB_ERR_DUPLICATE_CUSTOM_ID, ln.line_no, "custom_id",
-                       "custom_id '%.200s' was already used by an earlier line (the first one is run)", q->custom_id);
-        emit_error(r, q->custom_id, q->custom_id_len, &e, 400);
-        job_request_free(q);
-        return true;
-    }
-    struct job_key key;
-    job_key_custom_id(q->custom_id, q->custom_id_len, &key);
-    if (job_idset_contains(r->done_keys, key.hex, JOB_KEY_LEN)) {
-        r->skipped++;
-        r->lines_done++;
-        job_request_free(q);
-        return true;
-    }
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (!tokenize_request(r, q, &ids, &n, &e)) {
-        if (stop_signal) { /* cut short: no error line, so that --resume runs it */
-            job_request_free(q);
-            return true;
-        }
-        return refuse(r, q, NULL, &e);
-    }
-    const int32_t n_vocab = r->model->hp.n_vocab;
-    for (int32_t k = 0; k < q->n_logit_bias; k++) {
-        if (q->logit_bias[k].token < n_vocab) continue;
-        job_error_setf(&e, JOB_ERR_INVALID_VALUE, ln.line_no, "logit_bias",
-                       "logit_bias token %d is not in the vocabulary (%d tokens)", q->logit_bias[k].token, n_vocab);
-        return refuse(r, q, ids, &e);
-    }
-    if (q->json_object && !r->json_vocab) { /* built for the first request that asks */
-        struct kvb_err jerr = {{0}};
-        enum kvb_status jst = jsonmode_vocab_create(r->tok, &r->json_vocab, &jerr);
-        if (jst != KVB_OK) {
-            job_error_setf(&e, jst == KVB_ERR_NOMEM ? JOB_ERR_SERVER : JOB_ERR_INVALID_VALUE, ln.line_no,
-                           "response_format", "JSON mode: %s", jerr.msg);
-            return refuse(r, q, ids, &e);
-        }
-    }
-    struct sampler_bias *bias = q->n_logit_bias ? kvb_malloc(sizeof *bias * (size_t)q->n_logit_bias) : NULL;
-    if (q->n_logit_bias && !bias) {
-        job_error_setf(&e, JOB_ERR_SERVER, ln.line_no, NULL, "out of memory");
-        return refuse(r, q, ids, &e);
-    }
-    for (int32_t k = 0; k < q->n_logit_bias; k++)
-        bias[k] = (struct sampler_bias){q->logit_bias[k].token, q->logit_bias[k].value};
-    s->used = true;
-    r->n_used++;
-    s->n_prompt = (int32_t)n;
-    s->n_done = 0;
-    s->t_submit = cli_now();
-    for (int i = 0; i < q->n; i++) {
-        tok_stream_init(&s->ch[i].ts, r->tok);
-        struct sampler_params sp;
-        sampler_params_default(&sp);
-        sp.temperature = q->temperature;
-        sp.top_k = q->top_k;
-        sp.top_p = q->top_p;
-        sp.min_p = q->min_p < 0.999999f ? q->min_p : 0.999999f; /* min_p = 1 means "top token only" */
-        sp.repetition_penalty = q->repetition_penalty;
-        sp.presence_penalty = q->presence_penalty;
-        sp.frequency_penalty = q->frequency_penalty;
-        sp.json = q->json_object ? r->json_vocab : NULL;
-        sp.json_schema = q->json_schema;
-        sp.bias = bias;
-        sp.n_bias = bias ? q->n_logit_bias : 0;
-        /* Choice i of n draws from seed + i, so n > 1 gives n different samples
-         * and choice 0 equals the n = 1 result. */
-        sp.seed = q->seed + (uint64_t)i;
-        uint64_t uid = (uint64_t)(s - r->slots) * JOB_MAX_N + (uint64_t)i;
-        if (sched_submit(r->sched, uid, ids, (int32_t)n, q->max_tokens, &sp, q->logprobs, &err) != KVB_OK) {
-            /* Only out of memory can get here (the context was checked). */
-            fprintf(stderr, "\nkvbatch run: cannot queue '%s': %s\n", q->custom_id, err.msg);
-            kvb_free(ids);
-            kvb_free(bias);
-            return false;
-        }
-    }
-    kvb_free(ids);
-    kvb_free(bias); /* each sampler keeps a copy */
-    return true;
+    const bool ok = admit_one(r, &ln, crashlog_hash(ln.data, ln.len));
+    crashlog_mark_line(0, 0, 0);
+    return ok;
+}
+
+/* The held line (r->held) runs now, alone: the scheduler is idle. */
+static bool run_held(struct runner *r)
+{
+    struct slot *s = r->held;
+    r->held = NULL;
+    r->isolating = s;
+    crashlog_track((int32_t)(s - r->slots), s->req.line_no, s->line_hash);
+    return submit_slot(r, s);
 }
 
 /* ---- progress -------------------------------------------------------------------- */
@@ -798,6 +905,43 @@ static bool cut_output(struct runner *r)
     return true;
 }
 
+/* The crash journal beside the output (crashlog.h): what earlier runs left
+ * (with --resume), read before anything tokenizes a line. No journal for an
+ * output that is not a regular file, where a resume means nothing. */
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+static void journal_read(struct runner *r)
+{
+    const struct run_opts *o = r->o;
+    struct stat sb;
+    if (!strcmp(o->output_path, "-") || (stat(o->output_path, &sb) == 0 && !S_ISREG(sb.st_mode))) return;
+    if (snprintf(r->journal_path, sizeof r->journal_path, "%s.journal", o->output_path) >= (int)sizeof r->journal_path)
+        return;
+    /* never write over a file the run reads (the journal is emptied on a fresh run) */
+    if (same_file(r->journal_path, o->input_path) || same_file(r->journal_path, o->model_path) ||
+        same_file(r->journal_path, o->metrics_path)) {
+        fprintf(stderr, "kvbatch run: warning: %s is also the input, the model or the metrics; no crash journal\n",
+                r->journal_path);
+        return;
+    }
+    r->journal = true;
+    if (!o->resume) return;
+    struct kvb_err err = {{0}};
+    if (crashlog_read(r->journal_path, &r->hist, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: warning: %s; lines that crashed an earlier run may crash this one\n", err.msg);
+        return;
+    }
+    if (o->quiet || !r->hist.n_crashes) return;
+    fprintf(stderr, "kvbatch run: %s records %d crash%s: lines named by a crash (%zu) get an error line instead of "
+            "running again; lines in flight at a crash naming none (%zu) run one at a time\n",
+            r->journal_path, r->hist.n_crashes, r->hist.n_crashes == 1 ? "" : "es", r->hist.n_blamed,
+            r->hist.n_suspects);
+}
+
 static bool setup(struct runner *r)
 {
     const struct run_opts *o = r->o;
@@ -840,6 +984,13 @@ static bool setup(struct runner *r)
     if (!r->have_tmpl) snprintf(r->tmpl_error, sizeof r->tmpl_error, "%s", err.msg);
 
     r->n_ctx = o->n_ctx > 0 ? o->n_ctx : (r->model->hp.n_ctx_train < 4096 ? r->model->hp.n_ctx_train : 4096);
+    journal_read(r);
+    if (admit_ctx_init(&r->admit, r->tok, r->have_tmpl ? &r->tmpl : NULL, r->tmpl_error, r->model->hp.n_vocab,
+                       r->n_ctx) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: out of memory\n");
+        return false;
+    }
+    r->admit.cancel = &stop_signal;
     if (o->shard_count > 1 && !plan_shard(r)) return false;
     struct be_select_opts bo = {.device = o->device, .n_threads = o->n_threads, .block_size = o->block_size,
                                 .kv_mem = o->kv_mem, .n_ctx = r->n_ctx, .scalar = o->scalar,
@@ -865,6 +1016,13 @@ static bool setup(struct runner *r)
     if (!r->slots) {
         fprintf(stderr, "kvbatch run: out of memory\n");
         return false;
+    }
+    if (r->journal) {
+        if (crashlog_open(r->journal_path, r->n_slots, JOB_MAX_CHOICES, &err) != KVB_OK) {
+            fprintf(stderr, "kvbatch run: warning: %s; a line that crashes the process would crash a resume too\n",
+                    err.msg);
+            r->journal = false;
+        }
     }
     if (!open_output(r)) return false;
 
@@ -895,6 +1053,7 @@ static bool setup(struct runner *r)
         metrics_run_end(r->db, r->run_id, METRICS_RUN_FAILED, &r->tot, NULL);
         return false;
     }
+    if (!o->resume) crashlog_restart(); /* a fresh job: what earlier runs recorded is of no use now */
     if (!o->quiet)
         fprintf(stderr, "kvbatch run: %s on %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
                 r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
@@ -904,12 +1063,13 @@ static bool setup(struct runner *r)
 
 static void teardown(struct runner *r)
 {
+    crashlog_history_free(&r->hist);
     for (int32_t i = 0; i < r->n_slots; i++)
         if (r->slots[i].used) free_slot(r, &r->slots[i]);
     kvb_free(r->slots);
     kvb_free(r->mine);
     sched_free(r->sched);
-    jsonmode_vocab_free(r->json_vocab); /* after the samplers that borrow it */
+    admit_ctx_free(&r->admit); /* after the samplers that borrow its JSON-mode table */
     pstore_close(r->ps); /* writes what is still queued */
     be_free(r->be);
     chat_template_free(&r->tmpl);
@@ -939,6 +1099,14 @@ int run_job(const struct run_opts *o)
         r.unix_minus_mono = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - r.t0;
     }
     r.created = (int64_t)time(NULL);
+    const char *tc = getenv("KVBATCH_TEST_CRASH");
+    const char *colon = tc ? strrchr(tc, ':') : NULL;
+    if (colon) {
+        r.test_crash = !strcmp(colon + 1, "token") ? TEST_CRASH_TOKEN : !strcmp(colon + 1, "step") ? TEST_CRASH_STEP
+                                                                                                  : TEST_CRASH_NONE;
+        r.test_crash_id = tc;
+        r.test_crash_id_len = (size_t)(colon - tc);
+    }
     stop_signal = 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -954,13 +1122,22 @@ int run_job(const struct run_opts *o)
     while (!fatal && !r.write_failed && !stop_signal) {
         /* Keep the window full: the scheduler can only group by prefix what it
          * has been given. */
-        while (!eof && !fatal && !stop_signal && r.n_used < r.n_slots) {
+        while (!eof && !fatal && !stop_signal && r.n_used < r.n_slots && !r.held && !r.isolating) {
             if (!admit_line(&r, &eof)) fatal = true;
         }
         if (sched_idle(r.sched)) {
-            if (eof) break;
+            if (r.held && !fatal && !stop_signal) {
+                if (!run_held(&r)) fatal = true;
+                continue;
+            }
+            if (eof || fatal || stop_signal) break;
             continue;
         }
+        if (r.test_crash == TEST_CRASH_STEP)
+            for (int32_t i = 0; i < r.n_slots; i++)
+                if (r.slots[i].used && r.slots[i].n_done == 0 && test_crash_is(&r, &r.slots[i].req, TEST_CRASH_STEP) &&
+                    r.slots[i].ch[0].n_tokens > 0)
+                    raise(SIGSEGV);
         struct kvb_err err = {{0}};
         if (sched_step(r.sched, &err) != KVB_OK) {
             fprintf(stderr, "\nkvbatch run: forward pass failed: %s\n", err.msg);
@@ -986,6 +1163,8 @@ int run_job(const struct run_opts *o)
     struct kvb_err err = {{0}};
     if (metrics_run_end(r.db, r.run_id, status, &r.tot, &err) != KVB_OK)
         fprintf(stderr, "kvbatch run: warning: metrics: %s\n", err.msg);
+    /* a finished job leaves nothing to resume, so no journal either */
+    crashlog_close(metrics_run_status_name(status), status == METRICS_RUN_OK);
     if (!o->quiet) {
         /* Reuse per request (as the metrics record it); computed counts the
          * work, recomputation after preemption included. */
@@ -1027,6 +1206,7 @@ int run_job(const struct run_opts *o)
         rc = fatal || r.write_failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
     }
 out:
+    crashlog_close("failed", false); /* when setup failed after opening it; else already closed */
     teardown(&r);
     if (r.write_failed && rc == CLI_EXIT_OK) rc = CLI_EXIT_FAIL;
     sigaction(SIGINT, &old_int, NULL);

@@ -7,7 +7,10 @@
  * non-blank input line as requests finish, flushed at once. With resume, the
  * ids already in the output are skipped and a torn last line is cut off
  * first. SIGINT/SIGTERM stop admission; what is finished is written and the
- * run is marked interrupted.
+ * run is marked interrupted. A request whose own processing fails is a 500
+ * error line and the job goes on; one that crashes the process is named in
+ * a journal beside the output (crashlog.h), so that --resume writes it as
+ * an error line instead of crashing again.
  *
  * Prints its own messages; returns the process exit code. */
 #ifndef KVB_RUNNER_H

@@ -88,6 +88,8 @@ struct sampler {
     int32_t bucket_count[SAMPLER_BUCKETS + 1];
 
     struct sampler_bias *bias; /* (p.n_bias) a copy of the caller's */
+    int32_t *ban;              /* (p.n_ban) a copy of the caller's */
+    int64_t n_accepted;        /* tokens accepted since create or reset (for ban_until) */
     struct jsonmode_state js; /* JSON mode: the output so far */
     float *raw;               /* JSON mode: (n_vocab) the logits as given, for a masked redraw */
 };
@@ -245,7 +247,8 @@ static bool has_penalties(const struct sampler_params *p)
 
 bool sampler_is_greedy(const struct sampler_params *p)
 {
-    return p && p->temperature == 0.0f && !has_penalties(p) && !p->json && p->n_bias == 0;
+    return p && p->temperature == 0.0f && !has_penalties(p) && !p->json && p->n_bias == 0 &&
+           (p->n_ban == 0 || p->ban_until <= 0);
 }
 
 void sampler_params_default(struct sampler_params *p)
@@ -263,6 +266,9 @@ void sampler_params_default(struct sampler_params *p)
     p->json_schema = NULL;
     p->bias = NULL;
     p->n_bias = 0;
+    p->ban = NULL;
+    p->n_ban = 0;
+    p->ban_until = 0;
 }
 
 enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, struct sampler **out)
@@ -278,6 +284,8 @@ enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, 
     for (int32_t i = 0; i < p->n_bias; i++)
         KVB_RETURN_IF(p->bias[i].token < 0 || p->bias[i].token >= n_vocab || !isfinite(p->bias[i].value),
                       KVB_ERR_INVALID_ARG);
+    KVB_RETURN_IF(p->n_ban < 0 || (p->n_ban > 0 && !p->ban), KVB_ERR_INVALID_ARG);
+    for (int32_t i = 0; i < p->n_ban; i++) KVB_RETURN_IF(p->ban[i] < 0 || p->ban[i] >= n_vocab, KVB_ERR_INVALID_ARG);
 
     struct sampler *s = kvb_calloc(1, sizeof *s);
     KVB_RETURN_IF(!s, KVB_ERR_NOMEM);
@@ -297,6 +305,15 @@ enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, 
         }
         memcpy(s->bias, p->bias, sizeof *s->bias * (size_t)p->n_bias);
         s->p.bias = s->bias;
+    }
+    if (p->n_ban > 0) {
+        s->ban = kvb_malloc(sizeof *s->ban * (size_t)p->n_ban);
+        if (!s->ban) {
+            sampler_free(s);
+            return KVB_ERR_NOMEM;
+        }
+        memcpy(s->ban, p->ban, sizeof *s->ban * (size_t)p->n_ban);
+        s->p.ban = s->ban;
     }
     if (p->json) {
         /* A tokenizer's vocabulary may be smaller than the logits (padding
@@ -331,6 +348,7 @@ void sampler_free(struct sampler *s)
     kvb_free(s->wbuf);
     kvb_free(s->raw);
     kvb_free(s->bias);
+    kvb_free(s->ban);
     kvb_free(s);
 }
 
@@ -339,6 +357,7 @@ void sampler_reset(struct sampler *s)
     if (!s) return;
     rng_seed(s->rng, s->p.seed);
     jsonmode_init(&s->js, s->p.json_schema);
+    s->n_accepted = 0;
     s->ring_len = 0;
     s->ring_pos = 0;
     if (s->slots)
@@ -348,6 +367,7 @@ void sampler_reset(struct sampler *s)
 void sampler_accept(struct sampler *s, int32_t token)
 {
     if (!s || token < 0 || token >= s->n_vocab) return;
+    s->n_accepted++;
     if (s->p.json) jsonmode_accept(s->p.json, &s->js, token);
     if (!s->penalties) return;
     if (s->ring_len == SAMPLER_HISTORY)
@@ -775,6 +795,8 @@ static enum kvb_status sample_free(struct sampler *s, float *logits, int32_t *ou
 enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_token)
 {
     KVB_RETURN_IF(!s || !logits || !out_token, KVB_ERR_INVALID_ARG);
+    if (s->n_accepted < s->p.ban_until)
+        for (int32_t i = 0; i < s->p.n_ban; i++) logits[s->ban[i]] = -INFINITY;
     if (!s->p.json) return sample_free(s, logits, out_token);
     const int32_t n = s->n_vocab;
     memcpy(s->raw, logits, sizeof *logits * (size_t)n);
@@ -784,8 +806,15 @@ enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_to
     for (int32_t i = jsonmode_vocab_size(s->p.json); i < n; i++) logits[i] = -INFINITY; /* padding rows */
     /* Some token is always allowed (a byte-level vocabulary has every JSON
      * character; the end of generation once the object is closed). Were
-     * none, ending the output beats a token that breaks the object. */
-    if (jsonmode_mask(s->p.json, &s->js, logits) == 0) {
+     * none, or none left with a weight (min_tokens bans the end of
+     * generation that a closed object allows alone), ending the output
+     * beats a token that breaks the object. */
+    bool any = jsonmode_mask(s->p.json, &s->js, logits) > 0;
+    if (any) {
+        any = false;
+        for (int32_t i = 0; i < n && !any; i++) any = logits[i] > -INFINITY;
+    }
+    if (!any) {
         *out_token = jsonmode_vocab_eog(s->p.json);
         return KVB_OK;
     }
@@ -824,6 +853,21 @@ static enum kvb_status sample_free(struct sampler *s, float *logits, int32_t *ou
     struct keep_rule kr = {s->p.min_p, false, 0.0f, 0};
     if (s->p.top_p < 1.0f) KVB_FORWARD_IF_ERROR(top_p_cut(s, logits, smax, smin, total, &kr));
     return draw_tiles(s, logits, &kr, u, out_token);
+}
+
+int32_t sampler_first_nonfinite(const float *logits, int32_t n_vocab)
+{
+    /* Four lanes at a time: x - x is 0 for every finite x and NaN for NaN
+     * and both infinities, so one compare per vector finds them all. */
+    int32_t i = 0;
+    for (; i + VL <= n_vocab; i += VL) {
+        const vf x = vf_load(logits + i);
+        const vi ok = (x - x) == vf_splat(0.0f);
+        if (!(ok[0] & ok[1] & ok[2] & ok[3])) break;
+    }
+    for (; i < n_vocab; i++)
+        if (!isfinite(logits[i])) return i;
+    return -1;
 }
 
 enum kvb_status sampler_greedy(const float *logits, int32_t n_vocab, int32_t *out_token)

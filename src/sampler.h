@@ -1,6 +1,7 @@
 /* sampler.h — next-token selection with per-request seeded randomness.
  *
- * Pipeline (in this order, as llama.cpp/vLLM apply them): logit bias, repetition,
+ * Pipeline (in this order, as llama.cpp/vLLM apply them): the min_tokens ban,
+ * logit bias, repetition,
  * presence and frequency penalties over the tokens seen so far → temperature
  * → top-k → top-p → min-p → draw. temperature == 0 is greedy argmax (ties go to
  * the lowest id) and ignores the truncation settings.
@@ -44,6 +45,11 @@ struct sampler_params {
     const struct sampler_bias *bias;   /* n_bias additions to logits before anything else
                                           (OpenAI's logit_bias); copied by sampler_create */
     int32_t n_bias;
+    const int32_t *ban;  /* n_ban token ids that cannot be drawn while fewer than ban_until tokens have
+                            been accepted (vLLM's min_tokens: end of generation and stop_token_ids);
+                            copied by sampler_create */
+    int32_t n_ban;
+    int32_t ban_until;
 };
 
 struct sampler_bias {
@@ -79,6 +85,12 @@ bool sampler_is_greedy(const struct sampler_params *p);
  * NaN. KVB_ERR_INVALID_ARG (and *out_token = -1) when every logit is NaN or
  * -inf. The C reference of the CUDA backend's device-side argmax. */
 enum kvb_status sampler_greedy(const float *logits, int32_t n_vocab, int32_t *out_token);
+
+/* The first index in logits[n_vocab] holding NaN or an infinity, or -1
+ * when all are finite. A model's raw logits are always finite; anything
+ * else means broken weights or a broken backend, and sampling from them
+ * would only hide it. */
+int32_t sampler_first_nonfinite(const float *logits, int32_t n_vocab);
 
 /* log-softmax of raw logits at `token` (for OpenAI-style logprobs). */
 float sampler_logprob(const float *logits, int32_t n_vocab, int32_t token);

@@ -4,10 +4,13 @@
  * window and max_batch), so linear scans are cheaper than anything clever. */
 #include "scheduler.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "alloc.h"
+#include "crashlog.h"
 #include "kv.h"
 #include "radix.h"
 #include "sched_store.h"
@@ -49,6 +52,7 @@ struct sched {
     int32_t *samp_row; /* (max_batch) logits row of each batch entry, -1: none */
     int32_t *samp_tok; /* (max_batch) its sampled token */
     int32_t *samp_amax; /* (max_batch) the backend's greedy choices (be_batch.argmax) */
+    int32_t *samp_bad;  /* (max_batch) why the entry has no token: SAMP_* below */
     struct be_seq *bseqs;
     struct seq **bsrc; /* seq behind each be_seq */
     struct sched_stats st;
@@ -96,6 +100,7 @@ enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct s
         !(s->samp_row = kvb_calloc((size_t)mb, sizeof *s->samp_row)) ||
         !(s->samp_tok = kvb_calloc((size_t)mb, sizeof *s->samp_tok)) ||
         !(s->samp_amax = kvb_calloc((size_t)mb, sizeof *s->samp_amax)) ||
+        !(s->samp_bad = kvb_calloc((size_t)mb, sizeof *s->samp_bad)) ||
         !(s->bseqs = kvb_calloc((size_t)mb, sizeof *s->bseqs)) ||
         !(s->bsrc = kvb_calloc((size_t)mb, sizeof *s->bsrc))) {
         sched_free(s);
@@ -127,6 +132,7 @@ void sched_free(struct sched *s)
     kvb_free(s->samp_row);
     kvb_free(s->samp_tok);
     kvb_free(s->samp_amax);
+    kvb_free(s->samp_bad);
     kvb_free(s->bseqs);
     kvb_free(s->bsrc);
     sstore_free(s->io); /* before the allocator: it releases the blocks it holds */
@@ -195,6 +201,7 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
 static void info_of(const struct seq *q, struct sched_seq_info *info, const float *logits)
 {
     *info = (struct sched_seq_info){
+        .error = NULL,
         .user_id = q->user_id,
         .tokens = q->tokens,
         .n_prompt = q->n_prompt,
@@ -224,12 +231,13 @@ static void remove_running(struct sched *s, int32_t idx)
     s->n_running--;
 }
 
-static void finish(struct sched *s, int32_t idx, enum sched_finish why)
+static void finish(struct sched *s, int32_t idx, enum sched_finish why, const char *error)
 {
     struct seq *q = s->running[idx];
     q->t_end = now_s();
     struct sched_seq_info info;
     info_of(q, &info, NULL);
+    info.error = error;
     release_blocks(s, q);
     remove_running(s, idx);
     if (s->cb.on_finish) s->cb.on_finish(s->cb.user, &info, why);
@@ -300,7 +308,7 @@ static void admit(struct sched *s)
         }
         q->admit_seq = ++s->admit_counter;
         s->running[s->n_running++] = q;
-        if (q->max_tokens == 0) finish(s, s->n_running - 1, SCHED_FINISH_LENGTH);
+        if (q->max_tokens == 0) finish(s, s->n_running - 1, SCHED_FINISH_LENGTH, NULL);
     }
     kvb_free(score);
 }
@@ -359,6 +367,7 @@ static void preempt_youngest(struct sched *s)
         q->t_end = now_s();
         struct sched_seq_info info;
         info_of(q, &info, NULL);
+        info.error = "out of memory: a preempted sequence could not be queued again";
         if (s->cb.on_finish) s->cb.on_finish(s->cb.user, &info, SCHED_FINISH_ERROR);
         seq_free(q);
     }
@@ -385,6 +394,11 @@ static int seq_order(const struct seq *a, const struct seq *b) { return a->admit
 /* samp_row of a batch entry whose token the backend chose (BE_LOGITS_ARGMAX). */
 #define ROW_ON_BACKEND (-2)
 
+/* samp_bad: why a batch entry that was to be sampled has no token. Such a
+ * sequence ends with SCHED_FINISH_ERROR rather than with a made-up token:
+ * a model whose logits are NaN must not pass for one that said nothing. */
+enum { SAMP_OK = 0, SAMP_NONFINITE, SAMP_NO_CHOICE, SAMP_FAILED };
+
 /* Samples the batch entries whose logits came back, each with its own
  * sampler (its own seed and history), so which thread samples which entry
  * cannot change a token. Thread ith uses scratch row ith: the sampler
@@ -403,8 +417,37 @@ static void sample_worker(void *arg, int ith, int nth)
     float *scratch = s->scratch + (int64_t)ith * s->n_vocab;
     for (int32_t b = ith; b < j->nb; b += n) {
         if (s->samp_row[b] < 0) continue;
-        memcpy(scratch, s->logits + (int64_t)s->samp_row[b] * s->n_vocab, sizeof(float) * (size_t)s->n_vocab);
-        if (sampler_sample(s->bsrc[b]->smp, scratch, &s->samp_tok[b]) != KVB_OK) s->samp_tok[b] = 0;
+        const float *row = s->logits + (int64_t)s->samp_row[b] * s->n_vocab;
+        crashlog_mark_uid(s->bsrc[b]->user_id); /* a crash in the sampler is this sequence's */
+        s->samp_bad[b] = SAMP_OK;
+        if (sampler_first_nonfinite(row, s->n_vocab) >= 0) {
+            s->samp_bad[b] = SAMP_NONFINITE;
+            continue;
+        }
+        memcpy(scratch, row, sizeof(float) * (size_t)s->n_vocab);
+        if (sampler_sample(s->bsrc[b]->smp, scratch, &s->samp_tok[b]) != KVB_OK) s->samp_bad[b] = SAMP_FAILED;
+    }
+    crashlog_mark_uid(UINT64_MAX);
+}
+
+/* The message for a batch entry that got no token (samp_bad). */
+static void sample_failure(const struct sched *s, int32_t b, const float *row, char *out, size_t cap)
+{
+    switch (s->samp_bad[b]) {
+    case SAMP_NONFINITE: {
+        const int32_t at = sampler_first_nonfinite(row, s->n_vocab);
+        const float v = row[at];
+        snprintf(out, cap, "the model's logits are not finite (%s at token id %d of %d): the model's weights or "
+                 "the backend are broken", isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at, s->n_vocab);
+        break;
+    }
+    case SAMP_NO_CHOICE:
+        snprintf(out, cap, "the backend found no token to choose (every logit NaN or -inf): the model's weights or "
+                 "the backend are broken");
+        break;
+    default:
+        snprintf(out, cap, "the sampler failed (out of memory, or no token it may choose)");
+        break;
     }
 }
 
@@ -481,9 +524,11 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
     int32_t row = 0;
     for (int32_t b = 0; b < nb; b++) {
         s->samp_row[b] = s->bseqs[b].logits == BE_LOGITS_LAST ? row++ : -1;
+        s->samp_bad[b] = SAMP_OK;
         if (s->bseqs[b].logits != BE_LOGITS_ARGMAX) continue;
         s->samp_row[b] = ROW_ON_BACKEND;
-        s->samp_tok[b] = s->samp_amax[b] >= 0 ? s->samp_amax[b] : 0; /* as when the sampler finds nothing */
+        s->samp_tok[b] = s->samp_amax[b];
+        if (s->samp_amax[b] < 0 || s->samp_amax[b] >= s->n_vocab) s->samp_bad[b] = SAMP_NO_CHOICE;
     }
     struct sample_job job = {s, nb};
     if (s->be->host_parallel && row > 1) s->be->host_parallel(s->be, sample_worker, &job);
@@ -499,6 +544,14 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         spill_to_store(s, q);
         if (s->samp_row[b] == -1) continue;
         const float *lg = s->samp_row[b] >= 0 ? s->logits + (int64_t)s->samp_row[b] * s->n_vocab : NULL;
+        if (s->samp_bad[b] != SAMP_OK) {
+            char why[160];
+            sample_failure(s, b, lg, why, sizeof why);
+            int32_t idx = 0;
+            while (s->running[idx] != q) idx++;
+            finish(s, idx, SCHED_FINISH_ERROR, why);
+            continue;
+        }
         const int32_t tok = s->samp_tok[b];
         sampler_accept(q->smp, tok);
         q->tokens[q->n_tokens++] = tok;
@@ -508,9 +561,9 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         bool stop = s->cb.on_token && s->cb.on_token(s->cb.user, &info, tok);
         int32_t idx = 0;
         while (s->running[idx] != q) idx++;
-        if (stop) finish(s, idx, SCHED_FINISH_STOP);
+        if (stop) finish(s, idx, SCHED_FINISH_STOP, NULL);
         else if (q->n_tokens - q->n_prompt >= q->max_tokens || q->n_tokens >= q->cap_tokens)
-            finish(s, idx, SCHED_FINISH_LENGTH);
+            finish(s, idx, SCHED_FINISH_LENGTH, NULL);
     }
     /* Nothing left to overlap the spills with: hand them over now, so that
      * an idle scheduler has nothing in flight. */

@@ -61,6 +61,8 @@ struct sched_seq_info {
     double t_submit, t_admit, t_first_token, t_end; /* monotonic seconds */
     const float *logits;       /* on_token only: the logits the token was sampled from (n_vocab);
                                 * NULL when the backend chose it (see sched_submit) */
+    const char *error;         /* on_finish with SCHED_FINISH_ERROR: why, one line naming the cause
+                                * (valid during the call); NULL otherwise */
 };
 
 enum sched_finish { SCHED_FINISH_STOP = 0, SCHED_FINISH_LENGTH, SCHED_FINISH_ERROR };
@@ -70,7 +72,9 @@ struct sched_callbacks {
     /* Called for each sampled token (already appended to info->tokens).
      * Return true to finish the sequence now (EOS or a stop string). */
     bool (*on_token)(void *user, const struct sched_seq_info *info, int32_t token);
-    /* Called once when a sequence ends. */
+    /* Called once when a sequence ends. SCHED_FINISH_ERROR: the sequence
+     * could not go on (its logits were not finite, the sampler failed, or
+     * it could not be requeued after preemption); info->error says which. */
     void (*on_finish)(void *user, const struct sched_seq_info *info, enum sched_finish why);
 };
 

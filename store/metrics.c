@@ -65,16 +65,7 @@ static const char *const migrations[METRICS_SCHEMA_VERSION] = {
     "  finish_reason TEXT, error_code TEXT, status_code INTEGER"
     ");"
     "CREATE INDEX requests_run_id ON requests(run_id);",
-    /* 1 -> 2: what a picture of the run needs (times on one clock), and what
-     * explains a slow or failed request */
-    "ALTER TABLE requests ADD COLUMN submitted_at REAL;"   /* unix seconds; NULL = not known */
-    "ALTER TABLE requests ADD COLUMN started_at REAL;"
-    "ALTER TABLE requests ADD COLUMN first_token_at REAL;"
-    "ALTER TABLE requests ADD COLUMN ended_at REAL;"
-    "ALTER TABLE requests ADD COLUMN preemptions INTEGER;"
-    "ALTER TABLE requests ADD COLUMN restored_tokens INTEGER;"
-    "ALTER TABLE requests ADD COLUMN error_message TEXT;",
-    /* 2 -> 3: who runs a run (pid, host, boot, process start), so that a
+    /* 1 -> 2: who runs a run (pid, host, boot, process start), so that a
      * later open can tell a run whose process is gone, and the status
      * 'died' for those. SQLite cannot alter a CHECK, so the table is
      * rebuilt (requests refer to it by name, which the rename keeps). */
@@ -105,6 +96,15 @@ static const char *const migrations[METRICS_SCHEMA_VERSION] = {
     "  wall_seconds FROM runs;"
     "DROP TABLE runs;"
     "ALTER TABLE runs_v2 RENAME TO runs;",
+    /* 2 -> 3: what a picture of the run needs (times on one clock), and what
+     * explains a slow or failed request */
+    "ALTER TABLE requests ADD COLUMN submitted_at REAL;"   /* unix seconds; NULL = not known */
+    "ALTER TABLE requests ADD COLUMN started_at REAL;"
+    "ALTER TABLE requests ADD COLUMN first_token_at REAL;"
+    "ALTER TABLE requests ADD COLUMN ended_at REAL;"
+    "ALTER TABLE requests ADD COLUMN preemptions INTEGER;"
+    "ALTER TABLE requests ADD COLUMN restored_tokens INTEGER;"
+    "ALTER TABLE requests ADD COLUMN error_message TEXT;",
 };
 
 struct metrics_db {

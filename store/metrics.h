@@ -17,10 +17,9 @@
  *             message, HTTP-style status code.
  *
  * The columns are documented for users in README.md ("Metrics database");
- * schema version 2 added the wall-clock times, preemptions, restored_tokens
- * and error_message (NULL in rows written by version 1); version 3 the
- * runs' pid, host, boot_id and proc_start and the status 'died' (NULL
- * before).
+ * schema version 2 added who runs a run (pid, host, boot id, process start) and
+ * the status "died"; version 3 the wall-clock times, preemptions, restored_tokens
+ * and error_message (NULL in rows written by version 1).
  *
  * Request rows are queued in memory and written in batches, one transaction
  * per batch (every 256 rows or every 2 s by default, and on flush/run end):

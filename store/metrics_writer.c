@@ -452,7 +452,8 @@ enum kvb_status metrics_writer_add(struct metrics_writer *w, int64_t run_id, con
     r->custom_id = req->custom_id ? pool_add(q, req->custom_id, strlen(req->custom_id), &oom) : NO_STR;
     r->finish_reason = req->finish_reason ? pool_add(q, req->finish_reason, strlen(req->finish_reason), &oom) : NO_STR;
     r->error_code = req->error_code ? pool_add(q, req->error_code, strlen(req->error_code), &oom) : NO_STR;
-    r->error_message = req->error_message ? pool_add(q, req->error_message, strlen(req->error_message), &oom) : NO_STR;
+    r->error_message =
+        req->error_message ? pool_add(q, req->error_message, strlen(req->error_message), &oom) : NO_STR;
     if (oom) {
         q->pool_len = mark;
         st = kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory buffering a request row", w->path);

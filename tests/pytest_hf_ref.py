@@ -119,6 +119,17 @@ CASES = [
     ("qwen2-rope-yarn", "qwen2", base_cfg(
         num_key_value_heads=2, rope_parameters=rope(1e6, rope_type="yarn", factor=4.0,
                                                     original_max_position_embeddings=512)), False),
+    # yarn with the attention factor and betas given: transformers takes attention_factor as is (llama.cpp
+    # multiplies in ggml's own 0.1 ln(factor) + 1 and divides it out again), betas move the ramp
+    ("llama-rope-yarn-attnf", "llama", base_cfg(
+        num_key_value_heads=2, rope_parameters=rope(10000.0, rope_type="yarn", factor=4.0, attention_factor=1.25,
+                                                    beta_fast=16.0, beta_slow=2.0,
+                                                    original_max_position_embeddings=512)), False),
+    # betas in the wrong order (transformers warns and computes): the ramp runs downwards, where ggml's
+    # max(0.001, high - low) would make it a step
+    ("qwen2-rope-yarn-rev", "qwen2", base_cfg(
+        num_key_value_heads=2, rope_parameters=rope(10000.0, rope_type="yarn", factor=4.0, beta_fast=1.0,
+                                                    beta_slow=32.0, original_max_position_embeddings=512)), False),
     ("qwen3-rope-yarn", "qwen3", base_cfg(
         num_key_value_heads=2, head_dim=32, rope_parameters=rope(1e6, rope_type="yarn", factor=4.0,
                                                                  original_max_position_embeddings=512)), False),

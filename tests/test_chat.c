@@ -439,11 +439,55 @@ static void test_errors(void)
     }
 }
 
+/* The developer role as each family's template renders it, and a final
+ * assistant message left open (continue_final_message). */
+static void test_developer_and_continue(void)
+{
+    struct chat_template chatml = {CHAT_CHATML, (char *)SMOLLM2_SYSTEM, {0}};
+    const struct chat_msg dev[] = {{"developer", "Be brief."}, {"user", "Hi"}};
+    char want[512];
+    snprintf(want, sizeof want,
+             "<|im_start|>system\n%s<|im_end|>\n<|im_start|>developer\nBe brief.<|im_end|>\n<|im_start|>user\nHi"
+             "<|im_end|>\n<|im_start|>assistant\n", SMOLLM2_SYSTEM);
+    check_apply("chatml developer (not a system turn: the default one stays)", &chatml, dev, 2, true, want);
+    struct chat_template l3 = {CHAT_LLAMA3, NULL, {0}};
+    check_apply("llama3 developer", &l3, dev, 2, true,
+                "<|start_header_id|>developer<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
+                "<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    const enum chat_family refuse[] = {CHAT_LLAMA2, CHAT_MISTRAL, CHAT_GEMMA, CHAT_ZEPHYR};
+    for (int f = 0; f < 4; f++) {
+        struct chat_template t = {refuse[f], NULL, {0}};
+        char *out = NULL;
+        struct kvb_err err = {{0}};
+        CHECK_EQ_INT(chat_apply(&t, dev, 2, true, &out, &err), KVB_ERR_UNSUPPORTED);
+        CHECK_MSG(out == NULL && strstr(err.msg, "developer"), "%s: %s", chat_family_name(refuse[f]), err.msg);
+    }
+
+    const struct chat_msg cont[] = {{"user", "Name a fruit."}, {"assistant", "A fruit: "}};
+    char *out = NULL;
+    struct kvb_err err = {{0}};
+    CHECK_EQ_INT(chat_apply_continue(&chatml, cont, 2, &out, &err), KVB_OK);
+    snprintf(want, sizeof want,
+             "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n"
+             "A fruit: ", SMOLLM2_SYSTEM);
+    CHECK_MSG(out && strcmp(out, want) == 0, "chatml continue: [%s]", out ? out : "");
+    kvb_free(out);
+    /* Llama 3 trims the content: the cut is after the trimmed text */
+    CHECK_EQ_INT(chat_apply_continue(&l3, cont, 2, &out, &err), KVB_OK);
+    CHECK_MSG(out && strcmp(out, "<|start_header_id|>user<|end_header_id|>\n\nName a fruit.<|eot_id|>"
+                                 "<|start_header_id|>assistant<|end_header_id|>\n\nA fruit:") == 0,
+              "llama3 continue: [%s]", out ? out : "");
+    kvb_free(out);
+    CHECK_EQ_INT(chat_apply_continue(&chatml, cont, 1, &out, &err), KVB_ERR_INVALID_ARG);
+    CHECK(out == NULL);
+}
+
 int main(void)
 {
     test_detect();
     test_names();
     test_apply();
     test_errors();
+    test_developer_and_continue();
     return tu_finish();
 }

@@ -211,13 +211,13 @@ static void test_bad_json(void)
     {
         size_t depth = 100000;
         char *s = malloc(depth * 2 + 64);
-        size_t n = (size_t)sprintf(s, "{\"custom_id\":\"d\",\"prompt\":\"x\",\"junk\":");
+        size_t n = (size_t)sprintf(s, "{\"custom_id\":\"d\",\"prompt\":\"x\",\"metadata\":");
         for (size_t k = 0; k < depth; k++) s[n++] = '[';
         for (size_t k = 0; k < depth; k++) s[n++] = ']';
         s[n++] = '}';
         s[n] = '\0';
         expect_err(s, JOB_ERR_INVALID_JSON, NULL);
-        n = (size_t)sprintf(s, "{\"custom_id\":\"d\",\"prompt\":\"x\",\"junk\":");
+        n = (size_t)sprintf(s, "{\"custom_id\":\"d\",\"prompt\":\"x\",\"metadata\":");
         for (size_t k = 0; k < 200; k++) s[n++] = '[';
         for (size_t k = 0; k < 200; k++) s[n++] = ']';
         s[n++] = '}';
@@ -312,10 +312,24 @@ static void test_bad_prompt(void)
     expect_err(PR("5"), JOB_ERR_INVALID_TYPE, "body.prompt");
     expect_err(PR("{}"), JOB_ERR_INVALID_TYPE, "body.prompt");
     expect_err(PR("[]"), JOB_ERR_INVALID_VALUE, "body.prompt");
-    expect_err(PR("[\"a\",\"b\"]"), JOB_ERR_INVALID_VALUE, "body.prompt");
-    expect_err(PR("[1,2,3]"), JOB_ERR_INVALID_VALUE, "body.prompt");
-    expect_err(PR("[[1,2]]"), JOB_ERR_INVALID_VALUE, "body.prompt");
-    expect_err(PR("[true]"), JOB_ERR_INVALID_TYPE, "body.prompt");
+    expect_err(PR("[true]"), JOB_ERR_INVALID_TYPE, "body.prompt[0]");
+    /* a list holds prompts of one kind; token ids are integers >= 0; no empty lists */
+    expect_err(PR("[\"a\",[1]]"), JOB_ERR_INVALID_TYPE, "body.prompt[1]");
+    expect_err(PR("[[1],\"a\"]"), JOB_ERR_INVALID_TYPE, "body.prompt[1]");
+    expect_err(PR("[1,\"a\"]"), JOB_ERR_INVALID_TYPE, "body.prompt[1]");
+    expect_err(PR("[1,2.5]"), JOB_ERR_INVALID_TYPE, "body.prompt[1]");
+    expect_err(PR("[1,-2]"), JOB_ERR_INVALID_VALUE, "body.prompt[1]");
+    expect_err(PR("[1,3e10]"), JOB_ERR_INVALID_VALUE, "body.prompt[1]");
+    expect_err(PR("[[1,2],[]]"), JOB_ERR_INVALID_VALUE, "body.prompt[1]");
+    expect_err(PR("[[1,[2]]]"), JOB_ERR_INVALID_TYPE, "body.prompt[0][1]");
+    {
+        char many[1200] = "[";
+        for (int k = 0; k <= JOB_MAX_PROMPTS; k++) strcat(many, k ? ",\"p\"" : "\"p\"");
+        strcat(many, "]");
+        char big[1400];
+        snprintf(big, sizeof big, "%s%s}}", pre, many);
+        expect_err(big, JOB_ERR_INVALID_VALUE, "body.prompt");
+    }
 #undef PR
 }
 
@@ -607,6 +621,108 @@ static void test_openai_completion(void)
     job_request_free(&r);
 }
 
+/* Every field works or is refused by name (job.h): vLLM's sampling
+ * extensions, prompt lists and token ids, the chat templating switches,
+ * fields ignored on purpose, and refusals of everything else. */
+static void test_request_fields(void)
+{
+    struct job_request r;
+    parse_ok("{\"custom_id\":\"v\",\"prompt\":\"x\",\"max_tokens\":9,\"ignore_eos\":true,\"min_tokens\":9,"
+             "\"stop_token_ids\":[7,0,7],\"include_stop_str_in_output\":true,\"skip_special_tokens\":false,"
+             "\"spaces_between_special_tokens\":false,\"use_beam_search\":false}",
+             &r);
+    CHECK(r.ignore_eos && r.min_tokens == 9 && r.include_stop_str_in_output && !r.skip_special_tokens);
+    CHECK(r.n_stop_token_ids == 3 && r.stop_token_ids[0] == 7 && r.stop_token_ids[1] == 0);
+    CHECK(r.given & JOB_GIVEN_MIN_TOKENS && r.given & JOB_GIVEN_STOP_TOKEN_IDS);
+    job_request_free(&r);
+    parse_ok("{\"custom_id\":\"v\",\"prompt\":\"x\"}", &r); /* defaults */
+    CHECK(!r.ignore_eos && r.min_tokens == 0 && r.n_stop_token_ids == 0 && !r.include_stop_str_in_output);
+    CHECK(r.skip_special_tokens && r.n_prompts == 1 && r.prompts[0].text == r.prompt);
+    job_request_free(&r);
+    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"min_tokens\":300}", JOB_ERR_INVALID_VALUE, "min_tokens");
+    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"max_tokens\":4,\"min_tokens\":5}", JOB_ERR_INVALID_VALUE,
+               "min_tokens");
+    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"min_tokens\":-1}", JOB_ERR_INVALID_VALUE, "min_tokens");
+    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"ignore_eos\":1}", JOB_ERR_INVALID_TYPE, "ignore_eos");
+    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"stop_token_ids\":5}", JOB_ERR_INVALID_TYPE, "stop_token_ids");
+    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"stop_token_ids\":[-5]}", JOB_ERR_INVALID_VALUE,
+               "stop_token_ids[0]");
+    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"use_beam_search\":true}", JOB_ERR_INVALID_VALUE,
+               "use_beam_search");
+    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}",
+               JOB_ERR_INVALID_VALUE, "ignore_eos");
+
+    /* prompt lists and token ids: one set of choices per prompt */
+    parse_ok("{\"custom_id\":\"l\",\"prompt\":[\"a\",\"\",\"bc\"],\"n\":2}", &r);
+    CHECK(r.n_prompts == 3 && strcmp(r.prompts[2].text, "bc") == 0 && r.prompts[1].text_len == 0);
+    CHECK(r.prompt == r.prompts[0].text && !r.prompts[0].ids);
+    job_request_free(&r);
+    parse_ok("{\"custom_id\":\"l\",\"prompt\":[5,0,2147483647]}", &r);
+    CHECK(r.n_prompts == 1 && !r.prompt && r.prompts[0].n_ids == 3 && r.prompts[0].ids[2] == INT32_MAX);
+    job_request_free(&r);
+    parse_ok("{\"custom_id\":\"l\",\"prompt\":[[5],[1,2.0]]}", &r);
+    CHECK(r.n_prompts == 2 && r.prompts[1].n_ids == 2 && r.prompts[1].ids[1] == 2 && r.prompts[0].ids[0] == 5);
+    job_request_free(&r);
+
+    /* chat templating switches */
+    const char *conv = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\","
+                       "\"name\":\"bot\",\"tool_calls\":[],\"refusal\":null}]";
+    char line[512];
+    snprintf(line, sizeof line, "{\"custom_id\":\"t\",%s,\"add_generation_prompt\":false,\"continue_final_message\":true}",
+             conv);
+    parse_ok(line, &r);
+    CHECK(!r.add_generation_prompt && r.continue_final_message);
+    job_request_free(&r);
+    snprintf(line, sizeof line, "{\"custom_id\":\"t\",%s,\"continue_final_message\":true}", conv);
+    expect_err(line, JOB_ERR_INVALID_VALUE, "continue_final_message");
+    expect_err("{\"custom_id\":\"t\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"add_generation_prompt\":false,"
+               "\"continue_final_message\":true}",
+               JOB_ERR_INVALID_VALUE, "continue_final_message");
+    expect_err("{\"custom_id\":\"t\",\"prompt\":\"a\",\"add_generation_prompt\":false}", JOB_ERR_UNSUPPORTED_FIELD,
+               "add_generation_prompt");
+
+    /* ignored on purpose, whatever their value */
+    parse_ok("{\"custom_id\":\"i\",\"prompt\":\"x\",\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+             "\"user\":\"u\",\"store\":false,\"metadata\":{\"k\":\"v\"},\"service_tier\":\"auto\",\"priority\":3}",
+             &r);
+    job_request_free(&r);
+    CHECK(job_field_ignored("stream") && !job_field_ignored("ignore_eos") && !job_field_ignored("chat_template"));
+    parse_ok("{\"custom_id\":\"i\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"none\","
+             "\"tools\":[],\"parallel_tool_calls\":true,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+             "{\"name\":\"n\",\"strict\":true,\"schema\":{\"type\":\"object\"}}}}",
+             &r);
+    job_request_free(&r);
+
+    /* everything else is refused by name, wherever it is */
+    static const struct { const char *line, *code, *param; } refused[] = {
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"chat_template\":\"{{x}}\"}", JOB_ERR_UNSUPPORTED_FIELD, "chat_template"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"max_token\":3}", JOB_ERR_UNSUPPORTED_FIELD, "max_token"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_json\":{}}", JOB_ERR_UNSUPPORTED_FIELD, "guided_json"},
+        {"{\"custom_id\":\"u\",\"body\":{\"prompt\":\"x\"},\"temperature\":0}", JOB_ERR_UNSUPPORTED_FIELD, "temperature"},
+        {"{\"custom_id\":\"u\",\"body\":{\"prompt\":\"x\",\"top_logprobs\":2}}", JOB_ERR_UNSUPPORTED_FIELD,
+         "body.top_logprobs"},
+        {"{\"custom_id\":\"u\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"suffix\":\"\"}",
+         JOB_ERR_UNSUPPORTED_FIELD, "suffix"},
+        {"{\"custom_id\":\"u\",\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_call_id\":\"1\"}]}",
+         JOB_ERR_UNSUPPORTED_FIELD, "messages[0].tool_call_id"},
+        {"{\"custom_id\":\"u\",\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{}]}]}",
+         JOB_ERR_UNSUPPORTED_FIELD, "messages[0].tool_calls"},
+        {"{\"custom_id\":\"u\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"x\","
+         "\"cache_control\":{}}]}]}",
+         JOB_ERR_UNSUPPORTED_FIELD, "messages[0].content[0].cache_control"},
+        {"{\"custom_id\":\"u\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}",
+         JOB_ERR_INVALID_VALUE, "tool_choice"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"response_format\":{\"type\":\"text\",\"extra\":1}}",
+         JOB_ERR_UNSUPPORTED_FIELD, "response_format.extra"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":"
+         "{\"type\":\"object\"},\"x\":1}}}",
+         JOB_ERR_UNSUPPORTED_FIELD, "response_format.json_schema.x"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"messages\":[]}", JOB_ERR_INVALID_REQUEST, "prompt"},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++)
+        expect_err(refused[k].line, refused[k].code, refused[k].param);
+}
+
 static void test_shorthand(void)
 {
     struct job_request r;
@@ -625,10 +741,13 @@ static void test_shorthand(void)
     CHECK(r.seed == 9 && strcmp(r.model, "m") == 0);
     job_request_free(&r);
 
-    /* a shorthand line may still name its url, which then decides */
-    parse_ok("{\"custom_id\":\"s3\",\"url\":\"/v1/completions\",\"prompt\":\"x\",\"messages\":[]}", &r);
+    /* a shorthand line may still name its url, which then decides; a field
+     * of the other endpoint is refused rather than ignored */
+    parse_ok("{\"custom_id\":\"s3\",\"url\":\"/v1/completions\",\"prompt\":\"x\"}", &r);
     CHECK(r.url == JOB_URL_COMPLETION);
     job_request_free(&r);
+    expect_err("{\"custom_id\":\"s3\",\"url\":\"/v1/completions\",\"prompt\":\"x\",\"messages\":[]}",
+               JOB_ERR_UNSUPPORTED_FIELD, "messages");
 
     /* keys written with escapes, repeated keys (last wins), whitespace, CRLF */
     parse_ok(" { \"custom_id\" : \"s4\" , \"\\u0070rompt\" : \"first\" , \"prompt\":\"second\",\n"
@@ -666,6 +785,50 @@ static void test_escapes(void)
                        "[\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd][\xe2\x82\xac]";
     CHECK_MSG(strcmp(r.prompt, want) == 0, "%s", r.prompt);
     job_request_free(&r);
+
+    /* custom_id is never repaired (job.h): lone surrogates keep their code
+     * points, so "x\ud800" and "x\udfff" stay two ids; \u0000 is C0 80; the
+     * text as written is kept beside it for the output lines */
+    static const struct { const char *json; const char *exact; } ids[] = {
+        {"x\\ud800", "x\xed\xa0\x80"},
+        {"x\\udfff", "x\xed\xbf\xbf"},
+        {"x\\ud800\\u0041", "x\xed\xa0\x80" "A"},
+        {"x\\ufffd", "x\xef\xbf\xbd"},
+        {"x\\u0000y", "x\xc0\x80y"},
+        {"q\\\"\\\\\\/", "q\"\\/"},
+        {"\\ud83d\\ude00", "\xf0\x9f\x98\x80"},
+    };
+    struct job_key keys[sizeof ids / sizeof ids[0]];
+    for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++) {
+        char line[128];
+        snprintf(line, sizeof line, "{\"custom_id\":\"%s\",\"prompt\":\"x\"}", ids[k].json);
+        parse_ok(line, &r);
+        CHECK_MSG(r.custom_id && strcmp(r.custom_id, ids[k].exact) == 0 && r.custom_id_len == strlen(ids[k].exact),
+                  "custom_id %s", ids[k].json);
+        CHECK_MSG(r.custom_id_json && strcmp(r.custom_id_json, ids[k].json) == 0, "custom_id %s as written", ids[k].json);
+        job_key_custom_id(r.custom_id, r.custom_id_len, &keys[k]);
+        for (size_t m = 0; m < k; m++) CHECK_MSG(strcmp(keys[m].hex, keys[k].hex) != 0, "ids %zu and %zu share a key", m, k);
+        /* both kinds of line carry the id exactly as written */
+        struct job_buf b = {0};
+        struct job_choice ch = {.text = "t", .text_len = 1};
+        struct job_result res = {.custom_id = r.custom_id, .custom_id_len = r.custom_id_len,
+                                 .custom_id_json = r.custom_id_json, .custom_id_json_len = r.custom_id_json_len,
+                                 .url = JOB_URL_COMPLETION, .model = "m", .choices = &ch, .n_choices = 1};
+        CHECK(job_format_result(&b, &res) == KVB_OK);
+        struct job_error e;
+        job_error_setf(&e, JOB_ERR_SERVER, 1, NULL, "x");
+        CHECK(job_format_error_json(&b, r.custom_id, r.custom_id_len, r.custom_id_json, r.custom_id_json_len, &e) ==
+              KVB_OK);
+        char want_id[96];
+        snprintf(want_id, sizeof want_id, "\"custom_id\":\"%s\",", ids[k].json);
+        const char *first = b.data ? strstr(b.data, want_id) : NULL;
+        CHECK_MSG(first && strstr(first + 1, want_id), "custom_id %s not echoed as written in both lines", ids[k].json);
+        CHECK(strict_jsmn_ok(b.data, strchr(b.data, '\n') - b.data));
+        job_buf_free(&b);
+        job_request_free(&r);
+    }
+    /* raw bytes that are not UTF-8 cannot be echoed as JSON: refused by name */
+    expect_err("{\"custom_id\":\"a\xff\",\"prompt\":\"x\"}", JOB_ERR_INVALID_VALUE, "custom_id");
 }
 
 /* ---- output ------------------------------------------------------------------------- */
@@ -878,6 +1041,8 @@ static void test_error_lines(void)
     CHECK(doc_str_is(&d, "response.body.error.code", "invalid_json"));
     CHECK(doc_is_null(&d, "response.body.error.param"));
     CHECK(doc_str_is(&d, "error.code", "invalid_json"));
+    CHECK(doc_is_null(&d, "error.param")); /* the fields of OpenAI's BatchError */
+    CHECK(doc_num(&d, "error.line") == 12);
     char *msg = doc_str(&d, "error.message");
     CHECK_MSG(strncmp(msg, "line 12: invalid JSON", 21) == 0, "%s", msg);
     free(msg);
@@ -898,6 +1063,8 @@ static void test_error_lines(void)
     CHECK(doc_str_is(&d, "response.body.error.param", "top_p"));
     CHECK(doc_str_is(&d, "response.body.error.code", "invalid_value"));
     CHECK(doc_str_is(&d, "error.message", e.message));
+    CHECK(doc_str_is(&d, "error.param", "top_p"));
+    CHECK(doc_num(&d, "error.line") == 3);
     doc_close(&d);
     job_request_free(&r);
 
@@ -1400,6 +1567,7 @@ int main(void)
     test_openai_chat();
     test_openai_completion();
     test_shorthand();
+    test_request_fields();
     test_escapes();
     test_keys();
     test_result_chat();

@@ -27,6 +27,7 @@ struct edit {
     const char *key[3];           /* keys set, with val[i] */
     struct gguf_value val[3];
     const char *drop;             /* a key removed */
+    const char *drop_tensors;     /* tensors whose name holds this are left out */
     int tokens_delta;             /* tokenizer.ggml.tokens shortened (<0) or lengthened (>0) */
     const char *add_tensor;       /* an extra F32 tensor of add_n values add_fill */
     int64_t add_n;
@@ -37,6 +38,7 @@ struct edit {
 
 #define U32(x) {.type = GGUF_VTYPE_UINT32, .v.u64 = (x)}
 #define F32(x) {.type = GGUF_VTYPE_FLOAT32, .v.f64 = (x)}
+#define I32(x) {.type = GGUF_VTYPE_INT32, .v.i64 = (x)}
 #define BOOL(x) {.type = GGUF_VTYPE_BOOL, .v.b = (x)}
 #define STR(s) {.type = GGUF_VTYPE_STRING, .v.str = {sizeof(s) - 1, s}}
 
@@ -87,6 +89,7 @@ static void rewrite(const char *src, const char *dst, const struct edit *e)
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
         char name[256];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        if (e->drop_tensors && strstr(name, e->drop_tensors)) continue;
         void *data = NULL;
         CHECK(gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, &data) == KVB_OK);
         if (e->poke_tensor && !strcmp(name, e->poke_tensor) && t->type == GGML_TYPE_F32 && data)
@@ -148,6 +151,19 @@ static float *logits_of(const char *path, struct model **keep)
     return out;
 }
 
+/* The fingerprint of a file that must load. */
+static const char *fingerprint_of(const char *path)
+{
+    static char fp[33];
+    struct model *m = NULL;
+    struct kvb_err err = {{0}};
+    fp[0] = 0;
+    CHECK_MSG(model_load(path, &m, &err) == KVB_OK, "%s: %s", path, err.msg);
+    if (m) memcpy(fp, m->fingerprint, sizeof fp);
+    model_free(m);
+    return fp;
+}
+
 /* The edited file loads and computes exactly what the original does. */
 static void accepted_same(const struct edit *e, const char *label, const float *ref, size_t n)
 {
@@ -206,6 +222,16 @@ static void test_refused_keys(void)
     refused(&(struct edit){.key = {"llama.rope.freq_base_swa"}, .val = {F32(10000)}}, KVB_ERR_UNSUPPORTED,
             "llama.rope.freq_base_swa", "10000");
     refused(&(struct edit){.key = {"split.count"}, .val = {U32(3)}}, KVB_ERR_UNSUPPORTED, "split.count", "3");
+    /* A mixture of experts (Mixtral: llama.expert_count 8, expert tensors
+     * instead of blk.N.ffn_gate.weight) is refused by the key that says so,
+     * not by the dense tensor it lacks: keys are checked before weights. */
+    refused(&(struct edit){.key = {"llama.expert_count", "llama.expert_used_count"}, .val = {U32(8), U32(2)},
+                           .drop_tensors = "ffn_gate.weight"},
+            KVB_ERR_UNSUPPORTED, "llama.expert_count", "mixture of experts");
+    /* Ollama's converter also writes the head size as attention.head_dim:
+     * a value other than the key length is a head kvbatch does not compute. */
+    refused(&(struct edit){.key = {"llama.attention.head_dim"}, .val = {U32(32)}}, KVB_ERR_UNSUPPORTED,
+            "llama.attention.head_dim", "= 32");
     /* Tensors nothing reads. */
     refused(&(struct edit){.add_tensor = "blk.0.attn_output.bias", .add_n = 64}, KVB_ERR_UNSUPPORTED,
             "blk.0.attn_output.bias", NULL);
@@ -240,6 +266,51 @@ static void test_inconsistent(void)
             "rope_freqs.weight", NULL);
     refused(&(struct edit){.poke_tensor = "output_norm.weight", .poke_value = NAN}, KVB_ERR_FORMAT,
             "output_norm.weight", "non-finite");
+    /* llama.cpp requires the RMS epsilon; kvbatch has no default the
+     * authors share (transformers' is 1e-6, llama.cpp's fallback 1e-5). */
+    refused(&(struct edit){.drop = "llama.attention.layer_norm_rms_epsilon"}, KVB_ERR_FORMAT,
+            "llama.attention.layer_norm_rms_epsilon", "missing");
+    /* Positive, finite parameters whose frequencies are not: pair 0 would
+     * rotate by 1/1e-39 = inf per position, every logit NaN. */
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
+                           .val = {STR("linear"), F32(1e-39)}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.factor", "frequency");
+    refused(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 1e-39f}, KVB_ERR_FORMAT,
+            "rope_freqs.weight", "frequency");
+    refused(&(struct edit){.key = {"llama.rope.freq_base"}, .val = {F32(1e-45)}}, KVB_ERR_FORMAT,
+            "model key 'llama.rope.freq_base' = 1.4013e-45 gives", "frequency of inf");
+    /* Values of the wrong type, and a factors tensor of the wrong length. */
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
+                           .val = {STR("linear"), STR("4")}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.factor", NULL);
+    refused(&(struct edit){.key = {"llama.rope.scaling.type"}, .val = {U32(2)}}, KVB_ERR_FORMAT,
+            "llama.rope.scaling.type", NULL);
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.original_context_length"},
+                           .val = {STR("yarn"), F32(4), STR("8192")}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.original_context_length", NULL);
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.yarn_beta_fast"},
+                           .val = {STR("yarn"), F32(4), F32(NAN)}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.yarn_beta_fast", "nan");
+    refused(&(struct edit){.key = {"llama.rope.scaling.attn_factor"}, .val = {F32(-1)}}, KVB_ERR_FORMAT,
+            "llama.rope.scaling.attn_factor", "-1");
+    refused(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 4, .add_fill = 1}, KVB_ERR_FORMAT,
+            "rope_freqs.weight", "shape");
+    refused(&(struct edit){.key = {"llama.context_length"}, .val = {I32(-5)}}, KVB_ERR_FORMAT,
+            "llama.context_length", NULL);
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.original_context_length"},
+                           .val = {STR("yarn"), F32(4), U32(4000000000u)}},
+            KVB_ERR_FORMAT, "llama.rope.scaling.original_context_length", "4000000000");
+    /* The factor under GGUF's first name and its current one, disagreeing. */
+    refused(&(struct edit){.key = {"llama.rope.scale_linear", "llama.rope.scaling.factor"}, .val = {F32(2), F32(4)}},
+            KVB_ERR_FORMAT, "llama.rope.scale_linear", "disagree");
+    /* yarn without its original context falls back to the file's context
+     * length (llama.cpp's rule), not to kvbatch's default when there is none. */
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"}, .val = {STR("yarn"), F32(4)},
+                           .drop = "llama.context_length"},
+            KVB_ERR_FORMAT, "llama.rope.scaling.original_context_length", "llama.context_length");
 }
 
 static void test_neutral_and_scaled(void)
@@ -264,6 +335,25 @@ static void test_neutral_and_scaled(void)
                   "scaling type none", ref, n);
     accepted_same(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 1},
                   "rope factors of 1", ref, n);
+    /* Keys other writers add that leave these architectures' arithmetic
+     * alone: Ollama's attention.head_dim equal to the key length, and the
+     * LayerNorm epsilon both converters copy from a config that has one
+     * (llama, qwen2, qwen3 normalize with RMSNorm only). */
+    accepted_same(&(struct edit){.key = {"llama.attention.head_dim", "llama.attention.layer_norm_epsilon"},
+                                 .val = {U32(16), F32(1e-5)}},
+                  "head_dim and layer_norm_epsilon", ref, n);
+    /* A scaling by 1 is no scaling: same logits, same fingerprint as the
+     * file without it (transformers: linear and yarn with factor 1 leave
+     * every frequency and the attention factor at 1). */
+    accepted_same(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
+                                 .val = {STR("linear"), F32(1)}},
+                  "linear factor 1", ref, n);
+    CHECK_MSG(!strcmp(fingerprint_of(bad), fp), "linear factor 1 changes the fingerprint");
+    accepted_same(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                         "llama.rope.scaling.original_context_length"},
+                                 .val = {STR("yarn"), F32(1), U32(512)}},
+                  "yarn factor 1", ref, n);
+    CHECK_MSG(!strcmp(fingerprint_of(bad), fp), "yarn factor 1 changes the fingerprint");
 
     /* The scalings kvbatch computes load with what the file says, change the
      * logits, and name themselves in the fingerprint. */
@@ -288,6 +378,21 @@ static void test_neutral_and_scaled(void)
     struct kvb_err err = {{0}};
     CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
     if (m) CHECK_EQ_INT(m->n_ctx_max, 8192);
+    model_free(m);
+    /* An extension past what an int32 counts is capped, not wrapped. */
+    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                              "llama.rope.scaling.original_context_length"},
+                                      .val = {STR("yarn"), F32(1e30), U32(4096)}});
+    m = NULL;
+    CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
+    if (m) CHECK_EQ_INT(m->n_ctx_max, INT32_MAX);
+    model_free(m);
+    /* Both names agreeing are one factor. */
+    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scale_linear", "llama.rope.scaling.factor"},
+                                      .val = {F32(2), F32(2)}});
+    m = NULL;
+    CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
+    if (m) CHECK(m->rope.type == ROPE_SCALING_LINEAR && m->rope.factor == 2.0f);
     model_free(m);
     /* A factor with no type is linear, as llama.cpp reads it. */
     rewrite(good, bad, &(struct edit){.key = {"llama.rope.scale_linear"}, .val = {F32(2)}});

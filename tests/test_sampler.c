@@ -562,9 +562,56 @@ static void test_logit_bias(void)
     CHECK_EQ_INT(sampler_create(&p, 6, &s), KVB_ERR_INVALID_ARG);
 }
 
+/* min_tokens' ban: the banned ids cannot be drawn until ban_until tokens
+ * are accepted, greedy or not; the request is then no longer "greedy" for
+ * a backend to decide alone. Bad ban ids are refused. */
+static void test_ban(void)
+{
+    const float l[5] = {0.0f, 5.0f, 1.0f, 4.0f, -1.0f};
+    const int32_t ban[2] = {1, 3};
+    for (int t = 0; t < 2; t++) {
+        struct sampler_params p;
+        sampler_params_default(&p);
+        p.temperature = t ? 0.7f : 0.0f;
+        p.top_k = t ? 2 : 0; /* among the two best left: never 1 or 3 while banned */
+        p.ban = ban;
+        p.n_ban = 2;
+        p.ban_until = 2;
+        CHECK(!sampler_is_greedy(&p));
+        struct sampler *s = NULL;
+        CHECK(sampler_create(&p, 5, &s) == KVB_OK);
+        if (!s) return;
+        for (int k = 0; k < 40; k++) {
+            sampler_reset(s);
+            for (int step = 0; step < 3; step++) {
+                float x[5];
+                memcpy(x, l, sizeof x);
+                int32_t tok = -1;
+                CHECK(sampler_sample(s, x, &tok) == KVB_OK);
+                if (step < 2) CHECK_MSG(tok != 1 && tok != 3, "step %d drew banned %d", step, tok);
+                if (step == 2 && !t) CHECK_EQ_INT(tok, 1); /* the ban is over */
+                sampler_accept(s, tok);
+            }
+        }
+        sampler_free(s);
+    }
+    struct sampler_params p;
+    sampler_params_default(&p);
+    p.ban = ban;
+    p.n_ban = 2;
+    p.ban_until = 0;
+    CHECK(sampler_is_greedy(&p) == (p.temperature == 0.0f));
+    const int32_t bad[1] = {5};
+    p.ban = bad;
+    p.n_ban = 1;
+    struct sampler *s = NULL;
+    CHECK(sampler_create(&p, 5, &s) == KVB_ERR_INVALID_ARG && !s);
+}
+
 int main(void)
 {
     test_greedy();
+    test_ban();
     test_logit_bias();
     test_determinism();
     test_distributions();

@@ -5,7 +5,10 @@
  * (BE_LOGITS_ARGMAX, through a wrapper that gives the CPU backend that
  * ability the way the CUDA backend has it) or by the sampler; a shared
  * prefix is computed once; max_tokens and stop from the callback end
- * sequences. Skips (77) without the model. */
+ * sequences; a logits row that is not finite (NaN, an infinity) ends its
+ * sequence with SCHED_FINISH_ERROR and a message, never with a made-up
+ * token, and leaves the others as they were. Skips (77) without the model. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +36,7 @@ struct result {
     int finished;
     enum sched_finish why;
     int32_t cached;
+    char error[200];
 };
 
 struct ctx {
@@ -57,6 +61,8 @@ static void on_finish(void *user, const struct sched_seq_info *info, enum sched_
     c->res[info->user_id].finished++;
     c->res[info->user_id].why = why;
     c->res[info->user_id].cached = info->cached_tokens;
+    CHECK((why == SCHED_FINISH_ERROR) == (info->error != NULL));
+    snprintf(c->res[info->user_id].error, sizeof c->res[0].error, "%s", info->error ? info->error : "");
 }
 
 struct run_cfg {
@@ -64,7 +70,12 @@ struct run_cfg {
     bool shuffle;
     bool argmax;      /* through the greedy-choosing wrapper below */
     bool want_logits; /* every request asks for its logits */
+    int poison;       /* through the wrapper, which spoils request POISONED's 3rd row: 1 all NaN, 2 one +inf */
 };
+
+/* The request that shares nothing: its positions are the only ones below
+ * the shared system prompt's length, so the wrapper can find its rows. */
+#define POISONED 11
 
 /* ---- a backend that makes greedy choices itself -------------------------------- */
 
@@ -74,6 +85,7 @@ struct run_cfg {
 struct wrap {
     struct backend be;
     struct backend *inner;
+    int poison;
     float *buf;        /* (max rows, n_vocab) */
     struct be_seq *seqs;
     int32_t cap_rows, cap_seqs;
@@ -105,6 +117,13 @@ static enum kvb_status wrap_forward(struct backend *be, const struct be_batch *b
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const struct be_seq *q = &b->seqs[i];
         const int64_t n = q->logits == BE_LOGITS_ALL ? q->n_tokens : q->logits == BE_LOGITS_NONE ? 0 : 1;
+        if (w->poison && n == 1 && q->pos + q->n_tokens == (int32_t)n_prompts[POISONED] + 2) {
+            float *row = w->buf + r * nv;
+            if (w->poison == 1)
+                for (int64_t k = 0; k < nv; k++) row[k] = NAN;
+            else
+                row[nv / 2] = INFINITY;
+        }
         if (q->logits == BE_LOGITS_ARGMAX) {
             if (sampler_greedy(w->buf + r * nv, (int32_t)nv, &b->argmax[i]) != KVB_OK) b->argmax[i] = -1;
         } else if (n > 0) {
@@ -143,15 +162,16 @@ static void wrap_free(struct backend *be)
     kvb_free(w);
 }
 
-static struct backend *wrap_create(struct backend *inner)
+static struct backend *wrap_create(struct backend *inner, bool argmax, int poison)
 {
     struct wrap *w = kvb_calloc(1, sizeof *w);
     if (!w) return NULL;
     w->inner = inner;
+    w->poison = poison;
     w->be = *inner;
     w->be.name = "cpu+argmax";
     w->be.impl = w;
-    w->be.argmax = true;
+    w->be.argmax = argmax;
     w->be.forward = wrap_forward;
     w->be.kv_block_read = wrap_read;
     w->be.kv_block_write = wrap_write;
@@ -166,8 +186,8 @@ static struct sched_stats run(const struct run_cfg *cfg, struct ctx *c)
     struct backend *be = NULL;
     struct kvb_err err = {{0}};
     CHECK_MSG(be_cpu_create(M, &bo, &be, &err) == KVB_OK, "%s", err.msg);
-    if (cfg->argmax) {
-        struct backend *w = wrap_create(be);
+    if (cfg->argmax || cfg->poison) {
+        struct backend *w = wrap_create(be, cfg->argmax, cfg->poison);
         CHECK(w != NULL);
         if (w) be = w;
     }
@@ -226,16 +246,21 @@ int main(void)
     }
 
     struct run_cfg cfgs[] = {
-        {1, 512, 64, false, false, false},  /* one at a time: the reference */
-        {8, 512, 64, false, false, false},
-        {12, 7, 64, true, false, false},    /* tiny step budget, shuffled */
-        {12, 64, 18, true, false, false},   /* pool too small for all: preemption */
-        {8, 512, 64, false, true, false},   /* greedy choices made by the backend */
-        {12, 64, 18, true, true, false},    /* ... with preemption */
-        {8, 512, 64, false, true, true},    /* ... unless the logits are wanted */
+        {1, 512, 64, false, false, false, 0},  /* one at a time: the reference */
+        {8, 512, 64, false, false, false, 0},
+        {12, 7, 64, true, false, false, 0},    /* tiny step budget, shuffled */
+        {12, 64, 18, true, false, false, 0},   /* pool too small for all: preemption */
+        {8, 512, 64, false, true, false, 0},   /* greedy choices made by the backend */
+        {12, 64, 18, true, true, false, 0},    /* ... with preemption */
+        {8, 512, 64, false, true, true, 0},    /* ... unless the logits are wanted */
+        {8, 512, 64, false, false, false, 1}, /* request POISONED's logits turn NaN */
+        {8, 512, 64, false, true, false, 1},  /* ... where the backend chooses greedy tokens */
+        {8, 512, 64, false, false, false, 2}, /* ... one logit turns +inf */
     };
     struct ctx ref = {.stop_id = 7};
     struct sched_stats st0 = run(&cfgs[0], &ref);
+    CHECK_MSG(ref.res[POISONED].n >= 3, "request %d ends before its 3rd token: the poison checks see nothing",
+              POISONED);
     for (int i = 0; i < NREQ; i++) {
         CHECK_EQ_INT(ref.res[i].finished, 1);
         int32_t want = i == 5 ? 4 : i == 7 ? 3 : MAXGEN;
@@ -261,6 +286,18 @@ int main(void)
                (long long)st.steps, (long long)st.preemptions, (long long)st.prefill_computed);
         for (int i = 0; i < NREQ; i++) {
             CHECK_EQ_INT(got.res[i].finished, 1);
+            if (cfgs[c].poison && i == POISONED && ref.res[i].n >= 3) {
+                /* two good tokens, then an error that names the cause */
+                CHECK_EQ_INT(got.res[i].why, SCHED_FINISH_ERROR);
+                CHECK_EQ_INT(got.res[i].n, 2);
+                CHECK(memcmp(got.res[i].toks, ref.res[i].toks, 2 * sizeof(int32_t)) == 0);
+                const bool backend_chose = cfgs[c].argmax && i % 2 == 1;
+                CHECK_MSG(strstr(got.res[i].error, backend_chose ? "no token to choose" : "not finite") != NULL,
+                          "config %zu: error '%s'", c, got.res[i].error);
+                if (!backend_chose)
+                    CHECK(strstr(got.res[i].error, cfgs[c].poison == 1 ? "NaN at token id 0 " : "+inf at") != NULL);
+                continue;
+            }
             CHECK_MSG(got.res[i].n == ref.res[i].n &&
                           memcmp(got.res[i].toks, ref.res[i].toks, sizeof(int32_t) * (size_t)ref.res[i].n) == 0,
                       "config %zu: request %d differs from the one-at-a-time run", c, i);
@@ -270,7 +307,7 @@ int main(void)
          * backend chose their tokens. */
         int greedy_tokens = 0;
         for (int i = 1; i < NREQ; i += 2) greedy_tokens += got.res[i].n;
-        CHECK_EQ_INT(got.no_logits, cfgs[c].argmax && !cfgs[c].want_logits ? greedy_tokens : 0);
+        if (!cfgs[c].poison) CHECK_EQ_INT(got.no_logits, cfgs[c].argmax && !cfgs[c].want_logits ? greedy_tokens : 0);
         if (c == 2) CHECK(st.steps > st0.steps / 4);
     }
     for (int i = 0; i < NREQ; i++) kvb_free(prompts[i]);

@@ -7,6 +7,8 @@
  *   - an accepted request keeps every documented range, and its strings are
  *     valid UTF-8 with no NUL inside and a NUL after;
  *   - an error names its line number first;
+ *   - custom_id is kept exactly: no NUL inside its exact form, and the line
+ *     written for it carries the input's custom_id text byte for byte;
  *   - the result or error line for it ends in exactly one "\n", is accepted
  *     by an independent strict jsmn and by the module's strict reader, and
  *     is the same bytes when written twice;
@@ -42,9 +44,17 @@ static void check_text(const char *s, size_t n)
     }
 }
 
+/* The exact form (job_json_str_dup_exact): NUL-terminated, no NUL inside,
+ * with the text as written beside it. */
+static void check_custom_id(const struct job_request *r)
+{
+    REQUIRE(r->custom_id[r->custom_id_len] == '\0' && strlen(r->custom_id) == r->custom_id_len);
+    REQUIRE(r->custom_id_json != NULL && r->custom_id_json[r->custom_id_json_len] == '\0');
+}
+
 static void check_request(const struct job_request *r)
 {
-    check_text(r->custom_id, r->custom_id_len);
+    check_custom_id(r);
     REQUIRE(r->custom_id_len > 0);
     if (r->model) check_text(r->model, strlen(r->model));
     if (r->url == JOB_URL_CHAT) {
@@ -54,9 +64,23 @@ static void check_request(const struct job_request *r)
             REQUIRE(r->messages[k].role <= JOB_ROLE_DEVELOPER);
         }
     } else {
-        REQUIRE(r->url == JOB_URL_COMPLETION && r->prompt && !r->messages);
-        check_text(r->prompt, r->prompt_len);
+        REQUIRE(r->url == JOB_URL_COMPLETION && !r->messages && r->prompts);
+        REQUIRE(r->n_prompts >= 1 && r->n_prompts <= JOB_MAX_PROMPTS && r->prompt == r->prompts[0].text);
+        for (int32_t k = 0; k < r->n_prompts; k++) {
+            const struct job_prompt *p = &r->prompts[k];
+            REQUIRE(!p->text != !p->ids);
+            if (p->text) check_text(p->text, p->text_len);
+            else REQUIRE(p->n_ids >= 1);
+            for (int32_t m = 0; m < p->n_ids; m++) REQUIRE(p->ids[m] >= 0);
+        }
     }
+    REQUIRE(r->min_tokens >= 0 && r->min_tokens <= r->max_tokens);
+    REQUIRE(r->n_stop_token_ids >= 0 && r->n_stop_token_ids <= JOB_MAX_STOP_TOKEN_IDS);
+    for (int32_t k = 0; k < r->n_stop_token_ids; k++) REQUIRE(r->stop_token_ids[k] >= 0);
+    REQUIRE(!(r->ignore_eos && r->json_object));
+    REQUIRE(!r->continue_final_message ||
+            (r->url == JOB_URL_CHAT && !r->add_generation_prompt &&
+             r->messages[r->n_messages - 1].role == JOB_ROLE_ASSISTANT));
     REQUIRE(r->max_tokens >= 1);
     REQUIRE(r->temperature >= 0.0f && r->temperature <= 2.0f);
     REQUIRE(r->top_p > 0.0f && r->top_p <= 1.0f);
@@ -83,7 +107,7 @@ static void check_request(const struct job_request *r)
     }
 }
 
-static void check_line(const char *s, size_t len)
+static void check_line(const char *s, size_t len, const struct job_request *r)
 {
     REQUIRE(len >= 2 && s[len - 1] == '\n');
     REQUIRE(memchr(s, '\n', len - 1) == NULL);
@@ -104,6 +128,15 @@ static void check_line(const char *s, size_t len)
     REQUIRE(job_json_parse(s, n, &j, &why, &where) == KVB_OK);
     REQUIRE(job_json_get(&j, 0, "id") >= 0);
     REQUIRE(job_json_get(&j, 0, "response") >= 0);
+    const int cid = job_json_get(&j, 0, "custom_id");
+    REQUIRE(cid >= 0);
+    if (r->custom_id) {
+        const size_t n_cid = (size_t)(j.tok[cid].end - j.tok[cid].start);
+        REQUIRE(job_json_kind(&j, cid) == JOB_JSON_STRING && n_cid == r->custom_id_json_len &&
+                memcmp(s + j.tok[cid].start, r->custom_id_json, n_cid) == 0);
+    } else {
+        REQUIRE(job_json_kind(&j, cid) == JOB_JSON_NULL);
+    }
     job_json_free(&j);
 }
 
@@ -112,8 +145,8 @@ static void check_line(const char *s, size_t len)
  * UTF-8 reaches the logprobs writer). */
 static void write_result(const struct job_request *r, struct job_buf *b)
 {
-    const char *text = r->prompt ? r->prompt : r->messages[r->n_messages - 1].content;
-    size_t len = r->prompt ? r->prompt_len : r->messages[r->n_messages - 1].content_len;
+    const char *text = r->prompt ? r->prompt : r->messages ? r->messages[r->n_messages - 1].content : "ids";
+    size_t len = r->prompt ? r->prompt_len : r->messages ? r->messages[r->n_messages - 1].content_len : 3;
     size_t ntok = len < 64 ? len : 64;
     struct job_token_logprob lp[64];
     struct job_top_logprob top[64][2];
@@ -128,7 +161,9 @@ static void write_result(const struct job_request *r, struct job_buf *b)
     for (int c = 0; c < r->n; c++)
         ch[c] = (struct job_choice){.text = text, .text_len = len, .finish = c & 1 ? JOB_FINISH_LENGTH : JOB_FINISH_STOP,
                                     .has_logprobs = r->logprobs, .logprobs = lp, .n_logprobs = ntok};
-    struct job_result res = {.custom_id = r->custom_id, .custom_id_len = r->custom_id_len, .url = r->url,
+    struct job_result res = {.custom_id = r->custom_id, .custom_id_len = r->custom_id_len,
+                             .custom_id_json = r->custom_id_json, .custom_id_json_len = r->custom_id_json_len,
+                             .url = r->url,
                              .model = r->model ? r->model : "fuzz", .created = 1, .choices = ch,
                              .n_choices = (size_t)r->n, .prompt_tokens = (int64_t)len, .completion_tokens = 1};
     REQUIRE(job_format_result(b, &res) == KVB_OK);
@@ -150,11 +185,13 @@ static void one_line(const char *data, size_t size, uint64_t line_no)
         snprintf(want, sizeof want, "line %llu: ", (unsigned long long)line_no);
         REQUIRE(strncmp(e.message, want, strlen(want)) == 0);
         REQUIRE(e.code != NULL);
-        if (r.custom_id) check_text(r.custom_id, r.custom_id_len);
-        REQUIRE(job_format_error(&b, r.custom_id, r.custom_id_len, &e) == KVB_OK);
-        REQUIRE(job_format_error(&b2, r.custom_id, r.custom_id_len, &e) == KVB_OK);
+        if (r.custom_id) check_custom_id(&r);
+        REQUIRE(job_format_error_json(&b, r.custom_id, r.custom_id_len, r.custom_id_json, r.custom_id_json_len, &e) ==
+                KVB_OK);
+        REQUIRE(job_format_error_json(&b2, r.custom_id, r.custom_id_len, r.custom_id_json, r.custom_id_json_len,
+                                      &e) == KVB_OK);
     }
-    check_line(b.data, b.len);
+    check_line(b.data, b.len, &r);
     REQUIRE(b.len == b2.len && memcmp(b.data, b2.data, b.len) == 0);
     job_buf_free(&b);
     job_buf_free(&b2);
