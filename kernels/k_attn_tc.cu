@@ -23,7 +23,7 @@
  * Precision: Q (pre-multiplied by the softmax scale) and the probabilities
  * P are rounded to fp16 for the products, as K and V already are; scores,
  * the softmax and the output are f32. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

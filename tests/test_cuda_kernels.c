@@ -13,19 +13,20 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "testutil.h"
+#include "support/testutil.h"
+#include "base/rng.h"
 
 #ifdef KVBATCH_HAVE_CUDA
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "attn.h"
-#include "be_cuda.h"
-#include "dtype.h"
-#include "kernels.h"
-#include "model.h"
-#include "sampler.h"
+#include "cpu/attn.h"
+#include "kernels/be_cuda.h"
+#include "base/dtype.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "engine/sampler.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -33,10 +34,7 @@ static uint64_t rng_state = 12345;
 
 static uint64_t rnd(void)
 {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return kvb_splitmix64(&rng_state);
 }
 
 /* Uniform in [-a, a). */

@@ -9,10 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "gguf.h"
-#include "gguf_write.h"
-#include "testutil.h"
+#include "base/alloc.h"
+#include "model/gguf.h"
+#include "support/gguf_write.h"
+#include "support/testutil.h"
 
 /* ---- helpers ------------------------------------------------------------------- */
 

@@ -30,9 +30,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "pstore.h"
-#include "pstore_internal.h"
-#include "testutil.h"
+#include "store/pstore/pstore.h"
+#include "store/pstore/pstore_internal.h"
+#include "support/testutil.h"
 
 static const char *FP_A = "0123456789abcdef0123456789abcdef";
 static const char *FP_B = "fedcba9876543210fedcba9876543210";

@@ -12,22 +12,19 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "backend.h"
-#include "dtype.h"
-#include "gen.h"
-#include "model.h"
-#include "pstore.h"
-#include "pstore_internal.h"
-#include "testutil.h"
-#include "tok.h"
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "backend/backend.h"
+#include "cpu/be_cpu.h"
+#include "base/dtype.h"
+#include "engine/gen.h"
+#include "model/model.h"
+#include "store/pstore/pstore.h"
+#include "store/pstore/pstore_internal.h"
+#include "support/testutil.h"
+#include "text/tok.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now(void) { return kvb_clock_s(); }
 
 static const char *TEXT =
     "The Lindqvist survey of coastal wetlands, carried out between 1998 and 2004, recorded the nesting "

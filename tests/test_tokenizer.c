@@ -10,13 +10,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "alloc.h"
-#include "gguf.h"
-#include "gguf_write.h"
-#include "testutil.h"
-#include "tok.h"
-#include "tok_pre.h"
-#include "unicode.h"
+#include "base/alloc.h"
+#include "model/gguf.h"
+#include "support/gguf_write.h"
+#include "support/testutil.h"
+#include "text/tok.h"
+#include "text/tok_pre.h"
+#include "base/unicode.h"
 
 static const char k_sep[] = "\n__ggml_vocab_test__\n";
 

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "gguf_write.h"
+#include "base/alloc.h"
+#include "support/gguf_write.h"
 
 static const char *out_dir;
 
