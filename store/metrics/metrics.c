@@ -181,8 +181,7 @@ static enum kvb_status db_err(struct metrics_db *db, struct kvb_err *err, int rc
     return metrics_sql_err(db->sql, db->path, err, rc, what);
 }
 
-/* Runs a statement that returns no rows (or whose rows are ignored). */
-static int step_reset(sqlite3_stmt *st)
+int metrics_step_reset(sqlite3_stmt *st)
 {
     int rc;
     do rc = sqlite3_step(st);
@@ -465,7 +464,7 @@ static void mark_dead_runs(struct metrics_db *db)
         sqlite3_exec(db->sql, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK) {
         for (int i = 0; i < n; i++) {
             sqlite3_bind_int64(u, 1, dead[i]);
-            step_reset(u);
+            metrics_step_reset(u);
         }
         if (sqlite3_exec(db->sql, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
             sqlite3_exec(db->sql, "ROLLBACK", NULL, NULL, NULL);
@@ -623,7 +622,7 @@ enum kvb_status metrics_run_begin(struct metrics_db *db, const struct metrics_ru
     if (rc == SQLITE_OK) rc = bind_text_or_null(st, 10, me.boot_id[0] ? me.boot_id : NULL);
     if (rc == SQLITE_OK)
         rc = me.start_ticks >= 0 ? sqlite3_bind_int64(st, 11, me.start_ticks) : sqlite3_bind_null(st, 11);
-    if (rc == SQLITE_OK) rc = step_reset(st);
+    if (rc == SQLITE_OK) rc = metrics_step_reset(st);
     /* The insert runs in autocommit mode, so last_insert_rowid is ours:
      * a handle is used by one thread at a time. */
     if (rc == SQLITE_OK) *run_id = sqlite3_last_insert_rowid(db->sql);
@@ -652,7 +651,7 @@ enum kvb_status metrics_run_end(struct metrics_db *db, int64_t run_id, enum metr
             rc = sqlite3_bind_int64(st, 4 + i, v[i]);
         if (rc == SQLITE_OK) rc = sqlite3_bind_double(st, 14, t->wall_seconds);
     }
-    if (rc == SQLITE_OK) rc = step_reset(st);
+    if (rc == SQLITE_OK) rc = metrics_step_reset(st);
     sqlite3_clear_bindings(st);
     if (rc != SQLITE_OK) {
         enum kvb_status est = db_err(db, err, rc, "recording the end of a run");

@@ -50,4 +50,8 @@ void metrics_writer_set_batching(struct metrics_writer *w, int rows, double seco
 void metrics_writer_set_busy_timeout(struct metrics_writer *w, int ms);
 void metrics_writer_counters(struct metrics_writer *w, struct metrics_counters *out);
 
+/* Runs a statement that returns no rows (or whose rows are ignored) and
+ * resets it: SQLITE_OK or the step's error code. */
+int metrics_step_reset(sqlite3_stmt *st);
+
 #endif

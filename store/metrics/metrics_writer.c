@@ -169,14 +169,6 @@ static enum kvb_status wsql_err(struct metrics_writer *w, struct kvb_err *err, i
     return metrics_sql_err(w->sql, w->path, err, rc, what);
 }
 
-static int step_reset(sqlite3_stmt *st)
-{
-    int rc;
-    do rc = sqlite3_step(st);
-    while (rc == SQLITE_ROW);
-    sqlite3_reset(st);
-    return rc == SQLITE_DONE ? SQLITE_OK : rc;
-}
 
 static void close_conn(struct metrics_writer *w)
 {
@@ -249,7 +241,7 @@ static int insert_row(struct metrics_writer *w, const struct rowbuf *b, const st
     if (rc == SQLITE_OK) rc = bind_time(st, 19, r->ended_at > 0, r->ended_at);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 20, r->preemptions);
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 21, r->restored_tokens);
-    if (rc == SQLITE_OK) rc = step_reset(st);
+    if (rc == SQLITE_OK) rc = metrics_step_reset(st);
     return rc;
 }
 
@@ -258,14 +250,14 @@ static enum kvb_status write_rows(struct metrics_writer *w, const struct rowbuf 
 {
     KVB_FORWARD_IF_ERROR(open_conn(w, err));
     sqlite3_busy_timeout(w->sql, busy_ms);
-    int rc = step_reset(w->st_begin);
+    int rc = metrics_step_reset(w->st_begin);
     if (rc != SQLITE_OK) return wsql_err(w, err, rc, "locking the database to write request rows");
     for (size_t i = 0; rc == SQLITE_OK && i < b->n; i++) rc = insert_row(w, b, &b->rows[i]);
     sqlite3_clear_bindings(w->st_insert);
-    if (rc == SQLITE_OK) rc = step_reset(w->st_commit);
+    if (rc == SQLITE_OK) rc = metrics_step_reset(w->st_commit);
     if (rc != SQLITE_OK) {
         enum kvb_status st = wsql_err(w, err, rc, "writing request rows");
-        step_reset(w->st_rollback);
+        metrics_step_reset(w->st_rollback);
         return st;
     }
     return KVB_OK;
