@@ -52,7 +52,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "status.h"
+#include "base/status.h"
 
 /* ---- limits ------------------------------------------------------------------ */
 

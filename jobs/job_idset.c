@@ -6,12 +6,12 @@
  * gets a chunk of its own), so memory is a few words per id plus the ids'
  * bytes, and freeing is one pass over the chunk list. Nothing is ever
  * removed, which is all a batch run needs. */
-#include "job.h"
+#include "jobs/job.h"
 
 #include <string.h>
 #include <xxhash.h>
 
-#include "alloc.h"
+#include "base/alloc.h"
 
 #define CHUNK_BYTES ((size_t)64 << 10)
 

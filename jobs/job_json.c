@@ -5,11 +5,11 @@
 #define JSMN_STATIC
 #include <jsmn.h>
 
-#include "job_json.h"
+#include "jobs/job_json.h"
 
 #include <string.h>
 
-#include "alloc.h"
+#include "base/alloc.h"
 
 /* ---- UTF-8 ------------------------------------------------------------------ */
 

@@ -25,7 +25,7 @@
 #endif
 #include <jsmn.h>
 
-#include "status.h"
+#include "base/status.h"
 
 #define JOB_JSON_MAX_DEPTH 256 /* nesting deeper than this is refused (the checker's stack) */
 #define JOB_JSON_MAX_LEN ((size_t)1 << 30) /* jsmn counts positions in int */

@@ -7,13 +7,13 @@
  * lines without a usable one, so a rerun writes the same ids and resume can
  * recognise what is done. Field order follows what OpenAI writes, which
  * makes diffs against OpenAI or vLLM output easy to read. */
-#include "job.h"
+#include "jobs/job.h"
 
 #include <string.h>
 #include <xxhash.h>
 
-#include "alloc.h"
-#include "job_json.h"
+#include "base/alloc.h"
+#include "jobs/job_json.h"
 
 /* ---- keys -------------------------------------------------------------------------- */
 

@@ -6,7 +6,7 @@
  * body), then the prompt (messages or prompt), then sampling fields in the
  * order of the table below. custom_id is read first so that error lines can
  * carry it. Defaults and ranges are documented in job.h. */
-#include "job.h"
+#include "jobs/job.h"
 
 #include <errno.h>
 #include <math.h>
@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "job_json.h"
-#include "jsonmode.h"
+#include "base/alloc.h"
+#include "jobs/job_json.h"
+#include "engine/jsonmode.h"
 
 void job_error_setf(struct job_error *e, const char *code, uint64_t line_no, const char *param,
                     const char *fmt, ...)

@@ -5,12 +5,12 @@
  * document, so the reader keeps one buffer that grows to the longest line
  * seen (never past max_line) and reads the file in 64 KiB chunks. It skips
  * nothing and interprets nothing: blank lines and "\r" reach the caller. */
-#include "job.h"
+#include "jobs/job.h"
 
 #include <errno.h>
 #include <string.h>
 
-#include "alloc.h"
+#include "base/alloc.h"
 
 #define CHUNK ((size_t)64 << 10)
 

@@ -7,13 +7,13 @@
  * next run truncates there and appends: every line stays valid JSON and no
  * request is written twice. Keys rather than custom_ids are collected because
  * error lines for unparseable input have no custom_id; job.h explains keys. */
-#include "job.h"
+#include "jobs/job.h"
 
 #include <errno.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "job_json.h"
+#include "base/alloc.h"
+#include "jobs/job_json.h"
 
 /* The key of a valid output line: the 32 hex digits after "batch_req_" in
  * its top-level "id". Returns false for anything else. */

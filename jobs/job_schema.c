@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "job.h"
-#include "job_json.h"
-#include "jsonmode.h"
+#include "base/alloc.h"
+#include "jobs/job.h"
+#include "jobs/job_json.h"
+#include "engine/jsonmode.h"
 
 #define MAX_NODES 4096
 #define MAX_BYTES (1u << 20)

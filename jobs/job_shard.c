@@ -1,5 +1,5 @@
 /* job_shard.c — the shard assignment of a job (see job_shard.h). */
-#include "job_shard.h"
+#include "jobs/job_shard.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "alloc.h"
+#include "base/alloc.h"
 
 void shard_hash_prompt(const int32_t *tokens, int64_t n, struct shard_item *item)
 {

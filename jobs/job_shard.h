@@ -20,8 +20,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "job.h"
-#include "status.h"
+#include "jobs/job.h"
+#include "base/status.h"
 
 #define SHARD_BLOCK 16      /* tokens per hashed block */
 #define SHARD_MAX_BLOCKS 32 /* leading blocks that decide affinity (512 tokens) */

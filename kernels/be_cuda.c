@@ -15,7 +15,7 @@
  * Host C only: CUDA runtime and cuBLAS through their C APIs, kernels through
  * kernels.h. cudaError_t and cublasStatus_t become kvbatch statuses here, at
  * the edge, with the library's text kept in the message. */
-#include "be_cuda.h"
+#include "kernels/be_cuda.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,11 +24,11 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "alloc.h"
-#include "dtype.h"
-#include "kernels.h"
-#include "quant.h"
-#include "tpool.h"
+#include "base/alloc.h"
+#include "base/dtype.h"
+#include "kernels/kernels.h"
+#include "model/quant.h"
+#include "base/tpool.h"
 
 /* One layer's weights on the device. */
 struct cu_layer {
@@ -890,7 +890,7 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->be.argmax = true;
     c->be.block_size = o->block_size;
     c->be.n_blocks = o->n_blocks;
-    c->be.block_bytes = be_cpu_block_bytes(m, o->block_size); /* same pool layout as the CPU */
+    c->be.block_bytes = be_block_bytes(m, o->block_size); /* same pool layout as the CPU */
     c->q_dim = (int64_t)hp->n_head * hp->head_dim;
     c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     c->qkv_dim = c->q_dim + 2 * c->kv_dim;

@@ -40,9 +40,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "model.h"
-#include "status.h"
+#include "backend/backend.h"
+#include "model/model.h"
+#include "base/status.h"
 
 /* Whether CUDA device `device` exists and can run kvbatch's kernels. When
  * not, writes the reason (the CUDA runtime's message, "no CUDA device", or

@@ -2,7 +2,7 @@
  * f32 -> bf16 conversion that feeds every GEMM (see kernels.h). Grid-stride
  * loops over 64-bit indices: a 4096-token step through a 14336-wide FFN has
  * more elements than a 32-bit int counts comfortably. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #include <cuda_bf16.h>
 

@@ -14,7 +14,7 @@
  *
  * The CPU reference (attn_head) is the two-pass softmax; the two agree to
  * rounding (exp(s - m) is rescaled here instead of computed once). */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

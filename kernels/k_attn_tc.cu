@@ -23,7 +23,7 @@
  * Precision: Q (pre-multiplied by the softmax scale) and the probabilities
  * P are rounded to fp16 for the products, as K and V already are; scores,
  * the softmax and the output are f32. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -67,6 +67,97 @@ struct atc_smem {
     float l[ATC_WARPS][16];             /* each row's softmax sum */
 };
 
+/* The steps of atc_kernel that read best on their own, inlined into it. The
+ * two WMMA products stay in the kernel: as helpers they changed the code
+ * nvcc generates (register numbering, and so the SASS), which these do not. */
+
+/* Q rows, scaled, as fp16: row r = token t0 + r / G, query head g*G + r % G. */
+template <int HD>
+__device__ __forceinline__ static void atc_stage_q(atc_smem<HD> &sm, const struct atc_args &a, int32_t t0, int32_t g,
+                                                   int32_t n_rows)
+{
+    const int32_t G = a.group;
+    for (int32_t i = threadIdx.x; i < ATC_ROWS * HD; i += blockDim.x) {
+        const int32_t r = i / HD, d = i % HD;
+        float x = 0.0f;
+        if (r < n_rows) x = a.q[(int64_t)(t0 + r / G) * a.q_ld + (int64_t)(g * G + r % G) * HD + d] * a.scale;
+        sm.u.q[r][d] = __half_as_ushort(__float2half_rn(x));
+    }
+}
+
+/* The chunk of positions [c0, c0 + ATC_CHUNK) of the K and V rows at
+ * k_off, v_off of each position's row, into shared memory. 8 halves (16
+ * bytes) per load: head offsets and rows are multiples of 8. */
+template <int HD>
+__device__ __forceinline__ static void atc_load_chunk(atc_smem<HD> &sm, const struct kcu_paged *kv,
+                                                      const int32_t *table, int32_t c0, int32_t n_pos, int64_t k_off,
+                                                      int64_t v_off)
+{
+    const int32_t bs = kv->block_size;
+    const int64_t kvd = kv->kv_dim;
+    for (int32_t i = threadIdx.x; i < ATC_CHUNK * HD / 8; i += blockDim.x) {
+        const int32_t c = i / (HD / 8), d = i % (HD / 8) * 8, p = c0 + c;
+        uint4 kx = make_uint4(0, 0, 0, 0), vx = kx; /* past the end: zeros, masked anyway */
+        if (p < n_pos) {
+            const uint16_t *base = kv->pool + (int64_t)table[p / bs] * kv->block_elems + (int64_t)(p % bs) * kvd;
+            kx = *reinterpret_cast<const uint4 *>(base + k_off + d);
+            vx = *reinterpret_cast<const uint4 *>(base + v_off + d);
+        }
+        *reinterpret_cast<uint4 *>(&sm.u.kv.k[c][d]) = kx;
+        *reinterpret_cast<uint4 *>(&sm.u.kv.v[c][d]) = vx;
+    }
+}
+
+/* Online softmax of the chunk's scores: lanes r and r + 16 (half 0 and 1)
+ * take row r's positions [0, 16) and [16, 32), positions past my_pos
+ * masked; updates the row's running max m and sum l, writes P (fp16) and
+ * the row's rescaling of O. The halves' partial max and sum are combined
+ * with one exchange; a + b == b + a, so both lanes agree. */
+template <int HD>
+__device__ __forceinline__ static void atc_softmax(atc_smem<HD> &sm, int32_t warp, int32_t lane, int32_t half,
+                                                   int32_t c0, int32_t my_pos, float &m, float &l)
+{
+    const int r = lane % 16, cb = half * (ATC_CHUNK / 2);
+    float cmax = -INFINITY;
+    for (int c = cb; c < cb + ATC_CHUNK / 2; c++)
+        if (c0 + c <= my_pos) cmax = fmaxf(cmax, sm.s[warp][r][c]);
+    cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, 16));
+    const float m_new = fmaxf(m, cmax);
+    /* A row with nothing to see yet (only padding rows: every
+     * real row sees position 0 in the first chunk) stays at 0. */
+    const float corr = m_new == -INFINITY ? 1.0f : expf(m - m_new);
+    float sum = 0.0f;
+    for (int c = cb; c < cb + ATC_CHUNK / 2; c++) {
+        const float e = c0 + c <= my_pos ? expf(sm.s[warp][r][c] - m_new) : 0.0f;
+        sum += e;
+        sm.p[warp][r][c] = __half_as_ushort(__float2half_rn(e));
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    l = l * corr + sum;
+    m = m_new;
+    if (half == 0) sm.corr[warp][r] = corr;
+}
+
+/* The warp's rows of the output, O / l, as f32 or bf16. */
+template <int HD>
+__device__ __forceinline__ static void atc_store(const struct atc_args &a, const atc_smem<HD> &sm,
+                                                 const float (&o)[HD / 16][8], int32_t warp, int32_t lane, int32_t t0,
+                                                 int32_t g, int32_t n_rows)
+{
+    const int32_t G = a.group;
+#pragma unroll
+    for (int n = 0; n < HD / 16; n++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int idx = lane * 8 + e, r = warp * 16 + idx / 16, col = n * 16 + idx % 16;
+            if (r >= n_rows) continue;
+            const float x = o[n][e] / sm.l[warp][idx / 16];
+            const int64_t at = (int64_t)(t0 + r / G) * ((int64_t)a.n_head_kv * G * HD) + (int64_t)(g * G + r % G) * HD + col;
+            if (a.out) a.out[at] = x;
+            else a.out_bf16[at] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+        }
+}
+
 template <int HD>
 __global__ static void __launch_bounds__(ATC_WARPS * 32) atc_kernel(struct atc_args a)
 {
@@ -84,13 +175,7 @@ __global__ static void __launch_bounds__(ATC_WARPS * 32) atc_kernel(struct atc_a
     const int32_t pos0 = kv->tok_pos[t0];
     const int32_t n_pos = pos0 + n_t; /* positions the tile's last token sees */
 
-    /* Q rows, scaled, as fp16: row r = token t0 + r / G, query head g*G + r % G. */
-    for (int32_t i = threadIdx.x; i < ATC_ROWS * HD; i += blockDim.x) {
-        const int32_t r = i / HD, d = i % HD;
-        float x = 0.0f;
-        if (r < n_rows) x = a.q[(int64_t)(t0 + r / G) * a.q_ld + (int64_t)(g * G + r % G) * HD + d] * a.scale;
-        sm.u.q[r][d] = __half_as_ushort(__float2half_rn(x));
-    }
+    atc_stage_q<HD>(sm, a, t0, g, n_rows);
     __syncthreads();
     const bool active = warp * 16 < n_rows; /* warp-uniform */
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> qf[HD / 16];
@@ -112,18 +197,7 @@ __global__ static void __launch_bounds__(ATC_WARPS * 32) atc_kernel(struct atc_a
     __syncthreads(); /* Q is in fragments: its staging becomes the K/V chunk */
 
     for (int32_t c0 = 0; c0 < n_pos; c0 += ATC_CHUNK) {
-        /* 8 halves (16 bytes) per load: head offsets and rows are multiples of 8. */
-        for (int32_t i = threadIdx.x; i < ATC_CHUNK * HD / 8; i += blockDim.x) {
-            const int32_t c = i / (HD / 8), d = i % (HD / 8) * 8, p = c0 + c;
-            uint4 kx = make_uint4(0, 0, 0, 0), vx = kx; /* past the end: zeros, masked anyway */
-            if (p < n_pos) {
-                const uint16_t *base = kv->pool + (int64_t)table[p / bs] * kv->block_elems + (int64_t)(p % bs) * kvd;
-                kx = *reinterpret_cast<const uint4 *>(base + k_off + d);
-                vx = *reinterpret_cast<const uint4 *>(base + v_off + d);
-            }
-            *reinterpret_cast<uint4 *>(&sm.u.kv.k[c][d]) = kx;
-            *reinterpret_cast<uint4 *>(&sm.u.kv.v[c][d]) = vx;
-        }
+        atc_load_chunk<HD>(sm, kv, table, c0, n_pos, k_off, v_off);
         __syncthreads();
         if (active) {
             /* S = Q·Kᵀ for the warp's 16 rows and the chunk's positions. */
@@ -140,29 +214,7 @@ __global__ static void __launch_bounds__(ATC_WARPS * 32) atc_kernel(struct atc_a
                 wmma::store_matrix_sync(&sm.s[warp][0][n * 16], sf, ATC_CHUNK, wmma::mem_row_major);
             }
             __syncwarp();
-            /* Online softmax. The halves' partial max and sum are combined
-             * with one exchange; a + b == b + a, so both lanes agree. */
-            {
-                const int r = lane % 16, cb = half * (ATC_CHUNK / 2);
-                float cmax = -INFINITY;
-                for (int c = cb; c < cb + ATC_CHUNK / 2; c++)
-                    if (c0 + c <= my_pos) cmax = fmaxf(cmax, sm.s[warp][r][c]);
-                cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, 16));
-                const float m_new = fmaxf(m, cmax);
-                /* A row with nothing to see yet (only padding rows: every
-                 * real row sees position 0 in the first chunk) stays at 0. */
-                const float corr = m_new == -INFINITY ? 1.0f : expf(m - m_new);
-                float sum = 0.0f;
-                for (int c = cb; c < cb + ATC_CHUNK / 2; c++) {
-                    const float e = c0 + c <= my_pos ? expf(sm.s[warp][r][c] - m_new) : 0.0f;
-                    sum += e;
-                    sm.p[warp][r][c] = __half_as_ushort(__float2half_rn(e));
-                }
-                sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-                l = l * corr + sum;
-                m = m_new;
-                if (half == 0) sm.corr[warp][r] = corr;
-            }
+            atc_softmax<HD>(sm, warp, lane, half, c0, my_pos, m, l);
             __syncwarp();
             /* O = O * corr + P·V, one 16-column slice at a time. */
 #pragma unroll
@@ -193,17 +245,7 @@ __global__ static void __launch_bounds__(ATC_WARPS * 32) atc_kernel(struct atc_a
     if (!active) return;
     if (half == 0) sm.l[warp][lane] = l;
     __syncwarp();
-#pragma unroll
-    for (int n = 0; n < HD / 16; n++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            const int idx = lane * 8 + e, r = warp * 16 + idx / 16, col = n * 16 + idx % 16;
-            if (r >= n_rows) continue;
-            const float x = o[n][e] / sm.l[warp][idx / 16];
-            const int64_t at = (int64_t)(t0 + r / G) * ((int64_t)a.n_head_kv * G * HD) + (int64_t)(g * G + r % G) * HD + col;
-            if (a.out) a.out[at] = x;
-            else a.out_bf16[at] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
-        }
+    atc_store<HD>(a, sm, o, warp, lane, t0, g, n_rows);
 }
 
 extern "C" int32_t kcu_attn_tc_tile_tokens(int32_t n_head, int32_t n_head_kv, int32_t head_dim)

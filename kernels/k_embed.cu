@@ -2,7 +2,7 @@
  * embedding table into the f32 activations (see kernels.h). bf16 -> f32 is
  * exact (a shift), so the only difference from the CPU backend is the bf16
  * rounding of the table made once at upload. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 __global__ static void embed_kernel(float *out, const uint16_t *table, const int32_t *tokens, int32_t n_embd)
 {

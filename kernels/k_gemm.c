@@ -14,7 +14,7 @@
  * ldb = n_in), m = n_out, n = n_tok, k = n_in, C = Y' (ldc = n_out).
  * The "TN" form is also the fast one for tensor cores (both operands
  * K-contiguous). */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #include <limits.h>
 

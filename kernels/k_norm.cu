@@ -4,7 +4,7 @@
  * strided elements in index order, then a fixed shared-memory tree — so the
  * result for a row is the same whatever else is in the batch. It differs from
  * the CPU's sequential sum by rounding only. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #include <cuda_bf16.h>
 

@@ -4,7 +4,7 @@
  * (RoPE scaling lives in the frequencies and mscale: model_rope_freqs); the
  * device's cosf/sinf (not the fast __cosf intrinsics) are within 2 ulp of
  * the host's, so results match the CPU to rounding. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 __global__ static void rope_kernel(float *x, int64_t ld, int32_t n_heads, int32_t head_dim, int32_t rope_dim, int neox,
                                    const int32_t *tok_pos, const float *inv_freq, float mscale)

@@ -7,7 +7,7 @@
  * Comparisons are exact, so the order of the reduction cannot change the
  * answer: each thread scans its strided indices upwards with a strict `>`,
  * and the tree below breaks ties by index. */
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #define ARGMAX_THREADS 256
 

@@ -1,29 +1,13 @@
 #!/bin/sh
-# bench-matmul.sh — builds scripts/bench_matmul.c with the matmul sources and
+# bench-matmul.sh — builds bench/bench_matmul.c (CMake target bench_matmul) and
 # runs it: per-shape and whole-model timings of the SmolLM2-135M products.
 # Usage: scripts/bench-matmul.sh [impl=auto|scalar|avx2|avx512|all] [threads=2] [seconds=0.5]
-# Compiled here rather than in CMake so that a benchmark never becomes a test.
+# The target is outside `all` and no test runs it: a benchmark is never a test.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${BENCH_BUILD_DIR:-"$root/build-bench"}
-mkdir -p "$out"
-cc=${CC:-gcc}
-# Same flags as the CMake Release build; -iquote so that headers in src/ can
-# never shadow system headers of the same name.
-cf="-std=c11 -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -D_GNU_SOURCE -iquote $root/src"
-objs=""
-for f in quant matmul matmul_scalar alloc dtype status tpool; do
-  $cc $cf -c "$root/src/$f.c" -o "$out/$f.o"
-  objs="$objs $out/$f.o"
-done
-for f in matmul_avx2 dtype_avx2; do
-  $cc $cf -mavx2 -mfma -mf16c -c "$root/src/$f.c" -o "$out/$f.o"
-  objs="$objs $out/$f.o"
-done
-$cc $cf -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx2 -mfma -mf16c \
-  -c "$root/src/matmul_avx512.c" -o "$out/matmul_avx512.o"
-$cc $cf "$root/scripts/bench_matmul.c" $objs "$out/matmul_avx512.o" \
-  -lpthread -lm -o "$out/bench_matmul"
+out=${BENCH_BUILD_DIR:-"$root/build"}
+[ -f "$out/CMakeCache.txt" ] || cmake -S "$root" -B "$out" >/dev/null
+cmake --build "$out" --target bench_matmul -j"$(nproc)" >/dev/null
 impl=${1:-auto}
 if [ "$impl" = all ]; then
   for i in avx512 avx2 scalar; do "$out/bench_matmul" "$i" "${2:-2}" "${3:-0.5}" || true; echo; done

@@ -33,13 +33,17 @@ cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}"
 
 # The code under test is the library: without coverage instrumentation there
 # libFuzzer sees only the harness's branches and mutates blind. Check that
-# (nearly) every object of libkvbcore.a carries coverage and ASan hooks.
-lib=build-fuzz/libkvbcore.a
-n_obj=$(ar t "$lib" | wc -l)
-n_cov=$(nm -A "$lib" 2>/dev/null | grep -E ' U (__sanitizer_cov_|__asan_report)' | cut -d: -f2 | sort -u | wc -l || true)
+# (nearly) every object of the layers' libraries (libkvb_*.a) carries
+# coverage and ASan hooks.
+n_obj=0
+n_cov=0
+for lib in build-fuzz/libkvb_*.a; do
+  n_obj=$((n_obj + $(ar t "$lib" | wc -l)))
+  n_cov=$((n_cov + $(nm -A "$lib" 2>/dev/null | grep -E ' U (__sanitizer_cov_|__asan_report)' | cut -d: -f2 | sort -u | wc -l || true)))
+done
 echo "library objects instrumented: $n_cov of $n_obj"
-if [ "$n_cov" -lt $((n_obj - 2)) ]; then
-  echo "scripts/fuzz.sh: libkvbcore.a is not instrumented for fuzzing (see the fuzz section of CMakeLists.txt)" >&2
+if [ "$n_obj" -eq 0 ] || [ "$n_cov" -lt $((n_obj - 3)) ]; then
+  echo "scripts/fuzz.sh: the libraries are not instrumented for fuzzing (see the fuzz section of CMakeLists.txt)" >&2
   exit 1
 fi
 

@@ -8,18 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "attn.h"
-#include "dtype.h"
-#include "testutil.h"
+#include "base/alloc.h"
+#include "base/rng.h"
+#include "cpu/attn.h"
+#include "base/dtype.h"
+#include "support/testutil.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static int use_avx512;
 static float frand(void) /* [-1, 1) */
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
+    kvb_xorshift64(&rng);
     return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
 }
 

@@ -14,14 +14,15 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "alloc.h"
-#include "backend.h"
-#include "model.h"
-#include "pstore.h"
-#include "pstore_internal.h"
-#include "scheduler.h"
-#include "testutil.h"
-#include "tok.h"
+#include "base/alloc.h"
+#include "backend/backend.h"
+#include "cpu/be_cpu.h"
+#include "model/model.h"
+#include "store/pstore/pstore.h"
+#include "store/pstore/pstore_internal.h"
+#include "engine/scheduler.h"
+#include "support/testutil.h"
+#include "text/tok.h"
 
 #define NREQ 9
 #define MAXGEN 6

@@ -5,9 +5,9 @@
  * for the official templates (BOS left out: the caller adds it). */
 #include <string.h>
 
-#include "alloc.h"
-#include "chat.h"
-#include "testutil.h"
+#include "base/alloc.h"
+#include "text/chat.h"
+#include "support/testutil.h"
 
 /* SmolLM2-135M-Instruct's tokenizer.chat_template as its GGUF stores it:
  * the newlines inside the quotes are real newline characters. */

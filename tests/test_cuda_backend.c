@@ -54,23 +54,24 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "testutil.h"
+#include "support/testutil.h"
 
 #ifdef KVBATCH_HAVE_CUDA
 
-#include "alloc.h"
-#include "backend.h"
-#include "be_cuda.h"
-#include "dtype.h"
-#include "gen.h"
-#include "gguf.h"
-#include "gguf_write.h"
-#include "model.h"
-#include "quant.h"
-#include "sampler.h"
-#include "scheduler.h"
-#include "synth.h"
-#include "tok.h"
+#include "base/alloc.h"
+#include "backend/backend.h"
+#include "cpu/be_cpu.h"
+#include "kernels/be_cuda.h"
+#include "base/dtype.h"
+#include "engine/gen.h"
+#include "model/gguf.h"
+#include "support/gguf_write.h"
+#include "model/model.h"
+#include "model/quant.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "support/synth.h"
+#include "text/tok.h"
 
 enum { BS = 16, POOL = 12, LEN_A = 38, LEN_B = 31, GREEDY = 16 };
 

@@ -13,19 +13,20 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "testutil.h"
+#include "support/testutil.h"
+#include "base/rng.h"
 
 #ifdef KVBATCH_HAVE_CUDA
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "attn.h"
-#include "be_cuda.h"
-#include "dtype.h"
-#include "kernels.h"
-#include "model.h"
-#include "sampler.h"
+#include "cpu/attn.h"
+#include "kernels/be_cuda.h"
+#include "base/dtype.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "engine/sampler.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -33,10 +34,7 @@ static uint64_t rng_state = 12345;
 
 static uint64_t rnd(void)
 {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return kvb_splitmix64(&rng_state);
 }
 
 /* Uniform in [-a, a). */
@@ -363,14 +361,32 @@ struct paged_case {
     int32_t n_layer, layer, block_size, n_blocks, n_head, n_head_kv, hd;
 };
 
-static void test_paged(const struct paged_case *pc)
+enum { PAGED_N_SEQ = 3 };
+
+/* One step of a paged_case, on the host and on the device. */
+struct paged_step {
+    int32_t seq_new[PAGED_N_SEQ];  /* new tokens per sequence */
+    int32_t bs, kvd, qd, n_tok, n_tab;
+    int64_t block_elems, pool_n, ld;
+    int32_t *perm;                 /* (n_blocks) the pool's block ids, shuffled */
+    int32_t *blocks;               /* (n_tab) the sequences' block tables, one after another */
+    int32_t *tok_pos, *tok_tab;    /* (n_tok) each token's position and table offset */
+    uint16_t *pool;                /* (pool_n) fp16 K/V: the reference's pool */
+    float *qkv;                    /* (n_tok, ld) fused Q|K|V rows */
+    uint16_t *d_pool;
+    float *d_qkv;
+    int32_t *d_blocks, *d_pos, *d_tab;
+    struct kcu_paged pg;
+};
+
+/* Block tables, positions, a random pool and Q|K|V, on host and device. */
+static void paged_setup(const struct paged_case *pc, struct paged_step *st)
 {
-    enum { N_SEQ = 3 };
-    const int32_t seq_pos[N_SEQ] = {40, 0, 100}, seq_new[N_SEQ] = {1, 17, 5};
+    const int32_t seq_pos[PAGED_N_SEQ] = {40, 0, 100}, seq_new[PAGED_N_SEQ] = {1, 17, 5};
     const int32_t bs = pc->block_size, kvd = pc->n_head_kv * pc->hd, qd = pc->n_head * pc->hd;
     const int64_t block_elems = (int64_t)pc->n_layer * 2 * bs * kvd;
-    int32_t n_tok = 0, n_tab = 0, seq_blocks[N_SEQ];
-    for (int s = 0; s < N_SEQ; s++) {
+    int32_t n_tok = 0, n_tab = 0, seq_blocks[PAGED_N_SEQ];
+    for (int s = 0; s < PAGED_N_SEQ; s++) {
         n_tok += seq_new[s];
         seq_blocks[s] = (seq_pos[s] + seq_new[s] + bs - 1) / bs;
         n_tab += seq_blocks[s];
@@ -386,8 +402,8 @@ static void test_paged(const struct paged_case *pc)
     }
     int32_t *blocks = malloc(sizeof(int32_t) * (size_t)n_tab), *tok_pos = malloc(sizeof(int32_t) * (size_t)n_tok);
     int32_t *tok_tab = malloc(sizeof(int32_t) * (size_t)n_tok);
-    int32_t tab_off[N_SEQ];
-    for (int s = 0, nb = 0, t = 0; s < N_SEQ; s++) {
+    int32_t tab_off[PAGED_N_SEQ];
+    for (int s = 0, nb = 0, t = 0; s < PAGED_N_SEQ; s++) {
         tab_off[s] = nb;
         for (int32_t b = 0; b < seq_blocks[s]; b++, nb++) blocks[nb] = perm[nb];
         for (int32_t j = 0; j < seq_new[s]; j++, t++) {
@@ -398,7 +414,7 @@ static void test_paged(const struct paged_case *pc)
     /* Pool: random fp16 K/V everywhere (the cached prefix), then this
      * step's K/V stored by the kernel under test and by the reference. */
     const int64_t pool_n = block_elems * pc->n_blocks;
-    uint16_t *pool = malloc(sizeof(uint16_t) * (size_t)pool_n), *got_pool = malloc(sizeof(uint16_t) * (size_t)pool_n);
+    uint16_t *pool = malloc(sizeof(uint16_t) * (size_t)pool_n);
     for (int64_t i = 0; i < pool_n; i++) pool[i] = kvb_f32_to_fp16(rnd_f(1.5f));
     const int64_t ld = qd + 2 * kvd; /* fused Q|K|V rows */
     float *qkv = malloc(sizeof(float) * (size_t)(n_tok * ld));
@@ -409,112 +425,162 @@ static void test_paged(const struct paged_case *pc)
     int32_t *d_blocks = dev_put(blocks, sizeof(int32_t) * (size_t)n_tab);
     int32_t *d_pos = dev_put(tok_pos, sizeof(int32_t) * (size_t)n_tok), *d_tab = dev_put(tok_tab, sizeof(int32_t) * (size_t)n_tok);
     struct kcu_paged pg = {d_pool, block_elems, bs, kvd, pc->layer, n_tok, d_pos, d_tab, d_blocks};
-    CU(kcu_kv_store(&pg, d_qkv + qd, d_qkv + qd + kvd, ld, 0));
+    *st = (struct paged_step){.bs = bs, .kvd = kvd, .qd = qd, .n_tok = n_tok, .n_tab = n_tab,
+                              .block_elems = block_elems, .pool_n = pool_n, .ld = ld, .perm = perm,
+                              .blocks = blocks, .tok_pos = tok_pos, .tok_tab = tok_tab, .pool = pool,
+                              .qkv = qkv, .d_pool = d_pool, .d_qkv = d_qkv, .d_blocks = d_blocks,
+                              .d_pos = d_pos, .d_tab = d_tab, .pg = pg};
+    memcpy(st->seq_new, seq_new, sizeof seq_new);
+}
+
+/* kcu_kv_store against the store loop of be_cpu.c, over the whole pool
+ * (nothing else in it may change). Leaves the reference's K/V in st->pool. */
+static void paged_check_store(const struct paged_case *pc, struct paged_step *st)
+{
+    const int32_t bs = st->bs, kvd = st->kvd, qd = st->qd, n_tok = st->n_tok;
+    const int64_t block_elems = st->block_elems, pool_n = st->pool_n, ld = st->ld;
+    uint16_t *pool = st->pool, *got_pool = malloc(sizeof(uint16_t) * (size_t)pool_n);
+    CU(kcu_kv_store(&st->pg, st->d_qkv + qd, st->d_qkv + qd + kvd, ld, 0));
 
     for (int32_t t = 0; t < n_tok; t++) { /* the store loop of be_cpu.c */
-        const int32_t p = tok_pos[t];
-        uint16_t *blk = pool + (int64_t)blocks[tok_tab[t] + p / bs] * block_elems;
+        const int32_t p = st->tok_pos[t];
+        uint16_t *blk = pool + (int64_t)st->blocks[st->tok_tab[t] + p / bs] * block_elems;
         uint16_t *kd = blk + ((int64_t)pc->layer * 2 * bs + p % bs) * kvd;
         uint16_t *vd = blk + (((int64_t)pc->layer * 2 + 1) * bs + p % bs) * kvd;
         for (int32_t i = 0; i < kvd; i++) {
-            kd[i] = kvb_f32_to_fp16(qkv[t * ld + qd + i]);
-            vd[i] = kvb_f32_to_fp16(qkv[t * ld + qd + kvd + i]);
+            kd[i] = kvb_f32_to_fp16(st->qkv[t * ld + qd + i]);
+            vd[i] = kvb_f32_to_fp16(st->qkv[t * ld + qd + kvd + i]);
         }
     }
-    dev_get(got_pool, d_pool, sizeof(uint16_t) * (size_t)pool_n);
+    dev_get(got_pool, st->d_pool, sizeof(uint16_t) * (size_t)pool_n);
     char name[128];
     snprintf(name, sizeof name, "kv store layer %d/%d bs=%d kvd=%d tok=%d", pc->layer, pc->n_layer, bs, kvd, n_tok);
     compare_u16(name, got_pool, pool, pool_n); /* also: nothing else in the pool changed */
+    free(got_pool);
+}
 
-    float *ref = malloc(sizeof(float) * (size_t)(n_tok * qd)), *got = malloc(sizeof(float) * (size_t)(n_tok * qd));
+/* attn_head over the reference pool, every token and head, into ref. */
+static void paged_ref_attn(const struct paged_case *pc, const struct paged_step *st, float scale, float *ref)
+{
+    const int32_t bs = st->bs, kvd = st->kvd, qd = st->qd;
     float *scores = malloc(sizeof(float) * 512);
-    const float scale = 1.0f / sqrtf((float)pc->hd);
     const int32_t group = pc->n_head / pc->n_head_kv;
-    for (int32_t t = 0; t < n_tok; t++)
+    for (int32_t t = 0; t < st->n_tok; t++)
         for (int32_t h = 0; h < pc->n_head; h++) {
             const int32_t g = h / group;
             struct attn_kv_view view = {
-                .k_base = pool + (int64_t)pc->layer * 2 * bs * kvd + (int64_t)g * pc->hd,
-                .v_base = pool + ((int64_t)pc->layer * 2 + 1) * bs * kvd + (int64_t)g * pc->hd,
-                .block_stride = block_elems,
+                .k_base = st->pool + (int64_t)pc->layer * 2 * bs * kvd + (int64_t)g * pc->hd,
+                .v_base = st->pool + ((int64_t)pc->layer * 2 + 1) * bs * kvd + (int64_t)g * pc->hd,
+                .block_stride = st->block_elems,
                 .row_stride = kvd,
                 .block_size = bs,
-                .table = blocks + tok_tab[t],
+                .table = st->blocks + st->tok_tab[t],
             };
-            attn_head(ref + (int64_t)t * qd + (int64_t)h * pc->hd, qkv + t * ld + (int64_t)h * pc->hd, pc->hd, &view,
-                      tok_pos[t] + 1, scale, scores);
+            attn_head(ref + (int64_t)t * qd + (int64_t)h * pc->hd, st->qkv + t * st->ld + (int64_t)h * pc->hd, pc->hd,
+                      &view, st->tok_pos[t] + 1, scale, scores);
         }
+    free(scores);
+}
+
+/* kcu_attn against ref, and its bf16 form against its own f32 result. */
+static void paged_check_attn(const struct paged_case *pc, const struct paged_step *st, float scale, const float *ref)
+{
+    const int32_t n_tok = st->n_tok, qd = st->qd;
+    float *got = malloc(sizeof(float) * (size_t)(n_tok * qd));
+    char name[128];
     float *d_out = dev_put(NULL, sizeof(float) * (size_t)(n_tok * qd));
-    CU(kcu_attn(d_out, d_qkv, ld, &pg, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
+    CU(kcu_attn(d_out, st->d_qkv, st->ld, &st->pg, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
     dev_get(got, d_out, sizeof(float) * (size_t)(n_tok * qd));
-    snprintf(name, sizeof name, "attention heads=%d/%d hd=%d bs=%d tok=%d", pc->n_head, pc->n_head_kv, pc->hd, bs, n_tok);
+    snprintf(name, sizeof name, "attention heads=%d/%d hd=%d bs=%d tok=%d", pc->n_head, pc->n_head_kv, pc->hd, st->bs,
+             n_tok);
     compare(name, got, ref, (int64_t)n_tok * qd, 1e-10, 1e-4, 1e-5);
     {
         uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n_tok * (size_t)qd);
-        CU(kcu_attn_bf16(d_b, d_qkv, ld, &pg, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
+        CU(kcu_attn_bf16(d_b, st->d_qkv, st->ld, &st->pg, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
         snprintf(name, sizeof name, "attention->bf16 heads=%d/%d hd=%d", pc->n_head, pc->n_head_kv, pc->hd);
         compare_bf16_of(name, d_b, got, (int64_t)n_tok * qd);
         cudaFree(d_b);
     }
-    /* Tensor cores, where they take the heads: against the reference to
-     * fp16 rounding of Q and P, and bit for bit the same whatever the
-     * tiling (widest, one token per tile, three). */
+    cudaFree(d_out);
+    free(got);
+}
+
+/* Tensor cores, where they take the heads: against the reference to fp16
+ * rounding of Q and P, and bit for bit the same whatever the tiling
+ * (widest, one token per tile, three). */
+static void paged_check_tc(const struct paged_case *pc, const struct paged_step *st, float scale, const float *ref)
+{
+    const int32_t n_tok = st->n_tok, qd = st->qd;
+    const int32_t *seq_new = st->seq_new;
+    char name[128];
     const int32_t tt = kcu_attn_tc_tile_tokens(pc->n_head, pc->n_head_kv, pc->hd);
     CHECK_EQ_INT(tt > 0, pc->hd == 64 || pc->hd == 128);
-    if (tt > 0) {
-        int32_t *tiles = malloc(sizeof(int32_t) * 2 * (size_t)n_tok);
-        float *tc[3];
-        const int32_t widths[3] = {tt, 1, tt < 3 ? tt : 3};
-        int32_t *d_tiles[3];
-        int32_t n_tiles[3];
-        for (int w = 0; w < 3; w++) {
-            int32_t nt = 0;
-            for (int s = 0, t = 0; s < N_SEQ; t += seq_new[s], s++)
-                for (int32_t j = 0; j < seq_new[s]; j += widths[w], nt++) {
-                    tiles[2 * nt] = t + j;
-                    tiles[2 * nt + 1] = seq_new[s] - j < widths[w] ? seq_new[s] - j : widths[w];
-                }
-            n_tiles[w] = nt;
-            d_tiles[w] = dev_put(tiles, sizeof(int32_t) * 2 * (size_t)nt);
-            float *d_o = dev_put(NULL, sizeof(float) * (size_t)(n_tok * qd));
-            CU(kcu_attn_tc(d_o, d_qkv, ld, &pg, d_tiles[w], nt, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
-            tc[w] = malloc(sizeof(float) * (size_t)(n_tok * qd));
-            dev_get(tc[w], d_o, sizeof(float) * (size_t)(n_tok * qd));
-            cudaFree(d_o);
-        }
-        snprintf(name, sizeof name, "attention tc heads=%d/%d hd=%d tile=%d", pc->n_head, pc->n_head_kv, pc->hd, tt);
-        compare(name, tc[0], ref, (int64_t)n_tok * qd, 1e-6, 1e-2, 2e-3);
-        const size_t bytes = sizeof(float) * (size_t)(n_tok * qd);
-        CHECK_MSG(!memcmp(tc[0], tc[1], bytes) && !memcmp(tc[0], tc[2], bytes),
-                  "%s: the tiling changes a token's bits", name);
-        uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n_tok * (size_t)qd);
-        CU(kcu_attn_tc_bf16(d_b, d_qkv, ld, &pg, d_tiles[1], n_tiles[1], pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
-        snprintf(name, sizeof name, "attention tc->bf16 heads=%d/%d hd=%d", pc->n_head, pc->n_head_kv, pc->hd);
-        compare_bf16_of(name, d_b, tc[0], (int64_t)n_tok * qd);
-        cudaFree(d_b);
-        for (int w = 0; w < 3; w++) {
-            cudaFree(d_tiles[w]);
-            free(tc[w]);
-        }
-        free(tiles);
+    if (tt <= 0) return;
+    int32_t *tiles = malloc(sizeof(int32_t) * 2 * (size_t)n_tok);
+    float *tc[3];
+    const int32_t widths[3] = {tt, 1, tt < 3 ? tt : 3};
+    int32_t *d_tiles[3];
+    int32_t n_tiles[3];
+    for (int w = 0; w < 3; w++) {
+        int32_t nt = 0;
+        for (int s = 0, t = 0; s < PAGED_N_SEQ; t += seq_new[s], s++)
+            for (int32_t j = 0; j < seq_new[s]; j += widths[w], nt++) {
+                tiles[2 * nt] = t + j;
+                tiles[2 * nt + 1] = seq_new[s] - j < widths[w] ? seq_new[s] - j : widths[w];
+            }
+        n_tiles[w] = nt;
+        d_tiles[w] = dev_put(tiles, sizeof(int32_t) * 2 * (size_t)nt);
+        float *d_o = dev_put(NULL, sizeof(float) * (size_t)(n_tok * qd));
+        CU(kcu_attn_tc(d_o, st->d_qkv, st->ld, &st->pg, d_tiles[w], nt, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
+        tc[w] = malloc(sizeof(float) * (size_t)(n_tok * qd));
+        dev_get(tc[w], d_o, sizeof(float) * (size_t)(n_tok * qd));
+        cudaFree(d_o);
     }
+    snprintf(name, sizeof name, "attention tc heads=%d/%d hd=%d tile=%d", pc->n_head, pc->n_head_kv, pc->hd, tt);
+    compare(name, tc[0], ref, (int64_t)n_tok * qd, 1e-6, 1e-2, 2e-3);
+    const size_t bytes = sizeof(float) * (size_t)(n_tok * qd);
+    CHECK_MSG(!memcmp(tc[0], tc[1], bytes) && !memcmp(tc[0], tc[2], bytes),
+              "%s: the tiling changes a token's bits", name);
+    uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n_tok * (size_t)qd);
+    CU(kcu_attn_tc_bf16(d_b, st->d_qkv, st->ld, &st->pg, d_tiles[1], n_tiles[1], pc->n_head, pc->n_head_kv, pc->hd,
+                        scale, 0));
+    snprintf(name, sizeof name, "attention tc->bf16 heads=%d/%d hd=%d", pc->n_head, pc->n_head_kv, pc->hd);
+    compare_bf16_of(name, d_b, tc[0], (int64_t)n_tok * qd);
+    cudaFree(d_b);
+    for (int w = 0; w < 3; w++) {
+        cudaFree(d_tiles[w]);
+        free(tc[w]);
+    }
+    free(tiles);
+}
 
-    cudaFree(d_pool);
-    cudaFree(d_qkv);
-    cudaFree(d_blocks);
-    cudaFree(d_pos);
-    cudaFree(d_tab);
-    cudaFree(d_out);
-    free(perm);
-    free(blocks);
-    free(tok_pos);
-    free(tok_tab);
-    free(pool);
-    free(got_pool);
-    free(qkv);
+static void paged_free(struct paged_step *st)
+{
+    cudaFree(st->d_pool);
+    cudaFree(st->d_qkv);
+    cudaFree(st->d_blocks);
+    cudaFree(st->d_pos);
+    cudaFree(st->d_tab);
+    free(st->perm);
+    free(st->blocks);
+    free(st->tok_pos);
+    free(st->tok_tab);
+    free(st->pool);
+    free(st->qkv);
+}
+
+static void test_paged(const struct paged_case *pc)
+{
+    struct paged_step st;
+    paged_setup(pc, &st);
+    paged_check_store(pc, &st);
+    float *ref = malloc(sizeof(float) * (size_t)(st.n_tok * st.qd));
+    const float scale = 1.0f / sqrtf((float)pc->hd);
+    paged_ref_attn(pc, &st, scale, ref);
+    paged_check_attn(pc, &st, scale, ref);
+    paged_check_tc(pc, &st, scale, ref);
     free(ref);
-    free(got);
-    free(scores);
+    paged_free(&st);
 }
 
 /* ---- GEMM ------------------------------------------------------------------------------------------ */

@@ -5,8 +5,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "testutil.h"
+#include "base/dtype.h"
+#include "base/rng.h"
+#include "support/testutil.h"
 
 static uint32_t f32_bits(float f)
 {
@@ -90,7 +91,7 @@ static void test_fp16_nearest(void)
     uint64_t s = 0x9e3779b97f4a7c15ull;
     int bad = 0;
     for (int i = 0; i < 200000; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        kvb_xorshift64(&s);
         /* exponents 2^-26 .. 2^17, random sign and mantissa */
         uint32_t bits = (uint32_t)(s & 0x807fffffu) | ((uint32_t)(101 + (s >> 32) % 43) << 23);
         float f = bits_f32(bits);
@@ -121,7 +122,7 @@ static void test_fp16_bulk(void)
     uint16_t *got = malloc(sizeof(uint16_t) * N);
     uint64_t s = 0x243f6a8885a308d3ull;
     for (int i = 0; i < N; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        kvb_xorshift64(&s);
         uint32_t bits = (uint32_t)(s & 0x807fffffu) | ((uint32_t)(95 + (s >> 32) % 50) << 23);
         if (i % 7 == 0) bits &= 0xffffe000u | 0x1000u; /* exact ties */
         f[i] = bits_f32(bits);

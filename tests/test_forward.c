@@ -10,13 +10,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "backend.h"
-#include "gen.h"
-#include "model.h"
-#include "sampler.h"
-#include "testutil.h"
-#include "tok.h"
+#include "base/alloc.h"
+#include "backend/backend.h"
+#include "cpu/be_cpu.h"
+#include "engine/gen.h"
+#include "model/model.h"
+#include "engine/sampler.h"
+#include "support/testutil.h"
+#include "text/tok.h"
 
 static struct model *M;
 static struct tok *T;

@@ -9,10 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "gguf.h"
-#include "gguf_write.h"
-#include "testutil.h"
+#include "base/alloc.h"
+#include "model/gguf.h"
+#include "support/gguf_write.h"
+#include "support/testutil.h"
 
 /* ---- helpers ------------------------------------------------------------------- */
 
@@ -111,10 +111,28 @@ static void fill(uint8_t *p, uint64_t n, unsigned seed)
     for (uint64_t i = 0; i < n; i++) p[i] = (uint8_t)(i * 131u + seed * 7u + (i >> 8));
 }
 
-static void test_roundtrip(void)
+/* The tensors of the round trip: every dimension count, block and float
+ * types, and an empty one. */
+struct rt_tensor {
+    const char *name;
+    enum ggml_type type;
+    uint32_t n_dims;
+    uint64_t ne[4];
+};
+static const struct rt_tensor rt_tensors[] = {
+    {"t.f32", GGML_TYPE_F32, 1, {5, 1, 1, 1}},
+    {"t.f16", GGML_TYPE_F16, 2, {3, 7, 1, 1}},
+    {"t.q4_0", GGML_TYPE_Q4_0, 2, {64, 3, 1, 1}},
+    {"t.q8_0", GGML_TYPE_Q8_0, 3, {32, 2, 2, 1}},
+    {"t.q4_k", GGML_TYPE_Q4_K, 4, {256, 1, 2, 3}},
+    {"t.bf16", GGML_TYPE_BF16, 1, {1, 1, 1, 1}},
+    {"t.q6_k.empty", GGML_TYPE_Q6_K, 2, {256, 0, 1, 1}},
+};
+#define RT_N_TENSORS ((int)(sizeof rt_tensors / sizeof rt_tensors[0]))
+
+/* One key of every scalar type, at its extremes. */
+static void rt_add_scalars(struct gguf_writer *w)
 {
-    struct gguf_writer *w = new_writer();
-    CHECK(gguf_writer_set_alignment(w, 64) == KVB_OK);
     gguf_writer_add_u8(w, "u8", 250);
     gguf_writer_add_i8(w, "i8", -128);
     gguf_writer_add_u16(w, "u16", 65535);
@@ -130,7 +148,11 @@ static void test_roundtrip(void)
     gguf_writer_add_str(w, "str", "héllo wörld");
     gguf_writer_add_strn(w, "str.nul", "a\0b", 3);
     gguf_writer_add_str(w, "str.empty", "");
+}
 
+/* One array of every element type, empty ones too. */
+static void rt_add_arrays(struct gguf_writer *w)
+{
     uint8_t a_u8[] = {0, 1, 255};
     int8_t a_i8[] = {-128, 0, 127};
     uint16_t a_u16[] = {0, 65535};
@@ -157,7 +179,10 @@ static void test_roundtrip(void)
     const char *strs[] = {"x", "", "longer string"};
     gguf_writer_add_arr_str(w, "a.str", strs, 3);
     gguf_writer_add_arr_str(w, "a.str.empty", NULL, 0);
+}
 
+static void rt_add_nested(struct gguf_writer *w)
+{
     /* [[1,2],[], [["p","q"]]] is not expressible (items share one type), so:
      * an array of arrays of INT32 and an array of arrays of arrays of STRING. */
     int32_t r0[] = {1, 2}, r1[] = {3};
@@ -177,40 +202,25 @@ static void test_roundtrip(void)
     struct gguf_value l0 = {.type = GGUF_VTYPE_ARRAY};
     l0.v.arr.elem_type = GGUF_VTYPE_ARRAY, l0.v.arr.n = 1, l0.v.arr.items = &l1;
     gguf_writer_add_value(w, "nest.str", &l0);
+}
 
-    struct { const char *name; enum ggml_type type; uint32_t n_dims; uint64_t ne[4]; } ts[] = {
-        {"t.f32", GGML_TYPE_F32, 1, {5, 1, 1, 1}},
-        {"t.f16", GGML_TYPE_F16, 2, {3, 7, 1, 1}},
-        {"t.q4_0", GGML_TYPE_Q4_0, 2, {64, 3, 1, 1}},
-        {"t.q8_0", GGML_TYPE_Q8_0, 3, {32, 2, 2, 1}},
-        {"t.q4_k", GGML_TYPE_Q4_K, 4, {256, 1, 2, 3}},
-        {"t.bf16", GGML_TYPE_BF16, 1, {1, 1, 1, 1}},
-        {"t.q6_k.empty", GGML_TYPE_Q6_K, 2, {256, 0, 1, 1}},
-    };
-    const int nt = (int)(sizeof ts / sizeof ts[0]);
-    uint8_t *src[8] = {0};
+/* Every tensor of rt_tensors[], with data src[i] (allocated here, freed by the caller). */
+static void rt_add_tensors(struct gguf_writer *w, uint8_t *src[])
+{
+    const int nt = RT_N_TENSORS;
     for (int i = 0; i < nt; i++) {
-        uint64_t n_elems = ts[i].ne[0] * ts[i].ne[1] * ts[i].ne[2] * ts[i].ne[3], nb = 0;
-        CHECK(ggml_type_row_bytes(ts[i].type, n_elems, &nb));
+        uint64_t n_elems = rt_tensors[i].ne[0] * rt_tensors[i].ne[1] * rt_tensors[i].ne[2] * rt_tensors[i].ne[3], nb = 0;
+        CHECK(ggml_type_row_bytes(rt_tensors[i].type, n_elems, &nb));
         src[i] = malloc(nb ? nb : 1);
         fill(src[i], nb, (unsigned)i);
         void *mine = NULL;
-        CHECK(gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, src[i], &mine) == KVB_OK);
+        CHECK(gguf_writer_add_tensor(w, rt_tensors[i].name, rt_tensors[i].type, rt_tensors[i].n_dims, rt_tensors[i].ne, src[i], &mine) == KVB_OK);
         CHECK(mine != NULL && mine != src[i]); /* copied */
     }
-    uint64_t n;
-    uint8_t *buf = build(w, &n);
+}
 
-    struct gguf_file *f = NULL;
-    struct kvb_err e = {{0}};
-    CHECK_MSG(gguf_open_memory(buf, n, &f, &e) == KVB_OK, "%s", e.msg);
-    if (!f) return;
-    CHECK_EQ_INT(gguf_version(f), 3);
-    CHECK_EQ_INT(gguf_n_kv(f), 32);
-    CHECK(gguf_str_eq(gguf_kv_at(f, 0)->key, "general.alignment"));
-    CHECK(gguf_str_eq(gguf_kv_at(f, 1)->key, "u8"));
-    CHECK(gguf_kv_at(f, 32) == NULL);
-
+static void rt_check_scalars(const struct gguf_file *f)
+{
     const struct gguf_value *v;
     v = gguf_find(f, "u8");
     CHECK(v && v->type == GGUF_VTYPE_UINT8 && v->v.u64 == 250);
@@ -242,7 +252,10 @@ static void test_roundtrip(void)
     CHECK(v && v->v.str.len == 3 && memcmp(v->v.str.ptr, "a\0b", 3) == 0);
     v = gguf_find(f, "str.empty");
     CHECK(v && v->v.str.len == 0 && gguf_str_eq(v->v.str, ""));
+}
 
+static void rt_check_arrays(const struct gguf_file *f)
+{
     const struct gguf_value *a;
     CHECK(gguf_get_arr(f, "a.u8", GGUF_VTYPE_UINT8, &a, NULL) == KVB_OK);
     CHECK(a->v.arr.n == 3 && gguf_arr_i64(a, 2) == 255 && a->v.arr.items == NULL);
@@ -277,7 +290,11 @@ static void test_roundtrip(void)
     }
     CHECK(gguf_get_arr(f, "a.str.empty", GGUF_VTYPE_STRING, &a, NULL) == KVB_OK);
     CHECK(a->v.arr.n == 0);
+}
 
+static void rt_check_nested(const struct gguf_file *f)
+{
+    const struct gguf_value *a;
     CHECK(gguf_get_arr(f, "nest.i32", GGUF_VTYPE_ARRAY, &a, NULL) == KVB_OK);
     CHECK(a->v.arr.n == 3 && a->v.arr.items);
     if (a->v.arr.items) {
@@ -297,19 +314,24 @@ static void test_roundtrip(void)
     } else {
         CHECK(!"nest.str shape");
     }
+}
 
+/* Shapes, types, sizes, alignment (of offsets and of the data in buf) and bytes. */
+static void rt_check_tensors(const struct gguf_file *f, const uint8_t *buf, uint8_t *const src[])
+{
+    const int nt = RT_N_TENSORS;
     CHECK_EQ_INT(gguf_n_tensors(f), nt);
     uint64_t prev_end = 0;
     for (int i = 0; i < nt; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, (uint64_t)i);
-        CHECK(t && t == gguf_find_tensor(f, ts[i].name));
+        CHECK(t && t == gguf_find_tensor(f, rt_tensors[i].name));
         if (!t) continue;
-        CHECK(gguf_str_eq(t->name, ts[i].name));
-        CHECK_EQ_INT(t->n_dims, ts[i].n_dims);
-        for (int d = 0; d < 4; d++) CHECK_EQ_INT(t->ne[d], ts[i].ne[d]);
-        CHECK_EQ_INT(t->type, ts[i].type);
+        CHECK(gguf_str_eq(t->name, rt_tensors[i].name));
+        CHECK_EQ_INT(t->n_dims, rt_tensors[i].n_dims);
+        for (int d = 0; d < 4; d++) CHECK_EQ_INT(t->ne[d], rt_tensors[i].ne[d]);
+        CHECK_EQ_INT(t->type, rt_tensors[i].type);
         uint64_t nb = 0;
-        ggml_type_row_bytes(ts[i].type, ts[i].ne[0] * ts[i].ne[1] * ts[i].ne[2] * ts[i].ne[3], &nb);
+        ggml_type_row_bytes(rt_tensors[i].type, rt_tensors[i].ne[0] * rt_tensors[i].ne[1] * rt_tensors[i].ne[2] * rt_tensors[i].ne[3], &nb);
         CHECK_EQ_INT(t->n_bytes, nb);
         CHECK_EQ_INT(t->offset % 64, 0);
         CHECK(t->offset >= prev_end);
@@ -320,6 +342,34 @@ static void test_roundtrip(void)
     CHECK(gguf_tensor_at(f, (uint64_t)nt) == NULL);
     CHECK(gguf_find_tensor(f, "nope") == NULL);
     CHECK(gguf_find_tensor(f, "t.f3") == NULL);
+}
+
+static void test_roundtrip(void)
+{
+    struct gguf_writer *w = new_writer();
+    CHECK(gguf_writer_set_alignment(w, 64) == KVB_OK);
+    rt_add_scalars(w);
+    rt_add_arrays(w);
+    rt_add_nested(w);
+    const int nt = RT_N_TENSORS;
+    uint8_t *src[8] = {0};
+    rt_add_tensors(w, src);
+    uint64_t n;
+    uint8_t *buf = build(w, &n);
+
+    struct gguf_file *f = NULL;
+    struct kvb_err e = {{0}};
+    CHECK_MSG(gguf_open_memory(buf, n, &f, &e) == KVB_OK, "%s", e.msg);
+    if (!f) return;
+    CHECK_EQ_INT(gguf_version(f), 3);
+    CHECK_EQ_INT(gguf_n_kv(f), 32);
+    CHECK(gguf_str_eq(gguf_kv_at(f, 0)->key, "general.alignment"));
+    CHECK(gguf_str_eq(gguf_kv_at(f, 1)->key, "u8"));
+    CHECK(gguf_kv_at(f, 32) == NULL);
+    rt_check_scalars(f);
+    rt_check_arrays(f);
+    rt_check_nested(f);
+    rt_check_tensors(f, buf, src);
     gguf_close(f);
     free(buf);
     for (int i = 0; i < nt; i++) free(src[i]);

@@ -17,11 +17,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "job.h"
-#include "job_json.h"
-#include "jsonmode.h"
-#include "testutil.h"
+#include "base/alloc.h"
+#include "jobs/job.h"
+#include "jobs/job_json.h"
+#include "engine/jsonmode.h"
+#include "support/testutil.h"
 
 /* ---- helpers: JSON read-back ------------------------------------------------------ */
 

@@ -13,13 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "job.h"
-#include "job_json.h"
-#include "jsonmode.h"
-#include "sampler.h"
-#include "testutil.h"
-#include "tok.h"
+#include "base/alloc.h"
+#include "base/rng.h"
+#include "jobs/job.h"
+#include "jobs/job_json.h"
+#include "engine/jsonmode.h"
+#include "engine/sampler.h"
+#include "support/testutil.h"
+#include "text/tok.h"
 
 /* ---- an independent validator: is s[0..n) exactly one JSON object, with at
  * most JSONMODE_MAX_WS whitespace bytes in a row outside strings, nesting at
@@ -213,10 +214,7 @@ static void test_cases(void)
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd(uint32_t n)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng % n);
+    return (uint32_t)(kvb_xorshift64(&rng) % n);
 }
 
 struct buf {

@@ -21,10 +21,11 @@
 
 #include <sqlite3.h>
 
-#include "alloc.h"
-#include "cli.h"
-#include "metrics.h"
-#include "testutil.h"
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "app/cli.h"
+#include "store/metrics/metrics.h"
+#include "support/testutil.h"
 
 static char tmpdir[256];
 
@@ -33,12 +34,7 @@ static void path_in(char *buf, size_t cap, const char *name)
     snprintf(buf, cap, "%s/%s", tmpdir, name);
 }
 
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double mono(void) { return kvb_clock_s(); }
 
 /* Runs one query returning one integer on a separate raw connection: an
  * outside view of what was committed. Returns -1 on error. */

@@ -14,11 +14,11 @@
 
 #include <sqlite3.h>
 
-#include "metrics.h"
-#include "metrics_report.h"
-#include "metrics_series.h"
-#include "svg_chart.h"
-#include "testutil.h"
+#include "store/metrics/metrics.h"
+#include "store/metrics/metrics_report.h"
+#include "store/metrics/metrics_series.h"
+#include "store/metrics/svg_chart.h"
+#include "support/testutil.h"
 
 static char tmpdir[256];
 

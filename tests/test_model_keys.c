@@ -11,13 +11,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "backend.h"
-#include "gen.h"
-#include "gguf_write.h"
-#include "model.h"
-#include "synth.h"
-#include "testutil.h"
+#include "base/alloc.h"
+#include "backend/backend.h"
+#include "cpu/be_cpu.h"
+#include "engine/gen.h"
+#include "support/gguf_write.h"
+#include "model/model.h"
+#include "support/synth.h"
+#include "support/testutil.h"
 
 static char dir[256], good[512], bad[512];
 

@@ -25,29 +25,22 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "alloc.h"
-#include "dtype.h"
-#include "pstore.h"
-#include "pstore_internal.h"
-#include "testutil.h"
+#include "base/alloc.h"
+#include "base/rng.h"
+#include "base/clock.h"
+#include "base/dtype.h"
+#include "store/pstore/pstore.h"
+#include "store/pstore/pstore_internal.h"
+#include "support/testutil.h"
 
 static const char *FP_A = "0123456789abcdef0123456789abcdef";
 static const char *FP_B = "fedcba9876543210fedcba9876543210";
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now(void) { return kvb_clock_s(); }
 
 static uint64_t rng_next(uint64_t *s)
 {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
+    return kvb_xorshift64(s);
 }
 
 static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }

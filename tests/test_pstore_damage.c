@@ -30,9 +30,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "pstore.h"
-#include "pstore_internal.h"
-#include "testutil.h"
+#include "store/pstore/pstore.h"
+#include "store/pstore/pstore_internal.h"
+#include "support/testutil.h"
 
 static const char *FP_A = "0123456789abcdef0123456789abcdef";
 static const char *FP_B = "fedcba9876543210fedcba9876543210";
@@ -594,6 +594,21 @@ static void test_concurrent(const char *base)
     CHECK_MSG(aside[0] == '\0', "a shared cache was moved aside: %s", aside);
 }
 
+/* The messages for LMDB codes that mean a damaged file say what to do
+ * (issue 18: "MDB_CURSOR_FULL: Internal error" said nothing). */
+static void test_messages(void)
+{
+    const int codes[] = {MDB_CORRUPTED, MDB_PAGE_NOTFOUND, MDB_CURSOR_FULL, MDB_PAGE_FULL, MDB_INVALID};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+        struct kvb_err err = {{0}};
+        pstore_lmdb_status(&err, codes[i], "cache read");
+        CHECK_MSG(strstr(err.msg, "damaged") && strstr(err.msg, "kvbatch cache verify"), "%s", err.msg);
+    }
+    struct kvb_err err = {{0}};
+    pstore_lmdb_status(&err, MDB_MAP_FULL, "writing");
+    CHECK_MSG(!strstr(err.msg, "damaged"), "%s", err.msg);
+}
+
 int main(void)
 {
     const char *tmp = getenv("TMPDIR");
@@ -604,6 +619,7 @@ int main(void)
         return 1;
     }
     fixture_make();
+    test_messages();
     test_value_rewrites(base);
     test_damage_sweep(base);
     test_concurrent(base);

@@ -18,11 +18,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "dtype.h"
-#include "quant.h"
-#include "testutil.h"
-#include "tpool.h"
+#include "base/alloc.h"
+#include "base/rng.h"
+#include "base/dtype.h"
+#include "model/quant.h"
+#include "support/testutil.h"
+#include "base/tpool.h"
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -30,11 +31,7 @@ static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
 static uint64_t rng_next(void)
 {
-    uint64_t x = rng_state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return rng_state = x;
+    return kvb_xorshift64(&rng_state);
 }
 
 /* Uniform in [lo, hi). */

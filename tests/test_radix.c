@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv.h"
-#include "radix.h"
-#include "testutil.h"
+#include "engine/kv.h"
+#include "engine/radix.h"
+#include "support/testutil.h"
 
 #define B 4
 

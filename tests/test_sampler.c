@@ -10,9 +10,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "alloc.h"
-#include "sampler.h"
-#include "testutil.h"
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "engine/sampler.h"
+#include "support/testutil.h"
 
 #define BIG_VOCAB 49152
 
@@ -490,12 +491,7 @@ static void test_params(void)
     CHECK(ok_at > 0);
 }
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+static double now_s(void) { return kvb_clock_s(); }
 
 static void report_timing(void)
 {

@@ -14,13 +14,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "backend.h"
-#include "model.h"
-#include "sampler.h"
-#include "scheduler.h"
-#include "testutil.h"
-#include "tok.h"
+#include "base/alloc.h"
+#include "backend/backend.h"
+#include "cpu/be_cpu.h"
+#include "model/model.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "support/testutil.h"
+#include "text/tok.h"
 
 #define NREQ 12
 #define MAXGEN 10

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "job_shard.h"
-#include "testutil.h"
+#include "jobs/job_shard.h"
+#include "support/testutil.h"
 
 static const char *env_names[8], *env_values[8];
 static int n_env;

@@ -20,27 +20,21 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "alloc.h"
-#include "gguf.h"
-#include "testutil.h"
-#include "tok.h"
-#include "tok_internal.h"
-#include "unicode.h"
+#include "base/alloc.h"
+#include "base/rng.h"
+#include "base/clock.h"
+#include "model/gguf.h"
+#include "support/testutil.h"
+#include "text/tok.h"
+#include "text/tok_internal.h"
+#include "base/unicode.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double now(void) { return kvb_clock_s(); }
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(uint32_t n)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state % n);
+    return (uint32_t)(kvb_xorshift64(&rng_state) % n);
 }
 
 struct buf {

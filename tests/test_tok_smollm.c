@@ -9,10 +9,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "gguf.h"
-#include "testutil.h"
-#include "tok.h"
+#include "base/alloc.h"
+#include "model/gguf.h"
+#include "support/testutil.h"
+#include "text/tok.h"
 
 static int32_t *encode(const struct tok *t, const char *s, unsigned flags, size_t *n)
 {

@@ -10,13 +10,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "alloc.h"
-#include "gguf.h"
-#include "gguf_write.h"
-#include "testutil.h"
-#include "tok.h"
-#include "tok_pre.h"
-#include "unicode.h"
+#include "base/alloc.h"
+#include "model/gguf.h"
+#include "support/gguf_write.h"
+#include "support/testutil.h"
+#include "text/tok.h"
+#include "text/tok_pre.h"
+#include "base/unicode.h"
 
 static const char k_sep[] = "\n__ggml_vocab_test__\n";
 
@@ -160,136 +160,167 @@ static struct tok *load(const char *dir, const char *name)
     return t;
 }
 
+/* GPT-2: <|endoftext|> parsed or not, BOS/EOS, control pieces, bad UTF-8. */
+static void specials_gpt2(const struct tok *g)
+{
+    const char *s = "a<|endoftext|>b";
+    size_t n = 0;
+    int32_t *ids = encode(g, s, strlen(s), TOK_PARSE_SPECIAL, &n);
+    CHECK(ids && n == 3 && ids[1] == 50256);
+    kvb_free(ids);
+    ids = encode(g, s, strlen(s), 0, &n);
+    CHECK(ids && n > 3 && !contains(ids, n, 50256));
+    kvb_free(ids);
+    CHECK(!tok_wants_bos(g));
+    CHECK_EQ_INT(tok_eos(g), 50256);
+    CHECK(tok_is_eog(g, 50256));
+    CHECK(!tok_is_eog(g, 11));
+    CHECK_EQ_INT(tok_find(g, "<|endoftext|>"), 50256);
+    CHECK_EQ_INT(tok_find(g, "no such token text"), -1);
+    ids = encode(g, "hi", 2, TOK_ADD_BOS | TOK_ADD_EOS, &n);
+    CHECK(ids && n == 3 && ids[0] == 50256 && ids[2] == 50256);
+    kvb_free(ids);
+    /* rendering of a control token */
+    char buf[32];
+    CHECK_EQ_INT(tok_piece(g, 50256, false, buf, sizeof buf), 0);
+    CHECK_EQ_INT(tok_piece(g, 50256, true, buf, sizeof buf), 13);
+    CHECK(memcmp(buf, "<|endoftext|>", 13) == 0);
+    /* invalid UTF-8 is read as U+FFFD per bad byte, as the reference does */
+    int32_t *a = encode(g, "x\xff", 2, 0, &n);
+    size_t m = 0;
+    int32_t *b = encode(g, "x\xEF\xBF\xBD", 4, 0, &m);
+    CHECK(a && b && n == m && memcmp(a, b, n * sizeof *a) == 0);
+    kvb_free(a);
+    kvb_free(b);
+}
+
+/* A long prompt must encode in well under a second. */
+static void encode_speed_gpt2(const struct tok *g)
+{
+    size_t big_len = 0, n = 0;
+    char *big = kvb_malloc(64 * 1024);
+    while (big && big_len + 80 < 64 * 1024) {
+        static const char k_para[] = "The quick brown fox jumps over 13 lazy dogs; naïve café, 東京 🚀!\n\t";
+        memcpy(big + big_len, k_para, sizeof k_para - 1);
+        big_len += sizeof k_para - 1;
+    }
+    clock_t t0 = clock();
+    int32_t *ids = big ? encode(g, big, big_len, 0, &n) : NULL;
+    double ms = 1000.0 * (double)(clock() - t0) / CLOCKS_PER_SEC;
+    printf("gpt-2: %zu bytes -> %zu tokens in %.2f ms\n", big_len, n, ms);
+    CHECK(ids && n > 10000);
+    CHECK_MSG(ms < 1000.0, "encoding took %.1f ms", ms);
+    kvb_free(ids);
+    kvb_free(big);
+}
+
+/* Llama SPM: BOS/EOS, and the dummy-prefix space after a special token. */
+static void specials_llama_spm(const struct tok *l)
+{
+    CHECK(tok_wants_bos(l));
+    CHECK_EQ_INT(tok_bos(l), 1);
+    CHECK_EQ_INT(tok_eos(l), 2);
+    CHECK(tok_is_eog(l, 2));
+    size_t n = 0;
+    int32_t *ids = encode(l, "Hello", 5, TOK_ADD_BOS, &n);
+    CHECK(ids && n >= 2 && ids[0] == 1);
+    kvb_free(ids);
+    /* after a special token the dummy-prefix space is added again */
+    const char *s = "a</s>b";
+    ids = encode(l, s, strlen(s), TOK_PARSE_SPECIAL, &n);
+    size_t na = 0, nb = 0;
+    int32_t *ia = encode(l, "a", 1, 0, &na), *ib = encode(l, "b", 1, 0, &nb);
+    CHECK(ids && ia && ib && n == na + 1 + nb && ids[na] == 2);
+    if (ids && ia && ib && n == na + 1 + nb)
+        CHECK(memcmp(ids, ia, na * 4) == 0 && memcmp(ids + na + 1, ib, nb * 4) == 0);
+    kvb_free(ids);
+    kvb_free(ia);
+    kvb_free(ib);
+}
+
+/* Llama SPM: byte-fallback tokens, streamed and decoded. */
+static void byte_fallback_llama_spm(const struct tok *l)
+{
+    /* byte fallback and the stream: an emoji split over <0xNN> tokens */
+    const char *emoji = "\xF0\x9F\xA6\x99"; /* 🦙 */
+    size_t n = 0;
+    int32_t *ids = encode(l, emoji, 4, 0, &n);
+    CHECK(ids != NULL);
+    struct tok_stream ts;
+    tok_stream_init(&ts, l);
+    char *out = NULL;
+    size_t len = 0, cap = 0;
+    for (size_t i = 0; ids && i < n; i++) {
+        size_t before = len;
+        CHECK(tok_stream_push(l, &ts, ids[i], &out, &len, &cap) == KVB_OK);
+        if (i > 0 && i + 1 < n) CHECK_EQ_INT(len, before); /* held back until complete */
+    }
+    CHECK(tok_stream_flush(l, &ts, &out, &len, &cap) == KVB_OK);
+    CHECK(len == 4 && out && memcmp(out, emoji, 4) == 0);
+    kvb_free(out);
+    kvb_free(ids);
+    /* an incomplete sequence at the very end becomes U+FFFD */
+    int32_t b0 = tok_find(l, "<0xF0>"), b1 = tok_find(l, "<0x9F>"), hi = tok_find(l, "▁hi");
+    CHECK(b0 >= 0 && b1 >= 0 && hi >= 0);
+    int32_t seq[3] = {hi, b0, b1};
+    char *txt = NULL;
+    size_t tl = 0;
+    CHECK(tok_decode(l, seq, 3, &txt, &tl) == KVB_OK);
+    CHECK(txt && tl == 5 && memcmp(txt, "hi\xEF\xBF\xBD", 5) == 0);
+    kvb_free(txt);
+}
+
+static void specials_phi3(const struct tok *p3)
+{
+    int32_t end = tok_find(p3, "<|end|>");
+    CHECK(end >= 0 && tok_is_eog(p3, end));
+    CHECK(tok_is_eog(p3, tok_find(p3, "<|endoftext|>")));
+    /* Phi-3 strips white space after its special tokens */
+    const char *s = "<|user|>\nHi<|end|>\n";
+    size_t n = 0, nh = 0;
+    int32_t *ids = encode(p3, s, strlen(s), TOK_PARSE_SPECIAL, &n);
+    int32_t *hi = encode(p3, "Hi", 2, 0, &nh);
+    CHECK(ids && hi && n == nh + 2 && ids[0] == tok_find(p3, "<|user|>") && ids[n - 1] == end);
+    kvb_free(ids);
+    kvb_free(hi);
+}
+
+/* StarCoder: a FIM special token only when asked to parse them. */
+static void specials_starcoder(const struct tok *sc)
+{
+    size_t n = 0;
+    const char *s = "<fim_prefix>x";
+    int32_t *ids = encode(sc, s, strlen(s), TOK_PARSE_SPECIAL, &n);
+    CHECK(ids && n >= 2 && ids[0] == 1);
+    kvb_free(ids);
+    ids = encode(sc, s, strlen(s), 0, &n);
+    CHECK(ids && !contains(ids, n, 1));
+    kvb_free(ids);
+}
+
 /* Special tokens, BOS/EOS, end of generation, on the real vocabularies. */
 static void check_specials(const char *dir)
 {
     struct tok *g = load(dir, "ggml-vocab-gpt-2.gguf");
     if (g) {
-        const char *s = "a<|endoftext|>b";
-        size_t n = 0;
-        int32_t *ids = encode(g, s, strlen(s), TOK_PARSE_SPECIAL, &n);
-        CHECK(ids && n == 3 && ids[1] == 50256);
-        kvb_free(ids);
-        ids = encode(g, s, strlen(s), 0, &n);
-        CHECK(ids && n > 3 && !contains(ids, n, 50256));
-        kvb_free(ids);
-        CHECK(!tok_wants_bos(g));
-        CHECK_EQ_INT(tok_eos(g), 50256);
-        CHECK(tok_is_eog(g, 50256));
-        CHECK(!tok_is_eog(g, 11));
-        CHECK_EQ_INT(tok_find(g, "<|endoftext|>"), 50256);
-        CHECK_EQ_INT(tok_find(g, "no such token text"), -1);
-        ids = encode(g, "hi", 2, TOK_ADD_BOS | TOK_ADD_EOS, &n);
-        CHECK(ids && n == 3 && ids[0] == 50256 && ids[2] == 50256);
-        kvb_free(ids);
-        /* rendering of a control token */
-        char buf[32];
-        CHECK_EQ_INT(tok_piece(g, 50256, false, buf, sizeof buf), 0);
-        CHECK_EQ_INT(tok_piece(g, 50256, true, buf, sizeof buf), 13);
-        CHECK(memcmp(buf, "<|endoftext|>", 13) == 0);
-        /* invalid UTF-8 is read as U+FFFD per bad byte, as the reference does */
-        int32_t *a = encode(g, "x\xff", 2, 0, &n);
-        size_t m = 0;
-        int32_t *b = encode(g, "x\xEF\xBF\xBD", 4, 0, &m);
-        CHECK(a && b && n == m && memcmp(a, b, n * sizeof *a) == 0);
-        kvb_free(a);
-        kvb_free(b);
-        /* performance: a long prompt must encode in well under a second */
-        size_t big_len = 0;
-        char *big = kvb_malloc(64 * 1024);
-        while (big && big_len + 80 < 64 * 1024) {
-            static const char k_para[] = "The quick brown fox jumps over 13 lazy dogs; naïve café, 東京 🚀!\n\t";
-            memcpy(big + big_len, k_para, sizeof k_para - 1);
-            big_len += sizeof k_para - 1;
-        }
-        clock_t t0 = clock();
-        ids = big ? encode(g, big, big_len, 0, &n) : NULL;
-        double ms = 1000.0 * (double)(clock() - t0) / CLOCKS_PER_SEC;
-        printf("gpt-2: %zu bytes -> %zu tokens in %.2f ms\n", big_len, n, ms);
-        CHECK(ids && n > 10000);
-        CHECK_MSG(ms < 1000.0, "encoding took %.1f ms", ms);
-        kvb_free(ids);
-        kvb_free(big);
+        specials_gpt2(g);
+        encode_speed_gpt2(g);
     }
     tok_free(g);
 
     struct tok *l = load(dir, "ggml-vocab-llama-spm.gguf");
     if (l) {
-        CHECK(tok_wants_bos(l));
-        CHECK_EQ_INT(tok_bos(l), 1);
-        CHECK_EQ_INT(tok_eos(l), 2);
-        CHECK(tok_is_eog(l, 2));
-        size_t n = 0;
-        int32_t *ids = encode(l, "Hello", 5, TOK_ADD_BOS, &n);
-        CHECK(ids && n >= 2 && ids[0] == 1);
-        kvb_free(ids);
-        /* after a special token the dummy-prefix space is added again */
-        const char *s = "a</s>b";
-        ids = encode(l, s, strlen(s), TOK_PARSE_SPECIAL, &n);
-        size_t na = 0, nb = 0;
-        int32_t *ia = encode(l, "a", 1, 0, &na), *ib = encode(l, "b", 1, 0, &nb);
-        CHECK(ids && ia && ib && n == na + 1 + nb && ids[na] == 2);
-        if (ids && ia && ib && n == na + 1 + nb)
-            CHECK(memcmp(ids, ia, na * 4) == 0 && memcmp(ids + na + 1, ib, nb * 4) == 0);
-        kvb_free(ids);
-        kvb_free(ia);
-        kvb_free(ib);
-        /* byte fallback and the stream: an emoji split over <0xNN> tokens */
-        const char *emoji = "\xF0\x9F\xA6\x99"; /* 🦙 */
-        ids = encode(l, emoji, 4, 0, &n);
-        CHECK(ids != NULL);
-        struct tok_stream ts;
-        tok_stream_init(&ts, l);
-        char *out = NULL;
-        size_t len = 0, cap = 0;
-        for (size_t i = 0; ids && i < n; i++) {
-            size_t before = len;
-            CHECK(tok_stream_push(l, &ts, ids[i], &out, &len, &cap) == KVB_OK);
-            if (i > 0 && i + 1 < n) CHECK_EQ_INT(len, before); /* held back until complete */
-        }
-        CHECK(tok_stream_flush(l, &ts, &out, &len, &cap) == KVB_OK);
-        CHECK(len == 4 && out && memcmp(out, emoji, 4) == 0);
-        kvb_free(out);
-        kvb_free(ids);
-        /* an incomplete sequence at the very end becomes U+FFFD */
-        int32_t b0 = tok_find(l, "<0xF0>"), b1 = tok_find(l, "<0x9F>"), hi = tok_find(l, "▁hi");
-        CHECK(b0 >= 0 && b1 >= 0 && hi >= 0);
-        int32_t seq[3] = {hi, b0, b1};
-        char *txt = NULL;
-        size_t tl = 0;
-        CHECK(tok_decode(l, seq, 3, &txt, &tl) == KVB_OK);
-        CHECK(txt && tl == 5 && memcmp(txt, "hi\xEF\xBF\xBD", 5) == 0);
-        kvb_free(txt);
+        specials_llama_spm(l);
+        byte_fallback_llama_spm(l);
     }
     tok_free(l);
 
     struct tok *p3 = load(dir, "ggml-vocab-phi-3.gguf");
-    if (p3) {
-        int32_t end = tok_find(p3, "<|end|>");
-        CHECK(end >= 0 && tok_is_eog(p3, end));
-        CHECK(tok_is_eog(p3, tok_find(p3, "<|endoftext|>")));
-        /* Phi-3 strips white space after its special tokens */
-        const char *s = "<|user|>\nHi<|end|>\n";
-        size_t n = 0, nh = 0;
-        int32_t *ids = encode(p3, s, strlen(s), TOK_PARSE_SPECIAL, &n);
-        int32_t *hi = encode(p3, "Hi", 2, 0, &nh);
-        CHECK(ids && hi && n == nh + 2 && ids[0] == tok_find(p3, "<|user|>") && ids[n - 1] == end);
-        kvb_free(ids);
-        kvb_free(hi);
-    }
+    if (p3) specials_phi3(p3);
     tok_free(p3);
 
     struct tok *sc = load(dir, "ggml-vocab-starcoder.gguf");
-    if (sc) {
-        size_t n = 0;
-        const char *s = "<fim_prefix>x";
-        int32_t *ids = encode(sc, s, strlen(s), TOK_PARSE_SPECIAL, &n);
-        CHECK(ids && n >= 2 && ids[0] == 1);
-        kvb_free(ids);
-        ids = encode(sc, s, strlen(s), 0, &n);
-        CHECK(ids && !contains(ids, n, 1));
-        kvb_free(ids);
-    }
+    if (sc) specials_starcoder(sc);
     tok_free(sc);
 }
 

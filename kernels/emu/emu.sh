@@ -18,7 +18,7 @@ san=${EMU_SANITIZE--fsanitize=address,undefined -fno-omit-frame-pointer -fno-san
 mkdir -p "$bdir/emu"
 cmake -S "$root" -B "$bdir" -DKVBATCH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DKVBATCH_SANITIZE=$([ -n "$san" ] && echo ON || echo OFF) >/dev/null
-cmake --build "$bdir" -j"$(nproc)" --target kvbcore >/dev/null
+cmake --build "$bdir" -j"$(nproc)" --target kvb_testsupport >/dev/null
 
 # kernel<<<grid, block, smem, stream>>>(args);  ->  emu_launch(grid, block, stream, std::bind(kernel, args));
 # (bind: the arguments are evaluated and copied at the launch, as CUDA does,
@@ -36,19 +36,21 @@ open(sys.argv[2], 'w').write('#line 1 "%s"\n' % sys.argv[1] + out)
 PY
 done
 
-flags="-O1 -g $san -D_GNU_SOURCE -DKVBATCH_HAVE_CUDA=1 -I$root/kernels -I$root/src -I$root/store -I$root/jobs -I$root/tests -I$cuda_inc -I$root/kernels/emu"
+flags="-O1 -g $san -D_GNU_SOURCE -DKVBATCH_HAVE_CUDA=1 -I$root/src -I$root -I$root/tests -I$cuda_inc -I$root/kernels/emu"
 objs=()
 for cc in "$bdir"/emu/k_*.cc "$root/kernels/emu/cuda_emu.cc"; do
   o="$bdir/emu/$(basename "$cc").o"
   g++ -std=c++17 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas $flags -include cuda_emu.h -c "$cc" -o "$o"
   objs+=("$o")
 done
-for c in "$root/kernels/emu/fake_cuda.c" "$root/kernels/be_cuda.c" "$root/kernels/k_gemm.c" "$root/tests/testutil.c"; do
+for c in "$root/kernels/emu/fake_cuda.c" "$root/kernels/be_cuda.c" "$root/kernels/k_gemm.c"; do
   o="$bdir/emu/$(basename "$c").o"
   gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$c" -o "$o"
   objs+=("$o")
 done
-libs="$bdir/libkvbcore.a -llmdb -lzstd -lsqlite3 -lxxhash -lpthread -lm"
+libs=""
+for l in testsupport app engine cpu backend text model pstore metrics jobs base; do libs="$libs $bdir/libkvb_$l.a"; done
+libs="$libs -llmdb -lzstd -lsqlite3 -lxxhash -lpthread -lm"
 rc=0
 for t in test_cuda_kernels test_cuda_backend; do
   gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$root/tests/$t.c" -o "$bdir/emu/$t.o"
@@ -65,7 +67,7 @@ echo "$(grep -c ' ok' "$bdir/emu/kernels-reverse.log") checks ok, $(grep -c FAIL
 # The benchmark driver, on tiny models (in memory, and a synthetic file):
 # that it runs, not how fast.
 bench_objs=()
-for c in "$root"/kernels/bench/*.c; do
+for c in "$root"/bench/gpu/*.c; do
   o="$bdir/emu/bench-$(basename "$c").o"
   gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$c" -o "$o"
   bench_objs+=("$o")
@@ -88,7 +90,7 @@ rm -f "$bdir/emu/tiny.gguf"
 # be_cuda, with backend_select.c rebuilt with CUDA on. Cold, warm and warm
 # with --cuda-graphs must write the same completions.
 cmake -DSRC="$root" -DOUT="$bdir/emu/gen/kvb_build_info.h" -P "$root/cmake/build-info.cmake"
-for c in "$root/src/backend_select.c" "$root/src/main.c"; do
+for c in "$root/src/app/backend_select.c" "$root/src/app/main.c"; do
   gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -I"$bdir/emu/gen" \
     -DKVB_VERSION='"emu"' -DKVB_BUILD_OPTS='"emulated device"' -c "$c" -o "$bdir/emu/cli-$(basename "$c").o"
 done

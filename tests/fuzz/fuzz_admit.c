@@ -26,14 +26,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "admit.h"
-#include "alloc.h"
-#include "chat.h"
-#include "gguf.h"
-#include "job.h"
-#include "sampler.h"
-#include "synth.h"
-#include "tok.h"
+#include "app/admit.h"
+#include "base/alloc.h"
+#include "text/chat.h"
+#include "model/gguf.h"
+#include "jobs/job.h"
+#include "engine/sampler.h"
+#include "support/synth.h"
+#include "text/tok.h"
 
 #define REQUIRE(c) \
     do { if (!(c)) { fprintf(stderr, "fuzz_admit: %s:%d: %s\n", __FILE__, __LINE__, #c); __builtin_trap(); } } while (0)

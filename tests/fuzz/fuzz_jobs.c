@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "job.h"
-#include "job_json.h"
-#include "jsonmode.h"
+#include "jobs/job.h"
+#include "jobs/job_json.h"
+#include "engine/jsonmode.h"
 
 #define REQUIRE(c) \
     do { if (!(c)) { fprintf(stderr, "fuzz_jobs: %s:%d: %s\n", __FILE__, __LINE__, #c); __builtin_trap(); } } while (0)

@@ -27,9 +27,9 @@
 #include <xxhash.h>
 #include <zstd.h>
 
-#include "alloc.h"
-#include "pstore.h"
-#include "pstore_internal.h"
+#include "base/alloc.h"
+#include "store/pstore/pstore.h"
+#include "store/pstore/pstore_internal.h"
 
 #define REQUIRE(c) \
     do { if (!(c)) { fprintf(stderr, "fuzz_pstore: %s:%d: %s\n", __FILE__, __LINE__, #c); __builtin_trap(); } } while (0)

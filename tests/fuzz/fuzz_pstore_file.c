@@ -26,7 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "pstore_internal.h"
+#include "store/pstore/pstore_internal.h"
 
 #define REQUIRE(c) \
     do { if (!(c)) { fprintf(stderr, "fuzz_pstore_file: %s:%d: %s\n", __FILE__, __LINE__, #c); __builtin_trap(); } } while (0)

@@ -1,9 +1,9 @@
 /* make_gguf_corpus.c — writes the seed files of tests/fuzz/corpus/gguf/.
  *
  * Not part of the build: run by hand when the seeds need regenerating, e.g.
- *   cc -std=c11 -D_GNU_SOURCE -Isrc tests/fuzz/make_gguf_corpus.c \
- *      src/gguf_write.c src/gguf.c src/dtype.c src/alloc.c src/status.c \
- *      -o /tmp/mkcorpus && /tmp/mkcorpus tests/fuzz/corpus/gguf
+ *   cc -std=c11 -D_GNU_SOURCE -mavx2 -mf16c -Isrc tests/fuzz/make_gguf_corpus.c \
+ *      src/gguf_write.c src/gguf.c src/dtype.c src/dtype_avx2.c src/cpu.c \
+ *      src/alloc.c src/status.c -o /tmp/mkcorpus && /tmp/mkcorpus tests/fuzz/corpus/gguf
  * Seeds are small valid files of several shapes (every value type, nested
  * arrays, each common tensor type, a llama-like layout, version 2, other
  * alignments) and damaged variants of them (truncated, patched header
@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "gguf_write.h"
+#include "base/alloc.h"
+#include "support/gguf_write.h"
 
 static const char *out_dir;
 
@@ -76,17 +76,18 @@ static void save_family(const char *base, uint8_t *p, uint64_t n, int variants)
     free(c);
 }
 
-int main(int argc, char **argv)
+/* Writes w's file and saves it (with its damaged variants, if asked). */
+static void save_writer(struct gguf_writer *w, const char *base, int variants)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
-        return 2;
-    }
-    out_dir = argv[1];
     uint64_t n;
-    uint8_t *p;
+    uint8_t *p = finish(w, &n);
+    save_family(base, p, n, variants);
+    kvb_free(p);
+}
 
-    /* Every scalar type and strings. */
+/* Every scalar type and strings. */
+static void seed_scalars(void)
+{
     struct gguf_writer *w = writer();
     gguf_writer_add_u8(w, "u8", 1);
     gguf_writer_add_i8(w, "i8", -1);
@@ -100,12 +101,13 @@ int main(int argc, char **argv)
     gguf_writer_add_f64(w, "f64", 0.25);
     gguf_writer_add_bool(w, "bool", true);
     gguf_writer_add_str(w, "str", "hello");
-    p = finish(w, &n);
-    save_family("scalars", p, n, 0);
-    kvb_free(p);
+    save_writer(w, "scalars", 0);
+}
 
-    /* Arrays: every scalar element type, strings, nested. */
-    w = writer();
+/* Arrays: every scalar element type, strings, nested. */
+static void seed_arrays(void)
+{
+    struct gguf_writer *w = writer();
     uint8_t a8[] = {1, 2, 3};
     uint16_t a16[] = {1, 2};
     uint32_t a32[] = {1, 2, 3, 4};
@@ -139,29 +141,31 @@ int main(int argc, char **argv)
     struct gguf_value smat = {.type = GGUF_VTYPE_ARRAY};
     smat.v.arr.elem_type = GGUF_VTYPE_ARRAY, smat.v.arr.n = 1, smat.v.arr.items = &srow;
     gguf_writer_add_value(w, "a.nested.str", &smat);
-    p = finish(w, &n);
-    save_family("arrays", p, n, 0);
-    kvb_free(p);
+    save_writer(w, "arrays", 0);
+}
 
-    /* One tensor of each common type. */
+/* One tensor of each common type. */
+static void seed_tensors(void)
+{
     static const struct { const char *name; enum ggml_type t; uint64_t ne0; } types[] = {
         {"f32", GGML_TYPE_F32, 4}, {"f16", GGML_TYPE_F16, 4}, {"bf16", GGML_TYPE_BF16, 4},
         {"q4_0", GGML_TYPE_Q4_0, 32}, {"q4_1", GGML_TYPE_Q4_1, 32}, {"q5_0", GGML_TYPE_Q5_0, 32},
         {"q8_0", GGML_TYPE_Q8_0, 32}, {"q4_k", GGML_TYPE_Q4_K, 256}, {"q6_k", GGML_TYPE_Q6_K, 256},
     };
-    w = writer();
+    struct gguf_writer *w = writer();
     gguf_writer_add_str(w, "general.architecture", "llama");
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         uint64_t ne[2] = {types[i].ne0, 2};
         void *d;
         gguf_writer_add_tensor(w, types[i].name, types[i].t, 2, ne, NULL, &d);
     }
-    p = finish(w, &n);
-    save_family("tensors", p, n, 0);
-    kvb_free(p);
+    save_writer(w, "tensors", 0);
+}
 
-    /* A tiny llama-like layout with alignment 64. */
-    w = writer();
+/* A tiny llama-like layout with alignment 64. */
+static void seed_llama(void)
+{
+    struct gguf_writer *w = writer();
     gguf_writer_add_str(w, "general.architecture", "llama");
     gguf_writer_set_alignment(w, 64);
     gguf_writer_add_u32(w, "llama.block_count", 1);
@@ -180,46 +184,68 @@ int main(int argc, char **argv)
     gguf_writer_add_tensor(w, "blk.0.attn_norm.weight", GGML_TYPE_F32, 1, norm, NULL, NULL);
     gguf_writer_add_tensor(w, "blk.0.attn_q.weight", GGML_TYPE_Q4_1, 2, sq, NULL, NULL);
     gguf_writer_add_tensor(w, "output_norm.weight", GGML_TYPE_F32, 1, norm, NULL, NULL);
-    p = finish(w, &n);
-    save_family("llama", p, n, 1);
-    kvb_free(p);
+    save_writer(w, "llama", 1);
+}
 
-    /* Version 2, empty file body, no tensors, 3- and 4-d tensors. */
-    w = writer();
+/* Version 2, with 3- and 4-d tensors. */
+static void seed_v2(void)
+{
+    struct gguf_writer *w = writer();
     gguf_writer_set_version(w, 2);
     gguf_writer_add_str(w, "general.name", "v2");
     uint64_t ne4[] = {2, 2, 2, 2};
     gguf_writer_add_tensor(w, "t4", GGML_TYPE_F16, 4, ne4, NULL, NULL);
     gguf_writer_add_tensor(w, "t3", GGML_TYPE_F32, 3, ne4, NULL, NULL);
-    p = finish(w, &n);
-    save_family("v2", p, n, 0);
-    kvb_free(p);
+    save_writer(w, "v2", 0);
+}
 
-    w = writer();
-    p = finish(w, &n);
-    save_family("empty", p, n, 0);
-    kvb_free(p);
+/* Nothing but the header: no kvs, no tensors. */
+static void seed_empty(void)
+{
+    struct gguf_writer *w = writer();
+    save_writer(w, "empty", 0);
+}
 
-    /* Invalid-by-construction seeds: reach the later checks. */
-    w = writer();
+/* Invalid-by-construction seeds: reach the later checks. */
+static void seed_bad_alignment(void)
+{
+    struct gguf_writer *w = writer();
     gguf_writer_add_u32(w, "general.alignment", 48);
-    p = finish(w, &n);
-    save_family("bad-alignment", p, n, 0);
-    kvb_free(p);
+    save_writer(w, "bad-alignment", 0);
+}
 
-    w = writer();
+static void seed_bad_tensor(void)
+{
+    struct gguf_writer *w = writer();
     uint64_t ne[] = {32, 4};
     gguf_writer_add_tensor_info_raw(w, "bad.type", 77, 2, ne, 0);
     gguf_writer_add_tensor_info_raw(w, "bad.offset", GGML_TYPE_F32, 2, ne, 4);
-    p = finish(w, &n);
-    save_family("bad-tensor", p, n, 0);
-    kvb_free(p);
+    save_writer(w, "bad-tensor", 0);
+}
 
-    w = writer();
+static void seed_dup_key(void)
+{
+    struct gguf_writer *w = writer();
     gguf_writer_add_u8(w, "dup", 1);
     gguf_writer_add_u8(w, "dup", 2);
-    p = finish(w, &n);
-    save_family("dup-key", p, n, 0);
-    kvb_free(p);
+    save_writer(w, "dup-key", 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
+        return 2;
+    }
+    out_dir = argv[1];
+    seed_scalars();
+    seed_arrays();
+    seed_tensors();
+    seed_llama();
+    seed_v2();
+    seed_empty();
+    seed_bad_alignment();
+    seed_bad_tensor();
+    seed_dup_key();
     return 0;
 }

@@ -14,10 +14,10 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "alloc.h"
-#include "dtype.h"
-#include "pstore.h"
-#include "pstore_internal.h"
+#include "base/alloc.h"
+#include "base/dtype.h"
+#include "store/pstore/pstore.h"
+#include "store/pstore/pstore_internal.h"
 
 static const char *out_dir;
 

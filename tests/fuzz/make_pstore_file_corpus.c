@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "pstore.h"
+#include "store/pstore/pstore.h"
 
 static uint64_t rng(uint64_t *s)
 {

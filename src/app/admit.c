@@ -1,0 +1,276 @@
+/* admit.c — a parsed request made ready to run (see admit.h). */
+#include "app/admit.h"
+
+#include <string.h>
+
+#include "base/alloc.h"
+#include "engine/jsonmode.h"
+#include "text/tok.h"
+
+enum kvb_status admit_ctx_init(struct admit_ctx *ctx, const struct tok *tok, const struct chat_template *tmpl,
+                               const char *tmpl_error, int32_t n_vocab, int32_t n_ctx)
+{
+    memset(ctx, 0, sizeof *ctx);
+    ctx->tok = tok;
+    ctx->tmpl = tmpl;
+    ctx->tmpl_error = tmpl_error ? tmpl_error : "no chat template";
+    ctx->n_vocab = n_vocab;
+    ctx->n_ctx = n_ctx;
+    const int32_t nt = tok_n_vocab(tok);
+    int32_t n = 0;
+    for (int32_t i = 0; i < nt; i++) n += tok_is_eog(tok, i);
+    ctx->eog = kvb_malloc(sizeof *ctx->eog * (size_t)(n ? n : 1));
+    if (!ctx->eog) return KVB_ERR_NOMEM;
+    for (int32_t i = 0; i < nt; i++)
+        if (tok_is_eog(tok, i)) ctx->eog[ctx->n_eog++] = i;
+    return KVB_OK;
+}
+
+void admit_ctx_free(struct admit_ctx *ctx)
+{
+    if (!ctx) return;
+    kvb_free(ctx->eog);
+    jsonmode_vocab_free(ctx->json_vocab);
+    memset(ctx, 0, sizeof *ctx);
+}
+
+void admit_plan_free(struct admit_plan *plan)
+{
+    if (!plan) return;
+    for (int32_t k = 0; k < plan->n_prompts; k++) kvb_free(plan->prompts[k].ids);
+    kvb_free(plan->prompts);
+    kvb_free(plan->bias);
+    kvb_free(plan->ban);
+    memset(plan, 0, sizeof *plan);
+}
+
+bool admit_is_stop_token(const struct job_request *q, int32_t token)
+{
+    for (int32_t k = 0; k < q->n_stop_token_ids; k++)
+        if (q->stop_token_ids[k] == token) return true;
+    return false;
+}
+
+/* The path of prompt k in errors: "prompt" for one, "prompt[k]" in a list. */
+static void prompt_param(const struct job_request *q, int32_t k, char *out, size_t cap)
+{
+    const char *pre = q->shorthand ? "" : "body.";
+    if (q->url == JOB_URL_CHAT) snprintf(out, cap, "%smessages", pre);
+    else if (q->n_prompts > 1) snprintf(out, cap, "%sprompt[%d]", pre, k);
+    else snprintf(out, cap, "%sprompt", pre);
+}
+
+/* The chat template applied to q's messages: the text to tokenize. */
+static enum kvb_status render_chat(const struct admit_ctx *ctx, const struct job_request *q, char **text,
+                                   struct job_error *e)
+{
+    char param[64];
+    prompt_param(q, 0, param, sizeof param);
+    if (!ctx->tmpl) {
+        job_error_setf(e, JOB_ERR_INVALID_REQUEST, q->line_no, param, "%s", ctx->tmpl_error);
+        return KVB_ERR_FORMAT;
+    }
+    struct chat_msg *msgs = kvb_calloc(q->n_messages, sizeof *msgs);
+    if (!msgs) goto oom;
+    for (size_t i = 0; i < q->n_messages; i++) msgs[i] = (struct chat_msg){job_role_name(q->messages[i].role),
+                                                                           q->messages[i].content};
+    struct kvb_err err = {{0}};
+    enum kvb_status st = q->continue_final_message
+                             ? chat_apply_continue(ctx->tmpl, msgs, q->n_messages, text, &err)
+                             : chat_apply(ctx->tmpl, msgs, q->n_messages, q->add_generation_prompt, text, &err);
+    kvb_free(msgs);
+    if (st == KVB_ERR_NOMEM) goto oom;
+    if (st != KVB_OK) {
+        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", err.msg);
+        return KVB_ERR_FORMAT;
+    }
+    return KVB_OK;
+oom:
+    job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory");
+    return KVB_ERR_NOMEM;
+}
+
+enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
+                                 size_t max_ids, int32_t **ids, size_t *n, struct job_error *e)
+{
+    const struct tok_limits lim = {.max_ids = max_ids, .cancel = ctx->cancel};
+    *ids = NULL;
+    *n = 0;
+    char param[64];
+    prompt_param(q, k, param, sizeof param);
+    struct kvb_err err = {{0}};
+    enum kvb_status st;
+    const unsigned bos = tok_wants_bos(ctx->tok) ? TOK_ADD_BOS : 0;
+    if (q->url == JOB_URL_CHAT) {
+        char *text = NULL;
+        KVB_FORWARD_IF_ERROR(render_chat(ctx, q, &text, e));
+        st = tok_encode_with(ctx->tok, text, strlen(text), bos | TOK_PARSE_SPECIAL, &lim, ids, n, &err);
+        kvb_free(text);
+    } else if (q->prompts[k].ids) {
+        /* token ids are used as given, as vLLM does: no BOS added */
+        const struct job_prompt *p = &q->prompts[k];
+        for (int32_t i = 0; i < p->n_ids; i++) {
+            if (p->ids[i] < ctx->n_vocab) continue;
+            job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param,
+                           "token id %d is not in the vocabulary (%d tokens)", p->ids[i], ctx->n_vocab);
+            return KVB_ERR_FORMAT;
+        }
+        if (max_ids > 0 && (size_t)p->n_ids > max_ids) {
+            job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, param,
+                           "the prompt has %d tokens; the context holds %zu (prompt plus at least one generated "
+                           "token)", p->n_ids, max_ids + 1);
+            return KVB_ERR_FORMAT;
+        }
+        *ids = kvb_malloc(sizeof **ids * (size_t)p->n_ids);
+        if (!*ids) goto oom;
+        memcpy(*ids, p->ids, sizeof **ids * (size_t)p->n_ids);
+        *n = (size_t)p->n_ids;
+        return KVB_OK;
+    } else {
+        st = tok_encode_with(ctx->tok, q->prompts[k].text, q->prompts[k].text_len, bos, &lim, ids, n, &err);
+    }
+    if (st == KVB_ERR_NOMEM) goto oom;
+    if (st == KVB_ERR_CANCELLED) return st;
+    if (st == KVB_ERR_RANGE) {
+        job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, param,
+                       "%s; the context holds %zu (prompt plus at least one generated token)", err.msg, max_ids + 1);
+        return KVB_ERR_FORMAT;
+    }
+    if (st != KVB_OK) {
+        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", err.msg);
+        return KVB_ERR_FORMAT;
+    }
+    if (*n == 0) {
+        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "the prompt is empty");
+        kvb_free(*ids);
+        *ids = NULL;
+        return KVB_ERR_FORMAT;
+    }
+    return KVB_OK;
+oom:
+    kvb_free(*ids);
+    *ids = NULL;
+    job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory");
+    return KVB_ERR_NOMEM;
+}
+
+/* Token ids the request names (logit_bias, stop_token_ids) must be in the
+ * vocabulary. */
+static enum kvb_status check_ids(const struct admit_ctx *ctx, const struct job_request *q, struct job_error *e)
+{
+    const char *pre = q->shorthand ? "" : "body.";
+    char param[64];
+    for (int32_t k = 0; k < q->n_logit_bias; k++) {
+        if (q->logit_bias[k].token < ctx->n_vocab) continue;
+        snprintf(param, sizeof param, "%slogit_bias", pre);
+        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param,
+                       "logit_bias token %d is not in the vocabulary (%d tokens)", q->logit_bias[k].token,
+                       ctx->n_vocab);
+        return KVB_ERR_FORMAT;
+    }
+    for (int32_t k = 0; k < q->n_stop_token_ids; k++) {
+        if (q->stop_token_ids[k] < ctx->n_vocab) continue;
+        snprintf(param, sizeof param, "%sstop_token_ids[%d]", pre, k);
+        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param,
+                       "stop token %d is not in the vocabulary (%d tokens)", q->stop_token_ids[k], ctx->n_vocab);
+        return KVB_ERR_FORMAT;
+    }
+    return KVB_OK;
+}
+
+enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct admit_plan *plan,
+                              struct job_error *e)
+{
+    memset(plan, 0, sizeof *plan);
+    const int32_t np = q->url == JOB_URL_CHAT ? 1 : q->n_prompts;
+    if (np < 1 || (int64_t)np * q->n > JOB_MAX_CHOICES) {
+        char param[64];
+        snprintf(param, sizeof param, "%sn", q->shorthand ? "" : "body.");
+        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param,
+                       "%d prompts with n = %d make %lld choices; at most %d are allowed in one line", np, q->n,
+                       (long long)np * q->n, JOB_MAX_CHOICES);
+        return KVB_ERR_FORMAT;
+    }
+    enum kvb_status st = check_ids(ctx, q, e);
+    if (st != KVB_OK) return st;
+    plan->prompts = kvb_calloc((size_t)np, sizeof *plan->prompts);
+    if (!plan->prompts) goto oom;
+    for (int32_t k = 0; k < np; k++) {
+        int32_t *ids;
+        size_t n;
+        st = admit_prompt_ids(ctx, q, k, ctx->n_ctx > 0 ? (size_t)ctx->n_ctx - 1 : 0, &ids, &n, e);
+        if (st != KVB_OK) goto fail;
+        plan->prompts[k] = (struct admit_prompt){ids, (int32_t)n};
+        plan->n_prompts = k + 1;
+        if (ctx->n_ctx > 0 && (int64_t)n >= ctx->n_ctx) {
+            char param[64];
+            prompt_param(q, k, param, sizeof param);
+            job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, param,
+                           "the prompt has %zu tokens; the context holds %d (prompt plus at least one generated token)",
+                           n, ctx->n_ctx);
+            st = KVB_ERR_FORMAT;
+            goto fail;
+        }
+    }
+    plan->n_choices = np * q->n;
+    if (q->json_object && !ctx->json_vocab) { /* built for the first request that asks */
+        struct kvb_err jerr = {{0}};
+        st = jsonmode_vocab_create(ctx->tok, &ctx->json_vocab, &jerr);
+        if (st != KVB_OK) {
+            char param[64];
+            snprintf(param, sizeof param, "%sresponse_format", q->shorthand ? "" : "body.");
+            job_error_setf(e, st == KVB_ERR_NOMEM ? JOB_ERR_SERVER : JOB_ERR_INVALID_VALUE, q->line_no, param,
+                           "JSON mode: %s", jerr.msg);
+            st = st == KVB_ERR_NOMEM ? KVB_ERR_NOMEM : KVB_ERR_FORMAT;
+            goto fail;
+        }
+    }
+    if (q->n_logit_bias) {
+        plan->bias = kvb_malloc(sizeof *plan->bias * (size_t)q->n_logit_bias);
+        if (!plan->bias) goto oom;
+        for (int32_t k = 0; k < q->n_logit_bias; k++)
+            plan->bias[k] = (struct sampler_bias){q->logit_bias[k].token, q->logit_bias[k].value};
+    }
+    int32_t n_ban = 0;
+    if (q->min_tokens > 0) {
+        plan->ban = kvb_malloc(sizeof *plan->ban * (size_t)(ctx->n_eog + q->n_stop_token_ids + 1));
+        if (!plan->ban) goto oom;
+        if (!q->ignore_eos)
+            for (int32_t k = 0; k < ctx->n_eog; k++) plan->ban[n_ban++] = ctx->eog[k];
+        for (int32_t k = 0; k < q->n_stop_token_ids; k++) plan->ban[n_ban++] = q->stop_token_ids[k];
+    }
+    struct sampler_params *sp = &plan->sp;
+    sampler_params_default(sp);
+    sp->temperature = q->temperature;
+    sp->top_k = q->top_k;
+    sp->top_p = q->top_p;
+    sp->min_p = q->min_p < 0.999999f ? q->min_p : 0.999999f; /* min_p = 1 means "top token only" */
+    sp->repetition_penalty = q->repetition_penalty;
+    sp->presence_penalty = q->presence_penalty;
+    sp->frequency_penalty = q->frequency_penalty;
+    sp->json = q->json_object ? ctx->json_vocab : NULL;
+    sp->json_schema = q->json_schema;
+    sp->bias = plan->bias;
+    sp->n_bias = plan->bias ? q->n_logit_bias : 0;
+    sp->ban = plan->ban;
+    sp->n_ban = n_ban;
+    sp->ban_until = n_ban ? q->min_tokens : 0;
+    sp->seed = q->seed;
+    return KVB_OK;
+oom:
+    job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory");
+    st = KVB_ERR_NOMEM;
+fail:
+    admit_plan_free(plan);
+    return st;
+}
+
+void admit_choice_params(const struct admit_plan *plan, const struct job_request *q, int32_t c,
+                         struct sampler_params *out)
+{
+    *out = plan->sp;
+    /* Sample i of a prompt draws from seed + i, so n > 1 gives n different
+     * samples and sample 0 equals the n = 1 result; every prompt of a list
+     * starts from the same seed, as if each were a line of its own. */
+    out->seed = q->seed + (uint64_t)(c % q->n);
+}

@@ -1,0 +1,90 @@
+/* admit.h — a parsed request line made ready to run: what `kvbatch run` does
+ * between job_parse_line and sched_submit.
+ *
+ * For each prompt of the request: the token ids (the chat template applied
+ * to messages, a text prompt encoded, or token ids taken as given), checked
+ * against the context; then every check that needs the model (token ids in
+ * the vocabulary for prompts, logit_bias and stop_token_ids; JSON mode's
+ * token table) and the sampler parameters each choice starts from. A line
+ * that cannot run gets a job_error naming the line and the field. Kept
+ * apart from the run loop so that a fuzz target drives exactly this code
+ * (tests/fuzz/fuzz_admit.c).
+ *
+ * Ownership: struct admit_ctx borrows the tokenizer and template and owns
+ * the JSON-mode table it builds on first use (admit_ctx_free, after every
+ * sampler that borrows it is gone); struct admit_plan owns its arrays
+ * (admit_plan_free), and its sampler parameters point into them. */
+#ifndef KVB_ADMIT_H
+#define KVB_ADMIT_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "text/chat.h"
+#include "jobs/job.h"
+#include "engine/sampler.h"
+#include "base/status.h"
+
+struct tok;
+struct jsonmode_vocab;
+
+struct admit_ctx {
+    const struct tok *tok;
+    const struct chat_template *tmpl; /* NULL: chat lines fail with tmpl_error */
+    const char *tmpl_error;           /* why there is no template (NUL-terminated) */
+    int32_t n_vocab;                  /* width of the model's logits */
+    int32_t n_ctx;                    /* positions one sequence may reach; 0: no context check */
+    int32_t *eog;                     /* (n_eog) end-of-generation ids, found by admit_ctx_init */
+    int32_t n_eog;
+    struct jsonmode_vocab *json_vocab; /* built for the first request in JSON mode (owned) */
+    const volatile sig_atomic_t *cancel; /* non-NULL: a long tokenization stops once it is nonzero
+                                            (KVB_ERR_CANCELLED); set by the caller after init */
+};
+
+/* Fills ctx (tmpl may be NULL with tmpl_error saying why). KVB_ERR_NOMEM. */
+enum kvb_status admit_ctx_init(struct admit_ctx *ctx, const struct tok *tok, const struct chat_template *tmpl,
+                               const char *tmpl_error, int32_t n_vocab, int32_t n_ctx);
+void admit_ctx_free(struct admit_ctx *ctx); /* accepts a zeroed ctx */
+
+struct admit_prompt {
+    int32_t *ids; /* (n) */
+    int32_t n;    /* >= 1 and < n_ctx */
+};
+
+struct admit_plan {
+    struct admit_prompt *prompts; /* (n_prompts): chat 1, completion the request's n_prompts */
+    int32_t n_prompts;
+    int32_t n_choices;            /* n_prompts x n: choice c runs prompt c / n with seed + c % n */
+    struct sampler_params sp;     /* choice 0's parameters; admit_choice_params gives each choice's */
+    struct sampler_bias *bias;    /* (sp.n_bias) logit_bias */
+    int32_t *ban;                 /* (sp.n_ban) what min_tokens holds back: end of generation (unless
+                                     ignore_eos) and stop_token_ids */
+};
+
+/* Prepares q. KVB_OK with *plan filled; KVB_ERR_FORMAT with e a 400 error
+ * (a line that cannot run on this model; a prompt too long for the context
+ * is found without tokenizing all of it); KVB_ERR_NOMEM with e a
+ * server_error; KVB_ERR_CANCELLED when ctx->cancel stopped it (no error
+ * line is due: the line was not judged). *plan holds nothing to free unless
+ * KVB_OK. */
+enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct admit_plan *plan,
+                              struct job_error *e);
+void admit_plan_free(struct admit_plan *plan); /* accepts a zeroed plan */
+
+/* The sampler parameters of choice c (< plan->n_choices). */
+void admit_choice_params(const struct admit_plan *plan, const struct job_request *q, int32_t c,
+                         struct sampler_params *out);
+
+/* Prompt k's token ids, at most max_ids of them (0: no bound; more is a
+ * context_length_exceeded error), without ctx's context check (the shard
+ * plan, which must not depend on --ctx, passes its own bound): *ids is
+ * kvb_malloc'd, the caller frees it. The same results as admit_prepare for
+ * that prompt. */
+enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
+                                 size_t max_ids, int32_t **ids, size_t *n, struct job_error *e);
+
+/* Whether token is one of q's stop_token_ids. */
+bool admit_is_stop_token(const struct job_request *q, int32_t token);
+
+#endif

@@ -1,0 +1,131 @@
+/* backend.h — the seam between the engine and the hardware that runs the model.
+ *
+ * A backend owns the KV block storage (host memory for the CPU, device memory
+ * for CUDA) and runs one forward pass over a packed batch: any mix of prefill
+ * chunks and single decode tokens from different sequences. Block *ids* and
+ * their refcounts are managed above the backend (kv.h); the backend only
+ * stores K/V at (block id, slot) and reads them back through each sequence's
+ * block table.
+ *
+ * Everything above this header is backend-agnostic. A backend is created by
+ * its own constructor (cpu/be_cpu.h, kernels/be_cuda.h) and freed through
+ * its vtable; app/backend_select.h picks one. */
+#ifndef KVB_BACKEND_H
+#define KVB_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/quant.h"
+#include "base/status.h"
+
+struct model;
+
+/* One sequence's part of a step. */
+struct be_seq {
+    const int32_t *tokens;      /* (n_tokens) new tokens, at positions pos..pos+n_tokens-1 */
+    int32_t n_tokens;
+    int32_t pos;                /* tokens of this sequence already in the KV cache */
+    const int32_t *block_table; /* KV block ids covering positions [0, pos + n_tokens) */
+    int32_t n_blocks;
+    /* BE_LOGITS_ARGMAX (only when the backend's `argmax` says it can): the
+     * last token's greedy choice instead of its logits row, written to
+     * batch->argmax[i]: the lowest id holding the largest logit that is not
+     * NaN (sampler_greedy's rule), -1 when every logit is NaN or -inf. It
+     * takes no row in the logits output: on a GPU the row never crosses to
+     * the host, which for a 128 K vocabulary is most of what a decode step
+     * would copy back. */
+    enum { BE_LOGITS_NONE = 0, BE_LOGITS_LAST, BE_LOGITS_ALL, BE_LOGITS_ARGMAX } logits;
+};
+
+struct be_batch {
+    const struct be_seq *seqs;
+    int32_t n_seqs;
+    int32_t *argmax; /* (n_seqs) out, entries of BE_LOGITS_ARGMAX sequences; NULL when none asks */
+};
+
+struct backend {
+    const char *name;      /* "cpu", "cuda" */
+    const char *kernels;   /* which kernels run, for logs ("avx512", "scalar", …); NULL: name */
+    int n_threads;         /* host threads doing the work (0: not applicable) */
+    int32_t block_size;    /* tokens per KV block */
+    int32_t n_blocks;      /* blocks in the pool */
+    int64_t block_bytes;   /* bytes of K+V of one block, all layers */
+    bool argmax;           /* forward takes BE_LOGITS_ARGMAX */
+    void *impl;
+
+    /* Runs the batch. Writes logits rows (n_vocab floats each) into `logits`
+     * in sequence order: one row for BE_LOGITS_LAST, n_tokens rows for
+     * BE_LOGITS_ALL, none for BE_LOGITS_NONE. */
+    enum kvb_status (*forward)(struct backend *be, const struct be_batch *batch, float *logits,
+                               struct kvb_err *err);
+    /* Copy one block's K/V (block_bytes, layout [layer][K|V][slot][kv_dim])
+     * out of / into the pool: how the persistent cache spills and restores. */
+    enum kvb_status (*kv_block_read)(struct backend *be, int32_t block, void *dst);
+    enum kvb_status (*kv_block_write)(struct backend *be, int32_t block, const void *src);
+    void (*free)(struct backend *be);
+    /* Optional (NULL: the caller runs fn(arg, 0, 1) itself): runs
+     * fn(arg, i, n) for i in [0, n) on the backend's host threads while no
+     * forward pass is running; returns when all have returned. Lets the
+     * scheduler sample a step's sequences in parallel on threads that
+     * would otherwise wait. */
+    void (*host_parallel)(struct backend *be, void (*fn)(void *arg, int ith, int nth), void *arg);
+    /* Optional (NULL: kvb_aligned_alloc / kvb_free): host memory that
+     * kv_block_read/write copy fastest from and to — page-locked for a GPU,
+     * which copies it by DMA at full bus speed where ordinary memory goes
+     * through a bounce buffer. For the staging of persistent-cache blocks;
+     * host_free takes what host_alloc gave (NULL accepted). */
+    void *(*host_alloc)(struct backend *be, size_t bytes);
+    void (*host_free)(struct backend *be, void *p);
+    /* Optional, all three or none (NULL: kv_block_read/write, which return
+     * when done): block copies queued beside compute, for a GPU's copy
+     * engines. kv_read_async queues a copy of the block, as every forward
+     * pass so far left it, into dst; kv_write_async queues a copy of src
+     * into the block, which every later forward pass sees (the device
+     * waits for it, the host does not). Until kv_copies_wait returns, dst
+     * holds nothing yet and src must stay as it is; the caller also keeps
+     * forward passes from writing a block being read. Both take host_alloc
+     * memory. kv_copies_wait returns once every queued copy is done, with
+     * the first failure among them. */
+    enum kvb_status (*kv_read_async)(struct backend *be, int32_t block, void *dst);
+    enum kvb_status (*kv_write_async)(struct backend *be, int32_t block, const void *src);
+    enum kvb_status (*kv_copies_wait)(struct backend *be, struct kvb_err *err);
+    /* Optional: writes into buf[cap] one line on how the backend ran that
+     * the run summary should show (e.g. CUDA graphs used, or why not);
+     * leaves buf empty when there is nothing to say. */
+    void (*summary)(struct backend *be, char *buf, size_t cap);
+};
+
+/* Totals of a checked batch. */
+struct be_batch_shape {
+    int64_t n_tok;   /* tokens in the step */
+    int64_t n_out;   /* logits rows asked for */
+    int64_t n_argmax; /* BE_LOGITS_ARGMAX sequences */
+    int64_t n_tab;   /* block-table entries over all sequences */
+    int32_t max_end; /* largest pos + n_tokens */
+};
+
+/* Validates a batch for `be` (positive lengths, block tables long enough and
+ * in range, token ids below n_vocab, BE_LOGITS_ARGMAX only where the backend
+ * takes it and with batch->argmax to write to) and sums its shape. KVB_ERR_INVALID_ARG
+ * or KVB_ERR_RANGE with a message naming the sequence. */
+enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const struct be_batch *b,
+                               struct be_batch_shape *out, struct kvb_err *err);
+
+/* Bytes of one KV block as every backend lays it out (K then V of each
+ * layer, fp16): the unit of the KV pool and of the persistent store's values. */
+int64_t be_block_bytes(const struct model *m, int32_t block_size);
+
+static inline const char *be_kernels_name(const struct backend *be) { return be->kernels ? be->kernels : be->name; }
+static inline int be_threads(const struct backend *be) { return be->n_threads > 0 ? be->n_threads : 1; }
+
+void *be_host_alloc(struct backend *be, size_t bytes); /* NULL when out of memory */
+void be_host_free(struct backend *be, void *p);
+
+static inline void be_free(struct backend *be)
+{
+    if (be) be->free(be);
+}
+
+#endif

@@ -1,0 +1,87 @@
+/* attn.h — CPU attention over paged KV, and the small per-token ops of a
+ * transformer layer (RMSNorm, RoPE, SwiGLU).
+ *
+ * Every output element is computed by a fixed sequence of float operations
+ * that depends only on that token's inputs (never on the batch it came in),
+ * which the engine's determinism guarantee rests on. */
+#ifndef KVB_ATTN_H
+#define KVB_ATTN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; out may alias x. */
+void attn_rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps);
+
+/* Rotates n_heads heads of head_dim floats at position pos (first rope_dim
+ * dims of each head). inv_freq has rope_dim/2 entries (model_rope_freqs);
+ * cos and sin are multiplied by mscale (m->rope.mscale: 1 unless yarn). */
+void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, enum rope_kind kind,
+               int32_t pos, const float *inv_freq, float mscale);
+
+/* g[i] = silu(g[i]) * u[i]. */
+void attn_swiglu(float *g, const float *u, int64_t n);
+
+/* One query head over positions [0, n_pos) of one sequence (K/V stored as
+ * IEEE half floats, as llama.cpp stores them by default: half the memory
+ * and bandwidth of f32, and what the persistent cache writes). K/V rows are
+ * found through the block table: position p lives in block
+ * table[p / block_size], slot p % block_size, at
+ * k_base + block * block_stride + slot * row_stride (same for v_base).
+ *
+ * This is the reference, and it fixes the arithmetic every attention kernel
+ * must reproduce bit for bit (so a row's result never depends on the batch
+ * or the kernel that ran it):
+ *   qs[i]  = q[i] * scale
+ *   s[p]   = fma chain over i ascending: s = fma(k[p][i], qs[i], s), from 0
+ *   m      = max s[p]
+ *   e[p]   = attn_exp(s[p] - m)
+ *   P[k]   = sum of e[p] over p = k, k+8, k+16, ... in that order, from 0
+ *   sum    = ((P0 + P4) + (P2 + P6)) + ((P1 + P5) + (P3 + P7))
+ *   o[i]   = fma chain over p ascending: o = fma(e[p], v[p][i], o), from 0
+ *   out[i] = o[i] * (1 / sum)
+ * scores is scratch of n_pos floats. */
+struct attn_kv_view {
+    const uint16_t *k_base, *v_base; /* fp16 pool base already offset to this layer and kv head */
+    int64_t block_stride;            /* elements between consecutive blocks */
+    int64_t row_stride;              /* elements between consecutive slots */
+    int32_t block_size;
+    const int32_t *table;
+};
+void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos,
+               float scale, float *scores);
+/* e^x by a fixed polynomial (relative error ~2e-7); identical to the SIMD
+ * kernels' exp on every input. */
+float attn_exp(float x);
+
+/* AVX2+FMA SwiGLU (attn_avx2.c); call only when attn_have_avx2(). */
+void attn_swiglu_avx2(float *g, const float *u, int64_t n);
+
+/* attn_head for a tile of query tokens over one KV head, each token with
+ * its own block table and length (attn_tile_avx2.c; AVX2+FMA, call only
+ * when attn_have_avx2()). Every (token, query head) row gets exactly
+ * attn_head's result. Where tokens of the tile read the same KV block (a
+ * shared prompt prefix, the tokens of one prefill chunk), its rows are
+ * fetched and widened once for all of them. Tokens that share blocks should
+ * be adjacent in `toks` (only adjacent ones are found). `kv->table` is
+ * unused. scratch: attn_tile_scratch_floats(...) floats (any alignment). */
+struct attn_tile_tok {
+    const float *q;        /* group * head_dim query floats */
+    float *out;            /* group * head_dim output floats */
+    const int32_t *table;  /* block table covering [0, n_pos) */
+    int32_t n_pos;         /* positions attended (causal: own position + 1) */
+};
+int64_t attn_tile_scratch_floats(int32_t n_tok, int32_t group, int32_t head_dim, int32_t max_pos,
+                                 int32_t block_size);
+void attn_tile_avx2(const struct attn_tile_tok *toks, int32_t n_tok, int32_t group, int32_t head_dim,
+                    const struct attn_kv_view *kv, float scale, float *scratch);
+/* The same with 16-lane AVX-512 inner loops (attn_tile_avx512.c; call
+ * only when attn_have_avx512()): bit for bit the same results. */
+void attn_tile_avx512(const struct attn_tile_tok *toks, int32_t n_tok, int32_t group, int32_t head_dim,
+                      const struct attn_kv_view *kv, float scale, float *scratch);
+bool attn_have_avx2(void);
+bool attn_have_avx512(void);
+
+#endif

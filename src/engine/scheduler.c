@@ -1,0 +1,577 @@
+/* scheduler.c — continuous batching over paged KV with radix prefix sharing
+ * (see scheduler.h for the policy). One struct seq per request; `waiting` and
+ * `running` are small arrays of pointers (bounded by the caller's look-ahead
+ * window and max_batch), so linear scans are cheaper than anything clever. */
+#include "engine/scheduler.h"
+#include "base/clock.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/alloc.h"
+#include "base/crashlog.h"
+#include "engine/kv.h"
+#include "engine/radix.h"
+#include "engine/sched_store.h"
+
+struct seq {
+    uint64_t user_id;
+    int32_t *tokens; /* prompt then generated */
+    int32_t n_tokens, cap_tokens, n_prompt, max_tokens;
+    int32_t n_computed; /* tokens whose K/V are in the blocks */
+    int32_t *blocks;
+    int32_t n_blocks, cap_blocks;
+    int32_t n_new;      /* tokens fed in the current step */
+    struct pstore_key *keys; /* (n_prompt / B) chain keys, when a store is attached */
+    int32_t n_spilled;  /* prompt blocks already handed to (or found in) the store */
+    int32_t store_tokens;
+    int32_t cached_tokens;
+    bool admitted_once;
+    int32_t preemptions;     /* times preempted */
+    int32_t restored_tokens; /* positions whose K/V those preemptions dropped */
+    uint64_t admit_seq; /* admission order, for choosing whom to preempt */
+    struct sampler *smp;
+    bool greedy_on_backend; /* the backend makes the choice (BE_LOGITS_ARGMAX) */
+    double t_submit, t_admit, t_first, t_end;
+};
+
+struct sched {
+    struct backend *be;
+    int32_t n_vocab, B;
+    struct sched_opts o;
+    struct sched_callbacks cb;
+    struct kv_alloc *kv;
+    struct radix *radix;
+    struct seq **waiting, **running;
+    int32_t n_waiting, cap_waiting, n_running;
+    uint64_t admit_counter;
+    float *logits;  /* (max_batch, n_vocab) */
+    float *scratch; /* (n_scratch, n_vocab) sampler input, one row per sampling thread */
+    int32_t n_scratch;
+    int32_t *samp_row; /* (max_batch) logits row of each batch entry, -1: none */
+    int32_t *samp_tok; /* (max_batch) its sampled token */
+    int32_t *samp_amax; /* (max_batch) the backend's greedy choices (be_batch.argmax) */
+    int32_t *samp_bad;  /* (max_batch) why the entry has no token: SAMP_* below */
+    struct be_seq *bseqs;
+    struct seq **bsrc; /* seq behind each be_seq */
+    struct sched_stats st;
+    struct pstore *ps;               /* optional persistent store */
+    const struct pstore_model *pm;
+    struct sstore *io;               /* the traffic with it */
+};
+
+static double now_s(void) { return kvb_clock_s(); }
+
+static void seq_free(struct seq *q)
+{
+    if (!q) return;
+    sampler_free(q->smp);
+    kvb_free(q->keys);
+    kvb_free(q->tokens);
+    kvb_free(q->blocks);
+    kvb_free(q);
+}
+
+enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct sched_opts *o,
+                             const struct sched_callbacks *cb, struct sched **out, struct kvb_err *err)
+{
+    struct sched *s = kvb_calloc(1, sizeof *s);
+    if (!s) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    s->be = be;
+    s->n_vocab = n_vocab;
+    s->B = be->block_size;
+    s->o = *o;
+    if (s->o.max_batch <= 0) s->o.max_batch = 128;
+    if (s->o.max_step_tokens <= 0) s->o.max_step_tokens = 512;
+    if (s->o.max_step_tokens < s->o.max_batch) s->o.max_step_tokens = s->o.max_batch;
+    if (s->o.n_ctx <= 0) s->o.n_ctx = 2048;
+    s->cb = *cb;
+    int32_t mb = s->o.max_batch;
+    if (kv_alloc_create(be->n_blocks, &s->kv) != KVB_OK || radix_create(s->B, s->kv, &s->radix) != KVB_OK ||
+        !(s->running = kvb_calloc((size_t)mb, sizeof *s->running)) ||
+        !(s->logits = kvb_malloc(sizeof(float) * (size_t)n_vocab * (size_t)mb)) ||
+        !(s->scratch = kvb_malloc(sizeof(float) * (size_t)n_vocab * (size_t)(s->n_scratch = be_threads(be)))) ||
+        !(s->samp_row = kvb_calloc((size_t)mb, sizeof *s->samp_row)) ||
+        !(s->samp_tok = kvb_calloc((size_t)mb, sizeof *s->samp_tok)) ||
+        !(s->samp_amax = kvb_calloc((size_t)mb, sizeof *s->samp_amax)) ||
+        !(s->samp_bad = kvb_calloc((size_t)mb, sizeof *s->samp_bad)) ||
+        !(s->bseqs = kvb_calloc((size_t)mb, sizeof *s->bseqs)) ||
+        !(s->bsrc = kvb_calloc((size_t)mb, sizeof *s->bsrc))) {
+        sched_free(s);
+        return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for the scheduler");
+    }
+    /* A sequence at full context must fit in the pool by itself, or
+     * preemption could never make room for it. */
+    int32_t need = (s->o.n_ctx + s->B - 1) / s->B;
+    if (need > be->n_blocks) {
+        sched_free(s);
+        return kvb_errf(err, KVB_ERR_RANGE,
+                        "the KV pool holds %d blocks of %d tokens (%lld tokens) but one sequence may reach %d "
+                        "tokens: raise --kv-mem or lower the context",
+                        be->n_blocks, s->B, (long long)be->n_blocks * s->B, s->o.n_ctx);
+    }
+    *out = s;
+    return KVB_OK;
+}
+
+void sched_free(struct sched *s)
+{
+    if (!s) return;
+    for (int32_t i = 0; i < s->n_waiting; i++) seq_free(s->waiting[i]);
+    for (int32_t i = 0; i < s->n_running; i++) seq_free(s->running[i]);
+    kvb_free(s->waiting);
+    kvb_free(s->running);
+    kvb_free(s->logits);
+    kvb_free(s->scratch);
+    kvb_free(s->samp_row);
+    kvb_free(s->samp_tok);
+    kvb_free(s->samp_amax);
+    kvb_free(s->samp_bad);
+    kvb_free(s->bseqs);
+    kvb_free(s->bsrc);
+    sstore_free(s->io); /* before the allocator: it releases the blocks it holds */
+    radix_free(s->radix);
+    kv_alloc_free(s->kv);
+    kvb_free(s);
+}
+
+enum kvb_status sched_set_store(struct sched *s, struct pstore *ps, const struct pstore_model *pm)
+{
+    if (!ps) return KVB_OK;
+    KVB_FORWARD_IF_ERROR(sstore_create(s->be, s->kv, ps, pm, &s->io));
+    s->ps = ps;
+    s->pm = pm;
+    return KVB_OK;
+}
+
+static enum kvb_status push_waiting(struct sched *s, struct seq *q)
+{
+    if (s->n_waiting == s->cap_waiting) {
+        int32_t cap = s->cap_waiting ? s->cap_waiting * 2 : 64;
+        struct seq **nw = kvb_realloc(s->waiting, sizeof *nw * (size_t)cap);
+        if (!nw) return KVB_ERR_NOMEM;
+        s->waiting = nw;
+        s->cap_waiting = cap;
+    }
+    s->waiting[s->n_waiting++] = q;
+    return KVB_OK;
+}
+
+enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *prompt, int32_t n_prompt,
+                             int32_t max_tokens, const struct sampler_params *sp, bool want_logits,
+                             struct kvb_err *err)
+{
+    if (n_prompt <= 0) return kvb_errf(err, KVB_ERR_INVALID_ARG, "empty prompt");
+    if (n_prompt >= s->o.n_ctx)
+        return kvb_errf(err, KVB_ERR_RANGE, "prompt of %d tokens does not fit the context of %d", n_prompt, s->o.n_ctx);
+    struct seq *q = kvb_calloc(1, sizeof *q);
+    if (!q) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    int64_t cap = (int64_t)n_prompt + (max_tokens > 0 ? max_tokens : 0);
+    if (cap > s->o.n_ctx) cap = s->o.n_ctx;
+    q->user_id = user_id;
+    q->cap_tokens = (int32_t)cap;
+    q->tokens = kvb_malloc(sizeof(int32_t) * (size_t)cap);
+    q->cap_blocks = (int32_t)((cap + s->B - 1) / s->B);
+    q->blocks = kvb_malloc(sizeof(int32_t) * (size_t)q->cap_blocks);
+    if (!q->tokens || !q->blocks || sampler_create(sp, s->n_vocab, &q->smp) != KVB_OK ||
+        push_waiting(s, q) != KVB_OK) {
+        seq_free(q);
+        return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    }
+    memcpy(q->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    q->n_tokens = q->n_prompt = n_prompt;
+    if (s->ps && n_prompt >= s->B) {
+        int32_t nk = n_prompt / s->B;
+        q->keys = kvb_malloc(sizeof *q->keys * (size_t)nk);
+        if (q->keys) pstore_chain_keys(s->pm, q->tokens, nk, q->keys); /* no keys: no store for q */
+    }
+    q->max_tokens = max_tokens < 0 ? 0 : max_tokens;
+    q->greedy_on_backend = s->be->argmax && !want_logits && sampler_is_greedy(sp);
+    q->t_submit = now_s();
+    s->st.prompt_tokens += n_prompt;
+    return KVB_OK;
+}
+
+static void info_of(const struct seq *q, struct sched_seq_info *info, const float *logits)
+{
+    *info = (struct sched_seq_info){
+        .error = NULL,
+        .user_id = q->user_id,
+        .tokens = q->tokens,
+        .n_prompt = q->n_prompt,
+        .n_generated = q->n_tokens - q->n_prompt,
+        .cached_tokens = q->cached_tokens,
+        .store_tokens = q->store_tokens,
+        .preemptions = q->preemptions,
+        .restored_tokens = q->restored_tokens,
+        .t_submit = q->t_submit,
+        .t_admit = q->t_admit,
+        .t_first_token = q->t_first,
+        .t_end = q->t_end,
+        .logits = logits,
+    };
+}
+
+static void release_blocks(struct sched *s, struct seq *q)
+{
+    for (int32_t i = 0; i < q->n_blocks; i++) kv_unref(s->kv, q->blocks[i]);
+    q->n_blocks = 0;
+    q->n_computed = 0;
+}
+
+static void remove_running(struct sched *s, int32_t idx)
+{
+    memmove(&s->running[idx], &s->running[idx + 1], sizeof *s->running * (size_t)(s->n_running - idx - 1));
+    s->n_running--;
+}
+
+static void finish(struct sched *s, int32_t idx, enum sched_finish why, const char *error)
+{
+    struct seq *q = s->running[idx];
+    q->t_end = now_s();
+    struct sched_seq_info info;
+    info_of(q, &info, NULL);
+    info.error = error;
+    release_blocks(s, q);
+    remove_running(s, idx);
+    if (s->cb.on_finish) s->cb.on_finish(s->cb.user, &info, why);
+    seq_free(q);
+}
+
+/* Common prefix of two token arrays in whole blocks. */
+static int32_t shared_blocks(const int32_t *a, int32_t na, const int32_t *b, int32_t nb, int32_t B)
+{
+    int32_t n = na < nb ? na : nb, k = 0;
+    while ((k + 1) * B <= n && memcmp(a + (int64_t)k * B, b + (int64_t)k * B, sizeof(int32_t) * (size_t)B) == 0) k++;
+    return k;
+}
+
+/* Whether a running prefill would give q more shared blocks than the cache
+ * holds now: then q should wait for it. */
+static bool better_to_wait(const struct sched *s, const struct seq *q, int32_t cached_blocks)
+{
+    for (int32_t i = 0; i < s->n_running; i++) {
+        const struct seq *r = s->running[i];
+        if (r->n_computed >= r->n_prompt) continue; /* its prompt blocks are all inserted */
+        if (shared_blocks(q->tokens, q->n_tokens - 1, r->tokens, r->n_prompt, s->B) > cached_blocks) return true;
+    }
+    return false;
+}
+
+static int32_t load_from_store(struct sched *s, struct seq *q);
+
+static void admit(struct sched *s)
+{
+    if (s->n_running >= s->o.max_batch || s->n_waiting == 0) return;
+    /* Score every waiting request once per step by its cached prefix. */
+    int32_t *score = kvb_malloc(sizeof(int32_t) * (size_t)s->n_waiting);
+    if (!score) return; /* try again next step */
+    for (int32_t i = 0; i < s->n_waiting; i++)
+        score[i] = radix_peek(s->radix, s->waiting[i]->tokens, s->waiting[i]->n_tokens - 1);
+    while (s->n_running < s->o.max_batch) {
+        int32_t best = -1;
+        for (int32_t i = 0; i < s->n_waiting; i++) {
+            if (score[i] < 0) continue;
+            if (best >= 0 && score[i] <= score[best]) continue; /* ties: earliest submitted */
+            if (better_to_wait(s, s->waiting[i], score[i])) continue;
+            best = i;
+        }
+        if (best < 0) break;
+        struct seq *q = s->waiting[best];
+        /* Memory check: the blocks its prompt still needs must exist as free
+         * or evictable blocks, or admitting it would only cause preemption. */
+        int32_t need = (q->n_tokens + s->B - 1) / s->B - score[best];
+        if (need > kv_n_free(s->kv) + radix_n_cached(s->radix) && s->n_running > 0) break;
+        memmove(&s->waiting[best], &s->waiting[best + 1], sizeof *s->waiting * (size_t)(s->n_waiting - best - 1));
+        memmove(&score[best], &score[best + 1], sizeof *score * (size_t)(s->n_waiting - best - 1));
+        s->n_waiting--;
+        /* Reuse cached blocks, always leaving at least one token to compute
+         * so the step yields logits. */
+        int32_t m = radix_match(s->radix, q->tokens, q->n_tokens - 1, q->blocks, q->cap_blocks);
+        q->n_blocks = m;
+        int32_t loaded = load_from_store(s, q);
+        q->n_computed = q->n_blocks * s->B;
+        if (q->n_spilled < q->n_blocks) q->n_spilled = q->n_blocks;
+        if (!q->admitted_once) {
+            q->cached_tokens = m * s->B;
+            q->store_tokens = loaded * s->B;
+            q->t_admit = now_s();
+            q->admitted_once = true;
+            s->st.cached_tokens += q->cached_tokens;
+            s->st.store_tokens += q->store_tokens;
+        }
+        q->admit_seq = ++s->admit_counter;
+        s->running[s->n_running++] = q;
+        if (q->max_tokens == 0) finish(s, s->n_running - 1, SCHED_FINISH_LENGTH, NULL);
+    }
+    kvb_free(score);
+}
+
+/* Loads the prompt blocks after the q->n_blocks the prefix tree gave, as
+ * far as the store has them (always leaving one token to compute), into
+ * fresh KV blocks, and shares them through the tree. Returns blocks loaded. */
+static int32_t load_from_store(struct sched *s, struct seq *q)
+{
+    if (!s->ps || !q->keys) return 0;
+    const int32_t from = q->n_blocks;
+    int32_t want = (q->n_tokens - 1) / s->B;
+    if (want > q->n_prompt / s->B) want = q->n_prompt / s->B; /* only prompt blocks are stored */
+    if (want - from > 256) want = from + 256; /* one load's worth; the rest next admission or computed */
+    if (want <= from) return 0;
+    /* Blocks to land in; eviction of cached blocks is fine, preemption is not
+     * worth it for an optimisation. */
+    int32_t got = 0;
+    while (from + got < want) {
+        int32_t id = kv_take(s->kv);
+        if (id < 0 && radix_evict(s->radix, 1) > 0) id = kv_take(s->kv);
+        if (id < 0) break;
+        q->blocks[from + got++] = id;
+    }
+    const double t0 = now_s();
+    const int32_t n_loaded = sstore_load(s->io, q->tokens, q->keys, from, got, q->blocks + from);
+    s->st.store_load_s += now_s() - t0;
+    for (int32_t i = n_loaded; i < got; i++) kv_unref(s->kv, q->blocks[from + i]);
+    q->n_blocks = from + n_loaded;
+    if (n_loaded > 0) radix_insert(s->radix, q->tokens, q->n_blocks, q->blocks);
+    return n_loaded;
+}
+
+/* Hands q's newly computed full prompt blocks to the store. */
+static void spill_to_store(struct sched *s, struct seq *q)
+{
+    if (!s->ps || !q->keys) return;
+    int32_t full = (q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) / s->B;
+    for (int32_t i = q->n_spilled; i < full; i++) sstore_spill(s->io, q->tokens, q->keys, i, q->blocks[i]);
+    if (full > q->n_spilled) q->n_spilled = full;
+}
+
+/* Puts the most recently admitted running sequence back to waiting. */
+static void preempt_youngest(struct sched *s)
+{
+    int32_t y = 0;
+    for (int32_t i = 1; i < s->n_running; i++)
+        if (s->running[i]->admit_seq > s->running[y]->admit_seq) y = i;
+    struct seq *q = s->running[y];
+    q->preemptions++;
+    q->restored_tokens += q->n_computed;
+    release_blocks(s, q);
+    remove_running(s, y);
+    if (push_waiting(s, q) != KVB_OK) {
+        /* Cannot requeue: end it rather than lose track of it. */
+        q->t_end = now_s();
+        struct sched_seq_info info;
+        info_of(q, &info, NULL);
+        info.error = "out of memory: a preempted sequence could not be queued again";
+        if (s->cb.on_finish) s->cb.on_finish(s->cb.user, &info, SCHED_FINISH_ERROR);
+        seq_free(q);
+    }
+    s->st.preemptions++;
+}
+
+/* Gives q blocks up to position `end`; false when the pool cannot, even
+ * after eviction (the caller then preempts). */
+static bool grow_blocks(struct sched *s, struct seq *q, int32_t end)
+{
+    int32_t need = (end + s->B - 1) / s->B;
+    while (q->n_blocks < need) {
+        int32_t id = kv_take(s->kv);
+        if (id < 0 && radix_evict(s->radix, 1) > 0) id = kv_take(s->kv);
+        if (id < 0) return false;
+        q->blocks[q->n_blocks++] = id;
+    }
+    return true;
+}
+
+static int seq_order(const struct seq *a, const struct seq *b) { return a->admit_seq < b->admit_seq ? -1 : 1; }
+
+
+/* samp_row of a batch entry whose token the backend chose (BE_LOGITS_ARGMAX). */
+#define ROW_ON_BACKEND (-2)
+
+/* samp_bad: why a batch entry that was to be sampled has no token. Such a
+ * sequence ends with SCHED_FINISH_ERROR rather than with a made-up token:
+ * a model whose logits are NaN must not pass for one that said nothing. */
+enum { SAMP_OK = 0, SAMP_NONFINITE, SAMP_NO_CHOICE, SAMP_FAILED };
+
+/* Samples the batch entries whose logits came back, each with its own
+ * sampler (its own seed and history), so which thread samples which entry
+ * cannot change a token. Thread ith uses scratch row ith: the sampler
+ * rewrites its input, and the logits must stay as they were for logprobs. */
+struct sample_job {
+    struct sched *s;
+    int32_t nb;
+};
+
+static void sample_worker(void *arg, int ith, int nth)
+{
+    struct sample_job *j = arg;
+    struct sched *s = j->s;
+    const int n = nth < s->n_scratch ? nth : s->n_scratch; /* threads that have a scratch row */
+    if (ith >= n) return;
+    float *scratch = s->scratch + (int64_t)ith * s->n_vocab;
+    for (int32_t b = ith; b < j->nb; b += n) {
+        if (s->samp_row[b] < 0) continue;
+        const float *row = s->logits + (int64_t)s->samp_row[b] * s->n_vocab;
+        crashlog_mark_uid(s->bsrc[b]->user_id); /* a crash in the sampler is this sequence's */
+        s->samp_bad[b] = SAMP_OK;
+        if (sampler_first_nonfinite(row, s->n_vocab) >= 0) {
+            s->samp_bad[b] = SAMP_NONFINITE;
+            continue;
+        }
+        memcpy(scratch, row, sizeof(float) * (size_t)s->n_vocab);
+        if (sampler_sample(s->bsrc[b]->smp, scratch, &s->samp_tok[b]) != KVB_OK) s->samp_bad[b] = SAMP_FAILED;
+    }
+    crashlog_mark_uid(UINT64_MAX);
+}
+
+/* The message for a batch entry that got no token (samp_bad). */
+static void sample_failure(const struct sched *s, int32_t b, const float *row, char *out, size_t cap)
+{
+    switch (s->samp_bad[b]) {
+    case SAMP_NONFINITE: {
+        const int32_t at = sampler_first_nonfinite(row, s->n_vocab);
+        const float v = row[at];
+        snprintf(out, cap, "the model's logits are not finite (%s at token id %d of %d): the model's weights or "
+                 "the backend are broken", isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at, s->n_vocab);
+        break;
+    }
+    case SAMP_NO_CHOICE:
+        snprintf(out, cap, "the backend found no token to choose (every logit NaN or -inf): the model's weights or "
+                 "the backend are broken");
+        break;
+    default:
+        snprintf(out, cap, "the sampler failed (out of memory, or no token it may choose)");
+        break;
+    }
+}
+
+enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
+{
+    admit(s);
+    if (s->n_running == 0) return s->io ? sstore_after_step(s->io, err) : KVB_OK;
+    /* Oldest first: they are closest to finishing and their memory is sunk. */
+    for (int32_t i = 1; i < s->n_running; i++)
+        for (int32_t j = i; j > 0 && seq_order(s->running[j], s->running[j - 1]) < 0; j--) {
+            struct seq *t = s->running[j];
+            s->running[j] = s->running[j - 1];
+            s->running[j - 1] = t;
+        }
+
+    /* Decodes first (one token each), then prefill chunks, under the budget. */
+    int32_t budget = s->o.max_step_tokens;
+    for (int32_t i = 0; i < s->n_running; i++) s->running[i]->n_new = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < s->n_running && budget > 0; i++) {
+            struct seq *q = s->running[i];
+            int32_t left = q->n_tokens - q->n_computed;
+            bool decode = left == 1;
+            if ((pass == 0) != decode || q->n_new) continue;
+            int32_t take = left < budget ? left : budget;
+            while (!grow_blocks(s, q, q->n_computed + take)) {
+                /* Spills not yet handed to the store hold their blocks: hand
+                 * them over before taking anything from a sequence. */
+                if (s->io && sstore_pending(s->io)) {
+                    KVB_FORWARD_IF_ERROR(sstore_after_step(s->io, err));
+                    continue;
+                }
+                /* Out of blocks: preempt the youngest; if that is q itself, stop. */
+                struct seq *victim = s->running[0];
+                for (int32_t k = 1; k < s->n_running; k++)
+                    if (s->running[k]->admit_seq > victim->admit_seq) victim = s->running[k];
+                bool self = victim == q;
+                if (s->n_running == 1) return kvb_errf(err, KVB_ERR_INTERNAL, "KV pool too small for one sequence");
+                preempt_youngest(s);
+                if (self) { take = 0; break; }
+                /* running[] shifted: find q again */
+                for (i = 0; i < s->n_running && s->running[i] != q; i++) {}
+            }
+            if (take == 0) { i = s->n_running; break; }
+            q->n_new = take;
+            budget -= take;
+        }
+    }
+
+    int32_t nb = 0;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        struct seq *q = s->running[i];
+        if (!q->n_new) continue;
+        bool last = q->n_computed + q->n_new == q->n_tokens;
+        s->bseqs[nb] = (struct be_seq){
+            .tokens = q->tokens + q->n_computed,
+            .n_tokens = q->n_new,
+            .pos = q->n_computed,
+            .block_table = q->blocks,
+            .n_blocks = q->n_blocks,
+            .logits = !last ? BE_LOGITS_NONE : q->greedy_on_backend ? BE_LOGITS_ARGMAX : BE_LOGITS_LAST,
+        };
+        s->bsrc[nb++] = q;
+        if (q->n_new > 1 || q->n_computed < q->n_prompt) s->st.prefill_computed += q->n_new;
+        else s->st.decode_tokens += 1;
+    }
+    if (nb == 0) return KVB_OK;
+    struct be_batch batch = {s->bseqs, nb, s->samp_amax};
+    KVB_FORWARD_IF_ERROR(s->be->forward(s->be, &batch, s->logits, err));
+    s->st.steps++;
+    /* The previous step's spills were copied out during this pass. */
+    if (s->io) KVB_FORWARD_IF_ERROR(sstore_after_step(s->io, err));
+
+    int32_t row = 0;
+    for (int32_t b = 0; b < nb; b++) {
+        s->samp_row[b] = s->bseqs[b].logits == BE_LOGITS_LAST ? row++ : -1;
+        s->samp_bad[b] = SAMP_OK;
+        if (s->bseqs[b].logits != BE_LOGITS_ARGMAX) continue;
+        s->samp_row[b] = ROW_ON_BACKEND;
+        s->samp_tok[b] = s->samp_amax[b];
+        if (s->samp_amax[b] < 0 || s->samp_amax[b] >= s->n_vocab) s->samp_bad[b] = SAMP_NO_CHOICE;
+    }
+    struct sample_job job = {s, nb};
+    if (s->be->host_parallel && row > 1) s->be->host_parallel(s->be, sample_worker, &job);
+    else sample_worker(&job, 0, 1);
+
+    for (int32_t b = 0; b < nb; b++) {
+        struct seq *q = s->bsrc[b];
+        q->n_computed += q->n_new;
+        int32_t full = q->n_computed / s->B;
+        if (full > 0 && radix_insert(s->radix, q->tokens, full, q->blocks) != KVB_OK) {
+            /* Sharing is an optimisation: carry on without it. */
+        }
+        spill_to_store(s, q);
+        if (s->samp_row[b] == -1) continue;
+        const float *lg = s->samp_row[b] >= 0 ? s->logits + (int64_t)s->samp_row[b] * s->n_vocab : NULL;
+        if (s->samp_bad[b] != SAMP_OK) {
+            char why[160];
+            sample_failure(s, b, lg, why, sizeof why);
+            int32_t idx = 0;
+            while (s->running[idx] != q) idx++;
+            finish(s, idx, SCHED_FINISH_ERROR, why);
+            continue;
+        }
+        const int32_t tok = s->samp_tok[b];
+        sampler_accept(q->smp, tok);
+        q->tokens[q->n_tokens++] = tok;
+        if (q->n_tokens - q->n_prompt == 1) q->t_first = now_s();
+        struct sched_seq_info info;
+        info_of(q, &info, lg);
+        bool stop = s->cb.on_token && s->cb.on_token(s->cb.user, &info, tok);
+        int32_t idx = 0;
+        while (s->running[idx] != q) idx++;
+        if (stop) finish(s, idx, SCHED_FINISH_STOP, NULL);
+        else if (q->n_tokens - q->n_prompt >= q->max_tokens || q->n_tokens >= q->cap_tokens)
+            finish(s, idx, SCHED_FINISH_LENGTH, NULL);
+    }
+    /* Nothing left to overlap the spills with: hand them over now, so that
+     * an idle scheduler has nothing in flight. */
+    if (s->n_running == 0 && s->io) return sstore_after_step(s->io, err);
+    return KVB_OK;
+}
+
+bool sched_idle(const struct sched *s) { return s->n_waiting == 0 && s->n_running == 0; }
+void sched_get_stats(const struct sched *s, struct sched_stats *out)
+{
+    *out = s->st;
+    if (s->io) out->store_blocks_spilled = sstore_blocks_spilled(s->io);
+    out->running = s->n_running;
+    out->waiting = s->n_waiting;
+}

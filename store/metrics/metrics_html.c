@@ -1,0 +1,997 @@
+/* metrics_html.c — `kvbatch report --html FILE`: one self-contained page
+ * about one run, or about the latest runs of several databases (shards, or
+ * nights to compare), drawn as inline SVG by svg_chart.c. No script runs on
+ * the page and nothing is fetched: it opens the same from a mail attachment
+ * as from disk.
+ *
+ * What is drawn and from what:
+ *   - the summary figures (cards, errors, prefix reuse) are those of the
+ *     text report: struct metrics_summary of the run, or of the combination
+ *     of several (metrics_combine.c), so the page and `kvbatch report` agree;
+ *   - throughput and running/waiting over time come from the per-request
+ *     wall-clock times (metrics_series.h says how), per time bin, with the
+ *     time axis counted from each run's own start, one line per run;
+ *   - latency distributions are cumulative: for each latency x, the share
+ *     of requests at or below it, one line per run (nearest-rank marks for
+ *     a single run);
+ *   - the slowest requests are the rows with the largest end-to-end time.
+ * A database written before schema 2 has no per-request times: the time
+ * charts then say so instead of drawing nothing. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sqlite3.h>
+
+#include "base/alloc.h"
+#include "store/metrics/metrics.h"
+#include "store/metrics/metrics_internal.h"
+#include "store/metrics/metrics_report.h"
+#include "store/metrics/metrics_report_internal.h"
+#include "store/metrics/metrics_series.h"
+#include "store/metrics/svg_chart.h"
+
+#define HTML_SLOWEST 15   /* rows of the slowest-requests table */
+#define HTML_MAX_RUNS 40  /* rows of the runs table of one database (the latest ones) */
+#define HTML_BINS 100     /* about this many time bins */
+#define HTML_CDF_POINTS 400
+
+/* ok = a 2xx status and no error code (as everywhere else) */
+#define FAILED_ROW "NOT (error_code IS NULL AND status_code BETWEEN 200 AND 299)"
+
+static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
+                                      "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
+#define N_PALETTE (sizeof palette / sizeof palette[0])
+
+/* the latencies drawn, in the order of the columns load_rows reads (ttft_s, tpot_s, e2e_s, queue_s) */
+enum { LAT_TTFT, LAT_TPOT, LAT_E2E, LAT_QUEUE, N_LAT };
+static const char *const lat_title[N_LAT] = {"time to first token", "time per output token", "end to end",
+                                             "queue (read to first scheduled)"};
+
+struct slow_row {
+    int run;  /* index into the drawn runs */
+    int64_t line, prompt, cached_run, cached_store, completion, preemptions, restored;
+    bool has_preemptions;
+    double queue, ttft, tpot, e2e;
+    char *custom_id, *finish;
+    int status;
+};
+
+/* One run drawn on the page. */
+struct html_run {
+    const char *db_path; /* borrowed */
+    char name[160];      /* its legend label */
+    const char *color;
+    struct metrics_summary sum;
+    struct series_req *req;   /* rows with a start time (charts over time) */
+    size_t n_req;
+    double *fail_at;          /* end time of each failed row that has one */
+    size_t n_fail;
+    double *lat[N_LAT];       /* sorted, seconds */
+    size_t n_lat[N_LAT];
+    double t0, t_last;        /* the run's start; the latest time of any of its rows */
+};
+
+static enum kvb_status sql_fail(struct metrics_db *db, struct kvb_err *err, int rc, const char *what)
+{
+    return metrics_sql_err(metrics_sqlite(db), metrics_path(db), err, rc, what);
+}
+
+static enum kvb_status oom(struct metrics_db *db, struct kvb_err *err)
+{
+    return kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory drawing the report", metrics_path(db));
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Appends v to a growing array; false when out of memory. */
+static bool push_double(double **v, size_t *n, size_t *cap, double x)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 256;
+        double *nv = kvb_realloc(*v, c * sizeof *nv);
+        if (!nv) return false;
+        *v = nv;
+        *cap = c;
+    }
+    (*v)[(*n)++] = x;
+    return true;
+}
+
+static double col_or_nan(sqlite3_stmt *st, int i)
+{
+    return sqlite3_column_type(st, i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, i);
+}
+
+static void run_free(struct html_run *r)
+{
+    metrics_summary_free(&r->sum);
+    kvb_free(r->req);
+    kvb_free(r->fail_at);
+    for (int k = 0; k < N_LAT; k++) kvb_free(r->lat[k]);
+}
+
+/* The request rows of run r->sum.run_id: times, tokens, latencies. */
+static enum kvb_status load_rows(struct metrics_db *db, struct html_run *r, struct kvb_err *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(metrics_sqlite(db),
+        "SELECT submitted_at, started_at, first_token_at, ended_at,"
+        " max(0, prompt_tokens - cached_tokens_run - cached_tokens_store), completion_tokens, " FAILED_ROW ","
+        " ttft_s, tpot_s, e2e_s, queue_s, coalesce(preemptions, 0) FROM requests WHERE run_id=?1", -1, &st, NULL);
+    if (rc != SQLITE_OK) return sql_fail(db, err, rc, "reading request rows");
+    sqlite3_bind_int64(st, 1, r->sum.run_id);
+    size_t cap_req = 0, cap_fail = 0, cap_lat[N_LAT] = {0};
+    enum kvb_status ks = KVB_OK;
+    r->t0 = r->sum.started_at;
+    r->t_last = r->t0;
+    while (ks == KVB_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        struct series_req q = {col_or_nan(st, 0), col_or_nan(st, 1), col_or_nan(st, 2), col_or_nan(st, 3),
+                               sqlite3_column_int64(st, 4), sqlite3_column_int64(st, 5), sqlite3_column_int64(st, 11)};
+        bool failed = sqlite3_column_int(st, 6) != 0;
+        for (int k = 0; k < N_LAT && ks == KVB_OK; k++) {
+            double v = col_or_nan(st, 7 + k);
+            if (isfinite(v) && !push_double(&r->lat[k], &r->n_lat[k], &cap_lat[k], v)) ks = oom(db, err);
+        }
+        if (isfinite(q.ended) && q.ended > r->t_last) r->t_last = q.ended;
+        if (failed && isfinite(q.ended) && !push_double(&r->fail_at, &r->n_fail, &cap_fail, q.ended))
+            ks = oom(db, err);
+        if (ks != KVB_OK || !isfinite(q.started)) continue;
+        if (r->n_req == cap_req) {
+            cap_req = cap_req ? cap_req * 2 : 256;
+            struct series_req *nr = kvb_realloc(r->req, cap_req * sizeof *nr);
+            if (!nr) {
+                ks = oom(db, err);
+                continue;
+            }
+            r->req = nr;
+        }
+        r->req[r->n_req++] = q;
+    }
+    if (ks == KVB_OK && rc != SQLITE_DONE) ks = sql_fail(db, err, rc, "reading request rows");
+    sqlite3_finalize(st);
+    for (int k = 0; k < N_LAT; k++)
+        if (r->n_lat[k]) qsort(r->lat[k], r->n_lat[k], sizeof(double), cmp_double);
+    return ks;
+}
+
+static void slow_free(struct slow_row *s, size_t n)
+{
+    for (size_t i = 0; s && i < n; i++) {
+        kvb_free(s[i].custom_id);
+        kvb_free(s[i].finish);
+    }
+    kvb_free(s);
+}
+
+static char *dup_col(sqlite3_stmt *st, int i, bool *ok)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    if (!t) return NULL;
+    char *d = kvb_strndup((const char *)t, (size_t)sqlite3_column_bytes(st, i));
+    if (!d) *ok = false;
+    return d;
+}
+
+/* Appends run `ri`'s HTML_SLOWEST slowest rows to *rows. */
+static enum kvb_status load_slowest(struct metrics_db *db, int ri, int64_t run_id, struct slow_row **rows,
+                                    size_t *n, struct kvb_err *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(metrics_sqlite(db),
+        "SELECT input_line, custom_id, prompt_tokens, cached_tokens_run, cached_tokens_store, completion_tokens,"
+        " queue_s, ttft_s, tpot_s, e2e_s, preemptions, restored_tokens, finish_reason, status_code"
+        " FROM requests WHERE run_id=?1 AND e2e_s IS NOT NULL ORDER BY e2e_s DESC LIMIT ?2", -1, &st, NULL);
+    if (rc != SQLITE_OK) return sql_fail(db, err, rc, "reading the slowest requests");
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int(st, 2, HTML_SLOWEST);
+    struct slow_row *nr = kvb_realloc(*rows, (*n + HTML_SLOWEST) * sizeof *nr);
+    if (!nr) {
+        sqlite3_finalize(st);
+        return oom(db, err);
+    }
+    *rows = nr;
+    bool ok = true;
+    while (ok && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        struct slow_row *s = &nr[(*n)++];
+        memset(s, 0, sizeof *s);
+        s->run = ri;
+        s->line = sqlite3_column_int64(st, 0);
+        s->custom_id = dup_col(st, 1, &ok);
+        s->prompt = sqlite3_column_int64(st, 2);
+        s->cached_run = sqlite3_column_int64(st, 3);
+        s->cached_store = sqlite3_column_int64(st, 4);
+        s->completion = sqlite3_column_int64(st, 5);
+        s->queue = col_or_nan(st, 6);
+        s->ttft = col_or_nan(st, 7);
+        s->tpot = col_or_nan(st, 8);
+        s->e2e = col_or_nan(st, 9);
+        s->has_preemptions = sqlite3_column_type(st, 10) != SQLITE_NULL;
+        s->preemptions = sqlite3_column_int64(st, 10);
+        s->restored = sqlite3_column_int64(st, 11);
+        s->finish = dup_col(st, 12, &ok);
+        s->status = sqlite3_column_int(st, 13);
+    }
+    sqlite3_finalize(st);
+    if (!ok) return oom(db, err);
+    if (rc != SQLITE_DONE) return sql_fail(db, err, rc, "reading the slowest requests");
+    return KVB_OK;
+}
+
+static int cmp_slow(const void *a, const void *b)
+{
+    const struct slow_row *x = a, *y = b;
+    return (x->e2e < y->e2e) - (x->e2e > y->e2e); /* slowest first */
+}
+
+/* Ids of the runs of one database, latest HTML_MAX_RUNS, oldest first. */
+static enum kvb_status list_run_ids(struct metrics_db *db, int64_t **ids, size_t *n, struct kvb_err *err)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(metrics_sqlite(db),
+        "SELECT id FROM (SELECT id FROM runs ORDER BY id DESC LIMIT ?1) ORDER BY id", -1, &st, NULL);
+    if (rc != SQLITE_OK) return sql_fail(db, err, rc, "listing runs");
+    sqlite3_bind_int(st, 1, HTML_MAX_RUNS);
+    *ids = kvb_malloc(HTML_MAX_RUNS * sizeof **ids);
+    *n = 0;
+    if (!*ids) {
+        sqlite3_finalize(st);
+        return oom(db, err);
+    }
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW && *n < HTML_MAX_RUNS) (*ids)[(*n)++] = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return sql_fail(db, err, rc, "listing runs");
+    return KVB_OK;
+}
+
+/* ---- page pieces --------------------------------------------------------------------- */
+
+static void esc(FILE *o, const char *s)
+{
+    svg_escape(o, s ? s : "-");
+}
+
+/* A duration for people: "0.48 ms", "970 ms", "1.18 s", "71.1 s" — the
+ * unit beside every figure, since one table can hold both (the text and
+ * JSON forms keep milliseconds throughout). */
+static void fmt_dur(char *buf, size_t cap, double seconds)
+{
+    double ms = 1e3 * seconds;
+    if (!isfinite(seconds)) snprintf(buf, cap, "-");
+    else if (ms < 10) snprintf(buf, cap, "%.2f ms", ms);
+    else if (ms < 1000) snprintf(buf, cap, "%.0f ms", ms);
+    else if (seconds < 10) snprintf(buf, cap, "%.2f s", seconds);
+    else snprintf(buf, cap, "%.1f s", seconds);
+}
+
+static void fmt_pct(char *buf, size_t cap, int64_t part, int64_t whole)
+{
+    if (whole > 0) snprintf(buf, cap, "%.1f %%", 100.0 * (double)part / (double)whole);
+    else snprintf(buf, cap, "-");
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static void card(FILE *o, const char *label, const char *value, const char *sub)
+{
+    fputs("<div class=\"card\"><span>", o);
+    esc(o, label);
+    fputs("</span><b>", o);
+    esc(o, value);
+    fputs("</b>", o);
+    if (sub) {
+        fputs("<small>", o);
+        esc(o, sub);
+        fputs("</small>", o);
+    }
+    fputs("</div>\n", o);
+}
+
+static void legend_item(FILE *o, const char *color, const char *dash, const char *label)
+{
+    fprintf(o, "<span><svg width=\"26\" height=\"10\" aria-hidden=\"true\"><line x1=\"1\" y1=\"5\" x2=\"25\" y2=\"5\" "
+               "stroke=\"%s\" stroke-width=\"2.2\"%s%s%s/></svg> ",
+            color, dash ? " stroke-dasharray=\"" : "", dash ? dash : "", dash ? "\"" : "");
+    esc(o, label);
+    fputs("</span>\n", o);
+}
+
+static void legend_rug(FILE *o, const char *label)
+{
+    fputs("<span><svg width=\"14\" height=\"10\" aria-hidden=\"true\"><line x1=\"7\" y1=\"1\" x2=\"7\" y2=\"9\" "
+          "stroke=\"#c00\" stroke-width=\"2\"/></svg> ", o);
+    esc(o, label);
+    fputs("</span>\n", o);
+}
+
+static void summary_cards(FILE *o, const struct metrics_summary *s)
+{
+    const struct metrics_totals *t = &s->t;
+    char v[64], sub[96];
+    fputs("<div class=\"cards\">\n", o);
+    card(o, "status", s->status ? s->status : "-", s->has_totals ? NULL : "no totals recorded yet");
+    snprintf(v, sizeof v, "%lld", (long long)t->requests_total);
+    snprintf(sub, sizeof sub, "%lld ok, %lld failed", (long long)t->requests_ok, (long long)t->requests_failed);
+    card(o, "requests", v, sub);
+    if (s->has_wall) snprintf(v, sizeof v, "%.1f s", t->wall_seconds);
+    else snprintf(v, sizeof v, "-");
+    card(o, "wall time", v, NULL);
+    if (s->has_wall) snprintf(v, sizeof v, "%.1f tok/s", (double)t->completion_tokens / t->wall_seconds);
+    else snprintf(v, sizeof v, "-");
+    snprintf(sub, sizeof sub, "%lld completion tokens", (long long)t->completion_tokens);
+    card(o, "output throughput", v, sub);
+    char a[32], b[32];
+    fmt_dur(a, sizeof a, s->ttft.p50);
+    fmt_dur(b, sizeof b, s->ttft.p95);
+    snprintf(sub, sizeof sub, "p95 %s", b);
+    card(o, "time to first token p50", a, sub);
+    fmt_dur(a, sizeof a, s->e2e.p50);
+    fmt_dur(b, sizeof b, s->e2e.p95);
+    snprintf(sub, sizeof sub, "p50 %s", a);
+    card(o, "end to end p95", b, sub);
+    fmt_pct(v, sizeof v, t->cached_tokens_run + t->cached_tokens_store, t->prompt_tokens);
+    snprintf(sub, sizeof sub, "of %lld prompt tokens", (long long)t->prompt_tokens);
+    card(o, "prefix reuse", v, sub);
+    if (s->rows_with_preemptions > 0 || t->requests_total == 0) {
+        snprintf(v, sizeof v, "%lld", (long long)s->preemptions);
+        snprintf(sub, sizeof sub, "%lld requests, %lld positions restored", (long long)s->preempted_requests,
+                 (long long)s->restored_tokens);
+        card(o, "preemptions", v, sub);
+    }
+    fputs("</div>\n", o);
+}
+
+/* The time unit of the x axis for a span of `span` seconds. */
+static void time_axis(struct svg_axis *a, double span)
+{
+    if (span > 3 * 3600) {
+        a->scale = 1.0 / 3600;
+        a->title = "time since run start (h)";
+    } else if (span > 600) {
+        a->scale = 1.0 / 60;
+        a->title = "time since run start (min)";
+    } else {
+        a->scale = 1;
+        a->title = "time since run start (s)";
+    }
+}
+
+static void bins_for(struct series_bins *b, double span)
+{
+    b->t0 = 0;
+    b->dt = svg_nice_step(span > 0 ? span : 1, HTML_BINS);
+    b->nbins = (int)ceil(span / b->dt - 1e-9);
+    if (b->nbins < 1) b->nbins = 1;
+}
+
+static double max_of(const double *v, int n)
+{
+    double m = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(v[i]) && v[i] > m) m = v[i];
+    return m;
+}
+
+/* Throughput and running/waiting charts. Each run's requests are shifted to
+ * its own start (t0) and binned on one shared grid. */
+static bool time_charts(FILE *o, struct html_run *runs, int n)
+{
+    double span = 0;
+    size_t timed = 0;
+    for (int i = 0; i < n; i++) {
+        timed += runs[i].n_req;
+        if (runs[i].t_last - runs[i].t0 > span) span = runs[i].t_last - runs[i].t0;
+    }
+    if (timed == 0) {
+        fputs("<h2>Throughput over time</h2>\n<p class=\"note\">No per-request times in this database: it was "
+              "written by a kvbatch before metrics schema 2 (or holds no finished request). Run the job again "
+              "with this kvbatch to draw throughput and running/waiting over time.</p>\n", o);
+        return true;
+    }
+    struct series_bins b;
+    bins_for(&b, span);
+    size_t nb = (size_t)b.nbins;
+    double *xs = kvb_malloc(sizeof(double) * nb), *out = kvb_malloc(sizeof(double) * nb * (size_t)n),
+           *pre = kvb_malloc(sizeof(double) * nb * (size_t)n), *run = kvb_malloc(sizeof(double) * nb * (size_t)n),
+           *wait = kvb_malloc(sizeof(double) * nb * (size_t)n),
+           *prun = kvb_malloc(sizeof(double) * nb * (size_t)n), *scratch = kvb_malloc(sizeof(double) * nb);
+    size_t most = 0;
+    for (int i = 0; i < n; i++)
+        if (runs[i].n_req > most) most = runs[i].n_req;
+    struct series_req *preempted = kvb_malloc(sizeof *preempted * (most ? most : 1));
+    bool ok = xs && out && pre && run && wait && prun && scratch && preempted;
+    bool any_preempted = false;
+    for (int i = 0; ok && i < n; i++) {
+        /* shift to the run's start: one grid for every run */
+        struct series_req *q = runs[i].req;
+        for (size_t k = 0; k < runs[i].n_req; k++) {
+            q[k].submitted -= runs[i].t0;
+            q[k].started -= runs[i].t0;
+            q[k].first -= runs[i].t0;
+            q[k].ended -= runs[i].t0;
+        }
+        series_throughput(&b, q, runs[i].n_req, out + nb * (size_t)i, pre + nb * (size_t)i);
+        series_occupancy(&b, q, runs[i].n_req, run + nb * (size_t)i, wait + nb * (size_t)i);
+        /* of the running, those preempted at least once: in a preemption
+         * storm, "running" holds many that wait for their KV again */
+        size_t np = 0;
+        for (size_t k = 0; k < runs[i].n_req; k++)
+            if (q[k].preemptions > 0) preempted[np++] = q[k];
+        any_preempted |= np > 0;
+        series_occupancy(&b, preempted, np, prun + nb * (size_t)i, scratch); /* its waiting is not drawn */
+        for (size_t k = 0; k < runs[i].n_fail; k++) runs[i].fail_at[k] -= runs[i].t0;
+        /* a run's lines stop where it ended, rather than drawing zeros
+         * after it beside a longer run */
+        for (size_t k = 0; k < nb; k++)
+            if (b.t0 + b.dt * (double)k >= runs[i].t_last - runs[i].t0) {
+                out[nb * (size_t)i + k] = pre[nb * (size_t)i + k] = NAN;
+                run[nb * (size_t)i + k] = wait[nb * (size_t)i + k] = prun[nb * (size_t)i + k] = NAN;
+            }
+    }
+    if (!ok) {
+        kvb_free(xs);
+        kvb_free(out);
+        kvb_free(pre);
+        kvb_free(run);
+        kvb_free(wait);
+        kvb_free(prun);
+        kvb_free(scratch);
+        kvb_free(preempted);
+        return false;
+    }
+    for (size_t k = 0; k < nb; k++) xs[k] = b.t0 + b.dt * (double)k;
+    const double x_end = b.t0 + b.dt * (double)nb;
+    const bool one = n == 1;
+    char title[160];
+
+    fputs("<h2>Throughput over time</h2>\n<div class=\"legend\">", o);
+    for (int i = 0; i < n; i++) {
+        snprintf(title, sizeof title, "%s%soutput tokens/s", one ? "" : runs[i].name, one ? "" : ": ");
+        legend_item(o, one ? palette[0] : runs[i].color, NULL, title);
+        snprintf(title, sizeof title, "%s%sprefill tokens/s (computed)", one ? "" : runs[i].name, one ? "" : ": ");
+        legend_item(o, one ? palette[4] : runs[i].color, "5 3", title);
+    }
+    size_t n_fail = 0;
+    for (int i = 0; i < n; i++) n_fail += runs[i].n_fail;
+    if (n_fail) legend_rug(o, "failed request (when its error was written)");
+    fputs("</div>\n", o);
+    struct svg_plot p;
+    svg_plot_init(&p, o, 1020, 300);
+    p.x.lo = 0;
+    p.x.hi = x_end;
+    time_axis(&p.x, span);
+    p.y.lo = 0;
+    p.y.hi = fmax(max_of(out, b.nbins * n), max_of(pre, b.nbins * n));
+    p.y.title = "tokens/s";
+    svg_axis_fit(&p.y);
+    p.x.hi = x_end; /* the bins' end, not rounded further */
+    svg_plot_begin(&p, "throughput over time");
+    for (int i = 0; i < n; i++) {
+        snprintf(title, sizeof title, "%s prefill tokens/s", runs[i].name);
+        svg_plot_line(&p, xs, pre + nb * (size_t)i, nb, one ? palette[4] : runs[i].color, "5 3", true, x_end, title);
+        snprintf(title, sizeof title, "%s output tokens/s", runs[i].name);
+        svg_plot_line(&p, xs, out + nb * (size_t)i, nb, one ? palette[0] : runs[i].color, NULL, true, x_end, title);
+        svg_plot_rug(&p, runs[i].fail_at, runs[i].n_fail, "#c00", "failed request");
+    }
+    svg_plot_end(&p);
+    fprintf(o, "<p class=\"note\">Tokens per second in bins of %g s. A request's first output token counts "
+               "when it was sampled, the others spread evenly up to its end; its computed prompt tokens (not "
+               "reused from a cache) spread evenly from its admission to its first token.</p>\n", b.dt);
+
+    fputs("<h2>Running and waiting sequences</h2>\n<div class=\"legend\">", o);
+    for (int i = 0; i < n; i++) {
+        snprintf(title, sizeof title, "%s%srunning", one ? "" : runs[i].name, one ? "" : ": ");
+        legend_item(o, one ? palette[0] : runs[i].color, NULL, title);
+        snprintf(title, sizeof title, "%s%swaiting", one ? "" : runs[i].name, one ? "" : ": ");
+        legend_item(o, one ? palette[4] : runs[i].color, "5 3", title);
+        if (!any_preempted) continue;
+        snprintf(title, sizeof title, "%s%sof the running, preempted at least once", one ? "" : runs[i].name,
+                 one ? "" : ": ");
+        legend_item(o, one ? palette[1] : runs[i].color, "1 3", title);
+    }
+    fputs("</div>\n", o);
+    svg_plot_init(&p, o, 1020, 260);
+    p.x.lo = 0;
+    p.x.hi = x_end;
+    time_axis(&p.x, span);
+    p.y.lo = 0;
+    p.y.hi = fmax(max_of(run, b.nbins * n), max_of(wait, b.nbins * n));
+    if (p.y.hi < 1) p.y.hi = 1;
+    p.y.title = "sequences";
+    svg_axis_fit(&p.y);
+    svg_plot_begin(&p, "running and waiting sequences over time");
+    for (int i = 0; i < n; i++) {
+        snprintf(title, sizeof title, "%s waiting", runs[i].name);
+        svg_plot_line(&p, xs, wait + nb * (size_t)i, nb, one ? palette[4] : runs[i].color, "5 3", true, x_end, title);
+        snprintf(title, sizeof title, "%s running", runs[i].name);
+        svg_plot_line(&p, xs, run + nb * (size_t)i, nb, one ? palette[0] : runs[i].color, NULL, true, x_end, title);
+        if (!any_preempted) continue;
+        snprintf(title, sizeof title, "%s running, preempted at least once", runs[i].name);
+        svg_plot_line(&p, xs, prun + nb * (size_t)i, nb, one ? palette[1] : runs[i].color, "1 3", true, x_end, title);
+    }
+    svg_plot_end(&p);
+    fputs("<p class=\"note\">Average over each bin. Running: admitted to the scheduler and not finished (a "
+          "preempted request counts from its first admission to its end). Waiting: read from the job file "
+          "and queued, not yet admitted (at most the look-ahead window).</p>\n", o);
+    kvb_free(xs);
+    kvb_free(out);
+    kvb_free(pre);
+    kvb_free(run);
+    kvb_free(wait);
+    kvb_free(prun);
+    kvb_free(scratch);
+    kvb_free(preempted);
+    return true;
+}
+
+/* One cumulative distribution chart of latency k over the runs. */
+static bool cdf_chart(FILE *o, struct html_run *runs, int n, int k)
+{
+    double lo = INFINITY, hi = 0;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total += runs[i].n_lat[k];
+        for (size_t j = 0; j < runs[i].n_lat[k]; j++) {
+            double v = runs[i].lat[k][j] * 1e3;
+            if (v > 0 && v < lo) lo = v;
+            if (v > hi) hi = v;
+        }
+    }
+    fputs("<div><h3>", o);
+    esc(o, lat_title[k]);
+    fputs("</h3>\n", o);
+    if (total == 0) {
+        fputs("<p class=\"note\">No values recorded.</p></div>\n", o);
+        return true;
+    }
+    struct svg_plot p;
+    svg_plot_init(&p, o, 500, 250);
+    p.x.log = isfinite(lo) && hi / lo > 30;
+    p.x.lo = p.x.log ? lo : 0;
+    p.x.hi = hi > 0 ? hi : 1;
+    /* seconds where the values are 10 s and up; a log axis that spans
+     * from below a second keeps milliseconds (no "0.00001") */
+    const bool secs = p.x.log ? lo >= 1000 : hi >= 10000;
+    p.x.scale = secs ? 1e-3 : 1;
+    p.x.title = p.x.log ? (secs ? "seconds (log scale)" : "milliseconds (log scale)")
+                        : (secs ? "seconds" : "milliseconds");
+    svg_axis_fit(&p.x);
+    p.y.lo = 0;
+    p.y.hi = 100;
+    p.y.title = "% of requests at or below";
+    svg_plot_begin(&p, lat_title[k]);
+    double *xs = kvb_malloc(sizeof(double) * HTML_CDF_POINTS), *ys = kvb_malloc(sizeof(double) * HTML_CDF_POINTS);
+    if (!xs || !ys) {
+        kvb_free(xs);
+        kvb_free(ys);
+        svg_plot_end(&p);
+        fputs("</div>\n", o);
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        size_t m = runs[i].n_lat[k];
+        if (m == 0) continue;
+        /* A staircase (the empirical distribution: flat between observed
+         * values) from 0 % at the smallest value, through evenly spaced
+         * ranks, the last included. */
+        size_t np = m < HTML_CDF_POINTS - 1 ? m : HTML_CDF_POINTS - 1;
+        xs[0] = runs[i].lat[k][0] * 1e3;
+        ys[0] = 0;
+        for (size_t j = 0; j < np; j++) {
+            size_t r = np == 1 ? m - 1 : (size_t)llround((double)j * (double)(m - 1) / (double)(np - 1));
+            xs[j + 1] = runs[i].lat[k][r] * 1e3;
+            ys[j + 1] = 100.0 * (double)(r + 1) / (double)m;
+        }
+        svg_plot_line(&p, xs, ys, np + 1, runs[i].color, NULL, true, xs[np], runs[i].name);
+    }
+    if (n == 1) {
+        const struct metrics_dist *d = k == LAT_TTFT ? &runs[0].sum.ttft : k == LAT_TPOT ? &runs[0].sum.tpot
+                                     : k == LAT_E2E  ? &runs[0].sum.e2e : &runs[0].sum.queue;
+        svg_plot_vline(&p, d->p50 * 1e3, "#555", "p50", 0);
+        svg_plot_vline(&p, d->p99 * 1e3, "#555", "p99", 1);
+    }
+    svg_plot_end(&p);
+    kvb_free(xs);
+    kvb_free(ys);
+    fputs("</div>\n", o);
+    return true;
+}
+
+static void dist_row(FILE *o, const char *run, const char *what, const struct metrics_dist *d)
+{
+    char a[32], b[32], c[32], m[32];
+    fmt_dur(a, sizeof a, d->p50);
+    fmt_dur(b, sizeof b, d->p95);
+    fmt_dur(c, sizeof c, d->p99);
+    fmt_dur(m, sizeof m, d->max);
+    fputs("<tr>", o);
+    if (run) {
+        fputs("<td class=\"l\">", o);
+        esc(o, run);
+        fputs("</td>", o);
+    }
+    fputs("<td class=\"l\">", o);
+    esc(o, what);
+    fprintf(o, "</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%zu</td></tr>\n", a, b, c, m, d->n);
+}
+
+static bool latency_section(FILE *o, struct html_run *runs, int n)
+{
+    fputs("<h2>Latency</h2>\n", o);
+    if (n > 1) {
+        fputs("<div class=\"legend\">", o);
+        for (int i = 0; i < n; i++) legend_item(o, runs[i].color, NULL, runs[i].name);
+        fputs("</div>\n", o);
+    }
+    fputs("<div class=\"grid2\">\n", o);
+    for (int k = 0; k < N_LAT; k++)
+        if (!cdf_chart(o, runs, n, k)) return false;
+    fputs("</div>\n<table><tr>", o);
+    if (n > 1) fputs("<th class=\"l\">run</th>", o);
+    fputs("<th class=\"l\">latency</th><th>p50</th><th>p95</th><th>p99</th><th>max</th><th>n</th></tr>\n", o);
+    for (int i = 0; i < n; i++) {
+        const char *rn = n > 1 ? runs[i].name : NULL;
+        dist_row(o, rn, "queue", &runs[i].sum.queue);
+        dist_row(o, rn, "time to first token", &runs[i].sum.ttft);
+        dist_row(o, rn, "time per output token", &runs[i].sum.tpot);
+        dist_row(o, rn, "end to end", &runs[i].sum.e2e);
+    }
+    fputs("</table>\n<p class=\"note\">Nearest-rank percentiles, as <code>kvbatch report</code> prints them (there in ms). "
+          "Queue and first token are timed from when the line was read.</p>\n", o);
+    return true;
+}
+
+/* One stacked bar: in-run cache / persistent store / computed. */
+static void reuse_bar(FILE *o, int y, const char *label, const struct metrics_totals *t)
+{
+    const int x0 = 190, w = 800, h = 22;
+    fprintf(o, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-family=\"system-ui, sans-serif\" font-size=\"12\" "
+               "fill=\"#333\">", x0 - 8, y + 15);
+    esc(o, label);
+    fputs("</text>\n", o);
+    const int64_t parts[3] = {t->cached_tokens_run, t->cached_tokens_store, t->prefill_tokens_computed};
+    static const char *const colors[3] = {"#2ca02c", "#1f77b4", "#bbbbbb"};
+    static const char *const names[3] = {"in-run cache", "persistent store", "computed"};
+    int64_t whole = parts[0] + parts[1] + parts[2];
+    if (whole <= 0) {
+        fprintf(o, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#ccc\"/>", x0, y, w, h);
+        return;
+    }
+    double x = x0;
+    for (int k = 0; k < 3; k++) {
+        double pw = (double)w * (double)parts[k] / (double)whole;
+        if (pw <= 0) continue;
+        fprintf(o, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>%s: %lld tokens "
+                   "(%.1f %%)</title></rect>",
+                x, y, pw, h, colors[k], names[k], (long long)parts[k], 100.0 * (double)parts[k] / (double)whole);
+        if (pw > 60)
+            fprintf(o, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" font-family=\"system-ui, sans-serif\" "
+                       "font-size=\"12\" fill=\"%s\">%.1f %%</text>",
+                    x + pw / 2, y + 15, k == 2 ? "#222" : "#fff", 100.0 * (double)parts[k] / (double)whole);
+        x += pw;
+    }
+    fputc('\n', o);
+}
+
+static void reuse_section(FILE *o, struct html_run *runs, int n, const struct metrics_summary *all)
+{
+    fputs("<h2>Prefix reuse</h2>\n<div class=\"legend\">", o);
+    fputs("<span><i class=\"sw\" style=\"background:#2ca02c\"></i> in-run cache (radix tree)</span>"
+          "<span><i class=\"sw\" style=\"background:#1f77b4\"></i> persistent store (LMDB)</span>"
+          "<span><i class=\"sw\" style=\"background:#bbbbbb\"></i> computed (prefill)</span></div>\n", o);
+    int rows = n + (n > 1 ? 1 : 0);
+    fprintf(o, "<svg role=\"img\" width=\"1020\" height=\"%d\" viewBox=\"0 0 1020 %d\"><title>prefix reuse</title>\n",
+            rows * 30 + 4, rows * 30 + 4);
+    for (int i = 0; i < n; i++) reuse_bar(o, 2 + 30 * i, runs[i].name, &runs[i].sum.t);
+    if (n > 1) reuse_bar(o, 2 + 30 * n, "all of them", &all->t);
+    fputs("</svg>\n<table><tr><th class=\"l\">run</th><th>prompt tokens</th><th>in-run cache</th>"
+          "<th>persistent store</th><th>computed</th></tr>\n", o);
+    for (int i = 0; i <= n; i++) {
+        if (i == n && n == 1) break;
+        const struct metrics_totals *t = i < n ? &runs[i].sum.t : &all->t;
+        char a[32], b[32], c[32];
+        fmt_pct(a, sizeof a, t->cached_tokens_run, t->prompt_tokens);
+        fmt_pct(b, sizeof b, t->cached_tokens_store, t->prompt_tokens);
+        fmt_pct(c, sizeof c, t->prefill_tokens_computed, t->prompt_tokens);
+        fputs("<tr><td class=\"l\">", o);
+        esc(o, i < n ? runs[i].name : "all of them");
+        fprintf(o, "</td><td>%lld</td><td>%lld (%s)</td><td>%lld (%s)</td><td>%lld (%s)</td></tr>\n",
+                (long long)t->prompt_tokens, (long long)t->cached_tokens_run, a, (long long)t->cached_tokens_store, b,
+                (long long)t->prefill_tokens_computed, c);
+    }
+    fputs("</table>\n", o);
+}
+
+static void errors_section(FILE *o, const struct metrics_summary *s)
+{
+    fputs("<h2>Errors</h2>\n", o);
+    if (s->n_errors == 0) {
+        fprintf(o, "<p>No failed requests (%lld of %lld ok).</p>\n", (long long)s->t.requests_ok,
+                (long long)s->t.requests_total);
+        return;
+    }
+    fprintf(o, "<p>%lld of %lld requests failed.</p>\n<table><tr><th class=\"l\">code</th><th>count</th>"
+               "<th class=\"l\">first message</th></tr>\n",
+            (long long)s->t.requests_failed, (long long)s->t.requests_total);
+    for (size_t i = 0; i < s->n_errors; i++) {
+        fputs("<tr><td class=\"l\">", o);
+        esc(o, s->errors[i].key);
+        fprintf(o, "</td><td>%lld</td><td class=\"l msg\">", (long long)s->errors[i].n);
+        esc(o, s->errors[i].example ? s->errors[i].example : "(not recorded)");
+        fputs("</td></tr>\n", o);
+    }
+    fputs("</table>\n", o);
+}
+
+static void slowest_section(FILE *o, struct slow_row *rows, size_t n_rows, const struct html_run *runs, int n)
+{
+    fputs("<h2>Slowest requests</h2>\n", o);
+    if (n_rows == 0) {
+        fputs("<p class=\"note\">No timed requests.</p>\n", o);
+        return;
+    }
+    qsort(rows, n_rows, sizeof *rows, cmp_slow);
+    if (n_rows > HTML_SLOWEST) n_rows = HTML_SLOWEST;
+    fputs("<table><tr>", o);
+    if (n > 1) fputs("<th class=\"l\">run</th>", o);
+    fputs("<th>line</th><th class=\"l\">custom_id</th><th>prompt tokens</th><th>cached: run + store</th>"
+          "<th>output tokens</th><th>queue</th><th>first token</th><th>per token</th><th>end to end</th>"
+          "<th>preempted</th><th>restored</th><th class=\"l\">finish</th></tr>\n", o);
+    for (size_t i = 0; i < n_rows; i++) {
+        const struct slow_row *s = &rows[i];
+        char q[32], f[32], t[32], e[32];
+        fmt_dur(q, sizeof q, s->queue);
+        fmt_dur(f, sizeof f, s->ttft);
+        fmt_dur(t, sizeof t, s->tpot);
+        fmt_dur(e, sizeof e, s->e2e);
+        fputs("<tr>", o);
+        if (n > 1) {
+            fputs("<td class=\"l\">", o);
+            esc(o, runs[s->run].name);
+            fputs("</td>", o);
+        }
+        fprintf(o, "<td>%lld</td><td class=\"l\">", (long long)s->line);
+        esc(o, s->custom_id);
+        fprintf(o, "</td><td>%lld</td><td>%lld + %lld</td><td>%lld</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>",
+                (long long)s->prompt, (long long)s->cached_run, (long long)s->cached_store, (long long)s->completion,
+                q, f, t, e);
+        if (s->has_preemptions)
+            fprintf(o, "<td>%lld</td><td>%lld</td>", (long long)s->preemptions, (long long)s->restored);
+        else
+            fputs("<td>-</td><td>-</td>", o);
+        fputs("<td class=\"l\">", o);
+        if (s->finish) esc(o, s->finish);
+        else fprintf(o, "status %d", s->status);
+        fputs("</td></tr>\n", o);
+    }
+    fputs("</table>\n<p class=\"note\">Preempted: times the scheduler took the request's KV blocks back for "
+          "others; restored: the positions it then had to rebuild (from a cache where still there, else "
+          "recomputed).</p>\n", o);
+}
+
+/* The runs table: one row per run, so that a regression between runs shows. */
+static void runs_row(FILE *o, const char *db, const struct metrics_summary *s, bool drawn)
+{
+    const struct metrics_totals *t = &s->t;
+    char when[64], wall[32], tps[32], a[32], b[32], c[32], reuse[32];
+    metrics_fmt_time(when, sizeof when, s->started_at);
+    if (s->has_wall) {
+        snprintf(wall, sizeof wall, "%.1f s", t->wall_seconds);
+        snprintf(tps, sizeof tps, "%.1f", (double)t->completion_tokens / t->wall_seconds);
+    } else {
+        snprintf(wall, sizeof wall, "-");
+        snprintf(tps, sizeof tps, "-");
+    }
+    fmt_dur(a, sizeof a, s->ttft.p50);
+    fmt_dur(b, sizeof b, s->ttft.p95);
+    fmt_dur(c, sizeof c, s->e2e.p95);
+    fmt_pct(reuse, sizeof reuse, t->cached_tokens_run + t->cached_tokens_store, t->prompt_tokens);
+    fprintf(o, "<tr%s><td class=\"l\">", drawn ? " class=\"drawn\"" : "");
+    esc(o, db);
+    fprintf(o, "</td><td>%lld</td><td class=\"l\">", (long long)s->run_id);
+    esc(o, when);
+    fputs("</td><td class=\"l\">", o);
+    esc(o, s->status);
+    fprintf(o, "</td><td>%lld / %lld</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>",
+            (long long)t->requests_ok, (long long)t->requests_total, wall, tps, a, b, c, reuse);
+    if (s->rows_with_preemptions > 0) fprintf(o, "<td>%lld</td>", (long long)s->preemptions);
+    else fputs("<td>-</td>", o);
+    fputs("<td class=\"l job\">", o);
+    esc(o, s->job_file);
+    fputs("</td></tr>\n", o);
+}
+
+static void runs_head(FILE *o)
+{
+    fputs("<table><tr><th class=\"l\">database</th><th>run</th><th class=\"l\">started</th><th class=\"l\">status</th>"
+          "<th>ok / requests</th><th>wall</th><th>output tok/s</th><th>first token p50</th>"
+          "<th>first token p95</th><th>end to end p95</th><th>prefix reuse</th><th>preemptions</th>"
+          "<th class=\"l\">job</th></tr>\n", o);
+}
+
+static const char css[] =
+    "body{font-family:system-ui,sans-serif;color:#222;max-width:1040px;margin:20px auto;padding:0 14px}"
+    "h1{font-size:22px;margin-bottom:2px}h2{font-size:17px;margin:26px 0 6px;border-bottom:1px solid #ddd}"
+    "h3{font-size:14px;margin:6px 0 2px}td.job{white-space:normal}"
+    ".sub{color:#555;font-size:13px;margin:0 0 12px}.note{color:#666;font-size:12px;margin:4px 0}"
+    ".cards{display:flex;flex-wrap:wrap;gap:8px}.card{border:1px solid #ddd;border-radius:6px;padding:6px 12px;"
+    "min-width:120px}.card span{color:#555;font-size:12px;display:block}.card b{font-size:19px;display:block}"
+    ".card small{color:#666;font-size:11px}"
+    ".legend{font-size:13px;margin:4px 0}.legend span{margin-right:18px;white-space:nowrap}"
+    ".sw{display:inline-block;width:12px;height:12px;vertical-align:-1px}"
+    ".grid2{display:grid;grid-template-columns:1fr 1fr;gap:4px 16px}"
+    "table{border-collapse:collapse;font-size:12px;margin:6px 0}th,td{padding:3px 7px;border-bottom:1px solid #eee;"
+    "text-align:right;vertical-align:top;white-space:nowrap}th{background:#f4f4f4;white-space:normal}"
+    ".l{text-align:left}td.msg{max-width:560px;white-space:normal}"
+    "tr.drawn td{background:#f3f8ff}code{font-size:12px}";
+
+/* Whether the runs, taken in order of start, each began after the one
+ * before had ended (a run still going ends at its latest row). */
+static bool runs_disjoint(const struct html_run *runs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const double si = runs[i].sum.started_at;
+        const double ei = runs[i].sum.ended ? runs[i].sum.ended_at : runs[i].t_last;
+        for (int j = 0; j < n; j++) {
+            if (j == i) continue;
+            const double sj = runs[j].sum.started_at;
+            const double ej = runs[j].sum.ended ? runs[j].sum.ended_at : runs[j].t_last;
+            if (sj < ei && si < ej) return false; /* [si, ei) and [sj, ej) overlap */
+        }
+    }
+    return true;
+}
+
+/* The runs table: with several databases their drawn runs; with one, its
+ * latest HTML_MAX_RUNS runs, the drawn one shaded. */
+static enum kvb_status runs_section(FILE *out, struct html_run *runs, int n, struct metrics_db **dbs,
+                                    const char *const *paths, struct kvb_err *err)
+{
+    enum kvb_status st = KVB_OK;
+    fputs("<h2>Runs</h2>\n", out);
+    runs_head(out);
+    if (n > 1) {
+        for (int i = 0; i < n; i++) runs_row(out, base_name(paths[i]), &runs[i].sum, true);
+    } else {
+        int64_t *ids = NULL;
+        size_t n_ids = 0;
+        st = list_run_ids(dbs[0], &ids, &n_ids, err);
+        for (size_t k = 0; st == KVB_OK && k < n_ids; k++) {
+            if (ids[k] == runs[0].sum.run_id) {
+                runs_row(out, base_name(paths[0]), &runs[0].sum, true);
+                continue;
+            }
+            struct metrics_summary s;
+            st = metrics_summary_load(dbs[0], ids[k], NULL, &s, err);
+            if (st == KVB_OK) runs_row(out, base_name(paths[0]), &s, false);
+            metrics_summary_free(&s);
+        }
+        kvb_free(ids);
+    }
+    fputs("</table>\n<p class=\"note\">One row per run: with several databases, the latest run of each (each "
+          "drawn as its own line); with one, its latest runs, the drawn one shaded.</p>\n", out);
+    return st;
+}
+
+/* ---- the page ----------------------------------------------------------------------- */
+
+static void page_head(FILE *o, const struct metrics_summary *s, const char *const *paths, int n, bool compared)
+{
+    fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+          "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>kvbatch report: ", o);
+    esc(o, s->job_file ? base_name(s->job_file) : "run");
+    fprintf(o, "</title>\n<style>%s</style></head><body>\n<h1>kvbatch report: ", css);
+    esc(o, s->job_file);
+    fputs("</h1>\n<p class=\"sub\">", o);
+    if (n == 1) {
+        fprintf(o, "run %lld of ", (long long)s->run_id);
+        esc(o, paths[0]);
+    } else {
+        fprintf(o, "the latest runs of %d databases, %s:", n, compared ? "one after the other, compared" : "summed");
+        for (int i = 0; i < n; i++) {
+            fputc(' ', o);
+            esc(o, paths[i]);
+        }
+    }
+    char when[64];
+    metrics_fmt_time(when, sizeof when, s->started_at);
+    fputs(" &middot; model ", o);
+    esc(o, s->model);
+    fputs(" on ", o);
+    esc(o, s->backend);
+    fputs(" &middot; started ", o);
+    esc(o, when);
+    fputs("</p>\n", o);
+}
+
+enum kvb_status metrics_report_html(const char *const *paths, int n, int64_t run_id, FILE *out,
+                                    struct kvb_err *err)
+{
+    if (n < 1 || !paths) return kvb_errf(err, KVB_ERR_INVALID_ARG, "no database given");
+    struct html_run *runs = kvb_calloc((size_t)n, sizeof *runs);
+    struct metrics_db **dbs = kvb_calloc((size_t)n, sizeof *dbs);
+    struct slow_row *slow = NULL;
+    size_t n_slow = 0;
+    struct metrics_summary all = {0};
+    struct metrics_db *cdb = NULL;
+    char tmp[64] = "";
+    enum kvb_status st = runs && dbs ? KVB_OK : kvb_errf(err, KVB_ERR_NOMEM, "out of memory drawing the report");
+    for (int i = 0; i < n && st == KVB_OK; i++) {
+        st = metrics_open_existing(paths[i], &dbs[i], err);
+        if (st == KVB_OK) st = metrics_summary_load(dbs[i], n == 1 ? run_id : METRICS_RUN_LATEST, NULL, &runs[i].sum, err);
+        if (st != KVB_OK) break;
+        runs[i].db_path = paths[i];
+        runs[i].color = palette[(size_t)i % N_PALETTE];
+        if (n == 1) snprintf(runs[i].name, sizeof runs[i].name, "run %lld", (long long)runs[i].sum.run_id);
+        else snprintf(runs[i].name, sizeof runs[i].name, "%s run %lld", base_name(paths[i]), (long long)runs[i].sum.run_id);
+        st = load_rows(dbs[i], &runs[i], err);
+        if (st == KVB_OK) st = load_slowest(dbs[i], i, runs[i].sum.run_id, &slow, &n_slow, err);
+    }
+    /* The page's summary: the run's own, or the combination's (the warnings
+     * about partial sums go on the page) */
+    char *warn = NULL;
+    size_t warn_len = 0;
+    if (st == KVB_OK && n > 1) {
+        FILE *wf = open_memstream(&warn, &warn_len);
+        if (!wf) st = kvb_errf(err, KVB_ERR_NOMEM, "out of memory drawing the report");
+        if (st == KVB_OK) {
+            st = metrics_combined_open(paths, n, wf, &cdb, tmp, err);
+            fclose(wf);
+        }
+        if (st == KVB_OK) st = metrics_summary_load(cdb, 1, "all of them", &all, err);
+    }
+    const struct metrics_summary *sum = n > 1 ? &all : st == KVB_OK ? &runs[0].sum : NULL;
+    /* Runs that did not overlap in time (nights, not shards): a sum over
+     * them would give a wall time and a throughput of no run, so the page
+     * opens with one row per run instead of the summed cards. */
+    const bool compared = n > 1 && st == KVB_OK && runs_disjoint(runs, n);
+    if (st == KVB_OK) {
+        page_head(out, sum, paths, n, compared);
+        if (warn && *warn) {
+            fputs("<p class=\"note\">", out);
+            esc(out, warn);
+            fputs("</p>\n", out);
+        }
+        if (compared) {
+            st = runs_section(out, runs, n, dbs, paths, err);
+            fputs("<p class=\"note\">These runs did not overlap in time, so they are compared rather than summed: "
+                  "each is drawn as its own line below. Errors and prefix reuse also show their sum.</p>\n", out);
+        } else {
+            summary_cards(out, sum);
+        }
+        if (st == KVB_OK && (!time_charts(out, runs, n) || !latency_section(out, runs, n)))
+            st = kvb_errf(err, KVB_ERR_NOMEM, "out of memory drawing the report");
+    }
+    if (st == KVB_OK) {
+        reuse_section(out, runs, n, sum);
+        errors_section(out, sum);
+        slowest_section(out, slow, n_slow, runs, n);
+        if (!compared) st = runs_section(out, runs, n, dbs, paths, err);
+    }
+    if (st == KVB_OK) {
+        char now[64];
+        metrics_fmt_time(now, sizeof now, metrics_now_unix());
+        fputs("<p class=\"note\">Written by <code>kvbatch report --html</code> at ", out);
+        esc(out, now);
+        fputs(". The same figures as text: <code>kvbatch report DB</code>; as JSON or CSV: "
+              "<code>--format json|csv</code>.</p>\n</body></html>\n", out);
+    }
+    free(warn); /* open_memstream's buffer */
+    metrics_summary_free(&all);
+    metrics_combined_close(cdb, tmp);
+    slow_free(slow, n_slow);
+    for (int i = 0; runs && i < n; i++) run_free(&runs[i]);
+    for (int i = 0; dbs && i < n; i++) metrics_close(dbs[i]);
+    kvb_free(runs);
+    kvb_free(dbs);
+    return st;
+}
