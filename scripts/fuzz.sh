@@ -19,7 +19,7 @@ if ! [[ "$secs" =~ ^[0-9]+$ ]] || [ "$secs" -lt 1 ]; then
   echo "usage: scripts/fuzz.sh [SECONDS]   (a whole number of seconds per target, default 60)" >&2
   exit 2
 fi
-command -v clang >/dev/null || { echo "scripts/fuzz.sh: clang not found (scripts/setup.sh installs it)" >&2; exit 1; }
+command -v clang >/dev/null || { echo "scripts/fuzz.sh: clang not found (scripts/setup.sh --test installs it)" >&2; exit 1; }
 
 targets=()
 for src in tests/fuzz/fuzz_*.c; do

@@ -5,7 +5,7 @@
 # (default 150) through `kvbatch run` on the default model, each killed once
 # at random and resumed, every output line checked against the openai types.
 # Needs a build (build/kvbatch), the model and the venv with the openai
-# package (scripts/setup.sh). Exit 0 when every check passed.
+# package (scripts/setup.sh --test). Exit 0 when every check passed.
 set -eu
 cd "$(dirname "$0")/.."
 n=${1:-200}

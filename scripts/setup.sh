@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs what kvbatch needs on a fresh Debian machine of this kind: the C
-# libraries it links (Debian packages), clang for the fuzz build, the Python
-# packages the reference tests use, and the default model. Safe to re-run:
-# each step is skipped when already done.
+# libraries it links (Debian packages) and the default model. With --test
+# (scripts/test.sh passes it) also what the test suite uses: clang for the
+# fuzz build, the Python packages of the reference tests and their venv
+# (torch, transformers: several GB, downloaded once), chromium and man.
+# Safe to re-run: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TEST=0
+[ "${1:-}" = "--test" ] && TEST=1
 
-APT_PKGS="build-essential cmake pkg-config liblmdb-dev libzstd-dev libsqlite3-dev libjsmn-dev libxxhash-dev clang libclang-rt-14-dev python3-pip python3-venv man-db"
+APT_PKGS="build-essential cmake pkg-config liblmdb-dev libzstd-dev libsqlite3-dev libjsmn-dev libxxhash-dev python3-pip"
+[ $TEST = 1 ] && APT_PKGS="$APT_PKGS clang libclang-rt-14-dev python3-venv man-db"
 missing=""
 for p in $APT_PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -18,7 +23,7 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
 
-if ! python3 -c 'import numpy, gguf' 2>/dev/null; then
+if [ $TEST = 1 ] && ! python3 -c 'import numpy, gguf' 2>/dev/null; then
   echo "setup: installing Python packages numpy and gguf (reference tests)"
   python3 -m pip install --quiet numpy gguf 2>&1 | grep -v "Running pip as the 'root' user" || true
 fi
@@ -28,7 +33,7 @@ fi
 # numpy, gguf, openai and jsonschema. $KVBATCH_VENV moves it (default
 # ~/.cache/kvbatch-venv); skipped when everything in it imports.
 KVB_VENV="${KVBATCH_VENV:-$HOME/.cache/kvbatch-venv}"
-if ! "$KVB_VENV/bin/python" -c 'import torch, transformers, numpy, gguf, openai, jsonschema' 2>/dev/null; then
+if [ $TEST = 1 ] && ! "$KVB_VENV/bin/python" -c 'import torch, transformers, numpy, gguf, openai, jsonschema' 2>/dev/null; then
   echo "setup: making the Python venv $KVB_VENV (torch, transformers: the Hugging Face reference test)"
   python3 -m venv "$KVB_VENV"
   "$KVB_VENV/bin/python" -m pip install --quiet torch transformers numpy gguf openai jsonschema
@@ -37,7 +42,7 @@ fi
 # Headless Chromium, for the browser test of `kvbatch report --html`
 # (tests/pytest_report_html.py, which skips without it) and for
 # scripts/report-demo.sh's screenshots. Skipped when a chromium is there.
-if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+if [ $TEST = 1 ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   echo "setup: installing chromium (the HTML report's browser test)"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: sets up what is missing (scripts/setup.sh), builds
+# Runs the whole test suite: sets up what is missing (scripts/setup.sh --test), builds
 # (CUDA code too when nvcc is present, so it never rots) and runs ctest.
 #   scripts/test.sh           normal build in build/
 #   scripts/test.sh --asan    ASan+UBSan build in build-asan/ (CPU only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --test
 
 jobs=$(nproc)
 if [ "${1:-}" = "--asan" ]; then
