@@ -44,19 +44,6 @@ static enum kvb_status get_hp_u32(const struct gguf_file *f, const char *arch, c
     return KVB_OK;
 }
 
-static enum kvb_status get_hp_f32(const struct gguf_file *f, const char *arch, const char *suffix,
-                                  float dflt, float *out, struct kvb_err *err)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    enum kvb_status st = gguf_get_f32(f, key, out, err);
-    if (st == KVB_ERR_NOT_FOUND) {
-        *out = dflt;
-        return KVB_OK;
-    }
-    return st;
-}
-
 /* Looks up `name`; checks its shape is (ne0, ne1) (ne1 = 0 for 1-D). */
 static enum kvb_status find_tensor(const struct model *m, const char *name, int64_t ne0, int64_t ne1,
                                    bool required, const struct gguf_tensor **out, struct kvb_err *err)
@@ -187,14 +174,14 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
         return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                         "model key '%s.rope.dimension_count' = %d: a partial rotary embedding (head size %d) is not "
                         "computed by kvbatch", a, hp->rope_dim, hp->head_dim);
-    KVB_FORWARD_IF_ERROR(get_hp_f32(f, a, "rope.freq_base", 10000.0f, &hp->rope_base, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "rope.freq_base", 10000.0f, NULL, &hp->rope_base, err));
     /* Required, as llama.cpp requires it for these architectures: there is
      * no default the authors share (transformers' configs default to 1e-6,
      * kvbatch used to take 1e-5), and every converter writes it. */
     char eps_key[128];
     snprintf(eps_key, sizeof eps_key, "%s.attention.layer_norm_rms_epsilon", a);
     if (!gguf_find(f, eps_key)) return kvb_errf(err, KVB_ERR_FORMAT, "model is missing required key '%s'", eps_key);
-    KVB_FORWARD_IF_ERROR(get_hp_f32(f, a, "attention.layer_norm_rms_epsilon", 0.0f, &hp->rms_eps, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "attention.layer_norm_rms_epsilon", 0.0f, NULL, &hp->rms_eps, err));
     hp->rope = m->arch == MODEL_ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
     return KVB_OK;
 }

@@ -70,6 +70,22 @@ const char *model_key(const struct model *m, const char *suffix, char *buf, size
     return buf;
 }
 
+enum kvb_status model_opt_f32(const struct model *m, const char *suffix, float dflt, bool *given, float *out,
+                              struct kvb_err *err)
+{
+    char key[128];
+    model_key(m, suffix, key, sizeof key);
+    /* Looked up without err first: an absent key is the usual case and must
+     * leave no message behind in a load that succeeds. */
+    enum kvb_status st = gguf_get_f32(m->gguf, key, out, NULL);
+    if (given) *given = st == KVB_OK;
+    if (st == KVB_ERR_NOT_FOUND) {
+        *out = dflt;
+        return KVB_OK;
+    }
+    return st == KVB_OK ? st : gguf_get_f32(m->gguf, key, out, err);
+}
+
 void model_value_str(const struct gguf_value *v, char *buf, size_t size)
 {
     switch (v->type) {

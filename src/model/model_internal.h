@@ -27,6 +27,12 @@ enum kvb_status model_check_keys(const struct model *m, struct kvb_err *err);
 enum kvb_status model_check(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
                             struct kvb_err *err);
 
+/* The float key `<arch>.<suffix>` into *out, or dflt when the file has none
+ * (*given, when non-NULL, says which). An absent key leaves no message in
+ * err; a present one of another type is KVB_ERR_FORMAT naming it. */
+enum kvb_status model_opt_f32(const struct model *m, const char *suffix, float dflt, bool *given, float *out,
+                              struct kvb_err *err);
+
 /* "value" of a scalar metadata entry for messages: 42, 0.5, true, "yarn". */
 void model_value_str(const struct gguf_value *v, char *buf, size_t size);
 

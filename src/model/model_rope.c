@@ -25,22 +25,6 @@
 
 #include "model/model_internal.h"
 
-static enum kvb_status opt_f32(const struct model *m, const char *suffix, float dflt, bool *given, float *out,
-                               struct kvb_err *err)
-{
-    char key[128];
-    model_key(m, suffix, key, sizeof key);
-    /* Looked up without err first: an absent key is the usual case and must
-     * leave no message behind in a load that succeeds. */
-    enum kvb_status st = gguf_get_f32(m->gguf, key, out, NULL);
-    if (given) *given = st == KVB_OK;
-    if (st == KVB_ERR_NOT_FOUND) {
-        *out = dflt;
-        return KVB_OK;
-    }
-    return st == KVB_OK ? st : gguf_get_f32(m->gguf, key, out, err);
-}
-
 static enum kvb_status refuse_f32(const struct model *m, const char *suffix, float v, const char *why,
                                   struct kvb_err *err)
 {
@@ -99,8 +83,8 @@ static enum kvb_status read_yarn(struct model *m, struct kvb_err *err)
     if (orig < 2 || orig > INT32_MAX)
         return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %u is not a usable context length", key, orig);
     r->orig_ctx = (int32_t)orig;
-    KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.yarn_beta_fast", 32.0f, NULL, &r->beta_fast, err));
-    KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.yarn_beta_slow", 1.0f, NULL, &r->beta_slow, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "rope.scaling.yarn_beta_fast", 32.0f, NULL, &r->beta_fast, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "rope.scaling.yarn_beta_slow", 1.0f, NULL, &r->beta_slow, err));
     if (!isfinite(r->beta_fast) || r->beta_fast <= 0)
         return bad_f32(m, "rope.scaling.yarn_beta_fast", r->beta_fast, "must be a positive number", err);
     if (!isfinite(r->beta_slow) || r->beta_slow <= 0)
@@ -109,15 +93,15 @@ static enum kvb_status read_yarn(struct model *m, struct kvb_err *err)
         return bad_f32(m, "rope.freq_base", hp->rope_base, "yarn needs a RoPE base above 1", err);
     float ext, log_mul, attn;
     bool attn_given;
-    KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.yarn_ext_factor", 1.0f, NULL, &ext, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "rope.scaling.yarn_ext_factor", 1.0f, NULL, &ext, err));
     if (ext != 1.0f)
         return refuse_f32(m, "rope.scaling.yarn_ext_factor", ext,
                           "kvbatch computes yarn as transformers does, with the full ramp (1)", err);
-    KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.yarn_log_multiplier", 0.0f, NULL, &log_mul, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "rope.scaling.yarn_log_multiplier", 0.0f, NULL, &log_mul, err));
     if (log_mul != 0.0f)
         return refuse_f32(m, "rope.scaling.yarn_log_multiplier", log_mul,
                           "yarn with an mscale_all_dim is not computed by kvbatch", err);
-    KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.yarn_attn_factor", 1.0f, &attn_given, &attn, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "rope.scaling.yarn_attn_factor", 1.0f, &attn_given, &attn, err));
     if (attn_given) {
         if (!isfinite(attn) || attn <= 0)
             return bad_f32(m, "rope.scaling.yarn_attn_factor", attn, "must be a positive number", err);
@@ -140,8 +124,8 @@ enum kvb_status model_rope_load(struct model *m, struct kvb_err *err)
     bool type_given, factor_given, legacy_given;
     KVB_FORWARD_IF_ERROR(read_type(m, &type_given, err));
     float factor, legacy;
-    KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.factor", 1.0f, &factor_given, &factor, err));
-    KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scale_linear", 1.0f, &legacy_given, &legacy, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "rope.scaling.factor", 1.0f, &factor_given, &factor, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "rope.scale_linear", 1.0f, &legacy_given, &legacy, err));
     const char *factor_key = factor_given ? "rope.scaling.factor" : "rope.scale_linear";
     /* Both names (GGUF's first and its current one): llama.cpp reads the
      * current one, but a file whose two factors disagree contradicts itself. */
@@ -169,7 +153,7 @@ enum kvb_status model_rope_load(struct model *m, struct kvb_err *err)
         r->beta_fast = r->beta_slow = 0.0f;
     }
     float attn_factor;
-    KVB_FORWARD_IF_ERROR(opt_f32(m, "rope.scaling.attn_factor", 1.0f, NULL, &attn_factor, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "rope.scaling.attn_factor", 1.0f, NULL, &attn_factor, err));
     if (!isfinite(attn_factor) || attn_factor <= 0)
         return bad_f32(m, "rope.scaling.attn_factor", attn_factor, "must be a positive number", err);
     r->mscale *= attn_factor;
