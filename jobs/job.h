@@ -31,7 +31,7 @@
  *
  * custom_id is the exception: it names the request, so it is never repaired.
  * Output lines echo it exactly as written (custom_id_json), and it is told
- * from other ids in its exact form (job_json_str_dup_exact: "x\ud800" and
+ * from other ids in its exact form (json_str_dup_exact: "x\ud800" and
  * "x\udfff" are two ids, not both "x\uFFFD"). Raw bytes that are not valid
  * UTF-8 in a custom_id are refused: they could not be written back as JSON.
  *
@@ -52,6 +52,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/buf.h"
 #include "base/status.h"
 
 /* ---- limits ------------------------------------------------------------------ */
@@ -159,8 +160,6 @@ struct job_prompt {
 #define JOB_DEFAULT_TOP_P 1.0f
 #define JOB_DEFAULT_SEED 0u
 
-struct jsonmode_schema;
-struct job_json;
 
 struct job_logit_bias {
     int32_t token;
@@ -169,7 +168,7 @@ struct job_logit_bias {
 
 struct job_request {
     uint64_t line_no;      /* 1-based input line */
-    char *custom_id;       /* its exact decoded form (job_json_str_dup_exact: lone surrogates kept, not
+    char *custom_id;       /* its exact decoded form (json_str_dup_exact: lone surrogates kept, not
                               valid UTF-8 then), NUL-terminated, no NUL inside; the identity that keys,
                               duplicates and shards use; set as soon as it is read, so also on most errors */
     size_t custom_id_len;
@@ -207,7 +206,10 @@ struct job_request {
     bool json_object;         /* "response_format": {"type": "json_object"}: the output is one JSON object */
     struct job_logit_bias *logit_bias; /* (n_logit_bias) distinct token ids; ids not checked here */
     int32_t n_logit_bias;
-    struct jsonmode_schema *json_schema; /* "json_schema": the compiled schema (owned); json_object is set too */
+    char *json_schema;        /* "json_schema": the schema's JSON text as written in the line (owned,
+                                 NUL-terminated; the engine compiles it: jsonmode_schema_compile);
+                                 json_object is set too */
+    size_t json_schema_len;
 
     /* vLLM's sampling extensions */
     bool ignore_eos;          /* end-of-generation tokens do not end the output (max_tokens does) */
@@ -244,20 +246,6 @@ enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
 
 void job_request_free(struct job_request *r); /* frees the strings, zeroes r; accepts NULL */
 
-/* Compiles the JSON schema at token `root` of j (a response_format's
- * json_schema.schema; path names it in errors) for JSON mode (jsonmode.h).
- * The subset: type (string, number, integer, boolean, null, object, array,
- * or a list of the scalar ones), properties, required, additionalProperties
- * false (also the default where properties are listed; with none listed it
- * allows only {}), items, minItems, maxItems, enum or const (of strings,
- * true, false, null; a type beside them keeps the values of that type); the
- * annotations description, title, default, examples and $schema are
- * ignored; any other keyword is refused. The root describes an object;
- * objects and arrays nest at most 16 deep. Returns 0 (*out owned by the
- * caller: jsonmode_schema_free), -1 with the field in err_path and the
- * reason in msg, or -2 out of memory. */
-int job_schema_compile(const struct job_json *j, int root, const char *path, struct jsonmode_schema **out,
-                       char *err_path, size_t path_cap, char *msg, size_t msg_cap);
 
 /* ---- output keys ----------------------------------------------------------- */
 
@@ -279,14 +267,8 @@ void job_key_error(const char *custom_id, size_t len, const struct job_error *e,
 
 /* ---- output lines ---------------------------------------------------------- */
 
-/* A growable byte buffer the formatters append to. Zero-initialise it; reuse
- * it across lines (set len = 0); free with job_buf_free. On failure a
- * formatter leaves len as it found it. */
-struct job_buf {
-    char *data;
-    size_t len, cap;
-};
-void job_buf_free(struct job_buf *b); /* accepts NULL */
+/* The formatters append to a struct kvb_buf (base/buf.h); reuse it across
+ * lines (set len = 0). On failure a formatter leaves len as it found it. */
 
 enum job_finish {
     JOB_FINISH_STOP = 0, /* end-of-sequence token or a stop string */
@@ -352,7 +334,7 @@ struct job_result {
  * logprobs: {"tokens","token_logprobs","top_logprobs":[{token:logprob}],
  * "text_offset"} with byte offsets into the choice's text.
  * KVB_ERR_NOMEM on allocation failure. */
-enum kvb_status job_format_result(struct job_buf *out, const struct job_result *r);
+enum kvb_status job_format_result(struct kvb_buf *out, const struct job_result *r);
 
 /* Appends one error line ending in "\n":
  *   {"id":"batch_req_K","custom_id":… or null,"response":{"status_code":400,
@@ -363,18 +345,14 @@ enum kvb_status job_format_result(struct job_buf *out, const struct job_result *
  * input line, null when e->line_no is 0).
  * server_error lines have status 500 and type "server_error". custom_id may
  * be NULL. KVB_ERR_NOMEM on allocation failure. */
-enum kvb_status job_format_error(struct job_buf *out, const char *custom_id, size_t custom_id_len,
+enum kvb_status job_format_error(struct kvb_buf *out, const char *custom_id, size_t custom_id_len,
                                  const struct job_error *e);
 /* The same with the custom_id as written in the input (custom_id_json, see
  * job_request), echoed byte for byte; NULL: escaped from custom_id. */
-enum kvb_status job_format_error_json(struct job_buf *out, const char *custom_id, size_t custom_id_len,
+enum kvb_status job_format_error_json(struct kvb_buf *out, const char *custom_id, size_t custom_id_len,
                                       const char *custom_id_json, size_t custom_id_json_len,
                                       const struct job_error *e);
 
-/* Appends s as a JSON string literal (quotes included): control characters
- * as \uXXXX (or \n, \t, …), invalid UTF-8 as U+FFFD. Exposed for other
- * writers of JSON (metrics, logs). */
-enum kvb_status job_buf_json_string(struct job_buf *out, const char *s, size_t len);
 
 /* ---- reading lines ---------------------------------------------------------- */
 

@@ -13,7 +13,7 @@
 #include <xxhash.h>
 
 #include "base/alloc.h"
-#include "jobs/job_json.h"
+#include "base/json.h"
 
 /* ---- keys -------------------------------------------------------------------------- */
 
@@ -52,44 +52,20 @@ void job_key_error(const char *custom_id, size_t len, const struct job_error *e,
         job_key_custom_id(custom_id, len, out);
 }
 
-/* ---- buffer ------------------------------------------------------------------------ */
+/* ---- writer ------------------------------------------------------------------------ */
 
-void job_buf_free(struct job_buf *b)
-{
-    if (!b) return;
-    kvb_free(b->data);
-    memset(b, 0, sizeof *b);
-}
-
-/* A writer over a job_buf that remembers the first allocation failure, so
+/* A writer over a kvb_buf that remembers the first allocation failure, so
  * the formatters read as straight-line code and check once at the end. */
 struct w {
-    struct job_buf *b;
+    struct kvb_buf *b;
     size_t start;
     bool oom;
 };
 
 static bool reserve(struct w *w, size_t extra)
 {
-    if (w->oom) return false;
-    struct job_buf *b = w->b;
-    if (b->cap - b->len >= extra) return true;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap - b->len < extra) {
-        if (cap > SIZE_MAX / 2) {
-            w->oom = true;
-            return false;
-        }
-        cap *= 2;
-    }
-    char *d = kvb_realloc(b->data, cap);
-    if (!d) {
-        w->oom = true;
-        return false;
-    }
-    b->data = d;
-    b->cap = cap;
-    return true;
+    if (!w->oom && kvb_buf_reserve(w->b, extra) != KVB_OK) w->oom = true;
+    return !w->oom;
 }
 
 static void put(struct w *w, const char *s, size_t n)
@@ -123,56 +99,7 @@ static void put_logprob(struct w *w, float lp)
 
 static void put_str(struct w *w, const char *s, size_t n)
 {
-    static const char hexd[] = "0123456789abcdef";
-    /* worst case 6 output bytes per input byte (\u00XX); reserve per run of
-     * plain bytes instead to keep large texts cheap */
-    if (!reserve(w, n + 2)) return;
-    put(w, "\"", 1);
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n && !w->oom) {
-        size_t run = i;
-        while (run < n && u[run] >= 0x20 && u[run] < 0x80 && u[run] != '"' && u[run] != '\\') run++;
-        if (run > i) {
-            put(w, s + i, run - i);
-            i = run;
-            continue;
-        }
-        unsigned char c = u[i];
-        if (c < 0x80) {
-            char e[7] = {'\\', 0, 0, 0, 0, 0, 0};
-            size_t el = 2;
-            switch (c) {
-            case '"': e[1] = '"'; break;
-            case '\\': e[1] = '\\'; break;
-            case '\b': e[1] = 'b'; break;
-            case '\f': e[1] = 'f'; break;
-            case '\n': e[1] = 'n'; break;
-            case '\r': e[1] = 'r'; break;
-            case '\t': e[1] = 't'; break;
-            default:
-                e[1] = 'u';
-                e[2] = '0';
-                e[3] = '0';
-                e[4] = hexd[c >> 4];
-                e[5] = hexd[c & 15];
-                el = 6;
-                break;
-            }
-            put(w, e, el);
-            i++;
-            continue;
-        }
-        size_t bad = 0, k = job_utf8_seq(u + i, n - i, &bad);
-        if (k) {
-            put(w, s + i, k);
-            i += k;
-        } else {
-            put(w, "\xEF\xBF\xBD", 3); /* U+FFFD */
-            i += bad;
-        }
-    }
-    put(w, "\"", 1);
+    if (!w->oom && json_put_string(w->b, s, n) != KVB_OK) w->oom = true;
 }
 
 /* A custom_id: as written in the input (json, the text between its quotes,
@@ -205,12 +132,6 @@ static enum kvb_status finish(struct w *w)
     return KVB_OK;
 }
 
-enum kvb_status job_buf_json_string(struct job_buf *out, const char *s, size_t len)
-{
-    struct w w = {.b = out, .start = out->len};
-    put_str(&w, s, len);
-    return finish(&w);
-}
 
 /* ---- logprobs ------------------------------------------------------------------------ */
 
@@ -292,7 +213,7 @@ static void put_completion_logprobs(struct w *w, const struct job_choice *ch)
 
 /* ---- lines ---------------------------------------------------------------------------- */
 
-enum kvb_status job_format_result(struct job_buf *out, const struct job_result *r)
+enum kvb_status job_format_result(struct kvb_buf *out, const struct job_result *r)
 {
     struct w w = {.b = out, .start = out->len};
     struct job_key key;
@@ -346,13 +267,13 @@ enum kvb_status job_format_result(struct job_buf *out, const struct job_result *
     return finish(&w);
 }
 
-enum kvb_status job_format_error(struct job_buf *out, const char *custom_id, size_t custom_id_len,
+enum kvb_status job_format_error(struct kvb_buf *out, const char *custom_id, size_t custom_id_len,
                                  const struct job_error *e)
 {
     return job_format_error_json(out, custom_id, custom_id_len, NULL, 0, e);
 }
 
-enum kvb_status job_format_error_json(struct job_buf *out, const char *custom_id, size_t custom_id_len,
+enum kvb_status job_format_error_json(struct kvb_buf *out, const char *custom_id, size_t custom_id_len,
                                       const char *custom_id_json, size_t custom_id_json_len,
                                       const struct job_error *e)
 {

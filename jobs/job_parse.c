@@ -15,8 +15,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "jobs/job_json.h"
-#include "engine/jsonmode.h"
+#include "base/json.h"
 
 void job_error_setf(struct job_error *e, const char *code, uint64_t line_no, const char *param,
                     const char *fmt, ...)
@@ -61,7 +60,7 @@ void job_request_free(struct job_request *r)
     kvb_free(r->stop_token_ids);
     for (int i = 0; i < r->n_stop; i++) kvb_free(r->stop[i]);
     kvb_free(r->logit_bias);
-    jsonmode_schema_free(r->json_schema);
+    kvb_free(r->json_schema);
     memset(r, 0, sizeof *r);
 }
 
@@ -86,7 +85,7 @@ static void request_defaults(struct job_request *r, uint64_t line_no)
 /* ---- parse context and error helpers ------------------------------------------ */
 
 struct pctx {
-    const struct job_json *j;
+    const struct json_doc *j;
     struct job_request *r;
     struct job_error *err;
     uint64_t line;
@@ -179,8 +178,8 @@ static double number_value(const struct pctx *c, int i)
  * (null means "not given", job.h). */
 static int lookup(const struct pctx *c, int obj, const char *name)
 {
-    int i = job_json_get(c->j, obj, name);
-    if (i >= 0 && job_json_kind(c->j, i) == JOB_JSON_NULL) return -1;
+    int i = json_get(c->j, obj, name);
+    if (i >= 0 && json_kind(c->j, i) == JSON_NULL) return -1;
     return i;
 }
 
@@ -191,7 +190,7 @@ static int get_float(struct pctx *c, int obj, const char *name, double lo, bool 
     if (i < 0) return 0;
     char path[PATH_MAX_];
     path_of(c, name, path);
-    if (job_json_kind(c->j, i) != JOB_JSON_NUMBER) return fail_type(c, path, "a number");
+    if (json_kind(c->j, i) != JSON_NUMBER) return fail_type(c, path, "a number");
     double v = number_value(c, i);
     /* Range-check the double first (a huge double cast to float is undefined),
      * then the float itself: 1e-50 is > 0 but becomes 0.0f. */
@@ -219,7 +218,7 @@ static int get_int(struct pctx *c, int obj, const char *name, int64_t lo, int64_
     if (i < 0) return 0;
     char path[PATH_MAX_];
     path_of(c, name, path);
-    if (job_json_kind(c->j, i) != JOB_JSON_NUMBER) return fail_type(c, path, "an integer");
+    if (json_kind(c->j, i) != JSON_NUMBER) return fail_type(c, path, "an integer");
     double v = number_value(c, i);
     if (isfinite(v) && v != floor(v)) return fail_type(c, path, "an integer");
     if (!(v >= (double)lo && v <= (double)hi)) {
@@ -244,7 +243,7 @@ static int get_seed(struct pctx *c, int obj)
     if (i < 0) return 0;
     char path[PATH_MAX_];
     path_of(c, "seed", path);
-    if (job_json_kind(c->j, i) != JOB_JSON_NUMBER) return fail_type(c, path, "an integer");
+    if (json_kind(c->j, i) != JSON_NUMBER) return fail_type(c, path, "an integer");
     const jsmntok_t *t = &c->j->tok[i];
     const char *s = c->j->src + t->start;
     size_t n = (size_t)(t->end - t->start);
@@ -289,9 +288,9 @@ static int get_bool(struct pctx *c, int obj, const char *name, bool *out, bool *
     if (i < 0) return 0;
     char path[PATH_MAX_];
     path_of(c, name, path);
-    enum job_json_kind k = job_json_kind(c->j, i);
-    if (k != JOB_JSON_TRUE && k != JOB_JSON_FALSE) return fail_type(c, path, "a boolean");
-    *out = k == JOB_JSON_TRUE;
+    enum json_kind k = json_kind(c->j, i);
+    if (k != JSON_TRUE && k != JSON_FALSE) return fail_type(c, path, "a boolean");
+    *out = k == JSON_TRUE;
     if (present) *present = true;
     return 0;
 }
@@ -304,8 +303,8 @@ static int get_string(struct pctx *c, int obj, const char *name, char **out, siz
     if (i < 0) return 0;
     char path[PATH_MAX_];
     path_of(c, name, path);
-    if (job_json_kind(c->j, i) != JOB_JSON_STRING) return fail_type(c, path, "a string");
-    if (job_json_str_dup(c->j, i, out, out_len) != KVB_OK) return fail_nomem(c);
+    if (json_kind(c->j, i) != JSON_STRING) return fail_type(c, path, "a string");
+    if (json_str_dup(c->j, i, out, out_len) != KVB_OK) return fail_nomem(c);
     if (present) *present = true;
     return 0;
 }
@@ -320,9 +319,9 @@ static int parse_role(struct pctx *c, int msg, const char *mpath, enum job_role 
 {
     char path[PATH_MAX_];
     path_sub(path, mpath, ".role");
-    int i = job_json_get(c->j, msg, "role");
+    int i = json_get(c->j, msg, "role");
     if (i < 0) return fail_missing(c, path);
-    if (job_json_kind(c->j, i) != JOB_JSON_STRING) return fail_type(c, path, "a string");
+    if (json_kind(c->j, i) != JSON_STRING) return fail_type(c, path, "a string");
     static const struct { const char *name; enum job_role role; } roles[] = {
         {"system", JOB_ROLE_SYSTEM},
         {"user", JOB_ROLE_USER},
@@ -330,7 +329,7 @@ static int parse_role(struct pctx *c, int msg, const char *mpath, enum job_role 
         {"developer", JOB_ROLE_DEVELOPER},
     };
     for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++) {
-        if (job_json_str_eq(c->j, i, roles[k].name)) {
+        if (json_str_eq(c->j, i, roles[k].name)) {
             *role = roles[k].role;
             return 0;
         }
@@ -348,21 +347,21 @@ static int parse_content(struct pctx *c, int msg, const char *mpath, enum job_ro
 {
     char path[PATH_MAX_];
     path_sub(path, mpath, ".content");
-    int i = job_json_get(c->j, msg, "content");
+    int i = json_get(c->j, msg, "content");
     if (i < 0) return fail_missing(c, path);
-    enum job_json_kind k = job_json_kind(c->j, i);
-    if (k == JOB_JSON_NULL && role == JOB_ROLE_ASSISTANT) {
+    enum json_kind k = json_kind(c->j, i);
+    if (k == JSON_NULL && role == JOB_ROLE_ASSISTANT) {
         /* an assistant turn that only called tools has null content */
         m->content = kvb_strndup("", 0);
         if (!m->content) return fail_nomem(c);
         m->content_len = 0;
         return 0;
     }
-    if (k == JOB_JSON_STRING) {
-        if (job_json_str_dup(c->j, i, &m->content, &m->content_len) != KVB_OK) return fail_nomem(c);
+    if (k == JSON_STRING) {
+        if (json_str_dup(c->j, i, &m->content, &m->content_len) != KVB_OK) return fail_nomem(c);
         return 0;
     }
-    if (k != JOB_JSON_ARRAY) return fail_type(c, path, "a string or an array of text parts");
+    if (k != JSON_ARRAY) return fail_type(c, path, "a string or an array of text parts");
 
     /* Two passes: check every part and size the result, then copy. */
     size_t total = 0;
@@ -370,27 +369,27 @@ static int parse_content(struct pctx *c, int msg, const char *mpath, enum job_ro
     for (int q = 0; q < nparts; q++) {
         char ppath[PATH_MAX_];
         path_idx(ppath, path, q);
-        if (job_json_kind(c->j, p) != JOB_JSON_OBJECT) return fail_type(c, ppath, "an object");
+        if (json_kind(c->j, p) != JSON_OBJECT) return fail_type(c, ppath, "an object");
         char tpath[PATH_MAX_];
         path_sub(tpath, ppath, ".type");
-        int ty = job_json_get(c->j, p, "type");
+        int ty = json_get(c->j, p, "type");
         if (ty < 0) return fail_missing(c, tpath);
-        if (job_json_kind(c->j, ty) != JOB_JSON_STRING) return fail_type(c, tpath, "a string");
-        if (!job_json_str_eq(c->j, ty, "text")) {
+        if (json_kind(c->j, ty) != JSON_STRING) return fail_type(c, tpath, "a string");
+        if (!json_str_eq(c->j, ty, "text")) {
             char got[48];
             excerpt(c, ty, got, sizeof got);
             return fail(c, JOB_ERR_INVALID_VALUE, tpath,
                         "field '%s' must be \"text\" (got '%s'; only text content is supported)", tpath, got);
         }
         path_sub(tpath, ppath, ".text");
-        int tx = job_json_get(c->j, p, "text");
+        int tx = json_get(c->j, p, "text");
         if (tx < 0) return fail_missing(c, tpath);
-        if (job_json_kind(c->j, tx) != JOB_JSON_STRING) return fail_type(c, tpath, "a string");
+        if (json_kind(c->j, tx) != JSON_STRING) return fail_type(c, tpath, "a string");
         static const char *const part_fields[] = {"type", "text"};
         int rc = check_members(c, p, ppath, part_fields, 2);
         if (rc) return rc;
-        total += job_json_str_decode(c->j, tx, NULL) + (q > 0);
-        p = job_json_skip(c->j, p);
+        total += json_str_decode(c->j, tx, NULL) + (q > 0);
+        p = json_skip(c->j, p);
     }
     char *buf = kvb_malloc(total + 1);
     if (!buf) return fail_nomem(c);
@@ -398,8 +397,8 @@ static int parse_content(struct pctx *c, int msg, const char *mpath, enum job_ro
     p = i + 1;
     for (int q = 0; q < nparts; q++) {
         if (q > 0) buf[o++] = '\n';
-        o += job_json_str_decode(c->j, job_json_get(c->j, p, "text"), buf + o);
-        p = job_json_skip(c->j, p);
+        o += json_str_decode(c->j, json_get(c->j, p, "text"), buf + o);
+        p = json_skip(c->j, p);
     }
     buf[o] = '\0';
     m->content = buf;
@@ -414,15 +413,15 @@ static int check_message_members(struct pctx *c, int msg, const char *mpath)
 {
     static const char *const names[] = {"role", "content", "name"};
     int k = msg + 1;
-    for (int m = 0; m < c->j->tok[msg].size; m++, k = job_json_skip(c->j, k + 1)) {
+    for (int m = 0; m < c->j->tok[msg].size; m++, k = json_skip(c->j, k + 1)) {
         const int v = k + 1;
-        const enum job_json_kind kind = job_json_kind(c->j, v);
-        if ((job_json_str_eq(c->j, k, "tool_calls") && (kind == JOB_JSON_NULL ||
-                                                        (kind == JOB_JSON_ARRAY && c->j->tok[v].size == 0))) ||
-            (job_json_str_eq(c->j, k, "refusal") && kind == JOB_JSON_NULL))
+        const enum json_kind kind = json_kind(c->j, v);
+        if ((json_str_eq(c->j, k, "tool_calls") && (kind == JSON_NULL ||
+                                                        (kind == JSON_ARRAY && c->j->tok[v].size == 0))) ||
+            (json_str_eq(c->j, k, "refusal") && kind == JSON_NULL))
             continue;
         bool known = false;
-        for (size_t f = 0; f < 3 && !known; f++) known = job_json_str_eq(c->j, k, names[f]);
+        for (size_t f = 0; f < 3 && !known; f++) known = json_str_eq(c->j, k, names[f]);
         if (known) continue;
         char name[64], sub[PATH_MAX_], dotted[72];
         key_name(c, k, name, sizeof name);
@@ -433,7 +432,7 @@ static int check_message_members(struct pctx *c, int msg, const char *mpath)
                                 ? "no tool calling"
                                 : NULL);
     }
-    if (job_json_get(c->j, msg, "name") >= 0 && job_json_kind(c->j, job_json_get(c->j, msg, "name")) != JOB_JSON_STRING) {
+    if (json_get(c->j, msg, "name") >= 0 && json_kind(c->j, json_get(c->j, msg, "name")) != JSON_STRING) {
         char path[PATH_MAX_];
         path_sub(path, mpath, ".name");
         return fail_type(c, path, "a string");
@@ -445,7 +444,7 @@ static int parse_messages(struct pctx *c, int arr)
 {
     char path[PATH_MAX_];
     path_of(c, "messages", path);
-    if (job_json_kind(c->j, arr) != JOB_JSON_ARRAY) return fail_type(c, path, "an array of messages");
+    if (json_kind(c->j, arr) != JSON_ARRAY) return fail_type(c, path, "an array of messages");
     int n = c->j->tok[arr].size;
     if (n == 0) return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must not be empty", path);
     c->r->messages = kvb_calloc((size_t)n, sizeof *c->r->messages);
@@ -454,7 +453,7 @@ static int parse_messages(struct pctx *c, int arr)
     for (int k = 0; k < n; k++) {
         char mpath[PATH_MAX_];
         path_idx(mpath, path, k);
-        if (job_json_kind(c->j, i) != JOB_JSON_OBJECT) return fail_type(c, mpath, "an object");
+        if (json_kind(c->j, i) != JSON_OBJECT) return fail_type(c, mpath, "an object");
         struct job_message *m = &c->r->messages[k];
         int rc = parse_role(c, i, mpath, &m->role);
         if (rc) return rc;
@@ -462,7 +461,7 @@ static int parse_messages(struct pctx *c, int arr)
         rc = parse_content(c, i, mpath, m->role, m);
         if (rc) return rc;
         c->r->n_messages = (size_t)k + 1; /* only filled messages are freed */
-        i = job_json_skip(c->j, i);
+        i = json_skip(c->j, i);
     }
     return 0;
 }
@@ -478,7 +477,7 @@ static int parse_ids(struct pctx *c, int i, const char *path, struct job_prompt 
     for (int k = 0, t = i + 1; k < n; k++, t++) {
         char ipath[PATH_MAX_];
         path_idx(ipath, path, k);
-        if (job_json_kind(c->j, t) != JOB_JSON_NUMBER) return fail_type(c, ipath, "a token id (an integer)");
+        if (json_kind(c->j, t) != JSON_NUMBER) return fail_type(c, ipath, "a token id (an integer)");
         const double v = number_value(c, t);
         if (v != floor(v)) return fail_type(c, ipath, "a token id (an integer)");
         if (!(v >= 0 && v <= INT32_MAX))
@@ -498,21 +497,21 @@ static int parse_prompt(struct pctx *c, int i)
     char path[PATH_MAX_];
     path_of(c, "prompt", path);
     const char *what = "a string, a list of strings, a list of token ids or a list of lists of token ids";
-    enum job_json_kind k = job_json_kind(c->j, i);
+    enum json_kind k = json_kind(c->j, i);
     int n = 1, first = i;
     bool list = false, single_ids = false;
-    if (k == JOB_JSON_ARRAY) {
+    if (k == JSON_ARRAY) {
         n = c->j->tok[i].size;
         if (n == 0) return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must not be empty", path);
-        enum job_json_kind k0 = job_json_kind(c->j, i + 1);
-        if (k0 == JOB_JSON_NUMBER) {
+        enum json_kind k0 = json_kind(c->j, i + 1);
+        if (k0 == JSON_NUMBER) {
             single_ids = true; /* one prompt of token ids */
             n = 1;
         } else {
             list = true;
             first = i + 1;
         }
-    } else if (k != JOB_JSON_STRING) {
+    } else if (k != JSON_STRING) {
         return fail_type(c, path, what);
     }
     if (n > JOB_MAX_PROMPTS)
@@ -520,24 +519,24 @@ static int parse_prompt(struct pctx *c, int i)
                     JOB_MAX_PROMPTS);
     r->prompts = kvb_calloc((size_t)n, sizeof *r->prompts);
     if (!r->prompts) return fail_nomem(c);
-    enum job_json_kind want = list ? job_json_kind(c->j, first) : k;
-    for (int q = 0, t = first; q < n; q++, t = job_json_skip(c->j, t)) {
+    enum json_kind want = list ? json_kind(c->j, first) : k;
+    for (int q = 0, t = first; q < n; q++, t = json_skip(c->j, t)) {
         char ppath[PATH_MAX_];
         if (list) path_idx(ppath, path, q);
         else path_sub(ppath, path, "");
         r->n_prompts = q + 1; /* only filled prompts are freed */
         struct job_prompt *p = &r->prompts[q];
-        const enum job_json_kind kt = job_json_kind(c->j, t);
+        const enum json_kind kt = json_kind(c->j, t);
         if (single_ids) {
             int rc = parse_ids(c, i, path, p);
             if (rc) return rc;
-        } else if (kt != want || (kt != JOB_JSON_STRING && kt != JOB_JSON_ARRAY)) {
+        } else if (kt != want || (kt != JSON_STRING && kt != JSON_ARRAY)) {
             /* a list holds prompts of one kind, as OpenAI's types say */
-            return fail_type(c, ppath, list ? (want == JOB_JSON_ARRAY ? "a list of token ids" : "a string") : what);
-        } else if (kt == JOB_JSON_ARRAY) {
+            return fail_type(c, ppath, list ? (want == JSON_ARRAY ? "a list of token ids" : "a string") : what);
+        } else if (kt == JSON_ARRAY) {
             int rc = parse_ids(c, t, ppath, p);
             if (rc) return rc;
-        } else if (job_json_str_dup(c->j, t, &p->text, &p->text_len) != KVB_OK) {
+        } else if (json_str_dup(c->j, t, &p->text, &p->text_len) != KVB_OK) {
             return fail_nomem(c);
         }
     }
@@ -553,12 +552,12 @@ static int parse_stop(struct pctx *c, int obj)
     char path[PATH_MAX_];
     path_of(c, "stop", path);
     struct job_request *r = c->r;
-    enum job_json_kind k = job_json_kind(c->j, i);
+    enum json_kind k = json_kind(c->j, i);
     int first, n;
-    if (k == JOB_JSON_STRING) {
+    if (k == JSON_STRING) {
         first = i;
         n = 1;
-    } else if (k == JOB_JSON_ARRAY) {
+    } else if (k == JSON_ARRAY) {
         first = i + 1;
         n = c->j->tok[i].size;
         if (n > JOB_MAX_STOP)
@@ -569,12 +568,12 @@ static int parse_stop(struct pctx *c, int obj)
     }
     for (int q = 0, t = first; q < n; q++, t++) {
         char spath[PATH_MAX_];
-        if (k == JOB_JSON_ARRAY) path_idx(spath, path, q);
+        if (k == JSON_ARRAY) path_idx(spath, path, q);
         else path_sub(spath, path, "");
-        if (job_json_kind(c->j, t) != JOB_JSON_STRING) return fail_type(c, spath, "a string");
+        if (json_kind(c->j, t) != JSON_STRING) return fail_type(c, spath, "a string");
         if (c->j->tok[t].end == c->j->tok[t].start)
             return fail(c, JOB_ERR_INVALID_VALUE, spath, "field '%s' must not be an empty string", spath);
-        if (job_json_str_dup(c->j, t, &r->stop[q], &r->stop_len[q]) != KVB_OK) return fail_nomem(c);
+        if (json_str_dup(c->j, t, &r->stop[q], &r->stop_len[q]) != KVB_OK) return fail_nomem(c);
         r->n_stop = q + 1;
     }
     r->given |= JOB_GIVEN_STOP;
@@ -592,7 +591,7 @@ static int parse_stop_token_ids(struct pctx *c, int obj)
     if (i < 0) return 0;
     char path[PATH_MAX_];
     path_of(c, "stop_token_ids", path);
-    if (job_json_kind(c->j, i) != JOB_JSON_ARRAY) return fail_type(c, path, "a list of token ids");
+    if (json_kind(c->j, i) != JSON_ARRAY) return fail_type(c, path, "a list of token ids");
     const int n = c->j->tok[i].size;
     if (n > JOB_MAX_STOP_TOKEN_IDS)
         return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' holds %d ids; at most %d are allowed", path, n,
@@ -717,9 +716,9 @@ static int parse_sampling(struct pctx *c, int obj)
     if (r->url == JOB_URL_CHAT) {
         /* chat: "logprobs": bool, "top_logprobs": 0..20 (needs logprobs true) */
         if (lp >= 0) {
-            enum job_json_kind k = job_json_kind(c->j, lp);
-            if (k != JOB_JSON_TRUE && k != JOB_JSON_FALSE) return fail_type(c, path, "a boolean");
-            r->logprobs = k == JOB_JSON_TRUE;
+            enum json_kind k = json_kind(c->j, lp);
+            if (k != JSON_TRUE && k != JSON_FALSE) return fail_type(c, path, "a boolean");
+            r->logprobs = k == JSON_TRUE;
             r->given |= JOB_GIVEN_LOGPROBS;
         }
         rc = get_int(c, obj, "top_logprobs", 0, JOB_MAX_TOP_LOGPROBS, &v, &present);
@@ -756,7 +755,7 @@ static int parse_logit_bias(struct pctx *c, int obj)
     path_of(c, "logit_bias", path);
     int i = lookup(c, obj, "logit_bias");
     if (i < 0) return 0;
-    if (job_json_kind(c->j, i) != JOB_JSON_OBJECT) return fail_type(c, path, "an object of token ids and biases");
+    if (json_kind(c->j, i) != JSON_OBJECT) return fail_type(c, path, "an object of token ids and biases");
     const int n = c->j->tok[i].size;
     if (n > JOB_MAX_LOGIT_BIAS)
         return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' has %d entries, more than %d", path, n,
@@ -765,11 +764,11 @@ static int parse_logit_bias(struct pctx *c, int obj)
     r->logit_bias = kvb_malloc(sizeof *r->logit_bias * (size_t)n);
     if (!r->logit_bias) return fail_nomem(c);
     int k = i + 1;
-    for (int m = 0; m < n; m++, k = job_json_skip(c->j, k + 1)) {
+    for (int m = 0; m < n; m++, k = json_skip(c->j, k + 1)) {
         char key[16] = "";
         /* the decoded length: raw bytes that are not UTF-8 decode to three each */
-        const size_t klen = job_json_str_decode(c->j, k, NULL);
-        if (klen > 0 && klen < sizeof key) job_json_str_decode(c->j, k, key);
+        const size_t klen = json_str_decode(c->j, k, NULL);
+        if (klen > 0 && klen < sizeof key) json_str_decode(c->j, k, key);
         char *end = NULL;
         long id = strtol(key, &end, 10);
         if (key[0] < '0' || key[0] > '9' || *end || id > INT32_MAX) { /* digits only: strtol takes " +5" */
@@ -780,7 +779,7 @@ static int parse_logit_bias(struct pctx *c, int obj)
         char dotted[sizeof key + 1];
         snprintf(dotted, sizeof dotted, ".%s", key);
         path_sub(sub, path, dotted);
-        if (job_json_kind(c->j, k + 1) != JOB_JSON_NUMBER) return fail_type(c, sub, "a number");
+        if (json_kind(c->j, k + 1) != JSON_NUMBER) return fail_type(c, sub, "a number");
         const double v = number_value(c, k + 1);
         if (!(v >= -100.0 && v <= 100.0))
             return fail(c, JOB_ERR_INVALID_VALUE, sub, "field '%s' must be in [-100, 100]", sub);
@@ -804,23 +803,23 @@ static int parse_output_form(struct pctx *c, int obj)
     int i = lookup(c, obj, "response_format");
     if (i >= 0) {
         path_of(c, "response_format", path);
-        if (job_json_kind(c->j, i) != JOB_JSON_OBJECT) return fail_type(c, path, "an object");
+        if (json_kind(c->j, i) != JSON_OBJECT) return fail_type(c, path, "an object");
         static const char *const rf_fields[] = {"type", "json_schema"};
         int rc = check_members(c, i, path, rf_fields, 2);
         if (rc) return rc;
         path_sub(sub, path, ".type");
-        int t = job_json_get(c->j, i, "type");
+        int t = json_get(c->j, i, "type");
         if (t < 0) return fail_missing(c, sub);
-        if (job_json_kind(c->j, t) != JOB_JSON_STRING) return fail_type(c, sub, "a string");
-        if (job_json_str_eq(c->j, t, "json_object")) {
+        if (json_kind(c->j, t) != JSON_STRING) return fail_type(c, sub, "a string");
+        if (json_str_eq(c->j, t, "json_object")) {
             r->json_object = true;
             r->given |= JOB_GIVEN_RESPONSE_FORMAT;
-        } else if (job_json_str_eq(c->j, t, "json_schema")) {
+        } else if (json_str_eq(c->j, t, "json_schema")) {
             char js_path[PATH_MAX_], sc_path[PATH_MAX_];
             path_sub(js_path, path, ".json_schema");
             const int js = lookup(c, i, "json_schema");
             if (js < 0) return fail_missing(c, js_path);
-            if (job_json_kind(c->j, js) != JOB_JSON_OBJECT) return fail_type(c, js_path, "an object");
+            if (json_kind(c->j, js) != JSON_OBJECT) return fail_type(c, js_path, "an object");
             /* name, description and strict describe the schema to OpenAI's
              * models; kvbatch always holds the output to it */
             static const char *const js_fields[] = {"name", "description", "schema", "strict"};
@@ -828,13 +827,17 @@ static int parse_output_form(struct pctx *c, int obj)
             path_sub(sc_path, js_path, ".schema");
             const int sc = lookup(c, js, "schema");
             if (sc < 0) return fail_missing(c, sc_path);
-            char epath[PATH_MAX_] = "", emsg[320] = "";
-            rc = job_schema_compile(c->j, sc, sc_path, &r->json_schema, epath, sizeof epath, emsg, sizeof emsg);
-            if (rc == -2) return fail_nomem(c);
-            if (rc) return fail(c, JOB_ERR_INVALID_VALUE, epath, "%s", emsg);
+            /* kept as written, whatever it is: the engine compiles it and
+             * names what it refuses (jsonmode_schema_compile), so the job
+             * format needs to know nothing of what a schema constrains */
+            const int quote = json_kind(c->j, sc) == JSON_STRING; /* jsmn's span leaves out the quotes */
+            const int from = c->j->tok[sc].start - quote, to = c->j->tok[sc].end + quote;
+            r->json_schema_len = (size_t)(to - from);
+            r->json_schema = kvb_strndup(c->j->src + from, r->json_schema_len);
+            if (!r->json_schema) return fail_nomem(c);
             r->json_object = true;
             r->given |= JOB_GIVEN_RESPONSE_FORMAT;
-        } else if (!job_json_str_eq(c->j, t, "text")) {
+        } else if (!json_str_eq(c->j, t, "text")) {
             char got[48];
             excerpt(c, t, got, sizeof got);
             return fail(c, JOB_ERR_INVALID_VALUE, sub,
@@ -844,7 +847,7 @@ static int parse_output_form(struct pctx *c, int obj)
     static const char *const tool_fields[] = {"tools", "functions"};
     for (int k = 0; k < 2; k++) {
         i = lookup(c, obj, tool_fields[k]);
-        if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_ARRAY && c->j->tok[i].size == 0)) {
+        if (i >= 0 && !(json_kind(c->j, i) == JSON_ARRAY && c->j->tok[i].size == 0)) {
             path_of(c, tool_fields[k], path);
             return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s': tool calling is not supported by kvbatch", path);
         }
@@ -853,8 +856,8 @@ static int parse_output_form(struct pctx *c, int obj)
     static const char *const choice_fields[] = {"tool_choice", "function_call"};
     for (int k = 0; k < 2; k++) {
         i = lookup(c, obj, choice_fields[k]);
-        if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_STRING &&
-                        (job_json_str_eq(c->j, i, "none") || job_json_str_eq(c->j, i, "auto")))) {
+        if (i >= 0 && !(json_kind(c->j, i) == JSON_STRING &&
+                        (json_str_eq(c->j, i, "none") || json_str_eq(c->j, i, "auto")))) {
             path_of(c, choice_fields[k], path);
             return fail(c, JOB_ERR_INVALID_VALUE, path,
                         "field '%s': tool calling is not supported by kvbatch (only \"none\" or \"auto\")", path);
@@ -863,12 +866,12 @@ static int parse_output_form(struct pctx *c, int obj)
     int rc = parse_logit_bias(c, obj);
     if (rc) return rc;
     i = lookup(c, obj, "echo");
-    if (i >= 0 && job_json_kind(c->j, i) != JOB_JSON_FALSE) {
+    if (i >= 0 && json_kind(c->j, i) != JSON_FALSE) {
         path_of(c, "echo", path);
         return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' is not supported by kvbatch (only false)", path);
     }
     i = lookup(c, obj, "suffix");
-    if (i >= 0 && !(job_json_kind(c->j, i) == JOB_JSON_STRING && job_json_str_eq(c->j, i, ""))) {
+    if (i >= 0 && !(json_kind(c->j, i) == JSON_STRING && json_str_eq(c->j, i, ""))) {
         path_of(c, "suffix", path);
         return fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' (insertion) is not supported by kvbatch", path);
     }
@@ -944,12 +947,12 @@ static const char *refusal_hint(const char *name)
  * comparison; an over-long key is cut (it matches no field then). */
 static void key_name(const struct pctx *c, int k, char *buf, size_t cap)
 {
-    const size_t n = job_json_str_decode(c->j, k, NULL);
+    const size_t n = json_str_decode(c->j, k, NULL);
     if (n + 1 > cap) {
         memcpy(buf, "(a long key)", 13);
         return;
     }
-    job_json_str_decode(c->j, k, buf);
+    json_str_decode(c->j, k, buf);
     buf[n] = '\0';
     for (size_t i = 0; i < n; i++)
         if (buf[i] == '\0') buf[i] = '?';
@@ -970,7 +973,7 @@ static int check_body_fields(struct pctx *c, int obj)
     const struct job_request *r = c->r;
     const unsigned mine = r->url == JOB_URL_CHAT ? F_CHAT : F_COMP;
     int k = obj + 1;
-    for (int m = 0; m < c->j->tok[obj].size; m++, k = job_json_skip(c->j, k + 1)) {
+    for (int m = 0; m < c->j->tok[obj].size; m++, k = json_skip(c->j, k + 1)) {
         char name[64], path[PATH_MAX_];
         key_name(c, k, name, sizeof name);
         if (r->shorthand && (!strcmp(name, "custom_id") || !strcmp(name, "method") || !strcmp(name, "url"))) continue;
@@ -993,7 +996,7 @@ static int check_body_fields(struct pctx *c, int obj)
 static int check_members(struct pctx *c, int obj, const char *path, const char *const *names, size_t n)
 {
     int k = obj + 1;
-    for (int m = 0; m < c->j->tok[obj].size; m++, k = job_json_skip(c->j, k + 1)) {
+    for (int m = 0; m < c->j->tok[obj].size; m++, k = json_skip(c->j, k + 1)) {
         char name[64], sub[PATH_MAX_], dotted[72];
         key_name(c, k, name, sizeof name);
         bool known = false;
@@ -1010,17 +1013,17 @@ static int check_members(struct pctx *c, int obj, const char *path, const char *
 
 static int parse_root(struct pctx *c)
 {
-    const struct job_json *j = c->j;
+    const struct json_doc *j = c->j;
     struct job_request *r = c->r;
-    if (job_json_kind(j, 0) != JOB_JSON_OBJECT)
+    if (json_kind(j, 0) != JSON_OBJECT)
         return fail(c, JOB_ERR_INVALID_REQUEST, NULL, "the line must be a JSON object");
 
-    int i = job_json_get(j, 0, "custom_id");
-    if (i < 0 || job_json_kind(j, i) == JOB_JSON_NULL) return fail_missing(c, "custom_id");
-    if (job_json_kind(j, i) != JOB_JSON_STRING) return fail_type(c, "custom_id", "a string");
+    int i = json_get(j, 0, "custom_id");
+    if (i < 0 || json_kind(j, i) == JSON_NULL) return fail_missing(c, "custom_id");
+    if (json_kind(j, i) != JSON_STRING) return fail_type(c, "custom_id", "a string");
     if (j->tok[i].end == j->tok[i].start)
         return fail(c, JOB_ERR_INVALID_VALUE, "custom_id", "field 'custom_id' must not be empty");
-    enum kvb_status st = job_json_str_dup_exact(j, i, &r->custom_id, &r->custom_id_len);
+    enum kvb_status st = json_str_dup_exact(j, i, &r->custom_id, &r->custom_id_len);
     if (st == KVB_ERR_FORMAT)
         return fail(c, JOB_ERR_INVALID_VALUE, "custom_id",
                     "field 'custom_id' holds bytes that are not valid UTF-8 (it could not be echoed back as written)");
@@ -1031,8 +1034,8 @@ static int parse_root(struct pctx *c)
 
     i = lookup(c, 0, "method");
     if (i >= 0) {
-        if (job_json_kind(j, i) != JOB_JSON_STRING) return fail_type(c, "method", "a string");
-        if (!job_json_str_eq(j, i, "POST")) {
+        if (json_kind(j, i) != JSON_STRING) return fail_type(c, "method", "a string");
+        if (!json_str_eq(j, i, "POST")) {
             char got[48];
             excerpt(c, i, got, sizeof got);
             return fail(c, JOB_ERR_INVALID_VALUE, "method", "field 'method' must be \"POST\" (got '%s')", got);
@@ -1042,10 +1045,10 @@ static int parse_root(struct pctx *c)
     bool url_given = false;
     i = lookup(c, 0, "url");
     if (i >= 0) {
-        if (job_json_kind(j, i) != JOB_JSON_STRING) return fail_type(c, "url", "a string");
-        if (job_json_str_eq(j, i, "/v1/chat/completions")) {
+        if (json_kind(j, i) != JSON_STRING) return fail_type(c, "url", "a string");
+        if (json_str_eq(j, i, "/v1/chat/completions")) {
             r->url = JOB_URL_CHAT;
-        } else if (job_json_str_eq(j, i, "/v1/completions")) {
+        } else if (json_str_eq(j, i, "/v1/completions")) {
             r->url = JOB_URL_COMPLETION;
         } else {
             char got[48];
@@ -1058,7 +1061,7 @@ static int parse_root(struct pctx *c)
 
     int body = lookup(c, 0, "body");
     if (body >= 0) {
-        if (job_json_kind(j, body) != JOB_JSON_OBJECT) return fail_type(c, "body", "an object");
+        if (json_kind(j, body) != JSON_OBJECT) return fail_type(c, "body", "an object");
         c->prefix = "body.";
     } else {
         body = 0;
@@ -1113,10 +1116,10 @@ enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
                                struct job_request *out, struct job_error *err)
 {
     request_defaults(out, line_no);
-    struct job_json j;
+    struct json_doc j;
     const char *why;
     size_t where;
-    enum kvb_status st = job_json_parse(line, len, &j, &why, &where);
+    enum kvb_status st = json_parse(line, len, &j, &why, &where);
     if (st == KVB_ERR_NOMEM) {
         job_error_setf(err, JOB_ERR_SERVER, line_no, NULL, "out of memory while reading the line");
         return st;
@@ -1129,7 +1132,7 @@ enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
     }
     struct pctx c = {.j = &j, .r = out, .err = err, .line = line_no, .prefix = ""};
     int rc = parse_root(&c);
-    job_json_free(&j);
+    json_free(&j);
     if (rc == 0) return KVB_OK;
 
     /* On error keep only custom_id, which the error line reports; the line

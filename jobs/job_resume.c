@@ -13,26 +13,26 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "jobs/job_json.h"
+#include "base/json.h"
 
 /* The key of a valid output line: the 32 hex digits after "batch_req_" in
  * its top-level "id". Returns false for anything else. */
 static bool line_key(const char *s, size_t len, struct job_key *key, enum kvb_status *st)
 {
-    struct job_json j;
+    struct json_doc j;
     const char *why;
     size_t where;
-    *st = job_json_parse(s, len, &j, &why, &where);
+    *st = json_parse(s, len, &j, &why, &where);
     if (*st != KVB_OK) {
         if (*st == KVB_ERR_FORMAT) *st = KVB_OK; /* not JSON: a bad line, not a failure */
         return false;
     }
     bool ok = false;
-    if (job_json_kind(&j, 0) == JOB_JSON_OBJECT) {
-        int i = job_json_get(&j, 0, "id");
+    if (json_kind(&j, 0) == JSON_OBJECT) {
+        int i = json_get(&j, 0, "id");
         static const char prefix[] = "batch_req_";
         size_t pl = sizeof prefix - 1;
-        if (i >= 0 && job_json_kind(&j, i) == JOB_JSON_STRING &&
+        if (i >= 0 && json_kind(&j, i) == JSON_STRING &&
             (size_t)(j.tok[i].end - j.tok[i].start) == pl + JOB_KEY_LEN &&
             memcmp(s + j.tok[i].start, prefix, pl) == 0) {
             const char *h = s + j.tok[i].start + pl;
@@ -47,7 +47,7 @@ static bool line_key(const char *s, size_t len, struct job_key *key, enum kvb_st
             }
         }
     }
-    job_json_free(&j);
+    json_free(&j);
     return ok;
 }
 

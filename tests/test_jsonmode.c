@@ -16,7 +16,7 @@
 #include "base/alloc.h"
 #include "base/rng.h"
 #include "jobs/job.h"
-#include "jobs/job_json.h"
+#include "base/json.h"
 #include "engine/jsonmode.h"
 #include "engine/sampler.h"
 #include "support/testutil.h"
@@ -328,43 +328,38 @@ static void test_random(void)
 
 static struct jsonmode_schema *compile_schema(const char *text)
 {
-    struct job_json j;
-    const char *why;
-    size_t where;
-    CHECK_MSG(job_json_parse(text, strlen(text), &j, &why, &where) == KVB_OK, "schema text: %s", why);
     struct jsonmode_schema *sc = NULL;
     char path[128], msg[320];
-    int rc = job_schema_compile(&j, 0, "schema", &sc, path, sizeof path, msg, sizeof msg);
-    CHECK_MSG(rc == 0, "%s: %s", path, msg);
-    job_json_free(&j);
+    enum kvb_status st = jsonmode_schema_compile(text, strlen(text), "schema", &sc, path, sizeof path, msg, sizeof msg);
+    CHECK_MSG(st == KVB_OK, "%s: %s", path, msg);
     return sc;
 }
 
 /* Conformance by walking the parsed value against the nodes: a second,
  * tree-shaped reading of what the streaming recogniser checks. Returns the
  * token after the value, or -1 when it does not conform. */
-static int conforms(const struct job_json *j, int i, const struct jsonmode_schema *sc, int32_t ni)
+static int conforms(const struct json_doc *j, int i, const struct jsonmode_schema *sc, int32_t ni)
 {
     const struct jsonmode_node *n = &sc->nodes[ni];
-    const enum job_json_kind k = job_json_kind(j, i);
-    const int next = job_json_skip(j, i);
+    const enum json_kind k = json_kind(j, i);
+    const int next = json_skip(j, i);
     switch (n->kind) {
     case JSK_ANY:
         return next;
     case JSK_ENUM:
         for (uint16_t e = 0; e < n->n; e++) {
             const struct jsonmode_text *t = &sc->lits[n->first + e];
-            const char *src = j->src + j->tok[i].start - (k == JOB_JSON_STRING);
-            const size_t len = (size_t)(j->tok[i].end - j->tok[i].start) + 2 * (k == JOB_JSON_STRING);
+            const char *src = j->src + j->tok[i].start - (k == JSON_STRING);
+            const size_t len = (size_t)(j->tok[i].end - j->tok[i].start) + 2 * (k == JSON_STRING);
             if (t->len == len && memcmp(sc->bytes + t->off, src, len) == 0) return next;
         }
         return -1;
     case JSK_SCALAR: {
         const unsigned ty = n->types;
-        if (k == JOB_JSON_STRING) return ty & JST_STRING ? next : -1;
-        if (k == JOB_JSON_TRUE || k == JOB_JSON_FALSE) return ty & JST_BOOLEAN ? next : -1;
-        if (k == JOB_JSON_NULL) return ty & JST_NULL ? next : -1;
-        if (k != JOB_JSON_NUMBER) return -1;
+        if (k == JSON_STRING) return ty & JST_STRING ? next : -1;
+        if (k == JSON_TRUE || k == JSON_FALSE) return ty & JST_BOOLEAN ? next : -1;
+        if (k == JSON_NULL) return ty & JST_NULL ? next : -1;
+        if (k != JSON_NUMBER) return -1;
         if (ty & JST_NUMBER) return next;
         const char *p = j->src + j->tok[i].start;
         for (int c = j->tok[i].start; c < j->tok[i].end; c++, p++)
@@ -372,7 +367,7 @@ static int conforms(const struct job_json *j, int i, const struct jsonmode_schem
         return ty & JST_INTEGER ? next : -1;
     }
     case JSK_ARRAY: {
-        if (k != JOB_JSON_ARRAY) return -1;
+        if (k != JSON_ARRAY) return -1;
         const int count = j->tok[i].size;
         if (count < (int)n->min_items || count > (int)n->max_items) return -1;
         int c = i + 1;
@@ -381,7 +376,7 @@ static int conforms(const struct job_json *j, int i, const struct jsonmode_schem
         return next;
     }
     default: { /* OBJECT */
-        if (k != JOB_JSON_OBJECT) return -1;
+        if (k != JSON_OBJECT) return -1;
         if (n->any_object) return next;
         uint64_t seen = 0;
         int c = i + 1;
@@ -403,12 +398,12 @@ static int conforms(const struct job_json *j, int i, const struct jsonmode_schem
 
 static bool text_conforms(const char *s, size_t n, const struct jsonmode_schema *sc)
 {
-    struct job_json j;
+    struct json_doc j;
     const char *why;
     size_t where;
-    if (job_json_parse(s, n, &j, &why, &where) != KVB_OK) return false;
-    const bool ok = job_json_kind(&j, 0) == JOB_JSON_OBJECT && conforms(&j, 0, sc, 0) >= 0;
-    job_json_free(&j);
+    if (json_parse(s, n, &j, &why, &where) != KVB_OK) return false;
+    const bool ok = json_kind(&j, 0) == JSON_OBJECT && conforms(&j, 0, sc, 0) >= 0;
+    json_free(&j);
     return ok;
 }
 
@@ -505,16 +500,24 @@ static void test_schema_cases(void)
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\",\"enum\":[\"x\"]}}}", "no value has"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-        struct job_json j;
-        const char *why;
-        size_t where;
-        CHECK_MSG(job_json_parse(bad[k].schema, strlen(bad[k].schema), &j, &why, &where) == KVB_OK, "%s", bad[k].schema);
         struct jsonmode_schema *b = NULL;
         char path[128], msg[320] = "";
-        CHECK_MSG(job_schema_compile(&j, 0, "schema", &b, path, sizeof path, msg, sizeof msg) == -1 && !b &&
-                      strstr(msg, bad[k].part),
+        CHECK_MSG(jsonmode_schema_compile(bad[k].schema, strlen(bad[k].schema), "schema", &b, path, sizeof path, msg,
+                                          sizeof msg) == KVB_ERR_FORMAT &&
+                      !b && strstr(msg, bad[k].part),
                   "[%s] gave [%s]", bad[k].schema, msg);
-        job_json_free(&j);
+    }
+    { /* the error names the keyword's field under the path it was given */
+        static const char date[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"date\"}}}";
+        struct jsonmode_schema *b = NULL;
+        char path[128] = "", msg[320] = "";
+        CHECK(jsonmode_schema_compile(date, sizeof date - 1, "body.response_format.json_schema.schema", &b, path,
+                                      sizeof path, msg, sizeof msg) == KVB_ERR_FORMAT && !b);
+        CHECK_MSG(strcmp(path, "body.response_format.json_schema.schema.properties.a") == 0, "path [%s]", path);
+        /* the job format keeps whatever was written: text that is no schema is refused here */
+        CHECK(jsonmode_schema_compile("\"x\"", 3, "s", &b, path, sizeof path, msg, sizeof msg) == KVB_ERR_FORMAT && !b);
+        CHECK(jsonmode_schema_compile("{\"type\":", 9, "s", &b, path, sizeof path, msg, sizeof msg) == KVB_ERR_FORMAT &&
+              !b && strstr(msg, "not valid JSON"));
     }
     /* Found in review: enum and type together (the type rules values out),
      * additionalProperties false without properties (only {}), an empty

@@ -41,6 +41,7 @@ void admit_plan_free(struct admit_plan *plan)
     kvb_free(plan->prompts);
     kvb_free(plan->bias);
     kvb_free(plan->ban);
+    jsonmode_schema_free(plan->schema);
     memset(plan, 0, sizeof *plan);
 }
 
@@ -178,10 +179,29 @@ static enum kvb_status check_ids(const struct admit_ctx *ctx, const struct job_r
     return KVB_OK;
 }
 
-enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct admit_plan *plan,
-                              struct job_error *e)
+enum kvb_status admit_schema(const struct job_request *q, struct jsonmode_schema **out, struct job_error *e)
+{
+    *out = NULL;
+    if (!q->json_schema) return KVB_OK;
+    char param[sizeof e->param] = "", msg[320] = "", path[64];
+    snprintf(path, sizeof path, "%sresponse_format.json_schema.schema", q->shorthand ? "" : "body.");
+    enum kvb_status st =
+        jsonmode_schema_compile(q->json_schema, q->json_schema_len, path, out, param, sizeof param, msg, sizeof msg);
+    if (st == KVB_ERR_NOMEM) {
+        job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory while reading the line");
+    } else if (st != KVB_OK) {
+        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", msg);
+        e->by_line = true;
+    }
+    return st;
+}
+
+enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct jsonmode_schema *schema,
+                              struct admit_plan *plan, struct job_error *e)
 {
     memset(plan, 0, sizeof *plan);
+    plan->schema = schema;
+    enum kvb_status st = KVB_ERR_FORMAT;
     const int32_t np = q->url == JOB_URL_CHAT ? 1 : q->n_prompts;
     if (np < 1 || (int64_t)np * q->n > JOB_MAX_CHOICES) {
         char param[64];
@@ -189,10 +209,10 @@ enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q
         job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param,
                        "%d prompts with n = %d make %lld choices; at most %d are allowed in one line", np, q->n,
                        (long long)np * q->n, JOB_MAX_CHOICES);
-        return KVB_ERR_FORMAT;
+        goto fail;
     }
-    enum kvb_status st = check_ids(ctx, q, e);
-    if (st != KVB_OK) return st;
+    st = check_ids(ctx, q, e);
+    if (st != KVB_OK) goto fail;
     plan->prompts = kvb_calloc((size_t)np, sizeof *plan->prompts);
     if (!plan->prompts) goto oom;
     for (int32_t k = 0; k < np; k++) {
@@ -249,7 +269,7 @@ enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q
     sp->presence_penalty = q->presence_penalty;
     sp->frequency_penalty = q->frequency_penalty;
     sp->json = q->json_object ? ctx->json_vocab : NULL;
-    sp->json_schema = q->json_schema;
+    sp->json_schema = plan->schema;
     sp->bias = plan->bias;
     sp->n_bias = plan->bias ? q->n_logit_bias : 0;
     sp->ban = plan->ban;

@@ -23,6 +23,7 @@
 
 #include "text/chat.h"
 #include "jobs/job.h"
+#include "engine/jsonmode.h"
 #include "engine/sampler.h"
 #include "base/status.h"
 
@@ -60,16 +61,26 @@ struct admit_plan {
     struct sampler_bias *bias;    /* (sp.n_bias) logit_bias */
     int32_t *ban;                 /* (sp.n_ban) what min_tokens holds back: end of generation (unless
                                      ignore_eos) and stop_token_ids */
+    struct jsonmode_schema *schema; /* sp.json_schema: the request's json_schema, compiled */
 };
 
-/* Prepares q. KVB_OK with *plan filled; KVB_ERR_FORMAT with e a 400 error
+/* Compiles q's response_format json_schema (*out NULL when it has none),
+ * as the last step of reading the line: a schema the engine refuses is a bad
+ * field value like a temperature of 5, so e is a 400 error keyed by line
+ * (e->by_line) as for a line that does not parse, and the custom_id stays
+ * free for a later line. KVB_OK (*out owned by the caller, or by the plan it
+ * is given to); KVB_ERR_FORMAT; KVB_ERR_NOMEM with e a server_error. */
+enum kvb_status admit_schema(const struct job_request *q, struct jsonmode_schema **out, struct job_error *e);
+
+/* Prepares q, whose compiled schema (admit_schema; NULL without one) the
+ * plan takes over whatever the result. KVB_OK with *plan filled; KVB_ERR_FORMAT with e a 400 error
  * (a line that cannot run on this model; a prompt too long for the context
  * is found without tokenizing all of it); KVB_ERR_NOMEM with e a
  * server_error; KVB_ERR_CANCELLED when ctx->cancel stopped it (no error
  * line is due: the line was not judged). *plan holds nothing to free unless
  * KVB_OK. */
-enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct admit_plan *plan,
-                              struct job_error *e);
+enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct jsonmode_schema *schema,
+                              struct admit_plan *plan, struct job_error *e);
 void admit_plan_free(struct admit_plan *plan); /* accepts a zeroed plan */
 
 /* The sampler parameters of choice c (< plan->n_choices). */

@@ -58,7 +58,7 @@ static void fail_slot(struct slot *s, const char *why)
  * memory (the line is failed). */
 static bool push_text(struct runner *r, struct slot *s, struct choice *c, int32_t token)
 {
-    struct job_buf *t = &c->text;
+    struct kvb_buf *t = &c->text;
     enum kvb_status st;
     if (!s->req.skip_special_tokens && tok_piece(r->tok, token, false, NULL, 0) == 0 &&
         tok_piece(r->tok, token, true, NULL, 0) > 0) {
@@ -330,6 +330,8 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
     struct job_request *q = &s->req;
     crashlog_mark_line(ln->line_no, hash, 'p');
     enum kvb_status st = job_parse_line(ln->data, ln->len, ln->line_no, q, &e);
+    struct jsonmode_schema *schema = NULL;
+    if (st == KVB_OK) st = admit_schema(q, &schema, &e); /* part of reading the line: see admit.h */
     crashlog_mark_line(ln->line_no, hash, 'r');
     if (st != KVB_OK) {
         runner_emit_error(r, q, &e, st == KVB_ERR_NOMEM ? 500 : 400);
@@ -339,11 +341,13 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
     bool added = false;
     if (job_idset_add(r->seen_ids, q->custom_id, q->custom_id_len, &added) != KVB_OK) {
         job_error_setf(&e, JOB_ERR_SERVER, ln->line_no, "custom_id", "out of memory");
+        jsonmode_schema_free(schema);
         return refuse(r, q, &e);
     }
     if (!added) {
         job_error_setf(&e, JOB_ERR_DUPLICATE_CUSTOM_ID, ln->line_no, "custom_id",
                        "custom_id '%.200s' was already used by an earlier line (the first one is run)", q->custom_id);
+        jsonmode_schema_free(schema);
         return refuse(r, q, &e);
     }
     struct job_key key;
@@ -351,14 +355,16 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
     if (job_idset_contains(r->done_keys, key.hex, JOB_KEY_LEN)) {
         r->skipped++;
         r->lines_done++;
+        jsonmode_schema_free(schema);
         job_request_free(q);
         return true;
     }
     if (blamed) {
         crashed_error(blamed, ln->line_no, &e);
+        jsonmode_schema_free(schema);
         return refuse(r, q, &e);
     }
-    if (admit_prepare(&r->admit, q, &s->plan, &e) != KVB_OK) {
+    if (admit_prepare(&r->admit, q, schema, &s->plan, &e) != KVB_OK) { /* the plan owns schema now */
         if (stop_signal) { /* cut short: no error line, so that --resume runs it */
             job_request_free(q);
             return true;
@@ -719,7 +725,7 @@ static void teardown(struct runner *r)
     job_reader_free(r->reader);
     job_idset_free(r->done_keys);
     job_idset_free(r->seen_ids);
-    job_buf_free(&r->line);
+    kvb_buf_free(&r->line);
     if (r->in && r->in != stdin) fclose(r->in);
     if (r->out && fclose(r->out) != 0 && !r->write_failed) {
         fprintf(stderr, "kvbatch run: cannot close %s: %s\n", r->o->output_path, strerror(errno));

@@ -30,7 +30,7 @@ struct lp_entry {
 };
 
 struct choice {
-    struct job_buf text;
+    struct kvb_buf text;
     struct tok_stream ts;
     int32_t n_tokens;
     enum job_finish finish;
@@ -41,7 +41,7 @@ struct choice {
     double t_admit, t_first, t_end;
     int32_t preemptions, restored_tokens; /* the scheduler's, at its end */
     /* logprobs, when asked: token texts live in arena */
-    struct job_buf arena;
+    struct kvb_buf arena;
     struct lp_entry *lp;
     int32_t n_lp, cap_lp;
     struct lp_top *top;
@@ -102,7 +102,7 @@ struct runner {
     int64_t run_id;
     struct pstore *ps;           /* persistent prefix cache, or NULL */
     struct pstore_model pm;
-    struct job_buf line;
+    struct kvb_buf line;
     bool write_failed;
     /* progress and totals */
     int64_t total_lines, lines_done, skipped;

@@ -69,8 +69,8 @@ void runner_emit_error(struct runner *r, const struct job_request *q, const stru
 
 static void free_choice(struct choice *c)
 {
-    job_buf_free(&c->text);
-    job_buf_free(&c->arena);
+    kvb_buf_free(&c->text);
+    kvb_buf_free(&c->arena);
     kvb_free(c->lp);
     kvb_free(c->top);
     memset(c, 0, sizeof *c);
@@ -236,7 +236,7 @@ enum kvb_status runner_lp_push(struct runner *r, struct choice *c, int32_t token
     int32_t best[JOB_MAX_TOP_LOGPROBS];
     const int nb = logprobs_top(logits, nv, k, best); /* k = 0: the chosen token alone */
     /* Append all texts to the arena after choosing, since the arena may move. */
-    struct job_buf *a = &c->arena;
+    struct kvb_buf *a = &c->arena;
     size_t need = a->len + pl + (size_t)nb * sizeof piece;
     if (need > a->cap) {
         size_t cap = a->cap ? a->cap * 2 : 4096;

@@ -40,8 +40,8 @@
 #define JSONMODE_MAX_LEAD_WS 1 /* before the object: the space a SentencePiece token may carry */
 
 /* ---- schemas (response_format json_schema) ----------------------------------
- * A compiled schema: plain arrays, built by a compiler outside this module
- * (jobs/job_schema.c) and read here. Node 0 is the root, an object. What a
+ * A compiled schema: plain arrays, built by jsonmode_schema_compile
+ * (jsonmode_schema.c) and read here. Node 0 is the root, an object. What a
  * node allows:
  *   ANY     any JSON value (inside it nothing is checked but the grammar);
  *   OBJECT  an object whose keys are among its properties, each at most once,
@@ -88,6 +88,21 @@ struct jsonmode_schema {
     size_t n_bytes;
 };
 void jsonmode_schema_free(struct jsonmode_schema *s); /* accepts NULL */
+
+/* Compiles a response_format's json_schema.schema, given as its JSON text
+ * text[0..len) (path names it in errors). The subset: type (string, number,
+ * integer, boolean, null, object, array, or a list of the scalar ones),
+ * properties, required, additionalProperties false (also the default where
+ * properties are listed; with none listed it allows only {}), items,
+ * minItems, maxItems, enum or const (of strings, true, false, null; a type
+ * beside them keeps the values of that type); the annotations description,
+ * title, default, examples and $schema are ignored; any other keyword is
+ * refused. The root describes an object; objects and arrays nest at most 16
+ * deep. Returns KVB_OK (*out owned by the caller: jsonmode_schema_free),
+ * KVB_ERR_FORMAT with the field in err_path and the reason in msg, or
+ * KVB_ERR_NOMEM. */
+enum kvb_status jsonmode_schema_compile(const char *text, size_t len, const char *path, struct jsonmode_schema **out,
+                                        char *err_path, size_t path_cap, char *msg, size_t msg_cap);
 
 struct jsonmode_frame {  /* an object or array a schema node constrains */
     uint64_t seen;        /* object: properties given */

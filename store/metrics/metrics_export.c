@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "jobs/job.h"
+#include "base/json.h"
 #include "store/metrics/metrics_report.h"
 #include "store/metrics/metrics_report_internal.h"
 
@@ -38,10 +38,10 @@ void metrics_json_str(FILE *out, const char *s)
         fputs("null", out);
         return;
     }
-    struct job_buf b = {0};
-    if (job_buf_json_string(&b, s, strlen(s)) == KVB_OK) fwrite(b.data, 1, b.len, out);
+    struct kvb_buf b = {0};
+    if (json_put_string(&b, s, strlen(s)) == KVB_OK) fwrite(b.data, 1, b.len, out);
     else fputs("null", out); /* out of memory: a null rather than broken JSON */
-    job_buf_free(&b);
+    kvb_buf_free(&b);
 }
 
 void metrics_json_num(FILE *out, double v)

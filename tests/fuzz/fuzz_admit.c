@@ -31,6 +31,7 @@
 #include "text/chat.h"
 #include "model/gguf.h"
 #include "jobs/job.h"
+#include "engine/jsonmode.h"
 #include "engine/sampler.h"
 #include "support/synth.h"
 #include "text/tok.h"
@@ -138,12 +139,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (nl) size = (size_t)(nl - line); /* one line, as the reader gives it */
     struct job_request q;
     struct job_error e;
-    struct job_buf b = {0};
+    struct kvb_buf b = {0};
     enum kvb_status st = job_parse_line(line, size, 3, &q, &e);
     REQUIRE(st == KVB_OK || st == KVB_ERR_FORMAT);
+    struct jsonmode_schema *schema = NULL;
+    if (st == KVB_OK) st = admit_schema(&q, &schema, &e);
+    REQUIRE(st == KVB_OK || st == KVB_ERR_FORMAT);
+    REQUIRE(!schema || (st == KVB_OK && q.json_object && schema->n_nodes >= 1 && schema->nodes[0].kind == JSK_OBJECT));
     if (st == KVB_OK) {
         struct admit_plan plan;
-        st = admit_prepare(&F.ctx, &q, &plan, &e);
+        st = admit_prepare(&F.ctx, &q, schema, &plan, &e);
         REQUIRE(st == KVB_OK || st == KVB_ERR_FORMAT);
         if (st == KVB_OK) {
             check_plan(&q, &plan);
@@ -165,7 +170,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 KVB_OK);
         REQUIRE(b.len > 0 && b.data[b.len - 1] == '\n');
     }
-    job_buf_free(&b);
+    kvb_buf_free(&b);
     job_request_free(&q);
     return 0;
 }

@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "jobs/job.h"
-#include "jobs/job_json.h"
+#include "base/json.h"
 #include "engine/jsonmode.h"
 
 #define REQUIRE(c) \
@@ -37,14 +37,14 @@ static void check_text(const char *s, size_t n)
     REQUIRE(s[n] == '\0');
     size_t i = 0;
     while (i < n) {
-        size_t bad = 0, k = job_utf8_seq((const unsigned char *)s + i, n - i, &bad);
+        size_t bad = 0, k = json_utf8_seq((const unsigned char *)s + i, n - i, &bad);
         REQUIRE(k > 0);
         REQUIRE(s[i] != '\0');
         i += k;
     }
 }
 
-/* The exact form (job_json_str_dup_exact): NUL-terminated, no NUL inside,
+/* The exact form (json_str_dup_exact): NUL-terminated, no NUL inside,
  * with the text as written beside it. */
 static void check_custom_id(const struct job_request *r)
 {
@@ -96,8 +96,7 @@ static void check_request(const struct job_request *r)
     REQUIRE(r->repetition_penalty > 0.0f && r->repetition_penalty <= 2.0f);
     REQUIRE(r->n >= 1 && r->n <= JOB_MAX_N);
     REQUIRE(r->top_logprobs >= 0 && r->top_logprobs <= JOB_MAX_TOP_LOGPROBS);
-    REQUIRE(!r->json_schema || (r->json_object && r->json_schema->n_nodes >= 1 &&
-                                r->json_schema->nodes[0].kind == JSK_OBJECT));
+    REQUIRE(!r->json_schema || (r->json_object && strlen(r->json_schema) == r->json_schema_len));
     REQUIRE(r->n_logit_bias >= 0 && r->n_logit_bias <= JOB_MAX_LOGIT_BIAS);
     REQUIRE(r->n_logit_bias == 0 || r->logit_bias);
     for (int32_t k = 0; k < r->n_logit_bias; k++) {
@@ -122,28 +121,28 @@ static void check_line(const char *s, size_t len, const struct job_request *r)
     REQUIRE(jsmn_parse(&p, s, n, t, (unsigned)count) == count);
     REQUIRE(t[0].type == JSMN_OBJECT && t[0].start == 0 && (size_t)t[0].end == n);
     free(t);
-    struct job_json j;
+    struct json_doc j;
     const char *why;
     size_t where;
-    REQUIRE(job_json_parse(s, n, &j, &why, &where) == KVB_OK);
-    REQUIRE(job_json_get(&j, 0, "id") >= 0);
-    REQUIRE(job_json_get(&j, 0, "response") >= 0);
-    const int cid = job_json_get(&j, 0, "custom_id");
+    REQUIRE(json_parse(s, n, &j, &why, &where) == KVB_OK);
+    REQUIRE(json_get(&j, 0, "id") >= 0);
+    REQUIRE(json_get(&j, 0, "response") >= 0);
+    const int cid = json_get(&j, 0, "custom_id");
     REQUIRE(cid >= 0);
     if (r->custom_id) {
         const size_t n_cid = (size_t)(j.tok[cid].end - j.tok[cid].start);
-        REQUIRE(job_json_kind(&j, cid) == JOB_JSON_STRING && n_cid == r->custom_id_json_len &&
+        REQUIRE(json_kind(&j, cid) == JSON_STRING && n_cid == r->custom_id_json_len &&
                 memcmp(s + j.tok[cid].start, r->custom_id_json, n_cid) == 0);
     } else {
-        REQUIRE(job_json_kind(&j, cid) == JOB_JSON_NULL);
+        REQUIRE(json_kind(&j, cid) == JSON_NULL);
     }
-    job_json_free(&j);
+    json_free(&j);
 }
 
 /* A result as the engine would write it: the prompt text echoed as each
  * choice, cut into pseudo-tokens at arbitrary byte positions (so partial
  * UTF-8 reaches the logprobs writer). */
-static void write_result(const struct job_request *r, struct job_buf *b)
+static void write_result(const struct job_request *r, struct kvb_buf *b)
 {
     const char *text = r->prompt ? r->prompt : r->messages ? r->messages[r->n_messages - 1].content : "ids";
     size_t len = r->prompt ? r->prompt_len : r->messages ? r->messages[r->n_messages - 1].content_len : 3;
@@ -175,7 +174,7 @@ static void one_line(const char *data, size_t size, uint64_t line_no)
     struct job_error e;
     enum kvb_status st = job_parse_line(data, size, line_no, &r, &e);
     REQUIRE(st == KVB_OK || st == KVB_ERR_FORMAT);
-    struct job_buf b = {0}, b2 = {0};
+    struct kvb_buf b = {0}, b2 = {0};
     if (st == KVB_OK) {
         check_request(&r);
         write_result(&r, &b);
@@ -193,8 +192,8 @@ static void one_line(const char *data, size_t size, uint64_t line_no)
     }
     check_line(b.data, b.len, &r);
     REQUIRE(b.len == b2.len && memcmp(b.data, b2.data, b.len) == 0);
-    job_buf_free(&b);
-    job_buf_free(&b2);
+    kvb_buf_free(&b);
+    kvb_buf_free(&b2);
     job_request_free(&r);
 }
 

@@ -1,5 +1,5 @@
-/* job_schema.c — a request's response_format json_schema compiled into the
- * node arrays JSON mode reads (jsonmode.h). See job_schema_compile in job.h
+/* jsonmode_schema.c — a request's response_format json_schema compiled into
+ * the node arrays JSON mode reads. See jsonmode_schema_compile in jsonmode.h
  * for the subset; anything outside it is refused by name, never ignored, so
  * an output is never held to less than what was asked. */
 #include <stdarg.h>
@@ -8,8 +8,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "jobs/job.h"
-#include "jobs/job_json.h"
+#include "base/json.h"
 #include "engine/jsonmode.h"
 
 #define MAX_NODES 4096
@@ -17,7 +16,7 @@
 #define MAX_TEXT 1024 /* bytes of one property name or enum value */
 
 struct builder {
-    const struct job_json *j;
+    const struct json_doc *j;
     struct jsonmode_schema *s;
     int32_t cap_nodes, cap_props, cap_lits;
     size_t cap_bytes;
@@ -98,9 +97,9 @@ static void sub_path(char *out, size_t cap, const char *base, const char *key)
 }
 
 /* A whole number in [lo, hi] at token i. */
-static bool count_at(const struct job_json *j, int i, double lo, double hi, uint32_t *out)
+static bool count_at(const struct json_doc *j, int i, double lo, double hi, uint32_t *out)
 {
-    if (job_json_kind(j, i) != JOB_JSON_NUMBER) return false;
+    if (json_kind(j, i) != JSON_NUMBER) return false;
     double v = strtod(j->src + j->tok[i].start, NULL);
     if (!(v >= lo && v <= hi) || v != (double)(uint32_t)v) return false;
     *out = (uint32_t)v;
@@ -121,15 +120,15 @@ static int type_bits(struct builder *b, int t, const char *path, unsigned *bits)
         unsigned bit;
     } names[] = {{"string", JST_STRING}, {"number", JST_NUMBER}, {"integer", JST_INTEGER},
                  {"boolean", JST_BOOLEAN}, {"null", JST_NULL}, {"object", 32}, {"array", 64}};
-    const struct job_json *j = b->j;
-    const int n = job_json_kind(j, t) == JOB_JSON_ARRAY ? j->tok[t].size : 1;
-    int k = job_json_kind(j, t) == JOB_JSON_ARRAY ? t + 1 : t;
+    const struct json_doc *j = b->j;
+    const int n = json_kind(j, t) == JSON_ARRAY ? j->tok[t].size : 1;
+    int k = json_kind(j, t) == JSON_ARRAY ? t + 1 : t;
     *bits = 0;
-    for (int m = 0; m < n; m++, k = job_json_skip(j, k)) {
+    for (int m = 0; m < n; m++, k = json_skip(j, k)) {
         size_t w = 0;
-        if (job_json_kind(j, k) == JOB_JSON_STRING)
-            while (w < sizeof names / sizeof names[0] && !job_json_str_eq(j, k, names[w].name)) w++;
-        if (job_json_kind(j, k) != JOB_JSON_STRING || w == sizeof names / sizeof names[0])
+        if (json_kind(j, k) == JSON_STRING)
+            while (w < sizeof names / sizeof names[0] && !json_str_eq(j, k, names[w].name)) w++;
+        if (json_kind(j, k) != JSON_STRING || w == sizeof names / sizeof names[0])
             return fail(b, path, "field '%s' must name JSON types (string, number, integer, boolean, null, object, "
                         "array)", path);
         *bits |= names[w].bit;
@@ -145,8 +144,8 @@ static int type_bits(struct builder *b, int t, const char *path, unsigned *bits)
  * allows (0: any), which must leave at least one. */
 static int compile_enum(struct builder *b, int32_t ni, int vals, bool single, unsigned types, const char *path)
 {
-    const struct job_json *j = b->j;
-    if (!single && job_json_kind(j, vals) != JOB_JSON_ARRAY) return fail(b, path, "field '%s' must be an array", path);
+    const struct json_doc *j = b->j;
+    if (!single && json_kind(j, vals) != JSON_ARRAY) return fail(b, path, "field '%s' must be an array", path);
     const int n = single ? 1 : j->tok[vals].size;
     if (n < 1 || n > JSONMODE_MAX_PROPS)
         return fail(b, path, "field '%s' must hold 1 to 64 values", path);
@@ -159,18 +158,18 @@ static int compile_enum(struct builder *b, int32_t ni, int vals, bool single, un
     b->s->nodes[ni].kind = JSK_ENUM;
     b->s->nodes[ni].first = (uint32_t)b->s->n_lits;
     int kept = 0, k = single ? vals : vals + 1;
-    for (int m = 0; m < n; m++, k = job_json_skip(j, k)) {
-        const enum job_json_kind kind = job_json_kind(j, k);
+    for (int m = 0; m < n; m++, k = json_skip(j, k)) {
+        const enum json_kind kind = json_kind(j, k);
         const char *src = j->src + j->tok[k].start;
         size_t len = (size_t)(j->tok[k].end - j->tok[k].start);
         unsigned bit;
-        if (kind == JOB_JSON_STRING) { /* the token's text is inside the quotes */
+        if (kind == JSON_STRING) { /* the token's text is inside the quotes */
             src--;
             len += 2;
             bit = JST_STRING;
-        } else if (kind == JOB_JSON_TRUE || kind == JOB_JSON_FALSE) {
+        } else if (kind == JSON_TRUE || kind == JSON_FALSE) {
             bit = JST_BOOLEAN;
-        } else if (kind == JOB_JSON_NULL) {
+        } else if (kind == JSON_NULL) {
             bit = JST_NULL;
         } else {
             return fail(b, path, "field '%s': only strings, true, false and null are supported as values", path);
@@ -193,15 +192,15 @@ static int compile_enum(struct builder *b, int32_t ni, int vals, bool single, un
 
 static int compile_object(struct builder *b, int32_t ni, int props, int req, int addl, const char *path, int depth)
 {
-    const struct job_json *j = b->j;
+    const struct json_doc *j = b->j;
     char sub[256];
     struct jsonmode_node *nd = &b->s->nodes[ni];
     nd->kind = JSK_OBJECT;
-    if (addl >= 0 && job_json_kind(j, addl) != JOB_JSON_FALSE) {
+    if (addl >= 0 && json_kind(j, addl) != JSON_FALSE) {
         sub_path(sub, sizeof sub, path, "additionalProperties");
         return fail(b, sub, "field '%s': only false is supported (no property beyond those listed)", sub);
     }
-    if (req >= 0 && job_json_kind(j, req) != JOB_JSON_ARRAY) {
+    if (req >= 0 && json_kind(j, req) != JSON_ARRAY) {
         sub_path(sub, sizeof sub, path, "required");
         return fail(b, sub, "field '%s' must be an array of names", sub);
     }
@@ -215,7 +214,7 @@ static int compile_object(struct builder *b, int32_t ni, int props, int req, int
         return 0;
     }
     sub_path(sub, sizeof sub, path, "properties");
-    if (job_json_kind(j, props) != JOB_JSON_OBJECT) return fail(b, sub, "field '%s' must be an object", sub);
+    if (json_kind(j, props) != JSON_OBJECT) return fail(b, sub, "field '%s' must be an object", sub);
     const int n = j->tok[props].size;
     if (n > JSONMODE_MAX_PROPS) return fail(b, sub, "field '%s' lists more than 64 properties", sub);
     int64_t cap = b->cap_props;
@@ -229,7 +228,7 @@ static int compile_object(struct builder *b, int32_t ni, int props, int req, int
     nd->first = first;
     nd->n = (uint16_t)n;
     int k = props + 1;
-    for (int m = 0; m < n; m++, k = job_json_skip(j, k + 1)) {
+    for (int m = 0; m < n; m++, k = json_skip(j, k + 1)) {
         const char *name = j->src + j->tok[k].start;
         const size_t len = (size_t)(j->tok[k].end - j->tok[k].start);
         char key[64];
@@ -253,16 +252,16 @@ static int compile_object(struct builder *b, int32_t ni, int props, int req, int
     if (req >= 0) {
         sub_path(sub, sizeof sub, path, "required");
         int r = req + 1;
-        for (int m = 0; m < j->tok[req].size; m++, r = job_json_skip(j, r)) {
+        for (int m = 0; m < j->tok[req].size; m++, r = json_skip(j, r)) {
             int w = 0;
-            if (job_json_kind(j, r) == JOB_JSON_STRING) {
+            if (json_kind(j, r) == JSON_STRING) {
                 const size_t len = (size_t)(j->tok[r].end - j->tok[r].start);
                 for (; w < n; w++) {
                     const struct jsonmode_text *t = &b->s->props[first + (uint32_t)w].name;
                     if (t->len == len && memcmp(b->s->bytes + t->off, j->src + j->tok[r].start, len) == 0) break;
                 }
             }
-            if (job_json_kind(j, r) != JOB_JSON_STRING || w == n)
+            if (json_kind(j, r) != JSON_STRING || w == n)
                 return fail(b, sub, "field '%s' names a property the object does not list", sub);
             b->s->nodes[ni].required |= (uint64_t)1 << w;
         }
@@ -273,26 +272,26 @@ static int compile_object(struct builder *b, int32_t ni, int props, int req, int
 /* Node for the schema at token i (path names it in errors), or -1. */
 static int compile(struct builder *b, int i, const char *path, int depth)
 {
-    const struct job_json *j = b->j;
+    const struct json_doc *j = b->j;
     const int32_t ni = new_node(b);
     if (ni < 0) {
         if (!b->oom) fail(b, path, "field '%s': the schema has too many parts", path);
         return -1;
     }
-    if (job_json_kind(j, i) == JOB_JSON_TRUE) return ni; /* true: anything (JSK_ANY) */
-    if (job_json_kind(j, i) != JOB_JSON_OBJECT) return fail(b, path, "field '%s' must be a schema (an object)", path);
+    if (json_kind(j, i) == JSON_TRUE) return ni; /* true: anything (JSK_ANY) */
+    if (json_kind(j, i) != JSON_OBJECT) return fail(b, path, "field '%s' must be a schema (an object)", path);
     int type = -1, props = -1, req = -1, addl = -1, items = -1, min = -1, max = -1, en = -1, cn = -1;
     int k = i + 1;
-    for (int m = 0; m < j->tok[i].size; m++, k = job_json_skip(j, k + 1)) {
+    for (int m = 0; m < j->tok[i].size; m++, k = json_skip(j, k + 1)) {
         int *slot[] = {&type, &props, &req, &addl, &items, &min, &max, &en, &cn};
         size_t w = 0;
-        while (w < sizeof understood / sizeof understood[0] && !job_json_str_eq(j, k, understood[w])) w++;
+        while (w < sizeof understood / sizeof understood[0] && !json_str_eq(j, k, understood[w])) w++;
         if (w < sizeof understood / sizeof understood[0]) {
             *slot[w] = k + 1;
             continue;
         }
         size_t a = 0;
-        while (a < sizeof annotations / sizeof annotations[0] && !job_json_str_eq(j, k, annotations[a])) a++;
+        while (a < sizeof annotations / sizeof annotations[0] && !json_str_eq(j, k, annotations[a])) a++;
         if (a < sizeof annotations / sizeof annotations[0]) continue;
         char key[48];
         snprintf(key, sizeof key, "%.*s", (int)(j->tok[k].end - j->tok[k].start < 40 ? j->tok[k].end - j->tok[k].start : 40),
@@ -360,22 +359,35 @@ static int compile(struct builder *b, int i, const char *path, int depth)
     return ni;
 }
 
-int job_schema_compile(const struct job_json *j, int root, const char *path, struct jsonmode_schema **out,
-                       char *err_path, size_t path_cap, char *msg, size_t msg_cap)
+enum kvb_status jsonmode_schema_compile(const char *text, size_t len, const char *path, struct jsonmode_schema **out,
+                                        char *err_path, size_t path_cap, char *msg, size_t msg_cap)
 {
     *out = NULL;
-    struct builder b = {.j = j, .path = err_path, .msg = msg, .path_cap = path_cap, .msg_cap = msg_cap};
+    struct json_doc j;
+    const char *why;
+    size_t where;
+    enum kvb_status st = json_parse(text, len, &j, &why, &where);
+    if (st == KVB_ERR_NOMEM) return st;
+    struct builder b = {.j = &j, .path = err_path, .msg = msg, .path_cap = path_cap, .msg_cap = msg_cap};
+    if (st != KVB_OK) {
+        fail(&b, path, "field '%s' is not valid JSON: %s at byte %zu", path, why, where);
+        return KVB_ERR_FORMAT;
+    }
+    st = KVB_ERR_NOMEM;
     b.s = kvb_calloc(1, sizeof *b.s);
-    if (!b.s) return -2;
-    const int32_t r = compile(&b, root, path, 0);
-    if (r < 0) {
-        jsonmode_schema_free(b.s);
-        return b.oom ? -2 : -1;
+    if (!b.s) goto done;
+    if (compile(&b, 0, path, 0) < 0) {
+        st = b.oom ? KVB_ERR_NOMEM : KVB_ERR_FORMAT;
+    } else if (b.s->nodes[0].kind != JSK_OBJECT) {
+        fail(&b, path, "field '%s' must describe an object (\"type\": \"object\")", path);
+        st = KVB_ERR_FORMAT;
+    } else {
+        *out = b.s;
+        b.s = NULL;
+        st = KVB_OK;
     }
-    if (b.s->nodes[0].kind != JSK_OBJECT) {
-        jsonmode_schema_free(b.s);
-        return fail(&b, path, "field '%s' must describe an object (\"type\": \"object\")", path);
-    }
-    *out = b.s;
-    return 0;
+done:
+    jsonmode_schema_free(b.s);
+    json_free(&j);
+    return st;
 }

@@ -1,11 +1,11 @@
-/* job_json.c — strict JSON checking, jsmn tokenizing and string unescaping
- * for jobs/ (see job_json.h for why the strict pass exists).
+/* json.c — strict JSON checking, jsmn tokenizing, string unescaping and
+ * string escaping (see json.h for why the strict pass exists).
  *
  * This file holds the program's only copy of jsmn, compiled static. */
 #define JSMN_STATIC
 #include <jsmn.h>
 
-#include "jobs/job_json.h"
+#include "base/json.h"
 
 #include <string.h>
 
@@ -13,7 +13,7 @@
 
 /* ---- UTF-8 ------------------------------------------------------------------ */
 
-size_t job_utf8_seq(const unsigned char *s, size_t n, size_t *bad)
+size_t json_utf8_seq(const unsigned char *s, size_t n, size_t *bad)
 {
     unsigned char c = s[0];
     size_t need;
@@ -134,7 +134,7 @@ enum chk_state {
  * fixed stack below. */
 static const char *check_syntax(const unsigned char *s, size_t n, size_t *where)
 {
-    char stack[JOB_JSON_MAX_DEPTH];
+    char stack[JSON_MAX_DEPTH];
     int depth = 0;
     enum chk_state st = CHK_VALUE;
     size_t i = 0;
@@ -157,7 +157,7 @@ static const char *check_syntax(const unsigned char *s, size_t n, size_t *where)
                 break;
             }
             if (c == '{' || c == '[') {
-                if (depth == JOB_JSON_MAX_DEPTH) { *where = i; return "nesting too deep"; }
+                if (depth == JSON_MAX_DEPTH) { *where = i; return "nesting too deep"; }
                 stack[depth++] = (char)c;
                 i++;
                 st = c == '{' ? CHK_KEY_OR_CLOSE : CHK_VALUE_OR_CLOSE;
@@ -204,7 +204,7 @@ static const char *check_syntax(const unsigned char *s, size_t n, size_t *where)
 
 /* ---- tokens ------------------------------------------------------------------ */
 
-int job_json_skip(const struct job_json *j, int i)
+int json_skip(const struct json_doc *j, int i)
 {
     /* Iterative: `pending` counts the subtrees still to pass over. An object
      * token's size counts keys, and each key token has its value as its one
@@ -217,13 +217,13 @@ int job_json_skip(const struct job_json *j, int i)
     return i;
 }
 
-enum kvb_status job_json_parse(const char *src, size_t len, struct job_json *j, const char **why,
+enum kvb_status json_parse(const char *src, size_t len, struct json_doc *j, const char **why,
                                size_t *where)
 {
     memset(j, 0, sizeof *j);
     *why = NULL;
     *where = 0;
-    if (len > JOB_JSON_MAX_LEN) {
+    if (len > JSON_MAX_LEN) {
         *why = "line longer than 1 GiB";
         return KVB_ERR_FORMAT;
     }
@@ -249,8 +249,8 @@ enum kvb_status job_json_parse(const char *src, size_t len, struct job_json *j, 
     /* The checker accepted the text, so jsmn must have built one tree that
      * covers all tokens; anything else would be a jsmn quirk we do not
      * understand, and a line we do not understand is refused, not guessed. */
-    if (job_json_skip(j, 0) != count) {
-        job_json_free(j);
+    if (json_skip(j, 0) != count) {
+        json_free(j);
         goto disagree;
     }
     return KVB_OK;
@@ -259,27 +259,27 @@ disagree:
     return KVB_ERR_FORMAT;
 }
 
-void job_json_free(struct job_json *j)
+void json_free(struct json_doc *j)
 {
     if (!j) return;
     kvb_free(j->tok);
     memset(j, 0, sizeof *j);
 }
 
-enum job_json_kind job_json_kind(const struct job_json *j, int i)
+enum json_kind json_kind(const struct json_doc *j, int i)
 {
     const jsmntok_t *t = &j->tok[i];
     switch (t->type) {
-    case JSMN_OBJECT: return JOB_JSON_OBJECT;
-    case JSMN_ARRAY: return JOB_JSON_ARRAY;
-    case JSMN_STRING: return JOB_JSON_STRING;
+    case JSMN_OBJECT: return JSON_OBJECT;
+    case JSMN_ARRAY: return JSON_ARRAY;
+    case JSMN_STRING: return JSON_STRING;
     default: break;
     }
     switch (j->src[t->start]) {
-    case 't': return JOB_JSON_TRUE;
-    case 'f': return JOB_JSON_FALSE;
-    case 'n': return JOB_JSON_NULL;
-    default: return JOB_JSON_NUMBER; /* the checker allowed nothing else */
+    case 't': return JSON_TRUE;
+    case 'f': return JSON_FALSE;
+    case 'n': return JSON_NULL;
+    default: return JSON_NUMBER; /* the checker allowed nothing else */
     }
 }
 
@@ -328,7 +328,7 @@ static size_t put_cp(char *dst, uint32_t cp)
  * C0 80, and raw bytes that are not valid UTF-8 set *bad (no replacement),
  * so distinct JSON strings always decode to distinct bytes with no NUL.
  * Otherwise all three become U+FFFD. */
-static size_t str_decode(const struct job_json *j, int i, char *dst, bool exact, bool *bad_utf8)
+static size_t str_decode(const struct json_doc *j, int i, char *dst, bool exact, bool *bad_utf8)
 {
     const unsigned char *s = (const unsigned char *)j->src + j->tok[i].start;
     size_t n = (size_t)(j->tok[i].end - j->tok[i].start), o = 0, p = 0;
@@ -384,7 +384,7 @@ static size_t str_decode(const struct job_json *j, int i, char *dst, bool exact,
             p++;
             continue;
         }
-        size_t bad = 0, k = job_utf8_seq(s + p, n - p, &bad);
+        size_t bad = 0, k = json_utf8_seq(s + p, n - p, &bad);
         if (k) {
             if (dst) memcpy(dst + o, s + p, k);
             o += k;
@@ -398,24 +398,24 @@ static size_t str_decode(const struct job_json *j, int i, char *dst, bool exact,
     return o;
 }
 
-size_t job_json_str_decode(const struct job_json *j, int i, char *dst)
+size_t json_str_decode(const struct json_doc *j, int i, char *dst)
 {
     return str_decode(j, i, dst, false, NULL);
 }
 
-enum kvb_status job_json_str_dup(const struct job_json *j, int i, char **out, size_t *out_len)
+enum kvb_status json_str_dup(const struct json_doc *j, int i, char **out, size_t *out_len)
 {
-    size_t n = job_json_str_decode(j, i, NULL);
+    size_t n = json_str_decode(j, i, NULL);
     char *d = kvb_malloc(n + 1);
     if (!d) return KVB_ERR_NOMEM;
-    job_json_str_decode(j, i, d);
+    json_str_decode(j, i, d);
     d[n] = '\0';
     *out = d;
     if (out_len) *out_len = n;
     return KVB_OK;
 }
 
-enum kvb_status job_json_str_dup_exact(const struct job_json *j, int i, char **out, size_t *out_len)
+enum kvb_status json_str_dup_exact(const struct json_doc *j, int i, char **out, size_t *out_len)
 {
     bool bad = false;
     size_t n = str_decode(j, i, NULL, true, &bad);
@@ -429,7 +429,7 @@ enum kvb_status job_json_str_dup_exact(const struct job_json *j, int i, char **o
     return KVB_OK;
 }
 
-bool job_json_str_eq(const struct job_json *j, int i, const char *lit)
+bool json_str_eq(const struct json_doc *j, int i, const char *lit)
 {
     const jsmntok_t *t = &j->tok[i];
     if (t->type != JSMN_STRING) return false;
@@ -440,19 +440,87 @@ bool job_json_str_eq(const struct job_json *j, int i, const char *lit)
      * short, so anything that decodes longer cannot match. */
     char buf[64];
     if (l >= sizeof buf || n > 6 * sizeof buf) return false;
-    size_t dl = job_json_str_decode(j, i, NULL);
+    size_t dl = json_str_decode(j, i, NULL);
     if (dl != l) return false;
-    job_json_str_decode(j, i, buf);
+    json_str_decode(j, i, buf);
     return memcmp(buf, lit, l) == 0;
 }
 
-int job_json_get(const struct job_json *j, int obj, const char *key)
+int json_get(const struct json_doc *j, int obj, const char *key)
 {
     if (obj < 0 || obj >= j->ntok || j->tok[obj].type != JSMN_OBJECT) return -1;
     int found = -1, i = obj + 1;
     for (int k = 0; k < j->tok[obj].size; k++) {
-        if (job_json_str_eq(j, i, key)) found = i + 1;
-        i = job_json_skip(j, i + 1);
+        if (json_str_eq(j, i, key)) found = i + 1;
+        i = json_skip(j, i + 1);
     }
     return found;
+}
+
+/* ---- writing ------------------------------------------------------------------------- */
+
+static void put(struct kvb_buf *b, const char *s, size_t n) /* room reserved by the caller */
+{
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+}
+
+enum kvb_status json_put_string(struct kvb_buf *b, const char *s, size_t n)
+{
+    static const char hexd[] = "0123456789abcdef";
+    const size_t start = b->len;
+    /* worst case 6 output bytes per input byte (\u00XX); reserve per run of
+     * plain bytes instead to keep large texts cheap */
+    if (kvb_buf_reserve(b, n + 2) != KVB_OK) return KVB_ERR_NOMEM;
+    put(b, "\"", 1);
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        size_t run = i;
+        while (run < n && u[run] >= 0x20 && u[run] < 0x80 && u[run] != '"' && u[run] != '\\') run++;
+        const char *piece = s + i;
+        size_t len = run - i;
+        char e[7] = {'\\', 0, 0, 0, 0, 0, 0};
+        if (len) {
+            i = run;
+        } else if (u[i] < 0x80) {
+            len = 2;
+            switch (u[i]) {
+            case '"': e[1] = '"'; break;
+            case '\\': e[1] = '\\'; break;
+            case '\b': e[1] = 'b'; break;
+            case '\f': e[1] = 'f'; break;
+            case '\n': e[1] = 'n'; break;
+            case '\r': e[1] = 'r'; break;
+            case '\t': e[1] = 't'; break;
+            default:
+                e[1] = 'u';
+                e[2] = '0';
+                e[3] = '0';
+                e[4] = hexd[u[i] >> 4];
+                e[5] = hexd[u[i] & 15];
+                len = 6;
+                break;
+            }
+            piece = e;
+            i++;
+        } else {
+            size_t bad = 0;
+            len = json_utf8_seq(u + i, n - i, &bad);
+            if (len) {
+                i += len;
+            } else {
+                piece = "\xEF\xBF\xBD"; /* U+FFFD */
+                len = 3;
+                i += bad;
+            }
+        }
+        if (kvb_buf_reserve(b, len + 1) != KVB_OK) {
+            b->len = start;
+            return KVB_ERR_NOMEM;
+        }
+        put(b, piece, len);
+    }
+    put(b, "\"", 1); /* the +1 above */
+    return KVB_OK;
 }
