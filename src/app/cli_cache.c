@@ -57,122 +57,144 @@ static void usage(FILE *f)
         "written, 2 bad command line.\n");
 }
 
-int cli_cache(int argc, char **argv)
-{
-    const char *sub = NULL, *dir = NULL, *model_path = NULL, *fingerprint = NULL;
-    uint64_t max_size = 0;
-    bool have_max = false;
+enum cache_sub { SUB_STATS, SUB_VERIFY, SUB_GC, SUB_CLEAR };
 
+struct cache_args {
+    const char *sub, *dir, *model_path, *fingerprint;
+    enum cache_sub which;
+    uint64_t max_size;
+    bool have_max;
+};
+
+/* Reads the command line into *a: -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, struct cache_args *a)
+{
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        const char *o = argv[i];
+        if (!strcmp(o, "-h") || !strcmp(o, "--help")) {
             usage(stdout);
             return CLI_EXIT_OK;
-        } else if (cli_opt_is(a, "--cache-dir")) {
-            if (!(dir = cli_opt_value(argc, argv, &i))) return CLI_EXIT_USAGE;
-        } else if (cli_opt_is(a, "--max-size")) {
+        } else if (cli_opt_is(o, "--cache-dir")) {
+            if (!(a->dir = cli_opt_value(argc, argv, &i))) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(o, "--max-size")) {
             const char *val = cli_opt_value(argc, argv, &i);
-            if (!val || !cli_parse_size("--max-size", val, &max_size)) return CLI_EXIT_USAGE;
-            have_max = true;
-        } else if (cli_opt_is(a, "--model")) {
-            if (!(model_path = cli_opt_value(argc, argv, &i))) return CLI_EXIT_USAGE;
-        } else if (cli_opt_is(a, "--fingerprint")) {
-            if (!(fingerprint = cli_opt_value(argc, argv, &i))) return CLI_EXIT_USAGE;
-        } else if (a[0] == '-' && a[1] != '\0') {
-            fprintf(stderr, "kvbatch cache: unknown option '%s' (see --help)\n", a);
+            if (!val || !cli_parse_size("--max-size", val, &a->max_size)) return CLI_EXIT_USAGE;
+            a->have_max = true;
+        } else if (cli_opt_is(o, "--model")) {
+            if (!(a->model_path = cli_opt_value(argc, argv, &i))) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(o, "--fingerprint")) {
+            if (!(a->fingerprint = cli_opt_value(argc, argv, &i))) return CLI_EXIT_USAGE;
+        } else if (o[0] == '-' && o[1] != '\0') {
+            fprintf(stderr, "kvbatch cache: unknown option '%s' (see --help)\n", o);
             return CLI_EXIT_USAGE;
-        } else if (!sub) {
-            sub = a;
+        } else if (!a->sub) {
+            a->sub = o;
         } else {
-            fprintf(stderr, "kvbatch cache: unexpected argument '%s' (see --help)\n", a);
+            fprintf(stderr, "kvbatch cache: unexpected argument '%s' (see --help)\n", o);
             return CLI_EXIT_USAGE;
         }
     }
-    if (!sub) {
+    if (!a->sub) {
         fprintf(stderr, "kvbatch cache: no subcommand given\n");
         usage(stderr);
         return CLI_EXIT_USAGE;
     }
-    bool is_stats = !strcmp(sub, "stats"), is_verify = !strcmp(sub, "verify"), is_gc = !strcmp(sub, "gc"),
-         is_clear = !strcmp(sub, "clear");
-    if (!is_stats && !is_verify && !is_gc && !is_clear) {
-        fprintf(stderr, "kvbatch cache: unknown subcommand '%s' (stats, verify, gc or clear)\n", sub);
+    static const char *const names[] = {"stats", "verify", "gc", "clear"};
+    int w = 0;
+    while (w < 4 && strcmp(a->sub, names[w])) w++;
+    if (w == 4) {
+        fprintf(stderr, "kvbatch cache: unknown subcommand '%s' (stats, verify, gc or clear)\n", a->sub);
         return CLI_EXIT_USAGE;
     }
-    if (have_max && !is_gc) {
+    a->which = (enum cache_sub)w;
+    if (a->have_max && a->which != SUB_GC) {
         fprintf(stderr, "kvbatch cache: --max-size goes with gc\n");
         return CLI_EXIT_USAGE;
     }
-    if ((model_path || fingerprint) && !is_clear) {
+    if ((a->model_path || a->fingerprint) && a->which != SUB_CLEAR) {
         fprintf(stderr, "kvbatch cache: --model and --fingerprint go with clear\n");
         return CLI_EXIT_USAGE;
     }
-    if (model_path && fingerprint) {
+    if (a->model_path && a->fingerprint) {
         fprintf(stderr, "kvbatch cache: give --model or --fingerprint, not both\n");
         return CLI_EXIT_USAGE;
     }
+    return -1;
+}
+
+/* The subcommand on an open store; what it prints goes to stdout. */
+static enum kvb_status run_sub(struct pstore *ps, const struct cache_args *a, struct kvb_err *err)
+{
+    enum kvb_status rs = KVB_OK;
+    uint64_t n = 0;
+    switch (a->which) {
+    case SUB_STATS: rs = pstore_print_stats(ps, stdout, err); break;
+    case SUB_VERIFY: rs = pstore_verify(ps, stdout, &n, err); break;
+    case SUB_GC:
+        rs = pstore_gc(ps, a->have_max ? a->max_size : pstore_max_size(ps), &n, err);
+        if (rs == KVB_OK) printf("evicted %llu blocks\n", (unsigned long long)n);
+        if (rs == KVB_OK) rs = pstore_print_stats(ps, stdout, err);
+        break;
+    case SUB_CLEAR:
+        rs = pstore_clear(ps, a->fingerprint, &n, err);
+        if (rs == KVB_OK) {
+            if (a->fingerprint) printf("removed %llu blocks of model %s\n", (unsigned long long)n, a->fingerprint);
+            else printf("removed %llu blocks\n", (unsigned long long)n);
+        }
+        break;
+    }
+    return rs;
+}
+
+int cli_cache(int argc, char **argv)
+{
+    struct cache_args a = {0};
+    int prc = parse_args(argc, argv, &a);
+    if (prc >= 0) return prc;
 
     char defdir[4096], path[4200];
-    if (!dir) {
+    if (!a.dir) {
         pstore_default_dir(defdir, sizeof defdir);
-        dir = defdir;
+        a.dir = defdir;
     }
-    int pn = snprintf(path, sizeof path, "%s/data.mdb", dir);
+    int pn = snprintf(path, sizeof path, "%s/data.mdb", a.dir);
     struct stat st;
     if (pn < 0 || (size_t)pn >= sizeof path) {
         fprintf(stderr, "kvbatch cache: directory name too long\n");
         return CLI_EXIT_USAGE;
     }
     if (stat(path, &st) != 0) {
-        printf("no cache in %s (nothing to %s)\n", dir, is_stats ? "show" : "do");
+        printf("no cache in %s (nothing to %s)\n", a.dir, a.which == SUB_STATS ? "show" : "do");
         return CLI_EXIT_OK;
     }
 
     struct kvb_err err = {{0}};
     char fp[33];
-    if (model_path) {
+    if (a.model_path) {
         struct model *m = NULL;
-        if (model_load(model_path, &m, &err) != KVB_OK) {
+        if (model_load(a.model_path, &m, &err) != KVB_OK) {
             fprintf(stderr, "kvbatch cache: %s\n", err.msg);
             return CLI_EXIT_FAIL;
         }
         snprintf(fp, sizeof fp, "%s", m->fingerprint);
         model_free(m);
-        fingerprint = fp;
+        a.fingerprint = fp;
     }
 
     /* A file whose own structure is damaged is reported, not moved, except
      * by clear, whose point is an empty cache. */
-    struct pstore_opts opts = {.keep_damaged = !is_clear};
+    struct pstore_opts opts = {.keep_damaged = a.which != SUB_CLEAR};
     struct pstore *ps = NULL;
-    enum kvb_status os = pstore_open(dir, &opts, &ps, &err);
+    enum kvb_status os = pstore_open(a.dir, &opts, &ps, &err);
     if (os != KVB_OK) {
-        if (is_verify && os == KVB_ERR_FORMAT) printf("damaged: %s\n", err.msg);
-        else fprintf(stderr, "kvbatch cache %s: %s\n", sub, err.msg);
+        if (a.which == SUB_VERIFY && os == KVB_ERR_FORMAT) printf("damaged: %s\n", err.msg);
+        else fprintf(stderr, "kvbatch cache %s: %s\n", a.sub, err.msg);
         return CLI_EXIT_FAIL;
     }
-    enum kvb_status rs = KVB_OK;
-    if (is_stats) {
-        rs = pstore_print_stats(ps, stdout, &err);
-    } else if (is_verify) {
-        uint64_t n_bad = 0;
-        rs = pstore_verify(ps, stdout, &n_bad, &err);
-    } else if (is_gc) {
-        uint64_t n = 0, cap = have_max ? max_size : pstore_max_size(ps);
-        rs = pstore_gc(ps, cap, &n, &err);
-        if (rs == KVB_OK) printf("evicted %llu blocks\n", (unsigned long long)n);
-        if (rs == KVB_OK) rs = pstore_print_stats(ps, stdout, &err);
-    } else {
-        uint64_t n = 0;
-        rs = pstore_clear(ps, fingerprint, &n, &err);
-        if (rs == KVB_OK) {
-            if (fingerprint) printf("removed %llu blocks of model %s\n", (unsigned long long)n, fingerprint);
-            else printf("removed %llu blocks\n", (unsigned long long)n);
-        }
-    }
+    enum kvb_status rs = run_sub(ps, &a, &err);
     pstore_close(ps);
     if (rs != KVB_OK) {
-        fprintf(stderr, "kvbatch cache %s: %s\n", sub, err.msg);
+        fprintf(stderr, "kvbatch cache %s: %s\n", a.sub, err.msg);
         return rs == KVB_ERR_INVALID_ARG ? CLI_EXIT_USAGE : CLI_EXIT_FAIL;
     }
     if (fflush(stdout) != 0) {

@@ -734,26 +734,136 @@ static void teardown(struct runner *r)
     metrics_close(r->db);
 }
 
-int run_job(const struct run_opts *o)
+/* The clocks, and the test hook KVBATCH_TEST_CRASH=ID:token|step (a request
+ * that crashes the process, for the crash journal's tests). */
+static void runner_start(struct runner *r, const struct run_opts *o)
 {
-    struct runner r;
-    memset(&r, 0, sizeof r);
-    r.o = o;
-    r.t0 = cli_now();
-    {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        r.unix_minus_mono = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - r.t0;
-    }
-    r.created = (int64_t)time(NULL);
+    memset(r, 0, sizeof *r);
+    r->o = o;
+    r->t0 = cli_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    r->unix_minus_mono = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - r->t0;
+    r->created = (int64_t)time(NULL);
     const char *tc = getenv("KVBATCH_TEST_CRASH");
     const char *colon = tc ? strrchr(tc, ':') : NULL;
     if (colon) {
-        r.test_crash = !strcmp(colon + 1, "token") ? TEST_CRASH_TOKEN : !strcmp(colon + 1, "step") ? TEST_CRASH_STEP
-                                                                                                  : TEST_CRASH_NONE;
-        r.test_crash_id = tc;
-        r.test_crash_id_len = (size_t)(colon - tc);
+        r->test_crash = !strcmp(colon + 1, "token") ? TEST_CRASH_TOKEN
+                        : !strcmp(colon + 1, "step") ? TEST_CRASH_STEP
+                                                     : TEST_CRASH_NONE;
+        r->test_crash_id = tc;
+        r->test_crash_id_len = (size_t)(colon - tc);
     }
+}
+
+/* Reads, admits and steps until the job is done, a signal came or something
+ * failed; true when that was fatal. */
+static bool run_loop(struct runner *r)
+{
+    bool eof = false, fatal = false;
+    while (!fatal && !r->write_failed && !stop_signal) {
+        /* Keep the window full: the scheduler can only group by prefix what it
+         * has been given. */
+        while (!eof && !fatal && !stop_signal && r->n_used < r->n_slots && !r->held && !r->isolating) {
+            if (!admit_line(r, &eof)) fatal = true;
+        }
+        if (sched_idle(r->sched)) {
+            if (r->held && !fatal && !stop_signal) {
+                if (!run_held(r)) fatal = true;
+                continue;
+            }
+            if (eof || fatal || stop_signal) break;
+            continue;
+        }
+        if (r->test_crash == TEST_CRASH_STEP)
+            for (int32_t i = 0; i < r->n_slots; i++)
+                if (r->slots[i].used && r->slots[i].n_done == 0 &&
+                    test_crash_is(r, &r->slots[i].req, TEST_CRASH_STEP) && r->slots[i].ch[0].n_tokens > 0)
+                    raise(SIGSEGV);
+        struct kvb_err err = {{0}};
+        if (sched_step(r->sched, &err) != KVB_OK) {
+            fprintf(stderr, "\nkvbatch run: forward pass failed: %s\n", err.msg);
+            fatal = true;
+        }
+        progress(r, false);
+    }
+    progress(r, true);
+    return fatal;
+}
+
+/* The closing lines on stderr: requests and tokens, the cache's traffic, the
+ * backend's own summary. */
+static void print_summary(const struct runner *r, enum metrics_run_status status, const struct sched_stats *st,
+                          const struct pstore_stats *pst)
+{
+    /* Reuse per request (as the metrics record it); computed counts the
+     * work, recomputation after preemption included. */
+    fprintf(stderr,
+            "kvbatch run: %s: %lld requests (%lld ok, %lld failed, %lld already done), %lld prompt tokens "
+            "(%lld reused in-run, %lld from the cache, %lld computed), %lld generated, %.1f s\n",
+            metrics_run_status_name(status), (long long)r->tot.requests_total, (long long)r->tot.requests_ok,
+            (long long)r->tot.requests_failed, (long long)r->skipped, (long long)r->tot.prompt_tokens,
+            (long long)r->tot.cached_tokens_run, (long long)r->tot.cached_tokens_store, (long long)st->prefill_computed,
+            (long long)r->tot.completion_tokens, r->tot.wall_seconds);
+    if (r->ps) {
+        fprintf(stderr,
+                "kvbatch run: cache: %lld prompt tokens restored in %.3f s (%.0f tok/s), %llu KiB read; "
+                "%llu blocks written, %llu KiB (%.2fx compression)%s\n",
+                (long long)st->store_tokens, st->store_load_s,
+                st->store_load_s > 0 ? (double)st->store_tokens / st->store_load_s : 0.0,
+                (unsigned long long)(pst->bytes_read >> 10), (unsigned long long)pst->blocks_written,
+                (unsigned long long)(pst->bytes_written >> 10),
+                pst->bytes_written ? (double)pst->raw_bytes_written / (double)pst->bytes_written : 0.0,
+                pst->writing_disabled ? ", writing turned off" : "");
+        if (pst->blocks_dropped > 0 && !pst->writing_disabled)
+            fprintf(stderr,
+                    "kvbatch run: cache: %llu computed blocks not stored: the writer fell behind (raise "
+                    "--cache-buffer) or their chain was cut short\n",
+                    (unsigned long long)pst->blocks_dropped);
+    }
+    if (r->be && r->be->summary) {
+        char line[256] = "";
+        r->be->summary(r->be, line, sizeof line);
+        if (line[0]) fprintf(stderr, "kvbatch run: %s: %s\n", r->be->name, line);
+    }
+}
+
+/* Records the run's end (totals, status) in the metrics and closes the crash
+ * journal; the exit code. */
+static int finish_run(struct runner *r, bool fatal)
+{
+    struct sched_stats st;
+    sched_get_stats(r->sched, &st);
+    r->tot.prefill_tokens_computed = st.prefill_computed;
+    struct pstore_stats pst = {0};
+    if (r->ps) {
+        pstore_flush(r->ps);
+        pstore_get_stats(r->ps, &pst);
+        r->tot.store_bytes_read = (int64_t)pst.bytes_read;
+        r->tot.store_bytes_written = (int64_t)pst.bytes_written;
+    }
+    r->tot.wall_seconds = cli_now() - r->t0;
+    enum metrics_run_status status = fatal || r->write_failed ? METRICS_RUN_FAILED
+                                     : stop_signal             ? METRICS_RUN_INTERRUPTED
+                                                               : METRICS_RUN_OK;
+    struct kvb_err err = {{0}};
+    if (metrics_run_end(r->db, r->run_id, status, &r->tot, &err) != KVB_OK)
+        fprintf(stderr, "kvbatch run: warning: metrics: %s\n", err.msg);
+    /* a finished job leaves nothing to resume, so no journal either */
+    crashlog_close(metrics_run_status_name(status), status == METRICS_RUN_OK);
+    if (!r->o->quiet) print_summary(r, status, &st, &pst);
+    if (stop_signal) {
+        fprintf(stderr, "kvbatch run: interrupted by signal %d; %lld requests in flight were dropped; "
+                        "rerun with --resume to finish\n", (int)stop_signal, (long long)r->n_used);
+        return 128 + stop_signal;
+    }
+    return fatal || r->write_failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+}
+
+int run_job(const struct run_opts *o)
+{
+    struct runner r;
+    runner_start(&r, o);
     stop_signal = 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -764,95 +874,7 @@ int run_job(const struct run_opts *o)
     sigaction(SIGTERM, &sa, &old_term);
 
     int rc = CLI_EXIT_FAIL;
-    bool eof = false, fatal = false;
-    if (!setup(&r)) goto out;
-    while (!fatal && !r.write_failed && !stop_signal) {
-        /* Keep the window full: the scheduler can only group by prefix what it
-         * has been given. */
-        while (!eof && !fatal && !stop_signal && r.n_used < r.n_slots && !r.held && !r.isolating) {
-            if (!admit_line(&r, &eof)) fatal = true;
-        }
-        if (sched_idle(r.sched)) {
-            if (r.held && !fatal && !stop_signal) {
-                if (!run_held(&r)) fatal = true;
-                continue;
-            }
-            if (eof || fatal || stop_signal) break;
-            continue;
-        }
-        if (r.test_crash == TEST_CRASH_STEP)
-            for (int32_t i = 0; i < r.n_slots; i++)
-                if (r.slots[i].used && r.slots[i].n_done == 0 && test_crash_is(&r, &r.slots[i].req, TEST_CRASH_STEP) &&
-                    r.slots[i].ch[0].n_tokens > 0)
-                    raise(SIGSEGV);
-        struct kvb_err err = {{0}};
-        if (sched_step(r.sched, &err) != KVB_OK) {
-            fprintf(stderr, "\nkvbatch run: forward pass failed: %s\n", err.msg);
-            fatal = true;
-        }
-        progress(&r, false);
-    }
-    progress(&r, true);
-    struct sched_stats st;
-    sched_get_stats(r.sched, &st);
-    r.tot.prefill_tokens_computed = st.prefill_computed;
-    struct pstore_stats pst = {0};
-    if (r.ps) {
-        pstore_flush(r.ps);
-        pstore_get_stats(r.ps, &pst);
-        r.tot.store_bytes_read = (int64_t)pst.bytes_read;
-        r.tot.store_bytes_written = (int64_t)pst.bytes_written;
-    }
-    r.tot.wall_seconds = cli_now() - r.t0;
-    enum metrics_run_status status = fatal || r.write_failed ? METRICS_RUN_FAILED
-                                     : stop_signal            ? METRICS_RUN_INTERRUPTED
-                                                              : METRICS_RUN_OK;
-    struct kvb_err err = {{0}};
-    if (metrics_run_end(r.db, r.run_id, status, &r.tot, &err) != KVB_OK)
-        fprintf(stderr, "kvbatch run: warning: metrics: %s\n", err.msg);
-    /* a finished job leaves nothing to resume, so no journal either */
-    crashlog_close(metrics_run_status_name(status), status == METRICS_RUN_OK);
-    if (!o->quiet) {
-        /* Reuse per request (as the metrics record it); computed counts the
-         * work, recomputation after preemption included. */
-        fprintf(stderr,
-                "kvbatch run: %s: %lld requests (%lld ok, %lld failed, %lld already done), %lld prompt tokens "
-                "(%lld reused in-run, %lld from the cache, %lld computed), %lld generated, %.1f s\n",
-                metrics_run_status_name(status), (long long)r.tot.requests_total, (long long)r.tot.requests_ok,
-                (long long)r.tot.requests_failed, (long long)r.skipped, (long long)r.tot.prompt_tokens,
-                (long long)r.tot.cached_tokens_run, (long long)r.tot.cached_tokens_store, (long long)st.prefill_computed,
-                (long long)r.tot.completion_tokens,
-                r.tot.wall_seconds);
-    }
-    if (!o->quiet && r.ps) {
-        fprintf(stderr,
-                "kvbatch run: cache: %lld prompt tokens restored in %.3f s (%.0f tok/s), %llu KiB read; "
-                "%llu blocks written, %llu KiB (%.2fx compression)%s\n",
-                (long long)st.store_tokens, st.store_load_s,
-                st.store_load_s > 0 ? (double)st.store_tokens / st.store_load_s : 0.0,
-                (unsigned long long)(pst.bytes_read >> 10), (unsigned long long)pst.blocks_written,
-                (unsigned long long)(pst.bytes_written >> 10),
-                pst.bytes_written ? (double)pst.raw_bytes_written / (double)pst.bytes_written : 0.0,
-                pst.writing_disabled ? ", writing turned off" : "");
-        if (pst.blocks_dropped > 0 && !pst.writing_disabled)
-            fprintf(stderr,
-                    "kvbatch run: cache: %llu computed blocks not stored: the writer fell behind (raise "
-                    "--cache-buffer) or their chain was cut short\n",
-                    (unsigned long long)pst.blocks_dropped);
-    }
-    if (!o->quiet && r.be && r.be->summary) {
-        char line[256] = "";
-        r.be->summary(r.be, line, sizeof line);
-        if (line[0]) fprintf(stderr, "kvbatch run: %s: %s\n", r.be->name, line);
-    }
-    if (stop_signal) {
-        fprintf(stderr, "kvbatch run: interrupted by signal %d; %lld requests in flight were dropped; "
-                        "rerun with --resume to finish\n", (int)stop_signal, (long long)r.n_used);
-        rc = 128 + stop_signal;
-    } else {
-        rc = fatal || r.write_failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
-    }
-out:
+    if (setup(&r)) rc = finish_run(&r, run_loop(&r));
     crashlog_close("failed", false); /* when setup failed after opening it; else already closed */
     teardown(&r);
     if (r.write_failed && rc == CLI_EXIT_OK) rc = CLI_EXIT_FAIL;

@@ -381,15 +381,168 @@ static double max_of(const double *v, int n)
     return m;
 }
 
+/* The binned series of the time charts: for run i, bin k is [nb * i + k]. */
+struct time_bins {
+    struct series_bins b;
+    size_t nb;
+    double span, x_end;
+    double *xs, *out, *pre, *run, *wait, *prun, *scratch;
+    struct series_req *preempted; /* scratch: one run's preempted requests */
+    bool any_preempted;
+};
+
+static void time_bins_free(struct time_bins *t)
+{
+    kvb_free(t->xs);
+    kvb_free(t->out);
+    kvb_free(t->pre);
+    kvb_free(t->run);
+    kvb_free(t->wait);
+    kvb_free(t->prun);
+    kvb_free(t->scratch);
+    kvb_free(t->preempted);
+}
+
+/* Bins every run's requests on one grid, each shifted to its own start (t0). */
+static bool time_bins_fill(struct time_bins *t, struct html_run *runs, int n)
+{
+    bins_for(&t->b, t->span);
+    const size_t nb = t->nb = (size_t)t->b.nbins, all = nb * (size_t)n;
+    size_t most = 1;
+    for (int i = 0; i < n; i++)
+        if (runs[i].n_req > most) most = runs[i].n_req;
+    t->xs = kvb_malloc(sizeof(double) * nb);
+    t->out = kvb_malloc(sizeof(double) * all);
+    t->pre = kvb_malloc(sizeof(double) * all);
+    t->run = kvb_malloc(sizeof(double) * all);
+    t->wait = kvb_malloc(sizeof(double) * all);
+    t->prun = kvb_malloc(sizeof(double) * all);
+    t->scratch = kvb_malloc(sizeof(double) * nb);
+    t->preempted = kvb_malloc(sizeof *t->preempted * most);
+    if (!(t->xs && t->out && t->pre && t->run && t->wait && t->prun && t->scratch && t->preempted)) return false;
+    for (int i = 0; i < n; i++) {
+        struct series_req *q = runs[i].req;
+        const size_t at = nb * (size_t)i;
+        for (size_t k = 0; k < runs[i].n_req; k++) {
+            q[k].submitted -= runs[i].t0;
+            q[k].started -= runs[i].t0;
+            q[k].first -= runs[i].t0;
+            q[k].ended -= runs[i].t0;
+        }
+        series_throughput(&t->b, q, runs[i].n_req, t->out + at, t->pre + at);
+        series_occupancy(&t->b, q, runs[i].n_req, t->run + at, t->wait + at);
+        /* of the running, those preempted at least once: in a preemption
+         * storm, "running" holds many that wait for their KV again */
+        size_t np = 0;
+        for (size_t k = 0; k < runs[i].n_req; k++)
+            if (q[k].preemptions > 0) t->preempted[np++] = q[k];
+        t->any_preempted |= np > 0;
+        series_occupancy(&t->b, t->preempted, np, t->prun + at, t->scratch); /* its waiting is not drawn */
+        for (size_t k = 0; k < runs[i].n_fail; k++) runs[i].fail_at[k] -= runs[i].t0;
+        /* a run's lines stop where it ended, rather than drawing zeros
+         * after it beside a longer run */
+        for (size_t k = 0; k < nb; k++)
+            if (t->b.t0 + t->b.dt * (double)k >= runs[i].t_last - runs[i].t0)
+                t->out[at + k] = t->pre[at + k] = t->run[at + k] = t->wait[at + k] = t->prun[at + k] = NAN;
+    }
+    for (size_t k = 0; k < nb; k++) t->xs[k] = t->b.t0 + t->b.dt * (double)k;
+    t->x_end = t->b.t0 + t->b.dt * (double)nb;
+    return true;
+}
+
+/* A time chart's frame: x from 0 to the bins' end, y from 0 to y_hi. */
+static void time_plot_begin(struct svg_plot *p, FILE *o, const struct time_bins *t, int height, double y_hi,
+                            const char *y_title, const char *title)
+{
+    svg_plot_init(p, o, 1020, height);
+    p->x.lo = 0;
+    p->x.hi = t->x_end;
+    time_axis(&p->x, t->span);
+    p->y.lo = 0;
+    p->y.hi = y_hi;
+    p->y.title = y_title;
+    svg_axis_fit(&p->y);
+    p->x.hi = t->x_end; /* the bins' end, not rounded further */
+    svg_plot_begin(p, title);
+}
+
+/* The legend entry of run i's series `what` (the run's name first when several are drawn). */
+static void run_legend(FILE *o, const struct html_run *runs, int n, int i, const char *color, const char *dash,
+                       const char *what)
+{
+    char title[sizeof runs[i].name + 64]; /* the name and the longest `what` */
+    snprintf(title, sizeof title, "%s%s%s", n == 1 ? "" : runs[i].name, n == 1 ? "" : ": ", what);
+    legend_item(o, n == 1 ? color : runs[i].color, dash, title);
+}
+
+/* Run i's line of series v (nb values from v + nb * i). */
+static void run_line(struct svg_plot *p, const struct time_bins *t, const struct html_run *runs, int n, int i,
+                     const double *v, const char *color, const char *dash, const char *what)
+{
+    char title[sizeof runs[i].name + 64];
+    snprintf(title, sizeof title, "%s %s", runs[i].name, what);
+    svg_plot_line(p, t->xs, v + t->nb * (size_t)i, t->nb, n == 1 ? color : runs[i].color, dash, true, t->x_end, title);
+}
+
+static void throughput_chart(FILE *o, const struct time_bins *t, struct html_run *runs, int n)
+{
+    fputs("<h2>Throughput over time</h2>\n<div class=\"legend\">", o);
+    size_t n_fail = 0;
+    for (int i = 0; i < n; i++) {
+        run_legend(o, runs, n, i, palette[0], NULL, "output tokens/s");
+        run_legend(o, runs, n, i, palette[4], "5 3", "prefill tokens/s (computed)");
+        n_fail += runs[i].n_fail;
+    }
+    if (n_fail) legend_rug(o, "failed request (when its error was written)");
+    fputs("</div>\n", o);
+    struct svg_plot p;
+    const int all = t->b.nbins * n;
+    time_plot_begin(&p, o, t, 300, fmax(max_of(t->out, all), max_of(t->pre, all)), "tokens/s",
+                    "throughput over time");
+    for (int i = 0; i < n; i++) {
+        run_line(&p, t, runs, n, i, t->pre, palette[4], "5 3", "prefill tokens/s");
+        run_line(&p, t, runs, n, i, t->out, palette[0], NULL, "output tokens/s");
+        svg_plot_rug(&p, runs[i].fail_at, runs[i].n_fail, "#c00", "failed request");
+    }
+    svg_plot_end(&p);
+    fprintf(o, "<p class=\"note\">Tokens per second in bins of %g s. A request's first output token counts "
+               "when it was sampled, the others spread evenly up to its end; its computed prompt tokens (not "
+               "reused from a cache) spread evenly from its admission to its first token.</p>\n", t->b.dt);
+}
+
+static void occupancy_chart(FILE *o, const struct time_bins *t, struct html_run *runs, int n)
+{
+    fputs("<h2>Running and waiting sequences</h2>\n<div class=\"legend\">", o);
+    for (int i = 0; i < n; i++) {
+        run_legend(o, runs, n, i, palette[0], NULL, "running");
+        run_legend(o, runs, n, i, palette[4], "5 3", "waiting");
+        if (t->any_preempted) run_legend(o, runs, n, i, palette[1], "1 3", "of the running, preempted at least once");
+    }
+    fputs("</div>\n", o);
+    struct svg_plot p;
+    const int all = t->b.nbins * n;
+    const double y_hi = fmax(max_of(t->run, all), max_of(t->wait, all));
+    time_plot_begin(&p, o, t, 260, y_hi < 1 ? 1 : y_hi, "sequences", "running and waiting sequences over time");
+    for (int i = 0; i < n; i++) {
+        run_line(&p, t, runs, n, i, t->wait, palette[4], "5 3", "waiting");
+        run_line(&p, t, runs, n, i, t->run, palette[0], NULL, "running");
+        if (t->any_preempted) run_line(&p, t, runs, n, i, t->prun, palette[1], "1 3", "running, preempted at least once");
+    }
+    svg_plot_end(&p);
+    fputs("<p class=\"note\">Average over each bin. Running: admitted to the scheduler and not finished (a "
+          "preempted request counts from its first admission to its end). Waiting: read from the job file "
+          "and queued, not yet admitted (at most the look-ahead window).</p>\n", o);
+}
+
 /* Throughput and running/waiting charts. Each run's requests are shifted to
  * its own start (t0) and binned on one shared grid. */
 static bool time_charts(FILE *o, struct html_run *runs, int n)
 {
-    double span = 0;
+    struct time_bins t = {0};
     size_t timed = 0;
     for (int i = 0; i < n; i++) {
         timed += runs[i].n_req;
-        if (runs[i].t_last - runs[i].t0 > span) span = runs[i].t_last - runs[i].t0;
+        if (runs[i].t_last - runs[i].t0 > t.span) t.span = runs[i].t_last - runs[i].t0;
     }
     if (timed == 0) {
         fputs("<h2>Throughput over time</h2>\n<p class=\"note\">No per-request times in this database: it was "
@@ -397,140 +550,13 @@ static bool time_charts(FILE *o, struct html_run *runs, int n)
               "with this kvbatch to draw throughput and running/waiting over time.</p>\n", o);
         return true;
     }
-    struct series_bins b;
-    bins_for(&b, span);
-    size_t nb = (size_t)b.nbins;
-    double *xs = kvb_malloc(sizeof(double) * nb), *out = kvb_malloc(sizeof(double) * nb * (size_t)n),
-           *pre = kvb_malloc(sizeof(double) * nb * (size_t)n), *run = kvb_malloc(sizeof(double) * nb * (size_t)n),
-           *wait = kvb_malloc(sizeof(double) * nb * (size_t)n),
-           *prun = kvb_malloc(sizeof(double) * nb * (size_t)n), *scratch = kvb_malloc(sizeof(double) * nb);
-    size_t most = 0;
-    for (int i = 0; i < n; i++)
-        if (runs[i].n_req > most) most = runs[i].n_req;
-    struct series_req *preempted = kvb_malloc(sizeof *preempted * (most ? most : 1));
-    bool ok = xs && out && pre && run && wait && prun && scratch && preempted;
-    bool any_preempted = false;
-    for (int i = 0; ok && i < n; i++) {
-        /* shift to the run's start: one grid for every run */
-        struct series_req *q = runs[i].req;
-        for (size_t k = 0; k < runs[i].n_req; k++) {
-            q[k].submitted -= runs[i].t0;
-            q[k].started -= runs[i].t0;
-            q[k].first -= runs[i].t0;
-            q[k].ended -= runs[i].t0;
-        }
-        series_throughput(&b, q, runs[i].n_req, out + nb * (size_t)i, pre + nb * (size_t)i);
-        series_occupancy(&b, q, runs[i].n_req, run + nb * (size_t)i, wait + nb * (size_t)i);
-        /* of the running, those preempted at least once: in a preemption
-         * storm, "running" holds many that wait for their KV again */
-        size_t np = 0;
-        for (size_t k = 0; k < runs[i].n_req; k++)
-            if (q[k].preemptions > 0) preempted[np++] = q[k];
-        any_preempted |= np > 0;
-        series_occupancy(&b, preempted, np, prun + nb * (size_t)i, scratch); /* its waiting is not drawn */
-        for (size_t k = 0; k < runs[i].n_fail; k++) runs[i].fail_at[k] -= runs[i].t0;
-        /* a run's lines stop where it ended, rather than drawing zeros
-         * after it beside a longer run */
-        for (size_t k = 0; k < nb; k++)
-            if (b.t0 + b.dt * (double)k >= runs[i].t_last - runs[i].t0) {
-                out[nb * (size_t)i + k] = pre[nb * (size_t)i + k] = NAN;
-                run[nb * (size_t)i + k] = wait[nb * (size_t)i + k] = prun[nb * (size_t)i + k] = NAN;
-            }
+    const bool ok = time_bins_fill(&t, runs, n);
+    if (ok) {
+        throughput_chart(o, &t, runs, n);
+        occupancy_chart(o, &t, runs, n);
     }
-    if (!ok) {
-        kvb_free(xs);
-        kvb_free(out);
-        kvb_free(pre);
-        kvb_free(run);
-        kvb_free(wait);
-        kvb_free(prun);
-        kvb_free(scratch);
-        kvb_free(preempted);
-        return false;
-    }
-    for (size_t k = 0; k < nb; k++) xs[k] = b.t0 + b.dt * (double)k;
-    const double x_end = b.t0 + b.dt * (double)nb;
-    const bool one = n == 1;
-    char title[160];
-
-    fputs("<h2>Throughput over time</h2>\n<div class=\"legend\">", o);
-    for (int i = 0; i < n; i++) {
-        snprintf(title, sizeof title, "%s%soutput tokens/s", one ? "" : runs[i].name, one ? "" : ": ");
-        legend_item(o, one ? palette[0] : runs[i].color, NULL, title);
-        snprintf(title, sizeof title, "%s%sprefill tokens/s (computed)", one ? "" : runs[i].name, one ? "" : ": ");
-        legend_item(o, one ? palette[4] : runs[i].color, "5 3", title);
-    }
-    size_t n_fail = 0;
-    for (int i = 0; i < n; i++) n_fail += runs[i].n_fail;
-    if (n_fail) legend_rug(o, "failed request (when its error was written)");
-    fputs("</div>\n", o);
-    struct svg_plot p;
-    svg_plot_init(&p, o, 1020, 300);
-    p.x.lo = 0;
-    p.x.hi = x_end;
-    time_axis(&p.x, span);
-    p.y.lo = 0;
-    p.y.hi = fmax(max_of(out, b.nbins * n), max_of(pre, b.nbins * n));
-    p.y.title = "tokens/s";
-    svg_axis_fit(&p.y);
-    p.x.hi = x_end; /* the bins' end, not rounded further */
-    svg_plot_begin(&p, "throughput over time");
-    for (int i = 0; i < n; i++) {
-        snprintf(title, sizeof title, "%s prefill tokens/s", runs[i].name);
-        svg_plot_line(&p, xs, pre + nb * (size_t)i, nb, one ? palette[4] : runs[i].color, "5 3", true, x_end, title);
-        snprintf(title, sizeof title, "%s output tokens/s", runs[i].name);
-        svg_plot_line(&p, xs, out + nb * (size_t)i, nb, one ? palette[0] : runs[i].color, NULL, true, x_end, title);
-        svg_plot_rug(&p, runs[i].fail_at, runs[i].n_fail, "#c00", "failed request");
-    }
-    svg_plot_end(&p);
-    fprintf(o, "<p class=\"note\">Tokens per second in bins of %g s. A request's first output token counts "
-               "when it was sampled, the others spread evenly up to its end; its computed prompt tokens (not "
-               "reused from a cache) spread evenly from its admission to its first token.</p>\n", b.dt);
-
-    fputs("<h2>Running and waiting sequences</h2>\n<div class=\"legend\">", o);
-    for (int i = 0; i < n; i++) {
-        snprintf(title, sizeof title, "%s%srunning", one ? "" : runs[i].name, one ? "" : ": ");
-        legend_item(o, one ? palette[0] : runs[i].color, NULL, title);
-        snprintf(title, sizeof title, "%s%swaiting", one ? "" : runs[i].name, one ? "" : ": ");
-        legend_item(o, one ? palette[4] : runs[i].color, "5 3", title);
-        if (!any_preempted) continue;
-        snprintf(title, sizeof title, "%s%sof the running, preempted at least once", one ? "" : runs[i].name,
-                 one ? "" : ": ");
-        legend_item(o, one ? palette[1] : runs[i].color, "1 3", title);
-    }
-    fputs("</div>\n", o);
-    svg_plot_init(&p, o, 1020, 260);
-    p.x.lo = 0;
-    p.x.hi = x_end;
-    time_axis(&p.x, span);
-    p.y.lo = 0;
-    p.y.hi = fmax(max_of(run, b.nbins * n), max_of(wait, b.nbins * n));
-    if (p.y.hi < 1) p.y.hi = 1;
-    p.y.title = "sequences";
-    svg_axis_fit(&p.y);
-    svg_plot_begin(&p, "running and waiting sequences over time");
-    for (int i = 0; i < n; i++) {
-        snprintf(title, sizeof title, "%s waiting", runs[i].name);
-        svg_plot_line(&p, xs, wait + nb * (size_t)i, nb, one ? palette[4] : runs[i].color, "5 3", true, x_end, title);
-        snprintf(title, sizeof title, "%s running", runs[i].name);
-        svg_plot_line(&p, xs, run + nb * (size_t)i, nb, one ? palette[0] : runs[i].color, NULL, true, x_end, title);
-        if (!any_preempted) continue;
-        snprintf(title, sizeof title, "%s running, preempted at least once", runs[i].name);
-        svg_plot_line(&p, xs, prun + nb * (size_t)i, nb, one ? palette[1] : runs[i].color, "1 3", true, x_end, title);
-    }
-    svg_plot_end(&p);
-    fputs("<p class=\"note\">Average over each bin. Running: admitted to the scheduler and not finished (a "
-          "preempted request counts from its first admission to its end). Waiting: read from the job file "
-          "and queued, not yet admitted (at most the look-ahead window).</p>\n", o);
-    kvb_free(xs);
-    kvb_free(out);
-    kvb_free(pre);
-    kvb_free(run);
-    kvb_free(wait);
-    kvb_free(prun);
-    kvb_free(scratch);
-    kvb_free(preempted);
-    return true;
+    time_bins_free(&t);
+    return ok;
 }
 
 /* One cumulative distribution chart of latency k over the runs. */
