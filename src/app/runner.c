@@ -59,30 +59,9 @@ static void fail_slot(struct slot *s, const char *why)
 static bool push_text(struct runner *r, struct slot *s, struct choice *c, int32_t token)
 {
     struct job_buf *t = &c->text;
-    enum kvb_status st;
-    if (!s->req.skip_special_tokens && tok_piece(r->tok, token, false, NULL, 0) == 0 &&
-        tok_piece(r->tok, token, true, NULL, 0) > 0) {
-        st = tok_stream_flush(r->tok, &c->ts, &t->data, &t->len, &t->cap);
-        char piece[256];
-        size_t n = tok_piece(r->tok, token, true, piece, sizeof piece);
-        if (n > sizeof piece) n = sizeof piece;
-        if (st == KVB_OK && t->len + n + 1 > t->cap) {
-            size_t cap = t->cap ? t->cap * 2 : 64;
-            while (cap < t->len + n + 1) cap *= 2;
-            char *nd = kvb_realloc(t->data, cap);
-            if (!nd) st = KVB_ERR_NOMEM;
-            else {
-                t->data = nd;
-                t->cap = cap;
-            }
-        }
-        if (st == KVB_OK) {
-            memcpy(t->data + t->len, piece, n);
-            t->len += n;
-        }
-    } else {
-        st = tok_stream_push(r->tok, &c->ts, token, &t->data, &t->len, &t->cap);
-    }
+    const enum kvb_status st = s->req.skip_special_tokens
+                                   ? tok_stream_push(r->tok, &c->ts, token, &t->data, &t->len, &t->cap)
+                                   : tok_stream_push_special(r->tok, &c->ts, token, &t->data, &t->len, &t->cap);
     if (st != KVB_OK) fail_slot(s, "out of memory while decoding the output");
     return st == KVB_OK;
 }
