@@ -343,7 +343,8 @@ def check_template(d, model, tmpl, bos, label):
                 check(q["ids"] == given, f"{label}: {r['custom_id']}: token ids {q['ids']} for {given}")
                 continue
             ids = tokenize(model, q["text"], is_chat, bos)
-            check(ids == q["ids"], f"{label}: {r['custom_id']}[{k}]: the text tokenizes to {ids}, render says {q['ids']}")
+            check(ids == q["ids"],
+                  f"{label}: {r['custom_id']}[{k}]: the text tokenizes to {ids}, render says {q['ids']}")
 
     # (b) the ids are what run prefills: sent back as token ids they give the same output
     back = []

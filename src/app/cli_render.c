@@ -104,6 +104,18 @@ static bool putf(struct job_buf *b, const char *fmt, ...)
     return n >= 0 && put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
+/* A message on one line of the text form: a custom_id quoted in it may hold
+ * control characters (JSON escapes them; the text form must not break). */
+static bool put_oneline(struct job_buf *b, const char *s)
+{
+    bool ok = true;
+    for (; *s && ok; s++) {
+        const unsigned char c = (unsigned char)*s;
+        ok = c >= 0x20 && c != 0x7f ? put(b, s, 1) : putf(b, c == '\n' ? "\\n" : "\\x%02x", c);
+    }
+    return ok;
+}
+
 static bool put_json_str(struct job_buf *b, const char *s, size_t len)
 {
     return job_buf_json_string(b, s, len) == KVB_OK;
@@ -136,15 +148,16 @@ static bool emit_error(struct render *r, const struct job_request *q, const stru
     r->n_bad++;
     bool ok;
     if (r->json) {
-        ok = puts_(b, "{\"custom_id\":") && put_custom_id(r, q) && putf(b, ",\"line\":%llu,", (unsigned long long)e->line_no) &&
+        const unsigned long long line = (unsigned long long)e->line_no;
+        ok = puts_(b, "{\"custom_id\":") && put_custom_id(r, q) && putf(b, ",\"line\":%llu,", line) &&
              puts_(b, "\"error\":{\"code\":") && put_json_str(b, e->code, strlen(e->code)) &&
              puts_(b, ",\"message\":") && put_json_str(b, e->message, strlen(e->message)) && puts_(b, ",\"param\":") &&
              (e->param[0] ? put_json_str(b, e->param, strlen(e->param)) : puts_(b, "null")) &&
-             (e->line_no ? putf(b, ",\"line\":%llu}}\n", (unsigned long long)e->line_no) : puts_(b, ",\"line\":null}}\n"));
+             (line ? putf(b, ",\"line\":%llu}}\n", line) : puts_(b, ",\"line\":null}}\n"));
     } else {
         ok = putf(b, "# line %llu custom_id=", (unsigned long long)e->line_no) && put_custom_id(r, q) &&
              putf(b, " error=%s", e->code) && (!e->param[0] || putf(b, " param=%s", e->param)) && puts_(b, ": ") &&
-             puts_(b, e->message) && puts_(b, "\n");
+             put_oneline(b, e->message) && puts_(b, "\n");
     }
     if (!ok) {
         fprintf(stderr, "kvbatch render: out of memory\n");
@@ -229,7 +242,8 @@ static bool emit_plan(struct render *r, const struct admit_ctx *ctx, const struc
         char *decoded = NULL;
         size_t dlen = 0;
         enum kvb_status st = admit_prompt_text(ctx, q, k, &t, &e);
-        if (st == KVB_OK && !t.text) st = decode_shown(r->tok, plan->prompts[k].ids, plan->prompts[k].n, &decoded, &dlen);
+        if (st == KVB_OK && !t.text)
+            st = decode_shown(r->tok, plan->prompts[k].ids, plan->prompts[k].n, &decoded, &dlen);
         if (st == KVB_OK) ok = put_prompt(r, q, plan, k, t.text ? t.text : decoded, t.text ? t.len : dlen);
         else ok = false; /* admit_prepare rendered this very text a moment ago: only memory can fail */
         kvb_free(decoded);
@@ -373,7 +387,8 @@ int cli_render(int argc, char **argv)
         if (!render_line(&r, &ctx, seen, &ln, !mine)) goto out;
     }
     if (line_only && !found) {
-        fprintf(stderr, "kvbatch render: --line %lld: %s has fewer lines\n", (long long)line_only, input);
+        fprintf(stderr, "kvbatch render: --line %lld: %s has fewer lines\n", (long long)line_only,
+                strcmp(input, "-") ? input : "standard input");
         goto out;
     }
     if (fflush(stdout) != 0 || ferror(stdout)) {
