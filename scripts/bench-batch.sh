@@ -16,7 +16,7 @@ NSEQ=${2:-32}
 THREADS=${3:-$(nproc)}
 REPS=${4:-2}
 MB=${MAX_BATCH:-128} # sequences at once in the batched run (kvbatch's default)
-BIN=build/kvbatch
+BIN=${KVBATCH_BIN:-build/kvbatch} # KVBATCH_BIN: another build, for paired before/after runs
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -x "$BIN" ] || { cmake -S . -B build >/dev/null && cmake --build build -j"$(nproc)" >/dev/null; }
 [ -f "$MODEL" ] || scripts/fetch-model.sh

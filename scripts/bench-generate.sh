@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-$(nproc)}
 RUNS=${2:-3}
-BIN=build/kvbatch
+BIN=${KVBATCH_BIN:-build/kvbatch} # KVBATCH_BIN: another build, for paired before/after runs
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -x "$BIN" ] || { cmake -S . -B build >/dev/null && cmake --build build -j"$(nproc)" >/dev/null; }
 [ -f "$MODEL" ] || scripts/fetch-model.sh

@@ -95,7 +95,8 @@ def man_page(version, main_help, cmds, helps):
         "the persistent prefix cache (else \\fI$XDG_CACHE_HOME/kvbatch\\fR, else \\fI~/.cache/kvbatch\\fR)",
         ".SH EXIT STATUS",
         "0 success (for \\fBrun\\fR: the job ran to the end, even with bad lines), 1 the work could not be",
-        "done (the message on standard error says why), 2 bad command line, 128+N interrupted by signal N.",
+        "done (the message on standard error says why), 2 bad command line, 3 (\\fBrender\\fR) some lines",
+        "are bad, 128+N interrupted by signal N.",
         ".SH SEE ALSO",
         "The README of the kvbatch source tree.",
     ]

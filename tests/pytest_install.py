@@ -61,7 +61,7 @@ def main():
             check(m.returncode == 0, f"man -l failed: {m.stderr[-300:]}")
             text = m.stdout
             check("offline batch runner" in text, "the man page has no NAME line")
-            for cmd in ("run", "report", "cache", "generate", "tokenize", "logits"):
+            for cmd in ("run", "render", "report", "cache", "generate", "tokenize", "logits"):
                 check(f"usage: kvbatch {cmd}" in text, f"the man page lacks the help of '{cmd}'")
             check("--max-batch" in text and "--cache-dir" in text, "the man page lost option names")
             check("EXIT STATUS" in text, "the man page has no EXIT STATUS")
@@ -72,6 +72,8 @@ def main():
             check("--max-batch" in got, f"bash: 'run --max-b' gives {got}")
             got = bash_complete(bash, ["kvbatch", "cache", "v"])
             check(got == ["verify"], f"bash: 'cache v' gives {got}")
+            got = bash_complete(bash, ["kvbatch", "render", "--li"])
+            check(got == ["--line"], f"bash: 'render --li' gives {got}")
             got = bash_complete(bash, ["kvbatch", "report", "--l"])
             check(got == ["--list"], f"bash: 'report --l' gives {got}")
         if os.path.exists(zsh) and shutil.which("zsh"):

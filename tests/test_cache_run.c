@@ -162,7 +162,7 @@ static struct sched_stats run_as(const char *cache_dir, bool reverse, bool async
         sampler_params_default(&sp);
         sp.temperature = i % 2 ? 0.0f : 0.8f;
         sp.seed = 40 + (uint64_t)i;
-        CHECK(sched_submit(s, (uint64_t)i, prompts[i], (int32_t)n_prompts[i], MAXGEN, &sp, false, &err) == KVB_OK);
+        CHECK(sched_submit(s, (uint64_t)i, prompts[i], (int32_t)n_prompts[i], MAXGEN, &sp, 0, &err) == KVB_OK);
     }
     while (!sched_idle(s)) CHECK_MSG(sched_step(s, &err) == KVB_OK, "%s", err.msg);
     struct sched_stats st;

@@ -243,6 +243,8 @@ static void test_names(void)
         CHECK_EQ_INT(chat_template_from_name(names[i], &t, NULL), KVB_OK);
         CHECK_EQ_INT(t.family, fam[i]);
         CHECK(t.default_system == NULL);
+        /* render reports the name that gives this formatting */
+        CHECK_MSG(strcmp(chat_template_name(&t), names[i]) == 0, "%s named %s", names[i], chat_template_name(&t));
         chat_template_free(&t);
     }
     for (int f = 0; f < CHAT_FAMILY_COUNT_; f++) {
@@ -255,6 +257,9 @@ static void test_names(void)
     CHECK_EQ_INT(chat_template_from_name("vicuna", &t, &err), KVB_ERR_INVALID_ARG);
     CHECK(strstr(err.msg, "vicuna") && strstr(err.msg, "chatml"));
     CHECK_EQ_INT(chat_template_from_name(NULL, &t, NULL), KVB_ERR_INVALID_ARG);
+    CHECK_EQ_INT(chat_template_from_name("mistral", &t, NULL), KVB_OK);
+    t.mistral.reply_space = false; /* an older v1 revision, which no name gives */
+    CHECK(strcmp(chat_template_name(&t), "mistral-detected") == 0);
 }
 
 static const struct chat_msg SYS_USER[] = {{"system", "You are terse."}, {"user", "Hi there"}};

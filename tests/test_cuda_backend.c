@@ -571,7 +571,7 @@ static void sq_run(const struct model *m, const int32_t *a, const int32_t *b, bo
         sp.temperature = i % 3 == 2 ? 0.8f : 0.0f; /* greedy beside sampled */
         sp.seed = 77 + (uint64_t)i;
         const int32_t *p = i % 2 ? b : a;
-        CHECK(sched_submit(s, (uint64_t)i, p + i, 20 + i, SQ_GEN, &sp, want_logits, &err) == KVB_OK);
+        CHECK(sched_submit(s, (uint64_t)i, p + i, 20 + i, SQ_GEN, &sp, want_logits ? SCHED_WANT_LOGITS : 0, &err) == KVB_OK);
     }
     int guard = 0;
     while (s && !sched_idle(s) && guard++ < 1000) CHECK_MSG(sched_step(s, &err) == KVB_OK, "%s", err.msg);

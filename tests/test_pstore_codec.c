@@ -151,7 +151,7 @@ static void test_codec_ratio_speed(void)
         uint8_t *vals[NB];
         size_t lens[NB];
         for (int i = 0; i < NB; i++) {
-            CHECK(pstore_codec_encode(&cod, &s, tokens, data + (size_t)i * raw / 2, cfg[c].level, cfg[c].lossy, &v,
+            CHECK(pstore_codec_encode(&cod, &s, tokens, data + (size_t)i * raw / 2, NULL, cfg[c].level, cfg[c].lossy, &v,
                                       &len, NULL) == KVB_OK);
             vals[i] = malloc(len);
             memcpy(vals[i], v, len);
@@ -162,7 +162,7 @@ static void test_codec_ratio_speed(void)
         int iters = 0;
         do {
             for (int i = 0; i < NB; i++)
-                pstore_codec_encode(&cod, &s, tokens, data + (size_t)i * raw / 2, cfg[c].level, cfg[c].lossy, &v, &len,
+                pstore_codec_encode(&cod, &s, tokens, data + (size_t)i * raw / 2, NULL, cfg[c].level, cfg[c].lossy, &v, &len,
                                     NULL);
             iters += NB;
         } while (now() - t0 < 0.25);
@@ -171,7 +171,7 @@ static void test_codec_ratio_speed(void)
         int dits = 0;
         do {
             for (int i = 0; i < NB; i++)
-                CHECK(pstore_codec_decode(&cod, &s, tokens, true, vals[i], lens[i], out, NULL) == KVB_OK);
+                CHECK(pstore_codec_decode(&cod, &s, tokens, true, vals[i], lens[i], out, NULL, NULL) == KVB_OK);
             dits += NB;
         } while (now() - t0 < 0.25);
         double dec = (double)raw * dits / (now() - t0) / 1e6;

@@ -107,7 +107,7 @@ static void codec_measure(const struct realkv *r, int level, bool lossy, uint8_t
     double te = now();
     for (int32_t i = 0; i < n_blocks; i++) {
         const uint8_t *v;
-        CHECK(pstore_codec_encode(&cod, &r->s, ids + (size_t)i * B, r->kv + (size_t)i * raw, level, lossy,
+        CHECK(pstore_codec_encode(&cod, &r->s, ids + (size_t)i * B, r->kv + (size_t)i * raw, NULL, level, lossy,
                                   &v, &lens[i], NULL) == KVB_OK);
         vals[i] = malloc(lens[i]);
         memcpy(vals[i], v, lens[i]);
@@ -119,7 +119,7 @@ static void codec_measure(const struct realkv *r, int level, bool lossy, uint8_t
     int reps = 0;
     do {
         for (int32_t i = 0; i < n_blocks; i++) {
-            CHECK(pstore_codec_decode(&cod, &r->s, ids + (size_t)i * B, true, vals[i], lens[i], out, NULL) == KVB_OK);
+            CHECK(pstore_codec_decode(&cod, &r->s, ids + (size_t)i * B, true, vals[i], lens[i], out, NULL, NULL) == KVB_OK);
             if (reps) continue;
             if (!lossy) CHECK(!memcmp(r->kv + (size_t)i * raw, out, raw));
             add_block_error(r, i, out, &se, &sx, &maxrel);

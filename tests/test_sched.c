@@ -210,7 +210,7 @@ static struct sched_stats run(const struct run_cfg *cfg, struct ctx *c)
         sampler_params_default(&sp);
         sp.temperature = i % 2 ? 0.0f : 0.9f; /* greedy and seeded sampling both */
         sp.seed = 1000 + (uint64_t)i;
-        CHECK(sched_submit(s, (uint64_t)i, prompts[i], (int32_t)n_prompts[i], i == 5 ? 4 : MAXGEN, &sp, cfg->want_logits, &err) == KVB_OK);
+        CHECK(sched_submit(s, (uint64_t)i, prompts[i], (int32_t)n_prompts[i], i == 5 ? 4 : MAXGEN, &sp, cfg->want_logits ? SCHED_WANT_LOGITS : 0, &err) == KVB_OK);
     }
     int guard = 0;
     while (!sched_idle(s) && guard++ < 10000) CHECK_MSG(sched_step(s, &err) == KVB_OK, "%s", err.msg);

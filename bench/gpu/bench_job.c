@@ -103,7 +103,7 @@ static struct run_result run_set(struct backend *be, const struct model *m, cons
     sp.temperature = 0.0f;
     for (int64_t r = 0; r < n; r++) {
         make_prompt(p, len, shared, r, salt, m->hp.n_vocab);
-        if (sched_submit(s, (uint64_t)r, p, len, gen, &sp, false, &err) != KVB_OK) {
+        if (sched_submit(s, (uint64_t)r, p, len, gen, &sp, 0, &err) != KVB_OK) {
             fprintf(stderr, "bench_gpu job: %s: request %lld: %s\n", what, (long long)r, err.msg);
             goto out;
         }

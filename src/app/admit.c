@@ -5,7 +5,36 @@
 
 #include "base/alloc.h"
 #include "engine/jsonmode.h"
+#include "model/model.h"
 #include "text/tok.h"
+
+enum kvb_status admit_template_choose(const struct model *m, const char *name, struct chat_template *out,
+                                      bool *have, char *why, size_t why_cap, struct kvb_err *err)
+{
+    struct kvb_err e = {{0}};
+    enum kvb_status st;
+    *have = false;
+    if (why_cap) why[0] = '\0';
+    if (name) {
+        st = chat_template_from_name(name, out, &e);
+        if (st != KVB_OK) return kvb_errf(err, KVB_ERR_INVALID_ARG, "%s", e.msg);
+    } else {
+        struct gguf_str src;
+        memset(out, 0, sizeof *out);
+        st = gguf_get_str(m->gguf, "tokenizer.chat_template", &src, &e);
+        if (st == KVB_OK) st = chat_template_detect(src.ptr, (size_t)src.len, out, &e);
+        else snprintf(e.msg, sizeof e.msg, "the model has no chat template (run with --chat-template NAME)");
+    }
+    *have = st == KVB_OK;
+    if (!*have && why_cap) snprintf(why, why_cap, "%s", e.msg);
+    return KVB_OK;
+}
+
+int32_t admit_n_ctx(const struct model *m, int32_t asked)
+{
+    if (asked > 0) return asked;
+    return m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
+}
 
 enum kvb_status admit_ctx_init(struct admit_ctx *ctx, const struct tok *tok, const struct chat_template *tmpl,
                                const char *tmpl_error, int32_t n_vocab, int32_t n_ctx)
@@ -52,6 +81,29 @@ bool admit_is_stop_token(const struct job_request *q, int32_t token)
     return false;
 }
 
+enum kvb_status admit_check_length(const struct job_line *ln, struct job_error *e)
+{
+    if (!ln->too_long) return KVB_OK;
+    job_error_setf(e, JOB_ERR_INVALID_REQUEST, ln->line_no, NULL, "the line is %llu bytes, longer than the limit",
+                   (unsigned long long)ln->full_len);
+    return KVB_ERR_FORMAT;
+}
+
+enum kvb_status admit_check_unique(struct job_idset *seen, const struct job_request *q, struct job_error *e)
+{
+    bool added = false;
+    if (job_idset_add(seen, q->custom_id, q->custom_id_len, &added) != KVB_OK) {
+        job_error_setf(e, JOB_ERR_SERVER, q->line_no, "custom_id", "out of memory");
+        return KVB_ERR_NOMEM;
+    }
+    if (!added) {
+        job_error_setf(e, JOB_ERR_DUPLICATE_CUSTOM_ID, q->line_no, "custom_id",
+                       "custom_id '%.200s' was already used by an earlier line (the first one is run)", q->custom_id);
+        return KVB_ERR_FORMAT;
+    }
+    return KVB_OK;
+}
+
 /* The path of prompt k in errors: "prompt" for one, "prompt[k]" in a list. */
 static void prompt_param(const struct job_request *q, int32_t k, char *out, size_t cap)
 {
@@ -91,6 +143,31 @@ oom:
     return KVB_ERR_NOMEM;
 }
 
+enum kvb_status admit_prompt_text(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
+                                  struct admit_text *out, struct job_error *e)
+{
+    memset(out, 0, sizeof *out);
+    const unsigned bos = tok_wants_bos(ctx->tok) ? TOK_ADD_BOS : 0;
+    if (q->url == JOB_URL_CHAT) {
+        KVB_FORWARD_IF_ERROR(render_chat(ctx, q, &out->owned, e));
+        out->text = out->owned;
+        out->len = strlen(out->owned);
+        out->flags = bos | TOK_PARSE_SPECIAL; /* the template's control-token text is those tokens */
+    } else if (!q->prompts[k].ids) {
+        out->text = q->prompts[k].text;
+        out->len = q->prompts[k].text_len;
+        out->flags = bos; /* a completion prompt's "<|im_start|>" is plain text, as in vLLM */
+    }
+    return KVB_OK;
+}
+
+void admit_text_free(struct admit_text *t)
+{
+    if (!t) return;
+    kvb_free(t->owned);
+    memset(t, 0, sizeof *t);
+}
+
 enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
                                  size_t max_ids, int32_t **ids, size_t *n, struct job_error *e)
 {
@@ -100,14 +177,9 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
     char param[64];
     prompt_param(q, k, param, sizeof param);
     struct kvb_err err = {{0}};
-    enum kvb_status st;
-    const unsigned bos = tok_wants_bos(ctx->tok) ? TOK_ADD_BOS : 0;
-    if (q->url == JOB_URL_CHAT) {
-        char *text = NULL;
-        KVB_FORWARD_IF_ERROR(render_chat(ctx, q, &text, e));
-        st = tok_encode_with(ctx->tok, text, strlen(text), bos | TOK_PARSE_SPECIAL, &lim, ids, n, &err);
-        kvb_free(text);
-    } else if (q->prompts[k].ids) {
+    struct admit_text t;
+    KVB_FORWARD_IF_ERROR(admit_prompt_text(ctx, q, k, &t, e));
+    if (!t.text) {
         /* token ids are used as given, as vLLM does: no BOS added */
         const struct job_prompt *p = &q->prompts[k];
         for (int32_t i = 0; i < p->n_ids; i++) {
@@ -127,9 +199,9 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
         memcpy(*ids, p->ids, sizeof **ids * (size_t)p->n_ids);
         *n = (size_t)p->n_ids;
         return KVB_OK;
-    } else {
-        st = tok_encode_with(ctx->tok, q->prompts[k].text, q->prompts[k].text_len, bos, &lim, ids, n, &err);
     }
+    enum kvb_status st = tok_encode_with(ctx->tok, t.text, t.len, t.flags, &lim, ids, n, &err);
+    admit_text_free(&t);
     if (st == KVB_ERR_NOMEM) goto oom;
     if (st == KVB_ERR_CANCELLED) return st;
     if (st == KVB_ERR_RANGE) {

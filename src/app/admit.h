@@ -8,7 +8,10 @@
  * token table) and the sampler parameters each choice starts from. A line
  * that cannot run gets a job_error naming the line and the field. Kept
  * apart from the run loop so that a fuzz target drives exactly this code
- * (tests/fuzz/fuzz_admit.c).
+ * (tests/fuzz/fuzz_admit.c), and `kvbatch render` shows what run would
+ * prefill by calling the same functions: the template run would choose,
+ * the context it would check against, the checks of a line before it is
+ * prepared, and the text each prompt is tokenized from.
  *
  * Ownership: struct admit_ctx borrows the tokenizer and template and owns
  * the JSON-mode table it builds on first use (admit_ctx_free, after every
@@ -29,6 +32,7 @@
 
 struct tok;
 struct jsonmode_vocab;
+struct model;
 
 struct admit_ctx {
     const struct tok *tok;
@@ -42,6 +46,20 @@ struct admit_ctx {
     const volatile sig_atomic_t *cancel; /* non-NULL: a long tokenization stops once it is nonzero
                                             (KVB_ERR_CANCELLED); set by the caller after init */
 };
+
+/* The chat template run renders chat lines with: the one named (the
+ * --chat-template NAME), else the one detected from the model's
+ * tokenizer.chat_template. KVB_OK with *have true and *out filled (free it
+ * with chat_template_free), or with *have false and why (why_cap bytes,
+ * NUL-terminated) saying why there is none: completion lines still run,
+ * chat lines then fail with that message. KVB_ERR_INVALID_ARG with err when
+ * name is not a template's name (a bad command line). */
+enum kvb_status admit_template_choose(const struct model *m, const char *name, struct chat_template *out,
+                                      bool *have, char *why, size_t why_cap, struct kvb_err *err);
+
+/* The context one sequence may fill: asked (--ctx) when > 0, else the
+ * model's trained context, at most 4096. */
+int32_t admit_n_ctx(const struct model *m, int32_t asked);
 
 /* Fills ctx (tmpl may be NULL with tmpl_error saying why). KVB_ERR_NOMEM. */
 enum kvb_status admit_ctx_init(struct admit_ctx *ctx, const struct tok *tok, const struct chat_template *tmpl,
@@ -64,6 +82,15 @@ struct admit_plan {
     struct jsonmode_schema *schema; /* sp.json_schema: the request's json_schema, compiled */
 };
 
+/* The checks of an input line around job_parse_line, in run's order:
+ * admit_check_length before parsing (a line longer than the reader's limit
+ * is an error line, not parsed), admit_check_unique after it (a custom_id
+ * an earlier line of the input used is a duplicate_custom_id error; seen
+ * collects the ids of the lines that parsed). KVB_ERR_FORMAT with e a 400
+ * error, KVB_ERR_NOMEM with e a server_error. */
+enum kvb_status admit_check_length(const struct job_line *ln, struct job_error *e);
+enum kvb_status admit_check_unique(struct job_idset *seen, const struct job_request *q, struct job_error *e);
+
 /* Compiles q's response_format json_schema (*out NULL when it has none),
  * as the last step of reading the line: a schema the engine refuses is a bad
  * field value like a temperature of 5, so e is a 400 error keyed by line
@@ -73,7 +100,8 @@ struct admit_plan {
 enum kvb_status admit_schema(const struct job_request *q, struct jsonmode_schema **out, struct job_error *e);
 
 /* Prepares q, whose compiled schema (admit_schema; NULL without one) the
- * plan takes over whatever the result. KVB_OK with *plan filled; KVB_ERR_FORMAT with e a 400 error
+ * plan takes over whatever the result. KVB_OK with *plan filled;
+ * KVB_ERR_FORMAT with e a 400 error
  * (a line that cannot run on this model; a prompt too long for the context
  * is found without tokenizing all of it); KVB_ERR_NOMEM with e a
  * server_error; KVB_ERR_CANCELLED when ctx->cancel stopped it (no error
@@ -94,6 +122,23 @@ void admit_choice_params(const struct admit_plan *plan, const struct job_request
  * that prompt. */
 enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
                                  size_t max_ids, int32_t **ids, size_t *n, struct job_error *e);
+
+/* The text prompt k of q is tokenized from, and how: the chat template
+ * applied to the messages (tokenized with TOK_PARSE_SPECIAL: the template's
+ * control-token text is those tokens), or a completion's prompt text (plain
+ * text); BOS by the tokenizer's rule. text is NULL for a prompt given as
+ * token ids, which are used as they are. What admit_prompt_ids tokenizes,
+ * so what `kvbatch render` prints. KVB_ERR_FORMAT / KVB_ERR_NOMEM with e as
+ * admit_prompt_ids. Free with admit_text_free whatever the result. */
+struct admit_text {
+    const char *text; /* (len) bytes, NUL-terminated; NULL: token ids */
+    size_t len;
+    unsigned flags;   /* enum tok_flags for tok_encode */
+    char *owned;      /* the rendered chat text (text points at it), or NULL */
+};
+enum kvb_status admit_prompt_text(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
+                                  struct admit_text *out, struct job_error *e);
+void admit_text_free(struct admit_text *t); /* accepts a zeroed one */
 
 /* Whether token is one of q's stop_token_ids. */
 bool admit_is_stop_token(const struct job_request *q, int32_t token);

@@ -8,6 +8,7 @@ int cli_generate(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_logits(int argc, char **argv);
 int cli_run(int argc, char **argv);
+int cli_render(int argc, char **argv);
 int cli_report(int argc, char **argv);
 int cli_cache(int argc, char **argv);
 

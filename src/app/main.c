@@ -15,6 +15,7 @@ struct command {
 
 static const struct command commands[] = {
     {"run", cli_run, "run a JSONL job of requests (OpenAI Batch format) to a JSONL result file"},
+    {"render", cli_render, "print each request's prompt as run prefills it: the templated text, its token ids"},
     {"generate", cli_generate, "complete one prompt (streamed to stdout)"},
     {"tokenize", cli_tokenize, "print the token ids of a text"},
     {"logits", cli_logits, "write the raw logits of a prompt (for checking against a reference)"},
@@ -38,7 +39,8 @@ static void usage(FILE *f)
         "The default model is models/SmolLM2-135M-Instruct.Q4_1.gguf (scripts/fetch-model.sh\n"
         "downloads it) or $KVBATCH_MODEL.\n"
         "Exit status: 0 success, 1 the work could not be done, 2 bad command line,\n"
-        "128+N interrupted by signal N. The man page (man kvbatch) has every command's help.\n");
+        "3 (render) some lines are bad, 128+N interrupted by signal N. The man page\n"
+        "(man kvbatch) has every command's help.\n");
 }
 
 static void version(void)

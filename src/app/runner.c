@@ -59,30 +59,9 @@ static void fail_slot(struct slot *s, const char *why)
 static bool push_text(struct runner *r, struct slot *s, struct choice *c, int32_t token)
 {
     struct kvb_buf *t = &c->text;
-    enum kvb_status st;
-    if (!s->req.skip_special_tokens && tok_piece(r->tok, token, false, NULL, 0) == 0 &&
-        tok_piece(r->tok, token, true, NULL, 0) > 0) {
-        st = tok_stream_flush(r->tok, &c->ts, &t->data, &t->len, &t->cap);
-        char piece[256];
-        size_t n = tok_piece(r->tok, token, true, piece, sizeof piece);
-        if (n > sizeof piece) n = sizeof piece;
-        if (st == KVB_OK && t->len + n + 1 > t->cap) {
-            size_t cap = t->cap ? t->cap * 2 : 64;
-            while (cap < t->len + n + 1) cap *= 2;
-            char *nd = kvb_realloc(t->data, cap);
-            if (!nd) st = KVB_ERR_NOMEM;
-            else {
-                t->data = nd;
-                t->cap = cap;
-            }
-        }
-        if (st == KVB_OK) {
-            memcpy(t->data + t->len, piece, n);
-            t->len += n;
-        }
-    } else {
-        st = tok_stream_push(r->tok, &c->ts, token, &t->data, &t->len, &t->cap);
-    }
+    const enum kvb_status st = s->req.skip_special_tokens
+                                   ? tok_stream_push(r->tok, &c->ts, token, &t->data, &t->len, &t->cap)
+                                   : tok_stream_push_special(r->tok, &c->ts, token, &t->data, &t->len, &t->cap);
     if (st != KVB_OK) fail_slot(s, "out of memory while decoding the output");
     return st == KVB_OK;
 }
@@ -315,9 +294,7 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
 {
     struct job_error e;
     struct slot *s = free_slot_ptr(r);
-    if (ln->too_long) {
-        job_error_setf(&e, JOB_ERR_INVALID_REQUEST, ln->line_no, NULL, "the line is %llu bytes, longer than the limit",
-                       (unsigned long long)ln->full_len);
+    if (admit_check_length(ln, &e) != KVB_OK) {
         runner_emit_error(r, NULL, &e, 400);
         return true;
     }
@@ -338,15 +315,7 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
         job_request_free(q);
         return true;
     }
-    bool added = false;
-    if (job_idset_add(r->seen_ids, q->custom_id, q->custom_id_len, &added) != KVB_OK) {
-        job_error_setf(&e, JOB_ERR_SERVER, ln->line_no, "custom_id", "out of memory");
-        jsonmode_schema_free(schema);
-        return refuse(r, q, &e);
-    }
-    if (!added) {
-        job_error_setf(&e, JOB_ERR_DUPLICATE_CUSTOM_ID, ln->line_no, "custom_id",
-                       "custom_id '%.200s' was already used by an earlier line (the first one is run)", q->custom_id);
+    if (admit_check_unique(r->seen_ids, q, &e) != KVB_OK) {
         jsonmode_schema_free(schema);
         return refuse(r, q, &e);
     }
@@ -613,24 +582,13 @@ static bool setup(struct runner *r)
         return false;
     }
     /* A model without a usable template can still run completion lines;
-     * chat lines then fail one by one with this message. */
-    enum kvb_status st;
-    if (o->chat_template) {
-        st = chat_template_from_name(o->chat_template, &r->tmpl, &err);
-        if (st != KVB_OK) {
-            fprintf(stderr, "kvbatch run: --chat-template: %s\n", err.msg);
-            return false;
-        }
-    } else {
-        struct gguf_str src;
-        st = gguf_get_str(r->model->gguf, "tokenizer.chat_template", &src, &err);
-        if (st == KVB_OK) st = chat_template_detect(src.ptr, (size_t)src.len, &r->tmpl, &err);
-        else snprintf(err.msg, sizeof err.msg, "the model has no chat template (run with --chat-template NAME)");
+     * chat lines then fail one by one with its message. */
+    if (admit_template_choose(r->model, o->chat_template, &r->tmpl, &r->have_tmpl, r->tmpl_error,
+                              sizeof r->tmpl_error, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch run: --chat-template: %s\n", err.msg);
+        return false;
     }
-    r->have_tmpl = st == KVB_OK;
-    if (!r->have_tmpl) snprintf(r->tmpl_error, sizeof r->tmpl_error, "%s", err.msg);
-
-    r->n_ctx = o->n_ctx > 0 ? o->n_ctx : (r->model->hp.n_ctx_train < 4096 ? r->model->hp.n_ctx_train : 4096);
+    r->n_ctx = admit_n_ctx(r->model, o->n_ctx);
     journal_read(r);
     if (admit_ctx_init(&r->admit, r->tok, r->have_tmpl ? &r->tmpl : NULL, r->tmpl_error, r->model->hp.n_vocab,
                        r->n_ctx) != KVB_OK) {

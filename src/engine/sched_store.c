@@ -19,6 +19,7 @@ struct spill {
     bool has_parent;
     int32_t block; /* held until handed over */
     uint8_t *buf;  /* the block's bytes; lent to the store at hand-over */
+    bool scored;   /* its prompt scores are in spill_scores, stored with it */
 };
 
 struct sstore {
@@ -40,6 +41,7 @@ struct sstore {
     int32_t n_free, n_bufs, max_bufs;
     struct spill *spills;
     int32_t *spill_tok; /* (cap_spill, B) */
+    struct pscore *spill_scores; /* (cap_spill, B): a spill's prompt scores, when it has them */
     int32_t n_spill, cap_spill;
     enum kvb_status fail; /* a wait that failed outside sstore_after_step, reported there */
     struct kvb_err fail_err;
@@ -120,8 +122,9 @@ static void finish(struct sstore *x)
     if (x->fail == KVB_OK)
         for (int32_t i = 0; i < x->n_spill; i++) {
             struct spill *sp = &x->spills[i];
-            pstore_put_borrowed(x->ps, x->pm, &sp->key, sp->has_parent ? &sp->parent : NULL,
-                                x->spill_tok + (int64_t)i * x->B, sp->buf, put_back, x);
+            const struct pstore_annex an = {x->spill_scores + (int64_t)i * x->B, sizeof(struct pscore) * (size_t)x->B};
+            pstore_put_borrowed_annex(x->ps, x->pm, &sp->key, sp->has_parent ? &sp->parent : NULL,
+                                      x->spill_tok + (int64_t)i * x->B, sp->buf, sp->scored ? &an : NULL, put_back, x);
             sp->buf = NULL; /* the store's until it hands it back */
             x->spilled++;
         }
@@ -140,6 +143,7 @@ void sstore_free(struct sstore *x)
     be_host_free(x->be, x->ring);
     kvb_free(x->spills);
     kvb_free(x->spill_tok);
+    kvb_free(x->spill_scores);
     kvb_free(x);
 }
 
@@ -161,7 +165,7 @@ static bool grow_ring(struct sstore *x, int32_t need)
 }
 
 int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t from,
-                    int32_t n, const int32_t *blocks)
+                    int32_t n, const int32_t *blocks, struct pscore *scores)
 {
     if (n <= 0) return 0;
     if (n > MAX_LOAD) n = MAX_LOAD;
@@ -177,7 +181,10 @@ int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore
     int32_t got = 0;
     /* A store failure is a miss from where it happened: the blocks before
      * it were read and checked (and counted as loaded). */
-    pstore_load_chain(x->ps, x->pm, tokens, keys, from, from + n, dst, &got, NULL);
+    struct pstore_annex an[MAX_LOAD];
+    for (int32_t i = 0; scores && i < n; i++)
+        an[i] = (struct pstore_annex){scores + (int64_t)i * x->B, sizeof(struct pscore) * (size_t)x->B};
+    pstore_load_chain_annex(x->ps, x->pm, tokens, keys, from, from + n, dst, scores ? an : NULL, &got, NULL);
     for (int32_t i = 0; i < got; i++) {
         enum kvb_status st = x->async ? x->be->kv_write_async(x->be, blocks[i], dst[i])
                                       : x->be->kv_block_write(x->be, blocks[i], dst[i]);
@@ -193,9 +200,10 @@ int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore
     return got;
 }
 
-void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t i, int32_t block)
+void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t i, int32_t block,
+                  const struct pscore *scores)
 {
-    if (pstore_contains(x->ps, &keys[i])) return;
+    if (pstore_contains_annex(x->ps, &keys[i], scores ? sizeof(struct pscore) * (size_t)x->B : 0)) return;
     if (x->n_spill == x->cap_spill) {
         /* Hand the queued spills over first: their staging is then free to
          * move, and the queue never outgrows MAX_SPILL. */
@@ -206,7 +214,9 @@ void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_k
             if (ns) x->spills = ns;
             int32_t *nt = kvb_realloc(x->spill_tok, sizeof *nt * (size_t)c * (size_t)x->B);
             if (nt) x->spill_tok = nt;
-            if (ns && nt) x->cap_spill = c;
+            struct pscore *nc = kvb_realloc(x->spill_scores, sizeof *nc * (size_t)c * (size_t)x->B);
+            if (nc) x->spill_scores = nc;
+            if (ns && nt && nc) x->cap_spill = c;
         }
         if (x->n_spill == x->cap_spill) return; /* no memory: a miss next run, nothing worse */
     }
@@ -230,6 +240,9 @@ void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_k
     if (i > 0) sp->parent = keys[i - 1];
     sp->block = block;
     sp->buf = dst;
+    sp->scored = scores != NULL;
+    if (scores)
+        memcpy(x->spill_scores + (int64_t)x->n_spill * x->B, scores, sizeof *scores * (size_t)x->B);
     memcpy(x->spill_tok + (int64_t)x->n_spill * x->B, tokens + (int64_t)i * x->B, sizeof(int32_t) * (size_t)x->B);
     x->n_spill++;
 }

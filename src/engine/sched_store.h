@@ -33,9 +33,10 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "engine/kv.h"
-#include "store/pstore/pstore.h"
 #include "base/status.h"
+#include "engine/kv.h"
+#include "engine/pscore.h"
+#include "store/pstore/pstore.h"
 
 struct sstore;
 
@@ -48,13 +49,18 @@ void sstore_free(struct sstore *x);
 
 /* Fills blocks[0..n) (taken by the caller) with chain blocks from..from+n-1
  * of `tokens` (keys from pstore_chain_keys), stopping at the first miss.
- * Returns how many it filled; the caller keeps the others. n <= 256. */
+ * scores non-NULL (n x block_size records): only blocks stored with their
+ * prompt scores count, and those land there. Returns how many it filled;
+ * the caller keeps the others. n <= 256. */
 int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t from,
-                    int32_t n, const int32_t *blocks);
+                    int32_t n, const int32_t *blocks, struct pscore *scores);
 
 /* Queues chain block i of `tokens` (held in KV block `block`) for the
- * store, unless the store has it already. */
-void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t i, int32_t block);
+ * store, unless the store has it already — with scores (block_size
+ * records, copied), unless it has it with them; such a put replaces a
+ * stored value without them. */
+void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t i, int32_t block,
+                  const struct pscore *scores);
 
 /* Waits for the queued copies, hands the spilled blocks to the store and
  * releases them. Call after each forward pass, and when nothing runs.

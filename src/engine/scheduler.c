@@ -35,6 +35,14 @@ struct seq {
     struct sampler *smp;
     bool greedy_on_backend; /* the backend makes the choice (BE_LOGITS_ARGMAX) */
     double t_submit, t_admit, t_first, t_end;
+    /* SCHED_SCORE_PROMPT */
+    bool score;
+    struct pscore *pscores;  /* (n_prompt): [t] the score of prompt token t */
+    int32_t n_have;          /* pscores[0..n_have) are known (pscores[0]: none) */
+    int32_t n_block_scored;  /* leading blocks whose scores are kept with the block */
+    int32_t scored_cached;   /* scores taken from a cache at (first) admission */
+    int32_t cow_at, cow_orig; /* blocks[cow_at] is a private copy of shared block cow_orig (held), for
+                                 recomputing one position of it; -1: none */
 };
 
 struct sched {
@@ -60,7 +68,25 @@ struct sched {
     struct pstore *ps;               /* optional persistent store */
     const struct pstore_model *pm;
     struct sstore *io;               /* the traffic with it */
+    /* Prompt scores (SCHED_SCORE_PROMPT), kept with KV blocks: a block's
+     * record is a function of the tokens up to its end, as its K/V are. */
+    struct pscore **bscore;          /* (be->n_blocks) B records each, allocated on first use */
+    uint8_t *bscored;                /* (be->n_blocks) bscore[id] holds the block's current tokens' scores */
+    int32_t score_rows;              /* logits rows for scoring per step; 0 until a request scores */
+    void *cow_stage;                 /* host memory for copying one block (be_host_alloc) */
+    struct score_task *tasks;        /* (score_rows) the step's rows to score */
+    int32_t n_tasks;
+    bool tasks_bad;                  /* a row to score was not finite */
 };
+
+/* One logits row to turn into a prompt score. */
+struct score_task {
+    struct seq *q;
+    int32_t row, t; /* the row (position t - 1) scores prompt token t */
+};
+
+/* Logits rows a step may give to scoring, beyond one row per sequence. */
+#define SCORE_ROWS 128
 
 static double now_s(void) { return kvb_clock_s(); }
 
@@ -68,6 +94,7 @@ static void seq_free(struct seq *q)
 {
     if (!q) return;
     sampler_free(q->smp);
+    kvb_free(q->pscores);
     kvb_free(q->keys);
     kvb_free(q->tokens);
     kvb_free(q->blocks);
@@ -98,7 +125,9 @@ enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct s
         !(s->samp_amax = kvb_calloc((size_t)mb, sizeof *s->samp_amax)) ||
         !(s->samp_bad = kvb_calloc((size_t)mb, sizeof *s->samp_bad)) ||
         !(s->bseqs = kvb_calloc((size_t)mb, sizeof *s->bseqs)) ||
-        !(s->bsrc = kvb_calloc((size_t)mb, sizeof *s->bsrc))) {
+        !(s->bsrc = kvb_calloc((size_t)mb, sizeof *s->bsrc)) ||
+        !(s->bscore = kvb_calloc((size_t)be->n_blocks, sizeof *s->bscore)) ||
+        !(s->bscored = kvb_calloc((size_t)be->n_blocks, sizeof *s->bscored))) {
         sched_free(s);
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for the scheduler");
     }
@@ -131,6 +160,11 @@ void sched_free(struct sched *s)
     kvb_free(s->samp_bad);
     kvb_free(s->bseqs);
     kvb_free(s->bsrc);
+    for (int32_t i = 0; s->bscore && i < s->be->n_blocks; i++) kvb_free(s->bscore[i]);
+    kvb_free(s->bscore);
+    kvb_free(s->bscored);
+    kvb_free(s->tasks);
+    if (s->cow_stage) be_host_free(s->be, s->cow_stage);
     sstore_free(s->io); /* before the allocator: it releases the blocks it holds */
     radix_free(s->radix);
     kv_alloc_free(s->kv);
@@ -159,11 +193,26 @@ static enum kvb_status push_waiting(struct sched *s, struct seq *q)
     return KVB_OK;
 }
 
+/* Room for scoring: the logits buffer grows by SCORE_ROWS rows (once). */
+static enum kvb_status scoring_ensure(struct sched *s)
+{
+    if (s->score_rows) return KVB_OK;
+    const int32_t rows = SCORE_ROWS < s->o.max_step_tokens ? SCORE_ROWS : s->o.max_step_tokens;
+    float *lg = kvb_realloc(s->logits, sizeof(float) * (size_t)s->n_vocab * (size_t)(s->o.max_batch + rows));
+    if (!lg) return KVB_ERR_NOMEM;
+    s->logits = lg;
+    if (!(s->tasks = kvb_malloc(sizeof *s->tasks * (size_t)rows))) return KVB_ERR_NOMEM;
+    s->score_rows = rows;
+    return KVB_OK;
+}
+
 enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *prompt, int32_t n_prompt,
-                             int32_t max_tokens, const struct sampler_params *sp, bool want_logits,
+                             int32_t max_tokens, const struct sampler_params *sp, unsigned flags,
                              struct kvb_err *err)
 {
+    const bool want_logits = flags & SCHED_WANT_LOGITS, score = flags & SCHED_SCORE_PROMPT;
     if (n_prompt <= 0) return kvb_errf(err, KVB_ERR_INVALID_ARG, "empty prompt");
+    if (score && scoring_ensure(s) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for scoring");
     if (n_prompt >= s->o.n_ctx)
         return kvb_errf(err, KVB_ERR_RANGE, "prompt of %d tokens does not fit the context of %d", n_prompt, s->o.n_ctx);
     struct seq *q = kvb_calloc(1, sizeof *q);
@@ -182,6 +231,18 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
     }
     memcpy(q->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
     q->n_tokens = q->n_prompt = n_prompt;
+    q->cow_at = q->cow_orig = -1;
+    if (score) {
+        q->score = true;
+        q->pscores = kvb_malloc(sizeof *q->pscores * (size_t)n_prompt);
+        if (!q->pscores) { /* it is queued: take it back out */
+            s->n_waiting--;
+            seq_free(q);
+            return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+        }
+        pscore_none(&q->pscores[0]);
+        q->n_have = 1;
+    }
     if (s->ps && n_prompt >= s->B) {
         int32_t nk = n_prompt / s->B;
         q->keys = kvb_malloc(sizeof *q->keys * (size_t)nk);
@@ -211,14 +272,19 @@ static void info_of(const struct seq *q, struct sched_seq_info *info, const floa
         .t_first_token = q->t_first,
         .t_end = q->t_end,
         .logits = logits,
+        .prompt_scores = q->score ? q->pscores : NULL,
+        .scored_tokens = q->scored_cached,
     };
 }
 
 static void release_blocks(struct sched *s, struct seq *q)
 {
     for (int32_t i = 0; i < q->n_blocks; i++) kv_unref(s->kv, q->blocks[i]);
+    if (q->cow_orig >= 0) kv_unref(s->kv, q->cow_orig);
+    q->cow_at = q->cow_orig = -1;
     q->n_blocks = 0;
     q->n_computed = 0;
+    q->n_block_scored = 0;
 }
 
 static void remove_running(struct sched *s, int32_t idx)
@@ -260,7 +326,107 @@ static bool better_to_wait(const struct sched *s, const struct seq *q, int32_t c
     return false;
 }
 
-static int32_t load_from_store(struct sched *s, struct seq *q);
+static int32_t load_from_store(struct sched *s, struct seq *q, int32_t limit);
+
+/* A free block, evicting a cached one if need be; -1 when none. Whatever
+ * scores it held belonged to its old tokens. */
+static int32_t take_block(struct sched *s)
+{
+    int32_t id = kv_take(s->kv);
+    if (id < 0 && radix_evict(s->radix, 1) > 0) id = kv_take(s->kv);
+    if (id >= 0) s->bscored[id] = 0;
+    return id;
+}
+
+/* Keeps q's block k's scores (from q->pscores) with the block. */
+static void keep_block_scores(struct sched *s, struct seq *q, int32_t k)
+{
+    const int32_t id = q->blocks[k];
+    if (s->bscored[id]) return;
+    if (!s->bscore[id] && !(s->bscore[id] = kvb_malloc(sizeof(struct pscore) * (size_t)s->B))) return;
+    memcpy(s->bscore[id], q->pscores + (int64_t)k * s->B, sizeof(struct pscore) * (size_t)s->B);
+    s->bscored[id] = 1;
+}
+
+/* Replaces q's last block, a shared one, by a private copy of it, so that
+ * its last position can be computed again (for the logits row that scores
+ * the token after it) without writing into a block others read. The shared
+ * block stays held and comes back once that position is done
+ * (cow_restore): the copy's bytes are the same, and the prefix tree knows
+ * the original. False when no block or memory could be had. */
+static bool cow_last(struct sched *s, struct seq *q)
+{
+    const int32_t k = q->n_blocks - 1, orig = q->blocks[k];
+    if (!s->cow_stage && !(s->cow_stage = be_host_alloc(s->be, (size_t)s->be->block_bytes))) return false;
+    const int32_t id = take_block(s);
+    if (id < 0) return false;
+    struct kvb_err err;
+    /* Loads from the store may still be landing in orig (queued copies). */
+    if ((s->be->kv_copies_wait && s->be->kv_copies_wait(s->be, &err) != KVB_OK) ||
+        s->be->kv_block_read(s->be, orig, s->cow_stage) != KVB_OK ||
+        s->be->kv_block_write(s->be, id, s->cow_stage) != KVB_OK) {
+        kv_unref(s->kv, id);
+        return false;
+    }
+    q->blocks[k] = id;
+    q->cow_at = k;
+    q->cow_orig = orig;
+    return true;
+}
+
+/* Puts the shared block back in place of q's copy once the position it was
+ * copied for has been computed. */
+static void cow_restore(struct sched *s, struct seq *q)
+{
+    if (q->cow_orig < 0) return;
+    kv_unref(s->kv, q->blocks[q->cow_at]);
+    q->blocks[q->cow_at] = q->cow_orig;
+    q->cow_at = q->cow_orig = -1;
+}
+
+/* Admission of a scoring request whose prompt scores are not all known:
+ * the reused prefix ends at the first block without them (a block q's own
+ * scores already cover is fine); scores of the reused blocks are copied to
+ * q. Then where to compute from: the first unscored token t needs the
+ * logits of position t - 1, so when the reused prefix ends exactly at t,
+ * its last position is computed again, in a private copy of its block.
+ * Returns the blocks reused from the prefix tree. */
+static int32_t admit_scoring(struct sched *s, struct seq *q, int32_t *loaded)
+{
+    const int32_t B = s->B;
+    int32_t m = radix_match(s->radix, q->tokens, q->n_prompt, q->blocks, q->cap_blocks);
+    for (int32_t k = 0; k < m; k++)
+        if (!s->bscored[q->blocks[k]] && (k + 1) * B > q->n_have) {
+            for (int32_t j = k; j < m; j++) kv_unref(s->kv, q->blocks[j]);
+            m = k;
+            break;
+        }
+    q->n_blocks = m;
+    *loaded = load_from_store(s, q, q->n_prompt);
+    for (int32_t k = 0; k < q->n_blocks; k++) {
+        if ((k + 1) * B <= q->n_have) continue;
+        memcpy(q->pscores + (int64_t)k * B, s->bscore[q->blocks[k]], sizeof(struct pscore) * (size_t)B);
+        q->n_have = (k + 1) * B;
+        if (!q->admitted_once) q->scored_cached += B - (k == 0);
+    }
+    if (q->n_have > q->n_prompt) q->n_have = q->n_prompt;
+    const int32_t hit = q->n_blocks * B;
+    q->n_computed = hit;
+    /* the row of position hit - 1 is wanted: for the score of token hit, or
+     * (all scores known, a fresh request that generates) to sample from */
+    const bool want_row =
+        hit > 0 && hit >= q->n_have && (hit < q->n_prompt || (hit == q->n_tokens && q->max_tokens > 0));
+    if (want_row) {
+        if (cow_last(s, q)) {
+            q->n_computed = hit - 1;
+        } else { /* compute the whole block again instead */
+            kv_unref(s->kv, q->blocks[--q->n_blocks]);
+            q->n_computed = q->n_blocks * B;
+        }
+    }
+    q->n_block_scored = 0;
+    return m;
+}
 
 static void admit(struct sched *s)
 {
@@ -289,10 +455,15 @@ static void admit(struct sched *s)
         s->n_waiting--;
         /* Reuse cached blocks, always leaving at least one token to compute
          * so the step yields logits. */
-        int32_t m = radix_match(s->radix, q->tokens, q->n_tokens - 1, q->blocks, q->cap_blocks);
-        q->n_blocks = m;
-        int32_t loaded = load_from_store(s, q);
-        q->n_computed = q->n_blocks * s->B;
+        int32_t m, loaded;
+        if (q->score && q->n_have < q->n_prompt) {
+            m = admit_scoring(s, q, &loaded);
+        } else {
+            m = radix_match(s->radix, q->tokens, q->n_tokens - 1, q->blocks, q->cap_blocks);
+            q->n_blocks = m;
+            loaded = load_from_store(s, q, q->n_tokens - 1);
+            q->n_computed = q->n_blocks * s->B;
+        }
         if (q->n_spilled < q->n_blocks) q->n_spilled = q->n_blocks;
         if (!q->admitted_once) {
             q->cached_tokens = m * s->B;
@@ -304,19 +475,21 @@ static void admit(struct sched *s)
         }
         q->admit_seq = ++s->admit_counter;
         s->running[s->n_running++] = q;
-        if (q->max_tokens == 0) finish(s, s->n_running - 1, SCHED_FINISH_LENGTH, NULL);
+        if (q->max_tokens == 0 && (!q->score || q->n_have >= q->n_prompt))
+            finish(s, s->n_running - 1, SCHED_FINISH_LENGTH, NULL);
     }
     kvb_free(score);
 }
 
 /* Loads the prompt blocks after the q->n_blocks the prefix tree gave, as
- * far as the store has them (always leaving one token to compute), into
- * fresh KV blocks, and shares them through the tree. Returns blocks loaded. */
-static int32_t load_from_store(struct sched *s, struct seq *q)
+ * far as the store has them within the first `limit` tokens, into fresh KV
+ * blocks, and shares them through the tree. A scoring request that still
+ * needs scores takes only blocks stored with theirs. Returns blocks loaded. */
+static int32_t load_from_store(struct sched *s, struct seq *q, int32_t limit)
 {
     if (!s->ps || !q->keys) return 0;
     const int32_t from = q->n_blocks;
-    int32_t want = (q->n_tokens - 1) / s->B;
+    int32_t want = limit / s->B;
     if (want > q->n_prompt / s->B) want = q->n_prompt / s->B; /* only prompt blocks are stored */
     if (want - from > 256) want = from + 256; /* one load's worth; the rest next admission or computed */
     if (want <= from) return 0;
@@ -324,13 +497,35 @@ static int32_t load_from_store(struct sched *s, struct seq *q)
      * worth it for an optimisation. */
     int32_t got = 0;
     while (from + got < want) {
-        int32_t id = kv_take(s->kv);
-        if (id < 0 && radix_evict(s->radix, 1) > 0) id = kv_take(s->kv);
+        int32_t id = take_block(s);
         if (id < 0) break;
         q->blocks[from + got++] = id;
     }
+    const bool scored = q->score && q->n_have < q->n_prompt;
+    struct pscore *sc = NULL;
+    if (scored) {
+        for (int32_t i = 0; i < got; i++) {
+            const int32_t id = q->blocks[from + i];
+            if (!s->bscore[id] && !(s->bscore[id] = kvb_malloc(sizeof(struct pscore) * (size_t)s->B))) {
+                for (int32_t j = i; j < got; j++) kv_unref(s->kv, q->blocks[from + j]);
+                got = i;
+                break;
+            }
+        }
+        sc = kvb_malloc(sizeof *sc * (size_t)s->B * (size_t)(got ? got : 1));
+        if (!sc) {
+            for (int32_t i = 0; i < got; i++) kv_unref(s->kv, q->blocks[from + i]);
+            return 0;
+        }
+    }
     const double t0 = now_s();
-    const int32_t n_loaded = sstore_load(s->io, q->tokens, q->keys, from, got, q->blocks + from);
+    const int32_t n_loaded = sstore_load(s->io, q->tokens, q->keys, from, got, q->blocks + from, sc);
+    for (int32_t i = 0; sc && i < n_loaded; i++) {
+        const int32_t id = q->blocks[from + i];
+        memcpy(s->bscore[id], sc + (int64_t)i * s->B, sizeof *sc * (size_t)s->B);
+        s->bscored[id] = 1;
+    }
+    kvb_free(sc);
     s->st.store_load_s += now_s() - t0;
     for (int32_t i = n_loaded; i < got; i++) kv_unref(s->kv, q->blocks[from + i]);
     q->n_blocks = from + n_loaded;
@@ -343,7 +538,10 @@ static void spill_to_store(struct sched *s, struct seq *q)
 {
     if (!s->ps || !q->keys) return;
     int32_t full = (q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) / s->B;
-    for (int32_t i = q->n_spilled; i < full; i++) sstore_spill(s->io, q->tokens, q->keys, i, q->blocks[i]);
+    for (int32_t i = q->n_spilled; i < full; i++) {
+        const int32_t id = q->blocks[i];
+        sstore_spill(s->io, q->tokens, q->keys, i, id, q->score && s->bscored[id] ? s->bscore[id] : NULL);
+    }
     if (full > q->n_spilled) q->n_spilled = full;
 }
 
@@ -376,8 +574,7 @@ static bool grow_blocks(struct sched *s, struct seq *q, int32_t end)
 {
     int32_t need = (end + s->B - 1) / s->B;
     while (q->n_blocks < need) {
-        int32_t id = kv_take(s->kv);
-        if (id < 0 && radix_evict(s->radix, 1) > 0) id = kv_take(s->kv);
+        int32_t id = take_block(s);
         if (id < 0) return false;
         q->blocks[q->n_blocks++] = id;
     }
@@ -385,6 +582,47 @@ static bool grow_blocks(struct sched *s, struct seq *q, int32_t end)
 }
 
 static int seq_order(const struct seq *a, const struct seq *b) { return a->admit_seq < b->admit_seq ? -1 : 1; }
+
+/* Whether q's next chunk scores prompt tokens (its logits rows all come back). */
+static bool seq_scoring(const struct seq *q) { return q->score && q->n_have < q->n_prompt; }
+
+/* The positions q is to have computed: all its tokens, except for a request
+ * that only scores its prompt, whose last token's row would score nothing. */
+static int32_t seq_end(const struct seq *q) { return q->score && q->max_tokens == 0 ? q->n_prompt - 1 : q->n_tokens; }
+
+static void score_worker(void *arg, int ith, int nth)
+{
+    struct sched *s = arg;
+    for (int32_t i = ith; i < s->n_tasks; i += nth) {
+        const struct score_task *t = &s->tasks[i];
+        const float *row = s->logits + (int64_t)t->row * s->n_vocab;
+        if (sampler_first_nonfinite(row, s->n_vocab) >= 0) {
+            s->tasks_bad = true; /* benign race: every writer stores true */
+            t->q->pscores[t->t].rank = -1;
+            continue;
+        }
+        pscore_of(row, s->n_vocab, t->q->tokens[t->t], &t->q->pscores[t->t]);
+    }
+}
+
+/* After a forward pass: what q's rows scored, and the full blocks whose
+ * scores are now all known go with the block. False when a row was not
+ * finite (q must end in error). */
+static bool after_scoring(struct sched *s, struct seq *q, int32_t pos)
+{
+    int32_t upto = pos + q->n_new + 1; /* rows pos..pos+n_new-1 scored tokens up to pos+n_new */
+    if (upto > q->n_prompt) upto = q->n_prompt;
+    for (int32_t t = q->n_have; t < upto; t++)
+        if (q->pscores[t].rank < 0) return false;
+    if (upto > q->n_have) {
+        s->st.scored_tokens += upto - q->n_have;
+        q->n_have = upto;
+    }
+    const int32_t lim = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt;
+    while ((q->n_block_scored + 1) * s->B <= lim && (q->n_block_scored + 1) * s->B <= q->n_have)
+        keep_block_scores(s, q, q->n_block_scored++);
+    return true;
+}
 
 
 /* samp_row of a batch entry whose token the backend chose (BE_LOGITS_ARGMAX). */
@@ -460,15 +698,19 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         }
 
     /* Decodes first (one token each), then prefill chunks, under the budget. */
-    int32_t budget = s->o.max_step_tokens;
+    int32_t budget = s->o.max_step_tokens, score_left = s->score_rows;
     for (int32_t i = 0; i < s->n_running; i++) s->running[i]->n_new = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (int32_t i = 0; i < s->n_running && budget > 0; i++) {
             struct seq *q = s->running[i];
-            int32_t left = q->n_tokens - q->n_computed;
+            int32_t left = seq_end(q) - q->n_computed;
             bool decode = left == 1;
-            if ((pass == 0) != decode || q->n_new) continue;
+            if ((pass == 0) != decode || q->n_new || left <= 0) continue;
             int32_t take = left < budget ? left : budget;
+            if (seq_scoring(q)) { /* every row comes back: they share a bound of their own */
+                if (score_left == 0) continue;
+                if (take > score_left) take = score_left;
+            }
             while (!grow_blocks(s, q, q->n_computed + take)) {
                 /* Spills not yet handed to the store hold their blocks: hand
                  * them over before taking anything from a sequence. */
@@ -490,6 +732,7 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
             if (take == 0) { i = s->n_running; break; }
             q->n_new = take;
             budget -= take;
+            if (seq_scoring(q)) score_left -= take;
         }
     }
 
@@ -504,7 +747,10 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
             .pos = q->n_computed,
             .block_table = q->blocks,
             .n_blocks = q->n_blocks,
-            .logits = !last ? BE_LOGITS_NONE : q->greedy_on_backend ? BE_LOGITS_ARGMAX : BE_LOGITS_LAST,
+            .logits = seq_scoring(q) ? BE_LOGITS_ALL
+                      : !last        ? BE_LOGITS_NONE
+                      : q->greedy_on_backend ? BE_LOGITS_ARGMAX
+                                             : BE_LOGITS_LAST,
         };
         s->bsrc[nb++] = q;
         if (q->n_new > 1 || q->n_computed < q->n_prompt) s->st.prefill_computed += q->n_new;
@@ -518,7 +764,19 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
     if (s->io) KVB_FORWARD_IF_ERROR(sstore_after_step(s->io, err));
 
     int32_t row = 0;
+    s->n_tasks = 0;
+    s->tasks_bad = false;
     for (int32_t b = 0; b < nb; b++) {
+        if (s->bseqs[b].logits == BE_LOGITS_ALL) { /* a scoring chunk: every row scores the token after it */
+            struct seq *q = s->bsrc[b];
+            for (int32_t j = 0; j < q->n_new; j++)
+                if (q->n_computed + j + 1 < q->n_prompt)
+                    s->tasks[s->n_tasks++] = (struct score_task){q, row + j, q->n_computed + j + 1};
+            row += q->n_new;
+            s->samp_row[b] = q->n_computed + q->n_new == q->n_tokens ? row - 1 : -1;
+            s->samp_bad[b] = SAMP_OK;
+            continue;
+        }
         s->samp_row[b] = s->bseqs[b].logits == BE_LOGITS_LAST ? row++ : -1;
         s->samp_bad[b] = SAMP_OK;
         if (s->bseqs[b].logits != BE_LOGITS_ARGMAX) continue;
@@ -526,18 +784,37 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         s->samp_tok[b] = s->samp_amax[b];
         if (s->samp_amax[b] < 0 || s->samp_amax[b] >= s->n_vocab) s->samp_bad[b] = SAMP_NO_CHOICE;
     }
+    if (s->n_tasks > 0) {
+        if (s->be->host_parallel && s->n_tasks > 1) s->be->host_parallel(s->be, score_worker, s);
+        else score_worker(s, 0, 1);
+    }
     struct sample_job job = {s, nb};
     if (s->be->host_parallel && row > 1) s->be->host_parallel(s->be, sample_worker, &job);
     else sample_worker(&job, 0, 1);
 
     for (int32_t b = 0; b < nb; b++) {
         struct seq *q = s->bsrc[b];
+        const int32_t pos = q->n_computed;
         q->n_computed += q->n_new;
+        cow_restore(s, q); /* before the tree sees q's blocks: it knows the original */
+        if (s->bseqs[b].logits == BE_LOGITS_ALL && !after_scoring(s, q, pos)) {
+            int32_t idx = 0;
+            while (s->running[idx] != q) idx++;
+            finish(s, idx, SCHED_FINISH_ERROR, "the model's logits are not finite while scoring the prompt: the "
+                                               "model's weights or the backend are broken");
+            continue;
+        }
         int32_t full = q->n_computed / s->B;
         if (full > 0 && radix_insert(s->radix, q->tokens, full, q->blocks) != KVB_OK) {
             /* Sharing is an optimisation: carry on without it. */
         }
         spill_to_store(s, q);
+        if (q->score && q->max_tokens == 0 && q->n_computed >= seq_end(q)) { /* scored: nothing to generate */
+            int32_t idx = 0;
+            while (s->running[idx] != q) idx++;
+            finish(s, idx, SCHED_FINISH_LENGTH, NULL);
+            continue;
+        }
         if (s->samp_row[b] == -1) continue;
         const float *lg = s->samp_row[b] >= 0 ? s->logits + (int64_t)s->samp_row[b] * s->n_vocab : NULL;
         if (s->samp_bad[b] != SAMP_OK) {

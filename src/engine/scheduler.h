@@ -34,9 +34,10 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "store/pstore/pstore.h"
-#include "engine/sampler.h"
 #include "base/status.h"
+#include "engine/pscore.h"
+#include "engine/sampler.h"
+#include "store/pstore/pstore.h"
 
 struct sched;
 
@@ -63,6 +64,11 @@ struct sched_seq_info {
                                 * NULL when the backend chose it (see sched_submit) */
     const char *error;         /* on_finish with SCHED_FINISH_ERROR: why, one line naming the cause
                                 * (valid during the call); NULL otherwise */
+    const struct pscore *prompt_scores; /* SCHED_SCORE_PROMPT: (n_prompt) the prompt's scores, [0]
+                                         * pscore_none; complete from the first on_token on, and at
+                                         * on_finish unless SCHED_FINISH_ERROR; else NULL */
+    int32_t scored_tokens;     /* SCHED_SCORE_PROMPT: prompt scores taken from a cache (in-run or
+                                * store) rather than computed, at (first) admission */
 };
 
 enum sched_finish { SCHED_FINISH_STOP = 0, SCHED_FINISH_LENGTH, SCHED_FINISH_ERROR };
@@ -85,6 +91,8 @@ struct sched_stats {
     int64_t store_blocks_spilled; /* prompt blocks handed to the store */
     double store_load_s;          /* time spent loading from the store */
     int64_t prefill_computed;     /* prompt (and recomputed) tokens pushed through forward */
+    int64_t scored_tokens;        /* prompt scores computed (SCHED_SCORE_PROMPT) */
+    int64_t scored_cached;        /* prompt scores taken from a cache instead */
     int64_t decode_tokens;        /* generated tokens fed back */
     int64_t steps;
     int64_t preemptions;
@@ -105,15 +113,27 @@ void sched_free(struct sched *s); /* accepts NULL; drops unfinished sequences si
  * leaves the scheduler without a store. */
 enum kvb_status sched_set_store(struct sched *s, struct pstore *ps, const struct pstore_model *pm);
 
+/* sched_submit's flags. */
+enum {
+    /* on_token must see the logits (for logprobs); without it, a greedy
+     * request (sampler_is_greedy) on a backend that can choose the token
+     * itself (backend.argmax) gets info->logits NULL — and the same tokens,
+     * the choice being made from the same logits by the same rule. */
+    SCHED_WANT_LOGITS = 1u,
+    /* Score every prompt token (info->prompt_scores): for echo and
+     * prompt_logprobs. Scores come with cached prefix blocks where those
+     * were stored with them; a block cached without them ends the reused
+     * prefix for this request (it is computed again, and its scores kept
+     * with it from then on). */
+    SCHED_SCORE_PROMPT = 2u,
+};
+
 /* Queues a request. max_tokens: most tokens to generate (the context may cut
- * it shorter: finish LENGTH). The prompt must fit: n_prompt < n_ctx,
- * otherwise KVB_ERR_RANGE. want_logits: on_token must see the logits (for
- * logprobs); without it, a greedy request (sampler_is_greedy) on a backend
- * that can choose the token itself (backend.argmax) gets info->logits NULL —
- * and the same tokens, the choice being made from the same logits by the
- * same rule. */
+ * it shorter: finish LENGTH); 0 only with SCHED_SCORE_PROMPT (the prompt is
+ * scored, nothing generated: finish LENGTH). The prompt must fit: n_prompt <
+ * n_ctx, otherwise KVB_ERR_RANGE. flags: SCHED_* above. */
 enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *prompt, int32_t n_prompt,
-                             int32_t max_tokens, const struct sampler_params *sp, bool want_logits,
+                             int32_t max_tokens, const struct sampler_params *sp, unsigned flags,
                              struct kvb_err *err);
 
 /* Runs one step. Returns an error only when the backend fails. */

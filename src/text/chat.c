@@ -263,6 +263,30 @@ enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_t
                     "markers); pass --chat-template NAME (" NAMES_HINT ")");
 }
 
+/* Mistral's variants that have a name of their own (chat.h). */
+static const struct {
+    const char *name;
+    struct chat_mistral v;
+} mistrals[] = {
+    {"mistral", {true, true, true, false, false}},
+    {"mistral-v3", {true, false, true, true, true}},
+    {"mistral-tekken", {false, false, false, false, true}},
+};
+
+const char *chat_template_name(const struct chat_template *t)
+{
+    if (!t) return "unknown";
+    if (t->family != CHAT_MISTRAL) return chat_family_name(t->family);
+    const struct chat_mistral *v = &t->mistral;
+    for (size_t i = 0; i < sizeof mistrals / sizeof mistrals[0]; i++) {
+        const struct chat_mistral *m = &mistrals[i].v;
+        if (m->open_space == v->open_space && m->close_space == v->close_space && m->reply_space == v->reply_space &&
+            m->reply_trim == v->reply_trim && m->system_last == v->system_last)
+            return mistrals[i].name;
+    }
+    return "mistral-detected";
+}
+
 enum kvb_status chat_template_from_name(const char *name, struct chat_template *out,
                                         struct kvb_err *err)
 {
@@ -271,14 +295,6 @@ enum kvb_status chat_template_from_name(const char *name, struct chat_template *
     out->default_system = NULL;
     out->mistral = (struct chat_mistral){0};
     if (name) {
-        static const struct {
-            const char *name;
-            struct chat_mistral v;
-        } mistrals[] = {
-            {"mistral", {true, true, true, false, false}},
-            {"mistral-v3", {true, false, true, true, true}},
-            {"mistral-tekken", {false, false, false, false, true}},
-        };
         for (size_t i = 0; i < sizeof mistrals / sizeof mistrals[0]; i++) {
             if (strcmp(name, mistrals[i].name) == 0) {
                 out->family = CHAT_MISTRAL;

@@ -68,6 +68,12 @@ enum kvb_status chat_template_from_name(const char *name, struct chat_template *
                                         struct kvb_err *err);
 void chat_template_free(struct chat_template *t); /* frees default_system; accepts NULL */
 const char *chat_family_name(enum chat_family f);
+/* The name of t's formatting: its family's, with Mistral's variants told
+ * apart by the names chat_template_from_name gives them ("mistral",
+ * "mistral-v3", "mistral-tekken"), or "mistral-detected" for a variant read
+ * from a model's template that none of them formats. (A detected ChatML
+ * template's default system prompt is not part of the name.) */
+const char *chat_template_name(const struct chat_template *t);
 
 /* Formats msgs and, when add_generation_prompt, the opening of the
  * assistant's turn. The result contains special-token text (e.g.

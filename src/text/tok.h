@@ -86,6 +86,13 @@ void tok_stream_init(struct tok_stream *s, const struct tok *t);
  * kvb_realloc; *cap tracks its size); returns KVB_ERR_NOMEM on failure. */
 enum kvb_status tok_stream_push(const struct tok *t, struct tok_stream *s, int32_t id,
                                 char **out, size_t *len, size_t *cap);
+/* As tok_stream_push, but a control token (one whose text tok_piece gives
+ * only with render_special) adds its text, after the bytes held back for an
+ * unfinished character (flushed as U+FFFD: the token cannot finish it).
+ * What skip_special_tokens false shows, and what `kvbatch render` shows of a
+ * prompt given as token ids. */
+enum kvb_status tok_stream_push_special(const struct tok *t, struct tok_stream *s, int32_t id,
+                                        char **out, size_t *len, size_t *cap);
 /* Flushes bytes still pending (an incomplete sequence at the very end) as
  * U+FFFD replacement characters. */
 enum kvb_status tok_stream_flush(const struct tok *t, struct tok_stream *s, char **out,

@@ -211,6 +211,22 @@ enum kvb_status tok_stream_flush(const struct tok *t, struct tok_stream *s, char
     return emit_utf8(s, p, n, true, out, len, cap);
 }
 
+enum kvb_status tok_stream_push_special(const struct tok *t, struct tok_stream *s, int32_t id, char **out,
+                                        size_t *len, size_t *cap)
+{
+    const size_t shown = tok_piece(t, id, true, NULL, 0);
+    if (tok_piece(t, id, false, NULL, 0) > 0 || shown == 0) return tok_stream_push(t, s, id, out, len, cap);
+    /* a control token: what is held back cannot be completed by it */
+    KVB_FORWARD_IF_ERROR(tok_stream_flush(t, s, out, len, cap));
+    char small[256];
+    char *piece = shown <= sizeof small ? small : kvb_malloc(shown);
+    if (!piece) return KVB_ERR_NOMEM;
+    tok_piece(t, id, true, piece, shown);
+    enum kvb_status st = append(out, len, cap, piece, shown);
+    if (piece != small) kvb_free(piece);
+    return st;
+}
+
 enum kvb_status tok_decode(const struct tok *t, const int32_t *ids, size_t n, char **out, size_t *out_len)
 {
     struct tok_stream s;

@@ -406,6 +406,7 @@ struct load_job {
     const int32_t *tokens;   /* tokens of block 0 of the batch */
     const MDB_val *vals;
     void *const *dst;
+    const struct pstore_annex *annex; /* (n) or NULL */
     enum kvb_status *status;
     int32_t n;
     atomic_int next;
@@ -421,7 +422,7 @@ static void load_worker(void *arg, int ith, int nth)
         if (i >= j->n || i > atomic_load(&j->first_fail)) return;
         j->status[i] = pstore_codec_decode(&j->ps->rcodec[ith], j->s, j->tokens + (size_t)i * j->s->block_size,
                                            j->ps->opts.lossy8, j->vals[i].mv_data, j->vals[i].mv_size, j->dst[i],
-                                           NULL);
+                                           j->annex ? &j->annex[i] : NULL, NULL);
         if (j->status[i] != KVB_OK) {
             int f = atomic_load(&j->first_fail);
             while (i < f && !atomic_compare_exchange_weak(&j->first_fail, &f, i)) {
@@ -433,6 +434,13 @@ static void load_worker(void *arg, int ith, int nth)
 enum kvb_status pstore_load_chain(struct pstore *ps, const struct pstore_model *m, const int32_t *tokens,
                                   const struct pstore_key *keys, int32_t from, int32_t n, void *const *dst,
                                   int32_t *n_loaded, struct kvb_err *err)
+{
+    return pstore_load_chain_annex(ps, m, tokens, keys, from, n, dst, NULL, n_loaded, err);
+}
+
+enum kvb_status pstore_load_chain_annex(struct pstore *ps, const struct pstore_model *m, const int32_t *tokens,
+                                        const struct pstore_key *keys, int32_t from, int32_t n, void *const *dst,
+                                        const struct pstore_annex *annex, int32_t *n_loaded, struct kvb_err *err)
 {
     if (n_loaded) *n_loaded = 0;
     if (!ps || !m || !tokens || !keys || !dst || !n_loaded || from < 0)
@@ -467,7 +475,7 @@ enum kvb_status pstore_load_chain(struct pstore *ps, const struct pstore_model *
             break;
         }
     }
-    struct load_job job = {ps, &s, tokens + (size_t)from * s.block_size, vals, dst, status, cnt, 0, cnt};
+    struct load_job job = {ps, &s, tokens + (size_t)from * s.block_size, vals, dst, annex, status, cnt, 0, cnt};
     if (cnt == 1 || !ps->pool) load_worker(&job, 0, 1);
     else if (cnt > 1) tpool_run(ps->pool, load_worker, &job);
     int32_t ok = 0;
@@ -481,7 +489,7 @@ enum kvb_status pstore_load_chain(struct pstore *ps, const struct pstore_model *
          * parallel path keeps no per-block messages. */
         enum kvb_status dst_st = pstore_codec_decode(&ps->rcodec[0], &s, tokens + (size_t)(from + ok) * s.block_size,
                                                      ps->opts.lossy8, vals[ok].mv_data, vals[ok].mv_size,
-                                                     dst[ok], &derr);
+                                                     dst[ok], annex ? &annex[ok] : NULL, &derr);
         if (dst_st == KVB_ERR_FORMAT) damaged = true;
         else if (dst_st != KVB_OK && dst_st != KVB_ERR_NOT_FOUND && st == KVB_OK)
             st = kvb_errf(err, dst_st, "cache read: %s", derr.msg);
@@ -512,19 +520,22 @@ enum kvb_status pstore_load_chain(struct pstore *ps, const struct pstore_model *
 
 /* ---- presence and puts ----------------------------------------------------------- */
 
-bool pstore_contains(struct pstore *ps, const struct pstore_key *key)
+bool pstore_contains(struct pstore *ps, const struct pstore_key *key) { return pstore_contains_annex(ps, key, 0); }
+
+bool pstore_contains_annex(struct pstore *ps, const struct pstore_key *key, size_t annex_len)
 {
     if (!ps || !key) return false;
     bool queued = false;
     pthread_mutex_lock(&ps->mu);
     for (struct pstore_put_item *it = ps->q_head; it && !queued; it = it->next)
-        queued = !memcmp(it->key.b, key->b, 16);
+        queued = !memcmp(it->key.b, key->b, 16) && (annex_len == 0 || it->annex_len == annex_len);
     pthread_mutex_unlock(&ps->mu);
     if (queued) return true;
     MDB_txn *txn;
     if (pstore_txn_begin(ps, false, &txn)) return false;
     MDB_val k = {16, (void *)key->b}, v;
-    bool have = mdb_get(txn, ps->db_blocks, &k, &v) == 0 && pstore_value_acceptable(ps, v.mv_data, v.mv_size);
+    bool have =
+        mdb_get(txn, ps->db_blocks, &k, &v) == 0 && pstore_value_acceptable(ps, v.mv_data, v.mv_size, annex_len);
     pstore_txn_abort(ps, txn);
     return have;
 }
@@ -562,10 +573,12 @@ bool pstore_put_admit(struct pstore *ps, const struct pstore_model *m, int32_t a
  * and handed back through release, also on every drop). */
 static enum kvb_status put_item(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
                                 const struct pstore_key *parent, const int32_t *tokens, const void *data,
-                                void (*release)(void *ctx, const void *data), void *ctx)
+                                const struct pstore_annex *annex, void (*release)(void *ctx, const void *data),
+                                void *ctx)
 {
+    const size_t an = annex && annex->data ? annex->len : 0;
     struct kvb_err err;
-    if (!ps || !m || !key || !tokens || !data) {
+    if (!ps || !m || !key || !tokens || !data || an > PSTORE_MAX_ANNEX) {
         if (release && data) release(ctx, data);
         return KVB_ERR_INVALID_ARG;
     }
@@ -578,7 +591,7 @@ static enum kvb_status put_item(struct pstore *ps, const struct pstore_model *m,
     }
     const struct pstore_shape *s = &ps->models[mi].shape;
     size_t tok_bytes = (size_t)s->block_size * sizeof(int32_t);
-    size_t sz = put_size(s);
+    size_t sz = put_size(s) + an;
     if (ps->stats.writing_disabled || queue_full_locked(ps, sz, 0)) {
         ps->stats.blocks_dropped++;
         pthread_mutex_unlock(&ps->mu);
@@ -589,7 +602,7 @@ static enum kvb_status put_item(struct pstore *ps, const struct pstore_model *m,
     pthread_mutex_unlock(&ps->mu);
 
     /* Copy outside the lock: the writer may be taking a batch meanwhile. */
-    struct pstore_put_item *it = kvb_malloc(release ? sizeof *it + tok_bytes : sz);
+    struct pstore_put_item *it = kvb_malloc(release ? sizeof *it + tok_bytes + an : sz);
     if (!it) {
         pthread_mutex_lock(&ps->mu);
         ps->stats.blocks_dropped++;
@@ -608,12 +621,15 @@ static enum kvb_status put_item(struct pstore *ps, const struct pstore_model *m,
     it->release = release;
     it->release_ctx = ctx;
     memcpy(it->tokens, tokens, tok_bytes);
+    uint8_t *own = (uint8_t *)it->tokens + tok_bytes; /* the annex, then (not borrowed) the data */
+    it->annex = an ? own : NULL;
+    it->annex_len = an;
+    if (an) memcpy(own, annex->data, an);
     if (release) {
         it->data = data;
     } else {
-        uint8_t *own = (uint8_t *)it->tokens + tok_bytes;
-        memcpy(own, data, raw_len);
-        it->data = own;
+        memcpy(own + an, data, raw_len);
+        it->data = own + an;
     }
 
     pthread_mutex_lock(&ps->mu);
@@ -630,15 +646,23 @@ static enum kvb_status put_item(struct pstore *ps, const struct pstore_model *m,
 enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
                            const struct pstore_key *parent, const int32_t *tokens, const void *data)
 {
-    return put_item(ps, m, key, parent, tokens, data, NULL, NULL);
+    return put_item(ps, m, key, parent, tokens, data, NULL, NULL, NULL);
 }
 
 enum kvb_status pstore_put_borrowed(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
                                     const struct pstore_key *parent, const int32_t *tokens, const void *data,
                                     void (*release)(void *ctx, const void *data), void *ctx)
 {
+    return pstore_put_borrowed_annex(ps, m, key, parent, tokens, data, NULL, release, ctx);
+}
+
+enum kvb_status pstore_put_borrowed_annex(struct pstore *ps, const struct pstore_model *m,
+                                          const struct pstore_key *key, const struct pstore_key *parent,
+                                          const int32_t *tokens, const void *data, const struct pstore_annex *annex,
+                                          void (*release)(void *ctx, const void *data), void *ctx)
+{
     if (!release) return KVB_ERR_INVALID_ARG;
-    return put_item(ps, m, key, parent, tokens, data, release, ctx);
+    return put_item(ps, m, key, parent, tokens, data, annex, release, ctx);
 }
 
 void pstore_flush(struct pstore *ps)

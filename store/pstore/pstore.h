@@ -50,9 +50,18 @@
 
 #include "base/status.h"
 
-#define PSTORE_FORMAT_VERSION 1
+#define PSTORE_FORMAT_VERSION 2 /* 2: values may carry an annex (the prompt scores) */
 
 struct pstore;
+
+/* Bytes a caller keeps with a block's value, checked like the rest of it
+ * (its own checksum) but not compressed and not interpreted: the scheduler
+ * stores a block's prompt scores so (engine/pscore.h). For loads, data is
+ * where it goes and len how long it must be. */
+struct pstore_annex {
+    void *data;
+    size_t len;
+};
 
 struct pstore_key {
     uint8_t b[16];
@@ -141,10 +150,21 @@ enum kvb_status pstore_load_chain(struct pstore *ps, const struct pstore_model *
                                   const struct pstore_key *keys, int32_t from, int32_t n, void *const *dst,
                                   int32_t *n_loaded, struct kvb_err *err);
 
+/* pstore_load_chain where annex[0..n-from) is non-NULL: only values with an
+ * annex of exactly annex[i].len bytes count (one without is a miss, which
+ * ends the chain; it is not damage), and the annex is copied to
+ * annex[i].data. NULL: annexes are neither asked for nor in the way. */
+enum kvb_status pstore_load_chain_annex(struct pstore *ps, const struct pstore_model *m, const int32_t *tokens,
+                                        const struct pstore_key *keys, int32_t from, int32_t n, void *const *dst,
+                                        const struct pstore_annex *annex, int32_t *n_loaded, struct kvb_err *err);
+
 /* Whether the store already holds key (a cheap check before copying a block
  * out of the backend to put it). Also true while the put is still queued;
  * a lossy8 value counts only for a store opened with lossy8. */
 bool pstore_contains(struct pstore *ps, const struct pstore_key *key);
+/* The same, counting only values (or queued puts) with an annex of
+ * annex_len bytes (0: any). */
+bool pstore_contains_annex(struct pstore *ps, const struct pstore_key *key, size_t annex_len);
 
 /* Queues block `index` of a chain for writing: its key, its parent's key
  * (NULL for block 0), its tokens (block_size) and raw data. Copies all; never
@@ -165,6 +185,14 @@ enum kvb_status pstore_put(struct pstore *ps, const struct pstore_model *m, cons
 enum kvb_status pstore_put_borrowed(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
                                     const struct pstore_key *parent, const int32_t *tokens, const void *data,
                                     void (*release)(void *ctx, const void *data), void *ctx);
+
+/* pstore_put_borrowed with an annex (copied; NULL: none) stored with the
+ * value. A stored value of the key without this annex is replaced by the
+ * new one, as a lossy8 one is by a lossless store. */
+enum kvb_status pstore_put_borrowed_annex(struct pstore *ps, const struct pstore_model *m,
+                                          const struct pstore_key *key, const struct pstore_key *parent,
+                                          const int32_t *tokens, const void *data, const struct pstore_annex *annex,
+                                          void (*release)(void *ctx, const void *data), void *ctx);
 
 /* Whether a put of one of m's blocks would be queued now, when `ahead`
  * more puts the caller has promised (staged, not yet put) are counted

@@ -177,7 +177,7 @@ static void verify_worker(void *arg, int ith, int nth)
         struct vitem *it = &j->items[i];
         if (it->why) continue;
         const struct pstore_shape *s = &j->shapes[it->shape].s;
-        if (pstore_codec_decode(&j->ps->rcodec[ith], s, NULL, true, it->val, it->len, j->bufs[ith], NULL) != KVB_OK) {
+        if (pstore_codec_decode(&j->ps->rcodec[ith], s, NULL, true, it->val, it->len, j->bufs[ith], NULL, NULL) != KVB_OK) {
             it->why = "value does not decode (damaged, truncated, other version or model)";
             continue;
         }

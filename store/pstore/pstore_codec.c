@@ -182,9 +182,12 @@ void pstore_codec_free(struct pstore_codec *c)
 }
 
 enum kvb_status pstore_codec_encode(struct pstore_codec *c, const struct pstore_shape *s, const int32_t *tokens,
-                                    const void *data, int zstd_level, bool lossy8, const uint8_t **val,
-                                    size_t *val_len, struct kvb_err *err)
+                                    const void *data, const struct pstore_annex *annex, int zstd_level, bool lossy8,
+                                    const uint8_t **val, size_t *val_len, struct kvb_err *err)
 {
+    const size_t an = annex && annex->len ? annex->len : 0;
+    if (an > PSTORE_MAX_ANNEX) return kvb_errf(err, KVB_ERR_INVALID_ARG, "annex of %zu bytes is too long", an);
+    const size_t tail = an ? 4 + an + 8 : 0;
     size_t lossy_len = (size_t)s->n_rows * (2u + s->kv_dim);
     size_t need = s->raw_len > lossy_len ? (size_t)s->raw_len : lossy_len;
     if (!grow(&c->scratch, &c->scratch_cap, need)) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
@@ -205,7 +208,7 @@ enum kvb_status pstore_codec_encode(struct pstore_codec *c, const struct pstore_
 
     size_t hl = pstore_hdr_len(s->block_size);
     size_t bound = ZSTD_compressBound(payload_len);
-    if (!grow(&c->out, &c->out_cap, hl + bound)) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    if (!grow(&c->out, &c->out_cap, hl + bound + tail)) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     if (!c->cctx && !(c->cctx = ZSTD_createCCtx())) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory (zstd)");
     size_t comp = ZSTD_compressCCtx(c->cctx, c->out + hl, bound, c->scratch, payload_len, default_level(zstd_level));
     if (ZSTD_isError(comp))
@@ -214,7 +217,7 @@ enum kvb_status pstore_codec_encode(struct pstore_codec *c, const struct pstore_
     uint8_t *h = c->out;
     memcpy(h, PSTORE_MAGIC, 4);
     put_u16(h + 4, PSTORE_FORMAT_VERSION);
-    put_u16(h + 6, lossy ? PSTORE_FLAG_LOSSY8 : 0);
+    put_u16(h + 6, (uint16_t)((lossy ? PSTORE_FLAG_LOSSY8 : 0) | (an ? PSTORE_FLAG_ANNEX : 0)));
     memcpy(h + 8, s->identity, 16);
     put_u32(h + 24, (uint32_t)s->dtype);
     put_u32(h + 28, s->block_size);
@@ -226,8 +229,14 @@ enum kvb_status pstore_codec_encode(struct pstore_codec *c, const struct pstore_
     put_u64(h + 64, XXH3_64bits(c->scratch, payload_len));
     for (uint32_t j = 0; j < s->block_size; j++) put_u32(h + PSTORE_HDR_FIXED + 4 * (size_t)j, (uint32_t)tokens[j]);
     put_u64(h + hl - 8, XXH3_64bits(h, hl - 8));
+    if (an) {
+        uint8_t *t = c->out + hl + comp;
+        put_u32(t, (uint32_t)an);
+        memcpy(t + 4, annex->data, an);
+        put_u64(t + 4 + an, XXH3_64bits(t + 4, an));
+    }
     *val = c->out;
-    *val_len = hl + comp;
+    *val_len = hl + comp + tail;
     return KVB_OK;
 }
 
@@ -259,11 +268,27 @@ enum kvb_status pstore_hdr_parse(const uint8_t *val, size_t len, struct pstore_h
     h->payload_len = get_u64(val + 48);
     h->comp_len = get_u64(val + 56);
     h->payload_sum = get_u64(val + 64);
-    if (h->comp_len != len - hl)
-        return kvb_errf(err, KVB_ERR_FORMAT, "compressed length %llu, but %zu bytes follow the header",
-                        (unsigned long long)h->comp_len, len - hl);
     h->tokens = val + PSTORE_HDR_FIXED;
     h->frame = val + hl;
+    h->annex = NULL;
+    h->annex_len = h->annex_sum = 0;
+    const size_t after = len - hl; /* the frame, and the annex when flagged */
+    if (!(h->flags & PSTORE_FLAG_ANNEX)) {
+        if (h->comp_len != after)
+            return kvb_errf(err, KVB_ERR_FORMAT, "compressed length %llu, but %zu bytes follow the header",
+                            (unsigned long long)h->comp_len, after);
+        return KVB_OK;
+    }
+    if (h->comp_len > after || after - h->comp_len < 12)
+        return kvb_errf(err, KVB_ERR_FORMAT, "compressed length %llu leaves no room for the annex in %zu bytes",
+                        (unsigned long long)h->comp_len, after);
+    const uint8_t *t = h->frame + h->comp_len;
+    h->annex_len = get_u32(t);
+    if (h->annex_len == 0 || h->annex_len > PSTORE_MAX_ANNEX || after - h->comp_len != 4 + h->annex_len + 8)
+        return kvb_errf(err, KVB_ERR_FORMAT, "annex length %llu does not fit the value's %zu bytes",
+                        (unsigned long long)h->annex_len, len);
+    h->annex = t + 4;
+    h->annex_sum = get_u64(t + 4 + h->annex_len);
     return KVB_OK;
 }
 
@@ -271,7 +296,7 @@ int32_t pstore_hdr_token(const struct pstore_hdr *h, uint32_t j) { return (int32
 
 enum kvb_status pstore_codec_decode(struct pstore_codec *c, const struct pstore_shape *s, const int32_t *tokens,
                                     bool allow_lossy, const uint8_t *val, size_t len, void *dst,
-                                    struct kvb_err *err)
+                                    const struct pstore_annex *annex, struct kvb_err *err)
 {
     struct pstore_hdr h;
     KVB_FORWARD_IF_ERROR(pstore_hdr_parse(val, len, &h, err));
@@ -295,6 +320,10 @@ enum kvb_status pstore_codec_decode(struct pstore_codec *c, const struct pstore_
             if (pstore_hdr_token(&h, j) != tokens[j])
                 return kvb_errf(err, KVB_ERR_NOT_FOUND, "value stands for other tokens (token %u differs)", j);
     if (lossy && !allow_lossy) return kvb_errf(err, KVB_ERR_NOT_FOUND, "lossy value, and lossless was asked for");
+    if (h.annex && XXH3_64bits(h.annex, (size_t)h.annex_len) != h.annex_sum)
+        return kvb_errf(err, KVB_ERR_FORMAT, "annex checksum mismatch");
+    if (annex && !pstore_hdr_has_annex(&h, annex->len))
+        return kvb_errf(err, KVB_ERR_NOT_FOUND, "value without the %zu-byte annex asked for", annex->len);
 
     unsigned long long fcs = ZSTD_getFrameContentSize(h.frame, (size_t)h.comp_len);
     if (fcs == ZSTD_CONTENTSIZE_ERROR || fcs == ZSTD_CONTENTSIZE_UNKNOWN || fcs != want)
@@ -315,6 +344,7 @@ enum kvb_status pstore_codec_decode(struct pstore_codec *c, const struct pstore_
     } else {
         unshuffle(dst, c->scratch, (size_t)(s->raw_len / s->esize), s->esize);
     }
+    if (annex && annex->len) memcpy(annex->data, h.annex, annex->len);
     return KVB_OK;
 }
 
@@ -330,7 +360,7 @@ enum kvb_status pstore_value_encode(const struct pstore_model *m, const int32_t 
     struct pstore_codec c = {0};
     const uint8_t *v;
     size_t n;
-    enum kvb_status st = pstore_codec_encode(&c, &s, tokens, data, zstd_level, lossy8, &v, &n, err);
+    enum kvb_status st = pstore_codec_encode(&c, &s, tokens, data, NULL, zstd_level, lossy8, &v, &n, err);
     if (st == KVB_OK) {
         /* Hand over the codec's output buffer instead of copying it. */
         (void)v;
@@ -349,7 +379,7 @@ enum kvb_status pstore_value_decode(const struct pstore_model *m, const int32_t 
     KVB_FORWARD_IF_ERROR(pstore_shape_init(m, &s, err));
     if (!dst) return kvb_errf(err, KVB_ERR_INVALID_ARG, "NULL destination");
     struct pstore_codec c = {0};
-    enum kvb_status st = pstore_codec_decode(&c, &s, tokens, true, val, len, dst, err);
+    enum kvb_status st = pstore_codec_decode(&c, &s, tokens, true, val, len, dst, NULL, err);
     pstore_codec_free(&c);
     return st;
 }

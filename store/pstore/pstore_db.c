@@ -234,18 +234,18 @@ int pstore_model_recs_load(struct pstore *ps, MDB_txn *txn, struct pstore_model_
 
 /* ---- entries ------------------------------------------------------------------------ */
 
-bool pstore_value_acceptable(const struct pstore *ps, const uint8_t *val, size_t len)
+bool pstore_value_acceptable(const struct pstore *ps, const uint8_t *val, size_t len, size_t annex_len)
 {
     struct pstore_hdr h;
     if (pstore_hdr_parse(val, len, &h, NULL) != KVB_OK) return false;
-    return !(h.flags & PSTORE_FLAG_LOSSY8) || ps->opts.lossy8;
+    return (!(h.flags & PSTORE_FLAG_LOSSY8) || ps->opts.lossy8) && pstore_hdr_has_annex(&h, annex_len);
 }
 
 static void sub_clamped(uint64_t *a, uint64_t b) { *a = *a > b ? *a - b : 0; }
 
 int pstore_db_insert(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, const struct pstore_key *key,
                      const struct pstore_key *parent, const uint8_t identity[16], const uint8_t *val, size_t len,
-                     uint64_t raw_len, enum pstore_insert_result *res)
+                     uint64_t raw_len, size_t annex_len, enum pstore_insert_result *res)
 {
     MDB_val k = {16, (void *)key->b}, v;
     struct pstore_meta m;
@@ -256,12 +256,12 @@ int pstore_db_insert(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, c
         rc = mdb_get(txn, ps->db_blocks, &k, &v);
         if (rc && rc != MDB_NOTFOUND) return rc;
         m.last_used = ++t->clock;
-        if (rc == 0 && pstore_value_acceptable(ps, v.mv_data, v.mv_size)) {
+        if (rc == 0 && pstore_value_acceptable(ps, v.mv_data, v.mv_size, annex_len)) {
             *res = PSTORE_PRESENT;
             return meta_put(ps, txn, key, &m);
         }
-        /* Lossy (and we are lossless) or malformed: ours is better. The
-         * entry keeps its place in the tree. */
+        /* Lossy (and we are lossless), without the annex ours has, or
+         * malformed: ours is better. The entry keeps its place in the tree. */
         v = (MDB_val){len, (void *)val};
         if ((rc = mdb_put(txn, ps->db_blocks, &k, &v, 0))) return rc;
         sub_clamped(&t->bytes, m.value_len);

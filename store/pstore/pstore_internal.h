@@ -35,7 +35,11 @@
  *   64  u64 XXH3-64 of the payload (before compression)
  *   72  i32 tokens[block_size]
  *   72+4B  u64 XXH3-64 of bytes [0, 72+4B): the header checksum
- *   80+4B  zstd frame; the value ends exactly where the frame does.
+ *   80+4B  zstd frame of comp_len bytes;
+ * with PSTORE_FLAG_ANNEX, after the frame:
+ *          u32 annex length A, A bytes (the caller's, stored as given: the
+ *          scheduler's prompt scores), u64 XXH3-64 of those A bytes.
+ * The value ends exactly there (where the frame does, without an annex).
  * Payload, lossless: the raw bytes shuffled (byte 0 of every element, then
  * byte 1, ...). Lossy8: rows = n_layer*2*block_size rows of kv_dim elements;
  * first every row's f16 scale (u16 each), then every row's kv_dim int8
@@ -43,7 +47,9 @@
 #define PSTORE_MAGIC "KVBC"
 #define PSTORE_HDR_FIXED 72u
 #define PSTORE_FLAG_LOSSY8 0x0001u
-#define PSTORE_FLAGS_KNOWN PSTORE_FLAG_LOSSY8
+#define PSTORE_FLAG_ANNEX 0x0002u
+#define PSTORE_FLAGS_KNOWN (PSTORE_FLAG_LOSSY8 | PSTORE_FLAG_ANNEX)
+#define PSTORE_MAX_ANNEX ((uint64_t)1 << 24) /* far above what a block's scores take (B x 168 bytes) */
 /* Refuse shapes whose raw block would exceed this: no real model comes near
  * (Llama 70B, 80 layers x 1024 x 2 x 16 tokens x f32 = 10 MiB), and it keeps
  * every size computation far from overflow. */
@@ -102,6 +108,8 @@ struct pstore_hdr {
     uint64_t raw_len, payload_len, comp_len, payload_sum;
     const uint8_t *tokens;
     const uint8_t *frame; /* comp_len bytes */
+    const uint8_t *annex; /* annex_len bytes after the frame (PSTORE_FLAG_ANNEX), else NULL */
+    uint64_t annex_len, annex_sum;
 };
 enum kvb_status pstore_hdr_parse(const uint8_t *val, size_t len, struct pstore_hdr *h, struct kvb_err *err);
 /* Token j of a parsed header. */
@@ -123,15 +131,24 @@ void pstore_codec_free(struct pstore_codec *c);
  * request for a block that int8 rows cannot represent (Inf/NaN, or a scale
  * beyond f16) is encoded lossless instead: the flags say which. */
 enum kvb_status pstore_codec_encode(struct pstore_codec *c, const struct pstore_shape *s, const int32_t *tokens,
-                                    const void *data, int zstd_level, bool lossy8, const uint8_t **val,
-                                    size_t *val_len, struct kvb_err *err);
+                                    const void *data, const struct pstore_annex *annex, int zstd_level, bool lossy8,
+                                    const uint8_t **val, size_t *val_len, struct kvb_err *err);
 /* Decodes val into dst (s->raw_len bytes). tokens non-NULL: a value for
  * other tokens is KVB_ERR_NOT_FOUND; allow_lossy false: a lossy8 value is
- * KVB_ERR_NOT_FOUND too (both sound, just not what was asked). Anything
- * malformed is KVB_ERR_FORMAT. dst may hold garbage after a failure. */
+ * KVB_ERR_NOT_FOUND too; annex non-NULL: a value without an annex of exactly
+ * annex->len bytes is KVB_ERR_NOT_FOUND as well (all sound, just not what
+ * was asked), and one with it has the annex copied to annex->data. Anything
+ * malformed is KVB_ERR_FORMAT. dst and the annex may hold garbage after a
+ * failure. */
 enum kvb_status pstore_codec_decode(struct pstore_codec *c, const struct pstore_shape *s, const int32_t *tokens,
                                     bool allow_lossy, const uint8_t *val, size_t len, void *dst,
-                                    struct kvb_err *err);
+                                    const struct pstore_annex *annex, struct kvb_err *err);
+/* Whether a parsed value carries an annex of `len` bytes (len 0: whether it
+ * needs none: always true). */
+static inline bool pstore_hdr_has_annex(const struct pstore_hdr *h, size_t len)
+{
+    return len == 0 || (h->annex && h->annex_len == len);
+}
 
 /* ---- keys ------------------------------------------------------------------ */
 
@@ -204,10 +221,12 @@ enum pstore_insert_result {
 };
 /* Whether an existing value is good enough to keep instead of a new one:
  * parsable header, and lossless unless the store accepts lossy values. */
-bool pstore_value_acceptable(const struct pstore *ps, const uint8_t *val, size_t len);
+bool pstore_value_acceptable(const struct pstore *ps, const uint8_t *val, size_t len, size_t annex_len);
+/* annex_len: that of the value inserted; a stored value without such an
+ * annex is not acceptable (pstore_value_acceptable) and is replaced. */
 int pstore_db_insert(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, const struct pstore_key *key,
                      const struct pstore_key *parent, const uint8_t identity[16], const uint8_t *val, size_t len,
-                     uint64_t raw_len, enum pstore_insert_result *res);
+                     uint64_t raw_len, size_t annex_len, enum pstore_insert_result *res);
 int pstore_db_touch(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, const struct pstore_key *key);
 /* Deletes value and meta of key (whichever exist) and decrements the
  * parent's child count. *found: whether anything was there. */
@@ -269,6 +288,8 @@ struct pstore_put_item {
     int model;            /* index into ps->models */
     int32_t *tokens;      /* block_size, inside this allocation */
     const uint8_t *data;  /* raw_len: inside this allocation, or the caller's (pstore_put_borrowed) */
+    const uint8_t *annex; /* annex_len bytes inside this allocation, or NULL */
+    size_t annex_len;
     size_t alloc_len;     /* for the queue's byte bound (borrowed data counted too: it is held) */
     void (*release)(void *ctx, const void *data); /* borrowed data: handed back by pstore_item_free */
     void *release_ctx;

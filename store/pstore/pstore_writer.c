@@ -190,7 +190,7 @@ static void mark_present(struct pstore *ps, struct batch *b)
     if (b->n == 0 || pstore_txn_begin(ps, false, &txn)) return;
     for (int i = 0; i < b->n; i++) {
         MDB_val k = {16, b->items[i]->key.b}, v;
-        b->present[i] = mdb_get(txn, ps->db_blocks, &k, &v) == 0 && pstore_value_acceptable(ps, v.mv_data, v.mv_size);
+        b->present[i] = mdb_get(txn, ps->db_blocks, &k, &v) == 0 && pstore_value_acceptable(ps, v.mv_data, v.mv_size, b->items[i]->annex_len);
     }
     pstore_txn_abort(ps, txn);
 }
@@ -221,7 +221,7 @@ static int write_batch(struct pstore *ps, struct batch *b, struct outcome *o, st
         }
         enum pstore_insert_result res;
         rc = pstore_db_insert(ps, txn, t, &it->key, it->has_parent ? &it->parent : NULL, b->shape[i].identity,
-                              b->enc[i], b->enc_len[i], b->raw_len[i], &res);
+                              b->enc[i], b->enc_len[i], b->raw_len[i], it->annex_len, &res);
         if (rc) goto fail;
         if (res == PSTORE_INSERTED || res == PSTORE_REPLACED) {
             mine.written++;
@@ -305,7 +305,8 @@ static void enc_worker(void *arg, int ith, int nth)
         const uint8_t *v;
         size_t len;
         struct pstore_put_item *it = b->items[i];
-        if (pstore_codec_encode(&j->ps->wcodec[ith], &b->shape[i], it->tokens, it->data, j->ps->opts.zstd_level,
+        const struct pstore_annex an = {(void *)it->annex, it->annex_len};
+        if (pstore_codec_encode(&j->ps->wcodec[ith], &b->shape[i], it->tokens, it->data, &an, j->ps->opts.zstd_level,
                                 j->ps->opts.lossy8, &v, &len, NULL) != KVB_OK)
             continue; /* counted as dropped by write_batch */
         b->enc[i] = kvb_malloc(len);
