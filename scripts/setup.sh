@@ -30,13 +30,16 @@ fi
 
 # The Hugging Face reference test (tests/pytest_hf_ref.py) runs under its own
 # venv: torch (from PyPI; the test runs it on the CPU) and transformers, beside
-# numpy, gguf, openai and jsonschema. $KVBATCH_VENV moves it (default
-# ~/.cache/kvbatch-venv); skipped when everything in it imports.
+# numpy, gguf, openai and jsonschema, and lm-evaluation-harness with its hf
+# extra (accelerate, peft) for the eval adapter (python/kvbatch_lm_eval.py,
+# tests/pytest_lm_eval.py). $KVBATCH_VENV moves it (default
+# ~/.cache/kvbatch-venv); skipped when everything in it imports, and an older
+# venv only gets what it lacks.
 KVB_VENV="${KVBATCH_VENV:-$HOME/.cache/kvbatch-venv}"
-if [ $TEST = 1 ] && ! "$KVB_VENV/bin/python" -c 'import torch, transformers, numpy, gguf, openai, jsonschema' 2>/dev/null; then
-  echo "setup: making the Python venv $KVB_VENV (torch, transformers: the Hugging Face reference test)"
+if [ $TEST = 1 ] && ! "$KVB_VENV/bin/python" -c 'import torch, transformers, numpy, gguf, openai, jsonschema, lm_eval, accelerate' 2>/dev/null; then
+  echo "setup: making the Python venv $KVB_VENV (torch, transformers, lm_eval: the Hugging Face reference and eval tests)"
   python3 -m venv "$KVB_VENV"
-  "$KVB_VENV/bin/python" -m pip install --quiet torch transformers numpy gguf openai jsonschema
+  "$KVB_VENV/bin/python" -m pip install --quiet torch transformers numpy gguf openai jsonschema "lm_eval[hf]"
 fi
 
 # Headless Chromium, for the browser test of `kvbatch report --html`
