@@ -38,6 +38,7 @@ llama.cpp tokenize the same file alike):
     python tests/hf_dequant.py --model M.gguf --save DIR   # save_pretrained, + the GGUF's tokenizer
 """
 import argparse
+import json
 import math
 import os
 import subprocess
@@ -155,7 +156,27 @@ def save_pretrained(gguf_path, out_dir):
     tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(gguf_path)),
                                         gguf_file=os.path.basename(gguf_path))
     tok.save_pretrained(out_dir)
+    import gguf
+    if _field(gguf.GGUFReader(gguf_path), "tokenizer.ggml.pre") in DIGIT_SPLIT_PRE:
+        _split_digits_first(os.path.join(out_dir, "tokenizer.json"))
     return out_dir
+
+
+# GGUF pre-tokenizer names whose checkpoints split digits one by one before the
+# byte-level regex (SmolLM2's tokenizer.json: Sequence[Digits, ByteLevel]);
+# transformers' GGUF conversion writes the ByteLevel step alone, and so cuts
+# whitespace before a digit differently ("\n\n1": "\n" "\n" "1", not "\n\n" "1")
+DIGIT_SPLIT_PRE = ("smollm", "starcoder")
+
+
+def _split_digits_first(path):
+    with open(path) as f:
+        t = json.load(f)
+    if t["pre_tokenizer"].get("type") == "ByteLevel":
+        t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, t["pre_tokenizer"]]}
+        with open(path, "w") as f:
+            json.dump(t, f, ensure_ascii=False)
 
 
 def token_logprobs(model, ids):
