@@ -139,6 +139,8 @@ enum job_given {
     JOB_GIVEN_LOGIT_BIAS = 1u << 15,
     JOB_GIVEN_MIN_TOKENS = 1u << 16,
     JOB_GIVEN_STOP_TOKEN_IDS = 1u << 17,
+    JOB_GIVEN_ECHO = 1u << 18,
+    JOB_GIVEN_PROMPT_LOGPROBS = 1u << 19,
 };
 
 /* One prompt of a completion line: text, or token ids as given. */
@@ -188,7 +190,8 @@ struct job_request {
     size_t prompt_len;
 
     uint32_t given;        /* enum job_given bits */
-    int32_t max_tokens;    /* >= 1; max_completion_tokens wins over max_tokens; default 256 */
+    int32_t max_tokens;    /* >= 1 (0 allowed with echo or prompt_logprobs: the prompt is only scored);
+                              max_completion_tokens wins over max_tokens; default 256 */
     float temperature;     /* [0, 2]; 0 = greedy; default 1 */
     float top_p;           /* (0, 1]; default 1 (off) */
     int32_t top_k;         /* >= 0; 0 = off (default); vLLM's -1 is read as 0 */
@@ -224,7 +227,20 @@ struct job_request {
     bool add_generation_prompt;      /* default true: the template's opening of the assistant's turn */
     bool continue_final_message;     /* the last message (an assistant's) is left open and continued;
                                         needs add_generation_prompt false */
+    /* scoring */
+    bool echo;                /* completions: "echo": true: the prompt comes back before the generated text,
+                                 and (with logprobs) its tokens before the generated ones, the first one's
+                                 logprob null */
+    int32_t prompt_logprobs;  /* vLLM's "prompt_logprobs": k in [0, 20] alternatives per prompt token
+                                 (both endpoints); -1 not asked (absent or null) */
 };
+
+/* Whether q asks for its prompt to be scored (echo with logprobs, or
+ * prompt_logprobs); max_tokens may then be 0. */
+static inline bool job_scores_prompt(const struct job_request *q)
+{
+    return (q->echo && q->logprobs) || q->prompt_logprobs >= 0;
+}
 
 /* Whether a request field named `name` (at the top of a body) is one that
  * means nothing offline and is ignored on purpose: stream, stream_options,
@@ -293,6 +309,23 @@ struct job_token_logprob {
     float logprob;
     const struct job_top_logprob *top;
     size_t n_top;
+    bool none;            /* no score (an echoed prompt's first token): logprob and alternatives null */
+};
+
+/* One token of vLLM's prompt_logprobs entries: {"ID": {"logprob", "rank", "decoded_token"}}. */
+struct job_rank_logprob {
+    int32_t id;
+    float logprob;
+    int32_t rank;         /* 1 = most likely */
+    const char *token;    /* decoded */
+    size_t token_len;
+};
+
+/* A prompt position's entries: the prompt token first, then the most likely
+ * ones not already listed; n 0 (the first position): null. */
+struct job_prompt_logprob {
+    const struct job_rank_logprob *e;
+    size_t n;
 };
 
 struct job_choice {
@@ -300,8 +333,13 @@ struct job_choice {
     size_t text_len;
     enum job_finish finish;
     bool has_logprobs;    /* false: "logprobs": null */
-    const struct job_token_logprob *logprobs; /* one per generated token */
+    const struct job_token_logprob *logprobs; /* one per generated token (echo: after the prompt's) */
     size_t n_logprobs;
+    int64_t text_offset0; /* completions: code points before the first logprobs token (the prompt's,
+                             when it is not echoed: OpenAI counts offsets from the prompt's start) */
+    const struct job_prompt_logprob *prompt_logprobs; /* completions with prompt_logprobs: (n) one per
+                                                         prompt token; NULL: not asked */
+    size_t n_prompt_logprobs;
 };
 
 struct job_result {
@@ -319,6 +357,9 @@ struct job_result {
     int64_t prompt_tokens;
     int64_t completion_tokens;      /* over all choices */
     int64_t cached_tokens;          /* prompt tokens whose KV was reused */
+    const struct job_prompt_logprob *prompt_logprobs; /* chat with prompt_logprobs: the body's own list
+                                                         (vLLM's place for it); NULL: not asked */
+    size_t n_prompt_logprobs;
 };
 
 /* Appends one success line ending in "\n":
@@ -332,7 +373,11 @@ struct job_result {
  * place of "message". Chat logprobs: {"content":[{"token","logprob","bytes",
  * "top_logprobs":[{"token","logprob","bytes"}]}],"refusal":null}; completion
  * logprobs: {"tokens","token_logprobs","top_logprobs":[{token:logprob}],
- * "text_offset"} with byte offsets into the choice's text.
+ * "text_offset"}: offsets in code points (as Python's len counts them) from
+ * the start of the prompt, as OpenAI counts them, a character split across
+ * tokens counting where its first byte is. vLLM's prompt_logprobs: a list
+ * with null first, then {"ID":{"logprob","rank","decoded_token"}} per prompt
+ * token, in each completion choice and at the top of a chat body.
  * KVB_ERR_NOMEM on allocation failure. */
 enum kvb_status job_format_result(struct kvb_buf *out, const struct job_result *r);
 

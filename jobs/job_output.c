@@ -176,39 +176,105 @@ static void put_chat_logprobs(struct w *w, const struct job_choice *ch)
 
 /* The legacy completions shape: parallel arrays, alternatives as a map from
  * token text to logprob, text_offset in bytes from the start of the text. */
+/* Code points in s[0..n): the bytes that do not continue a UTF-8 sequence. */
+static int64_t code_points(const char *s, size_t n)
+{
+    int64_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
+/* A token's text in a completion's logprobs: itself when it is valid UTF-8,
+ * else "bytes:\xNN..." as OpenAI writes a token that splits a character —
+ * so that two such tokens stay two keys of a top_logprobs object. */
+static void put_token(struct w *w, const char *s, size_t n)
+{
+    size_t i = 0, bad;
+    while (i < n) {
+        const size_t k = json_utf8_seq((const unsigned char *)s + i, n - i, &bad);
+        if (!k) break;
+        i += k;
+    }
+    if (i == n) {
+        put_str(w, s, n);
+        return;
+    }
+    static const char hexd[] = "0123456789abcdef";
+    puts_(w, "\"bytes:");
+    for (i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        const char e[5] = {'\\', '\\', 'x', hexd[c >> 4], hexd[c & 15]};
+        put(w, e, 5);
+    }
+    puts_(w, "\"");
+}
+
 static void put_completion_logprobs(struct w *w, const struct job_choice *ch)
 {
     puts_(w, "{\"tokens\":[");
     for (size_t t = 0; t < ch->n_logprobs; t++) {
         if (t) puts_(w, ",");
-        put_str(w, ch->logprobs[t].token, ch->logprobs[t].token_len);
+        put_token(w, ch->logprobs[t].token, ch->logprobs[t].token_len);
     }
     puts_(w, "],\"token_logprobs\":[");
     for (size_t t = 0; t < ch->n_logprobs; t++) {
         if (t) puts_(w, ",");
-        put_logprob(w, ch->logprobs[t].logprob);
+        if (ch->logprobs[t].none) puts_(w, "null");
+        else put_logprob(w, ch->logprobs[t].logprob);
     }
     puts_(w, "],\"top_logprobs\":[");
     for (size_t t = 0; t < ch->n_logprobs; t++) {
         const struct job_token_logprob *lp = &ch->logprobs[t];
         if (t) puts_(w, ",");
+        if (lp->none) {
+            puts_(w, "null");
+            continue;
+        }
         puts_(w, "{");
         for (size_t a = 0; a < lp->n_top; a++) {
             if (a) puts_(w, ",");
-            put_str(w, lp->top[a].token, lp->top[a].token_len);
+            put_token(w, lp->top[a].token, lp->top[a].token_len);
             puts_(w, ":");
             put_logprob(w, lp->top[a].logprob);
         }
         puts_(w, "}");
     }
     puts_(w, "],\"text_offset\":[");
-    int64_t off = 0;
+    int64_t off = ch->text_offset0;
     for (size_t t = 0; t < ch->n_logprobs; t++) {
         if (t) puts_(w, ",");
         put_i64(w, off);
-        off += (int64_t)ch->logprobs[t].token_len;
+        off += code_points(ch->logprobs[t].token, ch->logprobs[t].token_len);
     }
     puts_(w, "]}");
+}
+
+static void put_prompt_logprobs(struct w *w, const struct job_prompt_logprob *p, size_t n)
+{
+    puts_(w, "[");
+    for (size_t t = 0; t < n; t++) {
+        if (t) puts_(w, ",");
+        if (!p[t].n) {
+            puts_(w, "null");
+            continue;
+        }
+        puts_(w, "{");
+        for (size_t a = 0; a < p[t].n; a++) {
+            const struct job_rank_logprob *e = &p[t].e[a];
+            if (a) puts_(w, ",");
+            puts_(w, "\"");
+            put_i64(w, e->id);
+            puts_(w, "\":{\"logprob\":");
+            put_logprob(w, e->logprob);
+            puts_(w, ",\"rank\":");
+            put_i64(w, e->rank);
+            puts_(w, ",\"decoded_token\":");
+            put_str(w, e->token, e->token_len);
+            puts_(w, "}");
+        }
+        puts_(w, "}");
+    }
+    puts_(w, "]");
 }
 
 /* ---- lines ---------------------------------------------------------------------------- */
@@ -251,7 +317,12 @@ enum kvb_status job_format_result(struct kvb_buf *out, const struct job_result *
         else if (chat) put_chat_logprobs(&w, ch);
         else put_completion_logprobs(&w, ch);
         puts_(&w, ",\"finish_reason\":");
-        puts_(&w, ch->finish == JOB_FINISH_LENGTH ? "\"length\"}" : "\"stop\"}");
+        puts_(&w, ch->finish == JOB_FINISH_LENGTH ? "\"length\"" : "\"stop\"");
+        if (!chat && ch->prompt_logprobs) {
+            puts_(&w, ",\"prompt_logprobs\":");
+            put_prompt_logprobs(&w, ch->prompt_logprobs, ch->n_prompt_logprobs);
+        }
+        puts_(&w, "}");
     }
     puts_(&w, "],\"usage\":{\"prompt_tokens\":");
     put_i64(&w, r->prompt_tokens);
@@ -263,6 +334,10 @@ enum kvb_status job_format_result(struct kvb_buf *out, const struct job_result *
     put_i64(&w, r->cached_tokens);
     puts_(&w, "}},\"system_fingerprint\":");
     put_cstr_or_null(&w, r->system_fingerprint);
+    if (chat && r->prompt_logprobs) {
+        puts_(&w, ",\"prompt_logprobs\":");
+        put_prompt_logprobs(&w, r->prompt_logprobs, r->n_prompt_logprobs);
+    }
     puts_(&w, "}},\"error\":null}\n");
     return finish(&w);
 }

@@ -71,6 +71,7 @@ static void request_defaults(struct job_request *r, uint64_t line_no)
     memset(r, 0, sizeof *r);
     r->line_no = line_no;
     r->max_tokens = JOB_DEFAULT_MAX_TOKENS;
+    r->prompt_logprobs = -1;
     r->temperature = JOB_DEFAULT_TEMPERATURE;
     r->top_p = JOB_DEFAULT_TOP_P;
     r->top_k = 0;
@@ -311,7 +312,7 @@ static const struct { const char *name; unsigned where; } body_fields[] = {
     {"frequency_penalty", F_BOTH}, {"repetition_penalty", F_BOTH}, {"n", F_BOTH}, {"logprobs", F_BOTH},
     {"top_logprobs", F_CHAT}, {"response_format", F_BOTH}, {"logit_bias", F_BOTH}, {"best_of", F_BOTH},
     {"echo", F_BOTH}, {"suffix", F_COMP}, {"tools", F_CHAT}, {"functions", F_CHAT}, {"tool_choice", F_CHAT},
-    {"function_call", F_CHAT}, {"ignore_eos", F_BOTH}, {"min_tokens", F_BOTH}, {"stop_token_ids", F_BOTH},
+    {"function_call", F_CHAT}, {"ignore_eos", F_BOTH}, {"min_tokens", F_BOTH}, {"stop_token_ids", F_BOTH}, {"prompt_logprobs", F_BOTH},
     {"include_stop_str_in_output", F_BOTH}, {"skip_special_tokens", F_BOTH},
     {"spaces_between_special_tokens", F_BOTH}, {"use_beam_search", F_BOTH}, {"add_generation_prompt", F_CHAT},
     {"continue_final_message", F_CHAT},
@@ -342,7 +343,6 @@ static const char *refusal_hint(const char *name)
         {"guided_regex", "constrained decoding other than JSON is not supported"},
         {"guided_choice", "constrained decoding other than JSON is not supported"},
         {"guided_grammar", "constrained decoding other than JSON is not supported"},
-        {"prompt_logprobs", "logprobs of the prompt are not computed"},
         {"truncate_prompt_tokens", "prompts are never cut; a prompt too long for --ctx is an error line"},
     };
     for (size_t k = 0; k < sizeof hints / sizeof hints[0]; k++)

@@ -361,14 +361,20 @@ int jp_parse_sampling(struct jp_ctx *c, int obj)
     int rc;
 
     /* max_completion_tokens is OpenAI's newer name; when both are given it
-     * wins, as in vLLM. */
-    rc = jp_get_int(c, obj, "max_tokens", 1, INT32_MAX, &v, &present);
+     * wins, as in vLLM. 0 scores the prompt without generating, for a
+     * request that asks for prompt scores (lm-evaluation-harness sends it
+     * with echo); the fields themselves are read with the output form. */
+    const int ie = jp_lookup(c, obj, "echo"), ip = jp_lookup(c, obj, "prompt_logprobs");
+    const bool scoring = (r->url == JOB_URL_COMPLETION && ie >= 0 && json_kind(c->j, ie) == JSON_TRUE) ||
+                         (ip >= 0 && json_kind(c->j, ip) != JSON_NULL);
+    const int64_t lo = scoring ? 0 : 1;
+    rc = jp_get_int(c, obj, "max_tokens", lo, INT32_MAX, &v, &present);
     if (rc) return rc;
     if (present) {
         r->max_tokens = (int32_t)v;
         r->given |= JOB_GIVEN_MAX_TOKENS;
     }
-    rc = jp_get_int(c, obj, "max_completion_tokens", 1, INT32_MAX, &v, &present);
+    rc = jp_get_int(c, obj, "max_completion_tokens", lo, INT32_MAX, &v, &present);
     if (rc) return rc;
     if (present) {
         r->max_tokens = (int32_t)v;
@@ -564,9 +570,22 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
     int rc = parse_logit_bias(c, obj);
     if (rc) return rc;
     i = jp_lookup(c, obj, "echo");
-    if (i >= 0 && json_kind(c->j, i) != JSON_FALSE) {
+    if (i >= 0 && r->url == JOB_URL_COMPLETION) {
+        bool present;
+        if ((rc = jp_get_bool(c, obj, "echo", &r->echo, &present))) return rc;
+        if (r->echo) r->given |= JOB_GIVEN_ECHO;
+    } else if (i >= 0 && json_kind(c->j, i) != JSON_FALSE) { /* vLLM's chat echo repeats the last message */
         jp_path_of(c, "echo", path);
-        return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' is not supported by kvbatch (only false)", path);
+        return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
+                       "field '%s' is not supported by kvbatch on chat requests (only false)", path);
+    }
+    i = jp_lookup(c, obj, "prompt_logprobs");
+    if (i >= 0 && json_kind(c->j, i) != JSON_NULL) {
+        int64_t k;
+        bool present;
+        if ((rc = jp_get_int(c, obj, "prompt_logprobs", 0, JOB_MAX_TOP_LOGPROBS, &k, &present))) return rc;
+        r->prompt_logprobs = (int32_t)k;
+        r->given |= JOB_GIVEN_PROMPT_LOGPROBS;
     }
     i = jp_lookup(c, obj, "suffix");
     if (i >= 0 && !(json_kind(c->j, i) == JSON_STRING && json_str_eq(c->j, i, ""))) {

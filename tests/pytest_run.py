@@ -252,7 +252,7 @@ def test_json_mode(tmp):
         for cid, extra in (("schema", {"response_format": {"type": "json_schema", "json_schema": {"schema": {
                                "type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}}}),
                            ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
-                           ("bias", {"logit_bias": {"999999": 5}}), ("echo", {"echo": True}),
+                           ("bias", {"logit_bias": {"999999": 5}}), ("echo", {"echo": "yes"}),
                            ("rf", {"response_format": "json"})):
             f.write(json.dumps({"custom_id": cid, "prompt": "Hi", "max_tokens": 3, **extra}) + "\n")
     outs = []

@@ -179,7 +179,15 @@ class Gen:
             body["prompt"] = self.prompt(bad, info)
         f = self.field
         # sizes stay small: the run must fit in CI's minutes
-        f("max_tokens", [1, 2, 3, 5, 8], [0, -1, 2.5, "8", 2 ** 40], body, bad, p=0.85)
+        # scoring (echo, prompt_logprobs) first: it lets max_tokens be 0
+        if not chat:
+            f("echo", [False, True], ["yes"], body, bad, p=0.15)
+        else:
+            f("echo", [False], [True], body, bad, p=0.04)
+        f("prompt_logprobs", [None, 0, 1, 5, 20], [-1, 21, "x"], body, bad, p=0.12)
+        scoring = body.get("echo") is True and not chat or isinstance(body.get("prompt_logprobs"), int)
+        f("max_tokens", [1, 2, 3, 5, 8] + ([0, 0] if scoring else []), ([] if scoring else [0]) + [-1, 2.5, "8", 2 ** 40],
+          body, bad, p=0.85)
         if r.random() < 0.1:
             body.pop("max_tokens", None)
             if "max_tokens" in bad:
@@ -222,7 +230,7 @@ class Gen:
             body["ignore_eos"] = False  # refused together; only meant in a line meant wrong
         if r.random() < 0.15:
             body["min_tokens"] = r.choice([0, 1, mt if isinstance(mt, int) else 1] + ([3, -1] if self.pbad else []))
-            if body["min_tokens"] < 0 or (isinstance(mt, int) and 1 <= mt < 2 ** 31 and body["min_tokens"] > mt):
+            if body["min_tokens"] < 0 or (isinstance(mt, int) and 0 <= mt < 2 ** 31 and body["min_tokens"] > mt):
                 bad.append("min_tokens")
         f("stop_token_ids", [[], [2], [0, 2, 7], [N_VOCAB - 1], list(range(0, 2000, 8)), [28, 30, 216]],
           [[-1], [N_VOCAB], 2, ["2"], list(range(300))], body, bad, p=0.12)
@@ -247,7 +255,6 @@ class Gen:
             f("tools", [[]], [[{"type": "function", "function": {"name": "f"}}]], body, bad, p=0.03)
             f("tool_choice", ["none", "auto"], ["required", {"type": "function"}], body, bad, p=0.03)
         else:
-            f("echo", [False], [True], body, bad, p=0.05)
             f("suffix", ["", None], ["tail"], body, bad, p=0.04)
             f("best_of", [1], [5], body, bad, p=0.04)
         # ignored on purpose, any value
@@ -280,7 +287,10 @@ class Gen:
 
         info["n"] = n if isinstance(n, int) and 1 <= n <= 16 else 1
         info["logprobs"] = body.get("logprobs") is not None and body.get("logprobs") is not False
-        info["max_tokens"] = mt if isinstance(mt, int) and mt > 0 else 256
+        info["max_tokens"] = mt if isinstance(mt, int) and mt >= 0 and "max_tokens" not in bad else 256
+        info["echo"] = body.get("echo") is True and not chat
+        pl = body.get("prompt_logprobs")
+        info["prompt_logprobs"] = pl if isinstance(pl, int) and 0 <= pl <= 20 else None
         info["ignore_eos"] = body.get("ignore_eos") is True and not body.get("stop") and not body.get("stop_token_ids")
 
         cid = self.custom_id()
@@ -354,13 +364,13 @@ def extras(m, path="body"):
     return out
 
 
-def strict(model, data, what, fail):
+def strict(model, data, what, fail, allowed=()):
     try:
         m = model.model_validate(data, strict=True)
     except Exception as e:  # pydantic.ValidationError and friends
         fail(f"{what}: {model.__name__} refuses it: {str(e)[:400]}")
         return None
-    ex = extras(m, what)
+    ex = [e for e in extras(m, what) if not any(e.endswith(f": ['{a}']") for a in allowed)]
     if ex:
         fail(f"{what}: fields {model.__name__} does not know: {ex}")
     if m.model_dump(mode="json", exclude_unset=True) != data:
@@ -445,7 +455,24 @@ def check_result(n, d, info, fail):
     b = d["response"]["body"]
     what = f"line {n}"
     chat = info["url"] == "/v1/chat/completions"
-    strict(ChatCompletion if chat else Completion, b, what, fail)
+    # vLLM's prompt_logprobs is the one field the openai types do not know, and only where asked
+    pl = info.get("prompt_logprobs")
+    # The openai package types completion logprobs as lists of floats and dicts, though the API (and
+    # vLLM) write null for an echoed prompt's first token, as the job format does: that one entry is
+    # checked below, the rest by the type.
+    typed = b
+    if info.get("echo") and not chat:
+        typed = json.loads(json.dumps(b))
+        for c in typed.get("choices", []):
+            lp = c.get("logprobs")
+            if isinstance(lp, dict) and lp.get("token_logprobs") and lp["token_logprobs"][0] is None:
+                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    del lp[key][0]
+    strict(ChatCompletion if chat else Completion, typed, what, fail, ("prompt_logprobs",) if pl is not None else ())
+    if pl is not None:
+        lists = [b.get("prompt_logprobs")] if chat else [c.get("prompt_logprobs") for c in b.get("choices", [])]
+        for x in lists:
+            check_prompt_logprobs(x, pl, what, fail)
     if d["id"] != "batch_req_" + d["response"]["request_id"][4:]:
         fail(f"{what}: id and request_id disagree")
     if b.get("object") != ("chat.completion" if chat else "text_completion"):
@@ -471,6 +498,31 @@ def check_result(n, d, info, fail):
             k = len(lp["tokens"])
             if not (len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == k):
                 fail(f"{what}: completion logprobs arrays of different lengths")
+            if info.get("echo") and k and (lp["token_logprobs"][0] is not None or lp["top_logprobs"][0] is not None):
+                fail(f"{what}: echo: the first prompt token has a logprob")
+            if any(b2 < a2 for a2, b2 in zip(lp["text_offset"], lp["text_offset"][1:])):
+                fail(f"{what}: text_offset goes backwards")
+    if info.get("echo") and info["max_tokens"] == 0 and info["logprobs"] and not chat:
+        n_tok = sum(len((c.get("logprobs") or {}).get("tokens", [])) for c in ch)
+        if n_tok != u.get("prompt_tokens", 0) * info["n"]:
+            fail(f"{what}: echo with max_tokens 0: {n_tok} tokens in all, usage says {u.get('prompt_tokens')} "
+                 f"prompt tokens for n = {info['n']}")
+
+
+def check_prompt_logprobs(x, k, what, fail):
+    """vLLM's shape: null first, then {"ID": {"logprob", "rank", "decoded_token"}} with the prompt token
+    and at most k more."""
+    if not isinstance(x, list) or not x or x[0] is not None:
+        fail(f"{what}: prompt_logprobs {str(x)[:120]} is not a list starting with null")
+        return
+    for t, e in enumerate(x[1:], 1):
+        ok = isinstance(e, dict) and 1 <= len(e) <= k + 1 and all(
+            k2.isdigit() and isinstance(v, dict) and set(v) == {"logprob", "rank", "decoded_token"} and
+            isinstance(v["logprob"], float) and v["logprob"] <= 0 and isinstance(v["rank"], int) and v["rank"] >= 1
+            and isinstance(v["decoded_token"], str) for k2, v in e.items())
+        if not ok:
+            fail(f"{what}: prompt_logprobs[{t}] = {str(e)[:160]}")
+            return
 
 
 def check_error(n, d, status, fail):

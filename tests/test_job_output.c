@@ -181,14 +181,57 @@ static void test_logprobs(void)
     CHECK(job_format_result(&b, &res) == KVB_OK);
     doc_open(&d, b.data, b.len);
     CHECK(doc_str_is(&d, P(".tokens[2]"), "!"));
+    CHECK(doc_str_is(&d, P(".tokens[0]"), "bytes:\\xe2\\x82")); /* a split character, as OpenAI writes it */
+    CHECK(doc_str_is(&d, P(".tokens[1]"), "bytes:\\xac"));
     CHECK(fabs(doc_num(&d, P(".token_logprobs[1]")) + 0.5) < 1e-7);
     CHECK(doc_num(&d, P(".token_logprobs[2]")) == -9999.0);
     CHECK(doc_num(&d, P(".top_logprobs[0].X")) == -1.5);
+    /* offsets in code points from the prompt's start: "€" counts once, where its first byte is */
     CHECK(doc_num(&d, P(".text_offset[0]")) == 0);
-    CHECK(doc_num(&d, P(".text_offset[1]")) == 2);
-    CHECK(doc_num(&d, P(".text_offset[2]")) == 3);
+    CHECK(doc_num(&d, P(".text_offset[1]")) == 1);
+    CHECK(doc_num(&d, P(".text_offset[2]")) == 1);
     CHECK(doc_at(&d, P(".content")) < 0);
+    doc_close(&d);
+    ch.text_offset0 = 5; /* a prompt of five code points, not echoed */
+    b.len = 0;
+    CHECK(job_format_result(&b, &res) == KVB_OK);
+    doc_open(&d, b.data, b.len);
+    CHECK(doc_num(&d, P(".text_offset[0]")) == 5 && doc_num(&d, P(".text_offset[2]")) == 6);
+    doc_close(&d);
+
+    /* an echoed prompt's first token has no score: null in both lists */
+    lp[0].none = true;
+    b.len = 0;
+    CHECK(job_format_result(&b, &res) == KVB_OK);
+    doc_open(&d, b.data, b.len);
+    CHECK(doc_is_null(&d, P(".token_logprobs[0]")) && doc_is_null(&d, P(".top_logprobs[0]")));
+    CHECK(fabs(doc_num(&d, P(".token_logprobs[1]")) + 0.5) < 1e-7);
+    doc_close(&d);
 #undef P
+
+    /* vLLM's prompt_logprobs: in the choice for completions, at the top for chat */
+    struct job_rank_logprob e1[2] = {{7, -2.5f, 3, "a", 1}, {9, -0.25f, 1, "\"", 1}};
+    struct job_prompt_logprob plp[2] = {{NULL, 0}, {e1, 2}};
+    ch.prompt_logprobs = plp;
+    ch.n_prompt_logprobs = 2;
+    b.len = 0;
+    CHECK(job_format_result(&b, &res) == KVB_OK);
+    doc_open(&d, b.data, b.len);
+    CHECK(doc_is_null(&d, "response.body.choices[0].prompt_logprobs[0]"));
+    CHECK(doc_num(&d, "response.body.choices[0].prompt_logprobs[1].7.logprob") == -2.5);
+    CHECK(doc_num(&d, "response.body.choices[0].prompt_logprobs[1].7.rank") == 3);
+    CHECK(doc_str_is(&d, "response.body.choices[0].prompt_logprobs[1].9.decoded_token", "\""));
+    CHECK(doc_at(&d, "response.body.prompt_logprobs") < 0);
+    doc_close(&d);
+    ch.prompt_logprobs = NULL;
+    res.url = JOB_URL_CHAT;
+    res.prompt_logprobs = plp;
+    res.n_prompt_logprobs = 2;
+    b.len = 0;
+    CHECK(job_format_result(&b, &res) == KVB_OK);
+    doc_open(&d, b.data, b.len);
+    CHECK(doc_num(&d, "response.body.prompt_logprobs[1].9.logprob") == -0.25);
+    CHECK(doc_at(&d, "response.body.choices[0].prompt_logprobs") < 0);
     doc_close(&d);
     kvb_buf_free(&b);
 }

@@ -250,7 +250,33 @@ static void test_bad_sampling(void)
     expect_err(CH("\"logit_bias\":{\"99999999999\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
     expect_err(CH("\"logit_bias\":{\"7\":101}"), JOB_ERR_INVALID_VALUE, "body.logit_bias.7");
     expect_err(CH("\"logit_bias\":{\"7\":\"1\"}"), JOB_ERR_INVALID_TYPE, "body.logit_bias.7");
-    expect_err(CO("\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.echo");
+    /* scoring: echo on completions, prompt_logprobs on both; max_tokens 0 only with them */
+    expect_err(CH("\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.echo");
+    expect_err(CO("\"echo\":\"yes\""), JOB_ERR_INVALID_TYPE, "body.echo");
+    expect_err(CO("\"max_tokens\":0"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"max_tokens\":0,\"echo\":false"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CH("\"max_tokens\":0,\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"max_tokens\":0,\"prompt_logprobs\":null"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"max_tokens\":-1,\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"prompt_logprobs\":21"), JOB_ERR_INVALID_VALUE, "body.prompt_logprobs");
+    expect_err(CH("\"prompt_logprobs\":-1"), JOB_ERR_INVALID_VALUE, "body.prompt_logprobs");
+    expect_err(CH("\"prompt_logprobs\":true"), JOB_ERR_INVALID_TYPE, "body.prompt_logprobs");
+    {
+        struct job_request r;
+        parse_ok(CO("\"echo\":true,\"logprobs\":1,\"max_tokens\":0"), &r);
+        CHECK(r.echo && r.logprobs && r.top_logprobs == 1 && r.max_tokens == 0 && r.prompt_logprobs == -1 &&
+              job_scores_prompt(&r));
+        job_request_free(&r);
+        parse_ok(CO("\"echo\":true,\"max_tokens\":0"), &r); /* the prompt back, nothing scored */
+        CHECK(r.echo && !r.logprobs && r.max_tokens == 0 && !job_scores_prompt(&r));
+        job_request_free(&r);
+        parse_ok(CH("\"prompt_logprobs\":5,\"max_completion_tokens\":0"), &r);
+        CHECK(!r.echo && r.prompt_logprobs == 5 && r.max_tokens == 0 && job_scores_prompt(&r));
+        job_request_free(&r);
+        parse_ok(CO("\"prompt_logprobs\":null"), &r);
+        CHECK(r.prompt_logprobs == -1 && !job_scores_prompt(&r));
+        job_request_free(&r);
+    }
     expect_err(CO("\"suffix\":\"end\""), JOB_ERR_INVALID_VALUE, "body.suffix");
     expect_err(CO("\"best_of\":3"), JOB_ERR_INVALID_VALUE, "body.best_of");
     {

@@ -202,6 +202,57 @@ static void test_half_conversions(void)
     }
 }
 
+/* The annex (a block's prompt scores): stored as given beside the K/V, with
+ * its own checksum; asked for, a value without it is a miss (not damage);
+ * not asked for, it is no obstacle; a flipped byte in it is damage. */
+static void test_codec_annex(void)
+{
+    struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
+    struct pstore_shape s;
+    CHECK(pstore_shape_init(&m, &s, NULL) == KVB_OK);
+    const size_t raw = raw_bytes(&m);
+    uint16_t *data = malloc(raw), *out = malloc(raw);
+    int32_t tokens[16];
+    for (int j = 0; j < 16; j++) tokens[j] = 100 + j;
+    fill_kvlike(&m, data, 9);
+    uint8_t annex[300], back[300];
+    fill_random(annex, sizeof annex, 4);
+    struct pstore_codec cod = {0};
+    const uint8_t *v;
+    size_t len;
+    const struct pstore_annex in = {annex, sizeof annex};
+    CHECK(pstore_codec_encode(&cod, &s, tokens, data, &in, 3, false, &v, &len, NULL) == KVB_OK);
+    uint8_t *val = malloc(len);
+    memcpy(val, v, len);
+    CHECK((val[6] & PSTORE_FLAG_ANNEX) != 0);
+    struct pstore_annex want = {back, sizeof back};
+    struct kvb_err err;
+    memset(back, 0, sizeof back);
+    CHECK(pstore_codec_decode(&cod, &s, tokens, false, val, len, out, &want, &err) == KVB_OK);
+    CHECK(memcmp(out, data, raw) == 0 && memcmp(back, annex, sizeof annex) == 0);
+    CHECK(pstore_codec_decode(&cod, &s, tokens, false, val, len, out, NULL, &err) == KVB_OK);
+    struct pstore_annex other = {back, sizeof back - 1}; /* another length: not what was asked */
+    CHECK(pstore_codec_decode(&cod, &s, tokens, false, val, len, out, &other, &err) == KVB_ERR_NOT_FOUND);
+    /* every byte of the annex and of its length and checksum is checked */
+    const size_t tail = 4 + sizeof annex + 8;
+    for (size_t k = len - tail; k < len; k += 7) {
+        val[k] ^= 0x10;
+        CHECK_MSG(pstore_codec_decode(&cod, &s, tokens, false, val, len, out, &want, &err) == KVB_ERR_FORMAT,
+                  "byte %zu of %zu flipped", k, len);
+        val[k] ^= 0x10;
+    }
+    CHECK(pstore_codec_decode(&cod, &s, tokens, false, val, len - 1, out, NULL, &err) == KVB_ERR_FORMAT);
+    /* without an annex: a miss when one is asked for */
+    CHECK(pstore_codec_encode(&cod, &s, tokens, data, NULL, 3, false, &v, &len, NULL) == KVB_OK);
+    CHECK((v[6] & PSTORE_FLAG_ANNEX) == 0);
+    CHECK(pstore_codec_decode(&cod, &s, tokens, false, v, len, out, &want, &err) == KVB_ERR_NOT_FOUND);
+    CHECK(pstore_codec_decode(&cod, &s, tokens, false, v, len, out, NULL, &err) == KVB_OK);
+    pstore_codec_free(&cod);
+    free(val);
+    free(data);
+    free(out);
+}
+
 static void test_codec_nomem(void)
 {
     struct pstore_model m = model(FP_A, PSTORE_DTYPE_F16, 16, 2, 64);
@@ -235,6 +286,7 @@ int main(void)
     test_codec_lossy();
     test_codec_ratio_speed();
     test_half_conversions();
+    test_codec_annex();
     test_codec_nomem();
     return tu_finish();
 }

@@ -152,6 +152,10 @@ static void on_finish(struct runner *r, const struct sched_seq_info *info, enum 
     c->restored_tokens = info->restored_tokens;
     if (why == SCHED_FINISH_LENGTH) c->finish = JOB_FINISH_LENGTH;
     if (why == SCHED_FINISH_ERROR) fail_slot(s, info->error ? info->error : "internal error in the scheduler");
+    /* a prompt's scores are the same for all its choices: its first keeps them */
+    if (why != SCHED_FINISH_ERROR && (info->user_id % JOB_MAX_CHOICES) % (uint64_t)s->req.n == 0 &&
+        runner_keep_scores(c, info) != KVB_OK)
+        fail_slot(s, "out of memory while keeping the prompt's scores");
     if (!c->cut_at_stop && !s->failed &&
         tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK)
         fail_slot(s, "out of memory while decoding the output");
@@ -253,7 +257,8 @@ static bool submit_slot(struct runner *r, struct slot *s)
         const struct admit_prompt *p = &s->plan.prompts[i / q->n];
         uint64_t uid = (uint64_t)(s - r->slots) * JOB_MAX_CHOICES + (uint64_t)i;
         struct kvb_err err = {{0}};
-        if (sched_submit(r->sched, uid, p->ids, p->n, q->max_tokens, &sp, q->logprobs, &err) != KVB_OK) {
+        const unsigned flags = (q->logprobs ? SCHED_WANT_LOGITS : 0) | (job_scores_prompt(q) ? SCHED_SCORE_PROMPT : 0);
+        if (sched_submit(r->sched, uid, p->ids, p->n, q->max_tokens, &sp, flags, &err) != KVB_OK) {
             /* Only out of memory can get here (the context was checked). */
             fprintf(stderr, "\nkvbatch run: cannot queue '%s': %s\n", q->custom_id, err.msg);
             return false;

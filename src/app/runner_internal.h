@@ -12,6 +12,8 @@
 #include "app/admit.h"
 #include "app/runner.h"
 #include "base/crashlog.h"
+#include "engine/pscore.h"
+#include "engine/scheduler.h"
 #include "jobs/job.h"
 #include "store/metrics/metrics.h"
 #include "store/pstore/pstore.h"
@@ -46,6 +48,23 @@ struct choice {
     int32_t n_lp, cap_lp;
     struct lp_top *top;
     int32_t n_top, cap_top;
+    /* the prompt's scores (echo with logprobs, prompt_logprobs): kept by a prompt's first choice */
+    struct pscore *ps; /* (n_ps) */
+    int32_t *pids;     /* (n_ps) the prompt's token ids */
+    int32_t n_ps;
+};
+
+/* A prompt as the result line shows it: its text (echo; text offsets count
+ * from its start) and, when asked, its scores in the job format's forms. */
+struct prompt_view {
+    struct kvb_buf text;
+    int64_t text_cp;                  /* code points of text */
+    int32_t n;                        /* prompt tokens scored; 0: no scores */
+    struct job_token_logprob *echo;   /* (n) echo with logprobs: the prompt's tokens, [0] none */
+    struct job_top_logprob *echo_top;
+    struct job_prompt_logprob *plp;   /* (n) prompt_logprobs, [0] null */
+    struct job_rank_logprob *plp_e;
+    struct kvb_buf arena;             /* the token texts */
 };
 
 struct slot {
@@ -122,6 +141,14 @@ void runner_emit_error(struct runner *r, const struct job_request *q, const stru
 /* The result line of a slot whose choices all finished, and its metrics row. */
 void runner_emit_result(struct runner *r, struct slot *s);
 void runner_free_slot(struct runner *r, struct slot *s);
+/* Prompt k of q as its result shows it, from the scores choice c kept
+ * (runner_keep_scores); free with runner_prompt_view_free. KVB_ERR_NOMEM. */
+enum kvb_status runner_prompt_view(struct runner *r, const struct job_request *q, int32_t k, const struct choice *c,
+                                   struct prompt_view *v);
+void runner_prompt_view_free(struct prompt_view *v);
+/* Keeps info's prompt scores and ids in c (once). KVB_ERR_NOMEM. */
+enum kvb_status runner_keep_scores(struct choice *c, const struct sched_seq_info *info);
+
 /* Records the logprob of token (and the k most likely alternatives) for c. */
 enum kvb_status runner_lp_push(struct runner *r, struct choice *c, int32_t token, const float *logits, int k);
 

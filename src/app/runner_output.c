@@ -73,6 +73,8 @@ static void free_choice(struct choice *c)
     kvb_buf_free(&c->arena);
     kvb_free(c->lp);
     kvb_free(c->top);
+    kvb_free(c->ps);
+    kvb_free(c->pids);
     memset(c, 0, sizeof *c);
 }
 
@@ -95,16 +97,23 @@ void runner_emit_result(struct runner *r, struct slot *s)
 {
     const struct job_request *q = &s->req;
     const int32_t nc = s->n_choices;
+    /* Each prompt as the line shows it (echo's text, the scores' forms). */
+    const int32_t np = s->plan.n_prompts;
+    struct prompt_view *views = kvb_calloc((size_t)np, sizeof *views);
+    struct kvb_buf *texts = q->echo ? kvb_calloc((size_t)nc, sizeof *texts) : NULL;
+    bool oom = !views || (q->echo && !texts);
+    for (int32_t k = 0; k < np && !oom; k++)
+        oom = runner_prompt_view(r, q, k, &s->ch[k * q->n], &views[k]) != KVB_OK;
     /* One allocation for the choices and their logprob views. */
     size_t n_lp = 0, n_top = 0;
-    for (int32_t i = 0; i < nc; i++) {
-        n_lp += (size_t)s->ch[i].n_lp;
+    for (int32_t i = 0; i < nc && !oom; i++) {
+        n_lp += (size_t)s->ch[i].n_lp + (q->echo && q->logprobs ? (size_t)views[i / q->n].n : 0);
         n_top += (size_t)s->ch[i].n_top;
     }
     struct job_choice *jc = kvb_calloc((size_t)nc, sizeof *jc);
     struct job_token_logprob *tl = kvb_calloc(n_lp + 1, sizeof *tl);
     struct job_top_logprob *tt = kvb_calloc(n_top + 1, sizeof *tt);
-    const bool oom = !jc || !tl || !tt;
+    oom = oom || !jc || !tl || !tt;
     int64_t completion = 0, prompt_tokens = 0, cached_run = 0, cached_store = 0;
     for (int32_t k = 0; k < s->plan.n_prompts; k++) {
         const struct choice *first = &s->ch[k * q->n]; /* a prompt's reuse is seen by its first choice */
@@ -115,18 +124,41 @@ void runner_emit_result(struct runner *r, struct slot *s)
     size_t at_lp = 0, at_top = 0;
     for (int32_t i = 0; i < nc && !oom; i++) {
         const struct choice *c = &s->ch[i];
+        const struct prompt_view *v = &views[i / q->n];
         jc[i] = (struct job_choice){.text = c->text.data ? c->text.data : "", .text_len = c->text.len,
-                                    .finish = c->finish, .has_logprobs = q->logprobs};
+                                    .finish = c->finish, .has_logprobs = q->logprobs,
+                                    .text_offset0 = q->echo ? 0 : v->text_cp};
+        if (q->echo) { /* the prompt, then what was generated */
+            struct kvb_buf *t = &texts[i];
+            if (kvb_buf_reserve(t, v->text.len + c->text.len + 1) != KVB_OK) {
+                oom = true;
+                break;
+            }
+            if (v->text.len) memcpy(t->data, v->text.data, v->text.len);
+            if (c->text.len) memcpy(t->data + v->text.len, c->text.data, c->text.len);
+            t->len = v->text.len + c->text.len;
+            jc[i].text = t->data;
+            jc[i].text_len = t->len;
+        }
+        if (v->plp && q->url != JOB_URL_CHAT) {
+            jc[i].prompt_logprobs = v->plp;
+            jc[i].n_prompt_logprobs = (size_t)v->n;
+        }
         if (!q->logprobs) continue;
+        jc[i].logprobs = tl + at_lp;
+        if (q->echo && v->echo) {
+            memcpy(tl + at_lp, v->echo, sizeof *tl * (size_t)v->n);
+            at_lp += (size_t)v->n;
+            jc[i].n_logprobs = (size_t)v->n;
+        }
         struct job_top_logprob *top = tt + at_top;
         for (int32_t k = 0; k < c->n_top; k++)
             top[k] = (struct job_top_logprob){c->arena.data + c->top[k].off, c->top[k].len, c->top[k].lp};
         for (int32_t k = 0; k < c->n_lp; k++)
             tl[at_lp + (size_t)k] = (struct job_token_logprob){c->arena.data + c->lp[k].off, c->lp[k].len,
                                                                c->lp[k].lp, top + c->lp[k].top_start,
-                                                               (size_t)c->lp[k].n_top};
-        jc[i].logprobs = tl + at_lp;
-        jc[i].n_logprobs = (size_t)c->n_lp;
+                                                               (size_t)c->lp[k].n_top, false};
+        jc[i].n_logprobs += (size_t)c->n_lp;
         at_lp += (size_t)c->n_lp;
         at_top += (size_t)c->n_top;
     }
@@ -144,6 +176,8 @@ void runner_emit_result(struct runner *r, struct slot *s)
         .prompt_tokens = prompt_tokens,
         .completion_tokens = completion,
         .cached_tokens = cached_run + cached_store,
+        .prompt_logprobs = q->url == JOB_URL_CHAT && !oom ? views[0].plp : NULL,
+        .n_prompt_logprobs = q->url == JOB_URL_CHAT && !oom ? (size_t)views[0].n : 0,
     };
     r->line.len = 0;
     bool written;
@@ -160,6 +194,10 @@ void runner_emit_result(struct runner *r, struct slot *s)
     kvb_free(jc);
     kvb_free(tl);
     kvb_free(tt);
+    for (int32_t k = 0; views && k < np; k++) runner_prompt_view_free(&views[k]);
+    kvb_free(views);
+    for (int32_t i = 0; texts && i < nc; i++) kvb_buf_free(&texts[i]);
+    kvb_free(texts);
     if (!written) {
         r->lines_done++;
         return;
