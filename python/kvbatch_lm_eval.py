@@ -39,8 +39,10 @@ model_args (all optional): binary (kvbatch; default $KVBATCH_BIN, else the
 repository's build/kvbatch, else `kvbatch` on PATH), model (GGUF; default
 $KVBATCH_MODEL, else the repository's default model), cache_dir, no_cache,
 max_batch, threads, kv_mem, max_length (tokens of input per scoring window;
-default min(the model's context - 1, 4096); the engine runs with --ctx
-max_length + 1, as a scored sequence carries its last token too), max_gen_toks
+default min(the model's context - 2, 4096); the engine runs with --ctx
+max_length + 2: a scored sequence carries its last token too, and run keeps
+room for one generated token even with max_tokens 0), add_bos (default: the
+GGUF's tokenizer.ggml.add_bos_token), max_gen_toks
 (default 256), prefix_token_id (default BOS, else EOS: the context of an empty
 context and of a rolling window's first token), parse_special, work_dir (keep job,
 result, log and metrics files there; default a temporary folder removed at exit),
@@ -203,11 +205,13 @@ class KvbatchLM(TemplateLM):
         self.tok = Tokenizer(self.binary, self.model_path, self.info, _bool(parse_special))
         add_bos = self.info.add_bos if add_bos in (None, "") else _bool(add_bos)
         self.bos_first = [self.info.bos] if add_bos and self.info.bos is not None else []
-        self._max_length = int(max_length) if max_length else min(self.info.n_ctx_train - 1, 4096)
+        self._max_length = int(max_length) if max_length else min(self.info.n_ctx_train - 2, 4096)
         self.max_gen_toks = int(max_gen_toks)
         self._prefix = int(prefix_token_id) if prefix_token_id not in (None, "") else (
             self.info.bos if self.info.bos is not None else self.info.eos)
-        self.run_args = ["--ctx", str(self._max_length + 1)]
+        # a scored sequence is max_length inputs + its last token, and run refuses a prompt
+        # that leaves no room for one generated token even with max_tokens 0: hence + 2
+        self.run_args = ["--ctx", str(self._max_length + 2)]
         if _bool(no_cache):
             self.run_args.append("--no-cache")
         elif cache_dir:

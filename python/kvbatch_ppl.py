@@ -64,7 +64,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="perplexity of a text file through kvbatch")
     ap.add_argument("file")
     ap.add_argument("--ctx", type=int, help="window (harness) or chunk (llama) length; "
-                    "default min(2048, the model's context (- 1 for harness))")
+                    "default min(2048, the model's context - 2 (harness) or - 1 (llama))")
     ap.add_argument("--method", choices=("harness", "llama"), default="harness")
     ap.add_argument("--binary")
     ap.add_argument("--model")
@@ -75,8 +75,9 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     a = ap.parse_args(argv)
     info = kle.GGUFInfo(a.model or kle.default_model())
-    ctx = a.ctx or min(2048, info.n_ctx_train - (1 if a.method == "harness" else 0))
+    ctx = a.ctx or min(2048, info.n_ctx_train - (2 if a.method == "harness" else 1))
     # a harness window is ctx inputs + its last scored token; a llama chunk is ctx tokens
+    # (KvbatchLM runs the engine with --ctx max_length + 2: see there)
     lm = kle.KvbatchLM(binary=a.binary, model=a.model, cache_dir=a.cache_dir, no_cache=a.no_cache,
                        threads=a.threads, work_dir=a.work_dir, quiet=True,
                        max_length=ctx if a.method == "harness" else ctx - 1)
@@ -89,7 +90,7 @@ def main(argv=None):
     else:
         print("ppl %.4f  (%s method, ctx %d: %d of %d tokens scored in %d windows; natural log, per token)"
               % (r["ppl"], r["method"], ctx, r["tokens_scored"], r["tokens_in_file"], r["windows"]))
-        print("kvbatch run: %s" % r["run"].get("summary", ""), file=sys.stderr)
+        print(r["run"].get("summary", ""), file=sys.stderr)
     return 0
 
 

@@ -3,7 +3,7 @@
 # Prints the perplexity of a text file through kvbatch (per token, natural log):
 # by default as lm-evaluation-harness's loglikelihood_rolling computes it (every
 # token scored once, rolling windows of CTX tokens, default min(2048, the model's
-# context - 1)); --method llama computes what llama.cpp's llama-perplexity prints
+# context - 2)); --method llama computes what llama.cpp's llama-perplexity prints
 # (only the second half of each CTX-token chunk scored). python/kvbatch_ppl.py
 # says exactly how each is defined. Needs the kvbatch venv ($KVBATCH_VENV, default
 # ~/.cache/kvbatch-venv) and a built kvbatch (build/kvbatch, or $KVBATCH_BIN).
