@@ -18,7 +18,8 @@ answer with the same scores on every item they share. The targets (issue 14):
 warm computes <= 5% of the prompt tokens and is >= 5x faster than cold; the
 answers are identical across cold, warm and batch1.
 
-    python python/bench_eval.py [--items 500] [--limit 100] [--hf-limit N] [--no-hf] [--keep DIR]
+    python python/bench_eval.py [--items 500] [--limit 100] [--hf-limit N] [--no-hf] [--no-batch1]
+                                [--extra-args "--block-size 8"] [--keep DIR]
 """
 import argparse
 import json
@@ -85,6 +86,8 @@ def main():
     ap.add_argument("--binary")
     ap.add_argument("--model")
     ap.add_argument("--threads")
+    ap.add_argument("--extra-args", default="", help="more `kvbatch run` options for the kvbatch runs")
+    ap.add_argument("--no-batch1", action="store_true")
     ap.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (default: a temp folder, removed)")
     a = ap.parse_args()
     tmp = a.keep or tempfile.mkdtemp(prefix="kvbatch-bench-eval-")
@@ -95,10 +98,12 @@ def main():
         task = synth_mc_task.write_task(task_dir, n_test=a.items, n_train=50, seed=14, shots=5)
         cache = os.path.join(tmp, "cache")
         shutil.rmtree(cache, ignore_errors=True)
-        common = dict(binary=a.binary, model=a.model, threads=a.threads, quiet=True)
+        common = dict(binary=a.binary, model=a.model, threads=a.threads, extra_args=a.extra_args, quiet=True)
         rows, items = [], {}
-        for name, extra, limit in (("cold", dict(cache_dir=cache), None), ("warm", dict(cache_dir=cache), None),
-                                   ("batch1", dict(no_cache=True, max_batch=1), a.limit)):
+        modes = [("cold", dict(cache_dir=cache), None), ("warm", dict(cache_dir=cache), None)]
+        if not a.no_batch1:
+            modes.append(("batch1", dict(no_cache=True, max_batch=1), a.limit))
+        for name, extra, limit in modes:
             lm = kle.KvbatchLM(work_dir=os.path.join(tmp, name), **common, **extra)
             res, wall = evaluate(lm, task_dir, task, limit=limit)
             rows.append(kvbatch_row(name, lm, res, wall, task))
@@ -144,7 +149,7 @@ def report(rows, items):
     print("\nwarm vs cold: %.2f%% of prompt tokens computed (target <= 5%%), %.1fx faster overall, "
           "%.1fx in kvbatch run (target >= 5x)"
           % (share, cold["wall_s"] / warm["wall_s"], cold["engine_s"] / max(warm["engine_s"], 1e-9)))
-    for other in ("warm", "batch1"):
+    for other in [m for m in ("warm", "batch1") if m in items]:
         n, diff = same(items["cold"], items[other])
         print("cold vs %-6s: %d items compared, %s" % (other, n, "identical choices and scores" if not diff else
               "%d differ (first doc ids %s)" % (len(diff), diff[:5])))

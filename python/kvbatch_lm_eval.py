@@ -492,5 +492,6 @@ def _move_spaces(context, continuation):
 
 
 def _summary_line(log_text):
-    lines = [l for l in log_text.splitlines() if "prompt tokens" in l]
+    """run's summary line on stderr ("... N prompt tokens (N reused in-run, N from the cache, N computed) ...")."""
+    lines = [ln for ln in log_text.splitlines() if "reused in-run" in ln]
     return lines[-1].strip() if lines else ""

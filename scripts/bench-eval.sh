@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/bench-eval.sh [--items N] [--limit N] [--hf-limit N] [--no-hf] [--keep DIR]
+# scripts/bench-eval.sh [--items N] [--limit N] [--hf-limit N] [--no-hf] [--no-batch1] [--extra-args A] [--keep DIR]
 # An lm-evaluation-harness 5-shot multiple-choice task (500 synthetic items x 4
 # choices by default, written into a temp folder) through kvbatch cold (empty
 # cache), warm (the same cache: a second night) and --max-batch 1 (first --limit

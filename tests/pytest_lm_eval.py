@@ -18,6 +18,10 @@ against what it should compute, on a tiny local task.
      each token scored once, the total the sum over the reference's windows of
      the job's logprobs, and above the total a single full-context pass gives
      (context helps).
+  5. generate_until: completions cut at `until` (" 4, 5," stops before " 6"),
+     chat contexts sent to /v1/chat/completions (a prefilled assistant turn
+     continued), and the adapter's Jinja rendering of a chat, which scoring
+     uses, is the text `kvbatch render` gives for the same messages.
 
 Needs lm_eval (the kvbatch venv: it re-runs itself under $KVBATCH_VENV or
 ~/.cache/kvbatch-venv when the python running it lacks it) and a kvbatch that
@@ -201,6 +205,38 @@ def check_rolling(kle, hfd, tmp):
           % (len(toks), len(windows), -total / len(toks), -one / len(toks)))
 
 
+def check_generate(kle, tmp):
+    """generate_until: completions cut at `until`, chat through the chat endpoint, and the
+    adapter's Jinja rendering of a chat (what scoring sees) the text kvbatch's template makes."""
+    from lm_eval.api.instance import Instance
+    lm = kle.KvbatchLM(binary=kc.BIN, model=kc.MODEL, no_cache=True, max_length=256,
+                       work_dir=os.path.join(tmp, "gen"), quiet=True)
+    chat = lm.apply_chat_template([{"role": "user", "content": "Name three colours."}], True)
+    cont = lm.apply_chat_template([{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hello"}],
+                                  False)
+    reqs = [("Count: 1, 2, 3,", {"until": ["\n", " 6"], "max_gen_toks": 20}),
+            ("The capital of France is", {"until": ["."], "max_gen_toks": 16}),
+            (chat, {"until": ["\n\n"], "max_gen_toks": 16}), (cont, {"max_gen_toks": 6})]
+    out = lm.generate_until([Instance("generate_until", {}, r, i) for i, r in enumerate(reqs)])
+    check(out[0] == " 4, 5,", "counting continued as %r, not ' 4, 5,' (cut before ' 6')" % out[0])
+    job = [json.loads(x) for x in open(lm.runs[-1]["job"])]
+    check([j["url"] for j in job] == ["/v1/completions"] * 2 + ["/v1/chat/completions"] * 2,
+          "endpoints: %s" % [j["url"] for j in job])
+    check(job[3]["body"].get("continue_final_message") is True, "a prefilled assistant turn not continued")
+    res = {json.loads(x)["custom_id"]: json.loads(x)["response"]["body"] for x in open(lm.runs[-1]["output"])}
+    for n, text in enumerate(out):
+        ch = res["g%d" % n]["choices"][0]
+        raw = ch["message"]["content"] if "message" in ch else ch["text"]
+        check(text == raw, "g%d: the adapter gave %r, the result line %r (run applies the stops)" % (n, text, raw))
+    p = subprocess.run([kc.BIN, "render", "--model", kc.MODEL, "--input", lm.runs[-1]["job"], "--format", "json"],
+                       capture_output=True, text=True)
+    rendered = {json.loads(x)["custom_id"]: json.loads(x)["prompts"][0]["text"] for x in p.stdout.splitlines()}
+    for n, c in ((2, chat), (3, cont)):
+        check(rendered.get("g%d" % n) == str(c), "Jinja chat text %r, kvbatch render %r" % (str(c)[-60:],
+              (rendered.get("g%d" % n) or "")[-60:]))
+    print("generate_until: %s" % out)
+
+
 def main():
     if not kc.ready():
         return 77
@@ -221,6 +257,7 @@ def main():
         os.environ["HF_DATASETS_CACHE"] = os.path.join(tmp, "hf-datasets")
         check_task(kle, smt, tmp)
         check_rolling(kle, hfd, tmp)
+        check_generate(kle, tmp)
     return kc.finish("lm_eval adapter")
 
 
