@@ -68,8 +68,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4  # gguf.TokenType values that are special tokens
 MAX_STOP = 8  # stop strings per request the job format takes (jobs/job.h JOB_MAX_STOP)
-GEN_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
-              "presence_penalty", "frequency_penalty")
+# sampling kwargs a task may give that mean the same in a kvbatch request body
+GEN_FIELDS = ("top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
 def _bool(v):
@@ -380,10 +380,10 @@ class KvbatchLM(TemplateLM):
             max_gen = int(kw.pop("max_gen_toks"))
             if max_gen >= self._max_length:
                 raise ValueError("max_gen_toks %d is not below max_length %d" % (max_gen, self._max_length))
+            # normalize_gen_kwargs has set temperature 0 unless do_sample
             body = {"max_tokens": max_gen, "temperature": float(kw.pop("temperature", 0.0) or 0.0)}
-            if not kw.pop("do_sample", False):
-                body["temperature"] = 0.0
-            for f in GEN_FIELDS[1:]:
+            kw.pop("do_sample", None)
+            for f in GEN_FIELDS:
                 if f in kw:
                     body[f] = kw.pop(f)
             if kw:
