@@ -324,6 +324,7 @@ static void check_specials(const char *dir)
     tok_free(sc);
 }
 
+/* clang-format off */ /* generated vectors: one per line */
 /* Pre-tokenizer splits with no vocabulary vectors above (Llama 3, Qwen2, the
  * default split) checked word by word. Expected word lengths (in code points)
  * come from Python's `regex` module running the reference's regex lists,
@@ -442,6 +443,7 @@ static const struct {
     {TOK_SPLIT_QWEN2, "\xE2""\x80""\x94""#8|", "2 1 1"},
     {TOK_SPLIT_QWEN2, "\xE2""\x80""\x8D""']\x0A""\x1C""4(a\xC3""\xA9""T@\x7F""2", "4 1 1 4 2 1"},
 };
+/* clang-format on */
 
 static void check_splits(void)
 {

@@ -425,7 +425,7 @@ static int32_t admit_scoring(struct sched *s, struct seq *q, int32_t *loaded)
         }
     }
     q->n_block_scored = 0;
-    return m;
+    return m < q->n_blocks ? m : q->n_blocks; /* a block given up for want of a copy was not reused */
 }
 
 static void admit(struct sched *s)
