@@ -11,12 +11,12 @@
 #include <time.h>
 
 #include "base/alloc.h"
+#include "base/unicode.h"
 #include "model/gguf.h"
 #include "support/gguf_write.h"
 #include "support/testutil.h"
 #include "text/tok.h"
 #include "text/tok_pre.h"
-#include "base/unicode.h"
 
 static const char k_sep[] = "\n__ggml_vocab_test__\n";
 
@@ -136,8 +136,7 @@ static void check_vectors(const char *dir, const char *name)
         line = nl < lend ? nl + 1 : lend;
     }
     double ms = 1000.0 * (double)(clock() - t0) / CLOCKS_PER_SEC;
-    printf("%-28s %zu/%zu vectors exact, %zu/%zu round-trip (%.1f ms)\n", name, n_pass, n_total, n_rt_pass,
-           n_rt, ms);
+    printf("%-28s %zu/%zu vectors exact, %zu/%zu round-trip (%.1f ms)\n", name, n_pass, n_total, n_rt_pass, n_rt, ms);
     CHECK(n_total > 0);
     CHECK_EQ_INT(n_pass, n_total);
     CHECK_EQ_INT(n_rt_pass, n_total);

@@ -10,29 +10,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/alloc.h"
 #include "app/cli.h"
 #include "app/cli_util.h"
+#include "base/alloc.h"
 #include "model/gguf.h"
 #include "text/tok.h"
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-        "usage: kvbatch tokenize [options] [--] [TEXT]\n"
-        "\n"
-        "Prints the token ids of TEXT (or of all of standard input, read byte for\n"
-        "byte, when TEXT is absent) on one line, separated by spaces.\n"
-        "\n"
-        "  -m, --model PATH  GGUF file whose tokenizer to use; vocab-only files work\n"
-        "                    (default: $KVBATCH_MODEL, else\n"
-        "                    models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
-        "      --bos         put the model's BOS token first (default: add nothing)\n"
-        "      --special     text of special tokens such as <|im_start|> becomes those\n"
-        "                    tokens (default: it is tokenized as plain text)\n"
-        "  -h, --help        this text\n"
-        "\n"
-        "Exit status: 0 done, 1 the model or input could not be read, 2 bad usage.\n");
+    fprintf(f, "usage: kvbatch tokenize [options] [--] [TEXT]\n"
+               "\n"
+               "Prints the token ids of TEXT (or of all of standard input, read byte for\n"
+               "byte, when TEXT is absent) on one line, separated by spaces.\n"
+               "\n"
+               "  -m, --model PATH  GGUF file whose tokenizer to use; vocab-only files work\n"
+               "                    (default: $KVBATCH_MODEL, else\n"
+               "                    models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+               "      --bos         put the model's BOS token first (default: add nothing)\n"
+               "      --special     text of special tokens such as <|im_start|> becomes those\n"
+               "                    tokens (default: it is tokenized as plain text)\n"
+               "  -h, --help        this text\n"
+               "\n"
+               "Exit status: 0 done, 1 the model or input could not be read, 2 bad usage.\n");
 }
 
 int cli_tokenize(int argc, char **argv)
@@ -46,11 +45,12 @@ int cli_tokenize(int argc, char **argv)
         const char *a = argv[i];
         if (!opts_done && a[0] == '-' && a[1] != '\0') {
             if (!strcmp(a, "--")) opts_done = true;
-            else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return CLI_EXIT_OK; }
-            else if (!strcmp(a, "-m") || cli_opt_is(a, "--model")) {
+            else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+                usage(stdout);
+                return CLI_EXIT_OK;
+            } else if (!strcmp(a, "-m") || cli_opt_is(a, "--model")) {
                 if (!(model = cli_opt_value(argc, argv, &i))) return CLI_EXIT_USAGE;
-            }
-            else if (!strcmp(a, "--bos")) flags |= TOK_ADD_BOS;
+            } else if (!strcmp(a, "--bos")) flags |= TOK_ADD_BOS;
             else if (!strcmp(a, "--special")) flags |= TOK_PARSE_SPECIAL;
             else {
                 fprintf(stderr, "kvbatch tokenize: unknown option '%s' (see --help)\n", a);

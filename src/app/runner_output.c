@@ -50,8 +50,8 @@ void runner_emit_error(struct runner *r, const struct job_request *q, const stru
         return;
     }
     r->line.len = 0;
-    if (job_format_error_json(&r->line, custom_id, id_len, q ? q->custom_id_json : NULL,
-                              q ? q->custom_id_json_len : 0, e) != KVB_OK ||
+    if (job_format_error_json(&r->line, custom_id, id_len, q ? q->custom_id_json : NULL, q ? q->custom_id_json_len : 0,
+                              e) != KVB_OK ||
         !write_line(r))
         return;
     r->tot.requests_total++;
@@ -102,8 +102,7 @@ void runner_emit_result(struct runner *r, struct slot *s)
     struct prompt_view *views = kvb_calloc((size_t)np, sizeof *views);
     struct kvb_buf *texts = q->echo ? kvb_calloc((size_t)nc, sizeof *texts) : NULL;
     bool oom = !views || (q->echo && !texts);
-    for (int32_t k = 0; k < np && !oom; k++)
-        oom = runner_prompt_view(r, q, k, &s->ch[k * q->n], &views[k]) != KVB_OK;
+    for (int32_t k = 0; k < np && !oom; k++) oom = runner_prompt_view(r, q, k, &s->ch[k * q->n], &views[k]) != KVB_OK;
     /* One allocation for the choices and their logprob views. */
     size_t n_lp = 0, n_top = 0;
     for (int32_t i = 0; i < nc && !oom; i++) {
@@ -125,8 +124,10 @@ void runner_emit_result(struct runner *r, struct slot *s)
     for (int32_t i = 0; i < nc && !oom; i++) {
         const struct choice *c = &s->ch[i];
         const struct prompt_view *v = &views[i / q->n];
-        jc[i] = (struct job_choice){.text = c->text.data ? c->text.data : "", .text_len = c->text.len,
-                                    .finish = c->finish, .has_logprobs = q->logprobs,
+        jc[i] = (struct job_choice){.text = c->text.data ? c->text.data : "",
+                                    .text_len = c->text.len,
+                                    .finish = c->finish,
+                                    .has_logprobs = q->logprobs,
                                     .text_offset0 = q->echo ? 0 : v->text_cp};
         if (q->echo) { /* the prompt, then what was generated */
             struct kvb_buf *t = &texts[i];
@@ -155,9 +156,9 @@ void runner_emit_result(struct runner *r, struct slot *s)
         for (int32_t k = 0; k < c->n_top; k++)
             top[k] = (struct job_top_logprob){c->arena.data + c->top[k].off, c->top[k].len, c->top[k].lp};
         for (int32_t k = 0; k < c->n_lp; k++)
-            tl[at_lp + (size_t)k] = (struct job_token_logprob){c->arena.data + c->lp[k].off, c->lp[k].len,
-                                                               c->lp[k].lp, top + c->lp[k].top_start,
-                                                               (size_t)c->lp[k].n_top, false};
+            tl[at_lp + (size_t)k] =
+                (struct job_token_logprob){c->arena.data + c->lp[k].off, c->lp[k].len,           c->lp[k].lp,
+                                           top + c->lp[k].top_start,     (size_t)c->lp[k].n_top, false};
         jc[i].n_logprobs += (size_t)c->n_lp;
         at_lp += (size_t)c->n_lp;
         at_top += (size_t)c->n_top;

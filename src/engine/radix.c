@@ -15,8 +15,8 @@
 #include "base/alloc.h"
 
 struct node {
-    int32_t parent;    /* node id, -1 for children of the root */
-    int32_t block;     /* KV block id; -1 marks an unused slot */
+    int32_t parent; /* node id, -1 for children of the root */
+    int32_t block;  /* KV block id; -1 marks an unused slot */
     int32_t n_children;
     uint64_t hash;     /* hash(parent, tokens) */
     uint64_t last_use; /* recency clock */
@@ -31,8 +31,8 @@ struct radix {
     int32_t *free_nodes;
     int32_t n_free_nodes;
     int32_t n_live;
-    int32_t *table;    /* open addressing: node id or -1 (empty) or -2 (deleted) */
-    uint64_t table_cap; /* power of two */
+    int32_t *table;      /* open addressing: node id or -1 (empty) or -2 (deleted) */
+    uint64_t table_cap;  /* power of two */
     uint64_t table_used; /* live + deleted slots */
     uint64_t clock;
 };

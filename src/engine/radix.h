@@ -16,8 +16,8 @@
 
 #include <stdint.h>
 
-#include "engine/kv.h"
 #include "base/status.h"
+#include "engine/kv.h"
 
 struct radix;
 

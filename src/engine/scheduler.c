@@ -23,24 +23,24 @@ struct seq {
     int32_t n_computed; /* tokens whose K/V are in the blocks */
     int32_t *blocks;
     int32_t n_blocks, cap_blocks;
-    int32_t n_new;      /* tokens fed in the current step */
+    int32_t n_new;           /* tokens fed in the current step */
     struct pstore_key *keys; /* (n_prompt / B) chain keys, when a store is attached */
-    int32_t n_spilled;  /* prompt blocks already handed to (or found in) the store */
+    int32_t n_spilled;       /* prompt blocks already handed to (or found in) the store */
     int32_t store_tokens;
     int32_t cached_tokens;
     bool admitted_once;
     int32_t preemptions;     /* times preempted */
     int32_t restored_tokens; /* positions whose K/V those preemptions dropped */
-    uint64_t admit_seq; /* admission order, for choosing whom to preempt */
+    uint64_t admit_seq;      /* admission order, for choosing whom to preempt */
     struct sampler *smp;
     bool greedy_on_backend; /* the backend makes the choice (BE_LOGITS_ARGMAX) */
     double t_submit, t_admit, t_first, t_end;
     /* SCHED_SCORE_PROMPT */
     bool score;
-    struct pscore *pscores;  /* (n_prompt): [t] the score of prompt token t */
-    int32_t n_have;          /* pscores[0..n_have) are known (pscores[0]: none) */
-    int32_t n_block_scored;  /* leading blocks whose scores are kept with the block */
-    int32_t scored_cached;   /* scores taken from a cache at (first) admission */
+    struct pscore *pscores;   /* (n_prompt): [t] the score of prompt token t */
+    int32_t n_have;           /* pscores[0..n_have) are known (pscores[0]: none) */
+    int32_t n_block_scored;   /* leading blocks whose scores are kept with the block */
+    int32_t scored_cached;    /* scores taken from a cache at (first) admission */
     int32_t cow_at, cow_orig; /* blocks[cow_at] is a private copy of shared block cow_orig (held), for
                                  recomputing one position of it; -1: none */
 };
@@ -58,25 +58,25 @@ struct sched {
     float *logits;  /* (max_batch, n_vocab) */
     float *scratch; /* (n_scratch, n_vocab) sampler input, one row per sampling thread */
     int32_t n_scratch;
-    int32_t *samp_row; /* (max_batch) logits row of each batch entry, -1: none */
-    int32_t *samp_tok; /* (max_batch) its sampled token */
+    int32_t *samp_row;  /* (max_batch) logits row of each batch entry, -1: none */
+    int32_t *samp_tok;  /* (max_batch) its sampled token */
     int32_t *samp_amax; /* (max_batch) the backend's greedy choices (be_batch.argmax) */
     int32_t *samp_bad;  /* (max_batch) why the entry has no token: SAMP_* below */
     struct be_seq *bseqs;
     struct seq **bsrc; /* seq behind each be_seq */
     struct sched_stats st;
-    struct pstore *ps;               /* optional persistent store */
+    struct pstore *ps; /* optional persistent store */
     const struct pstore_model *pm;
-    struct sstore *io;               /* the traffic with it */
+    struct sstore *io; /* the traffic with it */
     /* Prompt scores (SCHED_SCORE_PROMPT), kept with KV blocks: a block's
      * record is a function of the tokens up to its end, as its K/V are. */
-    struct pscore **bscore;          /* (be->n_blocks) B records each, allocated on first use */
-    uint8_t *bscored;                /* (be->n_blocks) bscore[id] holds the block's current tokens' scores */
-    int32_t score_rows;              /* logits rows for scoring per step; 0 until a request scores */
-    void *cow_stage;                 /* host memory for copying one block (be_host_alloc) */
-    struct score_task *tasks;        /* (score_rows) the step's rows to score */
+    struct pscore **bscore;   /* (be->n_blocks) B records each, allocated on first use */
+    uint8_t *bscored;         /* (be->n_blocks) bscore[id] holds the block's current tokens' scores */
+    int32_t score_rows;       /* logits rows for scoring per step; 0 until a request scores */
+    void *cow_stage;          /* host memory for copying one block (be_host_alloc) */
+    struct score_task *tasks; /* (score_rows) the step's rows to score */
     int32_t n_tasks;
-    bool tasks_bad;                  /* a row to score was not finite */
+    bool tasks_bad; /* a row to score was not finite */
 };
 
 /* One logits row to turn into a prompt score. */
@@ -207,8 +207,7 @@ static enum kvb_status scoring_ensure(struct sched *s)
 }
 
 enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *prompt, int32_t n_prompt,
-                             int32_t max_tokens, const struct sampler_params *sp, unsigned flags,
-                             struct kvb_err *err)
+                             int32_t max_tokens, const struct sampler_params *sp, unsigned flags, struct kvb_err *err)
 {
     const bool want_logits = flags & SCHED_WANT_LOGITS, score = flags & SCHED_SCORE_PROMPT;
     if (n_prompt <= 0) return kvb_errf(err, KVB_ERR_INVALID_ARG, "empty prompt");
@@ -224,8 +223,7 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
     q->tokens = kvb_malloc(sizeof(int32_t) * (size_t)cap);
     q->cap_blocks = (int32_t)((cap + s->B - 1) / s->B);
     q->blocks = kvb_malloc(sizeof(int32_t) * (size_t)q->cap_blocks);
-    if (!q->tokens || !q->blocks || sampler_create(sp, s->n_vocab, &q->smp) != KVB_OK ||
-        push_waiting(s, q) != KVB_OK) {
+    if (!q->tokens || !q->blocks || sampler_create(sp, s->n_vocab, &q->smp) != KVB_OK || push_waiting(s, q) != KVB_OK) {
         seq_free(q);
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     }
@@ -624,7 +622,6 @@ static bool after_scoring(struct sched *s, struct seq *q, int32_t pos)
     return true;
 }
 
-
 /* samp_row of a batch entry whose token the backend chose (BE_LOGITS_ARGMAX). */
 #define ROW_ON_BACKEND (-2)
 
@@ -671,17 +668,21 @@ static void sample_failure(const struct sched *s, int32_t b, const float *row, c
     case SAMP_NONFINITE: {
         const int32_t at = sampler_first_nonfinite(row, s->n_vocab);
         const float v = row[at];
-        snprintf(out, cap, "the model's logits are not finite (%s at token id %d of %d): the model's weights or "
-                 "the backend are broken", isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at, s->n_vocab);
+        snprintf(out, cap,
+                 "the model's logits are not finite (%s at token id %d of %d): the model's weights or "
+                 "the backend are broken",
+                 isnan(v) ? "NaN"
+                 : v > 0  ? "+inf"
+                          : "-inf",
+                 at, s->n_vocab);
         break;
     }
     case SAMP_NO_CHOICE:
-        snprintf(out, cap, "the backend found no token to choose (every logit NaN or -inf): the model's weights or "
+        snprintf(out, cap,
+                 "the backend found no token to choose (every logit NaN or -inf): the model's weights or "
                  "the backend are broken");
         break;
-    default:
-        snprintf(out, cap, "the sampler failed (out of memory, or no token it may choose)");
-        break;
+    default: snprintf(out, cap, "the sampler failed (out of memory, or no token it may choose)"); break;
     }
 }
 
@@ -725,11 +726,17 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
                 bool self = victim == q;
                 if (s->n_running == 1) return kvb_errf(err, KVB_ERR_INTERNAL, "KV pool too small for one sequence");
                 preempt_youngest(s);
-                if (self) { take = 0; break; }
+                if (self) {
+                    take = 0;
+                    break;
+                }
                 /* running[] shifted: find q again */
                 for (i = 0; i < s->n_running && s->running[i] != q; i++) {}
             }
-            if (take == 0) { i = s->n_running; break; }
+            if (take == 0) {
+                i = s->n_running;
+                break;
+            }
             q->n_new = take;
             budget -= take;
             if (seq_scoring(q)) score_left -= take;
@@ -747,8 +754,8 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
             .pos = q->n_computed,
             .block_table = q->blocks,
             .n_blocks = q->n_blocks,
-            .logits = seq_scoring(q) ? BE_LOGITS_ALL
-                      : !last        ? BE_LOGITS_NONE
+            .logits = seq_scoring(q)         ? BE_LOGITS_ALL
+                      : !last                ? BE_LOGITS_NONE
                       : q->greedy_on_backend ? BE_LOGITS_ARGMAX
                                              : BE_LOGITS_LAST,
         };
@@ -800,8 +807,9 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         if (s->bseqs[b].logits == BE_LOGITS_ALL && !after_scoring(s, q, pos)) {
             int32_t idx = 0;
             while (s->running[idx] != q) idx++;
-            finish(s, idx, SCHED_FINISH_ERROR, "the model's logits are not finite while scoring the prompt: the "
-                                               "model's weights or the backend are broken");
+            finish(s, idx, SCHED_FINISH_ERROR,
+                   "the model's logits are not finite while scoring the prompt: the "
+                   "model's weights or the backend are broken");
             continue;
         }
         int32_t full = q->n_computed / s->B;
