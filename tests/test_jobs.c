@@ -171,6 +171,42 @@ static void test_bad_prompt(void)
 #undef PR
 }
 
+/* Scoring: echo on completions, prompt_logprobs on both; max_tokens 0 only with them. */
+static void test_scoring_fields(void)
+{
+    char line[1024];
+#define CH(f) (snprintf(line, sizeof line, "%s,%s}}", CHAT_PRE, f), line)
+#define CO(f) (snprintf(line, sizeof line, "%s,%s}}", COMP_PRE, f), line)
+    expect_err(CH("\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.echo");
+    expect_err(CO("\"echo\":\"yes\""), JOB_ERR_INVALID_TYPE, "body.echo");
+    expect_err(CO("\"max_tokens\":0"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"max_tokens\":0,\"echo\":false"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CH("\"max_tokens\":0,\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"max_tokens\":0,\"prompt_logprobs\":null"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"max_tokens\":-1,\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"prompt_logprobs\":21"), JOB_ERR_INVALID_VALUE, "body.prompt_logprobs");
+    expect_err(CH("\"prompt_logprobs\":-1"), JOB_ERR_INVALID_VALUE, "body.prompt_logprobs");
+    expect_err(CH("\"prompt_logprobs\":true"), JOB_ERR_INVALID_TYPE, "body.prompt_logprobs");
+    {
+        struct job_request r;
+        parse_ok(CO("\"echo\":true,\"logprobs\":1,\"max_tokens\":0"), &r);
+        CHECK(r.echo && r.logprobs && r.top_logprobs == 1 && r.max_tokens == 0 && r.prompt_logprobs == -1 &&
+              job_scores_prompt(&r));
+        job_request_free(&r);
+        parse_ok(CO("\"echo\":true,\"max_tokens\":0"), &r); /* the prompt back, nothing scored */
+        CHECK(r.echo && !r.logprobs && r.max_tokens == 0 && !job_scores_prompt(&r));
+        job_request_free(&r);
+        parse_ok(CH("\"prompt_logprobs\":5,\"max_completion_tokens\":0"), &r);
+        CHECK(!r.echo && r.prompt_logprobs == 5 && r.max_tokens == 0 && job_scores_prompt(&r));
+        job_request_free(&r);
+        parse_ok(CO("\"prompt_logprobs\":null"), &r);
+        CHECK(r.prompt_logprobs == -1 && !job_scores_prompt(&r));
+        job_request_free(&r);
+    }
+#undef CH
+#undef CO
+}
+
 static void test_bad_sampling(void)
 {
     char line[1024];
@@ -251,33 +287,6 @@ static void test_bad_sampling(void)
     expect_err(CH("\"logit_bias\":{\"99999999999\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
     expect_err(CH("\"logit_bias\":{\"7\":101}"), JOB_ERR_INVALID_VALUE, "body.logit_bias.7");
     expect_err(CH("\"logit_bias\":{\"7\":\"1\"}"), JOB_ERR_INVALID_TYPE, "body.logit_bias.7");
-    /* scoring: echo on completions, prompt_logprobs on both; max_tokens 0 only with them */
-    expect_err(CH("\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.echo");
-    expect_err(CO("\"echo\":\"yes\""), JOB_ERR_INVALID_TYPE, "body.echo");
-    expect_err(CO("\"max_tokens\":0"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
-    expect_err(CO("\"max_tokens\":0,\"echo\":false"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
-    expect_err(CH("\"max_tokens\":0,\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
-    expect_err(CO("\"max_tokens\":0,\"prompt_logprobs\":null"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
-    expect_err(CO("\"max_tokens\":-1,\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
-    expect_err(CO("\"prompt_logprobs\":21"), JOB_ERR_INVALID_VALUE, "body.prompt_logprobs");
-    expect_err(CH("\"prompt_logprobs\":-1"), JOB_ERR_INVALID_VALUE, "body.prompt_logprobs");
-    expect_err(CH("\"prompt_logprobs\":true"), JOB_ERR_INVALID_TYPE, "body.prompt_logprobs");
-    {
-        struct job_request r;
-        parse_ok(CO("\"echo\":true,\"logprobs\":1,\"max_tokens\":0"), &r);
-        CHECK(r.echo && r.logprobs && r.top_logprobs == 1 && r.max_tokens == 0 && r.prompt_logprobs == -1 &&
-              job_scores_prompt(&r));
-        job_request_free(&r);
-        parse_ok(CO("\"echo\":true,\"max_tokens\":0"), &r); /* the prompt back, nothing scored */
-        CHECK(r.echo && !r.logprobs && r.max_tokens == 0 && !job_scores_prompt(&r));
-        job_request_free(&r);
-        parse_ok(CH("\"prompt_logprobs\":5,\"max_completion_tokens\":0"), &r);
-        CHECK(!r.echo && r.prompt_logprobs == 5 && r.max_tokens == 0 && job_scores_prompt(&r));
-        job_request_free(&r);
-        parse_ok(CO("\"prompt_logprobs\":null"), &r);
-        CHECK(r.prompt_logprobs == -1 && !job_scores_prompt(&r));
-        job_request_free(&r);
-    }
     expect_err(CO("\"suffix\":\"end\""), JOB_ERR_INVALID_VALUE, "body.suffix");
     expect_err(CO("\"best_of\":3"), JOB_ERR_INVALID_VALUE, "body.best_of");
     {
@@ -886,6 +895,7 @@ int main(void)
     test_bad_messages();
     test_bad_prompt();
     test_bad_sampling();
+    test_scoring_fields();
     test_defaults();
     test_openai_chat();
     test_openai_completion();

@@ -276,6 +276,41 @@ static bool render_line(struct render *r, struct admit_ctx *ctx, struct job_idse
     return ok;
 }
 
+/* Every line of the input (or --line's, after reading those before it for
+ * their custom_ids). False on a fatal error, said on stderr. */
+static bool render_all(struct render *r, struct admit_ctx *ctx, struct job_reader *reader, struct job_idset *seen,
+                       const char *input, int64_t line_only)
+{
+    struct kvb_err err = {{0}};
+    bool found = false;
+    for (;;) {
+        struct job_line ln;
+        bool got = false;
+        if (job_reader_next(reader, &ln, &got, &err) != KVB_OK) {
+            fprintf(stderr, "kvbatch render: cannot read %s: %s\n", input, err.msg);
+            return false;
+        }
+        if (!got) break;
+        const bool mine = !line_only || ln.line_no == (uint64_t)line_only;
+        if (line_only && ln.line_no > (uint64_t)line_only) break;
+        if (job_line_is_blank(ln.data, ln.len)) { /* run writes nothing for it */
+            if (mine && line_only)
+                fprintf(stderr, "kvbatch render: line %lld is blank (run writes nothing for it)\n",
+                        (long long)line_only);
+            found |= mine;
+            continue;
+        }
+        found |= mine;
+        if (!render_line(r, ctx, seen, &ln, !mine)) return false;
+    }
+    if (line_only && !found) {
+        fprintf(stderr, "kvbatch render: --line %lld: %s has fewer lines\n", (long long)line_only,
+                strcmp(input, "-") ? input : "standard input");
+        return false;
+    }
+    return true;
+}
+
 int cli_render(int argc, char **argv)
 {
     char model_buf[PATH_MAX];
@@ -367,32 +402,7 @@ int cli_render(int argc, char **argv)
     }
     r.tok = tok;
     r.tmpl = have_tmpl ? &tmpl : NULL;
-    bool found = false;
-    for (;;) {
-        struct job_line ln;
-        bool got = false;
-        if (job_reader_next(reader, &ln, &got, &err) != KVB_OK) {
-            fprintf(stderr, "kvbatch render: cannot read %s: %s\n", input, err.msg);
-            goto out;
-        }
-        if (!got) break;
-        const bool mine = !line_only || ln.line_no == (uint64_t)line_only;
-        if (line_only && ln.line_no > (uint64_t)line_only) break;
-        if (job_line_is_blank(ln.data, ln.len)) { /* run writes nothing for it */
-            if (mine && line_only)
-                fprintf(stderr, "kvbatch render: line %lld is blank (run writes nothing for it)\n",
-                        (long long)line_only);
-            found |= mine;
-            continue;
-        }
-        found |= mine;
-        if (!render_line(&r, &ctx, seen, &ln, !mine)) goto out;
-    }
-    if (line_only && !found) {
-        fprintf(stderr, "kvbatch render: --line %lld: %s has fewer lines\n", (long long)line_only,
-                strcmp(input, "-") ? input : "standard input");
-        goto out;
-    }
+    if (!render_all(&r, &ctx, reader, seen, input, line_only)) goto out;
     if (fflush(stdout) != 0 || ferror(stdout)) {
         if (!r.write_failed) fprintf(stderr, "kvbatch render: cannot write the output: %s\n", strerror(errno));
         goto out;

@@ -93,6 +93,54 @@ void runner_free_slot(struct runner *r, struct slot *s)
     r->n_used--;
 }
 
+/* The metrics row of a request whose result line was written, timed from
+ * its choices' views, and the run's totals. */
+static void result_metrics(struct runner *r, const struct slot *s, int64_t prompt_tokens, int64_t completion,
+                           int64_t cached_run, int64_t cached_store)
+{
+    const struct job_request *q = &s->req;
+    const int32_t nc = s->n_choices;
+    double first = INFINITY, end = 0, admit = INFINITY;
+    int64_t preemptions = 0, restored = 0;
+    for (int32_t i = 0; i < nc; i++) {
+        if (s->ch[i].t_first > 0 && s->ch[i].t_first < first) first = s->ch[i].t_first;
+        if (s->ch[i].t_end > end) end = s->ch[i].t_end;
+        if (s->ch[i].t_admit < admit) admit = s->ch[i].t_admit;
+        preemptions += s->ch[i].preemptions;
+        restored += s->ch[i].restored_tokens;
+    }
+    const double wall = r->unix_minus_mono;
+    struct metrics_request mr = {
+        .custom_id = q->custom_id,
+        .input_line = (int64_t)q->line_no,
+        .prompt_tokens = prompt_tokens,
+        .cached_tokens_run = cached_run,
+        .cached_tokens_store = cached_store,
+        .completion_tokens = completion,
+        .has_timing = true,
+        .queue_s = admit - s->t_submit,
+        .ttft_s = isfinite(first) ? first - s->t_submit : end - s->t_submit,
+        .tpot_s = completion >= 2 && isfinite(first) ? (end - first) / (double)(completion - 1) : 0,
+        .e2e_s = end - s->t_submit,
+        .finish_reason = s->ch[0].finish == JOB_FINISH_LENGTH ? "length" : "stop",
+        .status_code = 200,
+        .submitted_at = s->t_submit + wall,
+        .started_at = admit + wall,
+        .first_token_at = isfinite(first) ? first + wall : 0,
+        .ended_at = end + wall,
+        .preemptions = preemptions,
+        .restored_tokens = restored,
+    };
+    record_metrics(r, &mr);
+    r->tot.requests_total++;
+    r->tot.requests_ok++;
+    r->tot.prompt_tokens += prompt_tokens;
+    r->tot.completion_tokens += completion;
+    r->tot.cached_tokens_run += cached_run;
+    r->tot.cached_tokens_store += cached_store;
+    r->lines_done++;
+}
+
 void runner_emit_result(struct runner *r, struct slot *s)
 {
     const struct job_request *q = &s->req;
@@ -203,46 +251,7 @@ void runner_emit_result(struct runner *r, struct slot *s)
         r->lines_done++;
         return;
     }
-    /* Metrics: the request as a whole, timed from its first choice's view. */
-    double first = INFINITY, end = 0, admit = INFINITY;
-    int64_t preemptions = 0, restored = 0;
-    for (int32_t i = 0; i < nc; i++) {
-        if (s->ch[i].t_first > 0 && s->ch[i].t_first < first) first = s->ch[i].t_first;
-        if (s->ch[i].t_end > end) end = s->ch[i].t_end;
-        if (s->ch[i].t_admit < admit) admit = s->ch[i].t_admit;
-        preemptions += s->ch[i].preemptions;
-        restored += s->ch[i].restored_tokens;
-    }
-    const double wall = r->unix_minus_mono;
-    struct metrics_request mr = {
-        .custom_id = q->custom_id,
-        .input_line = (int64_t)q->line_no,
-        .prompt_tokens = prompt_tokens,
-        .cached_tokens_run = cached_run,
-        .cached_tokens_store = cached_store,
-        .completion_tokens = completion,
-        .has_timing = true,
-        .queue_s = admit - s->t_submit,
-        .ttft_s = isfinite(first) ? first - s->t_submit : end - s->t_submit,
-        .tpot_s = completion >= 2 && isfinite(first) ? (end - first) / (double)(completion - 1) : 0,
-        .e2e_s = end - s->t_submit,
-        .finish_reason = s->ch[0].finish == JOB_FINISH_LENGTH ? "length" : "stop",
-        .status_code = 200,
-        .submitted_at = s->t_submit + wall,
-        .started_at = admit + wall,
-        .first_token_at = isfinite(first) ? first + wall : 0,
-        .ended_at = end + wall,
-        .preemptions = preemptions,
-        .restored_tokens = restored,
-    };
-    record_metrics(r, &mr);
-    r->tot.requests_total++;
-    r->tot.requests_ok++;
-    r->tot.prompt_tokens += prompt_tokens;
-    r->tot.completion_tokens += completion;
-    r->tot.cached_tokens_run += cached_run;
-    r->tot.cached_tokens_store += cached_store;
-    r->lines_done++;
+    result_metrics(r, s, prompt_tokens, completion, cached_run, cached_store);
 }
 
 enum kvb_status runner_lp_push(struct runner *r, struct choice *c, int32_t token, const float *logits, int k)

@@ -686,11 +686,12 @@ static void sample_failure(const struct sched *s, int32_t b, const float *row, c
     }
 }
 
-enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
+/* Orders the running sequences (oldest first: they are closest to
+ * finishing and their memory is sunk) and gives each its tokens for this
+ * step, decodes first (one token each), then prefill chunks, under the
+ * step's token budget and scoring rows; preempts when blocks run out. */
+static enum kvb_status pack_step(struct sched *s, struct kvb_err *err)
 {
-    admit(s);
-    if (s->n_running == 0) return s->io ? sstore_after_step(s->io, err) : KVB_OK;
-    /* Oldest first: they are closest to finishing and their memory is sunk. */
     for (int32_t i = 1; i < s->n_running; i++)
         for (int32_t j = i; j > 0 && seq_order(s->running[j], s->running[j - 1]) < 0; j--) {
             struct seq *t = s->running[j];
@@ -743,6 +744,12 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         }
     }
 
+    return KVB_OK;
+}
+
+/* The forward pass's batch from what pack_step gave; its length. */
+static int32_t batch_of_step(struct sched *s)
+{
     int32_t nb = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         struct seq *q = s->running[i];
@@ -763,13 +770,13 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         if (q->n_new > 1 || q->n_computed < q->n_prompt) s->st.prefill_computed += q->n_new;
         else s->st.decode_tokens += 1;
     }
-    if (nb == 0) return KVB_OK;
-    struct be_batch batch = {s->bseqs, nb, s->samp_amax};
-    KVB_FORWARD_IF_ERROR(s->be->forward(s->be, &batch, s->logits, err));
-    s->st.steps++;
-    /* The previous step's spills were copied out during this pass. */
-    if (s->io) KVB_FORWARD_IF_ERROR(sstore_after_step(s->io, err));
+    return nb;
+}
 
+/* Where each batch entry's logits rows are (samp_row), and the rows that
+ * score prompt tokens (s->tasks); the rows sampled from. */
+static int32_t rows_of_step(struct sched *s, int32_t nb)
+{
     int32_t row = 0;
     s->n_tasks = 0;
     s->tasks_bad = false;
@@ -791,14 +798,13 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         s->samp_tok[b] = s->samp_amax[b];
         if (s->samp_amax[b] < 0 || s->samp_amax[b] >= s->n_vocab) s->samp_bad[b] = SAMP_NO_CHOICE;
     }
-    if (s->n_tasks > 0) {
-        if (s->be->host_parallel && s->n_tasks > 1) s->be->host_parallel(s->be, score_worker, s);
-        else score_worker(s, 0, 1);
-    }
-    struct sample_job job = {s, nb};
-    if (s->be->host_parallel && row > 1) s->be->host_parallel(s->be, sample_worker, &job);
-    else sample_worker(&job, 0, 1);
+    return row;
+}
 
+/* After the pass: each sequence's new tokens counted, its scores kept, its
+ * full blocks shared and spilled, its sampled token accepted or its end. */
+static void after_step(struct sched *s, int32_t nb)
+{
     for (int32_t b = 0; b < nb; b++) {
         struct seq *q = s->bsrc[b];
         const int32_t pos = q->n_computed;
@@ -846,6 +852,31 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         else if (q->n_tokens - q->n_prompt >= q->max_tokens || q->n_tokens >= q->cap_tokens)
             finish(s, idx, SCHED_FINISH_LENGTH, NULL);
     }
+}
+
+enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
+{
+    admit(s);
+    if (s->n_running == 0) return s->io ? sstore_after_step(s->io, err) : KVB_OK;
+    KVB_FORWARD_IF_ERROR(pack_step(s, err));
+    const int32_t nb = batch_of_step(s);
+    if (nb == 0) return KVB_OK;
+    struct be_batch batch = {s->bseqs, nb, s->samp_amax};
+    KVB_FORWARD_IF_ERROR(s->be->forward(s->be, &batch, s->logits, err));
+    s->st.steps++;
+    /* The previous step's spills were copied out during this pass. */
+    if (s->io) KVB_FORWARD_IF_ERROR(sstore_after_step(s->io, err));
+
+    const int32_t row = rows_of_step(s, nb);
+    if (s->n_tasks > 0) {
+        if (s->be->host_parallel && s->n_tasks > 1) s->be->host_parallel(s->be, score_worker, s);
+        else score_worker(s, 0, 1);
+    }
+    struct sample_job job = {s, nb};
+    if (s->be->host_parallel && row > 1) s->be->host_parallel(s->be, sample_worker, &job);
+    else sample_worker(&job, 0, 1);
+
+    after_step(s, nb);
     /* Nothing left to overlap the spills with: hand them over now, so that
      * an idle scheduler has nothing in flight. */
     if (s->n_running == 0 && s->io) return sstore_after_step(s->io, err);
