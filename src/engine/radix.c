@@ -136,6 +136,18 @@ int32_t radix_peek(const struct radix *r, const int32_t *tokens, int32_t n)
     return k;
 }
 
+int32_t radix_blocks(const struct radix *r, const int32_t *tokens, int32_t n_blocks, int32_t *blocks_out)
+{
+    int32_t parent = -1, k = 0;
+    for (; k < n_blocks; k++) {
+        int32_t c = find_child(r, parent, tokens + (int64_t)k * r->B);
+        if (c < 0) break;
+        blocks_out[k] = r->nodes[c].block;
+        parent = c;
+    }
+    return k;
+}
+
 int32_t radix_match(struct radix *r, const int32_t *tokens, int32_t n, int32_t *blocks_out, int32_t max_blocks)
 {
     int32_t parent = -1, k = 0;

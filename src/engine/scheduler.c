@@ -275,6 +275,13 @@ static void info_of(const struct seq *q, struct sched_seq_info *info, const floa
     };
 }
 
+/* Whether q's next chunk scores prompt tokens (its logits rows all come back). */
+static bool seq_scoring(const struct seq *q) { return q->score && q->n_have < q->n_prompt; }
+
+/* The positions q is to have computed: all its tokens, except for a request
+ * that only scores its prompt, whose last token's row would score nothing. */
+static int32_t seq_end(const struct seq *q) { return q->score && q->max_tokens == 0 ? q->n_prompt - 1 : q->n_tokens; }
+
 static void release_blocks(struct sched *s, struct seq *q)
 {
     for (int32_t i = 0; i < q->n_blocks; i++) kv_unref(s->kv, q->blocks[i]);
@@ -319,12 +326,29 @@ static bool better_to_wait(const struct sched *s, const struct seq *q, int32_t c
     for (int32_t i = 0; i < s->n_running; i++) {
         const struct seq *r = s->running[i];
         if (r->n_computed >= r->n_prompt) continue; /* its prompt blocks are all inserted */
+        if (seq_scoring(q) && !r->score) continue;  /* its blocks would come without scores */
         if (shared_blocks(q->tokens, q->n_tokens - 1, r->tokens, r->n_prompt, s->B) > cached_blocks) return true;
     }
     return false;
 }
 
 static int32_t load_from_store(struct sched *s, struct seq *q, int32_t limit);
+
+/* The whole blocks of q's prefix the tree could give it now: for a request
+ * still to be scored, only those that carry scores (or that q's own scores
+ * already cover). */
+static int32_t cached_prefix(const struct sched *s, const struct seq *q)
+{
+    if (!seq_scoring(q)) return radix_peek(s->radix, q->tokens, q->n_tokens - 1);
+    const int32_t want = q->n_prompt / s->B;
+    int32_t *ids = want > 0 ? kvb_malloc(sizeof *ids * (size_t)want) : NULL;
+    if (!ids) return 0;
+    const int32_t n = radix_blocks(s->radix, q->tokens, want, ids);
+    int32_t k = 0;
+    while (k < n && (s->bscored[ids[k]] || (k + 1) * s->B <= q->n_have)) k++;
+    kvb_free(ids);
+    return k;
+}
 
 /* A free block, evicting a cached one if need be; -1 when none. Whatever
  * scores it held belonged to its old tokens. */
@@ -344,6 +368,25 @@ static void keep_block_scores(struct sched *s, struct seq *q, int32_t k)
     if (!s->bscore[id] && !(s->bscore[id] = kvb_malloc(sizeof(struct pscore) * (size_t)s->B))) return;
     memcpy(s->bscore[id], q->pscores + (int64_t)k * s->B, sizeof(struct pscore) * (size_t)s->B);
     s->bscored[id] = 1;
+}
+
+/* Where the prefix tree holds q's newly scored blocks (from block `first` on) in other
+ * blocks (computed beside q by a request that did not score, so q could not
+ * reuse them), the scores go to those too: they are the same tokens', and
+ * the tree's blocks are the ones later requests find. */
+static void share_scores(struct sched *s, const struct seq *q, int32_t first)
+{
+    int32_t *ids = kvb_malloc(sizeof *ids * (size_t)q->n_block_scored);
+    if (!ids) return; /* sharing is an optimisation */
+    const int32_t n = radix_blocks(s->radix, q->tokens, q->n_block_scored, ids);
+    for (int32_t k = first; k < n; k++) {
+        const int32_t id = ids[k];
+        if (id == q->blocks[k] || s->bscored[id] || !s->bscored[q->blocks[k]]) continue;
+        if (!s->bscore[id] && !(s->bscore[id] = kvb_malloc(sizeof(struct pscore) * (size_t)s->B))) continue;
+        memcpy(s->bscore[id], s->bscore[q->blocks[k]], sizeof(struct pscore) * (size_t)s->B);
+        s->bscored[id] = 1;
+    }
+    kvb_free(ids);
 }
 
 /* Replaces q's last block, a shared one, by a private copy of it, so that
@@ -432,8 +475,7 @@ static void admit(struct sched *s)
     /* Score every waiting request once per step by its cached prefix. */
     int32_t *score = kvb_malloc(sizeof(int32_t) * (size_t)s->n_waiting);
     if (!score) return; /* try again next step */
-    for (int32_t i = 0; i < s->n_waiting; i++)
-        score[i] = radix_peek(s->radix, s->waiting[i]->tokens, s->waiting[i]->n_tokens - 1);
+    for (int32_t i = 0; i < s->n_waiting; i++) score[i] = cached_prefix(s, s->waiting[i]);
     while (s->n_running < s->o.max_batch) {
         int32_t best = -1;
         for (int32_t i = 0; i < s->n_waiting; i++) {
@@ -581,13 +623,6 @@ static bool grow_blocks(struct sched *s, struct seq *q, int32_t end)
 
 static int seq_order(const struct seq *a, const struct seq *b) { return a->admit_seq < b->admit_seq ? -1 : 1; }
 
-/* Whether q's next chunk scores prompt tokens (its logits rows all come back). */
-static bool seq_scoring(const struct seq *q) { return q->score && q->n_have < q->n_prompt; }
-
-/* The positions q is to have computed: all its tokens, except for a request
- * that only scores its prompt, whose last token's row would score nothing. */
-static int32_t seq_end(const struct seq *q) { return q->score && q->max_tokens == 0 ? q->n_prompt - 1 : q->n_tokens; }
-
 static void score_worker(void *arg, int ith, int nth)
 {
     struct sched *s = arg;
@@ -616,9 +651,10 @@ static bool after_scoring(struct sched *s, struct seq *q, int32_t pos)
         s->st.scored_tokens += upto - q->n_have;
         q->n_have = upto;
     }
-    const int32_t lim = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt;
+    const int32_t lim = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt, first = q->n_block_scored;
     while ((q->n_block_scored + 1) * s->B <= lim && (q->n_block_scored + 1) * s->B <= q->n_have)
         keep_block_scores(s, q, q->n_block_scored++);
+    if (q->n_block_scored > first) share_scores(s, q, first);
     return true;
 }
 
