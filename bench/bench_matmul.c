@@ -17,18 +17,15 @@
 
 #include "base/alloc.h"
 #include "base/clock.h"
-#include "base/rng.h"
 #include "base/dtype.h"
-#include "model/quant.h"
+#include "base/rng.h"
 #include "base/tpool.h"
+#include "model/quant.h"
 
 static double now(void) { return kvb_clock_s(); }
 
 static uint64_t rng = 88172645463325252ull;
-static uint32_t rnd(void)
-{
-    return (uint32_t)(kvb_xorshift64(&rng) >> 32);
-}
+static uint32_t rnd(void) { return (uint32_t)(kvb_xorshift64(&rng) >> 32); }
 
 /* Random blocks with realistic f16 scales (0.01 and, for a min, -0.1). */
 static struct mm_weight make_weight(enum ggml_type type, int64_t n_in, int64_t n_out)
@@ -46,8 +43,7 @@ static struct mm_weight make_weight(enum ggml_type type, int64_t n_in, int64_t n
             memcpy(p + 208, &d, 2);
         } else if (type != GGML_TYPE_F32) {
             memcpy(p, &d, 2);
-            if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q4_K)
-                memcpy(p + 2, &m, 2);
+            if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q4_K) memcpy(p + 2, &m, 2);
         }
     }
     return (struct mm_weight){type, n_in, n_out, w, (size_t)rb, 0};
@@ -78,17 +74,15 @@ struct shape {
 };
 
 static const struct shape shapes[] = {
-    {"q/o   576->576  ", GGML_TYPE_Q4_1, 576, 576, 2},
-    {"k/v   576->192  ", GGML_TYPE_Q4_1, 576, 192, 2},
-    {"gate/up 576->1536", GGML_TYPE_Q4_1, 576, 1536, 2},
-    {"down 1536->576  ", GGML_TYPE_Q4_1, 1536, 576, 1},
+    {"q/o   576->576  ", GGML_TYPE_Q4_1, 576, 576, 2},   {"k/v   576->192  ", GGML_TYPE_Q4_1, 576, 192, 2},
+    {"gate/up 576->1536", GGML_TYPE_Q4_1, 576, 1536, 2}, {"down 1536->576  ", GGML_TYPE_Q4_1, 1536, 576, 1},
     {"head 576->49152 ", GGML_TYPE_Q8_0, 576, 49152, 0},
 };
 #define N_SHAPES 5
 #define N_LAYERS 30
 
-static double time_calls(struct mm_ctx *ctx, const struct mm_weight *w, const float *x,
-                         int64_t n_tok, float *y, double seconds)
+static double time_calls(struct mm_ctx *ctx, const struct mm_weight *w, const float *x, int64_t n_tok, float *y,
+                         double seconds)
 {
     mm_matmul(ctx, w, x, n_tok, y); /* warm-up: scratch, caches */
     int iters = 0;
@@ -102,9 +96,8 @@ static double time_calls(struct mm_ctx *ctx, const struct mm_weight *w, const fl
 }
 
 /* One model pass; returns seconds. Q/K/V and gate/up share their input. */
-static double model_pass(struct mm_ctx *ctx, struct mm_weight (*lw)[7], const struct mm_weight *head,
-                         const float *x, int64_t n_tok, int64_t head_tok, float *y, float *y2,
-                         float *y3)
+static double model_pass(struct mm_ctx *ctx, struct mm_weight (*lw)[7], const struct mm_weight *head, const float *x,
+                         int64_t n_tok, int64_t head_tok, float *y, float *y2, float *y3)
 {
     double t0 = now();
     for (int l = 0; l < N_LAYERS; l++) {
@@ -154,8 +147,7 @@ int main(int argc, char **argv)
             double t = time_calls(ctx, &w, x, toks[ti], y, secs);
             per_call[s][ti] = t;
             double flop = 2.0 * (double)shapes[s].n_in * (double)shapes[s].n_out * (double)toks[ti];
-            printf("%-18s %6lld %10.4f %9.1f\n", shapes[s].name, (long long)toks[ti], t * 1e3,
-                   flop / t * 1e-9);
+            printf("%-18s %6lld %10.4f %9.1f\n", shapes[s].name, (long long)toks[ti], t * 1e3, flop / t * 1e-9);
         }
         free_weight(&w);
     }
@@ -163,12 +155,12 @@ int main(int argc, char **argv)
         double layer = 0;
         for (int s = 0; s < 4; s++) layer += shapes[s].per_layer * per_call[s][ti];
         double total = N_LAYERS * layer + per_call[4][ti];
-        printf("estimate from hot per-shape times, n_tok %lld: %.1f tok/s (%.2f ms per pass)\n",
-               (long long)toks[ti], (double)toks[ti] / total, total * 1e3);
+        printf("estimate from hot per-shape times, n_tok %lld: %.1f tok/s (%.2f ms per pass)\n", (long long)toks[ti],
+               (double)toks[ti] / total, total * 1e3);
     }
 
     /* Whole-model pass with every layer's own weights (about 96 MB). */
-    struct mm_weight (*lw)[7] = malloc(sizeof(*lw) * N_LAYERS);
+    struct mm_weight(*lw)[7] = malloc(sizeof(*lw) * N_LAYERS);
     static const int order[7] = {0, 1, 1, 0, 2, 2, 3}; /* q k v o gate up down */
     for (int l = 0; l < N_LAYERS; l++)
         for (int i = 0; i < 7; i++) {
@@ -181,8 +173,7 @@ int main(int argc, char **argv)
         int64_t nt = toks[ti];
         int reps = nt == 1 ? 50 : 3;
         if (nt > 1 && !strcmp(mm_ctx_impl_name(ctx), "scalar")) {
-            printf("model pass, n_tok %lld: skipped for scalar (minutes); see the estimate above\n",
-                   (long long)nt);
+            printf("model pass, n_tok %lld: skipped for scalar (minutes); see the estimate above\n", (long long)nt);
             continue;
         }
         model_pass(ctx, lw, &head, x, nt, nt, y, y2, y3);
@@ -192,13 +183,13 @@ int main(int argc, char **argv)
             sum += t;
             if (t < best) best = t;
         }
-        printf("model pass (matmuls only), n_tok %3lld: %.1f tok/s mean, %.1f best (%.2f ms mean)\n",
-               (long long)nt, (double)nt * reps / sum, (double)nt / best, sum / reps * 1e3);
+        printf("model pass (matmuls only), n_tok %3lld: %.1f tok/s mean, %.1f best (%.2f ms mean)\n", (long long)nt,
+               (double)nt * reps / sum, (double)nt / best, sum / reps * 1e3);
         if (nt > 1) {
             double s2 = 0;
             for (int r = 0; r < reps; r++) s2 += model_pass(ctx, lw, &head, x, nt, 1, y, y2, y3);
-            printf("model pass, n_tok %3lld, head on the last token only: %.1f tok/s\n",
-                   (long long)nt, (double)nt * reps / s2);
+            printf("model pass, n_tok %3lld, head on the last token only: %.1f tok/s\n", (long long)nt,
+                   (double)nt * reps / s2);
         }
     }
     mm_ctx_free(ctx);

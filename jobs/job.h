@@ -57,13 +57,13 @@
 
 /* ---- limits ------------------------------------------------------------------ */
 
-#define JOB_MAX_STOP 8           /* stop strings per request */
-#define JOB_MAX_N 16             /* choices per prompt ("n") */
-#define JOB_MAX_PROMPTS 128      /* prompts in one completion line (a list: one set of choices each) */
-#define JOB_MAX_CHOICES 128      /* choices per line: prompts x n */
-#define JOB_MAX_STOP_TOKEN_IDS 256 /* stop_token_ids per request */
-#define JOB_MAX_TOP_LOGPROBS 20  /* alternatives per token */
-#define JOB_MAX_LOGIT_BIAS 1024  /* logit_bias entries per request */
+#define JOB_MAX_STOP 8                           /* stop strings per request */
+#define JOB_MAX_N 16                             /* choices per prompt ("n") */
+#define JOB_MAX_PROMPTS 128                      /* prompts in one completion line (a list: one set of choices each) */
+#define JOB_MAX_CHOICES 128                      /* choices per line: prompts x n */
+#define JOB_MAX_STOP_TOKEN_IDS 256               /* stop_token_ids per request */
+#define JOB_MAX_TOP_LOGPROBS 20                  /* alternatives per token */
+#define JOB_MAX_LOGIT_BIAS 1024                  /* logit_bias entries per request */
 #define JOB_MAX_LINE_DEFAULT ((size_t)256 << 20) /* 256 MiB; the parser's hard cap is 1 GiB */
 
 /* ---- errors -------------------------------------------------------------------- */
@@ -71,14 +71,14 @@
 /* Error codes written into error lines (OpenAI style). The last three are
  * raised by the caller, not by job_parse_line. */
 #define JOB_ERR_INVALID_JSON "invalid_json"
-#define JOB_ERR_INVALID_REQUEST "invalid_request"   /* valid JSON, wrong shape (not an object, …) */
+#define JOB_ERR_INVALID_REQUEST "invalid_request" /* valid JSON, wrong shape (not an object, …) */
 #define JOB_ERR_MISSING_FIELD "missing_field"
 #define JOB_ERR_INVALID_TYPE "invalid_type"
-#define JOB_ERR_INVALID_VALUE "invalid_value"      /* right type, out of range or not allowed */
+#define JOB_ERR_INVALID_VALUE "invalid_value"         /* right type, out of range or not allowed */
 #define JOB_ERR_UNSUPPORTED_FIELD "unsupported_field" /* a field kvbatch does not implement (or knows not) */
 #define JOB_ERR_DUPLICATE_CUSTOM_ID "duplicate_custom_id"
 #define JOB_ERR_CONTEXT_LENGTH "context_length_exceeded"
-#define JOB_ERR_SERVER "server_error"              /* kvbatch failed (out of memory, …): status 500 */
+#define JOB_ERR_SERVER "server_error" /* kvbatch failed (out of memory, …): status 500 */
 
 struct job_error {
     const char *code;  /* one of the JOB_ERR_* strings (static) */
@@ -93,8 +93,8 @@ struct job_error {
 /* Fills e: message = "line N: " + the formatted text (truncated to fit).
  * param may be NULL. For the caller's own errors (duplicate ids, context
  * length, server errors). */
-void job_error_setf(struct job_error *e, const char *code, uint64_t line_no, const char *param,
-                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+void job_error_setf(struct job_error *e, const char *code, uint64_t line_no, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 /* ---- requests ---------------------------------------------------------------- */
 
@@ -145,11 +145,11 @@ enum job_given {
 
 /* One prompt of a completion line: text, or token ids as given. */
 struct job_prompt {
-    char *text;       /* NUL-terminated UTF-8, or NULL when the prompt is token ids */
+    char *text; /* NUL-terminated UTF-8, or NULL when the prompt is token ids */
     size_t text_len;
-    int32_t *ids;     /* (n_ids) token ids >= 0, used as given (no BOS added); checked against the
+    int32_t *ids;  /* (n_ids) token ids >= 0, used as given (no BOS added); checked against the
                          vocabulary by the caller, who knows it; NULL for a text prompt */
-    int32_t n_ids;    /* >= 1 when ids */
+    int32_t n_ids; /* >= 1 when ids */
 };
 
 /* Defaults for absent fields. temperature and top_p follow OpenAI; max_tokens
@@ -162,76 +162,75 @@ struct job_prompt {
 #define JOB_DEFAULT_TOP_P 1.0f
 #define JOB_DEFAULT_SEED 0u
 
-
 struct job_logit_bias {
     int32_t token;
     float value; /* [-100, 100] */
 };
 
 struct job_request {
-    uint64_t line_no;      /* 1-based input line */
-    char *custom_id;       /* its exact decoded form (json_str_dup_exact: lone surrogates kept, not
+    uint64_t line_no; /* 1-based input line */
+    char *custom_id;  /* its exact decoded form (json_str_dup_exact: lone surrogates kept, not
                               valid UTF-8 then), NUL-terminated, no NUL inside; the identity that keys,
                               duplicates and shards use; set as soon as it is read, so also on most errors */
     size_t custom_id_len;
-    char *custom_id_json;  /* the same id as written between its quotes in the input (escapes kept):
+    char *custom_id_json; /* the same id as written between its quotes in the input (escapes kept):
                               what output lines carry, byte for byte; set with custom_id */
     size_t custom_id_json_len;
     enum job_url url;
-    bool shorthand;        /* fields were at top level rather than under "body" */
-    char *model;           /* recorded as given, or NULL */
+    bool shorthand; /* fields were at top level rather than under "body" */
+    char *model;    /* recorded as given, or NULL */
 
     struct job_message *messages; /* chat: n_messages >= 1; completion: NULL */
     size_t n_messages;
     struct job_prompt *prompts; /* completion: (n_prompts) >= 1, from "prompt": a string, a list of
                                    strings, a list of token ids, or a list of such lists; chat: NULL */
     int32_t n_prompts;
-    char *prompt;          /* completion: prompts[0].text (borrowed from it; NULL when token ids); chat: NULL */
+    char *prompt; /* completion: prompts[0].text (borrowed from it; NULL when token ids); chat: NULL */
     size_t prompt_len;
 
-    uint32_t given;        /* enum job_given bits */
-    int32_t max_tokens;    /* >= 1 (0 allowed with echo or prompt_logprobs: the prompt is only scored);
+    uint32_t given;           /* enum job_given bits */
+    int32_t max_tokens;       /* >= 1 (0 allowed with echo or prompt_logprobs: the prompt is only scored);
                               max_completion_tokens wins over max_tokens; default 256 */
-    float temperature;     /* [0, 2]; 0 = greedy; default 1 */
-    float top_p;           /* (0, 1]; default 1 (off) */
-    int32_t top_k;         /* >= 0; 0 = off (default); vLLM's -1 is read as 0 */
-    float min_p;           /* [0, 1]; default 0 (off) */
-    uint64_t seed;         /* default 0; a negative JSON seed is taken modulo 2^64 */
+    float temperature;        /* [0, 2]; 0 = greedy; default 1 */
+    float top_p;              /* (0, 1]; default 1 (off) */
+    int32_t top_k;            /* >= 0; 0 = off (default); vLLM's -1 is read as 0 */
+    float min_p;              /* [0, 1]; default 0 (off) */
+    uint64_t seed;            /* default 0; a negative JSON seed is taken modulo 2^64 */
     char *stop[JOB_MAX_STOP]; /* non-empty NUL-terminated strings */
     size_t stop_len[JOB_MAX_STOP];
     int n_stop;
-    float presence_penalty;   /* [-2, 2]; default 0 */
-    float frequency_penalty;  /* [-2, 2]; default 0 */
-    float repetition_penalty; /* (0, 2]; default 1 (off) */
-    int32_t n;                /* [1, 16]; default 1 */
-    bool logprobs;            /* chat: "logprobs": true; completion: "logprobs": k given */
-    int32_t top_logprobs;     /* [0, 20]: alternatives per token (completion: the k above) */
-    bool json_object;         /* "response_format": {"type": "json_object"}: the output is one JSON object */
+    float presence_penalty;            /* [-2, 2]; default 0 */
+    float frequency_penalty;           /* [-2, 2]; default 0 */
+    float repetition_penalty;          /* (0, 2]; default 1 (off) */
+    int32_t n;                         /* [1, 16]; default 1 */
+    bool logprobs;                     /* chat: "logprobs": true; completion: "logprobs": k given */
+    int32_t top_logprobs;              /* [0, 20]: alternatives per token (completion: the k above) */
+    bool json_object;                  /* "response_format": {"type": "json_object"}: the output is one JSON object */
     struct job_logit_bias *logit_bias; /* (n_logit_bias) distinct token ids; ids not checked here */
     int32_t n_logit_bias;
-    char *json_schema;        /* "json_schema": the schema's JSON text as written in the line (owned,
+    char *json_schema; /* "json_schema": the schema's JSON text as written in the line (owned,
                                  NUL-terminated; the engine compiles it: jsonmode_schema_compile);
                                  json_object is set too */
     size_t json_schema_len;
 
     /* vLLM's sampling extensions */
-    bool ignore_eos;          /* end-of-generation tokens do not end the output (max_tokens does) */
-    int32_t min_tokens;       /* [0, max_tokens]: until this many tokens, end-of-generation tokens and
+    bool ignore_eos;         /* end-of-generation tokens do not end the output (max_tokens does) */
+    int32_t min_tokens;      /* [0, max_tokens]: until this many tokens, end-of-generation tokens and
                                  stop_token_ids cannot be drawn and stop strings are not looked for */
-    int32_t *stop_token_ids;  /* (n_stop_token_ids) ids >= 0 that end the output with finish "stop";
+    int32_t *stop_token_ids; /* (n_stop_token_ids) ids >= 0 that end the output with finish "stop";
                                  ids not checked here */
     int32_t n_stop_token_ids;
     bool include_stop_str_in_output; /* the stop string (or stop token's text) stays in the output */
     bool skip_special_tokens;        /* default true: control tokens add no text */
     /* chat templating (chat only) */
-    bool add_generation_prompt;      /* default true: the template's opening of the assistant's turn */
-    bool continue_final_message;     /* the last message (an assistant's) is left open and continued;
+    bool add_generation_prompt;  /* default true: the template's opening of the assistant's turn */
+    bool continue_final_message; /* the last message (an assistant's) is left open and continued;
                                         needs add_generation_prompt false */
     /* scoring */
-    bool echo;                /* completions: "echo": true: the prompt comes back before the generated text,
+    bool echo;               /* completions: "echo": true: the prompt comes back before the generated text,
                                  and (with logprobs) its tokens before the generated ones, the first one's
                                  logprob null */
-    int32_t prompt_logprobs;  /* vLLM's "prompt_logprobs": k in [0, 20] alternatives per prompt token
+    int32_t prompt_logprobs; /* vLLM's "prompt_logprobs": k in [0, 20] alternatives per prompt token
                                  (both endpoints); -1 not asked (absent or null) */
 };
 
@@ -257,11 +256,10 @@ bool job_field_ignored(const char *name);
  *                    when the line had a usable one;
  *   KVB_ERR_NOMEM    err holds a server_error.
  * Never stops the job: every input gives one of these. */
-enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
-                               struct job_request *out, struct job_error *err);
+enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no, struct job_request *out,
+                               struct job_error *err);
 
 void job_request_free(struct job_request *r); /* frees the strings, zeroes r; accepts NULL */
-
 
 /* ---- output keys ----------------------------------------------------------- */
 
@@ -309,15 +307,15 @@ struct job_token_logprob {
     float logprob;
     const struct job_top_logprob *top;
     size_t n_top;
-    bool none;            /* no score (an echoed prompt's first token): logprob and alternatives null */
+    bool none; /* no score (an echoed prompt's first token): logprob and alternatives null */
 };
 
 /* One token of vLLM's prompt_logprobs entries: {"ID": {"logprob", "rank", "decoded_token"}}. */
 struct job_rank_logprob {
     int32_t id;
     float logprob;
-    int32_t rank;         /* 1 = most likely */
-    const char *token;    /* decoded */
+    int32_t rank;      /* 1 = most likely */
+    const char *token; /* decoded */
     size_t token_len;
 };
 
@@ -329,10 +327,10 @@ struct job_prompt_logprob {
 };
 
 struct job_choice {
-    const char *text;     /* generated text, UTF-8 (invalid bytes are written as U+FFFD) */
+    const char *text; /* generated text, UTF-8 (invalid bytes are written as U+FFFD) */
     size_t text_len;
     enum job_finish finish;
-    bool has_logprobs;    /* false: "logprobs": null */
+    bool has_logprobs;                        /* false: "logprobs": null */
     const struct job_token_logprob *logprobs; /* one per generated token (echo: after the prompt's) */
     size_t n_logprobs;
     int64_t text_offset0; /* completions: code points before the first logprobs token (the prompt's,
@@ -345,7 +343,7 @@ struct job_choice {
 struct job_result {
     const char *custom_id;
     size_t custom_id_len;
-    const char *custom_id_json;     /* as written in the input (job_request.custom_id_json), or NULL:
+    const char *custom_id_json; /* as written in the input (job_request.custom_id_json), or NULL:
                                        then custom_id is written escaped */
     size_t custom_id_json_len;
     enum job_url url;
@@ -355,8 +353,8 @@ struct job_result {
     const struct job_choice *choices;
     size_t n_choices;
     int64_t prompt_tokens;
-    int64_t completion_tokens;      /* over all choices */
-    int64_t cached_tokens;          /* prompt tokens whose KV was reused */
+    int64_t completion_tokens;                        /* over all choices */
+    int64_t cached_tokens;                            /* prompt tokens whose KV was reused */
     const struct job_prompt_logprob *prompt_logprobs; /* chat with prompt_logprobs: the body's own list
                                                          (vLLM's place for it); NULL: not asked */
     size_t n_prompt_logprobs;
@@ -395,9 +393,7 @@ enum kvb_status job_format_error(struct kvb_buf *out, const char *custom_id, siz
 /* The same with the custom_id as written in the input (custom_id_json, see
  * job_request), echoed byte for byte; NULL: escaped from custom_id. */
 enum kvb_status job_format_error_json(struct kvb_buf *out, const char *custom_id, size_t custom_id_len,
-                                      const char *custom_id_json, size_t custom_id_json_len,
-                                      const struct job_error *e);
-
+                                      const char *custom_id_json, size_t custom_id_json_len, const struct job_error *e);
 
 /* ---- reading lines ---------------------------------------------------------- */
 
@@ -408,25 +404,23 @@ enum kvb_status job_format_error_json(struct kvb_buf *out, const char *custom_id
 struct job_reader;
 
 struct job_line {
-    const char *data; /* valid until the next job_reader_next; not NUL-terminated */
-    size_t len;       /* bytes held in data, without the "\n" */
+    const char *data;  /* valid until the next job_reader_next; not NUL-terminated */
+    size_t len;        /* bytes held in data, without the "\n" */
     uint64_t full_len; /* bytes of the line in the stream, without the "\n" (> len when too_long) */
-    uint64_t line_no; /* 1-based */
-    uint64_t offset;  /* byte offset of the line's first byte in the stream */
-    bool terminated;  /* it ended in "\n" */
-    bool too_long;    /* longer than max_line: data holds only the first max_line bytes,
+    uint64_t line_no;  /* 1-based */
+    uint64_t offset;   /* byte offset of the line's first byte in the stream */
+    bool terminated;   /* it ended in "\n" */
+    bool too_long;     /* longer than max_line: data holds only the first max_line bytes,
                          the rest was skipped; the caller writes an error line */
 };
 
 /* f stays owned by the caller and is read from its current position (offsets
  * count from there). max_line 0 means JOB_MAX_LINE_DEFAULT. */
-enum kvb_status job_reader_create(FILE *f, size_t max_line, struct job_reader **out,
-                                  struct kvb_err *err);
+enum kvb_status job_reader_create(FILE *f, size_t max_line, struct job_reader **out, struct kvb_err *err);
 /* Next line into *line and *got = true; at end of input *got = false.
  * KVB_ERR_IO on a read error, KVB_ERR_NOMEM when a line cannot be held,
  * KVB_ERR_CANCELLED when a handled signal interrupted a read (of a pipe). */
-enum kvb_status job_reader_next(struct job_reader *r, struct job_line *line, bool *got,
-                                struct kvb_err *err);
+enum kvb_status job_reader_next(struct job_reader *r, struct job_line *line, bool *got, struct kvb_err *err);
 void job_reader_free(struct job_reader *r); /* accepts NULL; does not close f */
 
 /* True when the line holds only JSON whitespace (space, tab, CR, LF). */
@@ -468,7 +462,7 @@ struct job_resume_info {
  * after them is a result that need not be recomputed. The caller then skips
  * an input line when its key (job_key_custom_id / job_key_error) is in keys.
  * A missing file is an empty one (KVB_OK). KVB_ERR_IO, KVB_ERR_NOMEM. */
-enum kvb_status job_resume_scan(const char *path, struct job_idset *keys,
-                                struct job_resume_info *info, struct kvb_err *err);
+enum kvb_status job_resume_scan(const char *path, struct job_idset *keys, struct job_resume_info *info,
+                                struct kvb_err *err);
 
 #endif

@@ -29,7 +29,7 @@ struct chunk {
 
 struct job_idset {
     struct slot *slots;
-    size_t mask;  /* slot count - 1 (a power of two) */
+    size_t mask; /* slot count - 1 (a power of two) */
     size_t count;
     struct chunk *chunks;
 };

@@ -48,8 +48,7 @@ void job_key_error(const char *custom_id, size_t len, const struct job_error *e,
 {
     if (!custom_id || e->by_line || (e->code && strcmp(e->code, JOB_ERR_DUPLICATE_CUSTOM_ID) == 0))
         job_key_line(e->line_no, out);
-    else
-        job_key_custom_id(custom_id, len, out);
+    else job_key_custom_id(custom_id, len, out);
 }
 
 /* ---- writer ------------------------------------------------------------------------ */
@@ -131,7 +130,6 @@ static enum kvb_status finish(struct w *w)
     }
     return KVB_OK;
 }
-
 
 /* ---- logprobs ------------------------------------------------------------------------ */
 
@@ -294,7 +292,8 @@ enum kvb_status job_format_result(struct kvb_buf *out, const struct job_result *
     puts_(&w, key.hex);
     puts_(&w, chat ? "\",\"body\":{\"id\":\"chatcmpl-" : "\",\"body\":{\"id\":\"cmpl-");
     puts_(&w, key.hex);
-    puts_(&w, chat ? "\",\"object\":\"chat.completion\",\"created\":" : "\",\"object\":\"text_completion\",\"created\":");
+    puts_(&w,
+          chat ? "\",\"object\":\"chat.completion\",\"created\":" : "\",\"object\":\"text_completion\",\"created\":");
     put_i64(&w, r->created);
     puts_(&w, ",\"model\":");
     put_cstr_or_null(&w, r->model);
@@ -349,8 +348,7 @@ enum kvb_status job_format_error(struct kvb_buf *out, const char *custom_id, siz
 }
 
 enum kvb_status job_format_error_json(struct kvb_buf *out, const char *custom_id, size_t custom_id_len,
-                                      const char *custom_id_json, size_t custom_id_json_len,
-                                      const struct job_error *e)
+                                      const char *custom_id_json, size_t custom_id_json_len, const struct job_error *e)
 {
     struct w w = {.b = out, .start = out->len};
     struct job_key key;

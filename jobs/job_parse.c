@@ -19,8 +19,7 @@
 #include "base/json.h"
 #include "jobs/job_parse_internal.h"
 
-void job_error_setf(struct job_error *e, const char *code, uint64_t line_no, const char *param,
-                    const char *fmt, ...)
+void job_error_setf(struct job_error *e, const char *code, uint64_t line_no, const char *param, const char *fmt, ...)
 {
     if (!e) return;
     e->code = code;
@@ -87,8 +86,6 @@ static void request_defaults(struct job_request *r, uint64_t line_no)
 
 /* ---- parse context and error helpers ------------------------------------------ */
 
-
-
 /* out = base + suffix, cut to fit (paths only label errors). out may not
  * alias base. */
 void jp_path_sub(char *out, const char *base, const char *suffix)
@@ -107,10 +104,7 @@ void jp_path_idx(char *out, const char *base, int k)
     jp_path_sub(out, base, sfx);
 }
 
-void jp_path_of(const struct jp_ctx *c, const char *name, char *out)
-{
-    jp_path_sub(out, c->prefix, name);
-}
+void jp_path_of(const struct jp_ctx *c, const char *name, char *out) { jp_path_sub(out, c->prefix, name); }
 
 int jp_fail(struct jp_ctx *c, const char *code, const char *param, const char *fmt, ...)
 {
@@ -160,10 +154,7 @@ void jp_excerpt(const struct jp_ctx *c, int i, char *out, size_t cap)
  * well-formed number, and inside an object it is always followed by ',',
  * '}', ']' or whitespace, none of which can extend a number for strtod, so
  * strtod stops exactly at the token's end without a NUL-terminated copy. */
-double jp_number_value(const struct jp_ctx *c, int i)
-{
-    return strtod(c->j->src + c->j->tok[i].start, NULL);
-}
+double jp_number_value(const struct jp_ctx *c, int i) { return strtod(c->j->src + c->j->tok[i].start, NULL); }
 
 /* The value token of `name` in object `obj`, or -1 when absent or null
  * (null means "not given", job.h). */
@@ -174,8 +165,8 @@ int jp_lookup(const struct jp_ctx *c, int obj, const char *name)
     return i;
 }
 
-int jp_get_float(struct jp_ctx *c, int obj, const char *name, double lo, bool lo_open, double hi,
-                     float *out, uint32_t given_bit)
+int jp_get_float(struct jp_ctx *c, int obj, const char *name, double lo, bool lo_open, double hi, float *out,
+                 uint32_t given_bit)
 {
     int i = jp_lookup(c, obj, name);
     if (i < 0) return 0;
@@ -192,7 +183,7 @@ int jp_get_float(struct jp_ctx *c, int obj, const char *name, double lo, bool lo
         char got[48];
         jp_excerpt(c, i, got, sizeof got);
         return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must be in %c%g, %g] (got %s)", path,
-                    lo_open ? '(' : '[', lo, hi, got);
+                       lo_open ? '(' : '[', lo, hi, got);
     }
     *out = f;
     c->r->given |= given_bit;
@@ -201,8 +192,7 @@ int jp_get_float(struct jp_ctx *c, int obj, const char *name, double lo, bool lo
 
 /* Integer fields accept any JSON number with an integral value (16, 16.0,
  * 1.6e1), as lenient OpenAI-compatible servers do; 16.5 is a type error. */
-int jp_get_int(struct jp_ctx *c, int obj, const char *name, int64_t lo, int64_t hi, int64_t *out,
-                   bool *present)
+int jp_get_int(struct jp_ctx *c, int obj, const char *name, int64_t lo, int64_t hi, int64_t *out, bool *present)
 {
     *present = false;
     int i = jp_lookup(c, obj, name);
@@ -216,10 +206,10 @@ int jp_get_int(struct jp_ctx *c, int obj, const char *name, int64_t lo, int64_t 
         char got[48];
         jp_excerpt(c, i, got, sizeof got);
         if (hi == INT32_MAX)
-            return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must be at least %lld (got %s)",
-                        path, (long long)lo, got);
-        return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must be between %lld and %lld (got %s)",
-                    path, (long long)lo, (long long)hi, got);
+            return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must be at least %lld (got %s)", path,
+                           (long long)lo, got);
+        return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must be between %lld and %lld (got %s)", path,
+                       (long long)lo, (long long)hi, got);
     }
     *out = (int64_t)v;
     *present = true;
@@ -246,8 +236,8 @@ int jp_get_seed(struct jp_ctx *c, int obj)
         double v = jp_number_value(c, i);
         if (!isfinite(v) || v != floor(v)) return jp_fail_type(c, path, "an integer");
         if (!(v >= -9007199254740992.0 && v <= 9007199254740992.0))
-            return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
-                        "field '%s' must be written as plain digits when this large", path);
+            return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must be written as plain digits when this large",
+                           path);
         c->r->seed = (uint64_t)(int64_t)v;
         c->r->given |= JOB_GIVEN_SEED;
         return 0;
@@ -286,8 +276,7 @@ int jp_get_bool(struct jp_ctx *c, int obj, const char *name, bool *out, bool *pr
     return 0;
 }
 
-int jp_get_string(struct jp_ctx *c, int obj, const char *name, char **out, size_t *out_len,
-                      bool *present)
+int jp_get_string(struct jp_ctx *c, int obj, const char *name, char **out, size_t *out_len, bool *present)
 {
     if (present) *present = false;
     int i = jp_lookup(c, obj, name);
@@ -305,16 +294,45 @@ int jp_get_string(struct jp_ctx *c, int obj, const char *name, char **out, size_
 enum { F_CHAT = 1, F_COMP = 2, F_BOTH = 3 };
 
 /* Every body field kvbatch reads, and for which endpoints. */
-static const struct { const char *name; unsigned where; } body_fields[] = {
-    {"messages", F_CHAT}, {"prompt", F_COMP}, {"model", F_BOTH},
-    {"max_tokens", F_BOTH}, {"max_completion_tokens", F_BOTH}, {"temperature", F_BOTH}, {"top_p", F_BOTH},
-    {"top_k", F_BOTH}, {"min_p", F_BOTH}, {"seed", F_BOTH}, {"stop", F_BOTH}, {"presence_penalty", F_BOTH},
-    {"frequency_penalty", F_BOTH}, {"repetition_penalty", F_BOTH}, {"n", F_BOTH}, {"logprobs", F_BOTH},
-    {"top_logprobs", F_CHAT}, {"response_format", F_BOTH}, {"logit_bias", F_BOTH}, {"best_of", F_BOTH},
-    {"echo", F_BOTH}, {"suffix", F_COMP}, {"tools", F_CHAT}, {"functions", F_CHAT}, {"tool_choice", F_CHAT},
-    {"function_call", F_CHAT}, {"ignore_eos", F_BOTH}, {"min_tokens", F_BOTH}, {"stop_token_ids", F_BOTH}, {"prompt_logprobs", F_BOTH},
-    {"include_stop_str_in_output", F_BOTH}, {"skip_special_tokens", F_BOTH},
-    {"spaces_between_special_tokens", F_BOTH}, {"use_beam_search", F_BOTH}, {"add_generation_prompt", F_CHAT},
+static const struct {
+    const char *name;
+    unsigned where;
+} body_fields[] = {
+    {"messages", F_CHAT},
+    {"prompt", F_COMP},
+    {"model", F_BOTH},
+    {"max_tokens", F_BOTH},
+    {"max_completion_tokens", F_BOTH},
+    {"temperature", F_BOTH},
+    {"top_p", F_BOTH},
+    {"top_k", F_BOTH},
+    {"min_p", F_BOTH},
+    {"seed", F_BOTH},
+    {"stop", F_BOTH},
+    {"presence_penalty", F_BOTH},
+    {"frequency_penalty", F_BOTH},
+    {"repetition_penalty", F_BOTH},
+    {"n", F_BOTH},
+    {"logprobs", F_BOTH},
+    {"top_logprobs", F_CHAT},
+    {"response_format", F_BOTH},
+    {"logit_bias", F_BOTH},
+    {"best_of", F_BOTH},
+    {"echo", F_BOTH},
+    {"suffix", F_COMP},
+    {"tools", F_CHAT},
+    {"functions", F_CHAT},
+    {"tool_choice", F_CHAT},
+    {"function_call", F_CHAT},
+    {"ignore_eos", F_BOTH},
+    {"min_tokens", F_BOTH},
+    {"stop_token_ids", F_BOTH},
+    {"prompt_logprobs", F_BOTH},
+    {"include_stop_str_in_output", F_BOTH},
+    {"skip_special_tokens", F_BOTH},
+    {"spaces_between_special_tokens", F_BOTH},
+    {"use_beam_search", F_BOTH},
+    {"add_generation_prompt", F_CHAT},
     {"continue_final_message", F_CHAT},
 };
 
@@ -322,8 +340,17 @@ static const struct { const char *name; unsigned where; } body_fields[] = {
  * who asked, how a server should queue or bill it). Kept short on purpose:
  * anything that could change the output is read or refused instead. */
 static const char *const ignored_fields[] = {
-    "stream", "stream_options", "user", "store", "metadata", "service_tier", "priority", "prompt_cache_key",
-    "safety_identifier", "parallel_tool_calls", "cache_salt",
+    "stream",
+    "stream_options",
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "priority",
+    "prompt_cache_key",
+    "safety_identifier",
+    "parallel_tool_calls",
+    "cache_salt",
 };
 
 bool job_field_ignored(const char *name)
@@ -336,7 +363,9 @@ bool job_field_ignored(const char *name)
 /* Why a few well-known fields are refused, for a message that helps. */
 static const char *refusal_hint(const char *name)
 {
-    static const struct { const char *name, *hint; } hints[] = {
+    static const struct {
+        const char *name, *hint;
+    } hints[] = {
         {"chat_template", "kvbatch does not run Jinja templates; choose a family with --chat-template NAME"},
         {"chat_template_kwargs", "kvbatch does not run Jinja templates"},
         {"guided_json", "use response_format json_schema"},
@@ -369,7 +398,7 @@ int jp_fail_unknown(struct jp_ctx *c, const char *path, const char *name, const 
 {
     const char *hint = extra ? extra : refusal_hint(name);
     return jp_fail(c, JOB_ERR_UNSUPPORTED_FIELD, path, "field '%s' is not supported by kvbatch (%s)", path,
-                hint ? hint : "README: Request fields lists those that are");
+                   hint ? hint : "README: Request fields lists those that are");
 }
 
 /* Refuses any member of the body (or the shorthand's top level, which also
@@ -392,8 +421,8 @@ static int check_body_fields(struct jp_ctx *c, int obj)
         jp_path_of(c, name, path);
         if (where)
             return jp_fail(c, JOB_ERR_UNSUPPORTED_FIELD, path, "field '%s' belongs to %s, not %s", path,
-                        where == F_CHAT ? "/v1/chat/completions" : "/v1/completions",
-                        mine == F_CHAT ? "/v1/chat/completions" : "/v1/completions");
+                           where == F_CHAT ? "/v1/chat/completions" : "/v1/completions",
+                           mine == F_CHAT ? "/v1/chat/completions" : "/v1/completions");
         return jp_fail_unknown(c, path, name, NULL);
     }
     return 0;
@@ -432,8 +461,9 @@ static int parse_root(struct jp_ctx *c)
         return jp_fail(c, JOB_ERR_INVALID_VALUE, "custom_id", "field 'custom_id' must not be empty");
     enum kvb_status st = json_str_dup_exact(j, i, &r->custom_id, &r->custom_id_len);
     if (st == KVB_ERR_FORMAT)
-        return jp_fail(c, JOB_ERR_INVALID_VALUE, "custom_id",
-                    "field 'custom_id' holds bytes that are not valid UTF-8 (it could not be echoed back as written)");
+        return jp_fail(
+            c, JOB_ERR_INVALID_VALUE, "custom_id",
+            "field 'custom_id' holds bytes that are not valid UTF-8 (it could not be echoed back as written)");
     if (st != KVB_OK) return jp_fail_nomem(c);
     r->custom_id_json_len = (size_t)(j->tok[i].end - j->tok[i].start);
     r->custom_id_json = kvb_strndup(j->src + j->tok[i].start, r->custom_id_json_len);
@@ -461,7 +491,7 @@ static int parse_root(struct jp_ctx *c)
             char got[48];
             jp_excerpt(c, i, got, sizeof got);
             return jp_fail(c, JOB_ERR_INVALID_VALUE, "url",
-                        "field 'url' must be \"/v1/chat/completions\" or \"/v1/completions\" (got '%s')", got);
+                           "field 'url' must be \"/v1/chat/completions\" or \"/v1/completions\" (got '%s')", got);
         }
         url_given = true;
     }
@@ -483,12 +513,12 @@ static int parse_root(struct jp_ctx *c)
         if (msgs >= 0 && prompt >= 0) {
             jp_path_of(c, "prompt", path);
             return jp_fail(c, JOB_ERR_INVALID_REQUEST, path,
-                        "both 'messages' and 'prompt' are given; set 'url' to choose chat or completion");
+                           "both 'messages' and 'prompt' are given; set 'url' to choose chat or completion");
         }
         if (msgs < 0 && prompt < 0) {
             jp_path_of(c, "messages", path);
-            return jp_fail(c, JOB_ERR_MISSING_FIELD, path, "missing field '%smessages' or '%sprompt'",
-                        c->prefix, c->prefix);
+            return jp_fail(c, JOB_ERR_MISSING_FIELD, path, "missing field '%smessages' or '%sprompt'", c->prefix,
+                           c->prefix);
         }
         r->url = msgs >= 0 ? JOB_URL_CHAT : JOB_URL_COMPLETION;
     }
@@ -519,8 +549,8 @@ static int parse_root(struct jp_ctx *c)
     return jp_parse_output_form(c, body);
 }
 
-enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
-                               struct job_request *out, struct job_error *err)
+enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no, struct job_request *out,
+                               struct job_error *err)
 {
     request_defaults(out, line_no);
     struct json_doc j;
@@ -532,8 +562,7 @@ enum kvb_status job_parse_line(const char *line, size_t len, uint64_t line_no,
         return st;
     }
     if (st != KVB_OK) {
-        job_error_setf(err, JOB_ERR_INVALID_JSON, line_no, NULL, "invalid JSON at byte %zu: %s", where + 1,
-                       why);
+        job_error_setf(err, JOB_ERR_INVALID_JSON, line_no, NULL, "invalid JSON at byte %zu: %s", where + 1, why);
         if (err) err->by_line = true;
         return KVB_ERR_FORMAT;
     }

@@ -20,7 +20,10 @@ static int parse_role(struct jp_ctx *c, int msg, const char *mpath, enum job_rol
     int i = json_get(c->j, msg, "role");
     if (i < 0) return jp_fail_missing(c, path);
     if (json_kind(c->j, i) != JSON_STRING) return jp_fail_type(c, path, "a string");
-    static const struct { const char *name; enum job_role role; } roles[] = {
+    static const struct {
+        const char *name;
+        enum job_role role;
+    } roles[] = {
         {"system", JOB_ROLE_SYSTEM},
         {"user", JOB_ROLE_USER},
         {"assistant", JOB_ROLE_ASSISTANT},
@@ -35,13 +38,12 @@ static int parse_role(struct jp_ctx *c, int msg, const char *mpath, enum job_rol
     char got[48];
     jp_excerpt(c, i, got, sizeof got);
     return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
-                "field '%s' must be one of system, user, assistant, developer (got '%s')", path, got);
+                   "field '%s' must be one of system, user, assistant, developer (got '%s')", path, got);
 }
 
 /* content: a string, or an array of {"type":"text","text":…} parts joined
  * with "\n" (vLLM's rule, so results match a vLLM run of the same file). */
-static int parse_content(struct jp_ctx *c, int msg, const char *mpath, enum job_role role,
-                         struct job_message *m)
+static int parse_content(struct jp_ctx *c, int msg, const char *mpath, enum job_role role, struct job_message *m)
 {
     char path[JP_PATH_MAX];
     jp_path_sub(path, mpath, ".content");
@@ -77,7 +79,7 @@ static int parse_content(struct jp_ctx *c, int msg, const char *mpath, enum job_
             char got[48];
             jp_excerpt(c, ty, got, sizeof got);
             return jp_fail(c, JOB_ERR_INVALID_VALUE, tpath,
-                        "field '%s' must be \"text\" (got '%s'; only text content is supported)", tpath, got);
+                           "field '%s' must be \"text\" (got '%s'; only text content is supported)", tpath, got);
         }
         jp_path_sub(tpath, ppath, ".text");
         int tx = json_get(c->j, p, "text");
@@ -114,8 +116,8 @@ static int check_message_members(struct jp_ctx *c, int msg, const char *mpath)
     for (int m = 0; m < c->j->tok[msg].size; m++, k = json_skip(c->j, k + 1)) {
         const int v = k + 1;
         const enum json_kind kind = json_kind(c->j, v);
-        if ((json_str_eq(c->j, k, "tool_calls") && (kind == JSON_NULL ||
-                                                        (kind == JSON_ARRAY && c->j->tok[v].size == 0))) ||
+        if ((json_str_eq(c->j, k, "tool_calls") &&
+             (kind == JSON_NULL || (kind == JSON_ARRAY && c->j->tok[v].size == 0))) ||
             (json_str_eq(c->j, k, "refusal") && kind == JSON_NULL))
             continue;
         bool known = false;
@@ -126,9 +128,10 @@ static int check_message_members(struct jp_ctx *c, int msg, const char *mpath)
         snprintf(dotted, sizeof dotted, ".%s", name);
         jp_path_sub(sub, mpath, dotted);
         return jp_fail_unknown(c, sub, name,
-                            !strcmp(name, "tool_calls") || !strcmp(name, "tool_call_id") || !strcmp(name, "function_call")
-                                ? "no tool calling"
-                                : NULL);
+                               !strcmp(name, "tool_calls") || !strcmp(name, "tool_call_id") ||
+                                       !strcmp(name, "function_call")
+                                   ? "no tool calling"
+                                   : NULL);
     }
     if (json_get(c->j, msg, "name") >= 0 && json_kind(c->j, json_get(c->j, msg, "name")) != JSON_STRING) {
         char path[JP_PATH_MAX];
@@ -169,7 +172,8 @@ int jp_parse_messages(struct jp_ctx *c, int arr)
 static int parse_ids(struct jp_ctx *c, int i, const char *path, struct job_prompt *p)
 {
     const int n = c->j->tok[i].size;
-    if (n == 0) return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must not be an empty list of token ids", path);
+    if (n == 0)
+        return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must not be an empty list of token ids", path);
     p->ids = kvb_malloc(sizeof *p->ids * (size_t)n);
     if (!p->ids) return jp_fail_nomem(c);
     for (int k = 0, t = i + 1; k < n; k++, t++) {
@@ -214,7 +218,7 @@ int jp_parse_prompt(struct jp_ctx *c, int i)
     }
     if (n > JOB_MAX_PROMPTS)
         return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' holds %d prompts; at most %d are allowed", path, n,
-                    JOB_MAX_PROMPTS);
+                       JOB_MAX_PROMPTS);
     r->prompts = kvb_calloc((size_t)n, sizeof *r->prompts);
     if (!r->prompts) return jp_fail_nomem(c);
     enum json_kind want = list ? json_kind(c->j, first) : k;
@@ -259,8 +263,8 @@ static int parse_stop(struct jp_ctx *c, int obj)
         first = i + 1;
         n = c->j->tok[i].size;
         if (n > JOB_MAX_STOP)
-            return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' holds %d strings; at most %d are allowed",
-                        path, n, JOB_MAX_STOP);
+            return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' holds %d strings; at most %d are allowed", path,
+                           n, JOB_MAX_STOP);
     } else {
         return jp_fail_type(c, path, "a string or an array of strings");
     }
@@ -293,7 +297,7 @@ static int parse_stop_token_ids(struct jp_ctx *c, int obj)
     const int n = c->j->tok[i].size;
     if (n > JOB_MAX_STOP_TOKEN_IDS)
         return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' holds %d ids; at most %d are allowed", path, n,
-                    JOB_MAX_STOP_TOKEN_IDS);
+                       JOB_MAX_STOP_TOKEN_IDS);
     r->given |= JOB_GIVEN_STOP_TOKEN_IDS;
     if (n == 0) return 0;
     struct job_prompt ids = {0};
@@ -318,7 +322,7 @@ static int parse_vllm(struct jp_ctx *c, int obj)
         if (v > r->max_tokens) {
             jp_path_of(c, "min_tokens", path);
             return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' (%lld) must not exceed max_tokens (%d%s)", path,
-                        (long long)v, r->max_tokens, r->given & JOB_GIVEN_MAX_TOKENS ? "" : ", the default");
+                           (long long)v, r->max_tokens, r->given & JOB_GIVEN_MAX_TOKENS ? "" : ", the default");
         }
         r->min_tokens = (int32_t)v;
         r->given |= JOB_GIVEN_MIN_TOKENS;
@@ -344,11 +348,12 @@ static int parse_vllm(struct jp_ctx *c, int obj)
         jp_path_of(c, "continue_final_message", path);
         if (r->add_generation_prompt)
             return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
-                        "field '%s' needs \"add_generation_prompt\": false (the final message is continued, "
-                        "not answered)", path);
+                           "field '%s' needs \"add_generation_prompt\": false (the final message is continued, "
+                           "not answered)",
+                           path);
         if (r->messages[r->n_messages - 1].role != JOB_ROLE_ASSISTANT)
             return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
-                        "field '%s' needs the last message to be the assistant's (the one to continue)", path);
+                           "field '%s' needs the last message to be the assistant's (the one to continue)", path);
     }
     return 0;
 }
@@ -381,8 +386,7 @@ int jp_parse_sampling(struct jp_ctx *c, int obj)
         r->given |= JOB_GIVEN_MAX_TOKENS;
     }
 
-    if ((rc = jp_get_float(c, obj, "temperature", 0.0, false, 2.0, &r->temperature, JOB_GIVEN_TEMPERATURE)))
-        return rc;
+    if ((rc = jp_get_float(c, obj, "temperature", 0.0, false, 2.0, &r->temperature, JOB_GIVEN_TEMPERATURE))) return rc;
     if ((rc = jp_get_float(c, obj, "top_p", 0.0, true, 1.0, &r->top_p, JOB_GIVEN_TOP_P))) return rc;
 
     /* top_k: vLLM clients send -1 for "off"; it means the same as 0 here. */
@@ -396,15 +400,15 @@ int jp_parse_sampling(struct jp_ctx *c, int obj)
     if ((rc = jp_get_seed(c, obj))) return rc;
     if ((rc = parse_stop(c, obj))) return rc;
     if ((rc = jp_get_float(c, obj, "presence_penalty", -2.0, false, 2.0, &r->presence_penalty,
-                        JOB_GIVEN_PRESENCE_PENALTY)))
+                           JOB_GIVEN_PRESENCE_PENALTY)))
         return rc;
     if ((rc = jp_get_float(c, obj, "frequency_penalty", -2.0, false, 2.0, &r->frequency_penalty,
-                        JOB_GIVEN_FREQUENCY_PENALTY)))
+                           JOB_GIVEN_FREQUENCY_PENALTY)))
         return rc;
     /* repetition_penalty divides logits, so 0 and below make no sense; above
      * 2 the output is unreadable, and a cap catches a misplaced field. */
     if ((rc = jp_get_float(c, obj, "repetition_penalty", 0.0, true, 2.0, &r->repetition_penalty,
-                        JOB_GIVEN_REPETITION_PENALTY)))
+                           JOB_GIVEN_REPETITION_PENALTY)))
         return rc;
 
     rc = jp_get_int(c, obj, "n", 1, JOB_MAX_N, &v, &present);
@@ -463,7 +467,7 @@ static int parse_logit_bias(struct jp_ctx *c, int obj)
     const int n = c->j->tok[i].size;
     if (n > JOB_MAX_LOGIT_BIAS)
         return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' has %d entries, more than %d", path, n,
-                    JOB_MAX_LOGIT_BIAS);
+                       JOB_MAX_LOGIT_BIAS);
     if (n == 0) return 0;
     r->logit_bias = kvb_malloc(sizeof *r->logit_bias * (size_t)n);
     if (!r->logit_bias) return jp_fail_nomem(c);
@@ -545,7 +549,7 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
             char got[48];
             jp_excerpt(c, t, got, sizeof got);
             return jp_fail(c, JOB_ERR_INVALID_VALUE, sub,
-                        "field '%s' must be \"text\", \"json_object\" or \"json_schema\" (got '%s')", sub, got);
+                           "field '%s' must be \"text\", \"json_object\" or \"json_schema\" (got '%s')", sub, got);
         }
     }
     static const char *const tool_fields[] = {"tools", "functions"};
@@ -553,18 +557,19 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
         i = jp_lookup(c, obj, tool_fields[k]);
         if (i >= 0 && !(json_kind(c->j, i) == JSON_ARRAY && c->j->tok[i].size == 0)) {
             jp_path_of(c, tool_fields[k], path);
-            return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s': tool calling is not supported by kvbatch", path);
+            return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s': tool calling is not supported by kvbatch",
+                           path);
         }
     }
     /* With no tools there is nothing to call: "none" and "auto" mean the same */
     static const char *const choice_fields[] = {"tool_choice", "function_call"};
     for (int k = 0; k < 2; k++) {
         i = jp_lookup(c, obj, choice_fields[k]);
-        if (i >= 0 && !(json_kind(c->j, i) == JSON_STRING &&
-                        (json_str_eq(c->j, i, "none") || json_str_eq(c->j, i, "auto")))) {
+        if (i >= 0 &&
+            !(json_kind(c->j, i) == JSON_STRING && (json_str_eq(c->j, i, "none") || json_str_eq(c->j, i, "auto")))) {
             jp_path_of(c, choice_fields[k], path);
             return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
-                        "field '%s': tool calling is not supported by kvbatch (only \"none\" or \"auto\")", path);
+                           "field '%s': tool calling is not supported by kvbatch (only \"none\" or \"auto\")", path);
         }
     }
     int rc = parse_logit_bias(c, obj);
@@ -599,12 +604,12 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
     if (present && v > r->n) {
         jp_path_of(c, "best_of", path);
         return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
-                    "field '%s' above n is not supported by kvbatch (it returns every choice it makes)", path);
+                       "field '%s' above n is not supported by kvbatch (it returns every choice it makes)", path);
     }
     if (r->ignore_eos && r->json_object) {
         jp_path_of(c, "ignore_eos", path);
         return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
-                    "field '%s' cannot go with response_format: the JSON output ends where the object does", path);
+                       "field '%s' cannot go with response_format: the JSON output ends where the object does", path);
     }
     return 0;
 }

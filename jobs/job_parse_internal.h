@@ -30,21 +30,20 @@ struct jp_ctx {
 void jp_path_sub(char *out, const char *base, const char *suffix);
 void jp_path_idx(char *out, const char *base, int k);
 void jp_path_of(const struct jp_ctx *c, const char *name, char *out);
-int jp_fail(struct jp_ctx *c, const char *code, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+int jp_fail(struct jp_ctx *c, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 int jp_fail_type(struct jp_ctx *c, const char *path, const char *what);
 int jp_fail_missing(struct jp_ctx *c, const char *path);
 int jp_fail_nomem(struct jp_ctx *c);
 void jp_excerpt(const struct jp_ctx *c, int i, char *out, size_t cap);
 double jp_number_value(const struct jp_ctx *c, int i);
 int jp_lookup(const struct jp_ctx *c, int obj, const char *name);
-int jp_get_float(struct jp_ctx *c, int obj, const char *name, double lo, bool lo_open, double hi,
-                     float *out, uint32_t given_bit);
-int jp_get_int(struct jp_ctx *c, int obj, const char *name, int64_t lo, int64_t hi, int64_t *out,
-                   bool *present);
+int jp_get_float(struct jp_ctx *c, int obj, const char *name, double lo, bool lo_open, double hi, float *out,
+                 uint32_t given_bit);
+int jp_get_int(struct jp_ctx *c, int obj, const char *name, int64_t lo, int64_t hi, int64_t *out, bool *present);
 int jp_get_seed(struct jp_ctx *c, int obj);
 int jp_get_bool(struct jp_ctx *c, int obj, const char *name, bool *out, bool *present);
-int jp_get_string(struct jp_ctx *c, int obj, const char *name, char **out, size_t *out_len,
-                      bool *present);
+int jp_get_string(struct jp_ctx *c, int obj, const char *name, char **out, size_t *out_len, bool *present);
 void jp_key_name(const struct jp_ctx *c, int k, char *buf, size_t cap);
 int jp_fail_unknown(struct jp_ctx *c, const char *path, const char *name, const char *extra);
 int jp_check_members(struct jp_ctx *c, int obj, const char *path, const char *const *names, size_t n);

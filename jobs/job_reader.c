@@ -17,15 +17,14 @@
 struct job_reader {
     FILE *f;
     size_t max_line;
-    char *buf;        /* holds unconsumed bytes buf[head..tail) */
+    char *buf; /* holds unconsumed bytes buf[head..tail) */
     size_t cap, head, tail;
     uint64_t line_no; /* of the last line returned */
     uint64_t offset;  /* stream offset of buf[head] */
     bool eof;
 };
 
-enum kvb_status job_reader_create(FILE *f, size_t max_line, struct job_reader **out,
-                                  struct kvb_err *err)
+enum kvb_status job_reader_create(FILE *f, size_t max_line, struct job_reader **out, struct kvb_err *err)
 {
     *out = NULL;
     if (!f) return kvb_errf(err, KVB_ERR_INVALID_ARG, "job_reader_create: no file");
@@ -88,8 +87,7 @@ static enum kvb_status fill(struct job_reader *r, size_t *got, struct kvb_err *e
     return KVB_OK;
 }
 
-enum kvb_status job_reader_next(struct job_reader *r, struct job_line *line, bool *got,
-                                struct kvb_err *err)
+enum kvb_status job_reader_next(struct job_reader *r, struct job_line *line, bool *got, struct kvb_err *err)
 {
     *got = false;
     memset(line, 0, sizeof *line);

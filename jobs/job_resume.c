@@ -32,8 +32,7 @@ static bool line_key(const char *s, size_t len, struct job_key *key, enum kvb_st
         int i = json_get(&j, 0, "id");
         static const char prefix[] = "batch_req_";
         size_t pl = sizeof prefix - 1;
-        if (i >= 0 && json_kind(&j, i) == JSON_STRING &&
-            (size_t)(j.tok[i].end - j.tok[i].start) == pl + JOB_KEY_LEN &&
+        if (i >= 0 && json_kind(&j, i) == JSON_STRING && (size_t)(j.tok[i].end - j.tok[i].start) == pl + JOB_KEY_LEN &&
             memcmp(s + j.tok[i].start, prefix, pl) == 0) {
             const char *h = s + j.tok[i].start + pl;
             ok = true;
@@ -51,8 +50,8 @@ static bool line_key(const char *s, size_t len, struct job_key *key, enum kvb_st
     return ok;
 }
 
-enum kvb_status job_resume_scan(const char *path, struct job_idset *keys,
-                                struct job_resume_info *info, struct kvb_err *err)
+enum kvb_status job_resume_scan(const char *path, struct job_idset *keys, struct job_resume_info *info,
+                                struct kvb_err *err)
 {
     memset(info, 0, sizeof *info);
     FILE *f = fopen(path, "rb");
@@ -62,8 +61,8 @@ enum kvb_status job_resume_scan(const char *path, struct job_idset *keys,
     }
     struct job_reader *r = NULL;
     enum kvb_status st = job_reader_create(f, 0, &r, err);
-    uint64_t good_end = 0;     /* offset just past the last valid line */
-    uint64_t pending_bad = 0;  /* bad lines since the last valid one */
+    uint64_t good_end = 0;    /* offset just past the last valid line */
+    uint64_t pending_bad = 0; /* bad lines since the last valid one */
     uint64_t pending_first = 0;
     while (st == KVB_OK) {
         struct job_line line;
@@ -76,8 +75,7 @@ enum kvb_status job_resume_scan(const char *path, struct job_idset *keys,
         if (line.terminated && !line.too_long) {
             ok = line_key(line.data, line.len, &key, &st);
             if (st != KVB_OK) {
-                kvb_errf(err, st, "resuming %s: out of memory at line %llu", path,
-                         (unsigned long long)line.line_no);
+                kvb_errf(err, st, "resuming %s: out of memory at line %llu", path, (unsigned long long)line.line_no);
                 break;
             }
         }
@@ -94,8 +92,7 @@ enum kvb_status job_resume_scan(const char *path, struct job_idset *keys,
         }
         st = job_idset_add(keys, key.hex, JOB_KEY_LEN, NULL);
         if (st != KVB_OK) {
-            kvb_errf(err, st, "resuming %s: out of memory after %llu lines", path,
-                     (unsigned long long)info->lines_ok);
+            kvb_errf(err, st, "resuming %s: out of memory after %llu lines", path, (unsigned long long)info->lines_ok);
             break;
         }
         info->lines_ok++;

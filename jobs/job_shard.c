@@ -234,8 +234,8 @@ static bool parse_int(const char *s, long *out)
     return true;
 }
 
-enum kvb_status shard_parse(const char *spec, const char *(*get_env)(const char *name), int32_t *index,
-                            int32_t *count, struct kvb_err *err)
+enum kvb_status shard_parse(const char *spec, const char *(*get_env)(const char *name), int32_t *index, int32_t *count,
+                            struct kvb_err *err)
 {
     long i = -1, n = -1;
     if (spec && !strcmp(spec, "auto")) {
@@ -254,7 +254,8 @@ enum kvb_status shard_parse(const char *spec, const char *(*get_env)(const char 
             if (!parse_int(kidx, &i) || !parse_int(kcnt, &n))
                 return kvb_errf(err, KVB_ERR_INVALID_ARG,
                                 "--shard auto: JOB_COMPLETION_INDEX='%s' needs KVBATCH_SHARD_COUNT (the job's "
-                                "completions) as a whole number, got '%s'", kidx, kcnt ? kcnt : "");
+                                "completions) as a whole number, got '%s'",
+                                kidx, kcnt ? kcnt : "");
         } else {
             return kvb_errf(err, KVB_ERR_INVALID_ARG,
                             "--shard auto: neither a Slurm job array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT) "

@@ -20,8 +20,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "jobs/job.h"
 #include "base/status.h"
+#include "jobs/job.h"
 
 #define SHARD_BLOCK 16      /* tokens per hashed block */
 #define SHARD_MAX_BLOCKS 32 /* leading blocks that decide affinity (512 tokens) */
@@ -45,10 +45,10 @@ enum kvb_status shard_assign(const struct shard_item *items, int64_t n, int32_t 
 
 /* What shard_plan decides for one shard. */
 struct shard_plan_out {
-    uint8_t *mine;    /* mine[k] = 1 when line k+1 is this shard's (kvb_malloc'd: caller frees) */
-    int64_t n_lines;  /* lines read */
-    int64_t n_mine;   /* of them this shard's */
-    uint64_t hash;    /* of the whole assignment (every line's shard): equal in every shard
+    uint8_t *mine;   /* mine[k] = 1 when line k+1 is this shard's (kvb_malloc'd: caller frees) */
+    int64_t n_lines; /* lines read */
+    int64_t n_mine;  /* of them this shard's */
+    uint64_t hash;   /* of the whole assignment (every line's shard): equal in every shard
                          that planned the same split, so reports can tell when they did not */
 };
 
@@ -71,7 +71,7 @@ enum kvb_status shard_plan(FILE *f, int32_t index, int32_t count, int64_t max_ge
  * JOB_COMPLETION_INDEX of KVBATCH_SHARD_COUNT, read through get_env (getenv
  * in the program). KVB_ERR_INVALID_ARG with a message saying what is wrong
  * or missing. */
-enum kvb_status shard_parse(const char *spec, const char *(*get_env)(const char *name), int32_t *index,
-                            int32_t *count, struct kvb_err *err);
+enum kvb_status shard_parse(const char *spec, const char *(*get_env)(const char *name), int32_t *index, int32_t *count,
+                            struct kvb_err *err);
 
 #endif

@@ -26,9 +26,9 @@
 
 #include "base/alloc.h"
 #include "base/dtype.h"
+#include "base/tpool.h"
 #include "kernels/kernels.h"
 #include "model/quant.h"
-#include "base/tpool.h"
 
 /* One layer's weights on the device. */
 struct cu_layer {
@@ -61,8 +61,8 @@ struct step_shape {
 
 struct graph_slot {
     struct step_shape sh;
-    int seen;               /* steps of this shape so far */
-    cudaGraphExec_t exec;   /* NULL until captured */
+    int seen;             /* steps of this shape so far */
+    cudaGraphExec_t exec; /* NULL until captured */
     uint64_t last_use;
 };
 
@@ -79,11 +79,11 @@ struct cuda_be {
      * (h2d_done), a spill for the passes before it (step_done). */
     cudaStream_t d2h, h2d;
     cudaEvent_t h2d_done, step_done;
-    bool h2d_queued;                /* restores queued since the last forward */
+    bool h2d_queued; /* restores queued since the last forward */
     cublasHandle_t blas;
-    struct tpool *pool;             /* host threads for the engine's sampling (host_parallel) */
-    void *blas_ws;                  /* cuBLAS workspace, set explicitly so captured GEMMs keep it */
-    bool graphs;                    /* CUDA graphs for repeated step shapes (see struct graph_slot) */
+    struct tpool *pool; /* host threads for the engine's sampling (host_parallel) */
+    void *blas_ws;      /* cuBLAS workspace, set explicitly so captured GEMMs keep it */
+    bool graphs;        /* CUDA graphs for repeated step shapes (see struct graph_slot) */
     struct graph_slot gslots[GRAPH_SLOTS];
     uint64_t graph_clock;
     int64_t graph_launches;
@@ -94,27 +94,27 @@ struct cuda_be {
     int32_t n_sm;                   /* multiprocessors: below that many tiles x KV heads, kcu_attn */
     char kernels_name[96];          /* be.kernels */
 
-    struct cu_layer *layers;        /* (n_layer) host array of device pointers */
-    uint16_t *tok_embd;             /* (n_vocab, n_embd) bf16 */
-    uint16_t *output;               /* (n_vocab, n_embd) bf16; == tok_embd when tied */
-    float *output_norm;             /* (n_embd) */
-    float *inv_freq;                /* (rope_dim / 2) */
-    uint16_t *kv;                   /* (n_blocks, block_elems) fp16 */
+    struct cu_layer *layers; /* (n_layer) host array of device pointers */
+    uint16_t *tok_embd;      /* (n_vocab, n_embd) bf16 */
+    uint16_t *output;        /* (n_vocab, n_embd) bf16; == tok_embd when tied */
+    float *output_norm;      /* (n_embd) */
+    float *inv_freq;         /* (rope_dim / 2) */
+    uint16_t *kv;            /* (n_blocks, block_elems) fp16 */
 
     /* Per-step device scratch, grown to the largest step seen. Row counts
      * are rounded up to BE_CUDA_DET_ROWS so deterministic GEMM tiles fit. */
     int64_t cap_tok, cap_out;
-    float *x;                       /* (cap_tok, n_embd) residual stream */
-    float *qkv;                     /* (cap_tok, qkv_dim) */
-    float *gu;                      /* (cap_tok, 2*n_ff) */
-    uint16_t *xb;                   /* (cap_tok, max(n_embd, q_dim, n_ff)) bf16 GEMM input */
-    float *logits;                  /* (cap_out, n_vocab) */
+    float *x;      /* (cap_tok, n_embd) residual stream */
+    float *qkv;    /* (cap_tok, qkv_dim) */
+    float *gu;     /* (cap_tok, 2*n_ff) */
+    uint16_t *xb;  /* (cap_tok, max(n_embd, q_dim, n_ff)) bf16 GEMM input */
+    float *logits; /* (cap_out, n_vocab) */
     /* Step indices: tokens | positions | table offsets | output rows |
      * greedy rows | block tables, uploaded in one copy from pinned memory;
      * then the greedy choices, copied back into the same buffer. */
-    int64_t cap_idx;                /* int32 entries */
-    int32_t *h_idx;                 /* pinned host */
-    int32_t *d_idx;                 /* device */
+    int64_t cap_idx; /* int32 entries */
+    int32_t *h_idx;  /* pinned host */
+    int32_t *d_idx;  /* device */
 };
 
 static void graphs_clear(struct cuda_be *c);
@@ -183,8 +183,8 @@ bool be_cuda_available(int device, char *why, size_t cap)
         return false;
     }
     if (p.major < 8) {
-        snprintf(why, cap, "%s has compute capability %d.%d; kvbatch's bf16 kernels need 8.0 or newer", p.name,
-                 p.major, p.minor);
+        snprintf(why, cap, "%s has compute capability %d.%d; kvbatch's bf16 kernels need 8.0 or newer", p.name, p.major,
+                 p.minor);
         return false;
     }
     if (why != dummy) snprintf(why, cap, "%s", p.name);
@@ -267,9 +267,9 @@ static void cuda_free(struct backend *be)
 /* Host side of the upload: a pinned staging area for bf16 rows and one f32
  * row for quant_dequant_row. */
 struct uploader {
-    uint16_t *stage;   /* pinned, cap elements */
+    uint16_t *stage; /* pinned, cap elements */
     int64_t cap;
-    float *row;        /* (max_in) */
+    float *row; /* (max_in) */
 };
 
 static enum kvb_status dev_alloc(void *pp, int64_t bytes, const char *what, struct kvb_err *err)
@@ -305,8 +305,8 @@ static enum kvb_status upload_matrix(struct uploader *u, uint16_t *dst, const st
             if (st != KVB_OK) return kvb_errf(err, st, "%s: cannot dequantize type %u", name, (unsigned)w->type);
             for (int64_t i = 0; i < n_in; i++) out[i] = kvb_f32_to_bf16(u->row[i]);
         }
-        KVB_FORWARD_IF_ERROR(cu_check(cudaMemcpy(dst + r0 * n_in, u->stage, (size_t)(nr * n_in) * 2,
-                                                 cudaMemcpyHostToDevice), err, name));
+        KVB_FORWARD_IF_ERROR(cu_check(
+            cudaMemcpy(dst + r0 * n_in, u->stage, (size_t)(nr * n_in) * 2, cudaMemcpyHostToDevice), err, name));
     }
     return KVB_OK;
 }
@@ -368,10 +368,12 @@ static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, str
         KVB_FORWARD_IF_ERROR(upload_f32(&D->ffn_norm, L->ffn_norm, e, name, err));
         if (L->bq) {
             KVB_FORWARD_IF_ERROR(dev_alloc(&D->bqkv, c->qkv_dim * 4, name, err));
-            KVB_FORWARD_IF_ERROR(cu_check(cudaMemcpy(D->bqkv, L->bq, (size_t)qd * 4, cudaMemcpyHostToDevice), err, name));
-            KVB_FORWARD_IF_ERROR(cu_check(cudaMemcpy(D->bqkv + qd, L->bk, (size_t)kvd * 4, cudaMemcpyHostToDevice), err, name));
-            KVB_FORWARD_IF_ERROR(cu_check(cudaMemcpy(D->bqkv + qd + kvd, L->bv, (size_t)kvd * 4, cudaMemcpyHostToDevice),
-                                          err, name));
+            KVB_FORWARD_IF_ERROR(
+                cu_check(cudaMemcpy(D->bqkv, L->bq, (size_t)qd * 4, cudaMemcpyHostToDevice), err, name));
+            KVB_FORWARD_IF_ERROR(
+                cu_check(cudaMemcpy(D->bqkv + qd, L->bk, (size_t)kvd * 4, cudaMemcpyHostToDevice), err, name));
+            KVB_FORWARD_IF_ERROR(
+                cu_check(cudaMemcpy(D->bqkv + qd + kvd, L->bv, (size_t)kvd * 4, cudaMemcpyHostToDevice), err, name));
         }
         if (L->q_norm) {
             KVB_FORWARD_IF_ERROR(upload_f32(&D->q_norm, L->q_norm, hp->head_dim, name, err));
@@ -402,8 +404,7 @@ static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, str
 
 static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_out, int64_t n_idx,
-                                   struct kvb_err *err)
+static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_out, int64_t n_idx, struct kvb_err *err)
 {
     const struct model_hparams *hp = &c->m->hp;
     const int64_t e = hp->n_embd, f = hp->n_ff;
@@ -414,8 +415,13 @@ static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_o
         if (f > wide) wide = f;
         graphs_clear(c); /* they hold the old buffers' addresses */
         free_scratch(c);
-        struct { void *p; int64_t bytes; } b[] = {
-            {&c->x, nt * e * 4},       {&c->qkv, nt * c->qkv_dim * 4}, {&c->gu, nt * 2 * f * 4},
+        struct {
+            void *p;
+            int64_t bytes;
+        } b[] = {
+            {&c->x, nt * e * 4},
+            {&c->qkv, nt * c->qkv_dim * 4},
+            {&c->gu, nt * 2 * f * 4},
             {&c->xb, (nt > no ? nt : no) * wide * 2},
             {&c->logits, no * hp->n_vocab * 4},
         };
@@ -430,7 +436,8 @@ static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_o
             if (st != KVB_OK) {
                 free_scratch(c);
                 if (st != KVB_ERR_NOMEM) return st;
-                return kvb_errf(err, st, "CUDA: out of device memory: a %lld-token step needs %.1f MiB of scratch "
+                return kvb_errf(err, st,
+                                "CUDA: out of device memory: a %lld-token step needs %.1f MiB of scratch "
                                 "beside the weights and the KV pool: lower the tokens per step or --kv-mem",
                                 (long long)n_tok, mib(total));
             }
@@ -479,8 +486,8 @@ static void step_gemm(struct step *s, float *y, const uint16_t *x, const uint16_
 {
     const int64_t tile = s->c->det ? BE_CUDA_DET_ROWS : n_tok;
     for (int64_t r = 0; r < n_tok && !s->what; r += tile) {
-        cublasStatus_t b = (acc ? kcu_gemm_bf16_acc : kcu_gemm_bf16)(s->c->blas, y + r * n_out, x + r * n_in, w, tile,
-                                                                     n_in, n_out);
+        cublasStatus_t b =
+            (acc ? kcu_gemm_bf16_acc : kcu_gemm_bf16)(s->c->blas, y + r * n_out, x + r * n_in, w, tile, n_in, n_out);
         if (b != CUBLAS_STATUS_SUCCESS) {
             s->bs = b;
             s->what = what;
@@ -510,8 +517,10 @@ static void download_rows(struct step *s, const struct be_batch *batch, float *l
             run_n += n;
         } else if (down || !sq) {
             if (run_n > 0)
-                step_cu(s, cudaMemcpyAsync(logits + host * nv, c->logits + run_dev * nv, (size_t)(run_n * nv) * 4,
-                                           cudaMemcpyDeviceToHost, c->stream), "download logits");
+                step_cu(s,
+                        cudaMemcpyAsync(logits + host * nv, c->logits + run_dev * nv, (size_t)(run_n * nv) * 4,
+                                        cudaMemcpyDeviceToHost, c->stream),
+                        "download logits");
             host += run_n;
             run_dev = dev;
             run_n = n;
@@ -560,8 +569,15 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
     layout_of(sh, 0, &lo);
     const int32_t *d_pos = c->d_idx + lo.pos, *d_tab = c->d_idx + lo.tab, *d_rows = c->d_idx + lo.rows;
     struct kcu_paged pg = {
-        .pool = c->kv, .block_elems = c->block_elems, .block_size = c->be.block_size, .kv_dim = (int32_t)kvd,
-        .layer = 0, .n_tok = (int32_t)n_tok, .tok_pos = d_pos, .tok_table = d_tab, .blocks = c->d_idx + lo.blocks,
+        .pool = c->kv,
+        .block_elems = c->block_elems,
+        .block_size = c->be.block_size,
+        .kv_dim = (int32_t)kvd,
+        .layer = 0,
+        .n_tok = (int32_t)n_tok,
+        .tok_pos = d_pos,
+        .tok_table = d_tab,
+        .blocks = c->d_idx + lo.blocks,
     };
     const int32_t nt = (int32_t)n_tok, ne = (int32_t)e, nh = hp->n_head, nkv = hp->n_head_kv, h = (int32_t)hd;
     const int neox = hp->rope == ROPE_NEOX;
@@ -583,14 +599,17 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
             step_cu(s, kcu_rmsnorm(q, qkvd, q, qkvd, NULL, nt, nh, h, L->q_norm, eps, cs), "Q norm");
             step_cu(s, kcu_rmsnorm(k, qkvd, k, qkvd, NULL, nt, nkv, h, L->k_norm, eps, cs), "K norm");
         }
-        step_cu(s, kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, c->inv_freq, c->m->rope.mscale, cs), "RoPE");
+        step_cu(s, kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, c->inv_freq, c->m->rope.mscale, cs),
+                "RoPE");
         /* All of the step's K/V go in before attention reads any, so the
          * tokens of one prefill chunk see each other causally. */
         pg.layer = l;
         step_cu(s, kcu_kv_store(&pg, k, v, qkvd, cs), "KV store");
         if (sh->n_tiles > 0)
-            step_cu(s, kcu_attn_tc_bf16(c->xb, q, qkvd, &pg, c->d_idx + lo.tiles, (int32_t)sh->n_tiles, nh, nkv, h,
-                                        scale, cs), "attention");
+            step_cu(
+                s,
+                kcu_attn_tc_bf16(c->xb, q, qkvd, &pg, c->d_idx + lo.tiles, (int32_t)sh->n_tiles, nh, nkv, h, scale, cs),
+                "attention");
         else step_cu(s, kcu_attn_bf16(c->xb, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
         step_gemm(s, c->x, c->xb, L->wo, n_tok, qd, e, true, "output projection");
 
@@ -604,8 +623,10 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
                 "output norm");
         step_gemm(s, c->logits, c->xb, c->output, n_out, e, hp->n_vocab, false, "output head");
         if (n_am > 0)
-            step_cu(s, kcu_argmax(c->d_idx + lo.amax, c->logits, hp->n_vocab, c->d_idx + lo.arows, (int32_t)n_am,
-                                  hp->n_vocab, cs), "greedy choice");
+            step_cu(s,
+                    kcu_argmax(c->d_idx + lo.amax, c->logits, hp->n_vocab, c->d_idx + lo.arows, (int32_t)n_am,
+                               hp->n_vocab, cs),
+                    "greedy choice");
     }
 }
 
@@ -650,8 +671,7 @@ static bool graph_capture(struct cuda_be *c, struct graph_slot *g)
     if (e == cudaSuccess && !cap.what) e = cudaGraphInstantiate(&g->exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
     if (e == cudaSuccess && !cap.what && g->exec) return true;
-    snprintf(c->graph_off, sizeof c->graph_off, "capture failed: %s",
-             cap.what ? cap.what : cudaGetErrorString(e));
+    snprintf(c->graph_off, sizeof c->graph_off, "capture failed: %s", cap.what ? cap.what : cudaGetErrorString(e));
     cudaGetLastError(); /* the failure is handled: the step runs without */
     g->exec = NULL;
     c->graphs = false;
@@ -769,8 +789,7 @@ static void cuda_summary(struct backend *be, char *buf, size_t cap)
     if (c->graph_off[0])
         snprintf(buf, cap, "CUDA graphs switched off (%s); %lld steps had run from graphs", c->graph_off,
                  (long long)c->graph_launches);
-    else if (c->graphs)
-        snprintf(buf, cap, "%lld steps ran from CUDA graphs", (long long)c->graph_launches);
+    else if (c->graphs) snprintf(buf, cap, "%lld steps ran from CUDA graphs", (long long)c->graph_launches);
 }
 
 static void *cuda_host_alloc(struct backend *be, size_t bytes)
@@ -862,9 +881,10 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
         return kvb_errf(err, KVB_ERR_UNSUPPORTED, "no CUDA device: %s", why);
     const struct model_hparams *hp = &m->hp;
     if (hp->head_dim > KCU_ATTN_MAX_HEAD_DIM || hp->n_head % hp->n_head_kv)
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "CUDA backend: head_dim %d / %d heads over %d KV heads not supported "
-                        "(head_dim <= %d, whole groups)", hp->head_dim, hp->n_head, hp->n_head_kv,
-                        KCU_ATTN_MAX_HEAD_DIM);
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "CUDA backend: head_dim %d / %d heads over %d KV heads not supported "
+                        "(head_dim <= %d, whole groups)",
+                        hp->head_dim, hp->n_head, hp->n_head_kv, KCU_ATTN_MAX_HEAD_DIM);
 
     struct cuda_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
@@ -909,8 +929,10 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), err, "create stream");
     if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking), err, "create stream");
     if (st == KVB_OK) st = cu_check(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking), err, "create stream");
-    if (st == KVB_OK) st = cu_check(cudaEventCreateWithFlags(&c->h2d_done, cudaEventDisableTiming), err, "create event");
-    if (st == KVB_OK) st = cu_check(cudaEventCreateWithFlags(&c->step_done, cudaEventDisableTiming), err, "create event");
+    if (st == KVB_OK)
+        st = cu_check(cudaEventCreateWithFlags(&c->h2d_done, cudaEventDisableTiming), err, "create event");
+    if (st == KVB_OK)
+        st = cu_check(cudaEventCreateWithFlags(&c->step_done, cudaEventDisableTiming), err, "create event");
     if (st == KVB_OK) st = blas_check(cublasCreate(&c->blas), err, "create handle");
     if (st == KVB_OK) st = blas_check(cublasSetStream(c->blas, c->stream), err, "set stream");
     /* After cublasSetStream, which resets the workspace to cuBLAS's pool:
@@ -923,8 +945,10 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     if (st == KVB_OK) {
         const int64_t free_b = be_cuda_free_memory(o->device);
         if (free_b >= 0 && w_bytes > free_b)
-            st = kvb_errf(err, KVB_ERR_NOMEM, "CUDA: the weights need %.1f MiB of device memory as bf16, device %d has "
-                          "%.1f MiB free: use a smaller model or another GPU", mib(w_bytes), o->device, mib(free_b));
+            st = kvb_errf(err, KVB_ERR_NOMEM,
+                          "CUDA: the weights need %.1f MiB of device memory as bf16, device %d has "
+                          "%.1f MiB free: use a smaller model or another GPU",
+                          mib(w_bytes), o->device, mib(free_b));
     }
     /* Host staging for the upload: 64 MiB of pinned bf16 rows. */
     struct uploader u = {NULL, 0, NULL};
@@ -947,9 +971,10 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
             cudaGetLastError();
             c->kv = NULL;
             const int64_t free_b = be_cuda_free_memory(o->device);
-            st = kvb_errf(err, KVB_ERR_NOMEM, "CUDA: the KV pool of %d blocks needs %.1f MiB of device memory, %.1f MiB "
-                          "are free after %.1f MiB of weights: lower --kv-mem", o->n_blocks, mib(kv_bytes),
-                          mib(free_b), mib(w_bytes));
+            st = kvb_errf(err, KVB_ERR_NOMEM,
+                          "CUDA: the KV pool of %d blocks needs %.1f MiB of device memory, %.1f MiB "
+                          "are free after %.1f MiB of weights: lower --kv-mem",
+                          o->n_blocks, mib(kv_bytes), mib(free_b), mib(w_bytes));
         } else {
             st = cu_check(e, err, "KV pool");
         }

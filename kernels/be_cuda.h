@@ -41,8 +41,8 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "model/model.h"
 #include "base/status.h"
+#include "model/model.h"
 
 /* Whether CUDA device `device` exists and can run kvbatch's kernels. When
  * not, writes the reason (the CUDA runtime's message, "no CUDA device", or
@@ -50,10 +50,10 @@
 bool be_cuda_available(int device, char *why, size_t cap);
 
 struct be_cuda_opts {
-    int device;          /* CUDA device index, >= 0 */
-    int32_t block_size;  /* tokens per KV block, > 0 */
-    int32_t n_blocks;    /* KV pool size in blocks, > 0 */
-    int n_threads;       /* host threads for the engine's sampling (host_parallel); <= 0: one per CPU */
+    int device;         /* CUDA device index, >= 0 */
+    int32_t block_size; /* tokens per KV block, > 0 */
+    int32_t n_blocks;   /* KV pool size in blocks, > 0 */
+    int n_threads;      /* host threads for the engine's sampling (host_parallel); <= 0: one per CPU */
     /* Batch-invariant GEMMs: every GEMM runs on fixed tiles of
      * BE_CUDA_DET_ROWS token rows (the last one padded), so that cuBLAS
      * picks the same kernel and reduction order whatever the step's size and

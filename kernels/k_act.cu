@@ -17,8 +17,7 @@ static unsigned act_grid(int64_t n)
 __device__ static void put(float *p, float v) { *p = v; }
 __device__ static void put(uint16_t *p, float v) { *p = __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
-template <typename OutT>
-__global__ static void swiglu_kernel(OutT *out, const float *gu, int32_t n_ff, int64_t n)
+template <typename OutT> __global__ static void swiglu_kernel(OutT *out, const float *gu, int32_t n_ff, int64_t n)
 {
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = k / n_ff, i = k % n_ff;
@@ -54,8 +53,7 @@ extern "C" cudaError_t kcu_swiglu(float *out, const float *gu, int32_t n_tok, in
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t kcu_swiglu_bf16(uint16_t *out, const float *gu, int32_t n_tok, int32_t n_ff,
-                                       cudaStream_t stream)
+extern "C" cudaError_t kcu_swiglu_bf16(uint16_t *out, const float *gu, int32_t n_tok, int32_t n_ff, cudaStream_t stream)
 {
     if (n_tok < 0 || n_ff < 0) return cudaErrorInvalidValue;
     const int64_t n = (int64_t)n_tok * n_ff;
@@ -73,7 +71,7 @@ extern "C" cudaError_t kcu_add(float *y, const float *x, int64_t n, cudaStream_t
 }
 
 extern "C" cudaError_t kcu_add_bias(float *y, int64_t ld, const float *b, int32_t n_rows, int32_t n,
-                                   cudaStream_t stream)
+                                    cudaStream_t stream)
 {
     if (n_rows < 0 || n < 0) return cudaErrorInvalidValue;
     const int64_t total = (int64_t)n_rows * n;

@@ -38,8 +38,7 @@ __device__ static float h2f(uint16_t h) { return __half2float(__ushort_as_half(h
 /* PER_LANE = head dims per lane (head_dim <= 32 * PER_LANE): a compile-time
  * count so the per-lane arrays stay in registers, sized to the head so that
  * a 64-wide head does not pay for 256 in registers and occupancy. */
-template <int PER_LANE>
-__global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct attn_args a)
+template <int PER_LANE> __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct attn_args a)
 {
     __shared__ float qs[KCU_ATTN_MAX_HEAD_DIM];
     __shared__ float wm[ATTN_WARPS], wl[ATTN_WARPS];
@@ -150,9 +149,8 @@ extern "C" cudaError_t kcu_kv_store(const struct kcu_paged *kv, const float *k, 
     return cudaGetLastError();
 }
 
-static cudaError_t attn_launch(float *out, uint16_t *out_bf16, const float *q, int64_t q_ld,
-                               const struct kcu_paged *kv, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
-                               float scale, cudaStream_t stream)
+static cudaError_t attn_launch(float *out, uint16_t *out_bf16, const float *q, int64_t q_ld, const struct kcu_paged *kv,
+                               int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream)
 {
     if (kv->n_tok < 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 ||
         head_dim > KCU_ATTN_MAX_HEAD_DIM || kv->block_size <= 0 || kv->kv_dim != n_head_kv * head_dim)

@@ -51,8 +51,7 @@ struct atc_args {
  * starts (each warp keeps its rows' Q in fragments), so it needs no room
  * of its own. Rows are padded by 8 halves: 16-byte aligned for WMMA, and
  * consecutive rows start in different banks. */
-template <int HD>
-struct atc_smem {
+template <int HD> struct atc_smem {
     union {
         uint16_t q[ATC_ROWS][HD + 8];
         struct {
@@ -60,11 +59,11 @@ struct atc_smem {
             uint16_t v[ATC_CHUNK][HD + 8];
         } kv;
     } u;
-    float s[ATC_WARPS][16][ATC_CHUNK]; /* scores of the chunk */
+    float s[ATC_WARPS][16][ATC_CHUNK];    /* scores of the chunk */
     uint16_t p[ATC_WARPS][16][ATC_CHUNK]; /* probabilities, fp16 */
-    float pv[ATC_WARPS][16][16];        /* one 16-column slice of P·V */
-    float corr[ATC_WARPS][16];          /* this chunk's rescaling of each row */
-    float l[ATC_WARPS][16];             /* each row's softmax sum */
+    float pv[ATC_WARPS][16][16];          /* one 16-column slice of P·V */
+    float corr[ATC_WARPS][16];            /* this chunk's rescaling of each row */
+    float l[ATC_WARPS][16];               /* each row's softmax sum */
 };
 
 /* The steps of atc_kernel that read best on their own, inlined into it. The
@@ -152,14 +151,14 @@ __device__ __forceinline__ static void atc_store(const struct atc_args &a, const
             const int idx = lane * 8 + e, r = warp * 16 + idx / 16, col = n * 16 + idx % 16;
             if (r >= n_rows) continue;
             const float x = o[n][e] / sm.l[warp][idx / 16];
-            const int64_t at = (int64_t)(t0 + r / G) * ((int64_t)a.n_head_kv * G * HD) + (int64_t)(g * G + r % G) * HD + col;
+            const int64_t at =
+                (int64_t)(t0 + r / G) * ((int64_t)a.n_head_kv * G * HD) + (int64_t)(g * G + r % G) * HD + col;
             if (a.out) a.out[at] = x;
             else a.out_bf16[at] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
         }
 }
 
-template <int HD>
-__global__ static void __launch_bounds__(ATC_WARPS * 32) atc_kernel(struct atc_args a)
+template <int HD> __global__ static void __launch_bounds__(ATC_WARPS * 32) atc_kernel(struct atc_args a)
 {
     __shared__ __align__(128) atc_smem<HD> sm;
     const int32_t tile = blockIdx.x / a.n_head_kv, g = blockIdx.x % a.n_head_kv;
@@ -255,9 +254,9 @@ extern "C" int32_t kcu_attn_tc_tile_tokens(int32_t n_head, int32_t n_head_kv, in
     return group <= ATC_ROWS ? ATC_ROWS / group : 0;
 }
 
-static cudaError_t atc_launch(float *out, uint16_t *out_bf16, const float *q, int64_t q_ld,
-                              const struct kcu_paged *kv, const int32_t *tiles, int32_t n_tiles, int32_t n_head,
-                              int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream)
+static cudaError_t atc_launch(float *out, uint16_t *out_bf16, const float *q, int64_t q_ld, const struct kcu_paged *kv,
+                              const int32_t *tiles, int32_t n_tiles, int32_t n_head, int32_t n_head_kv,
+                              int32_t head_dim, float scale, cudaStream_t stream)
 {
     if (kcu_attn_tc_tile_tokens(n_head, n_head_kv, head_dim) == 0 || n_tiles < 0 || kv->block_size <= 0 ||
         kv->kv_dim != n_head_kv * head_dim)

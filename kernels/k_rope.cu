@@ -25,8 +25,8 @@ __global__ static void rope_kernel(float *x, int64_t ld, int32_t n_heads, int32_
 }
 
 extern "C" cudaError_t kcu_rope(float *x, int64_t ld, int32_t n_tok, int32_t n_heads, int32_t head_dim,
-                                int32_t rope_dim, int neox, const int32_t *tok_pos, const float *inv_freq,
-                                float mscale, cudaStream_t stream)
+                                int32_t rope_dim, int neox, const int32_t *tok_pos, const float *inv_freq, float mscale,
+                                cudaStream_t stream)
 {
     if (n_tok < 0 || n_heads < 0 || rope_dim < 0 || rope_dim > head_dim) return cudaErrorInvalidValue;
     if (n_tok == 0 || n_heads == 0 || rope_dim < 2) return cudaSuccess;

@@ -49,8 +49,8 @@ cudaError_t kcu_embed(float *out, const uint16_t *table, const int32_t *tokens, 
  * alias x when rows is NULL and out_ld == x_ld. The sum of squares is reduced
  * in a fixed order, so a row's result does not depend on the other rows.
  * Reference: attn_rmsnorm. */
-cudaError_t kcu_rmsnorm(float *out, int64_t out_ld, const float *x, int64_t x_ld, const int32_t *rows,
-                        int32_t n_rows, int32_t n_sub, int32_t n, const float *w, float eps, cudaStream_t stream);
+cudaError_t kcu_rmsnorm(float *out, int64_t out_ld, const float *x, int64_t x_ld, const int32_t *rows, int32_t n_rows,
+                        int32_t n_sub, int32_t n, const float *w, float eps, cudaStream_t stream);
 
 /* kcu_rmsnorm with n_sub = 1 whose result is stored rounded to bf16: the
  * next GEMM's input, bit for bit what kcu_f32_to_bf16 would make of the f32
@@ -66,8 +66,8 @@ cudaError_t kcu_rmsnorm_bf16(uint16_t *out, int64_t out_ld, const float *x, int6
  * (i, i + rope_dim/2) when neox != 0 (qwen). inv_freq (rope_dim/2) on the
  * device, scaling included (model_rope_freqs); cos and sin are multiplied by
  * mscale (yarn's attention factor, else 1). Reference: attn_rope. */
-cudaError_t kcu_rope(float *x, int64_t ld, int32_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim,
-                     int neox, const int32_t *tok_pos, const float *inv_freq, float mscale, cudaStream_t stream);
+cudaError_t kcu_rope(float *x, int64_t ld, int32_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rope_dim, int neox,
+                     const int32_t *tok_pos, const float *inv_freq, float mscale, cudaStream_t stream);
 
 /* ---- k_act.cu --------------------------------------------------------------- */
 
@@ -108,22 +108,21 @@ cudaError_t kcu_argmax(int32_t *out, const float *x, int64_t ld, const int32_t *
  * table starts at blocks + tok_table[t]; position p is in block
  * table[p / block_size], slot p % block_size. */
 struct kcu_paged {
-    uint16_t *pool;          /* (n_blocks, block_elems) fp16 */
+    uint16_t *pool; /* (n_blocks, block_elems) fp16 */
     int64_t block_elems;
     int32_t block_size;
-    int32_t kv_dim;          /* n_head_kv * head_dim */
+    int32_t kv_dim; /* n_head_kv * head_dim */
     int32_t layer;
     int32_t n_tok;
-    const int32_t *tok_pos;  /* (n_tok) */
-    const int32_t *tok_table;/* (n_tok) offsets into blocks */
-    const int32_t *blocks;   /* concatenated block tables */
+    const int32_t *tok_pos;   /* (n_tok) */
+    const int32_t *tok_table; /* (n_tok) offsets into blocks */
+    const int32_t *blocks;    /* concatenated block tables */
 };
 
 /* Writes each token's K and V rows (k + t*ld, v + t*ld; kv_dim floats each)
  * as fp16 into its slot of layer kv->layer. Reference: the store loop in
  * be_cpu.c (kvb_f32_to_fp16). */
-cudaError_t kcu_kv_store(const struct kcu_paged *kv, const float *k, const float *v, int64_t ld,
-                         cudaStream_t stream);
+cudaError_t kcu_kv_store(const struct kcu_paged *kv, const float *k, const float *v, int64_t ld, cudaStream_t stream);
 
 /* Causal attention for every (token, query head) of a step, prefill chunks
  * and decode tokens mixed: token t attends to positions [0, tok_pos[t]] of
@@ -160,8 +159,8 @@ cudaError_t kcu_attn_tc(float *out, const float *q, int64_t q_ld, const struct k
                         int32_t n_tiles, int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale,
                         cudaStream_t stream);
 cudaError_t kcu_attn_tc_bf16(uint16_t *out, const float *q, int64_t q_ld, const struct kcu_paged *kv,
-                             const int32_t *tiles, int32_t n_tiles, int32_t n_head, int32_t n_head_kv,
-                             int32_t head_dim, float scale, cudaStream_t stream);
+                             const int32_t *tiles, int32_t n_tiles, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                             float scale, cudaStream_t stream);
 
 /* ---- k_gemm.c (cuBLAS) ------------------------------------------------------ */
 

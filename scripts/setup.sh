@@ -11,7 +11,7 @@ TEST=0
 [ "${1:-}" = "--test" ] && TEST=1
 
 APT_PKGS="build-essential cmake pkg-config liblmdb-dev libzstd-dev libsqlite3-dev libjsmn-dev libxxhash-dev python3-pip"
-[ $TEST = 1 ] && APT_PKGS="$APT_PKGS clang libclang-rt-14-dev python3-venv man-db"
+[ $TEST = 1 ] && APT_PKGS="$APT_PKGS clang clang-format libclang-rt-14-dev python3-venv man-db"
 missing=""
 for p in $APT_PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

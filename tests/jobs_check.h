@@ -173,11 +173,12 @@ static inline void expect_err(const char *line, const char *code, const char *pa
     expect_err_at(line, 7, code, param);
 }
 
-#define CHAT_PRE "{\"custom_id\":\"c1\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+#define CHAT_PRE                                                                                                       \
+    "{\"custom_id\":\"c1\",\"method\":\"POST\",\"url\":\"/v1/chat/"                                                    \
+    "completions\",\"body\":{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
 #define COMP_PRE "{\"custom_id\":\"p1\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"hi\""
 
 /* ---- parsing: bad input ------------------------------------------------------------- */
-
 
 /* ---- files ---------------------------------------------------------------------------- */
 
@@ -203,8 +204,14 @@ static inline void write_file(const char *path, const char *data, size_t n)
 static inline void append_result(struct kvb_buf *b, const char *cid)
 {
     struct job_choice ch = {.text = "ok", .text_len = 2};
-    struct job_result res = {.custom_id = cid, .custom_id_len = strlen(cid), .url = JOB_URL_CHAT, .model = "m",
-                             .choices = &ch, .n_choices = 1, .prompt_tokens = 1, .completion_tokens = 1};
+    struct job_result res = {.custom_id = cid,
+                             .custom_id_len = strlen(cid),
+                             .url = JOB_URL_CHAT,
+                             .model = "m",
+                             .choices = &ch,
+                             .n_choices = 1,
+                             .prompt_tokens = 1,
+                             .completion_tokens = 1};
     CHECK(job_format_result(b, &res) == KVB_OK);
 }
 

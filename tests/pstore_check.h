@@ -19,10 +19,7 @@ static const char *const FP_B = "fedcba9876543210fedcba9876543210";
 
 static inline double now(void) { return kvb_clock_s(); }
 
-static inline uint64_t rng_next(uint64_t *s)
-{
-    return kvb_xorshift64(s);
-}
+static inline uint64_t rng_next(uint64_t *s) { return kvb_xorshift64(s); }
 
 static inline double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
 
@@ -35,8 +32,8 @@ static inline double rng_gauss(uint64_t *s)
 
 static inline struct pstore_model model(const char *fp, enum pstore_dtype dt, int bs, int n_layer, int kv_dim)
 {
-    struct pstore_model m = {.name = "tiny test model", .dtype = dt, .block_size = bs, .n_layer = n_layer,
-                             .kv_dim = kv_dim};
+    struct pstore_model m = {
+        .name = "tiny test model", .dtype = dt, .block_size = bs, .n_layer = n_layer, .kv_dim = kv_dim};
     snprintf(m.fingerprint, sizeof m.fingerprint, "%s", fp);
     return m;
 }
@@ -82,7 +79,6 @@ static inline void fill_random(void *p, size_t n, uint64_t seed)
     uint8_t *b = p;
     for (size_t i = 0; i < n; i++) b[i] = (uint8_t)(rng_next(&s) >> 24);
 }
-
 
 /* How far lossy8 values b are from the originals a: the largest absolute
  * error, the largest relative to its row's largest value, and the RMS error

@@ -125,6 +125,15 @@ def runs(tmp, job):
                        "body": {k: v for k, v in d["body"].items()
                                 if k not in ("echo", "logprobs", "prompt_logprobs", "max_tokens")} | {"max_tokens": 1}}
                       for d in lines])
+    # in one run, requests that do not score first: their blocks in the prefix tree carry no
+    # scores; the first scoring request computes the header again and its scores go to those
+    # blocks, so the next ones reuse them
+    go("plainonly", ["--no-cache"], plain)
+    mixed = os.path.join(tmp, "mixed-job.jsonl")
+    plain_lines = [json.loads(x) for x in open(plain)]
+    write_job(mixed, [dict(d, custom_id="plain-" + d["custom_id"]) for d in plain_lines] + lines)
+    r, _ = go("mixed", ["--no-cache"], mixed)
+    got["mixed"] = {k: v for k, v in r.items() if not k.startswith("plain-")}
     cache2 = os.path.join(tmp, "cache2")
     go("plain", ["--cache-dir", cache2], plain)
     got["unscored"], _ = go("unscored", ["--cache-dir", cache2])
@@ -167,6 +176,10 @@ def check_caches(got, sums):
     check(run_reuse > 0, f"together: no in-run reuse ({sums['together']})")
     tot, run_reuse, store, computed = sums["warm"]
     check(store > 0 and computed * 4 < tot, f"warm: the header was not served from the cache ({sums['warm']})")
+    slack = 16 * len(job_lines())  # a block per request: where the two kinds met mid-prefill
+    check(sums["mixed"][3] <= sums["plainonly"][3] + sums["together"][3] + slack,
+          f"mixed: scoring requests computed again what scored blocks in the tree had ({sums['mixed']} vs "
+          f"{sums['plainonly']} + {sums['together']})")
     _, _, store_u, computed_u = sums["unscored"]
     check(store_u == 0, f"unscored: blocks without scores were reused for scoring ({sums['unscored']})")
     _, _, store_g, computed_g = sums["upgraded"]

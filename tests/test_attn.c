@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/dtype.h"
 #include "base/rng.h"
 #include "cpu/attn.h"
-#include "base/dtype.h"
 #include "support/testutil.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -80,14 +80,14 @@ static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t 
     }
     for (int32_t i = 0; i < n_tok * qd && use_avx512 && !bad; i++)
         if (memcmp(&ref[i], &got512[i], sizeof(float)) != 0) {
-            CHECK_MSG(0, "%s (G=%d hd=%d bs=%d tokens=%d): element %d: AVX-512 tile %.9g, reference %.9g", name, G,
-                      hd, pl->bs, n_tok, i, (double)got512[i], (double)ref[i]);
+            CHECK_MSG(0, "%s (G=%d hd=%d bs=%d tokens=%d): element %d: AVX-512 tile %.9g, reference %.9g", name, G, hd,
+                      pl->bs, n_tok, i, (double)got512[i], (double)ref[i]);
             bad = 1;
         }
     for (int32_t i = 0; i < n_tok * qd && !bad; i++)
         if (memcmp(&ref[i], &got[i], sizeof(float)) != 0) {
-            CHECK_MSG(0, "%s (G=%d hd=%d bs=%d tokens=%d): element %d: tile %.9g, reference %.9g", name, G, hd,
-                      pl->bs, n_tok, i, (double)got[i], (double)ref[i]);
+            CHECK_MSG(0, "%s (G=%d hd=%d bs=%d tokens=%d): element %d: tile %.9g, reference %.9g", name, G, hd, pl->bs,
+                      n_tok, i, (double)got[i], (double)ref[i]);
             bad = 1;
         }
     free(q);
@@ -156,7 +156,7 @@ int main(void)
      * (G 1), groups past one register chunk (G 9), head sizes that are not a
      * multiple of 8, block sizes that are not a multiple of 8. */
     const int32_t cfg[][3] = {{3, 64, 16}, {1, 64, 16}, {4, 128, 16}, {8, 64, 32}, {9, 16, 16}, {2, 12, 16},
-                              {3, 64, 5},  {5, 24, 12}, {3, 64, 1},  {7, 40, 8},  {6, 32, 16}, {16, 64, 16}};
+                              {3, 64, 5},  {5, 24, 12}, {3, 64, 1},   {7, 40, 8},  {6, 32, 16}, {16, 64, 16}};
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) shapes(cfg[i][0], cfg[i][1], cfg[i][2]);
 
     /* attn_exp is the scalar twin of the kernels' exp: spot values. */

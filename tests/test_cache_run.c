@@ -14,13 +14,13 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "base/alloc.h"
 #include "backend/backend.h"
+#include "base/alloc.h"
 #include "cpu/be_cpu.h"
+#include "engine/scheduler.h"
 #include "model/model.h"
 #include "store/pstore/pstore.h"
 #include "store/pstore/pstore_internal.h"
-#include "engine/scheduler.h"
 #include "support/testutil.h"
 #include "text/tok.h"
 
@@ -126,7 +126,8 @@ static enum kvb_status aq_forward(struct backend *be, const struct be_batch *b, 
 static uint64_t queue_bytes; /* the store's queue bound (0: its default) */
 
 /* Runs every request; returns the scheduler's stats and, via *pst, the store's. */
-static struct sched_stats run_as(const char *cache_dir, bool reverse, bool async, struct out *o, struct pstore_stats *pst)
+static struct sched_stats run_as(const char *cache_dir, bool reverse, bool async, struct out *o,
+                                 struct pstore_stats *pst)
 {
     memset(o, 0, sizeof *o);
     struct be_cpu_opts bo = {.n_threads = 2, .block_size = 16, .n_blocks = 96};
@@ -148,8 +149,11 @@ static struct sched_stats run_as(const char *cache_dir, bool reverse, bool async
     struct sched *s = NULL;
     CHECK(sched_create(be, M->hp.n_vocab, &so, &cb, &s, &err) == KVB_OK);
     struct pstore *ps = NULL;
-    struct pstore_model pm = {.name = M->name, .dtype = PSTORE_DTYPE_F16, .block_size = 16,
-                              .n_layer = M->hp.n_layer, .kv_dim = M->hp.n_head_kv * M->hp.head_dim};
+    struct pstore_model pm = {.name = M->name,
+                              .dtype = PSTORE_DTYPE_F16,
+                              .block_size = 16,
+                              .n_layer = M->hp.n_layer,
+                              .kv_dim = M->hp.n_head_kv * M->hp.head_dim};
     memcpy(pm.fingerprint, M->fingerprint, sizeof pm.fingerprint);
     if (cache_dir) {
         struct pstore_opts po = {.quiet = true, .queue_bytes = queue_bytes};
@@ -185,10 +189,7 @@ static struct sched_stats run(const char *cache_dir, bool reverse, struct out *o
     return run_as(cache_dir, reverse, false, o, pst);
 }
 
-static bool same(const struct out *a, const struct out *b)
-{
-    return memcmp(a, b, sizeof *a) == 0;
-}
+static bool same(const struct out *a, const struct out *b) { return memcmp(a, b, sizeof *a) == 0; }
 
 /* Damages every stored value in one of four ways, cycling through them. */
 static int plant_damage(const char *dir)
@@ -211,17 +212,24 @@ static int plant_damage(const char *dir)
      * leaves the tree's keys out of order (damage to the file's structure,
      * which opening now detects and sets aside, not the value damage meant
      * here). */
-    struct { uint8_t key[16]; uint8_t *val; size_t len; } planted[256];
-    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && n < 256; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    struct {
+        uint8_t key[16];
+        uint8_t *val;
+        size_t len;
+    } planted[256];
+    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && n < 256;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
         size_t len = v.mv_size;
         uint8_t *val = malloc(len);
         memcpy(val, v.mv_data, len);
         size_t hl = pstore_hdr_len(16);
         switch (n % 4) {
-        case 0: for (size_t i = 0; i < len; i++) val[i] = (uint8_t)(i * 131 + 7); break; /* garbage */
-        case 1: len /= 2; break;                                                           /* truncated */
-        case 2: val[4] = PSTORE_FORMAT_VERSION + 1; break;                                 /* version */
-        case 3: val[8] ^= 0x55; break;                                                     /* model */
+        case 0:
+            for (size_t i = 0; i < len; i++) val[i] = (uint8_t)(i * 131 + 7);
+            break;                                         /* garbage */
+        case 1: len /= 2; break;                           /* truncated */
+        case 2: val[4] = PSTORE_FORMAT_VERSION + 1; break; /* version */
+        case 3: val[8] ^= 0x55; break;                     /* model */
         }
         if (n % 4 >= 2 && len >= hl) { /* a valid header checksum, so only the field is wrong */
             uint64_t h = XXH3_64bits(val, hl - 8);
@@ -294,7 +302,8 @@ int main(void)
     CHECK_MSG(same(&ref, &acold), "cold run with queued copies differs from the run without a cache");
     struct sched_stats a2 = run_as(store_c, true, true, &awarm, NULL);
     printf("queued copies: cold wrote %llu blocks (%lld reads), warm restored %lld tokens (%lld writes)\n",
-           (unsigned long long)apst.blocks_written, (long long)aq.reads, (long long)a2.store_tokens, (long long)aq.writes);
+           (unsigned long long)apst.blocks_written, (long long)aq.reads, (long long)a2.store_tokens,
+           (long long)aq.writes);
     CHECK(aq.reads > 0 && aq.writes > 0 && apst.blocks_written == cold_written);
     CHECK(a2.store_tokens == s2.store_tokens);
     CHECK_MSG(same(&ref, &awarm), "warm run with queued copies differs from the run without a cache");

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "text/chat.h"
 #include "support/testutil.h"
+#include "text/chat.h"
 
 /* SmolLM2-135M-Instruct's tokenizer.chat_template as its GGUF stores it:
  * the newlines inside the quotes are real newline characters. */
@@ -37,7 +37,8 @@ static const char QWEN25[] =
     "{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n"
     "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
     "    {%- else %}\n"
-    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n"
+    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.<|im_end|>\\n' }}\n"
     "    {%- endif %}\n{%- endif %}\n"
     "{%- for message in messages %}{%- if (message.role == \"user\") or (message.role == \"system\" and not "
     "loop.first) or (message.role == \"assistant\") %}"
@@ -163,13 +164,11 @@ static void check_detect(const char *what, const char *text, enum chat_family wa
     enum kvb_status st = chat_template_detect(text, strlen(text), &t, &err);
     CHECK_MSG(st == KVB_OK, "%s: %s", what, err.msg);
     if (st != KVB_OK) return;
-    CHECK_MSG(t.family == want, "%s: detected %s, want %s", what, chat_family_name(t.family),
-              chat_family_name(want));
+    CHECK_MSG(t.family == want, "%s: detected %s, want %s", what, chat_family_name(t.family), chat_family_name(want));
     if (want_system)
-        CHECK_MSG(t.default_system && strcmp(t.default_system, want_system) == 0, "%s: default system [%s]",
-                  what, t.default_system ? t.default_system : "(null)");
-    else
-        CHECK_MSG(t.default_system == NULL, "%s: unexpected default system [%s]", what, t.default_system);
+        CHECK_MSG(t.default_system && strcmp(t.default_system, want_system) == 0, "%s: default system [%s]", what,
+                  t.default_system ? t.default_system : "(null)");
+    else CHECK_MSG(t.default_system == NULL, "%s: unexpected default system [%s]", what, t.default_system);
     chat_template_free(&t);
 }
 
@@ -201,7 +200,8 @@ static void test_detect(void)
 {
     check_detect("SmolLM2 (GGUF)", SMOLLM2, CHAT_CHATML, SMOLLM2_SYSTEM);
     check_detect("SmolLM2 (escaped)", SMOLLM2_ESCAPED, CHAT_CHATML, SMOLLM2_SYSTEM);
-    check_detect("Qwen2.5", QWEN25, CHAT_CHATML, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    check_detect("Qwen2.5", QWEN25, CHAT_CHATML,
+                 "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
     check_detect("OpenHermes", CHATML_PLAIN, CHAT_CHATML, NULL);
     check_detect("Llama 3", LLAMA3, CHAT_LLAMA3, NULL);
     check_detect("Llama 3.1", LLAMA31, CHAT_LLAMA31, NULL);
@@ -234,10 +234,10 @@ static void test_detect(void)
 
 static void test_names(void)
 {
-    const char *names[] = {"chatml", "llama3", "llama31", "llama2", "mistral",
-                           "mistral-v3", "mistral-tekken", "zephyr", "gemma"};
-    const enum chat_family fam[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA31, CHAT_LLAMA2, CHAT_MISTRAL,
-                                    CHAT_MISTRAL, CHAT_MISTRAL, CHAT_ZEPHYR, CHAT_GEMMA};
+    const char *names[] = {"chatml",     "llama3",         "llama31", "llama2", "mistral",
+                           "mistral-v3", "mistral-tekken", "zephyr",  "gemma"};
+    const enum chat_family fam[] = {CHAT_CHATML,  CHAT_LLAMA3,  CHAT_LLAMA31, CHAT_LLAMA2, CHAT_MISTRAL,
+                                    CHAT_MISTRAL, CHAT_MISTRAL, CHAT_ZEPHYR,  CHAT_GEMMA};
     for (int i = 0; i < 9; i++) {
         struct chat_template t;
         CHECK_EQ_INT(chat_template_from_name(names[i], &t, NULL), KVB_OK);
@@ -267,8 +267,8 @@ static const struct chat_msg USER[] = {{"user", "Hi there"}};
 static const struct chat_msg MULTI[] = {
     {"user", "Hi"}, {"assistant", "Hello! How can I help?"}, {"user", "What is 2+2?"}};
 
-static void check_apply(const char *what, const struct chat_template *t, const struct chat_msg *m, size_t n,
-                        bool gen, const char *want)
+static void check_apply(const char *what, const struct chat_template *t, const struct chat_msg *m, size_t n, bool gen,
+                        const char *want)
 {
     char *got = NULL;
     struct kvb_err err = {{0}};
@@ -294,8 +294,8 @@ static void check_turns(const char *what, const struct chat_template *t, const c
     check_apply(what, t, MULTI, 3, true, buf);
 }
 
-static void check_family(const char *what, enum chat_family f, const char *default_system,
-                         const char *sys_user, const char *user, const char *multi, const char *gen)
+static void check_family(const char *what, enum chat_family f, const char *default_system, const char *sys_user,
+                         const char *user, const char *multi, const char *gen)
 {
     struct chat_template t = {f, (char *)default_system, {0}};
     check_turns(what, &t, sys_user, user, multi, gen);
@@ -324,17 +324,17 @@ static void test_apply(void)
                  "<|start_header_id|>assistant<|end_header_id|>\n\nHello! How can I help?<|eot_id|>"
                  "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>",
                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
-#define L31_HEAD "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n" \
-                 "Today Date: 26 Jul 2024\n\n"
+#define L31_HEAD                                                                                                       \
+    "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"                            \
+    "Today Date: 26 Jul 2024\n\n"
     check_family("llama31", CHAT_LLAMA31, NULL,
                  L31_HEAD "You are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>",
                  L31_HEAD "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>",
                  L31_HEAD "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-                 "<|start_header_id|>assistant<|end_header_id|>\n\nHello! How can I help?<|eot_id|>"
-                 "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>",
+                          "<|start_header_id|>assistant<|end_header_id|>\n\nHello! How can I help?<|eot_id|>"
+                          "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>",
                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
-    check_family("llama2", CHAT_LLAMA2, NULL,
-                 "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi there [/INST]",
+    check_family("llama2", CHAT_LLAMA2, NULL, "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi there [/INST]",
                  "[INST] Hi there [/INST]",
                  "[INST] Hi [/INST] Hello! How can I help? </s><s>[INST] What is 2+2? [/INST]",
                  ""); /* the closing [/INST] is the cue: no generation prompt */
@@ -344,18 +344,16 @@ static void test_apply(void)
     CHECK_EQ_INT(chat_template_from_name("mistral-v3", &mv3, NULL), KVB_OK);
     CHECK_EQ_INT(chat_template_from_name("mistral-tekken", &mtk, NULL), KVB_OK);
     check_turns("mistral v1", &mv1, "[INST] You are terse.\n\nHi there [/INST]", "[INST] Hi there [/INST]",
-                         "[INST] Hi [/INST] Hello! How can I help?</s>[INST] What is 2+2? [/INST]", "");
+                "[INST] Hi [/INST] Hello! How can I help?</s>[INST] What is 2+2? [/INST]", "");
     check_turns("mistral v3", &mv3, "[INST] You are terse.\n\nHi there[/INST]", "[INST] Hi there[/INST]",
-                         "[INST] Hi[/INST] Hello! How can I help?</s>[INST] What is 2+2?[/INST]", "");
+                "[INST] Hi[/INST] Hello! How can I help?</s>[INST] What is 2+2?[/INST]", "");
     check_turns("mistral tekken", &mtk, "[INST]You are terse.\n\nHi there[/INST]", "[INST]Hi there[/INST]",
-                         "[INST]Hi[/INST]Hello! How can I help?</s>[INST]What is 2+2?[/INST]", "");
-    check_family("zephyr", CHAT_ZEPHYR, NULL,
-                 "<|system|>\nYou are terse.</s>\n<|user|>\nHi there</s>\n",
+                "[INST]Hi[/INST]Hello! How can I help?</s>[INST]What is 2+2?[/INST]", "");
+    check_family("zephyr", CHAT_ZEPHYR, NULL, "<|system|>\nYou are terse.</s>\n<|user|>\nHi there</s>\n",
                  "<|user|>\nHi there</s>\n",
                  "<|user|>\nHi</s>\n<|assistant|>\nHello! How can I help?</s>\n<|user|>\nWhat is 2+2?</s>\n",
                  "<|assistant|>\n");
-    check_family("gemma", CHAT_GEMMA, NULL,
-                 "<start_of_turn>user\nYou are terse.\n\nHi there<end_of_turn>\n",
+    check_family("gemma", CHAT_GEMMA, NULL, "<start_of_turn>user\nYou are terse.\n\nHi there<end_of_turn>\n",
                  "<start_of_turn>user\nHi there<end_of_turn>\n",
                  "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nHello! How can I help?<end_of_turn>\n"
                  "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n",
@@ -389,8 +387,10 @@ static void test_apply(void)
     check_apply("llama2 system then turns", &t2, sys_multi, 4, true,
                 "[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1 </s><s>[INST] U2 [/INST]");
     /* Where the system prompt goes, verbatim user text, trimmed v3 replies, a lone system prompt. */
-    check_apply("mistral v1 system then turns", &mv1, sys_multi, 4, true, "[INST] S\n\nU1 [/INST] A1</s>[INST] U2 [/INST]");
-    check_apply("mistral v3 system then turns", &mv3, sys_multi, 4, true, "[INST] U1[/INST] A1</s>[INST] S\n\nU2[/INST]");
+    check_apply("mistral v1 system then turns", &mv1, sys_multi, 4, true,
+                "[INST] S\n\nU1 [/INST] A1</s>[INST] U2 [/INST]");
+    check_apply("mistral v3 system then turns", &mv3, sys_multi, 4, true,
+                "[INST] U1[/INST] A1</s>[INST] S\n\nU2[/INST]");
     /* v3 places it on the last message only when that is a user turn (else the template drops it) */
     check_apply("mistral v3 system, reply last", &mv3, sys_multi, 3, true, "[INST] U1[/INST] A1</s>");
     check_apply("mistral v1 system, reply last", &mv1, sys_multi, 3, true, "[INST] S\n\nU1 [/INST] A1</s>");
@@ -453,7 +453,8 @@ static void test_developer_and_continue(void)
     char want[512];
     snprintf(want, sizeof want,
              "<|im_start|>system\n%s<|im_end|>\n<|im_start|>developer\nBe brief.<|im_end|>\n<|im_start|>user\nHi"
-             "<|im_end|>\n<|im_start|>assistant\n", SMOLLM2_SYSTEM);
+             "<|im_end|>\n<|im_start|>assistant\n",
+             SMOLLM2_SYSTEM);
     check_apply("chatml developer (not a system turn: the default one stays)", &chatml, dev, 2, true, want);
     struct chat_template l3 = {CHAT_LLAMA3, NULL, {0}};
     check_apply("llama3 developer", &l3, dev, 2, true,
@@ -474,7 +475,8 @@ static void test_developer_and_continue(void)
     CHECK_EQ_INT(chat_apply_continue(&chatml, cont, 2, &out, &err), KVB_OK);
     snprintf(want, sizeof want,
              "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n"
-             "A fruit: ", SMOLLM2_SYSTEM);
+             "A fruit: ",
+             SMOLLM2_SYSTEM);
     CHECK_MSG(out && strcmp(out, want) == 0, "chatml continue: [%s]", out ? out : "");
     kvb_free(out);
     /* Llama 3 trims the content: the cut is after the trimmed text */

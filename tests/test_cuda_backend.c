@@ -58,18 +58,18 @@
 
 #ifdef KVBATCH_HAVE_CUDA
 
-#include "base/alloc.h"
 #include "backend/backend.h"
-#include "cpu/be_cpu.h"
-#include "kernels/be_cuda.h"
+#include "base/alloc.h"
 #include "base/dtype.h"
+#include "cpu/be_cpu.h"
 #include "engine/gen.h"
-#include "model/gguf.h"
-#include "support/gguf_write.h"
-#include "model/model.h"
-#include "model/quant.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "kernels/be_cuda.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "model/quant.h"
+#include "support/gguf_write.h"
 #include "support/synth.h"
 #include "text/tok.h"
 
@@ -157,8 +157,8 @@ static double rms_diff(const float *a, const float *b, int64_t n)
  * differs must be a near-tie (the CPU's gap between the two tokens within
  * 4x the row's rms CPU/CUDA difference); and when check_top1, the argmax
  * agrees on >= 95 % of the rows. */
-static void compare_rows(const char *label, const char *what, const float *gpu, const float *cpu, int rows,
-                         int32_t nv, bool check_top1)
+static void compare_rows(const char *label, const char *what, const float *gpu, const float *cpu, int rows, int32_t nv,
+                         bool check_top1)
 {
     int same = 0;
     for (int r = 0; r < rows; r++) {
@@ -327,8 +327,8 @@ static void greedy_compare(const char *label, const struct model *m, struct back
     /* NMSE over all the steps' logits, as for the batch; a single step can
      * exceed it where the logits are small (their norm is the divisor). */
     const double all = se / (sr > 0 ? sr : 1);
-    printf("%-16s %-34s %d/%d tokens equal, nmse=%.2e (worst step %.2e)\n", label, "greedy decode", n_same, GREEDY,
-           all, worst);
+    printf("%-16s %-34s %d/%d tokens equal, nmse=%.2e (worst step %.2e)\n", label, "greedy decode", n_same, GREEDY, all,
+           worst);
     CHECK_MSG(all < 1e-3, "%s: greedy logits NMSE %.3e", label, all);
     gen_free(gc);
     gen_free(gg);
@@ -362,8 +362,8 @@ static struct model *load_f32_copy(const char *src, const char *dst)
         float *data = NULL;
         if (gguf_writer_add_tensor(w, name, GGML_TYPE_F32, t->n_dims, ne, NULL, (void **)&data) != KVB_OK) goto out;
         for (uint64_t r = 0; r < rows; r++)
-            if (quant_dequant_row(t->type, (const uint8_t *)t->data + r * row_bytes, data + r * ne[0], (int64_t)ne[0]) !=
-                KVB_OK)
+            if (quant_dequant_row(t->type, (const uint8_t *)t->data + r * row_bytes, data + r * ne[0],
+                                  (int64_t)ne[0]) != KVB_OK)
                 goto out;
     }
     if (gguf_writer_write_file(w, dst, &err) == KVB_OK) model_load(dst, &m, &err);
@@ -449,13 +449,15 @@ static void check_device_argmax(const char *label, const struct model *m, const 
                     if (mode[i] == BE_LOGITS_ARGMAX) {
                         int32_t want;
                         if (sampler_greedy(ref + (int64_t)r_ref * nv, nv, &want) != KVB_OK) want = -1;
-                        CHECK_MSG(amax[i] == want, "%s: modes %d/%d/%d: sequence %d: device chose %d, greedy of the "
-                                  "row %d", label, mode[0], mode[1], mode[2], i, amax[i], want);
+                        CHECK_MSG(amax[i] == want,
+                                  "%s: modes %d/%d/%d: sequence %d: device chose %d, greedy of the "
+                                  "row %d",
+                                  label, mode[0], mode[1], mode[2], i, amax[i], want);
                         choices++;
                         same_as_host += amax[i] == want;
                     } else {
-                        CHECK_MSG(amax[i] == -7, "%s: modes %d/%d/%d: sequence %d's choice was written", label,
-                                  mode[0], mode[1], mode[2], i);
+                        CHECK_MSG(amax[i] == -7, "%s: modes %d/%d/%d: sequence %d's choice was written", label, mode[0],
+                                  mode[1], mode[2], i);
                         CHECK_MSG(memcmp(got + (int64_t)r_got * nv, ref + (int64_t)r_ref * nv,
                                          sizeof(float) * (size_t)nv * (size_t)n_rows) == 0,
                                   "%s: modes %d/%d/%d: sequence %d's logits rows differ or moved", label, mode[0],
@@ -506,14 +508,17 @@ static void check_graphs(const char *label, const struct model *m, const int32_t
             const int32_t start[3] = {37, 21, LEN_C}, nblk[3] = {3, 2, 2};
             for (int i = 0; i < 3; i++) {
                 toks[g][i] = src[i][k % 16];
-                sq[i] = (struct be_seq){.tokens = &toks[g][i], .n_tokens = 1, .pos = start[i] + k,
-                                        .block_table = tables[i], .n_blocks = nblk[i],
+                sq[i] = (struct be_seq){.tokens = &toks[g][i],
+                                        .n_tokens = 1,
+                                        .pos = start[i] + k,
+                                        .block_table = tables[i],
+                                        .n_blocks = nblk[i],
                                         .logits = i == 1 ? BE_LOGITS_LAST : BE_LOGITS_ARGMAX};
             }
             struct be_batch batch = {sq, 3, amax[g][k]};
             struct kvb_err err = {{0}};
-            CHECK_MSG(be[g]->forward(be[g], &batch, lg[g], &err) == KVB_OK, "%s graphs %s: %s", label,
-                      g ? "on" : "off", err.msg);
+            CHECK_MSG(be[g]->forward(be[g], &batch, lg[g], &err) == KVB_OK, "%s graphs %s: %s", label, g ? "on" : "off",
+                      err.msg);
         }
         if (memcmp(lg[0], lg[1], sizeof(float) * (size_t)nv) != 0 || amax[0][k][0] != amax[1][k][0] ||
             amax[0][k][2] != amax[1][k][2])
@@ -571,7 +576,8 @@ static void sq_run(const struct model *m, const int32_t *a, const int32_t *b, bo
         sp.temperature = i % 3 == 2 ? 0.8f : 0.0f; /* greedy beside sampled */
         sp.seed = 77 + (uint64_t)i;
         const int32_t *p = i % 2 ? b : a;
-        CHECK(sched_submit(s, (uint64_t)i, p + i, 20 + i, SQ_GEN, &sp, want_logits ? SCHED_WANT_LOGITS : 0, &err) == KVB_OK);
+        CHECK(sched_submit(s, (uint64_t)i, p + i, 20 + i, SQ_GEN, &sp, want_logits ? SCHED_WANT_LOGITS : 0, &err) ==
+              KVB_OK);
     }
     int guard = 0;
     while (s && !sched_idle(s) && guard++ < 1000) CHECK_MSG(sched_step(s, &err) == KVB_OK, "%s", err.msg);
@@ -631,7 +637,8 @@ static void check_model(const char *label, const struct model *m, const struct m
     compare_kv(label, m, cpu, gpu);
     check_queued_reads(label, gpu);
     if (!step2(cpu, a, b, false, lc + 38 * (int64_t)nv) || !step2(gpu, a, b, false, lg + 38 * (int64_t)nv)) goto done;
-    compare_rows(label, "step 2: decode 1 + chunk 10 (all)", lg + 38 * (int64_t)nv, lc + 38 * (int64_t)nv, 11, nv, false);
+    compare_rows(label, "step 2: decode 1 + chunk 10 (all)", lg + 38 * (int64_t)nv, lc + 38 * (int64_t)nv, 11, nv,
+                 false);
     compare_rows(label, "both steps", lg, lc, 49, nv, top1_vs_cpu);
     /* The other attention kernel (f32 where tensor cores take the heads). */
     {
@@ -680,7 +687,8 @@ static void check_model(const char *label, const struct model *m, const struct m
     /* Deterministic mode: A's rows alone == A's rows beside B, bit for bit. */
     {
         struct backend *d1 = make_be(m, true, true), *d2 = make_be(m, true, true);
-        float *alone = kvb_malloc(sizeof(float) * (size_t)nv * 38), *mixed = kvb_malloc(sizeof(float) * (size_t)nv * 38);
+        float *alone = kvb_malloc(sizeof(float) * (size_t)nv * 38),
+              *mixed = kvb_malloc(sizeof(float) * (size_t)nv * 38);
         float *mixed2 = kvb_malloc(sizeof(float) * (size_t)nv * 11);
         if (d1 && d2 && alone && mixed && mixed2 && step1(d1, a, b, true, alone) && step1(d2, a, b, false, mixed)) {
             /* alone: 37 rows of A; mixed: 37 rows of A then B's last */

@@ -13,29 +13,26 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "support/testutil.h"
 #include "base/rng.h"
+#include "support/testutil.h"
 
 #ifdef KVBATCH_HAVE_CUDA
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "cpu/attn.h"
-#include "kernels/be_cuda.h"
 #include "base/dtype.h"
+#include "cpu/attn.h"
+#include "engine/sampler.h"
+#include "kernels/be_cuda.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
-#include "engine/sampler.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
 static uint64_t rng_state = 12345;
 
-static uint64_t rnd(void)
-{
-    return kvb_splitmix64(&rng_state);
-}
+static uint64_t rnd(void) { return kvb_splitmix64(&rng_state); }
 
 /* Uniform in [-a, a). */
 static float rnd_f(float a) { return a * (float)((double)(rnd() >> 11) * 0x1.0p-52 - 1.0); }
@@ -45,8 +42,14 @@ static void fill(float *x, int64_t n, float a)
     for (int64_t i = 0; i < n; i++) x[i] = rnd_f(a);
 }
 
-#define CU(expr) \
-    do { cudaError_t e_ = (expr); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); exit(1); } } while (0)
+#define CU(expr)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (expr);                                                                                       \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_));                     \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
 
 static void *dev_put(const void *host, size_t bytes)
 {
@@ -102,7 +105,8 @@ static void compare_u16(const char *name, const uint16_t *got, const uint16_t *r
             if (first < 0) first = i;
             bad++;
         }
-    printf("%-44s n=%-8lld mismatches=%lld%s\n", name, (long long)n, (long long)bad, bad ? "  FAIL" : "  ok (bit-exact)");
+    printf("%-44s n=%-8lld mismatches=%lld%s\n", name, (long long)n, (long long)bad,
+           bad ? "  FAIL" : "  ok (bit-exact)");
     CHECK_MSG(bad == 0, "%s: %lld of %lld differ, first at %lld (%04x vs %04x)", name, (long long)bad, (long long)n,
               (long long)first, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0);
 }
@@ -156,7 +160,8 @@ static void test_rmsnorm(int32_t n_rows, int32_t n_sub, int32_t n, int64_t ld, b
     const int64_t in_rows = gather ? 2 * n_rows + 1 : n_rows;
     const int64_t out_ld = in_place ? ld : (int64_t)n_sub * n;
     float *x = malloc(sizeof(float) * (size_t)(in_rows * ld)), *w = malloc(sizeof(float) * (size_t)n);
-    float *ref = calloc((size_t)(n_rows * out_ld), sizeof(float)), *got = malloc(sizeof(float) * (size_t)(n_rows * out_ld));
+    float *ref = calloc((size_t)(n_rows * out_ld), sizeof(float)),
+          *got = malloc(sizeof(float) * (size_t)(n_rows * out_ld));
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_rows);
     fill(x, in_rows * ld, 3.0f);
     for (int32_t i = 0; i < n; i++) w[i] = 1.0f + rnd_f(0.2f);
@@ -213,7 +218,8 @@ static void test_rope_scaled(int32_t n_tok, int32_t n_heads, int32_t hd, int32_t
     for (int32_t t = 0; t < n_tok; t++) pos[t] = t == 0 ? max_pos : (int32_t)(rnd() % (uint64_t)(max_pos + 1));
     for (int32_t t = 0; t < n_tok; t++)
         attn_rope(ref + t * ld, n_heads, hd, rope_dim, neox ? ROPE_NEOX : ROPE_NORM, pos[t], inv, mscale);
-    float *d_x = dev_put(x, sizeof(float) * (size_t)(n_tok * ld)), *d_inv = dev_put(inv, sizeof(float) * (size_t)(rope_dim / 2));
+    float *d_x = dev_put(x, sizeof(float) * (size_t)(n_tok * ld)),
+          *d_inv = dev_put(inv, sizeof(float) * (size_t)(rope_dim / 2));
     int32_t *d_pos = dev_put(pos, sizeof(int32_t) * (size_t)n_tok);
     CU(kcu_rope(d_x, ld, n_tok, n_heads, hd, rope_dim, neox, d_pos, d_inv, mscale, 0));
     dev_get(got, d_x, sizeof(float) * (size_t)(n_tok * ld));
@@ -243,10 +249,14 @@ static void test_rope_scalings(void)
     float factors[64];
     for (int i = 0; i < 64; i++) factors[i] = i < 20 ? 1.0f : i > 40 ? 8.0f : 1.0f + 7.0f * (float)(i - 20) / 20.0f;
     const struct model_rope linear = {.type = ROPE_SCALING_LINEAR, .factor = 4.0f, .mscale = 1.0f};
-    const struct model_rope yarn = {.type = ROPE_SCALING_YARN, .factor = 4.0f, .orig_ctx = 512, .beta_fast = 32.0f,
-                                    .beta_slow = 1.0f, .mscale = 1.1386294f};
-    const struct model_rope llama3 = {.type = ROPE_SCALING_NONE, .factor = 1.0f, .mscale = 1.0f,
-                                      .freq_factors = factors};
+    const struct model_rope yarn = {.type = ROPE_SCALING_YARN,
+                                    .factor = 4.0f,
+                                    .orig_ctx = 512,
+                                    .beta_fast = 32.0f,
+                                    .beta_slow = 1.0f,
+                                    .mscale = 1.1386294f};
+    const struct model_rope llama3 = {
+        .type = ROPE_SCALING_NONE, .factor = 1.0f, .mscale = 1.0f, .freq_factors = factors};
     test_rope_scaled(5, 6, 128, 128, 0, 8000, &linear, "linear");
     test_rope_scaled(5, 6, 128, 128, 1, 8000, &linear, "linear");
     test_rope_scaled(5, 6, 128, 128, 1, 2047, &yarn, "yarn");
@@ -365,14 +375,14 @@ enum { PAGED_N_SEQ = 3 };
 
 /* One step of a paged_case, on the host and on the device. */
 struct paged_step {
-    int32_t seq_new[PAGED_N_SEQ];  /* new tokens per sequence */
+    int32_t seq_new[PAGED_N_SEQ]; /* new tokens per sequence */
     int32_t bs, kvd, qd, n_tok, n_tab;
     int64_t block_elems, pool_n, ld;
-    int32_t *perm;                 /* (n_blocks) the pool's block ids, shuffled */
-    int32_t *blocks;               /* (n_tab) the sequences' block tables, one after another */
-    int32_t *tok_pos, *tok_tab;    /* (n_tok) each token's position and table offset */
-    uint16_t *pool;                /* (pool_n) fp16 K/V: the reference's pool */
-    float *qkv;                    /* (n_tok, ld) fused Q|K|V rows */
+    int32_t *perm;              /* (n_blocks) the pool's block ids, shuffled */
+    int32_t *blocks;            /* (n_tab) the sequences' block tables, one after another */
+    int32_t *tok_pos, *tok_tab; /* (n_tok) each token's position and table offset */
+    uint16_t *pool;             /* (pool_n) fp16 K/V: the reference's pool */
+    float *qkv;                 /* (n_tok, ld) fused Q|K|V rows */
     uint16_t *d_pool;
     float *d_qkv;
     int32_t *d_blocks, *d_pos, *d_tab;
@@ -423,13 +433,29 @@ static void paged_setup(const struct paged_case *pc, struct paged_step *st)
     uint16_t *d_pool = dev_put(pool, sizeof(uint16_t) * (size_t)pool_n);
     float *d_qkv = dev_put(qkv, sizeof(float) * (size_t)(n_tok * ld));
     int32_t *d_blocks = dev_put(blocks, sizeof(int32_t) * (size_t)n_tab);
-    int32_t *d_pos = dev_put(tok_pos, sizeof(int32_t) * (size_t)n_tok), *d_tab = dev_put(tok_tab, sizeof(int32_t) * (size_t)n_tok);
+    int32_t *d_pos = dev_put(tok_pos, sizeof(int32_t) * (size_t)n_tok),
+            *d_tab = dev_put(tok_tab, sizeof(int32_t) * (size_t)n_tok);
     struct kcu_paged pg = {d_pool, block_elems, bs, kvd, pc->layer, n_tok, d_pos, d_tab, d_blocks};
-    *st = (struct paged_step){.bs = bs, .kvd = kvd, .qd = qd, .n_tok = n_tok, .n_tab = n_tab,
-                              .block_elems = block_elems, .pool_n = pool_n, .ld = ld, .perm = perm,
-                              .blocks = blocks, .tok_pos = tok_pos, .tok_tab = tok_tab, .pool = pool,
-                              .qkv = qkv, .d_pool = d_pool, .d_qkv = d_qkv, .d_blocks = d_blocks,
-                              .d_pos = d_pos, .d_tab = d_tab, .pg = pg};
+    *st = (struct paged_step){.bs = bs,
+                              .kvd = kvd,
+                              .qd = qd,
+                              .n_tok = n_tok,
+                              .n_tab = n_tab,
+                              .block_elems = block_elems,
+                              .pool_n = pool_n,
+                              .ld = ld,
+                              .perm = perm,
+                              .blocks = blocks,
+                              .tok_pos = tok_pos,
+                              .tok_tab = tok_tab,
+                              .pool = pool,
+                              .qkv = qkv,
+                              .d_pool = d_pool,
+                              .d_qkv = d_qkv,
+                              .d_blocks = d_blocks,
+                              .d_pos = d_pos,
+                              .d_tab = d_tab,
+                              .pg = pg};
     memcpy(st->seq_new, seq_new, sizeof seq_new);
 }
 
@@ -539,8 +565,8 @@ static void paged_check_tc(const struct paged_case *pc, const struct paged_step 
     snprintf(name, sizeof name, "attention tc heads=%d/%d hd=%d tile=%d", pc->n_head, pc->n_head_kv, pc->hd, tt);
     compare(name, tc[0], ref, (int64_t)n_tok * qd, 1e-6, 1e-2, 2e-3);
     const size_t bytes = sizeof(float) * (size_t)(n_tok * qd);
-    CHECK_MSG(!memcmp(tc[0], tc[1], bytes) && !memcmp(tc[0], tc[2], bytes),
-              "%s: the tiling changes a token's bits", name);
+    CHECK_MSG(!memcmp(tc[0], tc[1], bytes) && !memcmp(tc[0], tc[2], bytes), "%s: the tiling changes a token's bits",
+              name);
     uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n_tok * (size_t)qd);
     CU(kcu_attn_tc_bf16(d_b, st->d_qkv, st->ld, &st->pg, d_tiles[1], n_tiles[1], pc->n_head, pc->n_head_kv, pc->hd,
                         scale, 0));
@@ -591,8 +617,10 @@ static void test_paged(const struct paged_case *pc)
  * sum |x_k w_k|. */
 static void test_gemm(cublasHandle_t h, int64_t n_tok, int64_t n_in, int64_t n_out)
 {
-    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(n_tok * n_in)), *w = malloc(sizeof(uint16_t) * (size_t)(n_out * n_in));
-    float *ref = malloc(sizeof(float) * (size_t)(n_tok * n_out)), *got = malloc(sizeof(float) * (size_t)(n_tok * n_out));
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(n_tok * n_in)),
+             *w = malloc(sizeof(uint16_t) * (size_t)(n_out * n_in));
+    float *ref = malloc(sizeof(float) * (size_t)(n_tok * n_out)),
+          *got = malloc(sizeof(float) * (size_t)(n_tok * n_out));
     for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = kvb_f32_to_bf16(rnd_f(2.0f));
     for (int64_t i = 0; i < n_out * n_in; i++) w[i] = kvb_f32_to_bf16(rnd_f(1.0f / sqrtf((float)n_in)));
     double worst_rel = 0;
@@ -603,7 +631,8 @@ static void test_gemm(cublasHandle_t h, int64_t n_tok, int64_t n_in, int64_t n_o
                 s += (double)kvb_bf16_to_f32(x[t * n_in + k]) * kvb_bf16_to_f32(w[r * n_in + k]);
             ref[t * n_out + r] = (float)s;
         }
-    uint16_t *d_x = dev_put(x, sizeof(uint16_t) * (size_t)(n_tok * n_in)), *d_w = dev_put(w, sizeof(uint16_t) * (size_t)(n_out * n_in));
+    uint16_t *d_x = dev_put(x, sizeof(uint16_t) * (size_t)(n_tok * n_in)),
+             *d_w = dev_put(w, sizeof(uint16_t) * (size_t)(n_out * n_in));
     float *d_y = dev_put(NULL, sizeof(float) * (size_t)(n_tok * n_out));
     cublasStatus_t st = kcu_gemm_bf16(h, d_y, d_x, d_w, n_tok, n_in, n_out);
     CHECK_MSG(st == CUBLAS_STATUS_SUCCESS, "gemm: %s", cublasGetStatusString(st));
@@ -627,13 +656,15 @@ static void test_gemm(cublasHandle_t h, int64_t n_tok, int64_t n_in, int64_t n_o
             if (!(err <= 1e-5 * sa + 1e-30)) bad++;
         }
     char name[96];
-    snprintf(name, sizeof name, "gemm bf16 tok=%lld in=%lld out=%lld", (long long)n_tok, (long long)n_in, (long long)n_out);
+    snprintf(name, sizeof name, "gemm bf16 tok=%lld in=%lld out=%lld", (long long)n_tok, (long long)n_in,
+             (long long)n_out);
     compare(name, got, ref, n_tok * n_out, 1e-9, 1e30, 0); /* NMSE here; per-element bound below */
     printf("%-44s worst |err| / sum|x*w| = %.2e (bound 1e-5)%s\n", "", worst_rel, bad ? "  FAIL" : "");
     CHECK_MSG(bad == 0, "%s: %lld elements beyond 1e-5 * sum|x*w|", name, (long long)bad);
     /* y += x·wᵀ: the same products added to what y held (the residual). */
     {
-        float *y0 = malloc(sizeof(float) * (size_t)(n_tok * n_out)), *want = malloc(sizeof(float) * (size_t)(n_tok * n_out));
+        float *y0 = malloc(sizeof(float) * (size_t)(n_tok * n_out)),
+              *want = malloc(sizeof(float) * (size_t)(n_tok * n_out));
         fill(y0, n_tok * n_out, 4.0f);
         for (int64_t i = 0; i < n_tok * n_out; i++) want[i] = y0[i] + ref[i];
         CU(cudaMemcpy(d_y, y0, sizeof(float) * (size_t)(n_tok * n_out), cudaMemcpyHostToDevice));
@@ -672,14 +703,37 @@ static void argmax_row(float *x, int32_t n, int pattern)
     fill(x, n, 8.0f);
     const int32_t a = (int32_t)(rnd() % (uint64_t)n), b = (int32_t)(rnd() % (uint64_t)n);
     switch (pattern) {
-    case 1: x[a] = x[b] = 9.0f; if (n > 300) x[257] = x[300] = x[44] = 9.5f; break;
-    case 2: for (int32_t i = 0; i < n; i += 7) x[i] = NAN; x[0] = NAN; x[b] = 20.0f; break;
-    case 3: for (int32_t i = 0; i < n; i++) x[i] = -INFINITY; break;
-    case 4: for (int32_t i = 0; i < n; i++) x[i] = NAN; break;
-    case 5: x[a] = INFINITY; x[b] = INFINITY; x[n / 2] = NAN; break;
-    case 6: for (int32_t i = 0; i < n; i++) x[i] = 1.25f; break;
-    case 7: for (int32_t i = 0; i < n; i++) x[i] = -INFINITY; x[n - 1] = -3.0f; break;
-    case 8: for (int32_t i = 0; i < n; i++) x[i] = i % 2 ? NAN : -INFINITY; x[n - 1] = NAN; break;
+    case 1:
+        x[a] = x[b] = 9.0f;
+        if (n > 300) x[257] = x[300] = x[44] = 9.5f;
+        break;
+    case 2:
+        for (int32_t i = 0; i < n; i += 7) x[i] = NAN;
+        x[0] = NAN;
+        x[b] = 20.0f;
+        break;
+    case 3:
+        for (int32_t i = 0; i < n; i++) x[i] = -INFINITY;
+        break;
+    case 4:
+        for (int32_t i = 0; i < n; i++) x[i] = NAN;
+        break;
+    case 5:
+        x[a] = INFINITY;
+        x[b] = INFINITY;
+        x[n / 2] = NAN;
+        break;
+    case 6:
+        for (int32_t i = 0; i < n; i++) x[i] = 1.25f;
+        break;
+    case 7:
+        for (int32_t i = 0; i < n; i++) x[i] = -INFINITY;
+        x[n - 1] = -3.0f;
+        break;
+    case 8:
+        for (int32_t i = 0; i < n; i++) x[i] = i % 2 ? NAN : -INFINITY;
+        x[n - 1] = NAN;
+        break;
     default: break;
     }
 }
@@ -692,7 +746,8 @@ static void test_argmax(int32_t n_rows, int32_t n, int64_t ld, bool gather)
     for (int32_t r = 0; r < n_src; r++) argmax_row(x + r * ld, n, r % 9);
     for (int32_t r = 0; r < n_rows; r++) rows[r] = gather ? (r * 5 + 2) % n_src : r;
     float *d_x = dev_put(x, sizeof(float) * (size_t)(n_src * ld));
-    int32_t *d_rows = dev_put(rows, sizeof(int32_t) * (size_t)n_rows), *d_out = dev_put(NULL, sizeof(int32_t) * (size_t)n_rows);
+    int32_t *d_rows = dev_put(rows, sizeof(int32_t) * (size_t)n_rows),
+            *d_out = dev_put(NULL, sizeof(int32_t) * (size_t)n_rows);
     CU(kcu_argmax(d_out, d_x, ld, gather ? d_rows : NULL, n_rows, n, 0));
     dev_get(got, d_out, sizeof(int32_t) * (size_t)n_rows);
     int32_t bad = 0, first = -1, want_first = 0;
@@ -727,11 +782,11 @@ static void test_refusals(void)
     struct kcu_paged pg = {NULL, 0, 16, 2 * 512, 0, 1, NULL, NULL, NULL};
     CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 2, 512, 1.0f, 0) == cudaErrorInvalidValue); /* head_dim > 256 */
     pg.kv_dim = 3 * 64;
-    CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 3, 64, 1.0f, 0) == cudaErrorInvalidValue); /* 4 heads over 3 */
+    CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 3, 64, 1.0f, 0) == cudaErrorInvalidValue);             /* 4 heads over 3 */
     CHECK(kcu_attn_tc(NULL, NULL, 0, &pg, NULL, 1, 4, 1, 96, 1.0f, 0) == cudaErrorInvalidValue); /* head 96 */
     CHECK(kcu_attn_tc_tile_tokens(4, 1, 96) == 0 && kcu_attn_tc_tile_tokens(32, 8, 128) == 16);
     CHECK(kcu_rope(NULL, 0, 1, 1, 64, 128, 0, NULL, NULL, 1.0f, 0) == cudaErrorInvalidValue); /* rope_dim > head_dim */
-    CHECK(kcu_add(NULL, NULL, 0, 0) == cudaSuccess); /* empty: nothing enqueued */
+    CHECK(kcu_add(NULL, NULL, 0, 0) == cudaSuccess);                            /* empty: nothing enqueued */
     CHECK(kcu_argmax(NULL, NULL, 10, NULL, 1, 20, 0) == cudaErrorInvalidValue); /* rows overlap */
     CHECK(kcu_argmax(NULL, NULL, 10, NULL, 0, 10, 0) == cudaSuccess);
     cudaGetLastError();
@@ -751,15 +806,15 @@ int main(void)
     test_rmsnorm(7, 1, 576, 576, false, false);
     test_rmsnorm(33, 1, 4096, 4096, false, false);
     test_rmsnorm(5, 1, 8192, 8192, false, false);
-    test_rmsnorm(9, 1, 576, 576, true, false);           /* output-row gather */
-    test_rmsnorm(6, 8, 64, 8 * 64 + 2 * 2 * 64, false, true);  /* qwen3 Q norm in the fused row */
+    test_rmsnorm(9, 1, 576, 576, true, false);                /* output-row gather */
+    test_rmsnorm(6, 8, 64, 8 * 64 + 2 * 2 * 64, false, true); /* qwen3 Q norm in the fused row */
     test_rmsnorm(6, 2, 128, 4 * 128 + 2 * 2 * 128, false, true);
 
     test_rope(5, 4, 64, 64, 0, 40);
     test_rope(9, 8, 64, 64, 1, 2000);
     test_rope(3, 32, 128, 128, 0, 8191);
     test_rope(3, 8, 128, 128, 1, 32767);
-    test_rope(4, 4, 64, 32, 0, 300);  /* partial rotation */
+    test_rope(4, 4, 64, 32, 0, 300); /* partial rotation */
     test_rope(4, 4, 64, 32, 1, 300);
     test_rope_scalings();
 
@@ -775,9 +830,8 @@ int main(void)
     test_to_bf16(100003);
 
     const struct paged_case pcs[] = {
-        {2, 0, 16, 24, 4, 2, 64},   {2, 1, 16, 24, 8, 2, 64},  {3, 2, 16, 24, 9, 3, 64},
-        {1, 0, 32, 12, 32, 8, 128}, {2, 1, 8, 48, 4, 4, 128},  {2, 0, 16, 24, 2, 1, 256},
-        {2, 1, 16, 24, 6, 2, 80},   {1, 0, 64, 8, 4, 1, 96},
+        {2, 0, 16, 24, 4, 2, 64}, {2, 1, 16, 24, 8, 2, 64},  {3, 2, 16, 24, 9, 3, 64}, {1, 0, 32, 12, 32, 8, 128},
+        {2, 1, 8, 48, 4, 4, 128}, {2, 0, 16, 24, 2, 1, 256}, {2, 1, 16, 24, 6, 2, 80}, {1, 0, 64, 8, 4, 1, 96},
     };
     for (size_t i = 0; i < sizeof pcs / sizeof pcs[0]; i++) test_paged(&pcs[i]);
 

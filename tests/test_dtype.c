@@ -1,8 +1,8 @@
 /* test_dtype.c — half and bfloat16 conversions (exhaustive over all 65536
  * codes, plus rounding at the edges) and the ggml type geometry table. */
 #include <math.h>
-#include <stdlib.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/dtype.h"
@@ -55,22 +55,25 @@ static void test_fp16_exhaustive(void)
 
 static void test_fp16_rounding(void)
 {
-    struct { float f; uint16_t h; } cases[] = {
+    struct {
+        float f;
+        uint16_t h;
+    } cases[] = {
         {1.0f, 0x3c00},
-        {1.0f + 0x1p-11f, 0x3c00},        /* tie, even mantissa stays */
-        {1.0f + 3 * 0x1p-11f, 0x3c02},    /* tie, odd mantissa rounds up */
+        {1.0f + 0x1p-11f, 0x3c00},            /* tie, even mantissa stays */
+        {1.0f + 3 * 0x1p-11f, 0x3c02},        /* tie, odd mantissa rounds up */
         {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01}, /* just above the tie */
-        {65504.0f, 0x7bff},               /* largest half */
-        {65519.0f, 0x7bff},               /* below the tie to infinity */
-        {65520.0f, 0x7c00},               /* tie rounds to even = infinity */
+        {65504.0f, 0x7bff},                   /* largest half */
+        {65519.0f, 0x7bff},                   /* below the tie to infinity */
+        {65520.0f, 0x7c00},                   /* tie rounds to even = infinity */
         {1e10f, 0x7c00},
         {-1e10f, 0xfc00},
-        {0x1p-24f, 0x0001},               /* smallest subnormal */
-        {0x1p-25f, 0x0000},               /* tie with zero: even */
+        {0x1p-24f, 0x0001}, /* smallest subnormal */
+        {0x1p-25f, 0x0000}, /* tie with zero: even */
         {0x1p-25f * 1.0001f, 0x0001},
-        {3 * 0x1p-25f, 0x0002},           /* tie between 1 and 2 units: even */
-        {0x1p-14f, 0x0400},               /* smallest normal */
-        {0x1p-14f - 0x1p-25f, 0x0400},    /* tie at the subnormal/normal edge carries up */
+        {3 * 0x1p-25f, 0x0002},        /* tie between 1 and 2 units: even */
+        {0x1p-14f, 0x0400},            /* smallest normal */
+        {0x1p-14f - 0x1p-25f, 0x0400}, /* tie at the subnormal/normal edge carries up */
         {1e-10f, 0x0000},
         {-0.0f, 0x8000},
         {INFINITY, 0x7c00},

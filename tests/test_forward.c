@@ -10,12 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/alloc.h"
 #include "backend/backend.h"
+#include "base/alloc.h"
 #include "cpu/be_cpu.h"
 #include "engine/gen.h"
-#include "model/model.h"
 #include "engine/sampler.h"
+#include "model/model.h"
 #include "support/testutil.h"
 #include "text/tok.h"
 
@@ -131,7 +131,8 @@ static void test_chunking_and_batching_exact(void)
 {
     size_t n;
     int32_t *ids = encode("Determinism matters for evaluation: the same prompt must give the same numbers, "
-                          "whatever else is in the batch and however the prompt is split.", &n);
+                          "whatever else is in the batch and however the prompt is split.",
+                          &n);
     struct backend *be = make_be(MM_IMPL_AUTO, 0, 64);
     const int64_t nv = M->hp.n_vocab;
     float *whole = prompt_logits(be, ids, n, 512);
@@ -144,10 +145,23 @@ static void test_chunking_and_batching_exact(void)
     size_t n2;
     int32_t *other = encode("Unrelated neighbour text in the same step.", &n2);
     int32_t tab_a[16], tab_b[16];
-    for (int i = 0; i < 16; i++) { tab_a[i] = 40 + i; tab_b[i] = 3 + i; }
+    for (int i = 0; i < 16; i++) {
+        tab_a[i] = 40 + i;
+        tab_b[i] = 3 + i;
+    }
     struct be_seq seqs[2] = {
-        {.tokens = other, .n_tokens = (int32_t)n2, .pos = 0, .block_table = tab_b, .n_blocks = 16, .logits = BE_LOGITS_LAST},
-        {.tokens = ids, .n_tokens = (int32_t)n, .pos = 0, .block_table = tab_a, .n_blocks = 16, .logits = BE_LOGITS_ALL},
+        {.tokens = other,
+         .n_tokens = (int32_t)n2,
+         .pos = 0,
+         .block_table = tab_b,
+         .n_blocks = 16,
+         .logits = BE_LOGITS_LAST},
+        {.tokens = ids,
+         .n_tokens = (int32_t)n,
+         .pos = 0,
+         .block_table = tab_a,
+         .n_blocks = 16,
+         .logits = BE_LOGITS_ALL},
     };
     struct be_batch b = {seqs, 2, NULL};
     float *out = kvb_malloc(sizeof(float) * (size_t)nv * (n + 1));

@@ -47,8 +47,7 @@ static enum kvb_status open_copy(const uint8_t *p, uint64_t n, struct gguf_file 
     return st;
 }
 
-static void expect_fail(const char *label, const uint8_t *p, uint64_t n, enum kvb_status want,
-                        const char *phrase)
+static void expect_fail(const char *label, const uint8_t *p, uint64_t n, enum kvb_status want, const char *phrase)
 {
     struct gguf_file *f = NULL;
     struct kvb_err e = {{0}};
@@ -120,12 +119,9 @@ struct rt_tensor {
     uint64_t ne[4];
 };
 static const struct rt_tensor rt_tensors[] = {
-    {"t.f32", GGML_TYPE_F32, 1, {5, 1, 1, 1}},
-    {"t.f16", GGML_TYPE_F16, 2, {3, 7, 1, 1}},
-    {"t.q4_0", GGML_TYPE_Q4_0, 2, {64, 3, 1, 1}},
-    {"t.q8_0", GGML_TYPE_Q8_0, 3, {32, 2, 2, 1}},
-    {"t.q4_k", GGML_TYPE_Q4_K, 4, {256, 1, 2, 3}},
-    {"t.bf16", GGML_TYPE_BF16, 1, {1, 1, 1, 1}},
+    {"t.f32", GGML_TYPE_F32, 1, {5, 1, 1, 1}},           {"t.f16", GGML_TYPE_F16, 2, {3, 7, 1, 1}},
+    {"t.q4_0", GGML_TYPE_Q4_0, 2, {64, 3, 1, 1}},        {"t.q8_0", GGML_TYPE_Q8_0, 3, {32, 2, 2, 1}},
+    {"t.q4_k", GGML_TYPE_Q4_K, 4, {256, 1, 2, 3}},       {"t.bf16", GGML_TYPE_BF16, 1, {1, 1, 1, 1}},
     {"t.q6_k.empty", GGML_TYPE_Q6_K, 2, {256, 0, 1, 1}},
 };
 #define RT_N_TENSORS ((int)(sizeof rt_tensors / sizeof rt_tensors[0]))
@@ -209,12 +205,14 @@ static void rt_add_tensors(struct gguf_writer *w, uint8_t *src[])
 {
     const int nt = RT_N_TENSORS;
     for (int i = 0; i < nt; i++) {
-        uint64_t n_elems = rt_tensors[i].ne[0] * rt_tensors[i].ne[1] * rt_tensors[i].ne[2] * rt_tensors[i].ne[3], nb = 0;
+        uint64_t n_elems = rt_tensors[i].ne[0] * rt_tensors[i].ne[1] * rt_tensors[i].ne[2] * rt_tensors[i].ne[3],
+                 nb = 0;
         CHECK(ggml_type_row_bytes(rt_tensors[i].type, n_elems, &nb));
         src[i] = malloc(nb ? nb : 1);
         fill(src[i], nb, (unsigned)i);
         void *mine = NULL;
-        CHECK(gguf_writer_add_tensor(w, rt_tensors[i].name, rt_tensors[i].type, rt_tensors[i].n_dims, rt_tensors[i].ne, src[i], &mine) == KVB_OK);
+        CHECK(gguf_writer_add_tensor(w, rt_tensors[i].name, rt_tensors[i].type, rt_tensors[i].n_dims, rt_tensors[i].ne,
+                                     src[i], &mine) == KVB_OK);
         CHECK(mine != NULL && mine != src[i]); /* copied */
     }
 }
@@ -331,7 +329,8 @@ static void rt_check_tensors(const struct gguf_file *f, const uint8_t *buf, uint
         for (int d = 0; d < 4; d++) CHECK_EQ_INT(t->ne[d], rt_tensors[i].ne[d]);
         CHECK_EQ_INT(t->type, rt_tensors[i].type);
         uint64_t nb = 0;
-        ggml_type_row_bytes(rt_tensors[i].type, rt_tensors[i].ne[0] * rt_tensors[i].ne[1] * rt_tensors[i].ne[2] * rt_tensors[i].ne[3], &nb);
+        ggml_type_row_bytes(rt_tensors[i].type,
+                            rt_tensors[i].ne[0] * rt_tensors[i].ne[1] * rt_tensors[i].ne[2] * rt_tensors[i].ne[3], &nb);
         CHECK_EQ_INT(t->n_bytes, nb);
         CHECK_EQ_INT(t->offset % 64, 0);
         CHECK(t->offset >= prev_end);
@@ -465,8 +464,8 @@ static void test_truncation(void)
     for (uint64_t len = 0; len < n; len++) {
         e.msg[0] = '\0';
         enum kvb_status st = open_copy(buf, len, &f, &e);
-        CHECK_MSG(st == KVB_ERR_FORMAT, "prefix %llu of %llu: %s", (unsigned long long)len,
-                  (unsigned long long)n, kvb_strerror(st));
+        CHECK_MSG(st == KVB_ERR_FORMAT, "prefix %llu of %llu: %s", (unsigned long long)len, (unsigned long long)n,
+                  kvb_strerror(st));
         CHECK_MSG(e.msg[0] != '\0', "prefix %llu: empty message", (unsigned long long)len);
     }
     CHECK(open_copy(buf, n, &f, &e) == KVB_OK);
@@ -601,12 +600,26 @@ static void test_malformed_header_and_kvs(void)
 
 static void test_malformed_alignment(void)
 {
-    struct { const char *label; struct gguf_value v; enum kvb_status want; const char *phrase; } cases[] = {
-        {"alignment 48", {.type = GGUF_VTYPE_UINT32, .v.u64 = 48}, KVB_ERR_FORMAT, "general.alignment = 48 is not a power of two"},
+    struct {
+        const char *label;
+        struct gguf_value v;
+        enum kvb_status want;
+        const char *phrase;
+    } cases[] = {
+        {"alignment 48",
+         {.type = GGUF_VTYPE_UINT32, .v.u64 = 48},
+         KVB_ERR_FORMAT,
+         "general.alignment = 48 is not a power of two"},
         {"alignment 0", {.type = GGUF_VTYPE_UINT32, .v.u64 = 0}, KVB_ERR_FORMAT, "not a power of two"},
         {"alignment -16", {.type = GGUF_VTYPE_INT32, .v.i64 = -16}, KVB_ERR_FORMAT, "-16 is not a power of two"},
-        {"alignment 2^40", {.type = GGUF_VTYPE_UINT64, .v.u64 = 1ull << 40}, KVB_ERR_FORMAT, "1099511627776 is too large"},
-        {"alignment string", {.type = GGUF_VTYPE_STRING, .v.str = {2, "32"}}, KVB_ERR_FORMAT, "general.alignment has type STRING"},
+        {"alignment 2^40",
+         {.type = GGUF_VTYPE_UINT64, .v.u64 = 1ull << 40},
+         KVB_ERR_FORMAT,
+         "1099511627776 is too large"},
+        {"alignment string",
+         {.type = GGUF_VTYPE_STRING, .v.str = {2, "32"}},
+         KVB_ERR_FORMAT,
+         "general.alignment has type STRING"},
         {"alignment f32", {.type = GGUF_VTYPE_FLOAT32, .v.f64 = 32}, KVB_ERR_FORMAT, "expected an integer"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -644,18 +657,26 @@ static void test_malformed_tensors(void)
 {
     uint64_t ne2[] = {32, 4}, ne5[] = {1, 1, 1, 1, 1}, big[] = {1ull << 32, 1ull << 32};
     uint64_t neg[] = {1ull << 63}, q33[] = {33}, f1024[] = {1024}, zero_big[] = {0, 1ull << 62, 1ull << 62};
-    struct { const char *label; uint32_t type, n_dims; const uint64_t *ne; uint64_t offset; const char *phrase; } cases[] = {
+    struct {
+        const char *label;
+        uint32_t type, n_dims;
+        const uint64_t *ne;
+        uint64_t offset;
+        const char *phrase;
+    } cases[] = {
         {"bad tensor type", 77, 2, ne2, 0, "tensor 1 'bad': unknown ggml type code 77"},
         {"type 4 (removed)", 4, 2, ne2, 0, "unknown ggml type code 4"},
         {"n_dims 0", GGML_TYPE_F32, 0, ne2, 0, "tensor 1 'bad': n_dims 0 at offset"},
         {"n_dims 5", GGML_TYPE_F32, 5, ne5, 0, "n_dims 5 at offset"},
         {"ne overflow", GGML_TYPE_F32, 2, big, 0, "overflows"},
         {"ne negative", GGML_TYPE_F32, 1, neg, 0, "negative as int64"},
-        {"ne[0] not block multiple", GGML_TYPE_Q4_0, 1, q33, 0, "ne[0] = 33 is not a multiple of the Q4_0 block size 32"},
+        {"ne[0] not block multiple", GGML_TYPE_Q4_0, 1, q33, 0,
+         "ne[0] = 33 is not a multiple of the Q4_0 block size 32"},
         {"offset past end", GGML_TYPE_F32, 2, ne2, 1ull << 20, "tensor 'bad' data [offset 1048576"},
         {"offset max", GGML_TYPE_F32, 2, ne2, UINT64_MAX - 31, "past end of file"},
         {"data past end", GGML_TYPE_F32, 1, f1024, 0, "tensor 'bad' data [offset "},
-        {"misaligned offset", GGML_TYPE_F32, 2, ne2, 4, "tensor 'bad': data offset 4 is not a multiple of the alignment 32"},
+        {"misaligned offset", GGML_TYPE_F32, 2, ne2, 4,
+         "tensor 'bad': data offset 4 is not a multiple of the alignment 32"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct gguf_writer *w = new_writer();
@@ -698,7 +719,9 @@ static void test_malformed_tensors(void)
     w = new_writer();
     gguf_writer_add_tensor_info_raw(w, "\x01\x7f", 77, 1, ne1, 0);
     buf = build(w, &n);
-    expect_fail("escaped name", buf, n, KVB_ERR_FORMAT, "tensor 0 '?" "?': unknown ggml type code 77");
+    expect_fail("escaped name", buf, n, KVB_ERR_FORMAT,
+                "tensor 0 '?"
+                "?': unknown ggml type code 77");
     free(buf);
 
     /* No tensors: a file may end before the data-section padding. */

@@ -23,7 +23,8 @@ static void test_keys(void)
     CHECK(strcmp(a.hex, b.hex) == 0);
     CHECK(strcmp(a.hex, c.hex) != 0);
     CHECK(strcmp(l1.hex, l2.hex) != 0);
-    for (int k = 0; k < JOB_KEY_LEN; k++) CHECK((a.hex[k] >= '0' && a.hex[k] <= '9') || (a.hex[k] >= 'a' && a.hex[k] <= 'f'));
+    for (int k = 0; k < JOB_KEY_LEN; k++)
+        CHECK((a.hex[k] >= '0' && a.hex[k] <= '9') || (a.hex[k] >= 'a' && a.hex[k] <= 'f'));
     struct job_error e = {.code = JOB_ERR_INVALID_VALUE, .line_no = 2};
     struct job_key k;
     job_key_error("abc", 3, &e, &k);
@@ -113,8 +114,15 @@ static void test_result_completion(void)
 {
     struct job_choice ch = {.text = " Paris.", .text_len = 7, .finish = JOB_FINISH_STOP};
     struct job_result res = {
-        .custom_id = "c", .custom_id_len = 1, .url = JOB_URL_COMPLETION, .model = "m", .created = 5,
-        .choices = &ch, .n_choices = 1, .prompt_tokens = 3, .completion_tokens = 2,
+        .custom_id = "c",
+        .custom_id_len = 1,
+        .url = JOB_URL_COMPLETION,
+        .model = "m",
+        .created = 5,
+        .choices = &ch,
+        .n_choices = 1,
+        .prompt_tokens = 3,
+        .completion_tokens = 2,
         .system_fingerprint = "kvbatch-0.1.0",
     };
     struct kvb_buf b = {0};
@@ -147,10 +155,14 @@ static void test_logprobs(void)
         {.token = "\xac", .token_len = 1, .logprob = -0.5f, .top = top1, .n_top = 1},
         {.token = "!", .token_len = 1, .logprob = -INFINITY, .top = NULL, .n_top = 0},
     };
-    struct job_choice ch = {.text = "\xe2\x82\xac!", .text_len = 4, .finish = JOB_FINISH_LENGTH,
-                            .has_logprobs = true, .logprobs = lp, .n_logprobs = 3};
-    struct job_result res = {.custom_id = "lp", .custom_id_len = 2, .url = JOB_URL_CHAT, .model = "m",
-                             .choices = &ch, .n_choices = 1};
+    struct job_choice ch = {.text = "\xe2\x82\xac!",
+                            .text_len = 4,
+                            .finish = JOB_FINISH_LENGTH,
+                            .has_logprobs = true,
+                            .logprobs = lp,
+                            .n_logprobs = 3};
+    struct job_result res = {
+        .custom_id = "lp", .custom_id_len = 2, .url = JOB_URL_CHAT, .model = "m", .choices = &ch, .n_choices = 1};
     struct kvb_buf b = {0};
     CHECK(job_format_result(&b, &res) == KVB_OK);
     struct doc d;
@@ -291,7 +303,8 @@ static void test_error_lines(void)
 
     /* the caller's own errors: duplicate (keyed by line), context, server */
     b.len = 0;
-    job_error_setf(&e, JOB_ERR_DUPLICATE_CUSTOM_ID, 40, "custom_id", "custom_id '%s' was already used on line %d", "q", 3);
+    job_error_setf(&e, JOB_ERR_DUPLICATE_CUSTOM_ID, 40, "custom_id", "custom_id '%s' was already used on line %d", "q",
+                   3);
     CHECK(strcmp(e.message, "line 40: custom_id 'q' was already used on line 3") == 0);
     CHECK(job_format_error(&b, "q", 1, &e) == KVB_OK);
     doc_open(&d, b.data, b.len);
@@ -487,7 +500,6 @@ static void test_idset(void)
     job_idset_free(s);
     job_idset_free(NULL);
 }
-
 
 /* ---- resume --------------------------------------------------------------------------- */
 

@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
-#include "jobs/job.h"
 #include "base/json.h"
+#include "jobs/job.h"
 #include "support/testutil.h"
 
 static void test_bad_json(void)
@@ -171,6 +171,42 @@ static void test_bad_prompt(void)
 #undef PR
 }
 
+/* Scoring: echo on completions, prompt_logprobs on both; max_tokens 0 only with them. */
+static void test_scoring_fields(void)
+{
+    char line[1024];
+#define CH(f) (snprintf(line, sizeof line, "%s,%s}}", CHAT_PRE, f), line)
+#define CO(f) (snprintf(line, sizeof line, "%s,%s}}", COMP_PRE, f), line)
+    expect_err(CH("\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.echo");
+    expect_err(CO("\"echo\":\"yes\""), JOB_ERR_INVALID_TYPE, "body.echo");
+    expect_err(CO("\"max_tokens\":0"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"max_tokens\":0,\"echo\":false"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CH("\"max_tokens\":0,\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"max_tokens\":0,\"prompt_logprobs\":null"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"max_tokens\":-1,\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
+    expect_err(CO("\"prompt_logprobs\":21"), JOB_ERR_INVALID_VALUE, "body.prompt_logprobs");
+    expect_err(CH("\"prompt_logprobs\":-1"), JOB_ERR_INVALID_VALUE, "body.prompt_logprobs");
+    expect_err(CH("\"prompt_logprobs\":true"), JOB_ERR_INVALID_TYPE, "body.prompt_logprobs");
+    {
+        struct job_request r;
+        parse_ok(CO("\"echo\":true,\"logprobs\":1,\"max_tokens\":0"), &r);
+        CHECK(r.echo && r.logprobs && r.top_logprobs == 1 && r.max_tokens == 0 && r.prompt_logprobs == -1 &&
+              job_scores_prompt(&r));
+        job_request_free(&r);
+        parse_ok(CO("\"echo\":true,\"max_tokens\":0"), &r); /* the prompt back, nothing scored */
+        CHECK(r.echo && !r.logprobs && r.max_tokens == 0 && !job_scores_prompt(&r));
+        job_request_free(&r);
+        parse_ok(CH("\"prompt_logprobs\":5,\"max_completion_tokens\":0"), &r);
+        CHECK(!r.echo && r.prompt_logprobs == 5 && r.max_tokens == 0 && job_scores_prompt(&r));
+        job_request_free(&r);
+        parse_ok(CO("\"prompt_logprobs\":null"), &r);
+        CHECK(r.prompt_logprobs == -1 && !job_scores_prompt(&r));
+        job_request_free(&r);
+    }
+#undef CH
+#undef CO
+}
+
 static void test_bad_sampling(void)
 {
     char line[1024];
@@ -185,7 +221,7 @@ static void test_bad_sampling(void)
         CHECK_MSG(strcmp(e.message, "line 7: field 'body.temperature' must be a number") == 0, "%s", e.message);
         CHECK(strcmp(e.code, JOB_ERR_INVALID_TYPE) == 0);
         CHECK(r.custom_id && strcmp(r.custom_id, "c1") == 0); /* kept for the error line */
-        CHECK(r.messages == NULL && r.n_messages == 0);        /* the rest is dropped */
+        CHECK(r.messages == NULL && r.n_messages == 0);       /* the rest is dropped */
         job_request_free(&r);
     }
     expect_err(CH("\"temperature\":true"), JOB_ERR_INVALID_TYPE, "body.temperature");
@@ -229,7 +265,8 @@ static void test_bad_sampling(void)
     expect_err(CH("\"seed\":1e300"), JOB_ERR_INVALID_VALUE, "body.seed");
     expect_err(CH("\"stop\":\"\""), JOB_ERR_INVALID_VALUE, "body.stop");
     expect_err(CH("\"stop\":[\"a\",\"\"]"), JOB_ERR_INVALID_VALUE, "body.stop[1]");
-    expect_err(CH("\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]"), JOB_ERR_INVALID_VALUE, "body.stop");
+    expect_err(CH("\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]"), JOB_ERR_INVALID_VALUE,
+               "body.stop");
     expect_err(CH("\"top_logprobs\":3"), JOB_ERR_INVALID_VALUE, "body.top_logprobs");
     expect_err(CH("\"logprobs\":true,\"top_logprobs\":21"), JOB_ERR_INVALID_VALUE, "body.top_logprobs");
     expect_err(CO("\"logprobs\":21"), JOB_ERR_INVALID_VALUE, "body.logprobs");
@@ -250,39 +287,13 @@ static void test_bad_sampling(void)
     expect_err(CH("\"logit_bias\":{\"99999999999\":1}"), JOB_ERR_INVALID_VALUE, "body.logit_bias");
     expect_err(CH("\"logit_bias\":{\"7\":101}"), JOB_ERR_INVALID_VALUE, "body.logit_bias.7");
     expect_err(CH("\"logit_bias\":{\"7\":\"1\"}"), JOB_ERR_INVALID_TYPE, "body.logit_bias.7");
-    /* scoring: echo on completions, prompt_logprobs on both; max_tokens 0 only with them */
-    expect_err(CH("\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.echo");
-    expect_err(CO("\"echo\":\"yes\""), JOB_ERR_INVALID_TYPE, "body.echo");
-    expect_err(CO("\"max_tokens\":0"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
-    expect_err(CO("\"max_tokens\":0,\"echo\":false"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
-    expect_err(CH("\"max_tokens\":0,\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
-    expect_err(CO("\"max_tokens\":0,\"prompt_logprobs\":null"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
-    expect_err(CO("\"max_tokens\":-1,\"echo\":true"), JOB_ERR_INVALID_VALUE, "body.max_tokens");
-    expect_err(CO("\"prompt_logprobs\":21"), JOB_ERR_INVALID_VALUE, "body.prompt_logprobs");
-    expect_err(CH("\"prompt_logprobs\":-1"), JOB_ERR_INVALID_VALUE, "body.prompt_logprobs");
-    expect_err(CH("\"prompt_logprobs\":true"), JOB_ERR_INVALID_TYPE, "body.prompt_logprobs");
-    {
-        struct job_request r;
-        parse_ok(CO("\"echo\":true,\"logprobs\":1,\"max_tokens\":0"), &r);
-        CHECK(r.echo && r.logprobs && r.top_logprobs == 1 && r.max_tokens == 0 && r.prompt_logprobs == -1 &&
-              job_scores_prompt(&r));
-        job_request_free(&r);
-        parse_ok(CO("\"echo\":true,\"max_tokens\":0"), &r); /* the prompt back, nothing scored */
-        CHECK(r.echo && !r.logprobs && r.max_tokens == 0 && !job_scores_prompt(&r));
-        job_request_free(&r);
-        parse_ok(CH("\"prompt_logprobs\":5,\"max_completion_tokens\":0"), &r);
-        CHECK(!r.echo && r.prompt_logprobs == 5 && r.max_tokens == 0 && job_scores_prompt(&r));
-        job_request_free(&r);
-        parse_ok(CO("\"prompt_logprobs\":null"), &r);
-        CHECK(r.prompt_logprobs == -1 && !job_scores_prompt(&r));
-        job_request_free(&r);
-    }
     expect_err(CO("\"suffix\":\"end\""), JOB_ERR_INVALID_VALUE, "body.suffix");
     expect_err(CO("\"best_of\":3"), JOB_ERR_INVALID_VALUE, "body.best_of");
     {
         struct job_request r;
         parse_ok(CH("\"response_format\":{\"type\":\"json_object\"},\"tools\":[],\"logit_bias\":{},"
-                    "\"stream\":false,\"user\":\"u\",\"n\":2,\"best_of\":2"), &r);
+                    "\"stream\":false,\"user\":\"u\",\"n\":2,\"best_of\":2"),
+                 &r);
         CHECK(r.json_object && (r.given & JOB_GIVEN_RESPONSE_FORMAT));
         CHECK(r.n_logit_bias == 0 && !(r.given & JOB_GIVEN_LOGIT_BIAS));
         job_request_free(&r);
@@ -294,11 +305,13 @@ static void test_bad_sampling(void)
         parse_ok(CO("\"response_format\":{\"type\":\"text\"},\"echo\":false,\"suffix\":null"), &r);
         CHECK(!r.json_object && !r.json_schema);
         job_request_free(&r);
-        parse_ok(CH("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":true,"
-                    "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"),
-                 &r);
+        parse_ok(
+            CH("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":true,"
+               "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"),
+            &r);
         /* the schema is kept as written; the engine compiles it (test_jsonmode) */
-        static const char sc[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}";
+        static const char sc[] =
+            "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}";
         CHECK(r.json_object && r.json_schema && r.json_schema_len == sizeof sc - 1 && strcmp(r.json_schema, sc) == 0);
         job_request_free(&r);
         /* whatever it is: a schema that is not an object is the engine's to refuse */
@@ -310,7 +323,8 @@ static void test_bad_sampling(void)
     expect_err("{\"custom_id\":\"s\",\"prompt\":\"x\",\"temperature\":-1}", JOB_ERR_INVALID_VALUE, "temperature");
     expect_err("{\"custom_id\":\"s\",\"prompt\":\"x\",\"max_tokens\":-5}", JOB_ERR_INVALID_VALUE, "max_tokens");
     /* the line number is whatever the caller says */
-    expect_err_at("{\"custom_id\":\"s\",\"prompt\":\"x\",\"top_p\":2}", 123456789012ULL, JOB_ERR_INVALID_VALUE, "top_p");
+    expect_err_at("{\"custom_id\":\"s\",\"prompt\":\"x\",\"top_p\":2}", 123456789012ULL, JOB_ERR_INVALID_VALUE,
+                  "top_p");
 #undef CH
 #undef CO
 }
@@ -390,10 +404,10 @@ static void test_openai_chat(void)
     CHECK_EQ_INT(r.n, 3);
     CHECK(r.logprobs);
     CHECK_EQ_INT(r.top_logprobs, 5);
-    uint32_t all = JOB_GIVEN_MODEL | JOB_GIVEN_MAX_TOKENS | JOB_GIVEN_TEMPERATURE | JOB_GIVEN_TOP_P |
-                   JOB_GIVEN_TOP_K | JOB_GIVEN_MIN_P | JOB_GIVEN_SEED | JOB_GIVEN_STOP |
-                   JOB_GIVEN_PRESENCE_PENALTY | JOB_GIVEN_FREQUENCY_PENALTY | JOB_GIVEN_REPETITION_PENALTY |
-                   JOB_GIVEN_N | JOB_GIVEN_LOGPROBS | JOB_GIVEN_TOP_LOGPROBS;
+    uint32_t all = JOB_GIVEN_MODEL | JOB_GIVEN_MAX_TOKENS | JOB_GIVEN_TEMPERATURE | JOB_GIVEN_TOP_P | JOB_GIVEN_TOP_K |
+                   JOB_GIVEN_MIN_P | JOB_GIVEN_SEED | JOB_GIVEN_STOP | JOB_GIVEN_PRESENCE_PENALTY |
+                   JOB_GIVEN_FREQUENCY_PENALTY | JOB_GIVEN_REPETITION_PENALTY | JOB_GIVEN_N | JOB_GIVEN_LOGPROBS |
+                   JOB_GIVEN_TOP_LOGPROBS;
     CHECK(r.given == all);
     job_request_free(&r);
     CHECK(r.custom_id == NULL && r.messages == NULL);
@@ -516,12 +530,14 @@ static void test_request_fields(void)
                "stop_token_ids[0]");
     expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"use_beam_search\":true}", JOB_ERR_INVALID_VALUE,
                "use_beam_search");
-    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}",
-               JOB_ERR_INVALID_VALUE, "ignore_eos");
+    expect_err(
+        "{\"custom_id\":\"v\",\"prompt\":\"x\",\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}",
+        JOB_ERR_INVALID_VALUE, "ignore_eos");
 
     /* a logit_bias key whose raw bytes are not UTF-8 decodes longer than it
      * is written (three bytes each): refused, not copied past the key's buffer */
-    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"logit_bias\":{\"1\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\":1}}",
+    expect_err("{\"custom_id\":\"v\",\"prompt\":\"x\",\"logit_bias\":{"
+               "\"1\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\":1}}",
                JOB_ERR_INVALID_VALUE, "logit_bias");
 
     /* prompt lists and token ids: one set of choices per prompt */
@@ -540,16 +556,17 @@ static void test_request_fields(void)
     const char *conv = "\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\","
                        "\"name\":\"bot\",\"tool_calls\":[],\"refusal\":null}]";
     char line[512];
-    snprintf(line, sizeof line, "{\"custom_id\":\"t\",%s,\"add_generation_prompt\":false,\"continue_final_message\":true}",
-             conv);
+    snprintf(line, sizeof line,
+             "{\"custom_id\":\"t\",%s,\"add_generation_prompt\":false,\"continue_final_message\":true}", conv);
     parse_ok(line, &r);
     CHECK(!r.add_generation_prompt && r.continue_final_message);
     job_request_free(&r);
     snprintf(line, sizeof line, "{\"custom_id\":\"t\",%s,\"continue_final_message\":true}", conv);
     expect_err(line, JOB_ERR_INVALID_VALUE, "continue_final_message");
-    expect_err("{\"custom_id\":\"t\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"add_generation_prompt\":false,"
-               "\"continue_final_message\":true}",
-               JOB_ERR_INVALID_VALUE, "continue_final_message");
+    expect_err(
+        "{\"custom_id\":\"t\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"add_generation_prompt\":false,"
+        "\"continue_final_message\":true}",
+        JOB_ERR_INVALID_VALUE, "continue_final_message");
     expect_err("{\"custom_id\":\"t\",\"prompt\":\"a\",\"add_generation_prompt\":false}", JOB_ERR_UNSUPPORTED_FIELD,
                "add_generation_prompt");
 
@@ -566,11 +583,15 @@ static void test_request_fields(void)
     job_request_free(&r);
 
     /* everything else is refused by name, wherever it is */
-    static const struct { const char *line, *code, *param; } refused[] = {
-        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"chat_template\":\"{{x}}\"}", JOB_ERR_UNSUPPORTED_FIELD, "chat_template"},
+    static const struct {
+        const char *line, *code, *param;
+    } refused[] = {
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"chat_template\":\"{{x}}\"}", JOB_ERR_UNSUPPORTED_FIELD,
+         "chat_template"},
         {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"max_token\":3}", JOB_ERR_UNSUPPORTED_FIELD, "max_token"},
         {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_json\":{}}", JOB_ERR_UNSUPPORTED_FIELD, "guided_json"},
-        {"{\"custom_id\":\"u\",\"body\":{\"prompt\":\"x\"},\"temperature\":0}", JOB_ERR_UNSUPPORTED_FIELD, "temperature"},
+        {"{\"custom_id\":\"u\",\"body\":{\"prompt\":\"x\"},\"temperature\":0}", JOB_ERR_UNSUPPORTED_FIELD,
+         "temperature"},
         {"{\"custom_id\":\"u\",\"body\":{\"prompt\":\"x\",\"top_logprobs\":2}}", JOB_ERR_UNSUPPORTED_FIELD,
          "body.top_logprobs"},
         {"{\"custom_id\":\"u\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"suffix\":\"\"}",
@@ -586,7 +607,8 @@ static void test_request_fields(void)
          JOB_ERR_INVALID_VALUE, "tool_choice"},
         {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"response_format\":{\"type\":\"text\",\"extra\":1}}",
          JOB_ERR_UNSUPPORTED_FIELD, "response_format.extra"},
-        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":"
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+         "\"schema\":"
          "{\"type\":\"object\"},\"x\":1}}}",
          JOB_ERR_UNSUPPORTED_FIELD, "response_format.json_schema.x"},
         {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"messages\":[]}", JOB_ERR_INVALID_REQUEST, "prompt"},
@@ -645,12 +667,14 @@ static void test_escapes(void)
     /* damaged text becomes U+FFFD (job.h): lone high, lone low, high + non-low,
      * \u0000, raw bytes that are not UTF-8 */
     parse_ok("{\"custom_id\":\"e\",\"prompt\":\"[\\ud83d][\\ude00][\\ud83d\\u0041][\\u0000][\\ud83d\\ud83d]\"}", &r);
-    CHECK_MSG(strcmp(r.prompt, "[\xef\xbf\xbd][\xef\xbf\xbd][\xef\xbf\xbd" "A][\xef\xbf\xbd][\xef\xbf\xbd\xef\xbf\xbd]") == 0,
+    CHECK_MSG(strcmp(r.prompt, "[\xef\xbf\xbd][\xef\xbf\xbd][\xef\xbf\xbd"
+                               "A][\xef\xbf\xbd][\xef\xbf\xbd\xef\xbf\xbd]") == 0,
               "%s", r.prompt);
     CHECK(strlen(r.prompt) == r.prompt_len);
     job_request_free(&r);
-    parse_ok("{\"custom_id\":\"e\",\"prompt\":\"[\xff][\xc0\x80][\xe2\x82][\xed\xa0\x80][\xf4\x90\x80\x80][\xe2\x82\xac]\"}",
-             &r);
+    parse_ok(
+        "{\"custom_id\":\"e\",\"prompt\":\"[\xff][\xc0\x80][\xe2\x82][\xed\xa0\x80][\xf4\x90\x80\x80][\xe2\x82\xac]\"}",
+        &r);
     /* maximal subparts: C0 and 80 are one each; E2 82 is one; ED A0 80 is three;
      * F4 90 80 80 is four (F4 90 is out of range after F4) */
     const char *want = "[\xef\xbf\xbd][\xef\xbf\xbd\xef\xbf\xbd][\xef\xbf\xbd][\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd]"
@@ -661,10 +685,14 @@ static void test_escapes(void)
     /* custom_id is never repaired (job.h): lone surrogates keep their code
      * points, so "x\ud800" and "x\udfff" stay two ids; \u0000 is C0 80; the
      * text as written is kept beside it for the output lines */
-    static const struct { const char *json; const char *exact; } ids[] = {
+    static const struct {
+        const char *json;
+        const char *exact;
+    } ids[] = {
         {"x\\ud800", "x\xed\xa0\x80"},
         {"x\\udfff", "x\xed\xbf\xbf"},
-        {"x\\ud800\\u0041", "x\xed\xa0\x80" "A"},
+        {"x\\ud800\\u0041", "x\xed\xa0\x80"
+                            "A"},
         {"x\\ufffd", "x\xef\xbf\xbd"},
         {"x\\u0000y", "x\xc0\x80y"},
         {"q\\\"\\\\\\/", "q\"\\/"},
@@ -677,15 +705,22 @@ static void test_escapes(void)
         parse_ok(line, &r);
         CHECK_MSG(r.custom_id && strcmp(r.custom_id, ids[k].exact) == 0 && r.custom_id_len == strlen(ids[k].exact),
                   "custom_id %s", ids[k].json);
-        CHECK_MSG(r.custom_id_json && strcmp(r.custom_id_json, ids[k].json) == 0, "custom_id %s as written", ids[k].json);
+        CHECK_MSG(r.custom_id_json && strcmp(r.custom_id_json, ids[k].json) == 0, "custom_id %s as written",
+                  ids[k].json);
         job_key_custom_id(r.custom_id, r.custom_id_len, &keys[k]);
-        for (size_t m = 0; m < k; m++) CHECK_MSG(strcmp(keys[m].hex, keys[k].hex) != 0, "ids %zu and %zu share a key", m, k);
+        for (size_t m = 0; m < k; m++)
+            CHECK_MSG(strcmp(keys[m].hex, keys[k].hex) != 0, "ids %zu and %zu share a key", m, k);
         /* both kinds of line carry the id exactly as written */
         struct kvb_buf b = {0};
         struct job_choice ch = {.text = "t", .text_len = 1};
-        struct job_result res = {.custom_id = r.custom_id, .custom_id_len = r.custom_id_len,
-                                 .custom_id_json = r.custom_id_json, .custom_id_json_len = r.custom_id_json_len,
-                                 .url = JOB_URL_COMPLETION, .model = "m", .choices = &ch, .n_choices = 1};
+        struct job_result res = {.custom_id = r.custom_id,
+                                 .custom_id_len = r.custom_id_len,
+                                 .custom_id_json = r.custom_id_json,
+                                 .custom_id_json_len = r.custom_id_json_len,
+                                 .url = JOB_URL_COMPLETION,
+                                 .model = "m",
+                                 .choices = &ch,
+                                 .n_choices = 1};
         CHECK(job_format_result(&b, &res) == KVB_OK);
         struct job_error e;
         job_error_setf(&e, JOB_ERR_SERVER, 1, NULL, "x");
@@ -731,8 +766,8 @@ static void test_alloc_failures(void)
     CHECK(nomem > 5 && ok > 0);
 
     struct job_choice ch = {.text = "hello", .text_len = 5};
-    struct job_result res = {.custom_id = "f", .custom_id_len = 1, .url = JOB_URL_CHAT, .model = "m",
-                             .choices = &ch, .n_choices = 1};
+    struct job_result res = {
+        .custom_id = "f", .custom_id_len = 1, .url = JOB_URL_CHAT, .model = "m", .choices = &ch, .n_choices = 1};
     struct kvb_buf b = {0};
     kvb_alloc_fail_after(0);
     CHECK(job_format_result(&b, &res) == KVB_ERR_NOMEM);
@@ -845,8 +880,9 @@ static void test_example_job(void)
     CHECK_EQ_INT(ok, 8);
     CHECK_EQ_INT(blank, 1);
     CHECK(chat >= 5 && comp >= 3 && shorthand == 2);
-    CHECK_MSG(strcmp(codes, "9:invalid_json 10:missing_field 11:duplicate_custom_id 12:invalid_value 13:invalid_value ") == 0,
-              "%s", codes);
+    CHECK_MSG(
+        strcmp(codes, "9:invalid_json 10:missing_field 11:duplicate_custom_id 12:invalid_value 13:invalid_value ") == 0,
+        "%s", codes);
     job_idset_free(seen);
     job_reader_free(r);
     fclose(f);
@@ -859,6 +895,7 @@ int main(void)
     test_bad_messages();
     test_bad_prompt();
     test_bad_sampling();
+    test_scoring_fields();
     test_defaults();
     test_openai_chat();
     test_openai_completion();

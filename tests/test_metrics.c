@@ -12,27 +12,24 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <sqlite3.h>
 
+#include "app/cli.h"
 #include "base/alloc.h"
 #include "base/clock.h"
-#include "app/cli.h"
 #include "store/metrics/metrics.h"
 #include "support/testutil.h"
 
 static char tmpdir[256];
 
-static void path_in(char *buf, size_t cap, const char *name)
-{
-    snprintf(buf, cap, "%s/%s", tmpdir, name);
-}
+static void path_in(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", tmpdir, name); }
 
 static double mono(void) { return kvb_clock_s(); }
 
@@ -47,8 +44,7 @@ static long long raw_int(const char *path, const char *q)
         sqlite3_stmt *st = NULL;
         if (sqlite3_prepare_v2(s, q, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
             v = sqlite3_column_int64(st, 0);
-        else
-            fprintf(stderr, "raw_int(%s): %s\n", q, sqlite3_errmsg(s));
+        else fprintf(stderr, "raw_int(%s): %s\n", q, sqlite3_errmsg(s));
         sqlite3_finalize(st);
     }
     sqlite3_close(s);
@@ -67,10 +63,20 @@ static int raw_exec(const char *path, const char *q)
 static struct metrics_request ok_row(int i)
 {
     struct metrics_request r = {
-        .custom_id = NULL, .input_line = i, .prompt_tokens = 100, .cached_tokens_run = 25,
-        .cached_tokens_store = 10, .completion_tokens = 50, .has_timing = true,
-        .queue_s = i * 1e-5, .ttft_s = i * 1e-3, .tpot_s = i * 1e-4, .e2e_s = i * 1e-2,
-        .finish_reason = (i % 4) ? "stop" : "length", .error_code = NULL, .status_code = 200,
+        .custom_id = NULL,
+        .input_line = i,
+        .prompt_tokens = 100,
+        .cached_tokens_run = 25,
+        .cached_tokens_store = 10,
+        .completion_tokens = 50,
+        .has_timing = true,
+        .queue_s = i * 1e-5,
+        .ttft_s = i * 1e-3,
+        .tpot_s = i * 1e-4,
+        .e2e_s = i * 1e-2,
+        .finish_reason = (i % 4) ? "stop" : "length",
+        .error_code = NULL,
+        .status_code = 200,
     };
     return r;
 }
@@ -96,7 +102,8 @@ static void test_schema(void)
 
     CHECK_EQ_INT(raw_int(path, "PRAGMA user_version"), METRICS_SCHEMA_VERSION);
     CHECK_EQ_INT(raw_int(path, "PRAGMA application_id"), 0x4B56424D);
-    CHECK_EQ_INT(raw_int(path, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN ('runs','requests')"), 2);
+    CHECK_EQ_INT(raw_int(path, "SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN ('runs','requests')"),
+                 2);
     CHECK_EQ_INT(raw_int(path, "SELECT count(*) FROM sqlite_master WHERE type='index' AND tbl_name='requests'"), 1);
     CHECK_EQ_INT(raw_int(path, "SELECT journal_mode='wal' FROM pragma_journal_mode"), 1);
     /* every column the issue names exists */
@@ -104,11 +111,13 @@ static void test_schema(void)
                                "'model','model_fingerprint','backend','settings','started_at','ended_at','status',"
                                "'requests_total','requests_ok','requests_failed','prompt_tokens','completion_tokens',"
                                "'cached_tokens_run','cached_tokens_store','prefill_tokens_computed',"
-                               "'store_bytes_read','store_bytes_written','wall_seconds')"), 20);
+                               "'store_bytes_read','store_bytes_written','wall_seconds')"),
+                 20);
     CHECK_EQ_INT(raw_int(path, "SELECT count(*) FROM pragma_table_info('requests') WHERE name IN ('run_id','custom_id',"
                                "'input_line','prompt_tokens','cached_tokens_run','cached_tokens_store',"
                                "'completion_tokens','queue_s','ttft_s','tpot_s','e2e_s','finish_reason',"
-                               "'error_code','status_code')"), 14);
+                               "'error_code','status_code')"),
+                 14);
 
     /* reopening keeps what is there */
     db = NULL;
@@ -129,14 +138,14 @@ static void test_schema(void)
 
 /* Polls the counters until cond holds (the writer thread is asynchronous),
  * at most 5 s. */
-#define WAIT_FOR(db, c, cond)                                                                        \
-    do {                                                                                             \
-        double t_ = mono();                                                                          \
-        for (;;) {                                                                                   \
-            metrics_get_counters(db, &(c));                                                          \
-            if ((cond) || mono() - t_ > 5.0) break;                                                  \
-            nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);                                 \
-        }                                                                                            \
+#define WAIT_FOR(db, c, cond)                                                                                          \
+    do {                                                                                                               \
+        double t_ = mono();                                                                                            \
+        for (;;) {                                                                                                     \
+            metrics_get_counters(db, &(c));                                                                            \
+            if ((cond) || mono() - t_ > 5.0) break;                                                                    \
+            nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);                                                   \
+        }                                                                                                              \
     } while (0)
 
 static void test_batching(void)
@@ -294,7 +303,8 @@ static void test_busy(void)
     CHECK(c.flush_failures >= 1);
     CHECK_EQ_INT(c.rows_pending, 9);
     CHECK_EQ_INT(metrics_flush(db, &err), KVB_ERR_IO);
-    CHECK_MSG(strstr(err.msg, path) && strstr(err.msg, "locked") && strstr(err.msg, "9 request rows could not be written"),
+    CHECK_MSG(strstr(err.msg, path) && strstr(err.msg, "locked") &&
+                  strstr(err.msg, "9 request rows could not be written"),
               "%s", err.msg);
     note(&err);
     CHECK_EQ_INT(sqlite3_exec(other, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
@@ -352,8 +362,8 @@ static void test_lock_does_not_stall(void)
     }
     struct metrics_counters c;
     metrics_get_counters(db, &c);
-    fprintf(stderr, "lock held 1.5 s: %d rows added, slowest add %.2f ms, %lld rows queued, %lld failed attempts\n",
-            n, worst * 1e3, (long long)c.rows_pending, (long long)c.flush_failures);
+    fprintf(stderr, "lock held 1.5 s: %d rows added, slowest add %.2f ms, %lld rows queued, %lld failed attempts\n", n,
+            worst * 1e3, (long long)c.rows_pending, (long long)c.flush_failures);
     CHECK_MSG(worst < 0.05, "adding a row waited %.3f s while another process held the lock", worst);
     CHECK(c.rows_pending > 16);
     pthread_join(th, NULL);
@@ -420,8 +430,12 @@ static void fill_report_db(const char *path)
     if (!db) return;
     int64_t run = 0;
     struct metrics_run_info info = {
-        .job_file = "jobs/examples/rag.jsonl", .output_file = "out.jsonl", .model = "SmolLM2-135M",
-        .model_fingerprint = "abc123", .backend = "cpu", .settings = "{\"max_batch\":32}",
+        .job_file = "jobs/examples/rag.jsonl",
+        .output_file = "out.jsonl",
+        .model = "SmolLM2-135M",
+        .model_fingerprint = "abc123",
+        .backend = "cpu",
+        .settings = "{\"max_batch\":32}",
     };
     CHECK_EQ_INT(metrics_run_begin(db, &info, &run, &err), KVB_OK);
     for (int i = 1; i <= 100; i++) {
@@ -434,10 +448,17 @@ static void fill_report_db(const char *path)
         CHECK_EQ_INT(metrics_request_add(db, run, &r, &err), KVB_OK);
     }
     struct metrics_totals t = {
-        .requests_total = 103, .requests_ok = 100, .requests_failed = 3,
-        .prompt_tokens = 10000, .completion_tokens = 5000, .cached_tokens_run = 2500,
-        .cached_tokens_store = 1000, .prefill_tokens_computed = 6500,
-        .store_bytes_read = 1048576, .store_bytes_written = 3 * 1048576, .wall_seconds = 10.0,
+        .requests_total = 103,
+        .requests_ok = 100,
+        .requests_failed = 3,
+        .prompt_tokens = 10000,
+        .completion_tokens = 5000,
+        .cached_tokens_run = 2500,
+        .cached_tokens_store = 1000,
+        .prefill_tokens_computed = 6500,
+        .store_bytes_read = 1048576,
+        .store_bytes_written = 3 * 1048576,
+        .wall_seconds = 10.0,
     };
     CHECK_EQ_INT(metrics_run_end(db, run, METRICS_RUN_OK, &t, &err), KVB_OK);
 
@@ -457,7 +478,8 @@ static void fill_report_db(const char *path)
     metrics_close(db);
     /* rejected lines have no timings; one-token requests no tpot */
     CHECK_EQ_INT(raw_int(path, "SELECT count(*) FROM requests WHERE error_code IS NOT NULL AND ttft_s IS NULL"
-                               " AND e2e_s IS NULL AND queue_s IS NULL AND tpot_s IS NULL"), 4);
+                               " AND e2e_s IS NULL AND queue_s IS NULL AND tpot_s IS NULL"),
+                 4);
     CHECK_EQ_INT(raw_int(path, "SELECT count(*) FROM requests WHERE tpot_s IS NULL"), 5);
 }
 
@@ -855,24 +877,29 @@ static void test_died_runs(void)
     /* a version-1 database with a run left 'running' */
     char old[512];
     path_in(old, sizeof old, "v1.db");
-    CHECK_EQ_INT(raw_exec(old,
-        "PRAGMA journal_mode=WAL;"
-        "CREATE TABLE runs (id INTEGER PRIMARY KEY, job_file TEXT, output_file TEXT, model TEXT,"
-        " model_fingerprint TEXT, backend TEXT, settings TEXT, started_at REAL NOT NULL, ended_at REAL,"
-        " status TEXT NOT NULL DEFAULT 'running' CHECK (status IN ('running','ok','interrupted','failed')),"
-        " requests_total INTEGER, requests_ok INTEGER, requests_failed INTEGER, prompt_tokens INTEGER,"
-        " completion_tokens INTEGER, cached_tokens_run INTEGER, cached_tokens_store INTEGER,"
-        " prefill_tokens_computed INTEGER, store_bytes_read INTEGER, store_bytes_written INTEGER, wall_seconds REAL);"
-        "CREATE TABLE requests (run_id INTEGER NOT NULL REFERENCES runs(id), custom_id TEXT, input_line INTEGER,"
-        " prompt_tokens INTEGER NOT NULL, cached_tokens_run INTEGER NOT NULL, cached_tokens_store INTEGER NOT NULL,"
-        " completion_tokens INTEGER NOT NULL, queue_s REAL, ttft_s REAL, tpot_s REAL, e2e_s REAL,"
-        " finish_reason TEXT, error_code TEXT, status_code INTEGER);"
-        "CREATE INDEX requests_run_id ON requests(run_id);"
-        "INSERT INTO runs (id, job_file, started_at, ended_at, status, requests_total) VALUES (1, 'a.jsonl', 5, 9, 'ok', 2);"
-        "INSERT INTO runs (id, job_file, started_at) VALUES (2, 'b.jsonl', 10);"
-        "INSERT INTO requests (run_id, prompt_tokens, cached_tokens_run, cached_tokens_store, completion_tokens)"
-        " VALUES (1, 5, 0, 0, 3), (1, 6, 0, 0, 4);"
-        "PRAGMA application_id=1263944269; PRAGMA user_version=1;"), SQLITE_OK);
+    CHECK_EQ_INT(
+        raw_exec(
+            old,
+            "PRAGMA journal_mode=WAL;"
+            "CREATE TABLE runs (id INTEGER PRIMARY KEY, job_file TEXT, output_file TEXT, model TEXT,"
+            " model_fingerprint TEXT, backend TEXT, settings TEXT, started_at REAL NOT NULL, ended_at REAL,"
+            " status TEXT NOT NULL DEFAULT 'running' CHECK (status IN ('running','ok','interrupted','failed')),"
+            " requests_total INTEGER, requests_ok INTEGER, requests_failed INTEGER, prompt_tokens INTEGER,"
+            " completion_tokens INTEGER, cached_tokens_run INTEGER, cached_tokens_store INTEGER,"
+            " prefill_tokens_computed INTEGER, store_bytes_read INTEGER, store_bytes_written INTEGER, wall_seconds "
+            "REAL);"
+            "CREATE TABLE requests (run_id INTEGER NOT NULL REFERENCES runs(id), custom_id TEXT, input_line INTEGER,"
+            " prompt_tokens INTEGER NOT NULL, cached_tokens_run INTEGER NOT NULL, cached_tokens_store INTEGER NOT NULL,"
+            " completion_tokens INTEGER NOT NULL, queue_s REAL, ttft_s REAL, tpot_s REAL, e2e_s REAL,"
+            " finish_reason TEXT, error_code TEXT, status_code INTEGER);"
+            "CREATE INDEX requests_run_id ON requests(run_id);"
+            "INSERT INTO runs (id, job_file, started_at, ended_at, status, requests_total) VALUES (1, 'a.jsonl', 5, 9, "
+            "'ok', 2);"
+            "INSERT INTO runs (id, job_file, started_at) VALUES (2, 'b.jsonl', 10);"
+            "INSERT INTO requests (run_id, prompt_tokens, cached_tokens_run, cached_tokens_store, completion_tokens)"
+            " VALUES (1, 5, 0, 0, 3), (1, 6, 0, 0, 4);"
+            "PRAGMA application_id=1263944269; PRAGMA user_version=1;"),
+        SQLITE_OK);
     db = NULL;
     CHECK_MSG(metrics_open(old, &db, &err) == KVB_OK, "%s", err.msg);
     CHECK_EQ_INT(raw_int(old, "PRAGMA user_version"), METRICS_SCHEMA_VERSION);

@@ -22,10 +22,7 @@
 
 static char tmpdir[256];
 
-static void path_in(char *buf, size_t cap, const char *name)
-{
-    snprintf(buf, cap, "%s/%s", tmpdir, name);
-}
+static void path_in(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", tmpdir, name); }
 
 static int raw_exec(const char *path, const char *q)
 {
@@ -79,29 +76,50 @@ static void test_new_columns(void)
     int64_t run = 0;
     CHECK_EQ_INT(metrics_run_begin(db, NULL, &run, &err), KVB_OK);
     struct metrics_request ok = {
-        .custom_id = "a", .input_line = 1, .prompt_tokens = 40, .cached_tokens_run = 16, .completion_tokens = 8,
-        .has_timing = true, .queue_s = 0.5, .ttft_s = 1, .tpot_s = 0.25, .e2e_s = 2.75, .finish_reason = "length",
-        .status_code = 200, .submitted_at = 1000.25, .started_at = 1000.75, .first_token_at = 1001.25,
-        .ended_at = 1003.0, .preemptions = 2, .restored_tokens = 70,
+        .custom_id = "a",
+        .input_line = 1,
+        .prompt_tokens = 40,
+        .cached_tokens_run = 16,
+        .completion_tokens = 8,
+        .has_timing = true,
+        .queue_s = 0.5,
+        .ttft_s = 1,
+        .tpot_s = 0.25,
+        .e2e_s = 2.75,
+        .finish_reason = "length",
+        .status_code = 200,
+        .submitted_at = 1000.25,
+        .started_at = 1000.75,
+        .first_token_at = 1001.25,
+        .ended_at = 1003.0,
+        .preemptions = 2,
+        .restored_tokens = 70,
     };
     struct metrics_request bad = {
-        .input_line = 2, .error_code = "invalid_json", .error_message = "line 2: invalid JSON at byte 3",
-        .status_code = 400, .ended_at = 1000.5,
+        .input_line = 2,
+        .error_code = "invalid_json",
+        .error_message = "line 2: invalid JSON at byte 3",
+        .status_code = 400,
+        .ended_at = 1000.5,
     };
     CHECK_EQ_INT(metrics_request_add(db, run, &ok, &err), KVB_OK);
     CHECK_EQ_INT(metrics_request_add(db, run, &bad, &err), KVB_OK);
     CHECK_EQ_INT(metrics_run_end(db, run, METRICS_RUN_OK, NULL, &err), KVB_OK);
     metrics_close(db);
     CHECK(!strcmp(raw_text(path, "SELECT user_version FROM pragma_user_version", buf, sizeof buf), "3"));
-    CHECK(!strcmp(raw_text(path, "SELECT submitted_at || '/' || started_at || '/' || first_token_at || '/' || "
-                                 "ended_at || '/' || preemptions || '/' || restored_tokens FROM requests "
-                                 "WHERE input_line = 1", buf, sizeof buf),
+    CHECK(!strcmp(raw_text(path,
+                           "SELECT submitted_at || '/' || started_at || '/' || first_token_at || '/' || "
+                           "ended_at || '/' || preemptions || '/' || restored_tokens FROM requests "
+                           "WHERE input_line = 1",
+                           buf, sizeof buf),
                   "1000.25/1000.75/1001.25/1003.0/2/70"));
     /* a rejected line: a message and an end time, no other time */
     CHECK(!strcmp(raw_text(path, "SELECT error_message FROM requests WHERE input_line = 2", buf, sizeof buf),
                   "line 2: invalid JSON at byte 3"));
-    CHECK(!strcmp(raw_text(path, "SELECT coalesce(submitted_at, 'NULL') || coalesce(started_at, 'NULL') || "
-                                 "ended_at FROM requests WHERE input_line = 2", buf, sizeof buf),
+    CHECK(!strcmp(raw_text(path,
+                           "SELECT coalesce(submitted_at, 'NULL') || coalesce(started_at, 'NULL') || "
+                           "ended_at FROM requests WHERE input_line = 2",
+                           buf, sizeof buf),
                   "NULLNULL1000.5"));
     CHECK(!strcmp(raw_text(path, "SELECT error_message FROM requests WHERE input_line = 1", buf, sizeof buf), "NULL"));
 }
@@ -113,21 +131,25 @@ static void test_upgrade_from_v1(void)
 {
     char path[512], buf[256];
     path_in(path, sizeof path, "v1.db");
-    CHECK_EQ_INT(raw_exec(path,
-        "CREATE TABLE runs (id INTEGER PRIMARY KEY, job_file TEXT, output_file TEXT, model TEXT,"
-        " model_fingerprint TEXT, backend TEXT, settings TEXT, started_at REAL NOT NULL, ended_at REAL,"
-        " status TEXT NOT NULL DEFAULT 'running' CHECK (status IN ('running','ok','interrupted','failed')),"
-        " requests_total INTEGER, requests_ok INTEGER, requests_failed INTEGER, prompt_tokens INTEGER,"
-        " completion_tokens INTEGER, cached_tokens_run INTEGER, cached_tokens_store INTEGER,"
-        " prefill_tokens_computed INTEGER, store_bytes_read INTEGER, store_bytes_written INTEGER, wall_seconds REAL);"
-        "CREATE TABLE requests (run_id INTEGER NOT NULL REFERENCES runs(id), custom_id TEXT, input_line INTEGER,"
-        " prompt_tokens INTEGER NOT NULL, cached_tokens_run INTEGER NOT NULL, cached_tokens_store INTEGER NOT NULL,"
-        " completion_tokens INTEGER NOT NULL, queue_s REAL, ttft_s REAL, tpot_s REAL, e2e_s REAL,"
-        " finish_reason TEXT, error_code TEXT, status_code INTEGER);"
-        "CREATE INDEX requests_run_id ON requests(run_id);"
-        "INSERT INTO runs (id, job_file, started_at, status) VALUES (1, 'old.jsonl', 1000, 'running');"
-        "INSERT INTO requests VALUES (1, 'x', 1, 10, 0, 0, 5, 0.01, 0.1, 0.02, 0.2, 'stop', NULL, 200);"
-        "PRAGMA application_id = 1263944269; PRAGMA user_version = 1;"), SQLITE_OK);
+    CHECK_EQ_INT(
+        raw_exec(
+            path,
+            "CREATE TABLE runs (id INTEGER PRIMARY KEY, job_file TEXT, output_file TEXT, model TEXT,"
+            " model_fingerprint TEXT, backend TEXT, settings TEXT, started_at REAL NOT NULL, ended_at REAL,"
+            " status TEXT NOT NULL DEFAULT 'running' CHECK (status IN ('running','ok','interrupted','failed')),"
+            " requests_total INTEGER, requests_ok INTEGER, requests_failed INTEGER, prompt_tokens INTEGER,"
+            " completion_tokens INTEGER, cached_tokens_run INTEGER, cached_tokens_store INTEGER,"
+            " prefill_tokens_computed INTEGER, store_bytes_read INTEGER, store_bytes_written INTEGER, wall_seconds "
+            "REAL);"
+            "CREATE TABLE requests (run_id INTEGER NOT NULL REFERENCES runs(id), custom_id TEXT, input_line INTEGER,"
+            " prompt_tokens INTEGER NOT NULL, cached_tokens_run INTEGER NOT NULL, cached_tokens_store INTEGER NOT NULL,"
+            " completion_tokens INTEGER NOT NULL, queue_s REAL, ttft_s REAL, tpot_s REAL, e2e_s REAL,"
+            " finish_reason TEXT, error_code TEXT, status_code INTEGER);"
+            "CREATE INDEX requests_run_id ON requests(run_id);"
+            "INSERT INTO runs (id, job_file, started_at, status) VALUES (1, 'old.jsonl', 1000, 'running');"
+            "INSERT INTO requests VALUES (1, 'x', 1, 10, 0, 0, 5, 0.01, 0.1, 0.02, 0.2, 'stop', NULL, 200);"
+            "PRAGMA application_id = 1263944269; PRAGMA user_version = 1;"),
+        SQLITE_OK);
     struct kvb_err err = {{0}};
     struct metrics_db *db = NULL;
     CHECK_EQ_INT(metrics_open_existing(path, &db, &err), KVB_OK);
@@ -149,7 +171,8 @@ static void test_upgrade_from_v1(void)
     metrics_close(db);
     CHECK(!strcmp(raw_text(path, "SELECT user_version FROM pragma_user_version", buf, sizeof buf), "3"));
     CHECK(!strcmp(raw_text(path, "SELECT coalesce(ended_at, 'NULL') || coalesce(preemptions, 'NULL') FROM requests",
-                           buf, sizeof buf), "NULLNULL"));
+                           buf, sizeof buf),
+                  "NULLNULL"));
     /* The page says why there is no chart over time rather than drawing an empty one. */
     const char *paths[1] = {path};
     char *page = NULL;
@@ -162,10 +185,7 @@ static void test_upgrade_from_v1(void)
 
 /* ---- series --------------------------------------------------------------------------- */
 
-static bool near(double a, double b)
-{
-    return fabs(a - b) < 1e-9;
-}
+static bool near(double a, double b) { return fabs(a - b) < 1e-9; }
 
 static void test_series(void)
 {
@@ -255,23 +275,39 @@ static void make_run(const char *path)
     struct metrics_db *db = NULL;
     CHECK_EQ_INT(metrics_open(path, &db, &err), KVB_OK);
     int64_t run = 0;
-    struct metrics_run_info info = {.job_file = "night, \"one\".jsonl", .model = "m", .backend = "cpu",
-                                    .settings = "{\"max_batch\":4}"};
+    struct metrics_run_info info = {
+        .job_file = "night, \"one\".jsonl", .model = "m", .backend = "cpu", .settings = "{\"max_batch\":4}"};
     CHECK_EQ_INT(metrics_run_begin(db, &info, &run, &err), KVB_OK);
     const double t0 = (double)time(NULL);
     for (int i = 1; i <= 20; i++) {
         struct metrics_request r = {
-            .input_line = i, .prompt_tokens = 30, .cached_tokens_run = 16, .completion_tokens = 4,
-            .has_timing = true, .queue_s = 0.01 * i, .ttft_s = 0.05 * i, .tpot_s = 0.01, .e2e_s = 0.1 * i,
-            .finish_reason = i % 5 ? "stop" : "length", .status_code = 200,
-            .submitted_at = t0, .started_at = t0 + 0.01 * i, .first_token_at = t0 + 0.05 * i,
-            .ended_at = t0 + 0.1 * i, .preemptions = i == 7 ? 3 : i == 9 ? 1 : 0, .restored_tokens = i == 7 ? 90 : 0,
+            .input_line = i,
+            .prompt_tokens = 30,
+            .cached_tokens_run = 16,
+            .completion_tokens = 4,
+            .has_timing = true,
+            .queue_s = 0.01 * i,
+            .ttft_s = 0.05 * i,
+            .tpot_s = 0.01,
+            .e2e_s = 0.1 * i,
+            .finish_reason = i % 5 ? "stop" : "length",
+            .status_code = 200,
+            .submitted_at = t0,
+            .started_at = t0 + 0.01 * i,
+            .first_token_at = t0 + 0.05 * i,
+            .ended_at = t0 + 0.1 * i,
+            .preemptions = i == 7   ? 3
+                           : i == 9 ? 1
+                                    : 0,
+            .restored_tokens = i == 7 ? 90 : 0,
         };
         CHECK_EQ_INT(metrics_request_add(db, run, &r, &err), KVB_OK);
     }
     for (int i = 21; i <= 22; i++) {
-        struct metrics_request r = {.input_line = i, .error_code = i == 21 ? "invalid_json" : NULL,
-                                    .error_message = "line 21: broken", .status_code = i == 21 ? 400 : 500,
+        struct metrics_request r = {.input_line = i,
+                                    .error_code = i == 21 ? "invalid_json" : NULL,
+                                    .error_message = "line 21: broken",
+                                    .status_code = i == 21 ? 400 : 500,
                                     .ended_at = t0 + 0.5};
         CHECK_EQ_INT(metrics_request_add(db, run, &r, &err), KVB_OK);
     }
@@ -368,10 +404,19 @@ static void test_summary_forms(void)
     char *page = capture(html_of, path, &st);
     CHECK_EQ_INT(st, KVB_OK);
     if (page) {
-        static const char *const want[] = {"Throughput over time", "Running and waiting sequences", "Latency",
-                                           "time to first token", "time per output token", "end to end",
-                                           "Prefix reuse", "Errors", "invalid_json", "line 21: broken",
-                                           "Slowest requests", "Runs", "night, &quot;one&quot;.jsonl"};
+        static const char *const want[] = {"Throughput over time",
+                                           "Running and waiting sequences",
+                                           "Latency",
+                                           "time to first token",
+                                           "time per output token",
+                                           "end to end",
+                                           "Prefix reuse",
+                                           "Errors",
+                                           "invalid_json",
+                                           "line 21: broken",
+                                           "Slowest requests",
+                                           "Runs",
+                                           "night, &quot;one&quot;.jsonl"};
         for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) CHECK_MSG(strstr(page, want[i]), "%s", want[i]);
         /* self-contained and drawable: no reference out, nothing non-finite */
         CHECK(!strstr(page, "http:") && !strstr(page, "https:") && !strstr(page, "<script") && !strstr(page, "<link"));

@@ -11,12 +11,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/alloc.h"
 #include "backend/backend.h"
+#include "base/alloc.h"
 #include "cpu/be_cpu.h"
 #include "engine/gen.h"
-#include "support/gguf_write.h"
 #include "model/model.h"
+#include "support/gguf_write.h"
 #include "support/synth.h"
 #include "support/testutil.h"
 #include "text/tok.h"
@@ -190,7 +190,7 @@ int main(void)
     snprintf(dir, sizeof dir, "/tmp/kvb-test-model-XXXXXX");
     if (!mkdtemp(dir)) tu_skip("cannot make a temporary directory");
     struct synth_opts so;
-    const enum ggml_type types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
+    const enum ggml_type types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
                                     GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         synth_opts_default(&so);

@@ -11,12 +11,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/alloc.h"
 #include "backend/backend.h"
+#include "base/alloc.h"
 #include "cpu/be_cpu.h"
 #include "engine/gen.h"
-#include "support/gguf_write.h"
 #include "model/model.h"
+#include "support/gguf_write.h"
 #include "support/synth.h"
 #include "support/testutil.h"
 
@@ -25,23 +25,38 @@ static char dir[256], good[512], bad[512];
 /* One change to a copy of `good`: set (or replace) keys, drop a key, add a
  * tensor, or poke one float of a tensor. */
 struct edit {
-    const char *key[3];           /* keys set, with val[i] */
+    const char *key[3]; /* keys set, with val[i] */
     struct gguf_value val[3];
-    const char *drop;             /* a key removed */
-    const char *drop_tensors;     /* tensors whose name holds this are left out */
-    int tokens_delta;             /* tokenizer.ggml.tokens shortened (<0) or lengthened (>0) */
-    const char *add_tensor;       /* an extra F32 tensor of add_n values add_fill */
+    const char *drop;         /* a key removed */
+    const char *drop_tensors; /* tensors whose name holds this are left out */
+    int tokens_delta;         /* tokenizer.ggml.tokens shortened (<0) or lengthened (>0) */
+    const char *add_tensor;   /* an extra F32 tensor of add_n values add_fill */
     int64_t add_n;
     float add_fill;
-    const char *poke_tensor;      /* an F32 tensor whose element 0 becomes poke_value */
+    const char *poke_tensor; /* an F32 tensor whose element 0 becomes poke_value */
     float poke_value;
 };
 
-#define U32(x) {.type = GGUF_VTYPE_UINT32, .v.u64 = (x)}
-#define F32(x) {.type = GGUF_VTYPE_FLOAT32, .v.f64 = (x)}
-#define I32(x) {.type = GGUF_VTYPE_INT32, .v.i64 = (x)}
-#define BOOL(x) {.type = GGUF_VTYPE_BOOL, .v.b = (x)}
-#define STR(s) {.type = GGUF_VTYPE_STRING, .v.str = {sizeof(s) - 1, s}}
+#define U32(x)                                                                                                         \
+    {                                                                                                                  \
+        .type = GGUF_VTYPE_UINT32, .v.u64 = (x)                                                                        \
+    }
+#define F32(x)                                                                                                         \
+    {                                                                                                                  \
+        .type = GGUF_VTYPE_FLOAT32, .v.f64 = (x)                                                                       \
+    }
+#define I32(x)                                                                                                         \
+    {                                                                                                                  \
+        .type = GGUF_VTYPE_INT32, .v.i64 = (x)                                                                         \
+    }
+#define BOOL(x)                                                                                                        \
+    {                                                                                                                  \
+        .type = GGUF_VTYPE_BOOL, .v.b = (x)                                                                            \
+    }
+#define STR(s)                                                                                                         \
+    {                                                                                                                  \
+        .type = GGUF_VTYPE_STRING, .v.str = { sizeof(s) - 1, s }                                                       \
+    }
 
 static bool is_set(const struct edit *e, const char *key)
 {
@@ -118,8 +133,7 @@ static void refused(const struct edit *e, enum kvb_status want, const char *phra
     struct model *m = NULL;
     struct kvb_err err = {{0}};
     enum kvb_status st = model_load(bad, &m, &err);
-    CHECK_MSG(st == want, "'%s': status %s, expected %s (%s)", phrase, kvb_strerror(st), kvb_strerror(want),
-              err.msg);
+    CHECK_MSG(st == want, "'%s': status %s, expected %s (%s)", phrase, kvb_strerror(st), kvb_strerror(want), err.msg);
     CHECK_MSG(strstr(err.msg, phrase) != NULL, "message '%s' lacks '%s'", err.msg, phrase);
     if (phrase2) CHECK_MSG(strstr(err.msg, phrase2) != NULL, "message '%s' lacks '%s'", err.msg, phrase2);
     printf("refused: %s\n", err.msg);
@@ -226,7 +240,8 @@ static void test_refused_keys(void)
     /* A mixture of experts (Mixtral: llama.expert_count 8, expert tensors
      * instead of blk.N.ffn_gate.weight) is refused by the key that says so,
      * not by the dense tensor it lacks: keys are checked before weights. */
-    refused(&(struct edit){.key = {"llama.expert_count", "llama.expert_used_count"}, .val = {U32(8), U32(2)},
+    refused(&(struct edit){.key = {"llama.expert_count", "llama.expert_used_count"},
+                           .val = {U32(8), U32(2)},
                            .drop_tensors = "ffn_gate.weight"},
             KVB_ERR_UNSUPPORTED, "llama.expert_count", "mixture of experts");
     /* Ollama's converter also writes the head size as attention.head_dim:
@@ -256,8 +271,7 @@ static void test_inconsistent(void)
             "llama.attention.layer_norm_rms_epsilon", "nan");
     refused(&(struct edit){.key = {"tokenizer.ggml.eos_token_id"}, .val = {U32(9999)}}, KVB_ERR_FORMAT,
             "tokenizer.ggml.eos_token_id", "9999");
-    refused(&(struct edit){.key = {"llama.vocab_size"}, .val = {U32(300)}}, KVB_ERR_FORMAT, "llama.vocab_size",
-            "300");
+    refused(&(struct edit){.key = {"llama.vocab_size"}, .val = {U32(300)}}, KVB_ERR_FORMAT, "llama.vocab_size", "300");
     refused(&(struct edit){.tokens_delta = -3}, KVB_ERR_FORMAT, "tokenizer.ggml.tokens", "256 tokens");
     refused(&(struct edit){.tokens_delta = 5}, KVB_ERR_FORMAT, "tokenizer.ggml.tokens", "264 tokens");
     refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
@@ -298,8 +312,8 @@ static void test_inconsistent(void)
             "llama.rope.scaling.attn_factor", "-1");
     refused(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 4, .add_fill = 1}, KVB_ERR_FORMAT,
             "rope_freqs.weight", "shape");
-    refused(&(struct edit){.key = {"llama.context_length"}, .val = {I32(-5)}}, KVB_ERR_FORMAT,
-            "llama.context_length", NULL);
+    refused(&(struct edit){.key = {"llama.context_length"}, .val = {I32(-5)}}, KVB_ERR_FORMAT, "llama.context_length",
+            NULL);
     refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
                                    "llama.rope.scaling.original_context_length"},
                            .val = {STR("yarn"), F32(4), U32(4000000000u)}},
@@ -309,7 +323,8 @@ static void test_inconsistent(void)
             KVB_ERR_FORMAT, "llama.rope.scale_linear", "disagree");
     /* yarn without its original context falls back to the file's context
      * length (llama.cpp's rule), not to kvbatch's default when there is none. */
-    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"}, .val = {STR("yarn"), F32(4)},
+    refused(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
+                           .val = {STR("yarn"), F32(4)},
                            .drop = "llama.context_length"},
             KVB_ERR_FORMAT, "llama.rope.scaling.original_context_length", "llama.context_length");
 }
@@ -327,15 +342,15 @@ static void test_neutral_and_scaled(void)
     accepted_same(&(struct edit){.key = {"llama.logit_scale", "llama.attention.causal", "llama.expert_count"},
                                  .val = {F32(1), BOOL(true), U32(0)}},
                   "neutral values", ref, n);
-    accepted_same(&(struct edit){.key = {"llama.attention.sliding_window", "llama.attention.scale",
-                                         "llama.tensor_data_layout"},
-                                 .val = {U32(2048), F32(0.25) /* 1/sqrt(16) */, STR("Meta AI original pth")}},
-                  "window as long as the context", ref, n);
-    accepted_same(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
-                                 .val = {STR("none"), F32(4)}},
-                  "scaling type none", ref, n);
-    accepted_same(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 1},
-                  "rope factors of 1", ref, n);
+    accepted_same(
+        &(struct edit){.key = {"llama.attention.sliding_window", "llama.attention.scale", "llama.tensor_data_layout"},
+                       .val = {U32(2048), F32(0.25) /* 1/sqrt(16) */, STR("Meta AI original pth")}},
+        "window as long as the context", ref, n);
+    accepted_same(
+        &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"}, .val = {STR("none"), F32(4)}},
+        "scaling type none", ref, n);
+    accepted_same(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 8, .add_fill = 1}, "rope factors of 1",
+                  ref, n);
     /* Keys other writers add that leave these architectures' arithmetic
      * alone: Ollama's attention.head_dim equal to the key length, and the
      * LayerNorm epsilon both converters copy from a config that has one
@@ -346,9 +361,9 @@ static void test_neutral_and_scaled(void)
     /* A scaling by 1 is no scaling: same logits, same fingerprint as the
      * file without it (transformers: linear and yarn with factor 1 leave
      * every frequency and the attention factor at 1). */
-    accepted_same(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"},
-                                 .val = {STR("linear"), F32(1)}},
-                  "linear factor 1", ref, n);
+    accepted_same(
+        &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor"}, .val = {STR("linear"), F32(1)}},
+        "linear factor 1", ref, n);
     CHECK_MSG(!strcmp(fingerprint_of(bad), fp), "linear factor 1 changes the fingerprint");
     accepted_same(&(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
                                          "llama.rope.scaling.original_context_length"},
@@ -358,9 +373,10 @@ static void test_neutral_and_scaled(void)
 
     /* The scalings kvbatch computes load with what the file says, change the
      * logits, and name themselves in the fingerprint. */
-    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
-                                              "llama.rope.scaling.original_context_length"},
-                                      .val = {STR("yarn"), F32(4), U32(512)}});
+    rewrite(good, bad,
+            &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.original_context_length"},
+                           .val = {STR("yarn"), F32(4), U32(512)}});
     float *yarn = logits_of(bad, &m);
     if (m) {
         CHECK(m->rope.type == ROPE_SCALING_YARN && m->rope.factor == 4.0f && m->rope.orig_ctx == 512);
@@ -372,25 +388,27 @@ static void test_neutral_and_scaled(void)
     }
     CHECK(yarn && memcmp(yarn, ref, n * sizeof(float)) != 0);
     kvb_free(yarn);
-    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
-                                              "llama.rope.scaling.original_context_length"},
-                                      .val = {STR("yarn"), F32(8), U32(1024)}});
+    rewrite(good, bad,
+            &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.original_context_length"},
+                           .val = {STR("yarn"), F32(8), U32(1024)}});
     m = NULL;
     struct kvb_err err = {{0}};
     CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
     if (m) CHECK_EQ_INT(m->n_ctx_max, 8192);
     model_free(m);
     /* An extension past what an int32 counts is capped, not wrapped. */
-    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
-                                              "llama.rope.scaling.original_context_length"},
-                                      .val = {STR("yarn"), F32(1e30), U32(4096)}});
+    rewrite(good, bad,
+            &(struct edit){.key = {"llama.rope.scaling.type", "llama.rope.scaling.factor",
+                                   "llama.rope.scaling.original_context_length"},
+                           .val = {STR("yarn"), F32(1e30), U32(4096)}});
     m = NULL;
     CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
     if (m) CHECK_EQ_INT(m->n_ctx_max, INT32_MAX);
     model_free(m);
     /* Both names agreeing are one factor. */
-    rewrite(good, bad, &(struct edit){.key = {"llama.rope.scale_linear", "llama.rope.scaling.factor"},
-                                      .val = {F32(2), F32(2)}});
+    rewrite(good, bad,
+            &(struct edit){.key = {"llama.rope.scale_linear", "llama.rope.scaling.factor"}, .val = {F32(2), F32(2)}});
     m = NULL;
     CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "%s", err.msg);
     if (m) CHECK(m->rope.type == ROPE_SCALING_LINEAR && m->rope.factor == 2.0f);

@@ -23,9 +23,9 @@
 #include <xxhash.h>
 
 #include "base/alloc.h"
-#include "base/rng.h"
 #include "base/clock.h"
 #include "base/dtype.h"
+#include "base/rng.h"
 #include "store/pstore/pstore.h"
 #include "store/pstore/pstore_internal.h"
 #include "support/testutil.h"
@@ -168,15 +168,15 @@ static void check_tree_whole(const char *dir, const char *what)
 
 struct chain {
     int n;
-    int32_t *tokens;           /* n * block_size */
+    int32_t *tokens; /* n * block_size */
     struct pstore_key *keys;
-    uint8_t *data;             /* n * raw */
+    uint8_t *data; /* n * raw */
     size_t raw;
 };
 
 /* A chain of n blocks; blocks before `shared` copy `base`'s tokens and data. */
-static struct chain chain_make(const struct pstore_model *m, int n, uint64_t seed, const struct chain *base,
-                               int shared, bool kvlike)
+static struct chain chain_make(const struct pstore_model *m, int n, uint64_t seed, const struct chain *base, int shared,
+                               bool kvlike)
 {
     struct chain c = {n, malloc(sizeof(int32_t) * (size_t)n * (size_t)m->block_size),
                       malloc(sizeof(struct pstore_key) * (size_t)n), NULL, raw_bytes(m)};
@@ -388,9 +388,8 @@ static void test_queue_bytes(void)
         chain_put(ps, &m, &c, 0, 40); /* well inside the writer's 50 ms wait for a batch to fill */
         pstore_flush(ps);
         struct pstore_stats s = stats_of(ps);
-        printf("queue of %llu KiB: 40 puts at once, %llu written, %llu dropped\n",
-               (unsigned long long)(room[k] >> 10), (unsigned long long)s.blocks_written,
-               (unsigned long long)s.blocks_dropped);
+        printf("queue of %llu KiB: 40 puts at once, %llu written, %llu dropped\n", (unsigned long long)(room[k] >> 10),
+               (unsigned long long)s.blocks_written, (unsigned long long)s.blocks_dropped);
         CHECK_EQ_INT(s.blocks_written + s.blocks_dropped, 40);
         if (k == 0) CHECK(s.blocks_dropped > 0 && s.blocks_written >= 1);
         else CHECK_EQ_INT(s.blocks_written, 40);

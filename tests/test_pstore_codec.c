@@ -16,9 +16,9 @@
 #include <xxhash.h>
 
 #include "base/alloc.h"
-#include "base/rng.h"
 #include "base/clock.h"
 #include "base/dtype.h"
+#include "base/rng.h"
 #include "store/pstore/pstore.h"
 #include "store/pstore/pstore_internal.h"
 #include "support/testutil.h"
@@ -37,10 +37,12 @@ static void test_codec_lossless(void)
         fill_random(data, raw, 1 + (uint64_t)d);
         if (dts[d] == PSTORE_DTYPE_F16) {
             /* every special pattern: +-0, +-Inf, NaNs, subnormals, max */
-            static const uint16_t sp[] = {0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xfe01, 0x0001, 0x83ff, 0x7bff};
+            static const uint16_t sp[] = {0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00,
+                                          0x7c01, 0xfe01, 0x0001, 0x83ff, 0x7bff};
             memcpy(data, sp, sizeof sp);
         } else {
-            static const uint32_t sp[] = {0x00000000, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0x00000001};
+            static const uint32_t sp[] = {0x00000000, 0x80000000, 0x7f800000, 0xff800000,
+                                          0x7fc00000, 0x7f800001, 0x00000001};
             memcpy(data, sp, sizeof sp);
         }
         int32_t tokens[16];
@@ -151,8 +153,8 @@ static void test_codec_ratio_speed(void)
         uint8_t *vals[NB];
         size_t lens[NB];
         for (int i = 0; i < NB; i++) {
-            CHECK(pstore_codec_encode(&cod, &s, tokens, data + (size_t)i * raw / 2, NULL, cfg[c].level, cfg[c].lossy, &v,
-                                      &len, NULL) == KVB_OK);
+            CHECK(pstore_codec_encode(&cod, &s, tokens, data + (size_t)i * raw / 2, NULL, cfg[c].level, cfg[c].lossy,
+                                      &v, &len, NULL) == KVB_OK);
             vals[i] = malloc(len);
             memcpy(vals[i], v, len);
             lens[i] = len;
@@ -162,8 +164,8 @@ static void test_codec_ratio_speed(void)
         int iters = 0;
         do {
             for (int i = 0; i < NB; i++)
-                pstore_codec_encode(&cod, &s, tokens, data + (size_t)i * raw / 2, NULL, cfg[c].level, cfg[c].lossy, &v, &len,
-                                    NULL);
+                pstore_codec_encode(&cod, &s, tokens, data + (size_t)i * raw / 2, NULL, cfg[c].level, cfg[c].lossy, &v,
+                                    &len, NULL);
             iters += NB;
         } while (now() - t0 < 0.25);
         double enc = (double)raw * iters / (now() - t0) / 1e6;
@@ -176,8 +178,9 @@ static void test_codec_ratio_speed(void)
         } while (now() - t0 < 0.25);
         double dec = (double)raw * dits / (now() - t0) / 1e6;
         printf("KV-like f16, %s zstd level %d: ratio %.3fx (%.1f bytes/token), encode %.0f MB/s, decode %.0f MB/s "
-               "(raw bytes, one thread)\n", cfg[c].lossy ? "lossy8," : "lossless,", cfg[c].level,
-               (double)raw * NB / (double)total, (double)total / NB / 16.0, enc, dec);
+               "(raw bytes, one thread)\n",
+               cfg[c].lossy ? "lossy8," : "lossless,", cfg[c].level, (double)raw * NB / (double)total,
+               (double)total / NB / 16.0, enc, dec);
         if (!cfg[c].lossy) CHECK((double)raw * NB / (double)total > 1.1);
         for (int i = 0; i < NB; i++) free(vals[i]);
         pstore_codec_free(&cod);

@@ -48,8 +48,8 @@ static uint64_t rng_next(uint64_t *s)
 
 static struct pstore_model model(const char *fp, int bs, int n_layer, int kv_dim)
 {
-    struct pstore_model m = {.name = "damage test model", .dtype = PSTORE_DTYPE_F16, .block_size = bs,
-                             .n_layer = n_layer, .kv_dim = kv_dim};
+    struct pstore_model m = {
+        .name = "damage test model", .dtype = PSTORE_DTYPE_F16, .block_size = bs, .n_layer = n_layer, .kv_dim = kv_dim};
     snprintf(m.fingerprint, sizeof m.fingerprint, "%s", fp);
     return m;
 }
@@ -214,14 +214,14 @@ static void find_set_aside(const char *dir, char *out, size_t cap)
 
 /* Child exit codes. */
 enum {
-    X_SOUND = 0,        /* the verify-style open accepted it, and the run-style use worked */
-    X_REFUSED = 10,     /* the verify-style open refused it as damaged, and the run-style use worked */
-    X_OPEN_OTHER = 20,  /* the verify-style open failed otherwise */
-    X_RUN_OPEN = 21,    /* the run-style open failed */
-    X_MISMATCH = 22,    /* a loaded block differs from what was stored */
+    X_SOUND = 0,       /* the verify-style open accepted it, and the run-style use worked */
+    X_REFUSED = 10,    /* the verify-style open refused it as damaged, and the run-style use worked */
+    X_OPEN_OTHER = 20, /* the verify-style open failed otherwise */
+    X_RUN_OPEN = 21,   /* the run-style open failed */
+    X_MISMATCH = 22,   /* a loaded block differs from what was stored */
     X_VERIFY = 23,
     X_GC = 24,
-    X_RELOAD = 25       /* new puts did not load back */
+    X_RELOAD = 25 /* new puts did not load back */
 };
 
 static int child_use(const char *dir)
@@ -418,12 +418,13 @@ static void test_damage_sweep(const char *base)
                 for (size_t i = 0; i < psize; i++) copy[p * psize + i] = (uint8_t)(rng_next(&s) >> 40);
             }
             fresh_copy(work, copy, len);
-            snprintf(what, sizeof what, "page %zu (kind %d) overwritten with %s", p, kinds[p], v ? "random bytes" : "zeros");
+            snprintf(what, sizeof what, "page %zu (kind %d) overwritten with %s", p, kinds[p],
+                     v ? "random bytes" : "zeros");
             run_case(work, structural(kinds[p]), what, &t);
         }
     }
-    printf("%d damaged copies: %d refused and moved aside, %d sound and used; %d failed\n", t.cases, t.refused,
-           t.sound, t.failed);
+    printf("%d damaged copies: %d refused and moved aside, %d sound and used; %d failed\n", t.cases, t.refused, t.sound,
+           t.failed);
     rm_rf(work);
     free(copy);
     free(kinds);
@@ -483,14 +484,20 @@ static void test_value_rewrites(const char *base)
         CHECK(mdb_dbi_open(txn, "blocks", 0, &dbi) == 0);
         CHECK(mdb_cursor_open(txn, dbi, &cur) == 0);
         int n = 0;
-        struct { uint8_t key[16]; uint8_t *val; size_t len; } *all = calloc(4096, sizeof *all);
+        struct {
+            uint8_t key[16];
+            uint8_t *val;
+            size_t len;
+        } *all = calloc(4096, sizeof *all);
         for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && n < 4096;
              rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
             size_t len = v.mv_size;
             uint8_t *val = malloc(len);
             memcpy(val, v.mv_data, len);
             switch (n % 3) {
-            case 0: for (size_t i = 0; i < len; i++) val[i] = (uint8_t)(i * 131 + 7); break;
+            case 0:
+                for (size_t i = 0; i < len; i++) val[i] = (uint8_t)(i * 131 + 7);
+                break;
             case 1: len /= 2; break;
             case 2: len = 5; break;
             }

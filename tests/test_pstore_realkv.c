@@ -12,11 +12,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "base/alloc.h"
 #include "base/clock.h"
-#include "backend/backend.h"
-#include "cpu/be_cpu.h"
 #include "base/dtype.h"
+#include "cpu/be_cpu.h"
 #include "engine/gen.h"
 #include "model/model.h"
 #include "store/pstore/pstore.h"
@@ -45,9 +45,9 @@ struct realkv {
     struct pstore_shape s;
     const int32_t *ids; /* (n_blocks * B) tokens */
     int32_t n_blocks, B;
-    uint8_t *kv;        /* (n_blocks, raw) bytes: the blocks as the pool holds them */
-    size_t raw;         /* bytes per block */
-    double t_prefill;   /* seconds for the prefill that produced them */
+    uint8_t *kv;      /* (n_blocks, raw) bytes: the blocks as the pool holds them */
+    size_t raw;       /* bytes per block */
+    double t_prefill; /* seconds for the prefill that produced them */
 };
 
 /* Describes the model to the store and copies the n_blocks full blocks out
@@ -56,8 +56,11 @@ static void capture_blocks(struct realkv *r, struct backend *be, struct kvb_err 
 {
     const struct model *M = r->M;
     const int32_t B = r->B, n_blocks = r->n_blocks;
-    struct pstore_model pm = {.name = M->name, .dtype = PSTORE_DTYPE_F16, .block_size = B,
-                              .n_layer = M->hp.n_layer, .kv_dim = M->hp.n_head_kv * M->hp.head_dim};
+    struct pstore_model pm = {.name = M->name,
+                              .dtype = PSTORE_DTYPE_F16,
+                              .block_size = B,
+                              .n_layer = M->hp.n_layer,
+                              .kv_dim = M->hp.n_head_kv * M->hp.head_dim};
     memcpy(pm.fingerprint, M->fingerprint, 33);
     r->pm = pm;
     CHECK(pstore_shape_init(&r->pm, &r->s, err) == KVB_OK);
@@ -81,7 +84,8 @@ static void add_block_error(const struct realkv *r, int32_t i, const uint8_t *ou
     const uint16_t *a = (const uint16_t *)(r->kv + (size_t)i * raw), *b = (const uint16_t *)out;
     for (size_t row = 0; row < raw / 2 / (size_t)pm.kv_dim; row++) {
         double amax = 0;
-        for (int j = 0; j < pm.kv_dim; j++) amax = fmax(amax, fabs(kvb_fp16_to_f32(a[row * (size_t)pm.kv_dim + (size_t)j])));
+        for (int j = 0; j < pm.kv_dim; j++)
+            amax = fmax(amax, fabs(kvb_fp16_to_f32(a[row * (size_t)pm.kv_dim + (size_t)j])));
         for (int j = 0; j < pm.kv_dim; j++) {
             size_t k = row * (size_t)pm.kv_dim + (size_t)j;
             double x = kvb_fp16_to_f32(a[k]), d = x - kvb_fp16_to_f32(b[k]);
@@ -107,8 +111,8 @@ static void codec_measure(const struct realkv *r, int level, bool lossy, uint8_t
     double te = now();
     for (int32_t i = 0; i < n_blocks; i++) {
         const uint8_t *v;
-        CHECK(pstore_codec_encode(&cod, &r->s, ids + (size_t)i * B, r->kv + (size_t)i * raw, NULL, level, lossy,
-                                  &v, &lens[i], NULL) == KVB_OK);
+        CHECK(pstore_codec_encode(&cod, &r->s, ids + (size_t)i * B, r->kv + (size_t)i * raw, NULL, level, lossy, &v,
+                                  &lens[i], NULL) == KVB_OK);
         vals[i] = malloc(lens[i]);
         memcpy(vals[i], v, lens[i]);
         total += lens[i];
@@ -119,7 +123,8 @@ static void codec_measure(const struct realkv *r, int level, bool lossy, uint8_t
     int reps = 0;
     do {
         for (int32_t i = 0; i < n_blocks; i++) {
-            CHECK(pstore_codec_decode(&cod, &r->s, ids + (size_t)i * B, true, vals[i], lens[i], out, NULL, NULL) == KVB_OK);
+            CHECK(pstore_codec_decode(&cod, &r->s, ids + (size_t)i * B, true, vals[i], lens[i], out, NULL, NULL) ==
+                  KVB_OK);
             if (reps) continue;
             if (!lossy) CHECK(!memcmp(r->kv + (size_t)i * raw, out, raw));
             add_block_error(r, i, out, &se, &sx, &maxrel);
@@ -128,9 +133,9 @@ static void codec_measure(const struct realkv *r, int level, bool lossy, uint8_t
     } while (now() - td < 0.3);
     td = (now() - td) / reps;
     printf("  %-8s zstd %2d: ratio %.3fx, %.0f stored bytes/token; encode %.0f MB/s, decode %.0f MB/s = "
-           "%.0f tokens/s restored (one thread)", lossy ? "lossy8" : "lossless", level,
-           (double)raw * n_blocks / (double)total, (double)total / (n_blocks * B), raw * n_blocks / te / 1e6,
-           raw * n_blocks / td / 1e6, n_blocks * B / td);
+           "%.0f tokens/s restored (one thread)",
+           lossy ? "lossy8" : "lossless", level, (double)raw * n_blocks / (double)total, (double)total / (n_blocks * B),
+           raw * n_blocks / te / 1e6, raw * n_blocks / td / 1e6, n_blocks * B / td);
     if (lossy) printf("; error: relative RMS %.4f, max / row max %.4f", sqrt(se / sx), maxrel);
     printf("\n");
     if (lossy) CHECK(sqrt(se / sx) < 0.03);
@@ -143,8 +148,7 @@ static void codec_measure(const struct realkv *r, int level, bool lossy, uint8_t
 /* Writer throughput: 8 more chains (other first token), timed from the
  * first put until all are on disk; 8 x 13 blocks fit the put queue. keys:
  * room for n_blocks; written0: blocks the store had written before. */
-static void writer_throughput(const struct realkv *r, struct pstore *ps, struct pstore_key *keys,
-                              uint64_t written0)
+static void writer_throughput(const struct realkv *r, struct pstore *ps, struct pstore_key *keys, uint64_t written0)
 {
     const int32_t B = r->B, n_blocks = r->n_blocks;
     const size_t raw = r->raw;
@@ -156,8 +160,8 @@ static void writer_throughput(const struct realkv *r, struct pstore *ps, struct 
         ids2[0] = 1000 + c;
         pstore_chain_keys(&r->pm, ids2, n_blocks, keys);
         for (int32_t i = 0; i < n_blocks; i++)
-            CHECK(pstore_put(ps, &r->pm, &keys[i], i ? &keys[i - 1] : NULL, ids2 + (size_t)i * B, r->kv + (size_t)i * raw) ==
-                  KVB_OK);
+            CHECK(pstore_put(ps, &r->pm, &keys[i], i ? &keys[i - 1] : NULL, ids2 + (size_t)i * B,
+                             r->kv + (size_t)i * raw) == KVB_OK);
     }
     double tq = now() - tw;
     pstore_flush(ps);
@@ -166,8 +170,9 @@ static void writer_throughput(const struct realkv *r, struct pstore *ps, struct 
     CHECK_EQ_INT(st.blocks_written - written0, 8 * n_blocks);
     CHECK_EQ_INT(st.blocks_dropped, 0);
     printf("writer: %d blocks (%.1f MB raw) queued in %.1f ms (engine side), on disk after %.0f ms = %.0f MB/s, "
-           "%.0f tokens/s\n", 8 * (int)n_blocks, 8.0 * n_blocks * raw / 1e6, tq * 1e3, tw * 1e3,
-           8.0 * n_blocks * raw / tw / 1e6, 8.0 * n_blocks * B / tw);
+           "%.0f tokens/s\n",
+           8 * (int)n_blocks, 8.0 * n_blocks * raw / 1e6, tq * 1e3, tw * 1e3, 8.0 * n_blocks * raw / tw / 1e6,
+           8.0 * n_blocks * B / tw);
     free(ids2);
 }
 
@@ -196,7 +201,8 @@ static void store_roundtrip(const struct realkv *r, struct kvb_err *err)
     struct pstore_key *keys = malloc(sizeof *keys * (size_t)n_blocks);
     pstore_chain_keys(&r->pm, ids, n_blocks, keys);
     for (int32_t i = 0; i < n_blocks; i++)
-        CHECK(pstore_put(ps, &r->pm, &keys[i], i ? &keys[i - 1] : NULL, ids + (size_t)i * B, r->kv + (size_t)i * raw) == KVB_OK);
+        CHECK(pstore_put(ps, &r->pm, &keys[i], i ? &keys[i - 1] : NULL, ids + (size_t)i * B, r->kv + (size_t)i * raw) ==
+              KVB_OK);
     pstore_flush(ps);
     uint8_t *back = malloc(raw * (size_t)n_blocks);
     void **dst = malloc(sizeof(void *) * (size_t)n_blocks);
@@ -211,8 +217,9 @@ static void store_roundtrip(const struct realkv *r, struct kvb_err *err)
     struct pstore_stats st;
     pstore_get_stats(ps, &st);
     printf("store: %d blocks written (%.3fx), chain of %d loaded in %.2f ms = %.0f tokens/s (all threads) vs "
-           "prefill %.0f tokens/s\n", (int)st.blocks_written, (double)st.raw_bytes_written / (double)st.bytes_written,
-           (int)n_blocks, tl * 1e3, n_blocks * B / tl, n_blocks * B / r->t_prefill);
+           "prefill %.0f tokens/s\n",
+           (int)st.blocks_written, (double)st.raw_bytes_written / (double)st.bytes_written, (int)n_blocks, tl * 1e3,
+           n_blocks * B / tl, n_blocks * B / r->t_prefill);
     writer_throughput(r, ps, keys, st.blocks_written);
     pstore_close(ps);
     remove_store_dir(dir);

@@ -19,20 +19,17 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "base/rng.h"
 #include "base/dtype.h"
+#include "base/rng.h"
+#include "base/tpool.h"
 #include "model/quant.h"
 #include "support/testutil.h"
-#include "base/tpool.h"
 
 /* ---- helpers --------------------------------------------------------------- */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 
-static uint64_t rng_next(void)
-{
-    return kvb_xorshift64(&rng_state);
-}
+static uint64_t rng_next(void) { return kvb_xorshift64(&rng_state); }
 
 /* Uniform in [lo, hi). */
 static float rng_uniform(float lo, float hi)
@@ -229,17 +226,14 @@ static void test_dequant_errors(void)
 /* ---- random weights ----------------------------------------------------------- */
 
 static const enum ggml_type all_types[] = {
-    GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
     GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K,
 };
 #define N_TYPES ((int)(sizeof all_types / sizeof all_types[0]))
 
 static const char *type_name(enum ggml_type t) { return ggml_type_get_traits((uint32_t)t)->name; }
 
-static int is_float_type(enum ggml_type t)
-{
-    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
-}
+static int is_float_type(enum ggml_type t) { return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16; }
 
 /* A random (n_out, n_in) weight matrix: random bytes for the quantized
  * values, then finite, realistic scales written over the f16 fields. */
@@ -330,8 +324,8 @@ struct refs {
     double *errf; /* (n_tok, n_out): bound on |yq - yf| from input quantization */
 };
 
-static void make_refs(enum ggml_type type, const uint8_t *w, size_t rb, const float *x,
-                      int64_t n_in, int64_t n_out, int64_t n_tok, struct refs *r)
+static void make_refs(enum ggml_type type, const uint8_t *w, size_t rb, const float *x, int64_t n_in, int64_t n_out,
+                      int64_t n_tok, struct refs *r)
 {
     size_t n = (size_t)(n_out * n_tok);
     r->yq = calloc(n, sizeof(double));
@@ -397,8 +391,7 @@ static const enum mm_impl impls[] = {MM_IMPL_SCALAR, MM_IMPL_AVX2, MM_IMPL_AVX51
 static double float_tol(int64_t terms) { return (double)(terms + 16) * 1.2e-7; }
 
 /* Runs one shape of one type through every available implementation. */
-static void check_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, int64_t n_out,
-                        int64_t n_tok)
+static void check_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, int64_t n_out, int64_t n_tok)
 {
     size_t rb;
     uint8_t *w = make_weights(type, n_in, n_out, &rb);
@@ -423,11 +416,12 @@ static void check_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, i
             double tq = float_tol(terms) * r.magq[i] + 1e-30;
             double tf = 1.001 * r.errf[i] + tq;
             if (!(fabs(y[i] - r.yq[i]) <= tq) || !(fabs(y[i] - r.yf[i]) <= tf)) {
-                CHECK_MSG(0, "%s %s n_in=%lld n_out=%lld n_tok=%lld [t=%lld r=%lld]: got %.9g, "
+                CHECK_MSG(0,
+                          "%s %s n_in=%lld n_out=%lld n_tok=%lld [t=%lld r=%lld]: got %.9g, "
                           "ref(quantized x) %.9g (tol %.3g), ref(float x) %.9g (tol %.3g)",
-                          impl_label(impls[ii]), type_name(type), (long long)n_in,
-                          (long long)n_out, (long long)n_tok, (long long)(i / (size_t)n_out),
-                          (long long)(i % (size_t)n_out), y[i], r.yq[i], tq, r.yf[i], tf);
+                          impl_label(impls[ii]), type_name(type), (long long)n_in, (long long)n_out, (long long)n_tok,
+                          (long long)(i / (size_t)n_out), (long long)(i % (size_t)n_out), y[i], r.yq[i], tq, r.yf[i],
+                          tf);
                 bad++;
             }
         }
@@ -439,9 +433,8 @@ static void check_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, i
             for (size_t i = 0; i < ny && bad < 3; i++) {
                 double tol = 2.0 * float_tol(terms) * r.magq[i] + 1e-30;
                 if (!(fabs((double)y[i] - (double)y_scalar[i]) <= tol)) {
-                    CHECK_MSG(0, "%s vs scalar %s n_in=%lld: [%zu] %.9g vs %.9g (tol %.3g)",
-                              impl_label(impls[ii]), type_name(type), (long long)n_in, i, y[i],
-                              y_scalar[i], tol);
+                    CHECK_MSG(0, "%s vs scalar %s n_in=%lld: [%zu] %.9g vs %.9g (tol %.3g)", impl_label(impls[ii]),
+                              type_name(type), (long long)n_in, i, y[i], y_scalar[i], tol);
                     bad++;
                 }
             }
@@ -485,8 +478,8 @@ static void test_products(struct tpool *pool)
 
 /* ---- (c) determinism -------------------------------------------------------------- */
 
-static void test_determinism_type(struct tpool **pools, int n_pools, enum mm_impl impl,
-                                  enum ggml_type type, int64_t n_in, int64_t n_out)
+static void test_determinism_type(struct tpool **pools, int n_pools, enum mm_impl impl, enum ggml_type type,
+                                  int64_t n_in, int64_t n_out)
 {
     const int64_t n_tok = 37;
     size_t rb;
@@ -512,8 +505,7 @@ static void test_determinism_type(struct tpool **pools, int n_pools, enum mm_imp
         }
     }
     /* Tokens in reverse order, and in odd-sized sub-batches (every tile edge). */
-    for (int64_t t = 0; t < n_tok; t++)
-        memcpy(xr + t * n_in, x + (n_tok - 1 - t) * n_in, sizeof(float) * (size_t)n_in);
+    for (int64_t t = 0; t < n_tok; t++) memcpy(xr + t * n_in, x + (n_tok - 1 - t) * n_in, sizeof(float) * (size_t)n_in);
     CHECK(mm_matmul(ctx, &mw, xr, n_tok, y) == KVB_OK);
     for (int64_t t = 0; t < n_tok; t++)
         if (memcmp(y + (n_tok - 1 - t) * n_out, ref + t * n_out, sizeof(float) * (size_t)n_out)) {
@@ -524,8 +516,7 @@ static void test_determinism_type(struct tpool **pools, int n_pools, enum mm_imp
         int64_t l = t0 + len > n_tok ? n_tok - t0 : len;
         CHECK(mm_matmul(ctx, &mw, x + t0 * n_in, l, y) == KVB_OK);
         if (memcmp(y, ref + t0 * n_out, sizeof(float) * (size_t)(l * n_out))) {
-            CHECK_MSG(0, "%s %s: sub-batch [%lld, +%lld) differs", il, tn, (long long)t0,
-                      (long long)l);
+            CHECK_MSG(0, "%s %s: sub-batch [%lld, +%lld) differs", il, tn, (long long)t0, (long long)l);
             break;
         }
     }
@@ -561,8 +552,7 @@ static void test_determinism_type(struct tpool **pools, int n_pools, enum mm_imp
     CHECK(mm_set_input(ctx, x, n_in, n_tok) == KVB_OK);
     CHECK(mm_apply_n(ctx, ws, ys, 3) == KVB_OK);
     for (int i = 0; i < 3; i++)
-        CHECK_MSG(memcmp(ys[i], ref, sizeof(float) * ny) == 0, "%s %s: mm_apply_n output %d", il,
-                  tn, i);
+        CHECK_MSG(memcmp(ys[i], ref, sizeof(float) * ny) == 0, "%s %s: mm_apply_n output %d", il, tn, i);
     free(ys[1]);
     free(ys[2]);
     mm_ctx_free(ctx);
@@ -572,8 +562,8 @@ static void test_determinism_type(struct tpool **pools, int n_pools, enum mm_imp
         ctx = NULL;
         CHECK(mm_ctx_create(pools[p], impl, &ctx, NULL) == KVB_OK);
         CHECK(mm_matmul(ctx, &mw, x, n_tok, y) == KVB_OK);
-        CHECK_MSG(memcmp(y, ref, sizeof(float) * ny) == 0, "%s %s: %d threads differ from 1",
-                  il, tn, tpool_size(pools[p]));
+        CHECK_MSG(memcmp(y, ref, sizeof(float) * ny) == 0, "%s %s: %d threads differ from 1", il, tn,
+                  tpool_size(pools[p]));
         mm_ctx_free(ctx);
     }
     free(xr);
@@ -603,8 +593,8 @@ static void test_determinism(struct tpool **pools, int n_pools)
  * result it gets alone. n_in 512 suits every quantized type. */
 static void test_mixed_types(struct tpool *pool)
 {
-    static const enum ggml_type types[] = {GGML_TYPE_Q4_1, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,
-                                           GGML_TYPE_Q5_0, GGML_TYPE_Q4_K};
+    static const enum ggml_type types[] = {GGML_TYPE_Q4_1, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0,
+                                           GGML_TYPE_Q4_K};
     enum { NT = 5 };
     const int64_t n_in = 512, n_out = 21, n_tok = 11;
     float *x = make_input(n_in, n_tok), *x2 = make_input(n_in, n_tok);
@@ -634,8 +624,8 @@ static void test_mixed_types(struct tpool *pool)
                 int i = order ? NT - 1 - k : k;
                 CHECK(mm_apply(ctx, &mw[i], y[i]) == KVB_OK);
                 CHECK_MSG(memcmp(y[i], ref[i], sizeof(float) * (size_t)(n_out * n_tok)) == 0,
-                          "%s %s after other types (order %d) differs from alone",
-                          impl_label(impls[ii]), type_name(types[i]), order);
+                          "%s %s after other types (order %d) differs from alone", impl_label(impls[ii]),
+                          type_name(types[i]), order);
             }
         }
         /* All at once. */
@@ -646,8 +636,8 @@ static void test_mixed_types(struct tpool *pool)
         CHECK(mm_apply_n(ctx, ws, y, NT) == KVB_OK);
         for (int i = 0; i < NT; i++)
             CHECK_MSG(memcmp(y[i], ref[i], sizeof(float) * (size_t)(n_out * n_tok)) == 0,
-                      "%s %s in mm_apply_n with other types differs from alone",
-                      impl_label(impls[ii]), type_name(types[i]));
+                      "%s %s in mm_apply_n with other types differs from alone", impl_label(impls[ii]),
+                      type_name(types[i]));
         for (int i = 0; i < NT; i++) {
             free(w[i]);
             free(ref[i]);

@@ -77,7 +77,7 @@ static void test_duplicate_insert(void)
     CHECK(radix_insert(r, three, 2, first) == KVB_OK);
     CHECK(radix_insert(r, three, 3, second) == KVB_OK); /* the second goes on one block further */
     for (int k = 0; k < 2; k++) kv_unref(kv, first[k]); /* the first sequence finishes */
-    CHECK_EQ_INT(radix_evict(r, 8), 2);                  /* its chain can go while the second runs */
+    CHECK_EQ_INT(radix_evict(r, 8), 2);                 /* its chain can go while the second runs */
     for (int k = 0; k < 3; k++) kv_unref(kv, second[k]);
     radix_evict(r, 8);
     CHECK_EQ_INT(kv_n_free(kv), 8);

@@ -36,8 +36,7 @@ static void random_logits(float *x, int32_t n, uint64_t seed)
     for (int32_t i = 0; i < n; i++) x[i] = lcg_normalish();
 }
 
-static struct sampler *make(float temp, int32_t top_k, float top_p, float min_p, uint64_t seed,
-                            int32_t n_vocab)
+static struct sampler *make(float temp, int32_t top_k, float top_p, float min_p, uint64_t seed, int32_t n_vocab)
 {
     struct sampler_params p;
     sampler_params_default(&p);
@@ -83,8 +82,8 @@ static int ranked_cmp(const void *a, const void *b)
     if (x->s != y->s) return x->s > y->s ? -1 : 1;
     return x->id < y->id ? -1 : 1;
 }
-static void ref_dist(const float *logits, int32_t n, float temp, int32_t top_k, float top_p,
-                     float min_p, double *prob, int32_t *kept_out)
+static void ref_dist(const float *logits, int32_t n, float temp, int32_t top_k, float top_p, float min_p, double *prob,
+                     int32_t *kept_out)
 {
     struct ranked *r = malloc((size_t)n * sizeof *r);
     int32_t m = 0;
@@ -124,8 +123,8 @@ static void ref_dist(const float *logits, int32_t n, float temp, int32_t top_k, 
 /* Draws `draws` times and checks every token's frequency against prob
  * within 5 standard deviations (plus a small floor), and that tokens of
  * probability 0 never come out. */
-static void check_empirical(const char *what, const float *logits, int32_t n, float temp,
-                            int32_t top_k, float top_p, float min_p, int draws)
+static void check_empirical(const char *what, const float *logits, int32_t n, float temp, int32_t top_k, float top_p,
+                            float min_p, int draws)
 {
     double *prob = malloc((size_t)n * sizeof *prob);
     long *count = calloc((size_t)n, sizeof *count);
@@ -139,11 +138,8 @@ static void check_empirical(const char *what, const float *logits, int32_t n, fl
     for (int32_t i = 0; i < n; i++) {
         double f = (double)count[i] / draws;
         double sd = sqrt(prob[i] * (1.0 - prob[i]) / draws);
-        if (prob[i] == 0.0)
-            CHECK_MSG(count[i] == 0, "%s: token %d has p=0 but came out %ld times", what, i, count[i]);
-        else
-            CHECK_MSG(fabs(f - prob[i]) <= 5.0 * sd + 1e-4, "%s: token %d freq %.5f vs p %.5f",
-                      what, i, f, prob[i]);
+        if (prob[i] == 0.0) CHECK_MSG(count[i] == 0, "%s: token %d has p=0 but came out %ld times", what, i, count[i]);
+        else CHECK_MSG(fabs(f - prob[i]) <= 5.0 * sd + 1e-4, "%s: token %d freq %.5f vs p %.5f", what, i, f, prob[i]);
     }
     sampler_free(s);
     free(prob);
@@ -502,8 +498,10 @@ static void report_timing(void)
         const char *name;
         float temp, top_p;
         int32_t top_k;
-    } cfg[4] = {{"greedy", 0.0f, 1.0f, 0}, {"temperature 0.8", 0.8f, 1.0f, 0},
-                {"top-k 40", 0.8f, 1.0f, 40}, {"top-p 0.95", 0.8f, 0.95f, 0}};
+    } cfg[4] = {{"greedy", 0.0f, 1.0f, 0},
+                {"temperature 0.8", 0.8f, 1.0f, 0},
+                {"top-k 40", 0.8f, 1.0f, 40},
+                {"top-p 0.95", 0.8f, 0.95f, 0}};
     for (int c = 0; c < 4; c++) {
         struct sampler *s = make(cfg[c].temp, cfg[c].top_k, cfg[c].top_p, 0.0f, 1, n);
         double total = 0.0;

@@ -14,12 +14,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/alloc.h"
 #include "backend/backend.h"
+#include "base/alloc.h"
 #include "cpu/be_cpu.h"
-#include "model/model.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "model/model.h"
 #include "support/testutil.h"
 #include "text/tok.h"
 
@@ -42,8 +42,8 @@ struct result {
 
 struct ctx {
     struct result res[NREQ];
-    uint64_t stop_id;      /* finish this request after its 3rd token (tests on_token stop) */
-    int no_logits;         /* tokens whose on_token saw info->logits NULL */
+    uint64_t stop_id; /* finish this request after its 3rd token (tests on_token stop) */
+    int no_logits;    /* tokens whose on_token saw info->logits NULL */
 };
 
 static bool on_token(void *user, const struct sched_seq_info *info, int32_t tok)
@@ -87,7 +87,7 @@ struct wrap {
     struct backend be;
     struct backend *inner;
     int poison;
-    float *buf;        /* (max rows, n_vocab) */
+    float *buf; /* (max rows, n_vocab) */
     struct be_seq *seqs;
     int32_t cap_rows, cap_seqs;
 };
@@ -122,8 +122,7 @@ static enum kvb_status wrap_forward(struct backend *be, const struct be_batch *b
             float *row = w->buf + r * nv;
             if (w->poison == 1)
                 for (int64_t k = 0; k < nv; k++) row[k] = NAN;
-            else
-                row[nv / 2] = INFINITY;
+            else row[nv / 2] = INFINITY;
         }
         if (q->logits == BE_LOGITS_ARGMAX) {
             if (sampler_greedy(w->buf + r * nv, (int32_t)nv, &b->argmax[i]) != KVB_OK) b->argmax[i] = -1;
@@ -210,7 +209,8 @@ static struct sched_stats run(const struct run_cfg *cfg, struct ctx *c)
         sampler_params_default(&sp);
         sp.temperature = i % 2 ? 0.0f : 0.9f; /* greedy and seeded sampling both */
         sp.seed = 1000 + (uint64_t)i;
-        CHECK(sched_submit(s, (uint64_t)i, prompts[i], (int32_t)n_prompts[i], i == 5 ? 4 : MAXGEN, &sp, cfg->want_logits ? SCHED_WANT_LOGITS : 0, &err) == KVB_OK);
+        CHECK(sched_submit(s, (uint64_t)i, prompts[i], (int32_t)n_prompts[i], i == 5 ? 4 : MAXGEN, &sp,
+                           cfg->want_logits ? SCHED_WANT_LOGITS : 0, &err) == KVB_OK);
     }
     int guard = 0;
     while (!sched_idle(s) && guard++ < 10000) CHECK_MSG(sched_step(s, &err) == KVB_OK, "%s", err.msg);
@@ -230,10 +230,10 @@ int main(void)
     CHECK(tok_load(M->gguf, &T, &err) == KVB_OK);
     const char *sys = "You are a careful assistant for a library. Answer in one short sentence, "
                       "cite the shelf number when you know it, and never invent book titles. ";
-    const char *qs[NREQ] = {"Where are the atlases?", "Do you have poetry?", "When do you open?",
-                            "Is there a quiet room?", "Can I print here?", "Where is history?",
-                            "Do you lend films?", "Is wifi free?", "Where are maps of Spain?",
-                            "Who runs the book club?", "Are there children's books?", "Can I donate books?"};
+    const char *qs[NREQ] = {
+        "Where are the atlases?",   "Do you have poetry?",     "When do you open?",           "Is there a quiet room?",
+        "Can I print here?",        "Where is history?",       "Do you lend films?",          "Is wifi free?",
+        "Where are maps of Spain?", "Who runs the book club?", "Are there children's books?", "Can I donate books?"};
     size_t shared_tokens = 0;
     for (int i = 0; i < NREQ; i++) {
         char buf[512];
@@ -247,13 +247,12 @@ int main(void)
     }
 
     struct run_cfg cfgs[] = {
-        {1, 512, 64, false, false, false, 0},  /* one at a time: the reference */
-        {8, 512, 64, false, false, false, 0},
-        {12, 7, 64, true, false, false, 0},    /* tiny step budget, shuffled */
-        {12, 64, 18, true, false, false, 0},   /* pool too small for all: preemption */
-        {8, 512, 64, false, true, false, 0},   /* greedy choices made by the backend */
-        {12, 64, 18, true, true, false, 0},    /* ... with preemption */
-        {8, 512, 64, false, true, true, 0},    /* ... unless the logits are wanted */
+        {1, 512, 64, false, false, false, 0},                                     /* one at a time: the reference */
+        {8, 512, 64, false, false, false, 0}, {12, 7, 64, true, false, false, 0}, /* tiny step budget, shuffled */
+        {12, 64, 18, true, false, false, 0},  /* pool too small for all: preemption */
+        {8, 512, 64, false, true, false, 0},  /* greedy choices made by the backend */
+        {12, 64, 18, true, true, false, 0},   /* ... with preemption */
+        {8, 512, 64, false, true, true, 0},   /* ... unless the logits are wanted */
         {8, 512, 64, false, false, false, 1}, /* request POISONED's logits turn NaN */
         {8, 512, 64, false, true, false, 1},  /* ... where the backend chooses greedy tokens */
         {8, 512, 64, false, false, false, 2}, /* ... one logit turns +inf */

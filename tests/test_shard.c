@@ -38,8 +38,8 @@ static void test_parse(void)
     const char *bad[] = {"4/4", "-1/4", "1/0", "x", "1/", "/4", "1/4/2", "a/b", ""};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         err.msg[0] = '\0';
-        CHECK_MSG(shard_parse(bad[k], fake_env, &i, &n, &err) == KVB_ERR_INVALID_ARG && err.msg[0],
-                  "'%s' accepted", bad[k]);
+        CHECK_MSG(shard_parse(bad[k], fake_env, &i, &n, &err) == KVB_ERR_INVALID_ARG && err.msg[0], "'%s' accepted",
+                  bad[k]);
     }
     CHECK(shard_parse("auto", fake_env, &i, &n, &err) == KVB_ERR_INVALID_ARG && strstr(err.msg, "Slurm"));
     const char *slurm[] = {"SLURM_ARRAY_TASK_ID", "5", "SLURM_ARRAY_TASK_COUNT", "4", "SLURM_ARRAY_TASK_MIN", "3"};
@@ -53,7 +53,8 @@ static void test_parse(void)
     CHECK(shard_parse("auto", fake_env, &i, &n, &err) == KVB_OK && i == 2 && n == 3);
     set_env(1, k8s);
     CHECK(shard_parse("auto", fake_env, &i, &n, &err) == KVB_ERR_INVALID_ARG && strstr(err.msg, "KVBATCH_SHARD_COUNT"));
-    CHECK(shard_parse("0/2000000", fake_env, &i, &n, &err) == KVB_ERR_INVALID_ARG && strstr(err.msg, "number of shards"));
+    CHECK(shard_parse("0/2000000", fake_env, &i, &n, &err) == KVB_ERR_INVALID_ARG &&
+          strstr(err.msg, "number of shards"));
     printf("parse: I/N, Slurm array and Indexed Job variables, 10 bad values refused\n");
 }
 
@@ -150,7 +151,8 @@ static void test_rag_affinity(void)
         }
         const double imb = imbalance(&j, a, n_shards);
         printf("RAG job, %d documents x ~%d questions over %d shards: %d documents split, largest shard %.2fx the "
-               "mean\n", n_groups, per, n_shards, split, imb);
+               "mean\n",
+               n_groups, per, n_shards, split, imb);
         CHECK_MSG(split == 0, "%d documents split over shards", split);
         CHECK(empty == 0);
         CHECK_MSG(imb <= 1.35, "imbalance %.2f", imb);

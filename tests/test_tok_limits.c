@@ -21,21 +21,18 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
-#include "base/rng.h"
 #include "base/clock.h"
+#include "base/rng.h"
+#include "base/unicode.h"
 #include "model/gguf.h"
 #include "support/testutil.h"
 #include "text/tok.h"
 #include "text/tok_internal.h"
-#include "base/unicode.h"
 
 static double now(void) { return kvb_clock_s(); }
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(uint32_t n)
-{
-    return (uint32_t)(kvb_xorshift64(&rng_state) % n);
-}
+static uint32_t rnd(uint32_t n) { return (uint32_t)(kvb_xorshift64(&rng_state) % n); }
 
 struct buf {
     char *p;
@@ -180,8 +177,8 @@ static size_t ref_spm(const struct tok *t, const char *w, size_t n, int32_t *out
  * Latin-1, CJK), so that one word's merges are what is compared. */
 static void check_against_reference(const struct tok *t, const char *name)
 {
-    static const char *const k_letters[] = {"a", "b", "c", "e", "n", "t", "ab", "th", "\xC3\xA9", "\xC3\x9F",
-                                            "\xE4\xB8\xAD", "\xE6\x96\x87"};
+    static const char *const k_letters[] = {
+        "a", "b", "c", "e", "n", "t", "ab", "th", "\xC3\xA9", "\xC3\x9F", "\xE4\xB8\xAD", "\xE6\x96\x87"};
     const size_t n_letters = sizeof k_letters / sizeof k_letters[0];
     int mismatches = 0;
     for (int k = 0; k < 60; k++) {
@@ -274,8 +271,10 @@ static void edge_texts(const struct tok *t, struct texts *ts)
     puts_(b, "<|im_start|>user\nHello there, how are you?<|im_end|>\n<s>[INST] 12345 \xF0\x9F\xA6\x99 [/INST]</s>");
     for (int k = 0; k < 30; k++) { /* random mixtures */
         b = add_text(ts);
-        static const char *const k_bits[] = {"a", "aa", " ", "  ", "\n", "1", "234", ".", "'s", "\xC3\xA9", "\xE4\xB8\xAD",
-                                             "\xF0\x9F\xA6\x99", "\x80", "\xC0\x80", "\x04", "<|im_end|>", "<s>", "\t"};
+        static const char *const k_bits[] = {
+            "a",    "aa",       " ",    "  ",         "\n",           "1",
+            "234",  ".",        "'s",   "\xC3\xA9",   "\xE4\xB8\xAD", "\xF0\x9F\xA6\x99",
+            "\x80", "\xC0\x80", "\x04", "<|im_end|>", "<s>",          "\t"};
         size_t parts = 1 + rnd(400);
         for (size_t i = 0; i < parts; i++) puts_(b, k_bits[rnd(sizeof k_bits / sizeof k_bits[0])]);
     }

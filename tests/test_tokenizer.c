@@ -11,12 +11,12 @@
 #include <time.h>
 
 #include "base/alloc.h"
+#include "base/unicode.h"
 #include "model/gguf.h"
 #include "support/gguf_write.h"
 #include "support/testutil.h"
 #include "text/tok.h"
 #include "text/tok_pre.h"
-#include "base/unicode.h"
 
 static const char k_sep[] = "\n__ggml_vocab_test__\n";
 
@@ -136,8 +136,7 @@ static void check_vectors(const char *dir, const char *name)
         line = nl < lend ? nl + 1 : lend;
     }
     double ms = 1000.0 * (double)(clock() - t0) / CLOCKS_PER_SEC;
-    printf("%-28s %zu/%zu vectors exact, %zu/%zu round-trip (%.1f ms)\n", name, n_pass, n_total, n_rt_pass,
-           n_rt, ms);
+    printf("%-28s %zu/%zu vectors exact, %zu/%zu round-trip (%.1f ms)\n", name, n_pass, n_total, n_rt_pass, n_rt, ms);
     CHECK(n_total > 0);
     CHECK_EQ_INT(n_pass, n_total);
     CHECK_EQ_INT(n_rt_pass, n_total);
@@ -324,6 +323,7 @@ static void check_specials(const char *dir)
     tok_free(sc);
 }
 
+/* clang-format off */ /* generated vectors: one per line */
 /* Pre-tokenizer splits with no vocabulary vectors above (Llama 3, Qwen2, the
  * default split) checked word by word. Expected word lengths (in code points)
  * come from Python's `regex` module running the reference's regex lists,
@@ -442,6 +442,7 @@ static const struct {
     {TOK_SPLIT_QWEN2, "\xE2""\x80""\x94""#8|", "2 1 1"},
     {TOK_SPLIT_QWEN2, "\xE2""\x80""\x8D""']\x0A""\x1C""4(a\xC3""\xA9""T@\x7F""2", "4 1 1 4 2 1"},
 };
+/* clang-format on */
 
 static void check_splits(void)
 {

@@ -82,8 +82,14 @@ static int run_case(const struct model_hparams *hp, const struct attn_case *ac)
         fprintf(stderr, "bench_attn: %s\n", cudaGetErrorString(e));
         rc = 1;
     } else {
-        struct kcu_paged pg = {.pool = d_pool, .block_elems = block_elems, .block_size = BS, .kv_dim = (int32_t)kvd,
-                               .layer = 0, .n_tok = (int32_t)n_tok, .tok_pos = di, .tok_table = di + n_tok,
+        struct kcu_paged pg = {.pool = d_pool,
+                               .block_elems = block_elems,
+                               .block_size = BS,
+                               .kv_dim = (int32_t)kvd,
+                               .layer = 0,
+                               .n_tok = (int32_t)n_tok,
+                               .tok_pos = di,
+                               .tok_table = di + n_tok,
                                .blocks = di + 2 * n_tok};
         const float scale = 0.088f;
         double dt[2] = {-1, -1};
@@ -100,12 +106,12 @@ static int run_case(const struct model_hparams *hp, const struct attn_case *ac)
         for (int k = 0; k < 2 && !rc; k++)
             if (dt[k] >= 0)
                 printf("figure: attention, one layer (%d/%d heads, head %d), %s: %s %.3f ms = %.1f TFLOP/s, K/V "
-                       "%.0f GB/s\n", hp->n_head, hp->n_head_kv, hp->head_dim, ac->what,
-                       k ? "tensor cores" : "f32 kernel", dt[k] * 1e3, flop / dt[k] / 1e12, bytes / dt[k] / 1e9);
+                       "%.0f GB/s\n",
+                       hp->n_head, hp->n_head_kv, hp->head_dim, ac->what, k ? "tensor cores" : "f32 kernel",
+                       dt[k] * 1e3, flop / dt[k] / 1e12, bytes / dt[k] / 1e9);
         if (!rc && tt > 0)
             printf("figure: attention, %s: tensor cores %.2fx the f32 kernel's speed\n", ac->what, dt[0] / dt[1]);
-        if (!rc && tt == 0)
-            printf("figure: attention, %s: tensor cores do not take head %d\n", ac->what, hp->head_dim);
+        if (!rc && tt == 0) printf("figure: attention, %s: tensor cores do not take head %d\n", ac->what, hp->head_dim);
     }
     cudaFree(d_pool);
     cudaFree(d_q);

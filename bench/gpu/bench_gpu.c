@@ -35,12 +35,12 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "base/alloc.h"
-#include "bench/gpu/bench_util.h"
 #include "backend/backend.h"
+#include "base/alloc.h"
+#include "base/dtype.h"
+#include "bench/gpu/bench_util.h"
 #include "kernels/be_cuda.h"
 #include "kernels/kernels.h"
-#include "base/dtype.h"
 #include "model/model.h"
 #include "support/synth.h"
 
@@ -127,8 +127,11 @@ static void batch_make(struct bench_batch *b, int32_t n_seq, int32_t n_new, int3
     for (int64_t i = 0; i < (int64_t)n_seq * n_new; i++) b->tokens[i] = (int32_t)((i * 31 + 7) % n_vocab);
     for (int64_t i = 0; i < (int64_t)n_seq * per_seq; i++) b->tables[i] = (int32_t)i;
     for (int32_t s = 0; s < n_seq; s++)
-        b->seqs[s] = (struct be_seq){.tokens = b->tokens + (int64_t)s * n_new, .n_tokens = n_new, .pos = pos,
-                                     .block_table = b->tables + (int64_t)s * per_seq, .n_blocks = per_seq,
+        b->seqs[s] = (struct be_seq){.tokens = b->tokens + (int64_t)s * n_new,
+                                     .n_tokens = n_new,
+                                     .pos = pos,
+                                     .block_table = b->tables + (int64_t)s * per_seq,
+                                     .n_blocks = per_seq,
                                      .logits = BE_LOGITS_LAST};
 }
 
@@ -205,8 +208,9 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
         const double flop = 2.0 * body_params * toks + 2.0 * head_params * pf_seqs + attn;
         if (!failed) {
             printf("figure: [%s] prefill %d x %d tokens: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s = %.0f%% of the "
-                   "measured bf16 GEMM rate %.1f TFLOP/s (target >= 50%%)\n", mode, pf_seqs, pf_len, dt * 1e3,
-                   toks / dt, flop / dt / 1e12, peak > 0 ? 100.0 * flop / dt / peak : 0.0, peak / 1e12);
+                   "measured bf16 GEMM rate %.1f TFLOP/s (target >= 50%%)\n",
+                   mode, pf_seqs, pf_len, dt * 1e3, toks / dt, flop / dt / 1e12,
+                   peak > 0 ? 100.0 * flop / dt / peak : 0.0, peak / 1e12);
         }
         batch_free(&b);
     }
@@ -234,8 +238,9 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
         const double bound = bytes / HBM_BYTES_PER_S;
         if (!failed)
             printf("figure: [%s%s] decode batch %d at context %d: %.3f ms/step (%.0f tokens/s); HBM bound %.3f ms "
-                   "(%.2f GB / 4.8 TB/s) -> %.2fx the bound%s\n", mode, graphs ? ", graphs" : "", n, ctx, dt * 1e3,
-                   n / dt, bound * 1e3, bytes / 1e9, dt / bound, n == 1 ? " (target <= 1.5x)" : "");
+                   "(%.2f GB / 4.8 TB/s) -> %.2fx the bound%s\n",
+                   mode, graphs ? ", graphs" : "", n, ctx, dt * 1e3, n / dt, bound * 1e3, bytes / 1e9, dt / bound,
+                   n == 1 ? " (target <= 1.5x)" : "");
         if (graphs && !failed)
             printf("figure: [%s, graphs] %lld of %d timed steps from a graph%s%s\n", mode, (long long)launches,
                    steps + 1, off ? "; graphs off: " : "", off ? off : "");
@@ -262,7 +267,8 @@ static int cmd_bench(int argc, char **argv)
     printf("figure: bf16 GEMM rate (cuBLAS, best of 3 large shapes): %.1f TFLOP/s\n", peak / 1e12);
     int rc = bench_attn(&bm.m->hp, pf_seqs, pf_len, batch, ctx);
     rc |= run_mode(bm.m, false, ctx, batch, pf_seqs, pf_len, steps, peak);
-    if (bench_arg_flag(argc, argv, "--deterministic")) rc |= run_mode(bm.m, true, ctx, batch, pf_seqs, pf_len, steps, peak);
+    if (bench_arg_flag(argc, argv, "--deterministic"))
+        rc |= run_mode(bm.m, true, ctx, batch, pf_seqs, pf_len, steps, peak);
     bench_model_close(&bm);
     return rc;
 }
@@ -272,13 +278,14 @@ int main(int argc, char **argv)
     if (argc >= 3 && !strcmp(argv[1], "synth")) return cmd_synth(argc, argv);
     if (argc >= 2 && !strcmp(argv[1], "bench")) return cmd_bench(argc, argv);
     if (argc >= 2 && !strcmp(argv[1], "job")) return bench_cmd_job(argc, argv);
-    fprintf(stderr, "usage: bench_gpu bench [--model PATH | --layers 32 --embd 4096 --ff 14336 --heads 32 --kv-heads 8 "
-                    "--vocab 128256]\n"
-                    "                       [--ctx 512 --batch 256 --prefill-seqs 8 --prefill-len 512 --steps 10 "
-                    "--deterministic --peak-tflops X]\n"
-                    "       bench_gpu job [model options as bench] [--requests 1000 --prompt 512 --prefix 256 --gen 128\n"
-                    "                     --max-batch 256 --step-tokens 4096 --kv-gib 40 --cache-requests 64 "
-                    "--cache-dir DIR --deterministic --cuda-graphs]\n"
-                    "       bench_gpu synth PATH [--layers N --embd N --ff N --heads N --kv-heads N --type bf16]\n");
+    fprintf(stderr,
+            "usage: bench_gpu bench [--model PATH | --layers 32 --embd 4096 --ff 14336 --heads 32 --kv-heads 8 "
+            "--vocab 128256]\n"
+            "                       [--ctx 512 --batch 256 --prefill-seqs 8 --prefill-len 512 --steps 10 "
+            "--deterministic --peak-tflops X]\n"
+            "       bench_gpu job [model options as bench] [--requests 1000 --prompt 512 --prefix 256 --gen 128\n"
+            "                     --max-batch 256 --step-tokens 4096 --kv-gib 40 --cache-requests 64 "
+            "--cache-dir DIR --deterministic --cuda-graphs]\n"
+            "       bench_gpu synth PATH [--layers N --embd N --ff N --heads N --kv-heads N --type bf16]\n");
     return 2;
 }

@@ -27,18 +27,18 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "base/alloc.h"
 #include "base/rng.h"
-#include "backend/backend.h"
-#include "kernels/be_cuda.h"
 #include "bench/gpu/bench_util.h"
-#include "store/pstore/pstore.h"
 #include "engine/scheduler.h"
+#include "kernels/be_cuda.h"
+#include "store/pstore/pstore.h"
 
 struct job_cb {
-    int64_t tokens;   /* generated so far */
+    int64_t tokens; /* generated so far */
     int64_t finished;
-    int64_t total;    /* requests */
+    int64_t total; /* requests */
     double t0, last_print;
 };
 
@@ -97,7 +97,8 @@ static struct run_result run_set(struct backend *be, const struct model *m, cons
         kvb_free(p);
         return res;
     }
-    if (ps && sched_set_store(s, ps, pm) != KVB_OK) fprintf(stderr, "bench_gpu job: %s: no store: out of memory\n", what);
+    if (ps && sched_set_store(s, ps, pm) != KVB_OK)
+        fprintf(stderr, "bench_gpu job: %s: no store: out of memory\n", what);
     struct sampler_params sp;
     sampler_params_default(&sp);
     sp.temperature = 0.0f;
@@ -127,8 +128,9 @@ static struct run_result run_set(struct backend *be, const struct model *m, cons
     res.tokens = cb_state.tokens;
     res.finished = cb_state.finished;
     res.ok = cb_state.finished == n;
-    if (!res.ok) fprintf(stderr, "bench_gpu job: %s: %lld of %lld requests finished\n", what,
-                         (long long)cb_state.finished, (long long)n);
+    if (!res.ok)
+        fprintf(stderr, "bench_gpu job: %s: %lld of %lld requests finished\n", what, (long long)cb_state.finished,
+                (long long)n);
 out:
     sched_free(s);
     kvb_free(p);
@@ -151,8 +153,8 @@ static int cache_pair(struct backend *be, const struct model *m, int32_t n, int3
      * than zstd compresses, and the warm run is to restore all of them (how
      * long the writing takes after the run is printed apart). */
     const uint64_t cold_bytes = (uint64_t)n * (uint64_t)(len / be->block_size) * (uint64_t)be->block_bytes;
-    struct pstore_opts po = {.max_size = (uint64_t)64 << 30, .quiet = true,
-                             .queue_bytes = cold_bytes + ((uint64_t)64 << 20)};
+    struct pstore_opts po = {
+        .max_size = (uint64_t)64 << 30, .quiet = true, .queue_bytes = cold_bytes + ((uint64_t)64 << 20)};
     struct pstore *ps = NULL;
     struct kvb_err err = {{0}};
     if (pstore_open(dir, &po, &ps, &err) != KVB_OK) {
@@ -160,16 +162,19 @@ static int cache_pair(struct backend *be, const struct model *m, int32_t n, int3
         return 1;
     }
     const struct model_hparams *hp = &m->hp;
-    struct pstore_model pm = {.name = m->name, .dtype = PSTORE_DTYPE_F16, .block_size = be->block_size,
-                              .n_layer = hp->n_layer, .kv_dim = hp->n_head_kv * hp->head_dim};
+    struct pstore_model pm = {.name = m->name,
+                              .dtype = PSTORE_DTYPE_F16,
+                              .block_size = be->block_size,
+                              .n_layer = hp->n_layer,
+                              .kv_dim = hp->n_head_kv * hp->head_dim};
     memcpy(pm.fingerprint, m->fingerprint, sizeof pm.fingerprint);
     const uint64_t salt = 0xcac4e5a17ull;
     struct run_result cold = run_set(be, m, "cache cold", n, len, 0, 1, salt, max_batch, step_tokens, ps, &pm);
     const double f0 = bench_now();
     pstore_flush(ps); /* what a nightly run leaves behind before the next starts */
     const double flush_s = bench_now() - f0;
-    struct run_result warm = cold.ok ? run_set(be, m, "cache warm", n, len, 0, 1, salt, max_batch, step_tokens, ps, &pm)
-                                     : cold;
+    struct run_result warm =
+        cold.ok ? run_set(be, m, "cache warm", n, len, 0, 1, salt, max_batch, step_tokens, ps, &pm) : cold;
     struct pstore_stats pst;
     pstore_get_stats(ps, &pst);
     pstore_close(ps);
@@ -181,21 +186,22 @@ static int cache_pair(struct backend *be, const struct model *m, int32_t n, int3
     if (!cold.ok || !warm.ok) return 1;
     const double prompt_tok = (double)n * len;
     printf("figure: cache cold: %d prompts x %d tokens, %.2f s: %.0f prompt tokens/s computed (%lld computed); "
-           "then %.2f s until the store had written %llu blocks (%.1f MB compressed, %.2fx; %llu not stored)\n", n,
-           len, cold.wall_s, (double)cold.st.prefill_computed / cold.wall_s, (long long)cold.st.prefill_computed,
+           "then %.2f s until the store had written %llu blocks (%.1f MB compressed, %.2fx; %llu not stored)\n",
+           n, len, cold.wall_s, (double)cold.st.prefill_computed / cold.wall_s, (long long)cold.st.prefill_computed,
            flush_s, (unsigned long long)pst.blocks_written, (double)pst.bytes_written / 1e6,
            pst.bytes_written ? (double)pst.raw_bytes_written / (double)pst.bytes_written : 0.0,
            (unsigned long long)pst.blocks_dropped);
     printf("figure: cache warm: %.2f s (%.2fx faster than cold): %lld of %.0f prompt tokens restored at %.0f tokens/s "
-           "(%.2f s reading and decoding; the device copies run beside compute), %lld computed\n", warm.wall_s,
-           cold.wall_s / warm.wall_s, (long long)warm.st.store_tokens, prompt_tok,
+           "(%.2f s reading and decoding; the device copies run beside compute), %lld computed\n",
+           warm.wall_s, cold.wall_s / warm.wall_s, (long long)warm.st.store_tokens, prompt_tok,
            warm.st.store_load_s > 0 ? (double)warm.st.store_tokens / warm.st.store_load_s : 0.0, warm.st.store_load_s,
            (long long)warm.st.prefill_computed);
     const double restore = warm.st.store_load_s > 0 ? (double)warm.st.store_tokens / warm.st.store_load_s : 0;
     const double prefill = (double)cold.st.prefill_computed / cold.wall_s;
     printf("figure: cache (%d layers, hidden %d): restoring a token costs %.3g ms vs %.3g ms computing it: the "
            "store %s for this model (KV %.1f KiB per token; restore time scales with KV bytes, prefill with "
-           "parameters)\n", hp->n_layer, hp->n_embd, restore > 0 ? 1e3 / restore : 0.0, 1e3 / prefill,
+           "parameters)\n",
+           hp->n_layer, hp->n_embd, restore > 0 ? 1e3 / restore : 0.0, 1e3 / prefill,
            restore > prefill ? "wins" : "LOSES", (double)be_block_bytes(m, 1) / 1024.0);
     return 0;
 }
@@ -227,8 +233,8 @@ int bench_cmd_job(int argc, char **argv)
     int64_t n_blocks = (int64_t)(kv_gib * (double)(1 << 30)) / block_bytes;
     const int64_t need = ((int64_t)len + gen + bs) / bs;
     if (n_blocks < need) n_blocks = need;
-    struct be_cuda_opts o = {.device = 0, .block_size = bs, .n_blocks = (int32_t)n_blocks, .deterministic = det,
-                             .graphs = graphs};
+    struct be_cuda_opts o = {
+        .device = 0, .block_size = bs, .n_blocks = (int32_t)n_blocks, .deterministic = det, .graphs = graphs};
     struct backend *be = NULL;
     struct kvb_err err = {{0}};
     double t0 = bench_now();
@@ -249,11 +255,12 @@ int bench_cmd_job(int argc, char **argv)
         const double out_tok = (double)r.tokens, prompt_tok = (double)n_req * len;
         printf("figure: [%s] job: %lld requests x (%d prompt, %d shared + %d output) in %.2f s: %.0f output tokens/s, "
                "%.0f total tokens/s (for scale: vLLM BF16 on H100 ~12.5k, TensorRT-LLM FP8 on H200 ~17.7k output "
-               "tokens/s on Llama-3.1-8B)\n", mode, (long long)n_req, len, prefix, gen, r.wall_s, out_tok / r.wall_s,
+               "tokens/s on Llama-3.1-8B)\n",
+               mode, (long long)n_req, len, prefix, gen, r.wall_s, out_tok / r.wall_s,
                (out_tok + prompt_tok) / r.wall_s);
         printf("figure: [%s] job: prefill computed %lld of %.0f prompt tokens (%lld from the prefix tree); %lld steps, "
-               "mean %.1f tokens per step\n", mode, (long long)r.st.prefill_computed, prompt_tok,
-               (long long)r.st.cached_tokens, (long long)r.st.steps,
+               "mean %.1f tokens per step\n",
+               mode, (long long)r.st.prefill_computed, prompt_tok, (long long)r.st.cached_tokens, (long long)r.st.steps,
                (double)(r.st.prefill_computed + r.st.decode_tokens) / (double)(r.st.steps ? r.st.steps : 1));
         if (graphs) {
             const char *off = NULL;

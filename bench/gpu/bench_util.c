@@ -10,8 +10,8 @@
 #include <time.h>
 
 #include "base/alloc.h"
-#include "kernels/be_cuda.h"
 #include "base/dtype.h"
+#include "kernels/be_cuda.h"
 
 double bench_now(void) { return kvb_clock_s(); }
 
@@ -62,8 +62,8 @@ static uint16_t *rand_bf16(int64_t n, float sigma, uint64_t seed)
 
 static struct mm_weight bf16_weight(const uint16_t *data, int64_t n_in, int64_t n_out)
 {
-    return (struct mm_weight){.type = GGML_TYPE_BF16, .n_in = n_in, .n_out = n_out, .data = data,
-                              .row_bytes = (size_t)n_in * 2};
+    return (struct mm_weight){
+        .type = GGML_TYPE_BF16, .n_in = n_in, .n_out = n_out, .data = data, .row_bytes = (size_t)n_in * 2};
 }
 
 static void mem_model_free(struct mem_model *mm)
@@ -83,9 +83,18 @@ static struct mem_model *mem_model_create(int32_t n_layer, int32_t e, int32_t ff
     struct model *m = &mm->m;
     const int32_t hd = e / n_head;
     m->arch = MODEL_ARCH_LLAMA;
-    m->hp = (struct model_hparams){.n_vocab = n_vocab, .n_ctx_train = 8192, .n_embd = e, .n_ff = ff,
-                                   .n_layer = n_layer, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = hd,
-                                   .rope_dim = hd, .rope_base = 500000.0f, .rms_eps = 1e-5f, .rope = ROPE_NORM};
+    m->hp = (struct model_hparams){.n_vocab = n_vocab,
+                                   .n_ctx_train = 8192,
+                                   .n_embd = e,
+                                   .n_ff = ff,
+                                   .n_layer = n_layer,
+                                   .n_head = n_head,
+                                   .n_head_kv = n_head_kv,
+                                   .head_dim = hd,
+                                   .rope_dim = hd,
+                                   .rope_base = 500000.0f,
+                                   .rms_eps = 1e-5f,
+                                   .rope = ROPE_NORM};
     snprintf(m->name, sizeof m->name, "in-memory bf16 model (%d layers, hidden %d)", n_layer, e);
     /* Random weights from fixed seeds: the shape is the identity (for the
      * persistent cache's keys). */
@@ -141,12 +150,10 @@ bool bench_model_open(int argc, char **argv, struct bench_model *out)
         }
         out->m = out->file;
     } else {
-        out->mem = mem_model_create((int32_t)bench_arg_int(argc, argv, "--layers", 32),
-                                    (int32_t)bench_arg_int(argc, argv, "--embd", 4096),
-                                    (int32_t)bench_arg_int(argc, argv, "--ff", 14336),
-                                    (int32_t)bench_arg_int(argc, argv, "--heads", 32),
-                                    (int32_t)bench_arg_int(argc, argv, "--kv-heads", 8),
-                                    (int32_t)bench_arg_int(argc, argv, "--vocab", 128256));
+        out->mem = mem_model_create(
+            (int32_t)bench_arg_int(argc, argv, "--layers", 32), (int32_t)bench_arg_int(argc, argv, "--embd", 4096),
+            (int32_t)bench_arg_int(argc, argv, "--ff", 14336), (int32_t)bench_arg_int(argc, argv, "--heads", 32),
+            (int32_t)bench_arg_int(argc, argv, "--kv-heads", 8), (int32_t)bench_arg_int(argc, argv, "--vocab", 128256));
         if (!out->mem) {
             fprintf(stderr, "bench_gpu: out of host memory for the model\n");
             return false;

@@ -25,8 +25,8 @@ struct mem_model;
 
 struct bench_model {
     const struct model *m;
-    struct model *file;     /* --model PATH, or NULL */
-    struct mem_model *mem;  /* the in-memory one, or NULL */
+    struct model *file;    /* --model PATH, or NULL */
+    struct mem_model *mem; /* the in-memory one, or NULL */
 };
 
 /* --model PATH loads that GGUF; otherwise a llama-shaped model with random

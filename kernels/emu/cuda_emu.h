@@ -86,17 +86,23 @@ static inline float emu_uint_as_float(uint32_t u)
  * product per element, k in order. */
 #include <vector_functions.h>
 void emu_wmma_exchange(const float *a, const float *b, const float *c, float *d);
-namespace nvcuda {
-namespace wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
+namespace nvcuda
+{
+namespace wmma
+{
+struct matrix_a {
+};
+struct matrix_b {
+};
+struct accumulator {
+};
+struct row_major {
+};
+struct col_major {
+};
 enum layout_t { mem_row_major, mem_col_major };
 
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
+template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment {
     static_assert(M == 16 && N == 16 && K == 16, "cuda_emu: WMMA 16x16x16 only");
     float x[256]; /* element i*16+j: A (m, k), B (k, n), C (m, n); this lane's share valid */
 };

@@ -108,6 +108,9 @@ rm -rf "$d"; mkdir -p "$d"
   # host-side choices on the device's logits: JSON mode and a logit bias (never greedy on the device)
   printf '{"custom_id":"j1","prompt":"The municipal archive opens at nine and closes at five. As JSON:","max_tokens":8,"temperature":0,"response_format":{"type":"json_object"}}\n'
   printf '{"custom_id":"b1","prompt":"The municipal archive opens at nine and closes at five. Question 1:","max_tokens":6,"temperature":0,"logit_bias":{"32":-100,"101":5}}\n'
+  # prompt scores: every row of a prefill back from the device, kept with the blocks (warm: from the store)
+  printf '{"custom_id":"e1","prompt":"The municipal archive opens at nine and closes at five. Scored:","max_tokens":0,"echo":true,"logprobs":2}\n'
+  printf '{"custom_id":"p1","prompt":"The municipal archive opens at nine and closes at five. Question 2:","max_tokens":2,"temperature":0,"prompt_logprobs":1}\n'
 } > "$d/job.jsonl"
 texts() { grep -o '"custom_id":"[^"]*"\|"text":"\([^"\\]\|\\.\)*"' "$1" | paste - - | sort; }
 for run in cold warm graphs; do
@@ -119,7 +122,12 @@ done
 grep -E "cuda: " "$d/graphs.err"
 grep -qE "cuda: [1-9][0-9]* steps ran from CUDA graphs" "$d/graphs.err" || { echo "the --cuda-graphs run ran no step from a graph"; rc=1; }
 n_ok=$(grep -c '"status_code":200' "$d/cold.jsonl" || true)
-[ "$n_ok" = 9 ] || { echo "kvbatch run on the emulated device: $n_ok of 9 requests ok"; rc=1; }
+[ "$n_ok" = 11 ] || { echo "kvbatch run on the emulated device: $n_ok of 11 requests ok"; rc=1; }
+for run in cold warm; do
+  grep '"custom_id":"e1"' "$d/$run.jsonl" | grep -q '"token_logprobs":\[null,-' || { echo "$run: no echoed prompt scores"; rc=1; }
+  grep '"custom_id":"p1"' "$d/$run.jsonl" | grep -q '"prompt_logprobs":\[null,{' || { echo "$run: no prompt_logprobs"; rc=1; }
+done
+grep -q "from the cache" "$d/warm.err" || true
 grep '"custom_id":"j1"' "$d/cold.jsonl" | grep -q '"text":"\(\\[nrt]\| \)*{' || { echo "JSON mode on the device: no object"; rc=1; }
 grep -q '"logprobs":{' "$d/cold.jsonl" || grep -q '"top_logprobs"' "$d/cold.jsonl" || { echo "no logprobs in the output"; rc=1; }
 if [ "$(texts "$d/cold.jsonl")" = "$(texts "$d/warm.jsonl")" ] && [ "$(texts "$d/cold.jsonl")" = "$(texts "$d/graphs.jsonl")" ]; then

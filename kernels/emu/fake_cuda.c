@@ -69,9 +69,8 @@ struct fake_graph {
     int refs; /* the graph and each executable made from it */
 };
 
-static struct fake_graph *capture;   /* while capturing */
+static struct fake_graph *capture; /* while capturing */
 static int capture_broken;
-
 
 /* Appends an operation to the graph being captured; takes arg. */
 static void graph_append(void (*run)(void *), void (*drop)(void *), void *arg)
@@ -364,8 +363,7 @@ static void run_set(void *a)
     memset(o->dst, o->value, o->bytes);
 }
 
-static cudaError_t queue_copy(cudaStream_t st, void (*run)(void *), void *dst, const void *src, size_t bytes,
-                              int value)
+static cudaError_t queue_copy(cudaStream_t st, void (*run)(void *), void *dst, const void *src, size_t bytes, int value)
 {
     struct copy_op *o = malloc(sizeof *o);
     if (!o) return fail(cudaErrorMemoryAllocation);
@@ -630,7 +628,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
         return CUBLAS_STATUS_INVALID_VALUE;
     /* Host pointer mode: alpha and beta are read now, as cuBLAS does. */
     const struct gemm_op o = {transa, transb, m, n, k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta,
-                              A, B, C};
+                              A,      B,      C};
     struct gemm_op *rec = malloc(sizeof *rec);
     if (!rec) return CUBLAS_STATUS_ALLOC_FAILED;
     *rec = o;

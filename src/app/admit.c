@@ -8,8 +8,8 @@
 #include "model/model.h"
 #include "text/tok.h"
 
-enum kvb_status admit_template_choose(const struct model *m, const char *name, struct chat_template *out,
-                                      bool *have, char *why, size_t why_cap, struct kvb_err *err)
+enum kvb_status admit_template_choose(const struct model *m, const char *name, struct chat_template *out, bool *have,
+                                      char *why, size_t why_cap, struct kvb_err *err)
 {
     struct kvb_err e = {{0}};
     enum kvb_status st;
@@ -125,8 +125,8 @@ static enum kvb_status render_chat(const struct admit_ctx *ctx, const struct job
     }
     struct chat_msg *msgs = kvb_calloc(q->n_messages, sizeof *msgs);
     if (!msgs) goto oom;
-    for (size_t i = 0; i < q->n_messages; i++) msgs[i] = (struct chat_msg){job_role_name(q->messages[i].role),
-                                                                           q->messages[i].content};
+    for (size_t i = 0; i < q->n_messages; i++)
+        msgs[i] = (struct chat_msg){job_role_name(q->messages[i].role), q->messages[i].content};
     struct kvb_err err = {{0}};
     enum kvb_status st = q->continue_final_message
                              ? chat_apply_continue(ctx->tmpl, msgs, q->n_messages, text, &err)
@@ -168,8 +168,8 @@ void admit_text_free(struct admit_text *t)
     memset(t, 0, sizeof *t);
 }
 
-enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
-                                 size_t max_ids, int32_t **ids, size_t *n, struct job_error *e)
+enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k, size_t max_ids,
+                                 int32_t **ids, size_t *n, struct job_error *e)
 {
     const struct tok_limits lim = {.max_ids = max_ids, .cancel = ctx->cancel};
     *ids = NULL;
@@ -191,7 +191,8 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
         if (max_ids > 0 && (size_t)p->n_ids > max_ids) {
             job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, param,
                            "the prompt has %d tokens; the context holds %zu (prompt plus at least one generated "
-                           "token)", p->n_ids, max_ids + 1);
+                           "token)",
+                           p->n_ids, max_ids + 1);
             return KVB_ERR_FORMAT;
         }
         *ids = kvb_malloc(sizeof **ids * (size_t)p->n_ids);

@@ -24,11 +24,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "text/chat.h"
-#include "jobs/job.h"
+#include "base/status.h"
 #include "engine/jsonmode.h"
 #include "engine/sampler.h"
-#include "base/status.h"
+#include "jobs/job.h"
+#include "text/chat.h"
 
 struct tok;
 struct jsonmode_vocab;
@@ -42,7 +42,7 @@ struct admit_ctx {
     int32_t n_ctx;                    /* positions one sequence may reach; 0: no context check */
     int32_t *eog;                     /* (n_eog) end-of-generation ids, found by admit_ctx_init */
     int32_t n_eog;
-    struct jsonmode_vocab *json_vocab; /* built for the first request in JSON mode (owned) */
+    struct jsonmode_vocab *json_vocab;   /* built for the first request in JSON mode (owned) */
     const volatile sig_atomic_t *cancel; /* non-NULL: a long tokenization stops once it is nonzero
                                             (KVB_ERR_CANCELLED); set by the caller after init */
 };
@@ -54,8 +54,8 @@ struct admit_ctx {
  * NUL-terminated) saying why there is none: completion lines still run,
  * chat lines then fail with that message. KVB_ERR_INVALID_ARG with err when
  * name is not a template's name (a bad command line). */
-enum kvb_status admit_template_choose(const struct model *m, const char *name, struct chat_template *out,
-                                      bool *have, char *why, size_t why_cap, struct kvb_err *err);
+enum kvb_status admit_template_choose(const struct model *m, const char *name, struct chat_template *out, bool *have,
+                                      char *why, size_t why_cap, struct kvb_err *err);
 
 /* The context one sequence may fill: asked (--ctx) when > 0, else the
  * model's trained context, at most 4096. */
@@ -74,10 +74,10 @@ struct admit_prompt {
 struct admit_plan {
     struct admit_prompt *prompts; /* (n_prompts): chat 1, completion the request's n_prompts */
     int32_t n_prompts;
-    int32_t n_choices;            /* n_prompts x n: choice c runs prompt c / n with seed + c % n */
-    struct sampler_params sp;     /* choice 0's parameters; admit_choice_params gives each choice's */
-    struct sampler_bias *bias;    /* (sp.n_bias) logit_bias */
-    int32_t *ban;                 /* (sp.n_ban) what min_tokens holds back: end of generation (unless
+    int32_t n_choices;              /* n_prompts x n: choice c runs prompt c / n with seed + c % n */
+    struct sampler_params sp;       /* choice 0's parameters; admit_choice_params gives each choice's */
+    struct sampler_bias *bias;      /* (sp.n_bias) logit_bias */
+    int32_t *ban;                   /* (sp.n_ban) what min_tokens holds back: end of generation (unless
                                      ignore_eos) and stop_token_ids */
     struct jsonmode_schema *schema; /* sp.json_schema: the request's json_schema, compiled */
 };
@@ -120,8 +120,8 @@ void admit_choice_params(const struct admit_plan *plan, const struct job_request
  * plan, which must not depend on --ctx, passes its own bound): *ids is
  * kvb_malloc'd, the caller frees it. The same results as admit_prepare for
  * that prompt. */
-enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
-                                 size_t max_ids, int32_t **ids, size_t *n, struct job_error *e);
+enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k, size_t max_ids,
+                                 int32_t **ids, size_t *n, struct job_error *e);
 
 /* The text prompt k of q is tokenized from, and how: the chat template
  * applied to the messages (tokenized with TOK_PARSE_SPECIAL: the template's
@@ -133,8 +133,8 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
 struct admit_text {
     const char *text; /* (len) bytes, NUL-terminated; NULL: token ids */
     size_t len;
-    unsigned flags;   /* enum tok_flags for tok_encode */
-    char *owned;      /* the rendered chat text (text points at it), or NULL */
+    unsigned flags; /* enum tok_flags for tok_encode */
+    char *owned;    /* the rendered chat text (text points at it), or NULL */
 };
 enum kvb_status admit_prompt_text(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
                                   struct admit_text *out, struct job_error *e);

@@ -28,8 +28,8 @@ bool be_select_device_valid(const char *d)
     return !d || !strcmp(d, "auto") || !strcmp(d, "cpu") || cuda_index(d) >= 0;
 }
 
-static enum kvb_status pool_blocks(const struct model *m, const struct be_select_opts *o, uint64_t kv_mem,
-                                   int32_t *out, struct kvb_err *err)
+static enum kvb_status pool_blocks(const struct model *m, const struct be_select_opts *o, uint64_t kv_mem, int32_t *out,
+                                   struct kvb_err *err)
 {
     const int64_t block_bytes = be_block_bytes(m, o->block_size);
     const int64_t need = ((int64_t)o->n_ctx + o->block_size - 1) / o->block_size;
@@ -47,8 +47,8 @@ static enum kvb_status pool_blocks(const struct model *m, const struct be_select
 static enum kvb_status create_cpu(const struct model *m, const struct be_select_opts *o, struct backend **out,
                                   struct kvb_err *err)
 {
-    struct be_cpu_opts co = {.n_threads = o->n_threads, .block_size = o->block_size,
-                             .impl = o->scalar ? MM_IMPL_SCALAR : MM_IMPL_AUTO};
+    struct be_cpu_opts co = {
+        .n_threads = o->n_threads, .block_size = o->block_size, .impl = o->scalar ? MM_IMPL_SCALAR : MM_IMPL_AUTO};
     KVB_FORWARD_IF_ERROR(pool_blocks(m, o, o->kv_mem ? o->kv_mem : DEFAULT_CPU_KV, &co.n_blocks, err));
     return be_cpu_create(m, &co, out, err);
 }
@@ -72,8 +72,11 @@ enum kvb_status be_select_create(const struct model *m, const struct be_select_o
         int64_t free_b = be_cuda_free_memory(dev) - be_cuda_weight_bytes(m) - ((int64_t)1 << 30);
         kv = free_b > 0 ? (uint64_t)(free_b / 10 * 9) : 0;
     }
-    struct be_cuda_opts go = {.device = dev, .block_size = o->block_size, .n_threads = o->n_threads,
-                              .deterministic = o->deterministic, .graphs = o->cuda_graphs};
+    struct be_cuda_opts go = {.device = dev,
+                              .block_size = o->block_size,
+                              .n_threads = o->n_threads,
+                              .deterministic = o->deterministic,
+                              .graphs = o->cuda_graphs};
     KVB_FORWARD_IF_ERROR(pool_blocks(m, o, kv, &go.n_blocks, err));
     return be_cuda_create(m, &go, out, err);
 #else

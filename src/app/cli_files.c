@@ -127,27 +127,28 @@ enum kvb_status cli_files_check(const struct cli_run_files *f, struct kvb_err *e
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "%s and %s are one file: the results would overwrite the job",
                         out.label, in.label);
     if (model.exists && same_file(&out, &model))
-        return kvb_errf(err, KVB_ERR_INVALID_ARG, "%s is the model (%s): the results would overwrite it",
-                        out.label, model.label);
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "%s is the model (%s): the results would overwrite it", out.label,
+                        model.label);
     for (int i = 0; i < 4; i++) {
         if (same_file(&out, &db[i]))
             return kvb_errf(err, KVB_ERR_INVALID_ARG,
                             "%s is %s: the results and the metrics would overwrite each other (give --metrics "
-                            "another path)", out.label, db[i].label);
+                            "another path)",
+                            out.label, db[i].label);
         if (in.exists && same_file(&in, &db[i]))
             return kvb_errf(err, KVB_ERR_INVALID_ARG, "%s is %s: the metrics would overwrite the job", in.label,
                             db[i].label);
         if (model.exists && same_file(&model, &db[i]))
-            return kvb_errf(err, KVB_ERR_INVALID_ARG, "%s is %s: the metrics would overwrite the model",
-                            model.label, db[i].label);
+            return kvb_errf(err, KVB_ERR_INVALID_ARG, "%s is %s: the metrics would overwrite the model", model.label,
+                            db[i].label);
     }
 
     /* Resuming reads the output to the end before appending: /dev/full or
      * /dev/zero never end, a FIFO gives back nothing that was written. */
     if (f->resume && out.exists && !out.regular)
         return kvb_errf(err, KVB_ERR_INVALID_ARG,
-                        "--resume needs --output to be a regular file holding earlier results; %s is %s",
-                        f->output, kind_of(f->output));
+                        "--resume needs --output to be a regular file holding earlier results; %s is %s", f->output,
+                        kind_of(f->output));
     return KVB_OK;
 }
 
@@ -176,8 +177,7 @@ enum kvb_status cli_output_cut(FILE *f, const char *path, uint64_t size, struct 
 {
     if (f == stdout) return KVB_OK; /* the shell opened it: '>' emptied it, '>>' appends */
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0)
-        return kvb_errf(err, KVB_ERR_IO, "cannot inspect %s: %s", path, strerror(errno));
+    if (fstat(fileno(f), &sb) != 0) return kvb_errf(err, KVB_ERR_IO, "cannot inspect %s: %s", path, strerror(errno));
     if (!S_ISREG(sb.st_mode)) return KVB_OK;
     if (size > (uint64_t)sb.st_size)
         return kvb_errf(err, KVB_ERR_INTERNAL, "cutting %s to %llu bytes: it holds only %lld", path,

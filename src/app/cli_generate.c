@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/alloc.h"
 #include "app/cli.h"
 #include "app/cli_llm.h"
 #include "app/cli_util.h"
+#include "base/alloc.h"
 #include "engine/gen.h"
 #include "engine/jsonmode.h"
 #include "engine/sampler.h"
@@ -17,39 +17,38 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-        "usage: kvbatch generate [options] --prompt TEXT\n"
-        "\n"
-        "Generates a completion of one prompt with the CPU backend and prints it on\n"
-        "stdout as it is produced; prefill and decode speed go to stderr.\n"
-        "\n"
-        "  -m, --model PATH        GGUF model (default: $KVBATCH_MODEL or\n"
-        "                          models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
-        "  -p, --prompt TEXT       the prompt; '-' or absent reads standard input\n"
-        "  -f, --file PATH         read the prompt from a file\n"
-        "      --prompt-ids LIST   the prompt as token ids (\"1 2 3\"), no template, no BOS\n"
-        "      --chat              wrap the prompt as a user turn in the model's chat template\n"
-        "      --system TEXT       system message for --chat (default: the template's own)\n"
-        "      --chat-template NAME  chatml | llama3 | llama31 | llama2 | mistral | mistral-v3 |\n"
-        "                          mistral-tekken | zephyr | gemma (default: detected)\n"
-        "  -n, --max-tokens N      tokens to generate at most (default 128)\n"
-        "      --temperature T     0 = greedy (default 0.8)\n"
-        "      --top-k K           keep the K most likely tokens, 0 = off (default 40)\n"
-        "      --top-p P           nucleus sampling, 1 = off (default 0.95)\n"
-        "      --min-p P           drop tokens below P x the top probability, 0 = off (default 0.05)\n"
-        "      --repeat-penalty R  repetition penalty, 1 = off (default 1)\n"
-        "      --presence-penalty X, --frequency-penalty X  OpenAI-style penalties (default 0)\n"
-        "      --seed S            sampling seed; the same seed gives the same text (default 0)\n"
-        "      --ignore-eos        keep generating past end-of-generation tokens\n"
-        "      --json              the output is one JSON object (as response_format json_object)\n"
-        "  -t, --threads N         worker threads (default: all cores)\n"
-        "  -c, --ctx N             context length (default: min(model's, 4096))\n"
-        "      --batch N           most prompt tokens per forward pass (default 512)\n"
-        "      --print-ids         print generated token ids instead of text\n"
-        "      --device DEV        auto | cpu | cuda | cuda:N (default auto: a CUDA device when usable)\n"
-        "      --scalar            use the plain C reference kernels (slow; for checking)\n"
-        "  -q, --quiet             no speed report on stderr\n"
-        "  -h, --help              this text\n");
+    fprintf(f, "usage: kvbatch generate [options] --prompt TEXT\n"
+               "\n"
+               "Generates a completion of one prompt with the CPU backend and prints it on\n"
+               "stdout as it is produced; prefill and decode speed go to stderr.\n"
+               "\n"
+               "  -m, --model PATH        GGUF model (default: $KVBATCH_MODEL or\n"
+               "                          models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+               "  -p, --prompt TEXT       the prompt; '-' or absent reads standard input\n"
+               "  -f, --file PATH         read the prompt from a file\n"
+               "      --prompt-ids LIST   the prompt as token ids (\"1 2 3\"), no template, no BOS\n"
+               "      --chat              wrap the prompt as a user turn in the model's chat template\n"
+               "      --system TEXT       system message for --chat (default: the template's own)\n"
+               "      --chat-template NAME  chatml | llama3 | llama31 | llama2 | mistral | mistral-v3 |\n"
+               "                          mistral-tekken | zephyr | gemma (default: detected)\n"
+               "  -n, --max-tokens N      tokens to generate at most (default 128)\n"
+               "      --temperature T     0 = greedy (default 0.8)\n"
+               "      --top-k K           keep the K most likely tokens, 0 = off (default 40)\n"
+               "      --top-p P           nucleus sampling, 1 = off (default 0.95)\n"
+               "      --min-p P           drop tokens below P x the top probability, 0 = off (default 0.05)\n"
+               "      --repeat-penalty R  repetition penalty, 1 = off (default 1)\n"
+               "      --presence-penalty X, --frequency-penalty X  OpenAI-style penalties (default 0)\n"
+               "      --seed S            sampling seed; the same seed gives the same text (default 0)\n"
+               "      --ignore-eos        keep generating past end-of-generation tokens\n"
+               "      --json              the output is one JSON object (as response_format json_object)\n"
+               "  -t, --threads N         worker threads (default: all cores)\n"
+               "  -c, --ctx N             context length (default: min(model's, 4096))\n"
+               "      --batch N           most prompt tokens per forward pass (default 512)\n"
+               "      --print-ids         print generated token ids instead of text\n"
+               "      --device DEV        auto | cpu | cuda | cuda:N (default auto: a CUDA device when usable)\n"
+               "      --scalar            use the plain C reference kernels (slow; for checking)\n"
+               "  -q, --quiet             no speed report on stderr\n"
+               "  -h, --help              this text\n");
 }
 
 /* What the command line asks for. */
@@ -78,33 +77,81 @@ static int parse_args(int argc, char **argv, struct gen_args *ga)
     int64_t v;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return CLI_EXIT_OK; }
-        else if (!strcmp(a, "-m") || cli_opt_is(a, "--model")) { CLI_VAL(); ga->lo.model_path = val; }
-        else if (!strcmp(a, "-p") || cli_opt_is(a, "--prompt")) { CLI_VAL(); ga->prompt = val; }
-        else if (!strcmp(a, "-f") || cli_opt_is(a, "--file")) { CLI_VAL(); ga->prompt_file = val; }
-        else if (cli_opt_is(a, "--prompt-ids")) { CLI_VAL(); ga->prompt_ids = val; }
-        else if (!strcmp(a, "--chat")) ga->chat = true;
-        else if (cli_opt_is(a, "--system")) { CLI_VAL(); ga->system = val; }
-        else if (cli_opt_is(a, "--chat-template")) { CLI_VAL(); ga->tmpl = val; ga->chat = true; }
-        else if (!strcmp(a, "-n") || cli_opt_is(a, "--max-tokens")) { CLI_VAL(); if (!cli_parse_i64(a, val, 0, 1 << 24, &ga->n_predict)) return CLI_EXIT_USAGE; }
-        else if (cli_opt_is(a, "--temperature")) { CLI_VAL(); if (!cli_parse_f32(a, val, 0, 100, &sp->temperature)) return CLI_EXIT_USAGE; }
-        else if (cli_opt_is(a, "--top-k")) { CLI_VAL(); if (!cli_parse_i64(a, val, 0, INT32_MAX, &v)) return CLI_EXIT_USAGE; sp->top_k = (int32_t)v; }
-        else if (cli_opt_is(a, "--top-p")) { CLI_VAL(); if (!cli_parse_f32(a, val, 1e-6f, 1, &sp->top_p)) return CLI_EXIT_USAGE; }
-        else if (cli_opt_is(a, "--min-p")) { CLI_VAL(); if (!cli_parse_f32(a, val, 0, 1, &sp->min_p)) return CLI_EXIT_USAGE; }
-        else if (cli_opt_is(a, "--repeat-penalty")) { CLI_VAL(); if (!cli_parse_f32(a, val, 0.01f, 100, &sp->repetition_penalty)) return CLI_EXIT_USAGE; }
-        else if (cli_opt_is(a, "--presence-penalty")) { CLI_VAL(); if (!cli_parse_f32(a, val, -2, 2, &sp->presence_penalty)) return CLI_EXIT_USAGE; }
-        else if (cli_opt_is(a, "--frequency-penalty")) { CLI_VAL(); if (!cli_parse_f32(a, val, -2, 2, &sp->frequency_penalty)) return CLI_EXIT_USAGE; }
-        else if (cli_opt_is(a, "--seed")) { CLI_VAL(); if (!cli_parse_i64(a, val, 0, INT64_MAX, &v)) return CLI_EXIT_USAGE; sp->seed = (uint64_t)v; }
-        else if (!strcmp(a, "--ignore-eos")) ga->ignore_eos = true;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return CLI_EXIT_OK;
+        } else if (!strcmp(a, "-m") || cli_opt_is(a, "--model")) {
+            CLI_VAL();
+            ga->lo.model_path = val;
+        } else if (!strcmp(a, "-p") || cli_opt_is(a, "--prompt")) {
+            CLI_VAL();
+            ga->prompt = val;
+        } else if (!strcmp(a, "-f") || cli_opt_is(a, "--file")) {
+            CLI_VAL();
+            ga->prompt_file = val;
+        } else if (cli_opt_is(a, "--prompt-ids")) {
+            CLI_VAL();
+            ga->prompt_ids = val;
+        } else if (!strcmp(a, "--chat")) ga->chat = true;
+        else if (cli_opt_is(a, "--system")) {
+            CLI_VAL();
+            ga->system = val;
+        } else if (cli_opt_is(a, "--chat-template")) {
+            CLI_VAL();
+            ga->tmpl = val;
+            ga->chat = true;
+        } else if (!strcmp(a, "-n") || cli_opt_is(a, "--max-tokens")) {
+            CLI_VAL();
+            if (!cli_parse_i64(a, val, 0, 1 << 24, &ga->n_predict)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--temperature")) {
+            CLI_VAL();
+            if (!cli_parse_f32(a, val, 0, 100, &sp->temperature)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--top-k")) {
+            CLI_VAL();
+            if (!cli_parse_i64(a, val, 0, INT32_MAX, &v)) return CLI_EXIT_USAGE;
+            sp->top_k = (int32_t)v;
+        } else if (cli_opt_is(a, "--top-p")) {
+            CLI_VAL();
+            if (!cli_parse_f32(a, val, 1e-6f, 1, &sp->top_p)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--min-p")) {
+            CLI_VAL();
+            if (!cli_parse_f32(a, val, 0, 1, &sp->min_p)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--repeat-penalty")) {
+            CLI_VAL();
+            if (!cli_parse_f32(a, val, 0.01f, 100, &sp->repetition_penalty)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--presence-penalty")) {
+            CLI_VAL();
+            if (!cli_parse_f32(a, val, -2, 2, &sp->presence_penalty)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--frequency-penalty")) {
+            CLI_VAL();
+            if (!cli_parse_f32(a, val, -2, 2, &sp->frequency_penalty)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--seed")) {
+            CLI_VAL();
+            if (!cli_parse_i64(a, val, 0, INT64_MAX, &v)) return CLI_EXIT_USAGE;
+            sp->seed = (uint64_t)v;
+        } else if (!strcmp(a, "--ignore-eos")) ga->ignore_eos = true;
         else if (!strcmp(a, "--json")) ga->json = true;
-        else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) { CLI_VAL(); if (!cli_parse_i64(a, val, 1, 1024, &v)) return CLI_EXIT_USAGE; ga->lo.n_threads = (int)v; }
-        else if (!strcmp(a, "-c") || cli_opt_is(a, "--ctx")) { CLI_VAL(); if (!cli_parse_i64(a, val, 16, 1 << 20, &v)) return CLI_EXIT_USAGE; ga->lo.n_ctx = (int32_t)v; }
-        else if (cli_opt_is(a, "--batch")) { CLI_VAL(); if (!cli_parse_i64(a, val, 1, 1 << 16, &ga->batch)) return CLI_EXIT_USAGE; }
-        else if (!strcmp(a, "--print-ids")) ga->print_ids = true;
+        else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) {
+            CLI_VAL();
+            if (!cli_parse_i64(a, val, 1, 1024, &v)) return CLI_EXIT_USAGE;
+            ga->lo.n_threads = (int)v;
+        } else if (!strcmp(a, "-c") || cli_opt_is(a, "--ctx")) {
+            CLI_VAL();
+            if (!cli_parse_i64(a, val, 16, 1 << 20, &v)) return CLI_EXIT_USAGE;
+            ga->lo.n_ctx = (int32_t)v;
+        } else if (cli_opt_is(a, "--batch")) {
+            CLI_VAL();
+            if (!cli_parse_i64(a, val, 1, 1 << 16, &ga->batch)) return CLI_EXIT_USAGE;
+        } else if (!strcmp(a, "--print-ids")) ga->print_ids = true;
         else if (!strcmp(a, "--scalar")) ga->lo.scalar = true;
-        else if (cli_opt_is(a, "--device")) { CLI_VAL(); ga->lo.device = val; }
-        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) ga->quiet = true;
-        else { fprintf(stderr, "kvbatch generate: unknown option '%s' (see --help)\n", a); return CLI_EXIT_USAGE; }
+        else if (cli_opt_is(a, "--device")) {
+            CLI_VAL();
+            ga->lo.device = val;
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) ga->quiet = true;
+        else {
+            fprintf(stderr, "kvbatch generate: unknown option '%s' (see --help)\n", a);
+            return CLI_EXIT_USAGE;
+        }
     }
     if (ga->json && ga->ignore_eos) {
         fprintf(stderr, "kvbatch generate: --json ends at the object's end; it cannot go with --ignore-eos\n");
@@ -119,8 +166,8 @@ struct gen_run {
     struct cli_llm *llm;
     struct gen_ctx *g;
     struct sampler *smp;
-    float *logits;           /* (n_vocab) */
-    int32_t *out_ids;        /* (n_predict + 1) */
+    float *logits;    /* (n_vocab) */
+    int32_t *out_ids; /* (n_predict + 1) */
     int64_t n_predict, n_gen;
     struct tok_stream ts;
     char *text;
@@ -139,10 +186,13 @@ static bool decode(struct gen_run *gr)
         memcpy(gr->logits, gen_logits(gr->g), sizeof(float) * (size_t)nv);
         const int32_t bad = sampler_first_nonfinite(gr->logits, nv);
         if (bad >= 0) {
-            fprintf(stderr, "\nkvbatch generate: the model's logits are not finite (%s at token id %d of %d) after "
+            fprintf(stderr,
+                    "\nkvbatch generate: the model's logits are not finite (%s at token id %d of %d) after "
                     "%lld generated tokens: the model's weights or the backend are broken\n",
-                    isnan(gr->logits[bad]) ? "NaN" : gr->logits[bad] > 0 ? "+inf" : "-inf", bad, nv,
-                    (long long)gr->n_gen);
+                    isnan(gr->logits[bad]) ? "NaN"
+                    : gr->logits[bad] > 0  ? "+inf"
+                                           : "-inf",
+                    bad, nv, (long long)gr->n_gen);
             return false;
         }
         int32_t next;
@@ -207,11 +257,17 @@ int cli_generate(int argc, char **argv)
     if (!ga.prompt_ids) {
         if (ga.prompt_file) {
             owned_prompt = cli_read_file(ga.prompt_file, NULL);
-            if (!owned_prompt) { perror(ga.prompt_file); return CLI_EXIT_FAIL; }
+            if (!owned_prompt) {
+                perror(ga.prompt_file);
+                return CLI_EXIT_FAIL;
+            }
             prompt = owned_prompt;
         } else if (!prompt || !strcmp(prompt, "-")) {
             owned_prompt = cli_read_stream(stdin, NULL);
-            if (!owned_prompt) { fprintf(stderr, "kvbatch generate: cannot read standard input\n"); return CLI_EXIT_FAIL; }
+            if (!owned_prompt) {
+                fprintf(stderr, "kvbatch generate: cannot read standard input\n");
+                return CLI_EXIT_FAIL;
+            }
             prompt = owned_prompt;
         }
     }
@@ -241,7 +297,8 @@ int cli_generate(int argc, char **argv)
     if ((int64_t)n_ids + gr.n_predict > llm.n_ctx) {
         int64_t room = llm.n_ctx - (int64_t)n_ids;
         if (room <= 0) {
-            fprintf(stderr, "kvbatch generate: the prompt has %zu tokens; the context holds %d (raise --ctx)\n", n_ids, llm.n_ctx);
+            fprintf(stderr, "kvbatch generate: the prompt has %zu tokens; the context holds %d (raise --ctx)\n", n_ids,
+                    llm.n_ctx);
             goto done;
         }
         gr.n_predict = room;

@@ -5,11 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/alloc.h"
 #include "app/backend_select.h"
-#include "text/chat.h"
 #include "app/cli_util.h"
+#include "base/alloc.h"
 #include "base/tpool.h"
+#include "text/chat.h"
 
 bool cli_llm_open(const struct cli_llm_opts *o, struct cli_llm *l)
 {
@@ -33,9 +33,12 @@ bool cli_llm_open(const struct cli_llm_opts *o, struct cli_llm *l)
         fprintf(stderr, "kvbatch: warning: context %d is longer than the model was trained for (%d%s)\n", n_ctx,
                 l->model->n_ctx_max, l->model->n_ctx_max > l->model->hp.n_ctx_train ? ", with its RoPE scaling" : "");
     l->n_ctx = n_ctx;
-    struct be_select_opts bo = {.device = o->device, .n_threads = o->n_threads, .block_size = 16,
+    struct be_select_opts bo = {.device = o->device,
+                                .n_threads = o->n_threads,
+                                .block_size = 16,
                                 .kv_mem = be_block_bytes(l->model, 16) * (uint64_t)((n_ctx + 15) / 16),
-                                .n_ctx = n_ctx, .scalar = o->scalar};
+                                .n_ctx = n_ctx,
+                                .scalar = o->scalar};
     st = be_select_create(l->model, &bo, &l->be, &err);
     if (st != KVB_OK) {
         fprintf(stderr, "kvbatch: cannot start the backend: %s\n", err.msg);

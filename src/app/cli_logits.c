@@ -8,30 +8,29 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "base/alloc.h"
 #include "app/cli.h"
 #include "app/cli_llm.h"
 #include "app/cli_util.h"
+#include "base/alloc.h"
 #include "engine/gen.h"
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-        "usage: kvbatch logits (--prompt TEXT | --prompt-ids LIST) --out FILE [options]\n"
-        "\n"
-        "Runs the prompt through the model and writes the logits after each of\n"
-        "its tokens to FILE as little-endian float32, shape [n_tokens][n_vocab].\n"
-        "Prints the prompt's token ids on stdout.\n"
-        "\n"
-        "  -m, --model PATH       GGUF model (default as for generate)\n"
-        "  -p, --prompt TEXT      the prompt (tokenized without BOS unless the model asks for it)\n"
-        "      --prompt-ids LIST  the prompt as token ids (\"1 2 3\"), taken as they are: no BOS\n"
-        "  -o, --out FILE         where to write the logits\n"
-        "  -t, --threads N        worker threads (default: all cores)\n"
-        "      --batch N          most tokens per forward pass (default 512)\n"
-        "      --device DEV       auto | cpu | cuda | cuda:N (default auto)\n"
-        "      --scalar           use the plain C reference kernels\n"
-        "  -h, --help             this text\n");
+    fprintf(f, "usage: kvbatch logits (--prompt TEXT | --prompt-ids LIST) --out FILE [options]\n"
+               "\n"
+               "Runs the prompt through the model and writes the logits after each of\n"
+               "its tokens to FILE as little-endian float32, shape [n_tokens][n_vocab].\n"
+               "Prints the prompt's token ids on stdout.\n"
+               "\n"
+               "  -m, --model PATH       GGUF model (default as for generate)\n"
+               "  -p, --prompt TEXT      the prompt (tokenized without BOS unless the model asks for it)\n"
+               "      --prompt-ids LIST  the prompt as token ids (\"1 2 3\"), taken as they are: no BOS\n"
+               "  -o, --out FILE         where to write the logits\n"
+               "  -t, --threads N        worker threads (default: all cores)\n"
+               "      --batch N          most tokens per forward pass (default 512)\n"
+               "      --device DEV       auto | cpu | cuda | cuda:N (default auto)\n"
+               "      --scalar           use the plain C reference kernels\n"
+               "  -h, --help             this text\n");
 }
 
 int cli_logits(int argc, char **argv)
@@ -43,16 +42,36 @@ int cli_logits(int argc, char **argv)
     int64_t batch = 512, v;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return CLI_EXIT_OK; }
-        else if (!strcmp(a, "-m") || cli_opt_is(a, "--model")) { CLI_VAL(); lo.model_path = val; }
-        else if (!strcmp(a, "-p") || cli_opt_is(a, "--prompt")) { CLI_VAL(); prompt = val; }
-        else if (cli_opt_is(a, "--prompt-ids")) { CLI_VAL(); prompt_ids = val; }
-        else if (!strcmp(a, "-o") || cli_opt_is(a, "--out")) { CLI_VAL(); out_path = val; }
-        else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) { CLI_VAL(); if (!cli_parse_i64(a, val, 1, 1024, &v)) return CLI_EXIT_USAGE; lo.n_threads = (int)v; }
-        else if (cli_opt_is(a, "--batch")) { CLI_VAL(); if (!cli_parse_i64(a, val, 1, 1 << 16, &batch)) return CLI_EXIT_USAGE; }
-        else if (!strcmp(a, "--scalar")) lo.scalar = true;
-        else if (cli_opt_is(a, "--device")) { CLI_VAL(); lo.device = val; }
-        else { fprintf(stderr, "kvbatch logits: unknown option '%s' (see --help)\n", a); return CLI_EXIT_USAGE; }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return CLI_EXIT_OK;
+        } else if (!strcmp(a, "-m") || cli_opt_is(a, "--model")) {
+            CLI_VAL();
+            lo.model_path = val;
+        } else if (!strcmp(a, "-p") || cli_opt_is(a, "--prompt")) {
+            CLI_VAL();
+            prompt = val;
+        } else if (cli_opt_is(a, "--prompt-ids")) {
+            CLI_VAL();
+            prompt_ids = val;
+        } else if (!strcmp(a, "-o") || cli_opt_is(a, "--out")) {
+            CLI_VAL();
+            out_path = val;
+        } else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) {
+            CLI_VAL();
+            if (!cli_parse_i64(a, val, 1, 1024, &v)) return CLI_EXIT_USAGE;
+            lo.n_threads = (int)v;
+        } else if (cli_opt_is(a, "--batch")) {
+            CLI_VAL();
+            if (!cli_parse_i64(a, val, 1, 1 << 16, &batch)) return CLI_EXIT_USAGE;
+        } else if (!strcmp(a, "--scalar")) lo.scalar = true;
+        else if (cli_opt_is(a, "--device")) {
+            CLI_VAL();
+            lo.device = val;
+        } else {
+            fprintf(stderr, "kvbatch logits: unknown option '%s' (see --help)\n", a);
+            return CLI_EXIT_USAGE;
+        }
     }
     if (!prompt == !prompt_ids || !out_path) {
         fprintf(stderr, "kvbatch logits: one of --prompt and --prompt-ids, and --out, are required (see --help)\n");

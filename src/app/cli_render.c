@@ -28,42 +28,41 @@ enum { RENDER_EXIT_BAD_LINES = 3 };
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-        "usage: kvbatch render --input JOBS.jsonl [options]\n"
-        "\n"
-        "Prints what `kvbatch run` would prefill for each request of a JSONL job: the\n"
-        "exact prompt text after the chat template (control tokens as their text) and,\n"
-        "with --ids, its token ids, with the template that was used. It goes through\n"
-        "run's own code for each line (checks, template, tokenization, context check), so\n"
-        "what it prints is what runs. A completion prompt prints as given; one given as\n"
-        "token ids prints the ids and their decoding. One entry per prompt (a prompt\n"
-        "list gives several; n > 1 does not). A bad line prints the error run would\n"
-        "write for it, and the rest go on.\n"
-        "\n"
-        "  -m, --model PATH         GGUF model (default: $KVBATCH_MODEL or\n"
-        "                           models/SmolLM2-135M-Instruct.Q4_1.gguf); only its tokenizer,\n"
-        "                           template and sizes are used\n"
-        "  -i, --input PATH         the job file ('-' = standard input)\n"
-        "      --line N             only input line N (1-based, as in error messages)\n"
-        "      --ids                print the token ids too\n"
-        "      --format FMT         text (default): per prompt a header line\n"
-        "                             # line N custom_id=ID [prompt=K/P] template=NAME tokens=T\n"
-        "                           then the text as it is (\"\\ no newline at the end\" when it\n"
-        "                           has none) and, with --ids, \"# ids: …\"; a bad line is\n"
-        "                             # line N custom_id=ID error=CODE param=FIELD: MESSAGE\n"
-        "                           json: one object per request line: custom_id, line, template\n"
-        "                           (null for completions), prompt_tokens (run's\n"
-        "                           usage.prompt_tokens), prompts [{text, n_tokens, ids}],\n"
-        "                           error (null, or run's error object: code, message, param, line)\n"
-        "      --chat-template NAME as for run: chatml | llama3 | llama31 | llama2 | mistral |\n"
-        "                           mistral-v3 | mistral-tekken | zephyr | gemma (default: detected)\n"
-        "  -c, --ctx N              as for run: most tokens per sequence (default: min(model's, 4096));\n"
-        "                           a prompt that does not fit is a context_length_exceeded line\n"
-        "  -h, --help               this text\n"
-        "\n"
-        "Exit status: 0 every request line rendered; 1 the model or input could not be\n"
-        "read, or --line is past the end; 2 bad command line; 3 some lines are bad (each\n"
-        "printed with its error).\n");
+    fprintf(f, "usage: kvbatch render --input JOBS.jsonl [options]\n"
+               "\n"
+               "Prints what `kvbatch run` would prefill for each request of a JSONL job: the\n"
+               "exact prompt text after the chat template (control tokens as their text) and,\n"
+               "with --ids, its token ids, with the template that was used. It goes through\n"
+               "run's own code for each line (checks, template, tokenization, context check), so\n"
+               "what it prints is what runs. A completion prompt prints as given; one given as\n"
+               "token ids prints the ids and their decoding. One entry per prompt (a prompt\n"
+               "list gives several; n > 1 does not). A bad line prints the error run would\n"
+               "write for it, and the rest go on.\n"
+               "\n"
+               "  -m, --model PATH         GGUF model (default: $KVBATCH_MODEL or\n"
+               "                           models/SmolLM2-135M-Instruct.Q4_1.gguf); only its tokenizer,\n"
+               "                           template and sizes are used\n"
+               "  -i, --input PATH         the job file ('-' = standard input)\n"
+               "      --line N             only input line N (1-based, as in error messages)\n"
+               "      --ids                print the token ids too\n"
+               "      --format FMT         text (default): per prompt a header line\n"
+               "                             # line N custom_id=ID [prompt=K/P] template=NAME tokens=T\n"
+               "                           then the text as it is (\"\\ no newline at the end\" when it\n"
+               "                           has none) and, with --ids, \"# ids: …\"; a bad line is\n"
+               "                             # line N custom_id=ID error=CODE param=FIELD: MESSAGE\n"
+               "                           json: one object per request line: custom_id, line, template\n"
+               "                           (null for completions), prompt_tokens (run's\n"
+               "                           usage.prompt_tokens), prompts [{text, n_tokens, ids}],\n"
+               "                           error (null, or run's error object: code, message, param, line)\n"
+               "      --chat-template NAME as for run: chatml | llama3 | llama31 | llama2 | mistral |\n"
+               "                           mistral-v3 | mistral-tekken | zephyr | gemma (default: detected)\n"
+               "  -c, --ctx N              as for run: most tokens per sequence (default: min(model's, 4096));\n"
+               "                           a prompt that does not fit is a context_length_exceeded line\n"
+               "  -h, --help               this text\n"
+               "\n"
+               "Exit status: 0 every request line rendered; 1 the model or input could not be\n"
+               "read, or --line is past the end; 2 bad command line; 3 some lines are bad (each\n"
+               "printed with its error).\n");
 }
 
 struct render {
@@ -110,10 +109,7 @@ static bool put_oneline(struct kvb_buf *b, const char *s)
     return ok;
 }
 
-static bool put_json_str(struct kvb_buf *b, const char *s, size_t len)
-{
-    return json_put_string(b, s, len) == KVB_OK;
-}
+static bool put_json_str(struct kvb_buf *b, const char *s, size_t len) { return json_put_string(b, s, len) == KVB_OK; }
 
 /* The custom_id as run writes it: as it was written between its quotes. */
 static bool put_custom_id(struct render *r, const struct job_request *q)
@@ -206,8 +202,8 @@ static bool put_prompt(struct render *r, const struct job_request *q, const stru
     const bool given = q->url != JOB_URL_CHAT && q->prompts[k].ids;
     bool ok = putf(b, "# line %llu custom_id=", (unsigned long long)q->line_no) && put_custom_id(r, q) &&
               (plan->n_prompts == 1 || putf(b, " prompt=%d/%d", k + 1, plan->n_prompts)) &&
-              putf(b, " template=%s tokens=%d%s\n", q->url == JOB_URL_CHAT ? chat_template_name(r->tmpl) : "none",
-                   p->n, given ? " (token ids as given; the text is their decoding)" : "") &&
+              putf(b, " template=%s tokens=%d%s\n", q->url == JOB_URL_CHAT ? chat_template_name(r->tmpl) : "none", p->n,
+                   given ? " (token ids as given; the text is their decoding)" : "") &&
               put(b, text, len);
     if (ok && (len == 0 || text[len - 1] != '\n')) ok = puts_(b, "\n\\ no newline at the end\n");
     if (ok && r->ids) ok = puts_(b, "# ids: ") && put_ids(b, p, " ") && puts_(b, "\n");
@@ -280,6 +276,41 @@ static bool render_line(struct render *r, struct admit_ctx *ctx, struct job_idse
     return ok;
 }
 
+/* Every line of the input (or --line's, after reading those before it for
+ * their custom_ids). False on a fatal error, said on stderr. */
+static bool render_all(struct render *r, struct admit_ctx *ctx, struct job_reader *reader, struct job_idset *seen,
+                       const char *input, int64_t line_only)
+{
+    struct kvb_err err = {{0}};
+    bool found = false;
+    for (;;) {
+        struct job_line ln;
+        bool got = false;
+        if (job_reader_next(reader, &ln, &got, &err) != KVB_OK) {
+            fprintf(stderr, "kvbatch render: cannot read %s: %s\n", input, err.msg);
+            return false;
+        }
+        if (!got) break;
+        const bool mine = !line_only || ln.line_no == (uint64_t)line_only;
+        if (line_only && ln.line_no > (uint64_t)line_only) break;
+        if (job_line_is_blank(ln.data, ln.len)) { /* run writes nothing for it */
+            if (mine && line_only)
+                fprintf(stderr, "kvbatch render: line %lld is blank (run writes nothing for it)\n",
+                        (long long)line_only);
+            found |= mine;
+            continue;
+        }
+        found |= mine;
+        if (!render_line(r, ctx, seen, &ln, !mine)) return false;
+    }
+    if (line_only && !found) {
+        fprintf(stderr, "kvbatch render: --line %lld: %s has fewer lines\n", (long long)line_only,
+                strcmp(input, "-") ? input : "standard input");
+        return false;
+    }
+    return true;
+}
+
 int cli_render(int argc, char **argv)
 {
     char model_buf[PATH_MAX];
@@ -290,14 +321,19 @@ int cli_render(int argc, char **argv)
     struct render r = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return CLI_EXIT_OK; }
-        else if (!strcmp(a, "-m") || cli_opt_is(a, "--model")) { CLI_VAL(); model_path = val; }
-        else if (!strcmp(a, "-i") || cli_opt_is(a, "--input")) { CLI_VAL(); input = val; }
-        else if (cli_opt_is(a, "--line")) {
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return CLI_EXIT_OK;
+        } else if (!strcmp(a, "-m") || cli_opt_is(a, "--model")) {
+            CLI_VAL();
+            model_path = val;
+        } else if (!strcmp(a, "-i") || cli_opt_is(a, "--input")) {
+            CLI_VAL();
+            input = val;
+        } else if (cli_opt_is(a, "--line")) {
             CLI_VAL();
             if (!cli_parse_i64(a, val, 1, INT64_MAX, &line_only)) return CLI_EXIT_USAGE;
-        }
-        else if (!strcmp(a, "--ids")) r.ids = true;
+        } else if (!strcmp(a, "--ids")) r.ids = true;
         else if (cli_opt_is(a, "--format")) {
             CLI_VAL();
             if (strcmp(val, "text") && strcmp(val, "json")) {
@@ -305,14 +341,17 @@ int cli_render(int argc, char **argv)
                 return CLI_EXIT_USAGE;
             }
             r.json = !strcmp(val, "json");
-        }
-        else if (cli_opt_is(a, "--chat-template")) { CLI_VAL(); tmpl_name = val; }
-        else if (!strcmp(a, "-c") || cli_opt_is(a, "--ctx")) {
+        } else if (cli_opt_is(a, "--chat-template")) {
+            CLI_VAL();
+            tmpl_name = val;
+        } else if (!strcmp(a, "-c") || cli_opt_is(a, "--ctx")) {
             CLI_VAL();
             if (!cli_parse_i64(a, val, 16, 1 << 20, &v)) return CLI_EXIT_USAGE;
             n_ctx_opt = (int32_t)v;
+        } else {
+            fprintf(stderr, "kvbatch render: unknown option '%s' (see --help)\n", a);
+            return CLI_EXIT_USAGE;
         }
-        else { fprintf(stderr, "kvbatch render: unknown option '%s' (see --help)\n", a); return CLI_EXIT_USAGE; }
     }
     if (!input) {
         fprintf(stderr, "kvbatch render: --input is required (see --help)\n");
@@ -363,31 +402,7 @@ int cli_render(int argc, char **argv)
     }
     r.tok = tok;
     r.tmpl = have_tmpl ? &tmpl : NULL;
-    bool found = false;
-    for (;;) {
-        struct job_line ln;
-        bool got = false;
-        if (job_reader_next(reader, &ln, &got, &err) != KVB_OK) {
-            fprintf(stderr, "kvbatch render: cannot read %s: %s\n", input, err.msg);
-            goto out;
-        }
-        if (!got) break;
-        const bool mine = !line_only || ln.line_no == (uint64_t)line_only;
-        if (line_only && ln.line_no > (uint64_t)line_only) break;
-        if (job_line_is_blank(ln.data, ln.len)) { /* run writes nothing for it */
-            if (mine && line_only) fprintf(stderr, "kvbatch render: line %lld is blank (run writes nothing for it)\n",
-                                           (long long)line_only);
-            found |= mine;
-            continue;
-        }
-        found |= mine;
-        if (!render_line(&r, &ctx, seen, &ln, !mine)) goto out;
-    }
-    if (line_only && !found) {
-        fprintf(stderr, "kvbatch render: --line %lld: %s has fewer lines\n", (long long)line_only,
-                strcmp(input, "-") ? input : "standard input");
-        goto out;
-    }
+    if (!render_all(&r, &ctx, reader, seen, input, line_only)) goto out;
     if (fflush(stdout) != 0 || ferror(stdout)) {
         if (!r.write_failed) fprintf(stderr, "kvbatch render: cannot write the output: %s\n", strerror(errno));
         goto out;

@@ -34,8 +34,8 @@ bool cli_parse_i64(const char *opt, const char *val, int64_t lo, int64_t hi, int
     errno = 0;
     long long v = strtoll(val, &end, 10);
     if (errno || end == val || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "kvbatch: %s expects an integer in [%lld, %lld], got '%s'\n", opt, (long long)lo,
-                (long long)hi, val);
+        fprintf(stderr, "kvbatch: %s expects an integer in [%lld, %lld], got '%s'\n", opt, (long long)lo, (long long)hi,
+                val);
         return false;
     }
     *out = v;
@@ -63,10 +63,26 @@ bool cli_parse_size(const char *opt, const char *val, uint64_t *out)
     double mul = 1;
     if (!errno && end != val) {
         switch (*end) {
-        case 'k': case 'K': mul = 1024.0; end++; break;
-        case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-        case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-        case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+        case 'k':
+        case 'K':
+            mul = 1024.0;
+            end++;
+            break;
+        case 'm':
+        case 'M':
+            mul = 1024.0 * 1024;
+            end++;
+            break;
+        case 'g':
+        case 'G':
+            mul = 1024.0 * 1024 * 1024;
+            end++;
+            break;
+        case 't':
+        case 'T':
+            mul = 1024.0 * 1024 * 1024 * 1024;
+            end++;
+            break;
         default: break;
         }
         if (mul > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0 || strcmp(end, "b") == 0)) end += strlen(end);

@@ -11,8 +11,8 @@
 /* Exit codes of kvbatch commands. */
 enum {
     CLI_EXIT_OK = 0,
-    CLI_EXIT_FAIL = 1,  /* could not do the work (model unreadable, I/O, …) */
-    CLI_EXIT_USAGE = 2  /* bad command line */
+    CLI_EXIT_FAIL = 1, /* could not do the work (model unreadable, I/O, …) */
+    CLI_EXIT_USAGE = 2 /* bad command line */
 };
 
 /* Parse `val` as the value of option `opt`; print an error naming the option
@@ -43,9 +43,9 @@ double cli_now(void); /* monotonic seconds */
 /* In an option loop over argv with index i and `const char *val`: the
  * option's value into val, or return CLI_EXIT_USAGE from the caller
  * (cli_opt_value has said why). */
-#define CLI_VAL()                                                                  \
-    do {                                                                           \
-        if (!(val = cli_opt_value(argc, argv, &i))) return CLI_EXIT_USAGE;         \
+#define CLI_VAL()                                                                                                      \
+    do {                                                                                                               \
+        if (!(val = cli_opt_value(argc, argv, &i))) return CLI_EXIT_USAGE;                                             \
     } while (0)
 
 #endif

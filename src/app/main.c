@@ -25,22 +25,20 @@ static const struct command commands[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-        "kvbatch — offline batch runner for large language models\n"
-        "\n"
-        "usage: kvbatch COMMAND [options]     (kvbatch COMMAND --help for its options)\n"
-        "       kvbatch --version             version, git revision and build options\n"
-        "\n"
-        "commands:\n");
+    fprintf(f, "kvbatch — offline batch runner for large language models\n"
+               "\n"
+               "usage: kvbatch COMMAND [options]     (kvbatch COMMAND --help for its options)\n"
+               "       kvbatch --version             version, git revision and build options\n"
+               "\n"
+               "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
-    fprintf(f,
-        "\n"
-        "The default model is models/SmolLM2-135M-Instruct.Q4_1.gguf (scripts/fetch-model.sh\n"
-        "downloads it) or $KVBATCH_MODEL.\n"
-        "Exit status: 0 success, 1 the work could not be done, 2 bad command line,\n"
-        "3 (render) some lines are bad, 128+N interrupted by signal N. The man page\n"
-        "(man kvbatch) has every command's help.\n");
+    fprintf(f, "\n"
+               "The default model is models/SmolLM2-135M-Instruct.Q4_1.gguf (scripts/fetch-model.sh\n"
+               "downloads it) or $KVBATCH_MODEL.\n"
+               "Exit status: 0 success, 1 the work could not be done, 2 bad command line,\n"
+               "3 (render) some lines are bad, 128+N interrupted by signal N. The man page\n"
+               "(man kvbatch) has every command's help.\n");
 }
 
 static void version(void)
@@ -54,7 +52,10 @@ static void version(void)
 #endif
     printf("%s; %s\n", cuda, KVB_BUILD_OPTS);
     printf("CPU kernels this machine runs: %s (AVX2 %s, AVX-512 VNNI %s)\n",
-           cf.avx512 ? "avx512" : cf.avx2 ? "avx2" : "scalar", cf.avx2 ? "yes" : "no", cf.avx512 ? "yes" : "no");
+           cf.avx512 ? "avx512"
+           : cf.avx2 ? "avx2"
+                     : "scalar",
+           cf.avx2 ? "yes" : "no", cf.avx512 ? "yes" : "no");
 }
 
 int main(int argc, char **argv)

@@ -19,21 +19,21 @@
 #include <unistd.h>
 
 #include "app/admit.h"
-#include "app/runner_internal.h"
-#include "base/alloc.h"
-#include "backend/backend.h"
 #include "app/backend_select.h"
-#include "text/chat.h"
 #include "app/cli_files.h"
 #include "app/cli_util.h"
+#include "app/runner_internal.h"
+#include "backend/backend.h"
+#include "base/alloc.h"
 #include "base/crashlog.h"
+#include "engine/jsonmode.h"
+#include "engine/scheduler.h"
 #include "jobs/job.h"
 #include "jobs/job_shard.h"
-#include "engine/jsonmode.h"
-#include "store/metrics/metrics.h"
 #include "model/model.h"
+#include "store/metrics/metrics.h"
 #include "store/pstore/pstore.h"
-#include "engine/scheduler.h"
+#include "text/chat.h"
 #include "text/tok.h"
 
 /* The one piece of global state: set by the signal handler, read by the loop. */
@@ -197,17 +197,18 @@ static bool plan_shard(struct runner *r)
     const struct run_opts *o = r->o;
     struct stat sb;
     if (fstat(fileno(r->in), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fprintf(stderr, "kvbatch run: --shard needs the job as a regular file (every shard reads all of it "
-                "to plan, then again to run); %s is %s\n", o->input_path,
-                r->in == stdin ? "standard input" : "a pipe or device");
+        fprintf(stderr,
+                "kvbatch run: --shard needs the job as a regular file (every shard reads all of it "
+                "to plan, then again to run); %s is %s\n",
+                o->input_path, r->in == stdin ? "standard input" : "a pipe or device");
         return false;
     }
     const long start = ftell(r->in);
     const double t0 = cli_now();
     struct kvb_err err = {{0}};
     struct shard_plan_out plan;
-    enum kvb_status st = shard_plan(r->in, o->shard_index, o->shard_count, r->model->hp.n_ctx_train, prompt_of, r,
-                                    &plan, &err);
+    enum kvb_status st =
+        shard_plan(r->in, o->shard_index, o->shard_count, r->model->hp.n_ctx_train, prompt_of, r, &plan, &err);
     clearerr(r->in);
     if (st == KVB_OK && (start < 0 || fseek(r->in, start, SEEK_SET) != 0))
         st = kvb_errf(&err, KVB_ERR_IO, "cannot rewind %s: %s", o->input_path, strerror(errno));
@@ -222,9 +223,10 @@ static bool plan_shard(struct runner *r)
     const int64_t n_mine = plan.n_mine;
     r->total_lines = n_mine;
     if (!o->quiet)
-        fprintf(stderr, "kvbatch run: shard %d of %d (0-based): %lld of %lld lines, grouped by shared prompt prefix "
-                "(planned in %.1f s)\n", o->shard_index, o->shard_count, (long long)n_mine,
-                (long long)r->n_plan_lines, cli_now() - t0);
+        fprintf(stderr,
+                "kvbatch run: shard %d of %d (0-based): %lld of %lld lines, grouped by shared prompt prefix "
+                "(planned in %.1f s)\n",
+                o->shard_index, o->shard_count, (long long)n_mine, (long long)r->n_plan_lines, cli_now() - t0);
     return true;
 }
 
@@ -416,7 +418,8 @@ static void progress(struct runner *r, bool final)
     sched_get_stats(r->sched, &st);
     double el = now - r->t0;
     double tps = el > 0 ? (double)(st.prefill_computed + st.decode_tokens) / el : 0;
-    double reuse = st.prompt_tokens ? 100.0 * (double)(st.cached_tokens + st.store_tokens) / (double)st.prompt_tokens : 0;
+    double reuse =
+        st.prompt_tokens ? 100.0 * (double)(st.cached_tokens + st.store_tokens) / (double)st.prompt_tokens : 0;
     char total[32] = "?", eta[32] = "?";
     if (r->total_lines >= 0) {
         snprintf(total, sizeof total, "%lld", (long long)r->total_lines);
@@ -458,8 +461,12 @@ static void open_store(struct runner *r)
     char dir[4096];
     if (o->cache_dir) snprintf(dir, sizeof dir, "%s", o->cache_dir);
     else pstore_default_dir(dir, sizeof dir);
-    struct pstore_opts po = {.max_size = o->cache_max_size, .zstd_level = o->cache_level, .lossy8 = o->cache_lossy8,
-                             .n_threads = o->n_threads, .quiet = o->quiet, .queue_bytes = o->cache_buffer};
+    struct pstore_opts po = {.max_size = o->cache_max_size,
+                             .zstd_level = o->cache_level,
+                             .lossy8 = o->cache_lossy8,
+                             .n_threads = o->n_threads,
+                             .quiet = o->quiet,
+                             .queue_bytes = o->cache_buffer};
     struct kvb_err err = {{0}};
     if (pstore_open(dir, &po, &r->ps, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: warning: persistent cache off: %s\n", err.msg);
@@ -557,7 +564,8 @@ static void journal_read(struct runner *r)
         return;
     }
     if (o->quiet || !r->hist.n_crashes) return;
-    fprintf(stderr, "kvbatch run: %s records %d crash%s: lines named by a crash (%zu) get an error line instead of "
+    fprintf(stderr,
+            "kvbatch run: %s records %d crash%s: lines named by a crash (%zu) get an error line instead of "
             "running again; lines in flight at a crash naming none (%zu) run one at a time\n",
             r->journal_path, r->hist.n_crashes, r->hist.n_crashes == 1 ? "" : "es", r->hist.n_blamed,
             r->hist.n_suspects);
@@ -588,8 +596,8 @@ static bool setup(struct runner *r)
     }
     /* A model without a usable template can still run completion lines;
      * chat lines then fail one by one with its message. */
-    if (admit_template_choose(r->model, o->chat_template, &r->tmpl, &r->have_tmpl, r->tmpl_error,
-                              sizeof r->tmpl_error, &err) != KVB_OK) {
+    if (admit_template_choose(r->model, o->chat_template, &r->tmpl, &r->have_tmpl, r->tmpl_error, sizeof r->tmpl_error,
+                              &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: --chat-template: %s\n", err.msg);
         return false;
     }
@@ -602,9 +610,14 @@ static bool setup(struct runner *r)
     }
     r->admit.cancel = &stop_signal;
     if (o->shard_count > 1 && !plan_shard(r)) return false;
-    struct be_select_opts bo = {.device = o->device, .n_threads = o->n_threads, .block_size = o->block_size,
-                                .kv_mem = o->kv_mem, .n_ctx = r->n_ctx, .scalar = o->scalar,
-                                .deterministic = o->deterministic, .cuda_graphs = o->cuda_graphs};
+    struct be_select_opts bo = {.device = o->device,
+                                .n_threads = o->n_threads,
+                                .block_size = o->block_size,
+                                .kv_mem = o->kv_mem,
+                                .n_ctx = r->n_ctx,
+                                .scalar = o->scalar,
+                                .deterministic = o->deterministic,
+                                .cuda_graphs = o->cuda_graphs};
     if (be_select_create(r->model, &bo, &r->be, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: cannot start the backend: %s\n", err.msg);
         return false;
@@ -638,7 +651,8 @@ static bool setup(struct runner *r)
 
     char mpath[4096];
     if (o->metrics_path) snprintf(mpath, sizeof mpath, "%s", o->metrics_path);
-    else if (metrics_default_path(o->output_path, mpath, sizeof mpath) != KVB_OK) snprintf(mpath, sizeof mpath, "kvbatch.db");
+    else if (metrics_default_path(o->output_path, mpath, sizeof mpath) != KVB_OK)
+        snprintf(mpath, sizeof mpath, "kvbatch.db");
     if (metrics_open(mpath, &r->db, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: cannot open the metrics database: %s\n", err.msg);
         return false;
@@ -649,12 +663,15 @@ static bool setup(struct runner *r)
              "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\",\"shard\":\"%d/%d\","
              "\"shard_plan\":\"%016llx\"}",
              be_threads(r->be), r->max_batch, r->max_step,
-             (unsigned long long)((uint64_t)r->be->n_blocks * (uint64_t)r->be->block_bytes), o->block_size,
-             r->n_ctx, r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be), o->shard_index,
+             (unsigned long long)((uint64_t)r->be->n_blocks * (uint64_t)r->be->block_bytes), o->block_size, r->n_ctx,
+             r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be), o->shard_index,
              o->shard_count > 1 ? o->shard_count : 1, (unsigned long long)r->plan_hash);
-    struct metrics_run_info ri = {.job_file = o->input_path, .output_file = o->output_path,
-                                  .model = o->model_path, .model_fingerprint = r->model->fingerprint,
-                                  .backend = r->be->name, .settings = settings};
+    struct metrics_run_info ri = {.job_file = o->input_path,
+                                  .output_file = o->output_path,
+                                  .model = o->model_path,
+                                  .model_fingerprint = r->model->fingerprint,
+                                  .backend = r->be->name,
+                                  .settings = settings};
     if (metrics_run_begin(r->db, &ri, &r->run_id, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: cannot record the run: %s\n", err.msg);
         return false;
@@ -665,9 +682,10 @@ static bool setup(struct runner *r)
     }
     if (!o->resume) crashlog_restart(); /* a fresh job: what earlier runs recorded is of no use now */
     if (!o->quiet)
-        fprintf(stderr, "kvbatch run: %s on %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
-                r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
-                o->block_size, r->max_batch, (long long)r->run_id);
+        fprintf(stderr,
+                "kvbatch run: %s on %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
+                r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks, o->block_size,
+                r->max_batch, (long long)r->run_id);
     return true;
 }
 
@@ -680,7 +698,7 @@ static void teardown(struct runner *r)
     kvb_free(r->mine);
     sched_free(r->sched);
     admit_ctx_free(&r->admit); /* after the samplers that borrow its JSON-mode table */
-    pstore_close(r->ps); /* writes what is still queued */
+    pstore_close(r->ps);       /* writes what is still queued */
     be_free(r->be);
     chat_template_free(&r->tmpl);
     tok_free(r->tok);
@@ -711,7 +729,7 @@ static void runner_start(struct runner *r, const struct run_opts *o)
     const char *tc = getenv("KVBATCH_TEST_CRASH");
     const char *colon = tc ? strrchr(tc, ':') : NULL;
     if (colon) {
-        r->test_crash = !strcmp(colon + 1, "token") ? TEST_CRASH_TOKEN
+        r->test_crash = !strcmp(colon + 1, "token")  ? TEST_CRASH_TOKEN
                         : !strcmp(colon + 1, "step") ? TEST_CRASH_STEP
                                                      : TEST_CRASH_NONE;
         r->test_crash_id = tc;
@@ -807,8 +825,8 @@ static int finish_run(struct runner *r, bool fatal)
     }
     r->tot.wall_seconds = cli_now() - r->t0;
     enum metrics_run_status status = fatal || r->write_failed ? METRICS_RUN_FAILED
-                                     : stop_signal             ? METRICS_RUN_INTERRUPTED
-                                                               : METRICS_RUN_OK;
+                                     : stop_signal            ? METRICS_RUN_INTERRUPTED
+                                                              : METRICS_RUN_OK;
     struct kvb_err err = {{0}};
     if (metrics_run_end(r->db, r->run_id, status, &r->tot, &err) != KVB_OK)
         fprintf(stderr, "kvbatch run: warning: metrics: %s\n", err.msg);
@@ -816,8 +834,10 @@ static int finish_run(struct runner *r, bool fatal)
     crashlog_close(metrics_run_status_name(status), status == METRICS_RUN_OK);
     if (!r->o->quiet) print_summary(r, status, &st, &pst);
     if (stop_signal) {
-        fprintf(stderr, "kvbatch run: interrupted by signal %d; %lld requests in flight were dropped; "
-                        "rerun with --resume to finish\n", (int)stop_signal, (long long)r->n_used);
+        fprintf(stderr,
+                "kvbatch run: interrupted by signal %d; %lld requests in flight were dropped; "
+                "rerun with --resume to finish\n",
+                (int)stop_signal, (long long)r->n_used);
         return 128 + stop_signal;
     }
     return fatal || r->write_failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;

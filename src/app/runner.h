@@ -21,7 +21,7 @@
 
 struct run_opts {
     const char *model_path;
-    const char *input_path;    /* "-" reads standard input */
+    const char *input_path; /* "-" reads standard input */
     const char *output_path;
     const char *metrics_path;  /* NULL: kvbatch.db beside the output */
     const char *chat_template; /* NULL: detect from the model */

@@ -37,7 +37,7 @@ struct choice {
     int32_t n_tokens;
     enum job_finish finish;
     bool done;
-    bool cut_at_stop; /* text was cut at a stop string: bytes held back are dropped */
+    bool cut_at_stop;     /* text was cut at a stop string: bytes held back are dropped */
     int32_t cached;       /* prompt tokens reused from the in-run prefix tree */
     int32_t cached_store; /* prompt tokens loaded from the persistent store */
     double t_admit, t_first, t_end;
@@ -58,13 +58,13 @@ struct choice {
  * from its start) and, when asked, its scores in the job format's forms. */
 struct prompt_view {
     struct kvb_buf text;
-    int64_t text_cp;                  /* code points of text */
-    int32_t n;                        /* prompt tokens scored; 0: no scores */
-    struct job_token_logprob *echo;   /* (n) echo with logprobs: the prompt's tokens, [0] none */
+    int64_t text_cp;                /* code points of text */
+    int32_t n;                      /* prompt tokens scored; 0: no scores */
+    struct job_token_logprob *echo; /* (n) echo with logprobs: the prompt's tokens, [0] none */
     struct job_top_logprob *echo_top;
-    struct job_prompt_logprob *plp;   /* (n) prompt_logprobs, [0] null */
+    struct job_prompt_logprob *plp; /* (n) prompt_logprobs, [0] null */
     struct job_rank_logprob *plp_e;
-    struct kvb_buf arena;             /* the token texts */
+    struct kvb_buf arena; /* the token texts */
 };
 
 struct slot {
@@ -73,11 +73,11 @@ struct slot {
     struct admit_plan plan; /* its prompts' token ids are freed once submitted; their lengths stay */
     int32_t n_choices;      /* plan.n_choices */
     int32_t n_done;
-    bool failed;            /* a choice could not be completed: the line is a 500 error */
-    char fail_msg[320];     /* the first failure's cause */
+    bool failed;        /* a choice could not be completed: the line is a 500 error */
+    char fail_msg[320]; /* the first failure's cause */
     double t_submit;
-    struct choice *ch;      /* (n_choices) */
-    uint64_t line_hash;     /* crashlog_hash of its input line */
+    struct choice *ch;  /* (n_choices) */
+    uint64_t line_hash; /* crashlog_hash of its input line */
 };
 
 /* KVBATCH_TEST_CRASH=CUSTOM_ID:token|step makes the process crash (SIGSEGV)
@@ -105,21 +105,21 @@ struct runner {
     struct job_idset *seen_ids;  /* custom_ids met in this input */
     uint8_t *mine;               /* with --shard: mine[k] = line k+1 is this shard's; else NULL */
     int64_t n_plan_lines;
-    struct admit_ctx admit;      /* what admit_prepare needs (owns JSON mode's table) */
-    bool journal;                /* a crash journal is open (crashlog.h) */
+    struct admit_ctx admit; /* what admit_prepare needs (owns JSON mode's table) */
+    bool journal;           /* a crash journal is open (crashlog.h) */
     char journal_path[4200];
     struct crashlog_history hist; /* what earlier runs' journal says (resume) */
-    struct slot *held;           /* a line to run alone (it was in flight at a crash): waits for an idle
+    struct slot *held;            /* a line to run alone (it was in flight at a crash): waits for an idle
                                     scheduler, and nothing else is admitted meanwhile */
-    struct slot *isolating;      /* the line running alone; nothing else is admitted until it ends */
+    struct slot *isolating;       /* the line running alone; nothing else is admitted until it ends */
     enum test_crash test_crash;
     const char *test_crash_id;
     size_t test_crash_id_len;
     volatile int *test_crash_null; /* NULL: what TEST_CRASH_TOKEN writes through */
-    uint64_t plan_hash;          /* with --shard: shard_plan_out.hash, recorded in the run's settings */
+    uint64_t plan_hash;            /* with --shard: shard_plan_out.hash, recorded in the run's settings */
     struct metrics_db *db;
     int64_t run_id;
-    struct pstore *ps;           /* persistent prefix cache, or NULL */
+    struct pstore *ps; /* persistent prefix cache, or NULL */
     struct pstore_model pm;
     struct kvb_buf line;
     bool write_failed;
@@ -131,7 +131,7 @@ struct runner {
     int32_t n_ctx;
     int32_t max_batch, max_step; /* o's, or the defaults for the backend in use */
     int64_t created;
-    bool out_cut;        /* setup's last step cuts the output to out_cut_at bytes */
+    bool out_cut; /* setup's last step cuts the output to out_cut_at bytes */
     uint64_t out_cut_at;
 };
 

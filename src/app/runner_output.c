@@ -50,8 +50,8 @@ void runner_emit_error(struct runner *r, const struct job_request *q, const stru
         return;
     }
     r->line.len = 0;
-    if (job_format_error_json(&r->line, custom_id, id_len, q ? q->custom_id_json : NULL,
-                              q ? q->custom_id_json_len : 0, e) != KVB_OK ||
+    if (job_format_error_json(&r->line, custom_id, id_len, q ? q->custom_id_json : NULL, q ? q->custom_id_json_len : 0,
+                              e) != KVB_OK ||
         !write_line(r))
         return;
     r->tot.requests_total++;
@@ -93,6 +93,54 @@ void runner_free_slot(struct runner *r, struct slot *s)
     r->n_used--;
 }
 
+/* The metrics row of a request whose result line was written, timed from
+ * its choices' views, and the run's totals. */
+static void result_metrics(struct runner *r, const struct slot *s, int64_t prompt_tokens, int64_t completion,
+                           int64_t cached_run, int64_t cached_store)
+{
+    const struct job_request *q = &s->req;
+    const int32_t nc = s->n_choices;
+    double first = INFINITY, end = 0, admit = INFINITY;
+    int64_t preemptions = 0, restored = 0;
+    for (int32_t i = 0; i < nc; i++) {
+        if (s->ch[i].t_first > 0 && s->ch[i].t_first < first) first = s->ch[i].t_first;
+        if (s->ch[i].t_end > end) end = s->ch[i].t_end;
+        if (s->ch[i].t_admit < admit) admit = s->ch[i].t_admit;
+        preemptions += s->ch[i].preemptions;
+        restored += s->ch[i].restored_tokens;
+    }
+    const double wall = r->unix_minus_mono;
+    struct metrics_request mr = {
+        .custom_id = q->custom_id,
+        .input_line = (int64_t)q->line_no,
+        .prompt_tokens = prompt_tokens,
+        .cached_tokens_run = cached_run,
+        .cached_tokens_store = cached_store,
+        .completion_tokens = completion,
+        .has_timing = true,
+        .queue_s = admit - s->t_submit,
+        .ttft_s = isfinite(first) ? first - s->t_submit : end - s->t_submit,
+        .tpot_s = completion >= 2 && isfinite(first) ? (end - first) / (double)(completion - 1) : 0,
+        .e2e_s = end - s->t_submit,
+        .finish_reason = s->ch[0].finish == JOB_FINISH_LENGTH ? "length" : "stop",
+        .status_code = 200,
+        .submitted_at = s->t_submit + wall,
+        .started_at = admit + wall,
+        .first_token_at = isfinite(first) ? first + wall : 0,
+        .ended_at = end + wall,
+        .preemptions = preemptions,
+        .restored_tokens = restored,
+    };
+    record_metrics(r, &mr);
+    r->tot.requests_total++;
+    r->tot.requests_ok++;
+    r->tot.prompt_tokens += prompt_tokens;
+    r->tot.completion_tokens += completion;
+    r->tot.cached_tokens_run += cached_run;
+    r->tot.cached_tokens_store += cached_store;
+    r->lines_done++;
+}
+
 void runner_emit_result(struct runner *r, struct slot *s)
 {
     const struct job_request *q = &s->req;
@@ -102,8 +150,7 @@ void runner_emit_result(struct runner *r, struct slot *s)
     struct prompt_view *views = kvb_calloc((size_t)np, sizeof *views);
     struct kvb_buf *texts = q->echo ? kvb_calloc((size_t)nc, sizeof *texts) : NULL;
     bool oom = !views || (q->echo && !texts);
-    for (int32_t k = 0; k < np && !oom; k++)
-        oom = runner_prompt_view(r, q, k, &s->ch[k * q->n], &views[k]) != KVB_OK;
+    for (int32_t k = 0; k < np && !oom; k++) oom = runner_prompt_view(r, q, k, &s->ch[k * q->n], &views[k]) != KVB_OK;
     /* One allocation for the choices and their logprob views. */
     size_t n_lp = 0, n_top = 0;
     for (int32_t i = 0; i < nc && !oom; i++) {
@@ -125,8 +172,10 @@ void runner_emit_result(struct runner *r, struct slot *s)
     for (int32_t i = 0; i < nc && !oom; i++) {
         const struct choice *c = &s->ch[i];
         const struct prompt_view *v = &views[i / q->n];
-        jc[i] = (struct job_choice){.text = c->text.data ? c->text.data : "", .text_len = c->text.len,
-                                    .finish = c->finish, .has_logprobs = q->logprobs,
+        jc[i] = (struct job_choice){.text = c->text.data ? c->text.data : "",
+                                    .text_len = c->text.len,
+                                    .finish = c->finish,
+                                    .has_logprobs = q->logprobs,
                                     .text_offset0 = q->echo ? 0 : v->text_cp};
         if (q->echo) { /* the prompt, then what was generated */
             struct kvb_buf *t = &texts[i];
@@ -155,9 +204,9 @@ void runner_emit_result(struct runner *r, struct slot *s)
         for (int32_t k = 0; k < c->n_top; k++)
             top[k] = (struct job_top_logprob){c->arena.data + c->top[k].off, c->top[k].len, c->top[k].lp};
         for (int32_t k = 0; k < c->n_lp; k++)
-            tl[at_lp + (size_t)k] = (struct job_token_logprob){c->arena.data + c->lp[k].off, c->lp[k].len,
-                                                               c->lp[k].lp, top + c->lp[k].top_start,
-                                                               (size_t)c->lp[k].n_top, false};
+            tl[at_lp + (size_t)k] =
+                (struct job_token_logprob){c->arena.data + c->lp[k].off, c->lp[k].len,           c->lp[k].lp,
+                                           top + c->lp[k].top_start,     (size_t)c->lp[k].n_top, false};
         jc[i].n_logprobs += (size_t)c->n_lp;
         at_lp += (size_t)c->n_lp;
         at_top += (size_t)c->n_top;
@@ -202,46 +251,7 @@ void runner_emit_result(struct runner *r, struct slot *s)
         r->lines_done++;
         return;
     }
-    /* Metrics: the request as a whole, timed from its first choice's view. */
-    double first = INFINITY, end = 0, admit = INFINITY;
-    int64_t preemptions = 0, restored = 0;
-    for (int32_t i = 0; i < nc; i++) {
-        if (s->ch[i].t_first > 0 && s->ch[i].t_first < first) first = s->ch[i].t_first;
-        if (s->ch[i].t_end > end) end = s->ch[i].t_end;
-        if (s->ch[i].t_admit < admit) admit = s->ch[i].t_admit;
-        preemptions += s->ch[i].preemptions;
-        restored += s->ch[i].restored_tokens;
-    }
-    const double wall = r->unix_minus_mono;
-    struct metrics_request mr = {
-        .custom_id = q->custom_id,
-        .input_line = (int64_t)q->line_no,
-        .prompt_tokens = prompt_tokens,
-        .cached_tokens_run = cached_run,
-        .cached_tokens_store = cached_store,
-        .completion_tokens = completion,
-        .has_timing = true,
-        .queue_s = admit - s->t_submit,
-        .ttft_s = isfinite(first) ? first - s->t_submit : end - s->t_submit,
-        .tpot_s = completion >= 2 && isfinite(first) ? (end - first) / (double)(completion - 1) : 0,
-        .e2e_s = end - s->t_submit,
-        .finish_reason = s->ch[0].finish == JOB_FINISH_LENGTH ? "length" : "stop",
-        .status_code = 200,
-        .submitted_at = s->t_submit + wall,
-        .started_at = admit + wall,
-        .first_token_at = isfinite(first) ? first + wall : 0,
-        .ended_at = end + wall,
-        .preemptions = preemptions,
-        .restored_tokens = restored,
-    };
-    record_metrics(r, &mr);
-    r->tot.requests_total++;
-    r->tot.requests_ok++;
-    r->tot.prompt_tokens += prompt_tokens;
-    r->tot.completion_tokens += completion;
-    r->tot.cached_tokens_run += cached_run;
-    r->tot.cached_tokens_store += cached_store;
-    r->lines_done++;
+    result_metrics(r, s, prompt_tokens, completion, cached_run, cached_store);
 }
 
 enum kvb_status runner_lp_push(struct runner *r, struct choice *c, int32_t token, const float *logits, int k)

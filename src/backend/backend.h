@@ -17,14 +17,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/quant.h"
 #include "base/status.h"
+#include "model/quant.h"
 
 struct model;
 
 /* One sequence's part of a step. */
 struct be_seq {
-    const int32_t *tokens;      /* (n_tokens) new tokens, at positions pos..pos+n_tokens-1 */
+    const int32_t *tokens; /* (n_tokens) new tokens, at positions pos..pos+n_tokens-1 */
     int32_t n_tokens;
     int32_t pos;                /* tokens of this sequence already in the KV cache */
     const int32_t *block_table; /* KV block ids covering positions [0, pos + n_tokens) */
@@ -46,20 +46,19 @@ struct be_batch {
 };
 
 struct backend {
-    const char *name;      /* "cpu", "cuda" */
-    const char *kernels;   /* which kernels run, for logs ("avx512", "scalar", …); NULL: name */
-    int n_threads;         /* host threads doing the work (0: not applicable) */
-    int32_t block_size;    /* tokens per KV block */
-    int32_t n_blocks;      /* blocks in the pool */
-    int64_t block_bytes;   /* bytes of K+V of one block, all layers */
-    bool argmax;           /* forward takes BE_LOGITS_ARGMAX */
+    const char *name;    /* "cpu", "cuda" */
+    const char *kernels; /* which kernels run, for logs ("avx512", "scalar", …); NULL: name */
+    int n_threads;       /* host threads doing the work (0: not applicable) */
+    int32_t block_size;  /* tokens per KV block */
+    int32_t n_blocks;    /* blocks in the pool */
+    int64_t block_bytes; /* bytes of K+V of one block, all layers */
+    bool argmax;         /* forward takes BE_LOGITS_ARGMAX */
     void *impl;
 
     /* Runs the batch. Writes logits rows (n_vocab floats each) into `logits`
      * in sequence order: one row for BE_LOGITS_LAST, n_tokens rows for
      * BE_LOGITS_ALL, none for BE_LOGITS_NONE. */
-    enum kvb_status (*forward)(struct backend *be, const struct be_batch *batch, float *logits,
-                               struct kvb_err *err);
+    enum kvb_status (*forward)(struct backend *be, const struct be_batch *batch, float *logits, struct kvb_err *err);
     /* Copy one block's K/V (block_bytes, layout [layer][K|V][slot][kv_dim])
      * out of / into the pool: how the persistent cache spills and restores. */
     enum kvb_status (*kv_block_read)(struct backend *be, int32_t block, void *dst);
@@ -99,11 +98,11 @@ struct backend {
 
 /* Totals of a checked batch. */
 struct be_batch_shape {
-    int64_t n_tok;   /* tokens in the step */
-    int64_t n_out;   /* logits rows asked for */
+    int64_t n_tok;    /* tokens in the step */
+    int64_t n_out;    /* logits rows asked for */
     int64_t n_argmax; /* BE_LOGITS_ARGMAX sequences */
-    int64_t n_tab;   /* block-table entries over all sequences */
-    int32_t max_end; /* largest pos + n_tokens */
+    int64_t n_tab;    /* block-table entries over all sequences */
+    int32_t max_end;  /* largest pos + n_tokens */
 };
 
 /* Validates a batch for `be` (positive lengths, block tables long enough and

@@ -283,8 +283,7 @@ enum kvb_status crashlog_read(const char *path, struct crashlog_history *h, stru
     return KVB_OK;
 }
 
-const struct crashlog_line *crashlog_find(const struct crashlog_line *v, size_t n, uint64_t line_no,
-                                          uint64_t hash)
+const struct crashlog_line *crashlog_find(const struct crashlog_line *v, size_t n, uint64_t line_no, uint64_t hash)
 {
     for (size_t i = 0; i < n; i++)
         if (v[i].line_no == line_no && (v[i].hash == 0 || hash == 0 || v[i].hash == hash)) return &v[i];

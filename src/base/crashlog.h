@@ -49,7 +49,7 @@ struct crashlog_line {
 
 /* What earlier runs recorded, over the whole journal. */
 struct crashlog_history {
-    struct crashlog_line *blamed;   /* (n_blamed) lines a crash named */
+    struct crashlog_line *blamed; /* (n_blamed) lines a crash named */
     size_t n_blamed;
     struct crashlog_line *suspects; /* (n_suspects) lines in flight at crashes that named none */
     size_t n_suspects;
@@ -62,8 +62,7 @@ enum kvb_status crashlog_read(const char *path, struct crashlog_history *h, stru
 void crashlog_history_free(struct crashlog_history *h); /* accepts a zeroed one */
 
 /* The entry of v[n] for line_no whose hash matches (or is 0), or NULL. */
-const struct crashlog_line *crashlog_find(const struct crashlog_line *v, size_t n, uint64_t line_no,
-                                          uint64_t hash);
+const struct crashlog_line *crashlog_find(const struct crashlog_line *v, size_t n, uint64_t line_no, uint64_t hash);
 
 /* A line's identity in the journal (never 0). */
 uint64_t crashlog_hash(const void *data, size_t len);

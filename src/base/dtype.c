@@ -68,7 +68,10 @@ float kvb_fp16_to_f32(uint16_t h)
             bits = sign;
         } else { /* subnormal: renormalise */
             int e = -1;
-            do { mant <<= 1; e++; } while (!(mant & 0x400));
+            do {
+                mant <<= 1;
+                e++;
+            } while (!(mant & 0x400));
             mant &= 0x3ff;
             bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (mant << 13);
         }
@@ -89,7 +92,7 @@ uint16_t kvb_f32_to_fp16(float f)
     if (absx >= 0x7f800000u) /* inf or nan */
         return (uint16_t)(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));
     if (absx >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to inf */
-    if (absx < 0x38800000u) { /* result is subnormal or zero */
+    if (absx < 0x38800000u) {                                  /* result is subnormal or zero */
         if (absx < 0x33000000u) return (uint16_t)sign;
         uint32_t e = absx >> 23;
         uint32_t m = (absx & 0x7fffff) | 0x800000;

@@ -47,10 +47,10 @@ enum ggml_type {
 };
 
 struct ggml_type_traits {
-    const char *name;   /* "Q4_1"; NULL for codes that are not types */
+    const char *name;     /* "Q4_1"; NULL for codes that are not types */
     uint32_t block_elems; /* elements per block (1 for plain types) */
     uint32_t block_bytes; /* bytes per block */
-    bool computable;    /* kvbatch can dequantize / multiply it */
+    bool computable;      /* kvbatch can dequantize / multiply it */
 };
 
 /* Traits of a type code, or NULL when the code is not a known type. */

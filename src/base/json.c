@@ -48,10 +48,7 @@ size_t json_utf8_seq(const unsigned char *s, size_t n, size_t *bad)
 
 static bool is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 static bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
-static bool is_hex(unsigned char c)
-{
-    return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
+static bool is_hex(unsigned char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
 /* Scans the string starting at s[*i] == '"'; leaves *i past the closing quote.
  * Byte values >= 0x80 are not checked here: bad UTF-8 is repaired on decode. */
@@ -59,21 +56,36 @@ static const char *scan_string(const unsigned char *s, size_t n, size_t *i)
 {
     size_t p = *i + 1;
     for (;;) {
-        if (p >= n) { *i = p; return "unterminated string"; }
+        if (p >= n) {
+            *i = p;
+            return "unterminated string";
+        }
         unsigned char c = s[p];
         if (c == '"') break;
-        if (c < 0x20) { *i = p; return "control character inside a string (escape it)"; }
+        if (c < 0x20) {
+            *i = p;
+            return "control character inside a string (escape it)";
+        }
         if (c == '\\') {
-            if (p + 1 >= n) { *i = p; return "unterminated string"; }
+            if (p + 1 >= n) {
+                *i = p;
+                return "unterminated string";
+            }
             unsigned char e = s[p + 1];
             if (e == 'u') {
                 for (int k = 0; k < 4; k++) {
-                    if (p + 2 + k >= n || !is_hex(s[p + 2 + k])) { *i = p; return "bad \\u escape"; }
+                    if (p + 2 + k >= n || !is_hex(s[p + 2 + k])) {
+                        *i = p;
+                        return "bad \\u escape";
+                    }
                 }
                 p += 6;
                 continue;
             }
-            if (!strchr("\"\\/bfnrt", e) || e == 0) { *i = p; return "invalid escape in string"; }
+            if (!strchr("\"\\/bfnrt", e) || e == 0) {
+                *i = p;
+                return "invalid escape in string";
+            }
             p += 2;
             continue;
         }
@@ -87,7 +99,10 @@ static const char *scan_number(const unsigned char *s, size_t n, size_t *i)
 {
     size_t p = *i;
     if (s[p] == '-') p++;
-    if (p >= n || !is_digit(s[p])) { *i = p; return "bad number"; }
+    if (p >= n || !is_digit(s[p])) {
+        *i = p;
+        return "bad number";
+    }
     if (s[p] == '0') {
         p++;
     } else {
@@ -95,13 +110,19 @@ static const char *scan_number(const unsigned char *s, size_t n, size_t *i)
     }
     if (p < n && s[p] == '.') {
         p++;
-        if (p >= n || !is_digit(s[p])) { *i = p; return "bad number"; }
+        if (p >= n || !is_digit(s[p])) {
+            *i = p;
+            return "bad number";
+        }
         while (p < n && is_digit(s[p])) p++;
     }
     if (p < n && (s[p] == 'e' || s[p] == 'E')) {
         p++;
         if (p < n && (s[p] == '+' || s[p] == '-')) p++;
-        if (p >= n || !is_digit(s[p])) { *i = p; return "bad number"; }
+        if (p >= n || !is_digit(s[p])) {
+            *i = p;
+            return "bad number";
+        }
         while (p < n && is_digit(s[p])) p++;
     }
     *i = p;
@@ -157,7 +178,10 @@ static const char *check_syntax(const unsigned char *s, size_t n, size_t *where)
                 break;
             }
             if (c == '{' || c == '[') {
-                if (depth == JSON_MAX_DEPTH) { *where = i; return "nesting too deep"; }
+                if (depth == JSON_MAX_DEPTH) {
+                    *where = i;
+                    return "nesting too deep";
+                }
                 stack[depth++] = (char)c;
                 i++;
                 st = c == '{' ? CHK_KEY_OR_CLOSE : CHK_VALUE_OR_CLOSE;
@@ -166,7 +190,10 @@ static const char *check_syntax(const unsigned char *s, size_t n, size_t *where)
             if (c == '"') why = scan_string(s, n, &i);
             else if (c == '-' || is_digit(c)) why = scan_number(s, n, &i);
             else why = scan_literal(s, n, &i);
-            if (why) { *where = i; return why; }
+            if (why) {
+                *where = i;
+                return why;
+            }
             st = CHK_AFTER_VALUE;
             break;
         case CHK_KEY:
@@ -177,16 +204,28 @@ static const char *check_syntax(const unsigned char *s, size_t n, size_t *where)
                 st = CHK_AFTER_VALUE;
                 break;
             }
-            if (c != '"') { *where = i; return "expected a string key"; }
+            if (c != '"') {
+                *where = i;
+                return "expected a string key";
+            }
             why = scan_string(s, n, &i);
-            if (why) { *where = i; return why; }
+            if (why) {
+                *where = i;
+                return why;
+            }
             while (i < n && is_ws(s[i])) i++;
-            if (i >= n || s[i] != ':') { *where = i; return "expected ':' after a key"; }
+            if (i >= n || s[i] != ':') {
+                *where = i;
+                return "expected ':' after a key";
+            }
             i++;
             st = CHK_VALUE;
             break;
         case CHK_AFTER_VALUE:
-            if (depth == 0) { *where = i; return "unexpected text after the JSON value"; }
+            if (depth == 0) {
+                *where = i;
+                return "unexpected text after the JSON value";
+            }
             if (c == ',') {
                 i++;
                 st = stack[depth - 1] == '{' ? CHK_KEY : CHK_VALUE;
@@ -217,8 +256,7 @@ int json_skip(const struct json_doc *j, int i)
     return i;
 }
 
-enum kvb_status json_parse(const char *src, size_t len, struct json_doc *j, const char **why,
-                               size_t *where)
+enum kvb_status json_parse(const char *src, size_t len, struct json_doc *j, const char **why, size_t *where)
 {
     memset(j, 0, sizeof *j);
     *why = NULL;
@@ -398,10 +436,7 @@ static size_t str_decode(const struct json_doc *j, int i, char *dst, bool exact,
     return o;
 }
 
-size_t json_str_decode(const struct json_doc *j, int i, char *dst)
-{
-    return str_decode(j, i, dst, false, NULL);
-}
+size_t json_str_decode(const struct json_doc *j, int i, char *dst) { return str_decode(j, i, dst, false, NULL); }
 
 enum kvb_status json_str_dup(const struct json_doc *j, int i, char **out, size_t *out_len)
 {

@@ -29,13 +29,13 @@
 #include "base/buf.h"
 #include "base/status.h"
 
-#define JSON_MAX_DEPTH 256 /* nesting deeper than this is refused (the checker's stack) */
+#define JSON_MAX_DEPTH 256             /* nesting deeper than this is refused (the checker's stack) */
 #define JSON_MAX_LEN ((size_t)1 << 30) /* jsmn counts positions in int */
 
 struct json_doc {
-    const char *src;   /* borrowed */
+    const char *src; /* borrowed */
     size_t len;
-    jsmntok_t *tok;    /* tok[0] is the root value */
+    jsmntok_t *tok; /* tok[0] is the root value */
     int ntok;
 };
 
@@ -43,8 +43,7 @@ struct json_doc {
  * reason and the byte offset where the syntax broke (*why is static text);
  * KVB_ERR_NOMEM. On error j holds nothing to free (json_free is still
  * safe). */
-enum kvb_status json_parse(const char *src, size_t len, struct json_doc *j, const char **why,
-                               size_t *where);
+enum kvb_status json_parse(const char *src, size_t len, struct json_doc *j, const char **why, size_t *where);
 void json_free(struct json_doc *j);
 
 /* Index just past token i's whole subtree. */

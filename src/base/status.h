@@ -40,9 +40,14 @@ enum kvb_status kvb_err_wrap(struct kvb_err *err, enum kvb_status st, const char
     __attribute__((format(printf, 3, 4)));
 
 /* The two error-flow macros (STYLE.md rule 5). */
-#define KVB_RETURN_IF(cond, st) \
-    do { if (cond) return (st); } while (0)
-#define KVB_FORWARD_IF_ERROR(expr) \
-    do { enum kvb_status kvb_st_ = (expr); if (kvb_st_ != KVB_OK) return kvb_st_; } while (0)
+#define KVB_RETURN_IF(cond, st)                                                                                        \
+    do {                                                                                                               \
+        if (cond) return (st);                                                                                         \
+    } while (0)
+#define KVB_FORWARD_IF_ERROR(expr)                                                                                     \
+    do {                                                                                                               \
+        enum kvb_status kvb_st_ = (expr);                                                                              \
+        if (kvb_st_ != KVB_OK) return kvb_st_;                                                                         \
+    } while (0)
 
 #endif

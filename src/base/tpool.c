@@ -30,8 +30,8 @@ struct tpool {
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint gen;      /* bumped once per run */
-    atomic_int pending;   /* workers still inside fn for the current run */
+    atomic_uint gen;    /* bumped once per run */
+    atomic_int pending; /* workers still inside fn for the current run */
     atomic_int sleepers;
     atomic_bool stop;
     tpool_fn fn;
@@ -42,7 +42,6 @@ struct worker_arg {
     struct tpool *pool;
     int ith;
 };
-
 
 static void *worker_main(void *p)
 {
@@ -103,7 +102,8 @@ enum kvb_status tpool_create(int n_threads, struct tpool **out)
     pthread_cond_init(&pool->cv, NULL);
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *wa = kvb_malloc(sizeof *wa);
-        if (!wa || pthread_create(&pool->threads[i], NULL, worker_main, wa ? (wa->pool = pool, wa->ith = i, wa) : NULL) != 0) {
+        if (!wa ||
+            pthread_create(&pool->threads[i], NULL, worker_main, wa ? (wa->pool = pool, wa->ith = i, wa) : NULL) != 0) {
             kvb_free(wa);
             pool->n = i; /* only workers 1..i-1 exist */
             tpool_free(pool);

@@ -6,8 +6,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "base/dtype.h"
 #include "base/cpu.h"
+#include "base/dtype.h"
 
 void attn_rmsnorm(float *out, const float *x, const float *w, int32_t n, float eps)
 {
@@ -17,8 +17,8 @@ void attn_rmsnorm(float *out, const float *x, const float *w, int32_t n, float e
     for (int32_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
-void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, enum rope_kind kind,
-               int32_t pos, const float *inv_freq, float mscale)
+void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, enum rope_kind kind, int32_t pos,
+               const float *inv_freq, float mscale)
 {
     const int32_t half = rope_dim / 2;
     for (int32_t i = 0; i < half; i++) {
@@ -60,8 +60,8 @@ float attn_exp(float x)
     return p * e;
 }
 
-void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos,
-               float scale, float *scores)
+void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos, float scale,
+               float *scores)
 {
     float qs[1024];
     const float *qq = q;
@@ -72,7 +72,7 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
     float maxs = -INFINITY;
     for (int32_t p = 0; p < n_pos; p++) {
         const uint16_t *k = kv->k_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
-                         (int64_t)(p % kv->block_size) * kv->row_stride;
+                            (int64_t)(p % kv->block_size) * kv->row_stride;
         float d = 0.0f;
         if (qq == qs)
             for (int32_t i = 0; i < head_dim; i++) d = fmaf(kvb_fp16_to_f32(k[i]), qs[i], d);
@@ -94,7 +94,7 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
     for (int32_t i = 0; i < head_dim; i++) out[i] = 0.0f;
     for (int32_t p = 0; p < n_pos; p++) {
         const uint16_t *v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
-                         (int64_t)(p % kv->block_size) * kv->row_stride;
+                            (int64_t)(p % kv->block_size) * kv->row_stride;
         for (int32_t i = 0; i < head_dim; i++) out[i] = fmaf(scores[p], kvb_fp16_to_f32(v[i]), out[i]);
     }
     for (int32_t i = 0; i < head_dim; i++) out[i] *= inv;

@@ -18,8 +18,8 @@ void attn_rmsnorm(float *out, const float *x, const float *w, int32_t n, float e
 /* Rotates n_heads heads of head_dim floats at position pos (first rope_dim
  * dims of each head). inv_freq has rope_dim/2 entries (model_rope_freqs);
  * cos and sin are multiplied by mscale (m->rope.mscale: 1 unless yarn). */
-void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, enum rope_kind kind,
-               int32_t pos, const float *inv_freq, float mscale);
+void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, enum rope_kind kind, int32_t pos,
+               const float *inv_freq, float mscale);
 
 /* g[i] = silu(g[i]) * u[i]. */
 void attn_swiglu(float *g, const float *u, int64_t n);
@@ -50,8 +50,8 @@ struct attn_kv_view {
     int32_t block_size;
     const int32_t *table;
 };
-void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos,
-               float scale, float *scores);
+void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos, float scale,
+               float *scores);
 /* e^x by a fixed polynomial (relative error ~2e-7); identical to the SIMD
  * kernels' exp on every input. */
 float attn_exp(float x);
@@ -68,13 +68,12 @@ void attn_swiglu_avx2(float *g, const float *u, int64_t n);
  * be adjacent in `toks` (only adjacent ones are found). `kv->table` is
  * unused. scratch: attn_tile_scratch_floats(...) floats (any alignment). */
 struct attn_tile_tok {
-    const float *q;        /* group * head_dim query floats */
-    float *out;            /* group * head_dim output floats */
-    const int32_t *table;  /* block table covering [0, n_pos) */
-    int32_t n_pos;         /* positions attended (causal: own position + 1) */
+    const float *q;       /* group * head_dim query floats */
+    float *out;           /* group * head_dim output floats */
+    const int32_t *table; /* block table covering [0, n_pos) */
+    int32_t n_pos;        /* positions attended (causal: own position + 1) */
 };
-int64_t attn_tile_scratch_floats(int32_t n_tok, int32_t group, int32_t head_dim, int32_t max_pos,
-                                 int32_t block_size);
+int64_t attn_tile_scratch_floats(int32_t n_tok, int32_t group, int32_t head_dim, int32_t max_pos, int32_t block_size);
 void attn_tile_avx2(const struct attn_tile_tok *toks, int32_t n_tok, int32_t group, int32_t head_dim,
                     const struct attn_kv_view *kv, float scale, float *scratch);
 /* The same with 16-lane AVX-512 inner loops (attn_tile_avx512.c; call

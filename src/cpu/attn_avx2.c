@@ -8,9 +8,8 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "cpu/attn.h"
 #include "base/simd_avx2.h"
-
+#include "cpu/attn.h"
 
 void attn_swiglu_avx2(float *g, const float *u, int64_t n)
 {
@@ -23,7 +22,10 @@ void attn_swiglu_avx2(float *g, const float *u, int64_t n)
     }
     if (i < n) { /* tail through the same vector math on a padded copy */
         float gx[8] = {0}, ux[8] = {0};
-        for (int64_t j = i; j < n; j++) { gx[j - i] = g[j]; ux[j - i] = u[j]; }
+        for (int64_t j = i; j < n; j++) {
+            gx[j - i] = g[j];
+            ux[j - i] = u[j];
+        }
         attn_swiglu_avx2(gx, ux, 8);
         for (int64_t j = i; j < n; j++) g[j] = gx[j - i];
     }

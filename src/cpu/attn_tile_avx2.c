@@ -31,13 +31,14 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cpu/attn.h"
 #include "base/simd_avx2.h"
+#include "cpu/attn.h"
 
 /* Lanes of row vector v (rows 8v..8v+7) that fall in [lo, hi). */
 static inline __m256 lane_mask(int64_t v, int64_t lo, int64_t hi)
 {
-    const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32((int32_t)(8 * v)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i lane =
+        _mm256_add_epi32(_mm256_set1_epi32((int32_t)(8 * v)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256i ge = _mm256_cmpgt_epi32(lane, _mm256_set1_epi32((int32_t)lo - 1));
     const __m256i lt = _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)hi), lane);
     return _mm256_castsi256_ps(_mm256_and_si256(ge, lt));
@@ -52,43 +53,37 @@ static inline __attribute__((always_inline)) void qk_impl(const int NV, const in
                                                           int64_t v0, int64_t lo, int64_t hi, float *s)
 {
     __m256 mask[8];
-    _Pragma("GCC unroll 8")
-    for (int v = 0; v < NV; v++) mask[v] = lane_mask(v0 + v, lo, hi);
+    _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) mask[v] = lane_mask(v0 + v, lo, hi);
     int32_t p = 0;
     for (; p + PU <= n; p += PU) {
         __m256 acc[8][8];
-        _Pragma("GCC unroll 8")
-        for (int u = 0; u < PU; u++)
-            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) acc[u][v] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 8") for (int u = 0; u < PU; u++) _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)
+            acc[u][v] = _mm256_setzero_ps();
         for (int32_t d = 0; d < hd; d++) {
             __m256 k[8];
-            _Pragma("GCC unroll 8")
-            for (int u = 0; u < PU; u++) k[u] = _mm256_broadcast_ss(kf + (p + u) * hd8 + d);
-            _Pragma("GCC unroll 8")
-            for (int v = 0; v < NV; v++) {
+            _Pragma("GCC unroll 8") for (int u = 0; u < PU; u++) k[u] = _mm256_broadcast_ss(kf + (p + u) * hd8 + d);
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)
+            {
                 const __m256 q = _mm256_load_ps(qt + d * rw + (v0 + v) * 8);
-                _Pragma("GCC unroll 8")
-                for (int u = 0; u < PU; u++) acc[u][v] = _mm256_fmadd_ps(k[u], q, acc[u][v]);
+                _Pragma("GCC unroll 8") for (int u = 0; u < PU; u++) acc[u][v] = _mm256_fmadd_ps(k[u], q, acc[u][v]);
             }
         }
-        _Pragma("GCC unroll 8")
-        for (int u = 0; u < PU; u++)
-            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {
-                float *dst = s + (int64_t)(p + u) * rw + (v0 + v) * 8;
-                _mm256_store_ps(dst, _mm256_blendv_ps(_mm256_load_ps(dst), acc[u][v], mask[v]));
-            }
+        _Pragma("GCC unroll 8") for (int u = 0; u < PU; u++) _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)
+        {
+            float *dst = s + (int64_t)(p + u) * rw + (v0 + v) * 8;
+            _mm256_store_ps(dst, _mm256_blendv_ps(_mm256_load_ps(dst), acc[u][v], mask[v]));
+        }
     }
     for (; p < n; p++) {
         __m256 acc[8];
-        _Pragma("GCC unroll 8")
-        for (int v = 0; v < NV; v++) acc[v] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) acc[v] = _mm256_setzero_ps();
         for (int32_t d = 0; d < hd; d++) {
             const __m256 k = _mm256_broadcast_ss(kf + p * hd8 + d);
-            _Pragma("GCC unroll 8")
-            for (int v = 0; v < NV; v++) acc[v] = _mm256_fmadd_ps(k, _mm256_load_ps(qt + d * rw + (v0 + v) * 8), acc[v]);
+            _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) acc[v] =
+                _mm256_fmadd_ps(k, _mm256_load_ps(qt + d * rw + (v0 + v) * 8), acc[v]);
         }
-        _Pragma("GCC unroll 8")
-        for (int v = 0; v < NV; v++) {
+        _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++)
+        {
             float *dst = s + (int64_t)p * rw + (v0 + v) * 8;
             _mm256_store_ps(dst, _mm256_blendv_ps(_mm256_load_ps(dst), acc[v], mask[v]));
         }
@@ -123,40 +118,35 @@ static inline __attribute__((always_inline)) void pv_impl(const int R, const int
 {
     /* V rows come widened (vf, rows hd8 apart) or, read once, straight
      * from the fp16 pool (vh, rows vh_rs apart; needs head_dim % 8 == 0). */
-#define VROW(p, off) (vh ? LOADH(vh + (p) * vh_rs + (off)) : _mm256_load_ps(vf + (p) * hd8 + (off)))
+#define VROW(p, off) (vh ? LOADH(vh + (p)*vh_rs + (off)) : _mm256_load_ps(vf + (p)*hd8 + (off)))
     for (int64_t j0 = 0; j0 < hd8; j0 += 8 * SL) {
         const int js = (int)((hd8 - j0) / 8 < SL ? (hd8 - j0) / 8 : SL);
         if (js == SL) {
             __m256 a[8][8];
-            _Pragma("GCC unroll 8")
-            for (int r = 0; r < R; r++)
-                _Pragma("GCC unroll 8") for (int j = 0; j < SL; j++) a[r][j] = _mm256_load_ps(acc + r * hd8 + j0 + 8 * j);
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) _Pragma("GCC unroll 8") for (int j = 0; j < SL; j++)
+                a[r][j] = _mm256_load_ps(acc + r * hd8 + j0 + 8 * j);
             for (int32_t p = 0; p < n; p++) {
                 __m256 wv[8];
-                _Pragma("GCC unroll 8")
-                for (int r = 0; r < R; r++) wv[r] = _mm256_broadcast_ss(w + p * w_ps + r * w_rs);
-                _Pragma("GCC unroll 8")
-                for (int j = 0; j < SL; j++) {
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) wv[r] =
+                    _mm256_broadcast_ss(w + p * w_ps + r * w_rs);
+                _Pragma("GCC unroll 8") for (int j = 0; j < SL; j++)
+                {
                     const __m256 x = VROW(p, j0 + 8 * j);
-                    _Pragma("GCC unroll 8")
-                    for (int r = 0; r < R; r++) a[r][j] = _mm256_fmadd_ps(wv[r], x, a[r][j]);
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) a[r][j] = _mm256_fmadd_ps(wv[r], x, a[r][j]);
                 }
             }
-            _Pragma("GCC unroll 8")
-            for (int r = 0; r < R; r++)
-                _Pragma("GCC unroll 8") for (int j = 0; j < SL; j++) _mm256_store_ps(acc + r * hd8 + j0 + 8 * j, a[r][j]);
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) _Pragma("GCC unroll 8") for (int j = 0; j < SL; j++)
+                _mm256_store_ps(acc + r * hd8 + j0 + 8 * j, a[r][j]);
         } else {
             for (int j = 0; j < js; j++) {
                 __m256 a[8];
-                _Pragma("GCC unroll 8")
-                for (int r = 0; r < R; r++) a[r] = _mm256_load_ps(acc + r * hd8 + j0 + 8 * j);
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) a[r] = _mm256_load_ps(acc + r * hd8 + j0 + 8 * j);
                 for (int32_t p = 0; p < n; p++) {
                     const __m256 x = VROW(p, j0 + 8 * j);
-                    _Pragma("GCC unroll 8")
-                    for (int r = 0; r < R; r++) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + p * w_ps + r * w_rs), x, a[r]);
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) a[r] =
+                        _mm256_fmadd_ps(_mm256_broadcast_ss(w + p * w_ps + r * w_rs), x, a[r]);
                 }
-                _Pragma("GCC unroll 8")
-                for (int r = 0; r < R; r++) _mm256_store_ps(acc + r * hd8 + j0 + 8 * j, a[r]);
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) _mm256_store_ps(acc + r * hd8 + j0 + 8 * j, a[r]);
             }
         }
     }
@@ -210,8 +200,8 @@ static void softmax_cols8(float *s, int64_t rw, int64_t v, const int32_t *np, in
     __m256 part[8];
     for (int k = 0; k < 8; k++) part[k] = _mm256_setzero_ps();
     for (int32_t p0 = 0; p0 < max_pos; p0 += 8) {
-        _Pragma("GCC unroll 8")
-        for (int k = 0; k < 8; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+        {
             const int32_t p = p0 + k;
             if (p >= max_pos) break;
             const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(npv, _mm256_set1_epi32(p)));
@@ -228,8 +218,7 @@ static void softmax_cols8(float *s, int64_t rw, int64_t v, const int32_t *np, in
 
 #include "cpu/attn_tile_impl.h"
 
-int64_t attn_tile_scratch_floats(int32_t n_tok, int32_t group, int32_t head_dim, int32_t max_pos,
-                                 int32_t block_size)
+int64_t attn_tile_scratch_floats(int32_t n_tok, int32_t group, int32_t head_dim, int32_t max_pos, int32_t block_size)
 {
     struct tile_buf b;
     return tile_carve(&b, NULL, n_tok, group, head_dim, max_pos, block_size);

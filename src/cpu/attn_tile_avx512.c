@@ -49,41 +49,34 @@ static inline __attribute__((always_inline)) void qk_impl16(const int NV, const 
                                                             int64_t v0, int64_t lo, int64_t hi, float *s)
 {
     __mmask16 mask[4];
-    _Pragma("GCC unroll 4")
-    for (int v = 0; v < NV; v++) mask[v] = lane_mask16(v0 + v, lo, hi);
+    _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) mask[v] = lane_mask16(v0 + v, lo, hi);
     int32_t p = 0;
     for (; p + PU <= n; p += PU) {
         __m512 acc[16][4];
-        _Pragma("GCC unroll 16")
-        for (int u = 0; u < PU; u++)
-            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[u][v] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 16") for (int u = 0; u < PU; u++) _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
+            acc[u][v] = _mm512_setzero_ps();
         for (int32_t d = 0; d < hd; d++) {
             __m512 k[16];
-            _Pragma("GCC unroll 16")
-            for (int u = 0; u < PU; u++) k[u] = _mm512_set1_ps(kf[(p + u) * hd8 + d]);
-            _Pragma("GCC unroll 4")
-            for (int v = 0; v < NV; v++) {
+            _Pragma("GCC unroll 16") for (int u = 0; u < PU; u++) k[u] = _mm512_set1_ps(kf[(p + u) * hd8 + d]);
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
+            {
                 const __m512 q = _mm512_load_ps(qt + d * rw + (v0 + v) * 16);
-                _Pragma("GCC unroll 16")
-                for (int u = 0; u < PU; u++) acc[u][v] = _mm512_fmadd_ps(k[u], q, acc[u][v]);
+                _Pragma("GCC unroll 16") for (int u = 0; u < PU; u++) acc[u][v] = _mm512_fmadd_ps(k[u], q, acc[u][v]);
             }
         }
-        _Pragma("GCC unroll 16")
-        for (int u = 0; u < PU; u++)
-            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
-                _mm512_mask_store_ps(s + (int64_t)(p + u) * rw + (v0 + v) * 16, mask[v], acc[u][v]);
+        _Pragma("GCC unroll 16") for (int u = 0; u < PU; u++) _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
+            _mm512_mask_store_ps(s + (int64_t)(p + u) * rw + (v0 + v) * 16, mask[v], acc[u][v]);
     }
     for (; p < n; p++) {
         __m512 acc[4];
-        _Pragma("GCC unroll 4")
-        for (int v = 0; v < NV; v++) acc[v] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[v] = _mm512_setzero_ps();
         for (int32_t d = 0; d < hd; d++) {
             const __m512 k = _mm512_set1_ps(kf[p * hd8 + d]);
-            _Pragma("GCC unroll 4")
-            for (int v = 0; v < NV; v++) acc[v] = _mm512_fmadd_ps(k, _mm512_load_ps(qt + d * rw + (v0 + v) * 16), acc[v]);
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[v] =
+                _mm512_fmadd_ps(k, _mm512_load_ps(qt + d * rw + (v0 + v) * 16), acc[v]);
         }
-        _Pragma("GCC unroll 4")
-        for (int v = 0; v < NV; v++) _mm512_mask_store_ps(s + (int64_t)p * rw + (v0 + v) * 16, mask[v], acc[v]);
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)
+            _mm512_mask_store_ps(s + (int64_t)p * rw + (v0 + v) * 16, mask[v], acc[v]);
     }
 }
 
@@ -112,8 +105,8 @@ static void softmax_cols(float *s, int64_t rw, int64_t v, const int32_t *np, int
     __m512 part[8];
     for (int k = 0; k < 8; k++) part[k] = _mm512_setzero_ps();
     for (int32_t p0 = 0; p0 < max_pos; p0 += 8) {
-        _Pragma("GCC unroll 8")
-        for (int k = 0; k < 8; k++) {
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
+        {
             const int32_t p = p0 + k;
             if (p >= max_pos) break;
             const __mmask16 valid = _mm512_cmpgt_epi32_mask(npv, _mm512_set1_epi32(p));
@@ -135,42 +128,36 @@ static inline __attribute__((always_inline)) void pv_impl16(const int R, const i
                                                             const uint16_t *vh, int64_t vh_rs, int32_t n, int64_t hd8,
                                                             const float *w, int64_t w_ps, int64_t w_rs, float *acc)
 {
-#define VROW16(p, off) \
-    (vh ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(vh + (p) * vh_rs + (off)))) \
-        : _mm512_load_ps(vf + (p) * hd8 + (off)))
+#define VROW16(p, off)                                                                                                 \
+    (vh ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(vh + (p)*vh_rs + (off))))                 \
+        : _mm512_load_ps(vf + (p)*hd8 + (off)))
     for (int64_t j0 = 0; j0 < hd8; j0 += 16 * SL) {
         const int js = (int)((hd8 - j0) / 16 < SL ? (hd8 - j0) / 16 : SL);
         if (js == SL) {
             __m512 a[6][4];
-            _Pragma("GCC unroll 6")
-            for (int r = 0; r < R; r++)
-                _Pragma("GCC unroll 4") for (int j = 0; j < SL; j++) a[r][j] = _mm512_load_ps(acc + r * hd8 + j0 + 16 * j);
+            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int j = 0; j < SL; j++)
+                a[r][j] = _mm512_load_ps(acc + r * hd8 + j0 + 16 * j);
             for (int32_t p = 0; p < n; p++) {
                 __m512 wv[6];
-                _Pragma("GCC unroll 6")
-                for (int r = 0; r < R; r++) wv[r] = _mm512_set1_ps(w[p * w_ps + r * w_rs]);
-                _Pragma("GCC unroll 4")
-                for (int j = 0; j < SL; j++) {
+                _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) wv[r] = _mm512_set1_ps(w[p * w_ps + r * w_rs]);
+                _Pragma("GCC unroll 4") for (int j = 0; j < SL; j++)
+                {
                     const __m512 x = VROW16(p, j0 + 16 * j);
-                    _Pragma("GCC unroll 6")
-                    for (int r = 0; r < R; r++) a[r][j] = _mm512_fmadd_ps(wv[r], x, a[r][j]);
+                    _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) a[r][j] = _mm512_fmadd_ps(wv[r], x, a[r][j]);
                 }
             }
-            _Pragma("GCC unroll 6")
-            for (int r = 0; r < R; r++)
-                _Pragma("GCC unroll 4") for (int j = 0; j < SL; j++) _mm512_store_ps(acc + r * hd8 + j0 + 16 * j, a[r][j]);
+            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int j = 0; j < SL; j++)
+                _mm512_store_ps(acc + r * hd8 + j0 + 16 * j, a[r][j]);
         } else {
             for (int j = 0; j < js; j++) {
                 __m512 a[6];
-                _Pragma("GCC unroll 6")
-                for (int r = 0; r < R; r++) a[r] = _mm512_load_ps(acc + r * hd8 + j0 + 16 * j);
+                _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) a[r] = _mm512_load_ps(acc + r * hd8 + j0 + 16 * j);
                 for (int32_t p = 0; p < n; p++) {
                     const __m512 x = VROW16(p, j0 + 16 * j);
-                    _Pragma("GCC unroll 6")
-                    for (int r = 0; r < R; r++) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[p * w_ps + r * w_rs]), x, a[r]);
+                    _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) a[r] =
+                        _mm512_fmadd_ps(_mm512_set1_ps(w[p * w_ps + r * w_rs]), x, a[r]);
                 }
-                _Pragma("GCC unroll 6")
-                for (int r = 0; r < R; r++) _mm512_store_ps(acc + r * hd8 + j0 + 16 * j, a[r]);
+                _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) _mm512_store_ps(acc + r * hd8 + j0 + 16 * j, a[r]);
             }
         }
     }

@@ -25,9 +25,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cpu/attn.h"
 #include "base/dtype.h"
 #include "base/simd_avx2.h"
+#include "cpu/attn.h"
 
 static inline int64_t round8(int64_t n) { return (n + 7) & ~(int64_t)7; }
 static inline int64_t round16(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -40,8 +40,8 @@ struct tile_buf {
 };
 
 /* Carves the scratch (NULL base: only measures); returns floats used. */
-static inline int64_t tile_carve(struct tile_buf *b, float *base, int32_t n_tok, int32_t G, int32_t hd,
-                                 int32_t max_pos, int32_t bs)
+static inline int64_t tile_carve(struct tile_buf *b, float *base, int32_t n_tok, int32_t G, int32_t hd, int32_t max_pos,
+                                 int32_t bs)
 {
     const int64_t rw = round16((int64_t)n_tok * G), hd8 = round8(hd), p8 = round8(bs), pm = round8(max_pos);
     int64_t off = 0;
@@ -63,7 +63,6 @@ static inline int64_t tile_carve(struct tile_buf *b, float *base, int32_t n_tok,
     return off + 16; /* + room to align the base to 64 bytes */
 }
 
-
 /* Widens rows [0, n) of one block's K or V (one KV head) to f32 rows of
  * hd8 floats; dimensions past head_dim are zeroed. */
 static void widen_rows(float *dst, const uint16_t *src, int64_t row_stride, int32_t hd, int32_t n)
@@ -83,7 +82,8 @@ static void widen_rows(float *dst, const uint16_t *src, int64_t row_stride, int3
 static inline void prefetch_rows(const uint16_t *src, int64_t row_stride, int32_t hd, int32_t n)
 {
     for (int32_t r = 0; r < n; r++)
-        for (int32_t j = 0; j < hd; j += 32) _mm_prefetch((const char *)(src + (int64_t)r * row_stride + j), _MM_HINT_T0);
+        for (int32_t j = 0; j < hd; j += 32)
+            _mm_prefetch((const char *)(src + (int64_t)r * row_stride + j), _MM_HINT_T0);
 }
 
 /* kt[d][p] = K[p][d] (widened) for p < n, 0 for n <= p < p8, straight from
@@ -95,30 +95,30 @@ static void transpose_block(float *kt, int64_t p8, const uint16_t *src, int64_t 
         for (; p0 < n; p0 += 8) /* rows past n read as zeros */
             for (int32_t d0 = 0; d0 < hd; d0 += 8) {
                 __m256 r[8], t[8];
-                _Pragma("GCC unroll 8")
-                for (int i = 0; i < 8; i++)
-                    r[i] = p0 + i < n ? LOADH(src + (int64_t)(p0 + i) * row_stride + d0) : _mm256_setzero_ps();
-                _Pragma("GCC unroll 4")
-                for (int i = 0; i < 8; i += 2) {
+                _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) r[i] =
+                    p0 + i < n ? LOADH(src + (int64_t)(p0 + i) * row_stride + d0) : _mm256_setzero_ps();
+                _Pragma("GCC unroll 4") for (int i = 0; i < 8; i += 2)
+                {
                     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
                     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
                 }
-                _Pragma("GCC unroll 2")
-                for (int i = 0; i < 8; i += 4) {
+                _Pragma("GCC unroll 2") for (int i = 0; i < 8; i += 4)
+                {
                     r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
                     r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
                     r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
                     r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
                 }
-                _Pragma("GCC unroll 4")
-                for (int i = 0; i < 4; i++) {
+                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                {
                     _mm256_store_ps(kt + (d0 + i) * p8 + p0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
                     _mm256_store_ps(kt + (d0 + i + 4) * p8 + p0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
                 }
             }
     }
     for (int32_t d = 0; d < hd; d++) /* what is left: odd head sizes, and zero padding */
-        for (int32_t p = p0; p < p8; p++) kt[d * p8 + p] = p < n ? kvb_fp16_to_f32(src[(int64_t)p * row_stride + d]) : 0.0f;
+        for (int32_t p = p0; p < p8; p++)
+            kt[d * p8 + p] = p < n ? kvb_fp16_to_f32(src[(int64_t)p * row_stride + d]) : 0.0f;
 }
 
 /* One token's G rows (scaled queries qs, rows hd apart) against a
@@ -132,34 +132,31 @@ static inline __attribute__((always_inline)) void qk_one_impl(const int RG, cons
     int32_t c = 0;
     for (; 8 * c + 8 < n; c += 2) { /* two position vectors: 2 x RG chains */
         __m256 a[8][2];
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < RG; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 8") for (int r = 0; r < RG; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
         for (int32_t d = 0; d < hd; d++) {
             const __m256 k0 = _mm256_load_ps(kt + d * p8 + 8 * c), k1 = _mm256_load_ps(kt + d * p8 + 8 * c + 8);
-            _Pragma("GCC unroll 8")
-            for (int r = 0; r < RG; r++) {
+            _Pragma("GCC unroll 8") for (int r = 0; r < RG; r++)
+            {
                 const __m256 q = _mm256_broadcast_ss(qs + r + d * q_ds);
                 a[r][0] = _mm256_fmadd_ps(k0, q, a[r][0]);
                 a[r][1] = _mm256_fmadd_ps(k1, q, a[r][1]);
             }
         }
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < RG; r++) {
+        _Pragma("GCC unroll 8") for (int r = 0; r < RG; r++)
+        {
             _mm256_store_ps(out + r * out_rs + 8 * c, a[r][0]);
             _mm256_store_ps(out + r * out_rs + 8 * c + 8, a[r][1]);
         }
     }
     for (; 8 * c < n; c++) {
         __m256 a[8];
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < RG; r++) a[r] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 8") for (int r = 0; r < RG; r++) a[r] = _mm256_setzero_ps();
         for (int32_t d = 0; d < hd; d++) {
             const __m256 k0 = _mm256_load_ps(kt + d * p8 + 8 * c);
-            _Pragma("GCC unroll 8")
-            for (int r = 0; r < RG; r++) a[r] = _mm256_fmadd_ps(k0, _mm256_broadcast_ss(qs + r + d * q_ds), a[r]);
+            _Pragma("GCC unroll 8") for (int r = 0; r < RG; r++) a[r] =
+                _mm256_fmadd_ps(k0, _mm256_broadcast_ss(qs + r + d * q_ds), a[r]);
         }
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < RG; r++) _mm256_store_ps(out + r * out_rs + 8 * c, a[r]);
+        _Pragma("GCC unroll 8") for (int r = 0; r < RG; r++) _mm256_store_ps(out + r * out_rs + 8 * c, a[r]);
     }
 }
 

@@ -15,9 +15,9 @@
 
 #include "base/alloc.h"
 #include "base/dtype.h"
+#include "base/tpool.h"
 #include "cpu/attn.h"
 #include "model/model.h"
-#include "base/tpool.h"
 
 /* A layer's matrices as the matmul kernels read them: packed copies where
  * the kernels have a packed form (see mm_pack_weight), else the model's. */
@@ -32,27 +32,27 @@ struct cpu_be {
     struct mm_ctx *mm;
     struct cpu_layer_w *lw; /* (n_layer) */
     struct mm_weight output;
-    void **packed;         /* (n_packed) owned buffers behind lw and output */
+    void **packed; /* (n_packed) owned buffers behind lw and output */
     int n_packed;
-    uint16_t *kv;          /* (n_blocks, block_elems) fp16 */
-    int64_t block_elems;   /* n_layer * 2 * block_size * kv_dim */
-    int64_t kv_dim;        /* n_head_kv * head_dim */
-    float *inv_freq;       /* (rope_dim / 2) */
-    bool simd;             /* AVX2 attention/activation kernels (else the scalar reference) */
-    bool avx512;           /* attention inner loops in AVX-512 (same results, twice the lanes) */
+    uint16_t *kv;        /* (n_blocks, block_elems) fp16 */
+    int64_t block_elems; /* n_layer * 2 * block_size * kv_dim */
+    int64_t kv_dim;      /* n_head_kv * head_dim */
+    float *inv_freq;     /* (rope_dim / 2) */
+    bool simd;           /* AVX2 attention/activation kernels (else the scalar reference) */
+    bool avx512;         /* attention inner loops in AVX-512 (same results, twice the lanes) */
 
     /* Per-step scratch, grown to the largest step seen. */
     int64_t cap_tok;
     float *x, *q, *k, *v, *att, *tmp, *gate, *up;
     int32_t *tok_pos, *tok_seq;
-    int32_t *tile_order;   /* step's tokens in attention-tile order */
-    struct seq_key *keys;  /* (cap_keys) sort keys of the step's sequences */
+    int32_t *tile_order;  /* step's tokens in attention-tile order */
+    struct seq_key *keys; /* (cap_keys) sort keys of the step's sequences */
     int32_t cap_keys;
     int64_t n_tiles;
     int64_t cap_out;
-    float *out_rows;       /* normalised rows whose logits are wanted */
-    int64_t cap_scores;    /* per thread */
-    float *scores;         /* (n_threads, cap_scores) */
+    float *out_rows;    /* normalised rows whose logits are wanted */
+    int64_t cap_scores; /* per thread */
+    float *scores;      /* (n_threads, cap_scores) */
 };
 
 static void cpu_free(struct backend *be)
@@ -165,8 +165,8 @@ struct attn_job {
     const struct be_batch *batch;
     int layer;
     int64_t n_tok;
-    int64_t n_items;       /* tiles x KV heads */
-    atomic_llong next;     /* next item to take */
+    int64_t n_items;   /* tiles x KV heads */
+    atomic_llong next; /* next item to take */
 };
 
 static void attn_worker(void *arg, int ith, int nth)
@@ -197,8 +197,8 @@ static void attn_worker(void *arg, int ith, int nth)
         for (int64_t i = lo; i < hi; i++) {
             const int64_t t = c->tile_order[i];
             const int64_t off = t * hp->n_head * hd + (int64_t)g * group * hd;
-            toks[i - lo] = (struct attn_tile_tok){c->q + off, c->att + off,
-                                                  j->batch->seqs[c->tok_seq[t]].block_table, c->tok_pos[t] + 1};
+            toks[i - lo] = (struct attn_tile_tok){c->q + off, c->att + off, j->batch->seqs[c->tok_seq[t]].block_table,
+                                                  c->tok_pos[t] + 1};
         }
         if (c->avx512) {
             attn_tile_avx512(toks, (int32_t)(hi - lo), group, hd, &view, scale, scratch);
@@ -211,8 +211,8 @@ static void attn_worker(void *arg, int ith, int nth)
         for (int64_t i = 0; i < hi - lo; i++) {
             view.table = toks[i].table;
             for (int32_t h = 0; h < group; h++)
-                attn_head(toks[i].out + (int64_t)h * hd, toks[i].q + (int64_t)h * hd, hd, &view, toks[i].n_pos,
-                          scale, scratch);
+                attn_head(toks[i].out + (int64_t)h * hd, toks[i].q + (int64_t)h * hd, hd, &view, toks[i].n_pos, scale,
+                          scratch);
         }
     }
 }
@@ -296,11 +296,14 @@ static void prep_tokens(const struct prep_job *j, int64_t t0, int64_t t1)
             for (int64_t i = 0; i < kvd; i++) vt[i] += L->bv[i];
         }
         if (L->q_norm) {
-            for (int32_t h = 0; h < hp->n_head; h++) attn_rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int32_t)hd, hp->rms_eps);
-            for (int32_t h = 0; h < hp->n_head_kv; h++) attn_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int32_t)hd, hp->rms_eps);
+            for (int32_t h = 0; h < hp->n_head; h++)
+                attn_rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int32_t)hd, hp->rms_eps);
+            for (int32_t h = 0; h < hp->n_head_kv; h++)
+                attn_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int32_t)hd, hp->rms_eps);
         }
         attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq, c->m->rope.mscale);
-        attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq, c->m->rope.mscale);
+        attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq,
+                  c->m->rope.mscale);
         const struct be_seq *s = &j->batch->seqs[c->tok_seq[t]];
         const int32_t p = c->tok_pos[t];
         uint16_t *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_elems;
@@ -319,8 +322,7 @@ static void prep_worker(void *arg, int ith, int nth)
     prep_tokens(j, n * ith / nth, n * (ith + 1) / nth);
 }
 
-static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *batch, float *logits,
-                                   struct kvb_err *err)
+static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *batch, float *logits, struct kvb_err *err)
 {
     struct cpu_be *c = (struct cpu_be *)be;
     const struct model *m = c->m;
@@ -332,7 +334,8 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     const int64_t n_tok = sh.n_tok, n_out = sh.n_out;
     const int32_t max_pos = sh.max_end;
     if (n_tok == 0) return KVB_OK;
-    if (ensure_tokens(c, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for a %lld-token step", (long long)n_tok);
+    if (ensure_tokens(c, n_tok) != KVB_OK)
+        return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for a %lld-token step", (long long)n_tok);
     /* Per thread: a tile's attention scratch (the scalar path needs less). */
     const int64_t need_scores =
         attn_tile_scratch_floats(ATTN_TILE, hp->n_head / hp->n_head_kv, (int32_t)hd, max_pos, (int32_t)bs);
@@ -470,8 +473,8 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
                               struct kvb_err *err)
 {
     if (opts->block_size <= 0 || opts->n_blocks <= 0)
-        return kvb_errf(err, KVB_ERR_INVALID_ARG, "block size %d and block count %d must be positive",
-                        opts->block_size, opts->n_blocks);
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "block size %d and block count %d must be positive", opts->block_size,
+                        opts->n_blocks);
     struct cpu_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     const struct model_hparams *hp = &m->hp;
@@ -521,8 +524,4 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     return KVB_OK;
 }
 
-const char *be_cpu_impl_name(const struct backend *be)
-{
-    return mm_ctx_impl_name(((const struct cpu_be *)be)->mm);
-}
-
+const char *be_cpu_impl_name(const struct backend *be) { return mm_ctx_impl_name(((const struct cpu_be *)be)->mm); }

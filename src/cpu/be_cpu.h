@@ -12,10 +12,10 @@
 #include "model/model.h"
 
 struct be_cpu_opts {
-    int n_threads;        /* <= 0: one per CPU */
-    int32_t block_size;   /* tokens per KV block, > 0 */
-    int32_t n_blocks;     /* KV pool size in blocks, > 0 */
-    enum mm_impl impl;    /* MM_IMPL_AUTO unless forcing the scalar reference */
+    int n_threads;      /* <= 0: one per CPU */
+    int32_t block_size; /* tokens per KV block, > 0 */
+    int32_t n_blocks;   /* KV pool size in blocks, > 0 */
+    enum mm_impl impl;  /* MM_IMPL_AUTO unless forcing the scalar reference */
 };
 
 /* The model must outlive the backend. */

@@ -13,9 +13,9 @@
 
 #include "base/alloc.h"
 #include "base/cpu.h"
+#include "base/tpool.h"
 #include "cpu/matmul_impl.h"
 #include "model/quant.h"
-#include "base/tpool.h"
 
 /* Rows are handed to threads in multiples of this, so that every thread
  * sees whole row panels of the SIMD kernels (performance only). */
@@ -30,20 +30,20 @@ struct mm_ctx {
     enum mm_impl impl;
     const struct mm_kernels *k;
 
-    float *xf;          /* (n_tok, xf_stride) float copy of the input */
-    size_t xf_cap;      /* bytes */
-    uint8_t *xq;        /* (n_tok, xq_stride) quantized input */
-    size_t xq_cap;      /* bytes */
+    float *xf;     /* (n_tok, xf_stride) float copy of the input */
+    size_t xf_cap; /* bytes */
+    uint8_t *xq;   /* (n_tok, xq_stride) quantized input */
+    size_t xq_cap; /* bytes */
     struct mm_input in;
     bool have_input;
-    bool have_xq;       /* n_in was a whole number of 32-blocks */
+    bool have_xq;        /* n_in was a whole number of 32-blocks */
     unsigned forms_made; /* forms of xq quantized from this input so far */
     bool xf_made;        /* xf holds the input's rows */
     const float *src;    /* mm_set_input's rows, or NULL: made by make() */
     void (*make)(void *arg, int64_t t, float *dst);
     void *make_arg;
 
-    void **scratch;     /* [nth] per-thread buffers */
+    void **scratch;      /* [nth] per-thread buffers */
     size_t *scratch_cap; /* [nth] bytes */
 };
 
@@ -61,12 +61,10 @@ bool mm_impl_available(enum mm_impl impl)
     return false;
 }
 
-enum kvb_status mm_ctx_create(struct tpool *pool, enum mm_impl impl, struct mm_ctx **out,
-                              struct kvb_err *err)
+enum kvb_status mm_ctx_create(struct tpool *pool, enum mm_impl impl, struct mm_ctx **out, struct kvb_err *err)
 {
     if (!pool || !out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "mm_ctx_create: NULL argument");
-    if (impl == MM_IMPL_AUTO)
-        impl = cpu_has_avx512() ? MM_IMPL_AVX512 : cpu_has_avx2() ? MM_IMPL_AVX2 : MM_IMPL_SCALAR;
+    if (impl == MM_IMPL_AUTO) impl = cpu_has_avx512() ? MM_IMPL_AVX512 : cpu_has_avx2() ? MM_IMPL_AVX2 : MM_IMPL_SCALAR;
     const struct mm_kernels *k;
     switch (impl) {
     case MM_IMPL_SCALAR: k = &mm_kernels_scalar; break;
@@ -75,8 +73,7 @@ enum kvb_status mm_ctx_create(struct tpool *pool, enum mm_impl impl, struct mm_c
     default: return kvb_errf(err, KVB_ERR_INVALID_ARG, "mm_ctx_create: unknown impl %d", (int)impl);
     }
     if (!mm_impl_available(impl))
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
-                        "mm_ctx_create: this CPU cannot run the %s matmul (use MM_IMPL_AUTO)",
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "mm_ctx_create: this CPU cannot run the %s matmul (use MM_IMPL_AUTO)",
                         k->name);
     struct mm_ctx *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "mm_ctx_create: out of memory");
@@ -252,8 +249,7 @@ static void apply_worker(void *arg, int ith, int nth)
     }
 }
 
-enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w, float *const *y,
-                           int n)
+enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w, float *const *y, int n)
 {
     if (!ctx || (n > 0 && (!w || !y)) || n < 0) return KVB_ERR_INVALID_ARG;
     size_t need = 0;
@@ -266,21 +262,16 @@ enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w,
         if (s > need) need = s;
     }
     if (n == 0 || ctx->in.n_tok == 0) return KVB_OK;
-    for (int i = 0; i < ctx->nth; i++)
-        KVB_FORWARD_IF_ERROR(grow(&ctx->scratch[i], &ctx->scratch_cap[i], need));
+    for (int i = 0; i < ctx->nth; i++) KVB_FORWARD_IF_ERROR(grow(&ctx->scratch[i], &ctx->scratch_cap[i], need));
     make_forms(ctx, forms);
     struct apply_job j = {ctx, w, y, n};
     tpool_run(ctx->pool, apply_worker, &j);
     return KVB_OK;
 }
 
-enum kvb_status mm_apply(struct mm_ctx *ctx, const struct mm_weight *w, float *y)
-{
-    return mm_apply_n(ctx, &w, &y, 1);
-}
+enum kvb_status mm_apply(struct mm_ctx *ctx, const struct mm_weight *w, float *y) { return mm_apply_n(ctx, &w, &y, 1); }
 
-enum kvb_status mm_matmul(struct mm_ctx *ctx, const struct mm_weight *w, const float *x,
-                          int64_t n_tok, float *y)
+enum kvb_status mm_matmul(struct mm_ctx *ctx, const struct mm_weight *w, const float *x, int64_t n_tok, float *y)
 {
     if (!w) return KVB_ERR_INVALID_ARG;
     KVB_FORWARD_IF_ERROR(mm_set_input(ctx, x, w->n_in, n_tok));
@@ -300,11 +291,9 @@ static void pack_worker(void *arg, int ith, int nth)
     if (r0 < r1) j->k->pack_rows(j->w, r0, r1, j->dst + (size_t)r0 * j->w->row_bytes);
 }
 
-enum kvb_status mm_pack_weight(struct mm_ctx *ctx, const struct mm_weight *w, struct mm_weight *out,
-                               void **owned)
+enum kvb_status mm_pack_weight(struct mm_ctx *ctx, const struct mm_weight *w, struct mm_weight *out, void **owned)
 {
-    if (!ctx || !w || !out || !owned || !w->data || w->n_out <= 0 || w->n_in <= 0)
-        return KVB_ERR_INVALID_ARG;
+    if (!ctx || !w || !out || !owned || !w->data || w->n_out <= 0 || w->n_in <= 0) return KVB_ERR_INVALID_ARG;
     *owned = NULL;
     *out = *w;
     if (w->packed) return w->packed == ctx->k->pack_tag ? KVB_OK : KVB_ERR_INVALID_ARG;

@@ -39,10 +39,7 @@ static int64_t n_groups(int64_t n_in) { return (n_in / 32 + GROUP_BLOCKS - 1) / 
 /* ---- the input: per token, over groups g: q[g][4][32] i8 | xs[g][8] f32 |
  * sxs[g][8] f32 | sx[g][8] i32 (see matmul_avx512.c) -------------------- */
 
-static size_t act_bytes(int64_t n_in)
-{
-    return ((size_t)n_groups(n_in) * (GROUP_BYTES_Q + 3 * 32) + 63) & ~(size_t)63;
-}
+static size_t act_bytes(int64_t n_in) { return ((size_t)n_groups(n_in) * (GROUP_BYTES_Q + 3 * 32) + 63) & ~(size_t)63; }
 
 /* In-lane 4x4 transpose of dwords: step s, lane 4k+j = dword s of 128-bit
  * lane k of y[j] (y[j] = natural block j: half 0 | half 1). */
@@ -103,8 +100,7 @@ static void quantize(const float *x, int64_t n_in, unsigned forms, void *dst)
             __m256i iv[4];
 #pragma GCC unroll 8
             for (int i = 0; i < 4; i++)
-                iv[i] = _mm256_cvtps_epi32(
-                    _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[i], vid), lo), hi));
+                iv[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[i], vid), lo), hi));
             __m256i p01 = _mm256_packs_epi32(iv[0], iv[1]), p23 = _mm256_packs_epi32(iv[2], iv[3]);
             nat[b] = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), order);
             d4[b] = d;
@@ -157,8 +153,8 @@ static struct wtype wtype_of(enum ggml_type t)
 /* f16 scale (and the f16 after it) of 4 blocks of `bs` bytes, per lane. */
 static inline void scales_per_lane(const uint8_t *src, int bs, __m256 *d, __m256 *m)
 {
-    __m128i dm = _mm_setr_epi32((int)qb_u32(src), (int)qb_u32(src + bs), (int)qb_u32(src + 2 * bs),
-                                (int)qb_u32(src + 3 * bs));
+    __m128i dm =
+        _mm_setr_epi32((int)qb_u32(src), (int)qb_u32(src + bs), (int)qb_u32(src + 2 * bs), (int)qb_u32(src + 3 * bs));
     __m256 f = _mm256_cvtph_ps(dm); /* d0 m0 d1 m1 d2 m2 d3 m3 */
     *d = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
     if (m) *m = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7));
@@ -175,8 +171,7 @@ static inline __m256i nibbles32(const uint8_t *qs)
 /* 32 bits -> 32 bytes, 0x10 where the bit is set. */
 static inline __m256i bits_to_16(uint32_t bits)
 {
-    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll,
-                                              0x0303030303030303ll);
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101ll, 0x0202020202020202ll, 0x0303030303030303ll);
     __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread);
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
     v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
@@ -185,9 +180,8 @@ static inline __m256i bits_to_16(uint32_t bits)
 
 /* One group (4 blocks; K-quants: half `half` of a super-block) into steps and
  * per-lane scales, in registers. */
-static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, const uint8_t *src,
-                                                         int half, __m256i st[4], __m256 *dw,
-                                                         __m256 *mw)
+static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, const uint8_t *src, int half,
+                                                         __m256i st[4], __m256 *dw, __m256 *mw)
 {
     __m256i y[4];
     *mw = _mm256_setzero_ps();
@@ -267,8 +261,7 @@ static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, co
 }
 
 /* Where group g of a row starts, and which half of its super-block it is. */
-static inline const uint8_t *group_src(const uint8_t *row, enum ggml_type type, int bs, int64_t g,
-                                       int *half)
+static inline const uint8_t *group_src(const uint8_t *row, enum ggml_type type, int bs, int64_t g, int *half)
 {
     if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
         *half = (int)(g & 1);
@@ -280,9 +273,8 @@ static inline const uint8_t *group_src(const uint8_t *row, enum ggml_type type, 
 
 /* Group g of a row, with a last partial group of 32-blocks copied into a
  * zeroed buffer first (zero scales: its padding lanes add exactly nothing). */
-static inline __attribute__((always_inline)) void wgroup_row(enum ggml_type type, const uint8_t *row,
-                                                             int64_t nb, int64_t g, __m256i st[4],
-                                                             __m256 *dw, __m256 *mw)
+static inline __attribute__((always_inline)) void wgroup_row(enum ggml_type type, const uint8_t *row, int64_t nb,
+                                                             int64_t g, __m256i st[4], __m256 *dw, __m256 *mw)
 {
     struct wtype wt = wtype_of(type);
     int half;
@@ -298,8 +290,7 @@ static inline __attribute__((always_inline)) void wgroup_row(enum ggml_type type
     wgroup(type, tmp, 0, st, dw, mw);
 }
 
-static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type type,
-                                                               const uint8_t *row, int64_t nb,
+static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type type, const uint8_t *row, int64_t nb,
                                                                uint8_t *out)
 {
     int64_t ng = n_groups(nb * 32);
@@ -333,39 +324,34 @@ static void unpack_row(enum ggml_type type, const uint8_t *row, int64_t nb, uint
 
 /* The integer dot product of one group: weights w[4] (as unpacked), input
  * x[4], plus the start value. Exact, so any summation order is the same. */
-static inline __attribute__((always_inline)) __m256i group_isum(enum kclass kc, const __m256i w[4],
-                                                                const __m256i aw[4],
+static inline __attribute__((always_inline)) __m256i group_isum(enum kclass kc, const __m256i w[4], const __m256i aw[4],
                                                                 const __m256i x[4], __m256i start)
 {
     const __m256i ones = _mm256_set1_epi16(1);
     switch (kc) {
     case K_NIB: {
-        __m256i p = _mm256_add_epi16(
-            _mm256_add_epi16(_mm256_maddubs_epi16(w[0], x[0]), _mm256_maddubs_epi16(w[1], x[1])),
-            _mm256_add_epi16(_mm256_maddubs_epi16(w[2], x[2]), _mm256_maddubs_epi16(w[3], x[3])));
+        __m256i p =
+            _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(w[0], x[0]), _mm256_maddubs_epi16(w[1], x[1])),
+                             _mm256_add_epi16(_mm256_maddubs_epi16(w[2], x[2]), _mm256_maddubs_epi16(w[3], x[3])));
         return _mm256_add_epi32(start, _mm256_madd_epi16(p, ones));
     }
     case K_Q6: {
         __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], x[0]), _mm256_maddubs_epi16(w[1], x[1]));
         __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], x[2]), _mm256_maddubs_epi16(w[3], x[3]));
-        return _mm256_add_epi32(start, _mm256_add_epi32(_mm256_madd_epi16(p0, ones),
-                                                        _mm256_madd_epi16(p1, ones)));
+        return _mm256_add_epi32(start, _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
     }
-    default: { /* K_Q8: |w| x sign(x, w) */
-        __m256i acc = start;
+    default: { /* K_Q8: |w| x sign(x, w) */ __m256i acc = start;
 #pragma GCC unroll 8
         for (int s = 0; s < 4; s++)
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(
-                                            _mm256_maddubs_epi16(aw[s], _mm256_sign_epi8(x[s], w[s])),
-                                            ones));
+            acc = _mm256_add_epi32(acc,
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(aw[s], _mm256_sign_epi8(x[s], w[s])), ones));
         return acc;
     }
     }
 }
 
-static inline __attribute__((always_inline)) __m256 group_fma(__m256 facc, __m256i isum, __m256 dw,
-                                                              __m256 xs, int has_min, __m256 mw,
-                                                              __m256 sxs)
+static inline __attribute__((always_inline)) __m256 group_fma(__m256 facc, __m256i isum, __m256 dw, __m256 xs,
+                                                              int has_min, __m256 mw, __m256 sxs)
 {
     facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, xs), facc);
     if (has_min) facc = _mm256_fmadd_ps(mw, sxs, facc);
@@ -384,17 +370,17 @@ static inline float reduce8(__m256 v)
 /* ---- panel path: many tokens ------------------------------------------------------ */
 
 struct qtile {
-    const uint8_t *w;  /* first panel row */
-    size_t w_stride;   /* bytes per panel row */
-    const uint8_t *x;  /* first token */
-    size_t x_stride;   /* bytes per token */
+    const uint8_t *w; /* first panel row */
+    size_t w_stride;  /* bytes per panel row */
+    const uint8_t *x; /* first token */
+    size_t x_stride;  /* bytes per token */
     int64_t ng;
-    float *y;          /* y[t * ldy + r] */
+    float *y; /* y[t * ldy + r] */
     int64_t ldy;
 };
 
-static inline __attribute__((always_inline)) void tile_q(const enum ggml_type type, const int R,
-                                                         const int T, const struct qtile *a)
+static inline __attribute__((always_inline)) void tile_q(const enum ggml_type type, const int R, const int T,
+                                                         const struct qtile *a)
 {
     struct wtype wt = wtype_of(type);
     const int64_t ng = a->ng;
@@ -421,20 +407,17 @@ static inline __attribute__((always_inline)) void tile_q(const enum ggml_type ty
             const uint8_t *xt = a->x + t * a->x_stride;
             __m256i xv[4];
 #pragma GCC unroll 4
-            for (int s = 0; s < 4; s++)
-                xv[s] = _mm256_load_si256((const __m256i *)(xt + g * GROUP_BYTES_Q + 32 * s));
+            for (int s = 0; s < 4; s++) xv[s] = _mm256_load_si256((const __m256i *)(xt + g * GROUP_BYTES_Q + 32 * s));
             __m256i start = _mm256_setzero_si256();
-            if (wt.bias)
-                start = _mm256_mullo_epi32(_mm256_load_si256((const __m256i *)(xt + sx_off + 32 * g)), kneg);
+            if (wt.bias) start = _mm256_mullo_epi32(_mm256_load_si256((const __m256i *)(xt + sx_off + 32 * g)), kneg);
             __m256 xs = _mm256_load_ps((const float *)(xt + xs_off + 32 * g));
-            __m256 sxs = wt.has_min ? _mm256_load_ps((const float *)(xt + sxs_off + 32 * g))
-                                    : _mm256_setzero_ps();
+            __m256 sxs = wt.has_min ? _mm256_load_ps((const float *)(xt + sxs_off + 32 * g)) : _mm256_setzero_ps();
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
                 const uint8_t *wr = wg + r * a->w_stride;
                 __m256i isum = group_isum(wt.kc, wv[r], aw[r], xv, start);
-                facc[r][t] = group_fma(facc[r][t], isum, _mm256_load_ps((const float *)(wr + 128)),
-                                       xs, wt.has_min, _mm256_load_ps((const float *)(wr + 160)), sxs);
+                facc[r][t] = group_fma(facc[r][t], isum, _mm256_load_ps((const float *)(wr + 128)), xs, wt.has_min,
+                                       _mm256_load_ps((const float *)(wr + 160)), sxs);
             }
         }
     }
@@ -444,6 +427,7 @@ static inline __attribute__((always_inline)) void tile_q(const enum ggml_type ty
         for (int t = 0; t < T; t++) a->y[t * a->ldy + r] = reduce8(facc[r][t]);
 }
 
+/* clang-format off */ /* tables of cases */
 #define QCASE(TY, R_, T_) \
     case (R_) * 8 + (T_): tile_q(TY, R_, T_, a); break;
 #define QTILES(TY)                                                         \
@@ -452,6 +436,7 @@ static inline __attribute__((always_inline)) void tile_q(const enum ggml_type ty
         QCASE(TY, 2, 1) QCASE(TY, 2, 2) QCASE(TY, 2, 3)                    \
     default: break;                                                        \
     }
+/* clang-format on */
 
 /* Per kernel class, since the integer step differs; the type only matters
  * for bias and min, which the class functions read from wtype_of(). */
@@ -475,8 +460,8 @@ static void tile_q_any(enum ggml_type type, int R, int T, const struct qtile *a)
     }
 }
 
-static void rows_panel(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                       int64_t r1, uint8_t *panel)
+static void rows_panel(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1,
+                       uint8_t *panel)
 {
     int64_t nb = in->n_in / 32, ng = n_groups(in->n_in);
     size_t prow = (size_t)ng * WGROUP_BYTES;
@@ -493,9 +478,9 @@ static void rows_panel(const struct mm_weight *w, const struct mm_input *in, flo
                 int tt = (int)(c1 - t0 < TILE_T ? c1 - t0 : TILE_T);
                 for (int64_t i = 0; i < rp; i += TILE_R) {
                     int rr = (int)(rp - i < TILE_R ? rp - i : TILE_R);
-                    struct qtile a = {panel + (size_t)i * prow, prow,
-                                      in->xq + (size_t)t0 * in->xq_stride, in->xq_stride, ng,
-                                      y + t0 * w->n_out + p + i, w->n_out};
+                    struct qtile a = {
+                        panel + (size_t)i * prow,  prow,    in->xq + (size_t)t0 * in->xq_stride, in->xq_stride, ng,
+                        y + t0 * w->n_out + p + i, w->n_out};
                     tile_q_any(w->type, rr, tt, &a);
                 }
             }
@@ -506,10 +491,9 @@ static void rows_panel(const struct mm_weight *w, const struct mm_input *in, flo
 /* ---- fused path: few tokens (decode), weights unpacked in registers ------------- */
 
 static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_type type, const int T,
-                                                               const struct mm_weight *w,
-                                                               const struct mm_input *in,
-                                                               int64_t t0, float *y, int64_t r0,
-                                                               int64_t r1, void *scratch)
+                                                               const struct mm_weight *w, const struct mm_input *in,
+                                                               int64_t t0, float *y, int64_t r0, int64_t r1,
+                                                               void *scratch)
 {
     struct wtype wt = wtype_of(type);
     int64_t nb = in->n_in / 32, ng = n_groups(in->n_in);
@@ -521,8 +505,10 @@ static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_t
     const __m256i kneg = _mm256_set1_epi32(-wt.bias);
     for (int t = 0; t < T; t++)
         for (int64_t g = 0; g < ng; g++)
-            start[t * ng + g] = wt.bias ? _mm256_mullo_epi32(_mm256_load_si256((const __m256i *)(x0 + t * in->xq_stride + sx_off + 32 * g)), kneg)
-                                        : _mm256_setzero_si256();
+            start[t * ng + g] =
+                wt.bias ? _mm256_mullo_epi32(
+                              _mm256_load_si256((const __m256i *)(x0 + t * in->xq_stride + sx_off + 32 * g)), kneg)
+                        : _mm256_setzero_si256();
     const uint8_t *end = (const uint8_t *)w->data + (size_t)r1 * w->row_bytes;
     for (const uint8_t *p = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
          p < end && p < (const uint8_t *)w->data + (size_t)r0 * w->row_bytes + PREFETCH_BYTES; p += 64)
@@ -548,11 +534,9 @@ static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_t
 #pragma GCC unroll 4
                 for (int s = 0; s < 4; s++)
                     xv[s] = _mm256_load_si256((const __m256i *)(xt + g * GROUP_BYTES_Q + 32 * s));
-                __m256 sxs = wt.has_min ? _mm256_load_ps((const float *)(xt + sxs_off + 32 * g))
-                                        : _mm256_setzero_ps();
+                __m256 sxs = wt.has_min ? _mm256_load_ps((const float *)(xt + sxs_off + 32 * g)) : _mm256_setzero_ps();
                 facc[t] = group_fma(facc[t], group_isum(wt.kc, st, aw, xv, start[t * ng + g]), dw,
-                                    _mm256_load_ps((const float *)(xt + xs_off + 32 * g)),
-                                    wt.has_min, mw, sxs);
+                                    _mm256_load_ps((const float *)(xt + xs_off + 32 * g)), wt.has_min, mw, sxs);
             }
         }
 #pragma GCC unroll 4
@@ -560,20 +544,20 @@ static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_t
     }
 }
 
-#define FUSED_TYPE(T_)                                                                     \
-    switch (w->type) {                                                                     \
-    case GGML_TYPE_Q4_0: fused_rows_t(GGML_TYPE_Q4_0, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q4_1: fused_rows_t(GGML_TYPE_Q4_1, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q5_0: fused_rows_t(GGML_TYPE_Q5_0, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q5_1: fused_rows_t(GGML_TYPE_Q5_1, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q8_0: fused_rows_t(GGML_TYPE_Q8_0, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q4_K: fused_rows_t(GGML_TYPE_Q4_K, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q6_K: fused_rows_t(GGML_TYPE_Q6_K, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    default: break;                                                                        \
+#define FUSED_TYPE(T_)                                                                                                 \
+    switch (w->type) {                                                                                                 \
+    case GGML_TYPE_Q4_0: fused_rows_t(GGML_TYPE_Q4_0, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q4_1: fused_rows_t(GGML_TYPE_Q4_1, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q5_0: fused_rows_t(GGML_TYPE_Q5_0, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q5_1: fused_rows_t(GGML_TYPE_Q5_1, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q8_0: fused_rows_t(GGML_TYPE_Q8_0, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q4_K: fused_rows_t(GGML_TYPE_Q4_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q6_K: fused_rows_t(GGML_TYPE_Q6_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    default: break;                                                                                                    \
     }
 
-static void rows_fused(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                       int64_t r1, void *scratch)
+static void rows_fused(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1,
+                       void *scratch)
 {
     for (int64_t t0 = 0; t0 < in->n_tok; t0 += FUSED_T) {
         int64_t tt = in->n_tok - t0 < FUSED_T ? in->n_tok - t0 : FUSED_T;
@@ -603,8 +587,7 @@ static inline __m256 load_w8(enum ggml_type type, const uint8_t *row, int64_t k,
     switch (type) {
     case GGML_TYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     case GGML_TYPE_BF16:
-        return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
     default: return _mm256_loadu_ps((const float *)p);
     }
 }
@@ -620,8 +603,7 @@ struct ftile {
     int64_t ldy;
 };
 
-static inline __attribute__((always_inline)) void tile_f(const int R, const int T,
-                                                         const struct ftile *a)
+static inline __attribute__((always_inline)) void tile_f(const int R, const int T, const struct ftile *a)
 {
     __m256 facc[FTILE_R][FTILE_T];
 #pragma GCC unroll 4
@@ -646,6 +628,7 @@ static inline __attribute__((always_inline)) void tile_f(const int R, const int 
         for (int t = 0; t < T; t++) a->y[t * a->ldy + r] = reduce8(facc[r][t]);
 }
 
+/* clang-format off */
 #define FCASE(R_, T_) \
     case (R_) * 8 + (T_): tile_f(R_, T_, a); break;
 
@@ -658,17 +641,22 @@ static void tile_f_any(int R, int T, const struct ftile *a)
     default: break;
     }
 }
+/* clang-format on */
 
-static void rows_float(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                       int64_t r1)
+static void rows_float(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1)
 {
     for (int64_t r = r0; r < r1; r += FTILE_R) {
         int rr = (int)(r1 - r < FTILE_R ? r1 - r : FTILE_R);
         for (int64_t t0 = 0; t0 < in->n_tok; t0 += FTILE_T) {
             int tt = (int)(in->n_tok - t0 < FTILE_T ? in->n_tok - t0 : FTILE_T);
-            struct ftile a = {w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes,
-                              w->row_bytes, in->xf + t0 * in->xf_stride, in->xf_stride, in->n_in,
-                              y + t0 * w->n_out + r, w->n_out};
+            struct ftile a = {w->type,
+                              (const uint8_t *)w->data + (size_t)r * w->row_bytes,
+                              w->row_bytes,
+                              in->xf + t0 * in->xf_stride,
+                              in->xf_stride,
+                              in->n_in,
+                              y + t0 * w->n_out + r,
+                              w->n_out};
             tile_f_any(rr, tt, &a);
         }
     }
@@ -683,8 +671,7 @@ static size_t scratch_bytes(const struct mm_weight *w, int64_t n_tok)
     return (size_t)PANEL_ROWS * (size_t)n_groups(w->n_in) * WGROUP_BYTES;
 }
 
-static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                 int64_t r1, void *scratch)
+static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1, void *scratch)
 {
     if (!mm_type_is_quantized(w->type)) rows_float(w, in, y, r0, r1);
     else if (in->n_tok <= FUSED_T) rows_fused(w, in, y, r0, r1, scratch);

@@ -49,10 +49,7 @@
 
 /* ---- the input: per token, the wide form then the narrow one (struct lay) ---- */
 
-static size_t act_bytes(int64_t n_in)
-{
-    return lay_of(n_in / 32, 1).tbytes + lay_of(n_in / 32, 0).tbytes;
-}
+static size_t act_bytes(int64_t n_in) { return lay_of(n_in / 32, 1).tbytes + lay_of(n_in / 32, 0).tbytes; }
 
 /* One block of 32 floats -> 32 int8 and its scale. Same formula and
  * rounding as the scalar path (matmul_scalar.c). */
@@ -164,8 +161,7 @@ static void quantize(const float *x, int64_t n_in, unsigned forms, void *dst)
     if (wide.n1) {
         int two = wide.last1 == 2;
         __m512i st = pair512(nat[b], two ? nat[b + 1] : _mm256_setzero_si256());
-        __m512 xsv = _mm512_mask_mov_ps(_mm512_set1_ps(d[b]), 0xFF00,
-                                        _mm512_set1_ps(two ? d[b + 1] : 0.0f));
+        __m512 xsv = _mm512_mask_mov_ps(_mm512_set1_ps(d[b]), 0xFF00, _mm512_set1_ps(two ? d[b + 1] : 0.0f));
         put_group(&cw, &st, 1, xsv);
     }
 }
@@ -199,7 +195,7 @@ static void pack_rows(const struct mm_weight *w, int64_t r0, int64_t r1, uint8_t
                 scale_off = 256;
             }
             for (int b = 0; b < 16; b++) {
-                memcpy(o + scale_off + 2 * b, src + bs * b, 2); /* d */
+                memcpy(o + scale_off + 2 * b, src + bs * b, 2);                                         /* d */
                 if (w->type == GGML_TYPE_Q4_1) memcpy(o + scale_off + 32 + 2 * b, src + bs * b + 2, 2); /* m */
             }
         }
@@ -217,12 +213,12 @@ static size_t scratch_bytes(const struct mm_weight *w, int64_t n_tok)
     return (size_t)PANEL_ROWS * l.wbytes;
 }
 
-static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                 int64_t r1, void *scratch)
+static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1, void *scratch)
 {
     if (!mm_type_is_quantized(w->type)) mm_avx512_rows_float(w, in, y, r0, r1);
     else if (in->n_tok <= FUSED_T) mm_avx512_rows_fused(w, in, y, r0, r1, scratch);
     else mm_avx512_rows_panel(w, in, y, r0, r1, scratch);
 }
 
-const struct mm_kernels mm_kernels_avx512 = {"avx512", act_bytes, forms_of, quantize, scratch_bytes, rows, PACK_TAG, packs, pack_rows};
+const struct mm_kernels mm_kernels_avx512 = {"avx512", act_bytes, forms_of, quantize, scratch_bytes,
+                                             rows,     PACK_TAG,  packs,    pack_rows};

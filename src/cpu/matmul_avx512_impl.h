@@ -47,9 +47,9 @@ static inline int type_wide(enum ggml_type t)
 struct lay {
     int64_t n8, n4, n1, ng;
     int last4, last1;
-    size_t qbytes;   /* int8 steps of one token; then xs, sxs, sx: 64 bytes per group each */
-    size_t tbytes;   /* one token: qbytes + 192 * ng */
-    size_t wbytes;   /* one unpacked weight row: steps + dw[16] + mw[16] per group */
+    size_t qbytes; /* int8 steps of one token; then xs, sxs, sx: 64 bytes per group each */
+    size_t tbytes; /* one token: qbytes + 192 * ng */
+    size_t wbytes; /* one unpacked weight row: steps + dw[16] + mw[16] per group */
 };
 
 static __attribute__((unused)) struct lay lay_of(int64_t nb, int wide)
@@ -96,10 +96,7 @@ static inline void to_steps(const __m512i z[4], __m512i st[4])
     st[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-static inline __m512i pair512(__m256i lo, __m256i hi)
-{
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
+static inline __m512i pair512(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 
 /* Sixteen 32-byte blocks (nat[b] = block b) -> 8 steps, lane L = block L:
  * 128-bit lane k of Z0[j] (Z1[j]) is the first (second) half of block
@@ -132,8 +129,8 @@ static inline float half_at(const uint8_t *p) { return _cvtsh_ss(qb_u16(p)); }
 /* The one 16-lane reduction every output element goes through. */
 static inline float reduce16(__m512 v)
 {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m256 a =
+        _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     b = _mm_add_ps(b, _mm_movehl_ps(b, b));
     b = _mm_add_ss(b, _mm_movehdup_ps(b));
@@ -142,9 +139,8 @@ static inline float reduce16(__m512 v)
 
 /* The float step of one group for one (row, token): the same operations in
  * every kernel, so tile shape and batch cannot change a result. */
-static inline __attribute__((always_inline)) __m512 group_fma(__m512 facc, __m512i isum, __m512 dw,
-                                                              __m512 xs, int has_min, __m512 mw,
-                                                              __m512 sxs)
+static inline __attribute__((always_inline)) __m512 group_fma(__m512 facc, __m512i isum, __m512 dw, __m512 xs,
+                                                              int has_min, __m512 mw, __m512 sxs)
 {
     facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, xs), facc);
     if (has_min) facc = _mm512_fmadd_ps(mw, sxs, facc);
@@ -167,13 +163,12 @@ static __attribute__((unused)) struct lay input_form(enum ggml_type type, int64_
 #define FUSED_T 3
 
 /* n_tok <= FUSED_T; scratch: FUSED_T * ng __m512i (matmul_fused_avx512.c). */
-void mm_avx512_rows_fused(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                          int64_t r1, void *scratch);
+void mm_avx512_rows_fused(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1,
+                          void *scratch);
 /* More tokens; panel: PANEL_ROWS unpacked rows of lay.wbytes (matmul_panel_avx512.c). */
-void mm_avx512_rows_panel(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                          int64_t r1, uint8_t *panel);
+void mm_avx512_rows_panel(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1,
+                          uint8_t *panel);
 /* F32, F16 and BF16 weights, from the float copy of the input (matmul_float_avx512.c). */
-void mm_avx512_rows_float(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                          int64_t r1);
+void mm_avx512_rows_float(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1);
 
 #endif

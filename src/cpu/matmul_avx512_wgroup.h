@@ -62,14 +62,10 @@ static inline __m512i type_kshift(enum ggml_type type, int bias)
  * the first nblk of 8 blocks of `bs` bytes, per lane; absent blocks get 0. */
 static inline void scales_per_lane(const uint8_t *src, int bs, int nblk, __m512 *d, __m512 *m)
 {
-    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                           _mm256_set1_epi32(bs));
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bs));
     __m256i dm;
-    if (nblk >= GROUP_BLOCKS)
-        dm = _mm256_i32gather_epi32((const int *)src, idx, 1);
-    else
-        dm = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), (__mmask8)((1u << nblk) - 1),
-                                          idx, src, 1);
+    if (nblk >= GROUP_BLOCKS) dm = _mm256_i32gather_epi32((const int *)src, idx, 1);
+    else dm = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), (__mmask8)((1u << nblk) - 1), idx, src, 1);
     /* 16 halves d0 m0 d1 m1 ... -> floats; lane L takes d (or m) of its block. */
     __m512 f = _mm512_cvtph_ps(dm);
     const __m512i pick_d = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 2, 6, 10, 14, 2, 6, 10, 14);
@@ -81,22 +77,19 @@ static inline void scales_per_lane(const uint8_t *src, int bs, int nblk, __m512 
  * same of block 2m+1. Broadcast loads put each block's 16 bytes in two lanes. */
 static inline void nib4_to_z(const uint8_t *src, int bs, int qoff, int nblk, __m512i z[4])
 {
-    const __m512i keep = _mm512_setr_epi32(0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F,
-                                           (int)0xF0F0F0F0, (int)0xF0F0F0F0, (int)0xF0F0F0F0,
-                                           (int)0xF0F0F0F0, 0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F,
-                                           0x0F0F0F0F, (int)0xF0F0F0F0, (int)0xF0F0F0F0,
-                                           (int)0xF0F0F0F0, (int)0xF0F0F0F0);
+    const __m512i keep =
+        _mm512_setr_epi32(0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F, (int)0xF0F0F0F0, (int)0xF0F0F0F0,
+                          (int)0xF0F0F0F0, (int)0xF0F0F0F0, 0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F, 0x0F0F0F0F,
+                          (int)0xF0F0F0F0, (int)0xF0F0F0F0, (int)0xF0F0F0F0, (int)0xF0F0F0F0);
 #pragma GCC unroll 8
     for (int m = 0; m < 4; m++) {
         const uint8_t *a = src + (2 * m) * bs + qoff, *b = a + bs;
         __m512i v;
         if (2 * m + 2 <= nblk)
-            v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)a)),
-                                            0xFF00, _mm_loadu_si128((const __m128i *)b));
-        else if (2 * m + 1 == nblk)
-            v = _mm512_maskz_broadcast_i32x4(0x00FF, _mm_loadu_si128((const __m128i *)a));
-        else
-            v = _mm512_setzero_si512();
+            v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)a)), 0xFF00,
+                                            _mm_loadu_si128((const __m128i *)b));
+        else if (2 * m + 1 == nblk) v = _mm512_maskz_broadcast_i32x4(0x00FF, _mm_loadu_si128((const __m128i *)a));
+        else v = _mm512_setzero_si512();
         z[m] = _mm512_and_si512(v, keep);
     }
 }
@@ -118,8 +111,8 @@ static inline void nib5_to_z(const uint8_t *src, int bs, int qoff, int hoff, int
         __m128i qa = _mm_loadu_si128((const __m128i *)(a + qoff));
         __m128i qb = two ? _mm_loadu_si128((const __m128i *)(b + qoff)) : _mm_setzero_si128();
         __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(qa), qb, 1);
-        __m512i v = _mm512_permutex2var_epi64(_mm512_castsi256_si512(y), perm,
-                                              _mm512_castsi256_si512(_mm256_srli_epi16(y, 4)));
+        __m512i v =
+            _mm512_permutex2var_epi64(_mm512_castsi256_si512(y), perm, _mm512_castsi256_si512(_mm256_srli_epi16(y, 4)));
         v = _mm512_and_si512(v, m4);
         __mmask64 hb = (__mmask64)qb_u32(a + hoff) | (two ? (__mmask64)qb_u32(b + hoff) << 32 : 0);
         z[m] = _mm512_mask_add_epi8(v, hb, v, b4);
@@ -128,13 +121,11 @@ static inline void nib5_to_z(const uint8_t *src, int bs, int qoff, int hoff, int
 
 /* One group of weights (nblk of 8 blocks present; K-quants: one super-block)
  * into steps and per-lane scales, in registers. */
-static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, const uint8_t *src,
-                                                         int nblk, __m512i st[4], __m512 *dw,
-                                                         __m512 *mw)
+static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, const uint8_t *src, int nblk,
+                                                         __m512i st[4], __m512 *dw, __m512 *mw)
 {
     __m512i z[4];
-    const __m512 sixteenth = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), HI_NIB_LANES,
-                                                _mm512_set1_ps(0.0625f));
+    const __m512 sixteenth = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), HI_NIB_LANES, _mm512_set1_ps(0.0625f));
     *mw = _mm512_setzero_ps();
     switch (type) {
     case GGML_TYPE_Q4_0:
@@ -160,8 +151,7 @@ static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, co
         for (int m = 0; m < 4; m++) {
             const uint8_t *a = src + 68 * m + 2;
             __m256i lo = 2 * m < nblk ? _mm256_loadu_si256((const __m256i *)a) : _mm256_setzero_si256();
-            __m256i hi = 2 * m + 1 < nblk ? _mm256_loadu_si256((const __m256i *)(a + 34))
-                                          : _mm256_setzero_si256();
+            __m256i hi = 2 * m + 1 < nblk ? _mm256_loadu_si256((const __m256i *)(a + 34)) : _mm256_setzero_si256();
             z[m] = pair512(lo, hi);
         }
         scales_per_lane(src, 34, nblk, dw, NULL);
@@ -171,12 +161,11 @@ static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, co
 #pragma GCC unroll 8
         for (int m = 0; m < 4; m++) {
             __m512i c = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(src + 16 + 32 * m)));
-            z[m] = _mm512_and_si512(c, _mm512_setr_epi64(0x0F0F0F0F0F0F0F0Fll, 0x0F0F0F0F0F0F0F0Fll,
-                                                         0x0F0F0F0F0F0F0F0Fll, 0x0F0F0F0F0F0F0F0Fll,
-                                                         (long long)0xF0F0F0F0F0F0F0F0ull,
-                                                         (long long)0xF0F0F0F0F0F0F0F0ull,
-                                                         (long long)0xF0F0F0F0F0F0F0F0ull,
-                                                         (long long)0xF0F0F0F0F0F0F0F0ull));
+            z[m] = _mm512_and_si512(
+                c, _mm512_setr_epi64(0x0F0F0F0F0F0F0F0Fll, 0x0F0F0F0F0F0F0F0Fll, 0x0F0F0F0F0F0F0F0Fll,
+                                     0x0F0F0F0F0F0F0F0Fll, (long long)0xF0F0F0F0F0F0F0F0ull,
+                                     (long long)0xF0F0F0F0F0F0F0F0ull, (long long)0xF0F0F0F0F0F0F0F0ull,
+                                     (long long)0xF0F0F0F0F0F0F0F0ull));
         }
         float d = half_at(src), dmin = half_at(src + 2);
         float ds[8], ms[8];
@@ -200,19 +189,15 @@ static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, co
             __m256i a = _mm256_loadu_si256((const __m256i *)(src + 64 * n));
             __m256i b = _mm256_loadu_si256((const __m256i *)(src + 64 * n + 32));
             __m256i h = _mm256_loadu_si256((const __m256i *)(src + 128 + 32 * n));
-            nat[4 * n + 0] = _mm256_or_si256(_mm256_and_si256(a, m4),
-                                             _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
-            nat[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(b, m4),
-                                             _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
-            nat[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
-                                             _mm256_and_si256(h, m30));
+            nat[4 * n + 0] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+            nat[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+            nat[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(h, m30));
             nat[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
                                              _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
         }
 #pragma GCC unroll 8
         for (int m = 0; m < 4; m++) z[m] = pair512(nat[2 * m], nat[2 * m + 1]);
-        __m512 sc = _mm512_cvtepi32_ps(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 192))));
+        __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 192))));
         sc = _mm512_mul_ps(_mm512_set1_ps(half_at(src + 208)), sc);
         /* lane L -> its 16-element sub-block */
         static const int32_t lane_sub16[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
@@ -235,9 +220,8 @@ static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, co
 
 /* wgroup with the common full group compiled apart from the partial one, so
  * that the full one has no per-block checks. */
-static inline __attribute__((always_inline)) void wgroup_any(enum ggml_type type, const uint8_t *src,
-                                                             int nblk, __m512i st[4], __m512 *dw,
-                                                             __m512 *mw)
+static inline __attribute__((always_inline)) void wgroup_any(enum ggml_type type, const uint8_t *src, int nblk,
+                                                             __m512i st[4], __m512 *dw, __m512 *mw)
 {
     if (nblk == GROUP_BLOCKS) wgroup(type, src, GROUP_BLOCKS, st, dw, mw);
     else wgroup(type, src, nblk, st, dw, mw);
@@ -290,12 +274,12 @@ static inline int wide_bs(enum ggml_type type)
 /* S8: sixteen blocks of a wide type at src -> 8 steps and per-lane scales
  * (lane L = block L). Nibbles are shifted down here (a lane mixes both
  * halves of its block), so every lane has the type's one bias. */
-static inline __attribute__((always_inline)) void wgroup8(enum ggml_type type, const uint8_t *src,
-                                                          __m512i st[8], __m512 *dw, __m512 *mw)
+static inline __attribute__((always_inline)) void wgroup8(enum ggml_type type, const uint8_t *src, __m512i st[8],
+                                                          __m512 *dw, __m512 *mw)
 {
     const int bs = wide_bs(type);
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(bs));
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(bs));
     /* d (and m after it) of block L in lane L */
     const __m512i dm = _mm512_i32gather_epi32(idx, src, 1);
     *dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
@@ -316,8 +300,8 @@ static inline __attribute__((always_inline)) void wgroup8(enum ggml_type type, c
  * bytes), then d[16]. S4 and S1 groups are left as stored. Unpacking a
  * packed group is then masks and shifts, no shuffles. */
 
-static inline __attribute__((always_inline)) void wgroup8_packed(enum ggml_type type, const uint8_t *src,
-                                                                 __m512i st[8], __m512 *dw, __m512 *mw)
+static inline __attribute__((always_inline)) void wgroup8_packed(enum ggml_type type, const uint8_t *src, __m512i st[8],
+                                                                 __m512 *dw, __m512 *mw)
 {
     if (type == GGML_TYPE_Q8_0) {
 #pragma GCC unroll 8
@@ -336,9 +320,8 @@ static inline __attribute__((always_inline)) void wgroup8_packed(enum ggml_type 
 }
 
 /* An S8 group, from packed or stored bytes. */
-static inline __attribute__((always_inline)) void wgroup8_any(enum ggml_type type, int packed,
-                                                              const uint8_t *src, __m512i st[8],
-                                                              __m512 *dw, __m512 *mw)
+static inline __attribute__((always_inline)) void wgroup8_any(enum ggml_type type, int packed, const uint8_t *src,
+                                                              __m512i st[8], __m512 *dw, __m512 *mw)
 {
     if (packed) wgroup8_packed(type, src, st, dw, mw);
     else wgroup8(type, src, st, dw, mw);
@@ -346,15 +329,13 @@ static inline __attribute__((always_inline)) void wgroup8_any(enum ggml_type typ
 
 /* S1: one or two blocks of a wide type, in natural order (lane L = dword
  * L&7 of block L>>3). */
-static inline __attribute__((always_inline)) void wgroup1(enum ggml_type type, const uint8_t *src,
-                                                          int nblk, __m512i *st, __m512 *dw,
-                                                          __m512 *mw)
+static inline __attribute__((always_inline)) void wgroup1(enum ggml_type type, const uint8_t *src, int nblk,
+                                                          __m512i *st, __m512 *dw, __m512 *mw)
 {
     const int bs = wide_bs(type);
     const int two = nblk == 2;
     const uint8_t *b = src + bs;
-    *dw = _mm512_mask_mov_ps(_mm512_set1_ps(half_at(src)), 0xFF00,
-                             _mm512_set1_ps(two ? half_at(b) : 0.0f));
+    *dw = _mm512_mask_mov_ps(_mm512_set1_ps(half_at(src)), 0xFF00, _mm512_set1_ps(two ? half_at(b) : 0.0f));
     *mw = type == GGML_TYPE_Q4_1 ? _mm512_mask_mov_ps(_mm512_set1_ps(half_at(src + 2)), 0xFF00,
                                                       _mm512_set1_ps(two ? half_at(b + 2) : 0.0f))
                                  : _mm512_setzero_ps();

@@ -14,11 +14,9 @@
 #endif
 
 /* The float step of one group of S steps for T tokens (fused path). */
-static inline __attribute__((always_inline)) void fused_group(const int T, const int S,
-                                                              const __m512i *st, __m512 dw,
-                                                              __m512 mw, int has_min,
-                                                              const uint8_t *x0, size_t x_stride,
-                                                              size_t qo, size_t meta, size_t ng64,
+static inline __attribute__((always_inline)) void fused_group(const int T, const int S, const __m512i *st, __m512 dw,
+                                                              __m512 mw, int has_min, const uint8_t *x0,
+                                                              size_t x_stride, size_t qo, size_t meta, size_t ng64,
                                                               const __m512i *start, __m512 *facc)
 {
 #pragma GCC unroll 4
@@ -26,18 +24,16 @@ static inline __attribute__((always_inline)) void fused_group(const int T, const
         const uint8_t *xt = x0 + t * x_stride;
         __m512i acc = start[t];
 #pragma GCC unroll 8
-        for (int s = 0; s < S; s++)
-            acc = _mm512_dpbusd_epi32(acc, st[s], _mm512_load_si512(xt + qo + 64 * s));
+        for (int s = 0; s < S; s++) acc = _mm512_dpbusd_epi32(acc, st[s], _mm512_load_si512(xt + qo + 64 * s));
         __m512 sxs = has_min ? _mm512_load_ps(xt + meta + ng64) : _mm512_setzero_ps();
         facc[t] = group_fma(facc[t], acc, dw, _mm512_load_ps(xt + meta), has_min, mw, sxs);
     }
 }
 
 static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_type type, const int T,
-                                                               const struct mm_weight *w,
-                                                               const struct mm_input *in,
-                                                               int64_t t0, float *y, int64_t r0,
-                                                               int64_t r1, void *scratch)
+                                                               const struct mm_weight *w, const struct mm_input *in,
+                                                               int64_t t0, float *y, int64_t r0, int64_t r1,
+                                                               void *scratch)
 {
     struct wtype wt = wtype_of(type);
     int k_quant = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
@@ -79,44 +75,44 @@ static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_t
             __m512i st[8];
             __m512 dw, mw;
             wgroup8_any(type, w->packed != 0, src, st, &dw, &mw);
-            fused_group(T, 8, st, dw, mw, wt.has_min, x0, in->xq_stride, qo, l.qbytes + 64 * g,
-                        ng64, start + g * T, facc);
+            fused_group(T, 8, st, dw, mw, wt.has_min, x0, in->xq_stride, qo, l.qbytes + 64 * g, ng64, start + g * T,
+                        facc);
             src += 16 * wt.block_bytes;
         }
         for (int64_t i = 0; i < l.n4; i++, g++, qo += 256) {
             __m512i st[4];
             __m512 dw, mw;
             wgroup_any(type, src, k_quant ? 8 : i == l.n4 - 1 ? l.last4 : GROUP_BLOCKS, st, &dw, &mw);
-            fused_group(T, 4, st, dw, mw, wt.has_min, x0, in->xq_stride, qo, l.qbytes + 64 * g,
-                        ng64, start + g * T, facc);
+            fused_group(T, 4, st, dw, mw, wt.has_min, x0, in->xq_stride, qo, l.qbytes + 64 * g, ng64, start + g * T,
+                        facc);
             src = group_src(src, k_quant, wt.block_bytes, 1);
         }
         if (l.n1) {
             __m512i st;
             __m512 dw, mw;
             wgroup1(type, src, l.last1, &st, &dw, &mw);
-            fused_group(T, 1, &st, dw, mw, wt.has_min, x0, in->xq_stride, qo, l.qbytes + 64 * g,
-                        ng64, start + g * T, facc);
+            fused_group(T, 1, &st, dw, mw, wt.has_min, x0, in->xq_stride, qo, l.qbytes + 64 * g, ng64, start + g * T,
+                        facc);
         }
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) y[(t0 + t) * w->n_out + r] = reduce16(facc[t]);
     }
 }
 
-#define FUSED_TYPE(T_)                                                                     \
-    switch (w->type) {                                                                     \
-    case GGML_TYPE_Q4_0: fused_rows_t(GGML_TYPE_Q4_0, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q4_1: fused_rows_t(GGML_TYPE_Q4_1, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q5_0: fused_rows_t(GGML_TYPE_Q5_0, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q5_1: fused_rows_t(GGML_TYPE_Q5_1, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q8_0: fused_rows_t(GGML_TYPE_Q8_0, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q4_K: fused_rows_t(GGML_TYPE_Q4_K, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    case GGML_TYPE_Q6_K: fused_rows_t(GGML_TYPE_Q6_K, T_, w, in, t0, y, r0, r1, scratch); break;    \
-    default: break;                                                                        \
+#define FUSED_TYPE(T_)                                                                                                 \
+    switch (w->type) {                                                                                                 \
+    case GGML_TYPE_Q4_0: fused_rows_t(GGML_TYPE_Q4_0, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q4_1: fused_rows_t(GGML_TYPE_Q4_1, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q5_0: fused_rows_t(GGML_TYPE_Q5_0, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q5_1: fused_rows_t(GGML_TYPE_Q5_1, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q8_0: fused_rows_t(GGML_TYPE_Q8_0, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q4_K: fused_rows_t(GGML_TYPE_Q4_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q6_K: fused_rows_t(GGML_TYPE_Q6_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    default: break;                                                                                                    \
     }
 
-void mm_avx512_rows_fused(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                          int64_t r1, void *scratch)
+void mm_avx512_rows_fused(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1,
+                          void *scratch)
 {
     for (int64_t t0 = 0; t0 < in->n_tok; t0 += FUSED_T) {
         int64_t tt = in->n_tok - t0 < FUSED_T ? in->n_tok - t0 : FUSED_T;

@@ -20,7 +20,7 @@
 /* The input as left by mm_set_input(). */
 struct mm_input {
     int64_t n_in, n_tok;
-    const float *xf;  /* (n_tok, xf_stride): copy of x, zero-padded; for float weights */
+    const float *xf;   /* (n_tok, xf_stride): copy of x, zero-padded; for float weights */
     int64_t xf_stride; /* floats per token, a multiple of 16 */
     const uint8_t *xq; /* (n_tok, xq_stride): the implementation's quantized form */
     size_t xq_stride;  /* bytes per token, a multiple of 64 */
@@ -43,8 +43,7 @@ struct mm_kernels {
     size_t (*scratch_bytes)(const struct mm_weight *w, int64_t n_tok);
     /* y[t * w->n_out + r] for all tokens t and rows r0 <= r < r1. scratch is
      * 64-byte aligned and scratch_bytes(w, n_tok) long. */
-    void (*rows)(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                 int64_t r1, void *scratch);
+    void (*rows)(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1, void *scratch);
     /* Optional (NULL: no packed forms). pack_tag is the nonzero value
      * mm_weight.packed takes for this implementation's packed rows;
      * packs(type) says whether it has a packed form of that type; pack_rows

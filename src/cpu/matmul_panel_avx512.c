@@ -5,15 +5,14 @@
  * the fused path (matmul_fused_avx512.c); layout: matmul_avx512.c. */
 #include "cpu/matmul_avx512_wgroup.h"
 
-#define TILE_R 4          /* rows per micro-kernel */
-#define TILE_T 3          /* tokens per micro-kernel */
+#define TILE_R 4 /* rows per micro-kernel */
+#define TILE_T 3 /* tokens per micro-kernel */
 /* Tokens whose quantized input is kept hot while one panel is applied. */
 #define TOKEN_BUDGET_BYTES (512 * 1024)
 
 /* ---- one weight row, unpacked into the panel ------------------------------------ */
 
-static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type type, int packed,
-                                                               const uint8_t *row,
+static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type type, int packed, const uint8_t *row,
                                                                const struct lay *lp, uint8_t *out)
 {
     struct wtype wt = wtype_of(type);
@@ -53,8 +52,7 @@ static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type ty
 }
 
 /* Row unpacking for the panel path, one instance per type. */
-static void unpack_row(enum ggml_type type, int packed, const uint8_t *row, const struct lay *l,
-                       uint8_t *out)
+static void unpack_row(enum ggml_type type, int packed, const uint8_t *row, const struct lay *l, uint8_t *out)
 {
     switch (type) {
     case GGML_TYPE_Q4_0: unpack_row_t(GGML_TYPE_Q4_0, packed, row, l, out); break;
@@ -88,23 +86,22 @@ static inline __m128 reduce16x4(__m512 v0, __m512 v1, __m512 v2, __m512 v3)
 }
 
 struct qtile {
-    const uint8_t *w;   /* first panel row */
-    size_t w_stride;    /* bytes per panel row */
-    const uint8_t *x;   /* first token (its form for this type) */
-    size_t x_stride;    /* bytes per token */
+    const uint8_t *w; /* first panel row */
+    size_t w_stride;  /* bytes per panel row */
+    const uint8_t *x; /* first token (its form for this type) */
+    size_t x_stride;  /* bytes per token */
     const struct lay *l;
-    __m512i kshift4;    /* log2 of the per-lane bias in S4 groups (see type_kshift) */
-    __m512i kshift;     /* the same in S8 and S1 groups (one bias for all lanes) */
+    __m512i kshift4; /* log2 of the per-lane bias in S4 groups (see type_kshift) */
+    __m512i kshift;  /* the same in S8 and S1 groups (one bias for all lanes) */
     int bias, has_min;
-    float *y;           /* y[t * ldy + r] */
+    float *y; /* y[t * ldy + r] */
     int64_t ldy;
 };
 
 /* One group of S steps (the g-th of the row; steps at qo in the input, the
  * weight group at wo in a panel row) for R rows x T tokens. */
-static inline __attribute__((always_inline)) void seg_q(const int R, const int T, const int S,
-                                                        const struct qtile *a, int64_t g, size_t qo,
-                                                        size_t wo, __m512i kshift,
+static inline __attribute__((always_inline)) void seg_q(const int R, const int T, const int S, const struct qtile *a,
+                                                        int64_t g, size_t qo, size_t wo, __m512i kshift,
                                                         __m512 facc[TILE_R][TILE_T])
 {
     const int64_t ng = a->l->ng;
@@ -118,8 +115,7 @@ static inline __attribute__((always_inline)) void seg_q(const int R, const int T
         __m512i b0 = _mm512_setzero_si512();
         if (a->bias)
             b0 = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                  _mm512_sllv_epi32(_mm512_load_si512(a->x + t * a->x_stride + sx_off),
-                                                    kshift));
+                                  _mm512_sllv_epi32(_mm512_load_si512(a->x + t * a->x_stride + sx_off), kshift));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) acc[r][t] = b0;
     }
@@ -143,16 +139,15 @@ static inline __attribute__((always_inline)) void seg_q(const int R, const int T
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *wr = wg + r * a->w_stride;
-            facc[r][t] = group_fma(facc[r][t], acc[r][t], _mm512_load_ps(wr + 64 * S), xs,
-                                   a->has_min, _mm512_load_ps(wr + 64 * S + 64), sxs);
+            facc[r][t] = group_fma(facc[r][t], acc[r][t], _mm512_load_ps(wr + 64 * S), xs, a->has_min,
+                                   _mm512_load_ps(wr + 64 * S + 64), sxs);
         }
     }
 }
 
 /* R rows x T tokens of unpacked panel, all groups. Loops over r and t are
  * unrolled at each constant (R, T). */
-static inline __attribute__((always_inline)) void tile_q(const int R, const int T,
-                                                         const struct qtile *a)
+static inline __attribute__((always_inline)) void tile_q(const int R, const int T, const struct qtile *a)
 {
     const struct lay *l = a->l;
     __m512 facc[TILE_R][TILE_T];
@@ -162,10 +157,8 @@ static inline __attribute__((always_inline)) void tile_q(const int R, const int 
         for (int t = 0; t < T; t++) facc[r][t] = _mm512_setzero_ps();
     int64_t g = 0;
     size_t qo = 0, wo = 0;
-    for (int64_t i = 0; i < l->n8; i++, g++, qo += 512, wo += 640)
-        seg_q(R, T, 8, a, g, qo, wo, a->kshift, facc);
-    for (int64_t i = 0; i < l->n4; i++, g++, qo += 256, wo += 384)
-        seg_q(R, T, 4, a, g, qo, wo, a->kshift4, facc);
+    for (int64_t i = 0; i < l->n8; i++, g++, qo += 512, wo += 640) seg_q(R, T, 8, a, g, qo, wo, a->kshift, facc);
+    for (int64_t i = 0; i < l->n4; i++, g++, qo += 256, wo += 384) seg_q(R, T, 4, a, g, qo, wo, a->kshift4, facc);
     if (l->n1) seg_q(R, T, 1, a, g, qo, wo, a->kshift, facc);
     if (R == 4) {
 #pragma GCC unroll 4
@@ -179,6 +172,7 @@ static inline __attribute__((always_inline)) void tile_q(const int R, const int 
         for (int t = 0; t < T; t++) a->y[t * a->ldy + r] = reduce16(facc[r][t]);
 }
 
+/* clang-format off */ /* a table of cases */
 #define QCASE(R_, T_) \
     case (R_) * 8 + (T_): tile_q(R_, T_, a); break;
 
@@ -192,6 +186,7 @@ static void tile_q_any(int R, int T, const struct qtile *a)
     default: break;
     }
 }
+/* clang-format on */
 
 /* R rows against n whole tiles of TILE_T tokens, one after another in one
  * loop: with 576 inputs a tile is only 3 groups of work, and calling it
@@ -224,8 +219,8 @@ static inline __m512i uniform_kshift(int bias)
     return _mm512_set1_epi32(bias > 0 ? __builtin_ctz((unsigned)bias) : 0);
 }
 
-void mm_avx512_rows_panel(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                          int64_t r1, uint8_t *panel)
+void mm_avx512_rows_panel(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1,
+                          uint8_t *panel)
 {
     struct wtype wt = wtype_of(w->type);
     size_t xoff;
@@ -244,10 +239,17 @@ void mm_avx512_rows_panel(const struct mm_weight *w, const struct mm_input *in, 
             const int64_t n_whole = (c1 - c0) / TILE_T, t_tail = c0 + n_whole * TILE_T;
             for (int64_t i = 0; i < rp; i += TILE_R) {
                 int rr = (int)(rp - i < TILE_R ? rp - i : TILE_R);
-                struct qtile a = {panel + (size_t)i * prow, prow,
-                                  xq + (size_t)c0 * in->xq_stride, in->xq_stride, &l,
-                                  type_kshift(w->type, wt.bias), uniform_kshift(wt.bias), wt.bias,
-                                  wt.has_min, y + c0 * w->n_out + p + i, w->n_out};
+                struct qtile a = {panel + (size_t)i * prow,
+                                  prow,
+                                  xq + (size_t)c0 * in->xq_stride,
+                                  in->xq_stride,
+                                  &l,
+                                  type_kshift(w->type, wt.bias),
+                                  uniform_kshift(wt.bias),
+                                  wt.bias,
+                                  wt.has_min,
+                                  y + c0 * w->n_out + p + i,
+                                  w->n_out};
                 tile_q_rows(rr, &a, n_whole);
                 if (t_tail < c1) {
                     a.x = xq + (size_t)t_tail * in->xq_stride;

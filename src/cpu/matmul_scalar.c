@@ -70,8 +70,7 @@ static float dot_q4_0(const uint8_t *w, const struct qtok *x, int64_t nb)
         const uint8_t *qs = w + 2;
         const int8_t *qx = x->q + 32 * b;
         int32_t isum = 0;
-        for (int j = 0; j < 16; j++)
-            isum += ((qs[j] & 0x0F) - 8) * qx[j] + ((qs[j] >> 4) - 8) * qx[j + 16];
+        for (int j = 0; j < 16; j++) isum += ((qs[j] & 0x0F) - 8) * qx[j] + ((qs[j] >> 4) - 8) * qx[j + 16];
         acc += qb_half(w) * x->d[b] * (float)isum;
     }
     return acc;
@@ -151,8 +150,7 @@ static float dot_q4_K(const uint8_t *w, const struct qtok *x, int64_t nb)
             const int8_t *qx = x->q + 32 * b;
             int32_t isum = 0;
             for (int j = 0; j < 32; j++) isum += ((qs[j] >> shift) & 0x0F) * qx[j];
-            acc += d * (float)sc * x->d[b] * (float)isum -
-                   dmin * (float)m * (x->d[b] * (float)x->s[b]);
+            acc += d * (float)sc * x->d[b] * (float)isum - dmin * (float)m * (x->d[b] * (float)x->s[b]);
         }
     }
     return acc;
@@ -195,8 +193,7 @@ static float dot_float(enum ggml_type type, const uint8_t *w, const float *x, in
 
 static size_t scratch_bytes(const struct mm_weight *w, int64_t n_tok) { return 0; }
 
-static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0,
-                 int64_t r1, void *scratch)
+static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1, void *scratch)
 {
     int64_t nb = in->n_in / 32;
     for (int64_t r = r0; r < r1; r++) {
@@ -208,8 +205,7 @@ static void rows(const struct mm_weight *w, const struct mm_input *in, float *y,
                 continue;
             }
             const uint8_t *xt = in->xq + (size_t)t * in->xq_stride;
-            struct qtok x = {(const int8_t *)xt, (const float *)(xt + off_d(nb)),
-                             (const int32_t *)(xt + off_s(nb))};
+            struct qtok x = {(const int8_t *)xt, (const float *)(xt + off_d(nb)), (const int32_t *)(xt + off_s(nb))};
             switch (w->type) {
             case GGML_TYPE_Q4_0: *out = dot_q4_0(wr, &x, nb); break;
             case GGML_TYPE_Q4_1: *out = dot_q4_1(wr, &x, nb); break;

@@ -45,8 +45,7 @@ void gen_free(struct gen_ctx *g)
     kvb_free(g);
 }
 
-enum kvb_status gen_feed(struct gen_ctx *g, const int32_t *tokens, int32_t n, float *all_logits,
-                         struct kvb_err *err)
+enum kvb_status gen_feed(struct gen_ctx *g, const int32_t *tokens, int32_t n, float *all_logits, struct kvb_err *err)
 {
     if (n <= 0) return KVB_OK;
     if ((int64_t)g->pos + n > g->n_ctx)
@@ -61,7 +60,9 @@ enum kvb_status gen_feed(struct gen_ctx *g, const int32_t *tokens, int32_t n, fl
             .pos = g->pos,
             .block_table = g->table,
             .n_blocks = (g->pos + len + g->be->block_size - 1) / g->be->block_size,
-            .logits = all_logits ? BE_LOGITS_ALL : last ? BE_LOGITS_LAST : BE_LOGITS_NONE,
+            .logits = all_logits ? BE_LOGITS_ALL
+                      : last     ? BE_LOGITS_LAST
+                                 : BE_LOGITS_NONE,
         };
         struct be_batch b = {&s, 1, NULL};
         float *dst = all_logits ? all_logits + (int64_t)done * nv : g->logits;

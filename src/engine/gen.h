@@ -12,8 +12,8 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "model/model.h"
 #include "base/status.h"
+#include "model/model.h"
 
 struct gen_ctx;
 
@@ -26,8 +26,7 @@ void gen_free(struct gen_ctx *g); /* accepts NULL */
 /* Appends tokens (prefill). When all_logits is non-NULL it receives
  * n * n_vocab floats, the logits after each token; the last row is always
  * available from gen_logits(). KVB_ERR_RANGE when n_ctx would be exceeded. */
-enum kvb_status gen_feed(struct gen_ctx *g, const int32_t *tokens, int32_t n, float *all_logits,
-                         struct kvb_err *err);
+enum kvb_status gen_feed(struct gen_ctx *g, const int32_t *tokens, int32_t n, float *all_logits, struct kvb_err *err);
 const float *gen_logits(const struct gen_ctx *g); /* (n_vocab), after the last fed token */
 
 #endif

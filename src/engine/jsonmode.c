@@ -126,11 +126,9 @@ static bool sch_value_start(struct jsonmode_state *s, int32_t ni, unsigned char 
     const struct jsonmode_node *n = node_at(s, ni);
     s->vmode = V_FREE;
     switch (n->kind) {
-    case JSK_ANY:
-        return true;
+    case JSK_ANY: return true;
     case JSK_OBJECT:
-    case JSK_ARRAY:
-        return c == (n->kind == JSK_OBJECT ? '{' : '[');
+    case JSK_ARRAY: return c == (n->kind == JSK_OBJECT ? '{' : '[');
     case JSK_ENUM: {
         uint64_t all = n->n == 64 ? ~(uint64_t)0 : (((uint64_t)1 << n->n) - 1);
         s->cand = filter(s->schema, n, all, 0, c);
@@ -252,7 +250,9 @@ static bool value_start(struct jsonmode_state *s, unsigned char c)
         return true;
     case '-': s->mode = M_NEG; return true;
     case '0': s->mode = M_ZERO; return true;
-    case 't': case 'f': case 'n':
+    case 't':
+    case 'f':
+    case 'n':
         s->mode = M_LIT;
         s->lit = c == 't' ? 0 : c == 'f' ? 1 : 2;
         s->sub = 1;
@@ -274,7 +274,13 @@ static bool step(struct jsonmode_state *s, unsigned char c)
     /* Whitespace where the grammar allows it, as pretty printers write it
      * (jsonmode.h). */
     switch (s->mode) {
-    case M_START: case M_OBJ_FIRST: case M_OBJ_KEY: case M_COLON: case M_VALUE: case M_ARR_FIRST: case M_AFTER:
+    case M_START:
+    case M_OBJ_FIRST:
+    case M_OBJ_KEY:
+    case M_COLON:
+    case M_VALUE:
+    case M_ARR_FIRST:
+    case M_AFTER:
         if (!is_ws(c)) {
             s->ws = 0;
             s->nl = false;
@@ -288,8 +294,7 @@ static bool step(struct jsonmode_state *s, unsigned char c)
             s->nl = true;
         }
         return ++s->ws <= JSONMODE_MAX_WS;
-    default:
-        break;
+    default: break;
     }
     switch (s->mode) {
     case M_START:
@@ -319,8 +324,7 @@ static bool step(struct jsonmode_state *s, unsigned char c)
     case M_ARR_FIRST:
         if (c == ']') return pop(s);
         return value_start(s, c);
-    case M_VALUE:
-        return value_start(s, c);
+    case M_VALUE: return value_start(s, c);
     case M_AFTER:
         if (c == ',') {
             const bool arr = in_array(s);
@@ -415,8 +419,7 @@ static bool step(struct jsonmode_state *s, unsigned char c)
         if (!scalar_byte(s, c)) return false;
         if (literals[s->lit][++s->sub] == '\0') return value_done(s);
         return true;
-    default: /* M_DONE, M_BROKEN */
-        return false;
+    default: /* M_DONE, M_BROKEN */ return false;
     }
 }
 
@@ -431,9 +434,9 @@ bool jsonmode_feed(struct jsonmode_state *s, const char *bytes, size_t n)
 
 struct jsonmode_vocab {
     int32_t n;
-    uint32_t *off;  /* (n + 1) token i's bytes: bytes[off[i] .. off[i+1]) */
+    uint32_t *off; /* (n + 1) token i's bytes: bytes[off[i] .. off[i+1]) */
     char *bytes;
-    uint8_t *eog;   /* (n) 1: an end-of-generation token */
+    uint8_t *eog; /* (n) 1: an end-of-generation token */
 };
 
 void jsonmode_vocab_free(struct jsonmode_vocab *v)

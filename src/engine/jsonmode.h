@@ -35,8 +35,8 @@
 #include "base/status.h"
 #include "text/tok.h"
 
-#define JSONMODE_MAX_DEPTH 64 /* open objects and arrays */
-#define JSONMODE_MAX_WS 24    /* consecutive whitespace bytes outside strings (indentation) */
+#define JSONMODE_MAX_DEPTH 64  /* open objects and arrays */
+#define JSONMODE_MAX_WS 24     /* consecutive whitespace bytes outside strings (indentation) */
 #define JSONMODE_MAX_LEAD_WS 1 /* before the object: the space a SentencePiece token may carry */
 
 /* ---- schemas (response_format json_schema) ----------------------------------
@@ -61,13 +61,13 @@ struct jsonmode_text {
 };
 
 struct jsonmode_node {
-    uint8_t kind;       /* enum jsonmode_kind */
-    uint8_t types;      /* SCALAR: enum jsonmode_type bits */
-    bool any_object;    /* OBJECT: no properties listed, any object */
-    uint16_t n;         /* OBJECT: properties; ENUM: literals */
-    uint32_t first;     /* OBJECT: props[first ..]; ENUM: lits[first ..] */
-    uint64_t required;  /* OBJECT: bit i = props[first + i] is required */
-    int32_t items;      /* ARRAY: the items' node */
+    uint8_t kind;                  /* enum jsonmode_kind */
+    uint8_t types;                 /* SCALAR: enum jsonmode_type bits */
+    bool any_object;               /* OBJECT: no properties listed, any object */
+    uint16_t n;                    /* OBJECT: properties; ENUM: literals */
+    uint32_t first;                /* OBJECT: props[first ..]; ENUM: lits[first ..] */
+    uint64_t required;             /* OBJECT: bit i = props[first + i] is required */
+    int32_t items;                 /* ARRAY: the items' node */
     uint32_t min_items, max_items; /* ARRAY */
 };
 
@@ -104,11 +104,11 @@ void jsonmode_schema_free(struct jsonmode_schema *s); /* accepts NULL */
 enum kvb_status jsonmode_schema_compile(const char *text, size_t len, const char *path, struct jsonmode_schema **out,
                                         char *err_path, size_t path_cap, char *msg, size_t msg_cap);
 
-struct jsonmode_frame {  /* an object or array a schema node constrains */
-    uint64_t seen;        /* object: properties given */
+struct jsonmode_frame { /* an object or array a schema node constrains */
+    uint64_t seen;      /* object: properties given */
     int16_t node;
-    int16_t prop;         /* object: the property whose value is next, -1 none */
-    uint16_t count;       /* array: values begun */
+    int16_t prop;   /* object: the property whose value is next, -1 none */
+    uint16_t count; /* array: values begun */
 };
 
 struct jsonmode_state {
@@ -122,12 +122,12 @@ struct jsonmode_state {
     bool key;        /* the string being read is an object key */
     /* With a schema: */
     const struct jsonmode_schema *schema; /* borrowed; NULL: any object */
-    uint8_t n_frames;   /* containers constrained: frames[0 .. n_frames) */
-    uint8_t free_depth; /* nonzero: containers this deep and deeper are free (an ANY value) */
-    uint8_t vmode;      /* the scalar being read: 0 free, 1 integer, 2 an enum literal */
-    uint16_t cpos;      /* bytes of the key or enum literal read */
-    int16_t vnode;      /* the ENUM node being matched */
-    uint64_t cand;      /* properties or literals still matching */
+    uint8_t n_frames;                     /* containers constrained: frames[0 .. n_frames) */
+    uint8_t free_depth;                   /* nonzero: containers this deep and deeper are free (an ANY value) */
+    uint8_t vmode;                        /* the scalar being read: 0 free, 1 integer, 2 an enum literal */
+    uint16_t cpos;                        /* bytes of the key or enum literal read */
+    int16_t vnode;                        /* the ENUM node being matched */
+    uint64_t cand;                        /* properties or literals still matching */
     struct jsonmode_frame frames[JSONMODE_MAX_FRAMES]; /* last: only n_frames are live */
 };
 

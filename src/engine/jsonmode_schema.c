@@ -20,8 +20,8 @@ struct builder {
     struct jsonmode_schema *s;
     int32_t cap_nodes, cap_props, cap_lits;
     size_t cap_bytes;
-    char *path;      /* the error's field, PATH chars */
-    char *msg;       /* the error's text, MSG chars */
+    char *path; /* the error's field, PATH chars */
+    char *msg;  /* the error's text, MSG chars */
     size_t path_cap, msg_cap;
     bool oom;
 };
@@ -106,10 +106,10 @@ static bool count_at(const struct json_doc *j, int i, double lo, double hi, uint
     return true;
 }
 
-static const char *const annotations[] = {"description", "title", "default", "examples", "$schema", "$id",
-                                          "$comment", "readOnly", "writeOnly", "deprecated"};
-static const char *const understood[] = {"type", "properties", "required", "additionalProperties", "items",
-                                         "minItems", "maxItems", "enum", "const"};
+static const char *const annotations[] = {"description", "title",    "default",  "examples",  "$schema",
+                                          "$id",         "$comment", "readOnly", "writeOnly", "deprecated"};
+static const char *const understood[] = {
+    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum", "const"};
 
 static int compile(struct builder *b, int i, const char *path, int depth);
 
@@ -118,8 +118,13 @@ static int type_bits(struct builder *b, int t, const char *path, unsigned *bits)
     static const struct {
         const char *name;
         unsigned bit;
-    } names[] = {{"string", JST_STRING}, {"number", JST_NUMBER}, {"integer", JST_INTEGER},
-                 {"boolean", JST_BOOLEAN}, {"null", JST_NULL}, {"object", 32}, {"array", 64}};
+    } names[] = {{"string", JST_STRING},
+                 {"number", JST_NUMBER},
+                 {"integer", JST_INTEGER},
+                 {"boolean", JST_BOOLEAN},
+                 {"null", JST_NULL},
+                 {"object", 32},
+                 {"array", 64}};
     const struct json_doc *j = b->j;
     const int n = json_kind(j, t) == JSON_ARRAY ? j->tok[t].size : 1;
     int k = json_kind(j, t) == JSON_ARRAY ? t + 1 : t;
@@ -129,14 +134,18 @@ static int type_bits(struct builder *b, int t, const char *path, unsigned *bits)
         if (json_kind(j, k) == JSON_STRING)
             while (w < sizeof names / sizeof names[0] && !json_str_eq(j, k, names[w].name)) w++;
         if (json_kind(j, k) != JSON_STRING || w == sizeof names / sizeof names[0])
-            return fail(b, path, "field '%s' must name JSON types (string, number, integer, boolean, null, object, "
-                        "array)", path);
+            return fail(b, path,
+                        "field '%s' must name JSON types (string, number, integer, boolean, null, object, "
+                        "array)",
+                        path);
         *bits |= names[w].bit;
     }
     if (*bits == 0) return fail(b, path, "field '%s' names no type", path);
     if ((*bits & (32 | 64)) && (n > 1 || (*bits & (*bits - 1))))
-        return fail(b, path, "field '%s': a list of types may hold only string, number, integer, boolean and "
-                    "null", path);
+        return fail(b, path,
+                    "field '%s': a list of types may hold only string, number, integer, boolean and "
+                    "null",
+                    path);
     return 0;
 }
 
@@ -147,8 +156,7 @@ static int compile_enum(struct builder *b, int32_t ni, int vals, bool single, un
     const struct json_doc *j = b->j;
     if (!single && json_kind(j, vals) != JSON_ARRAY) return fail(b, path, "field '%s' must be an array", path);
     const int n = single ? 1 : j->tok[vals].size;
-    if (n < 1 || n > JSONMODE_MAX_PROPS)
-        return fail(b, path, "field '%s' must hold 1 to 64 values", path);
+    if (n < 1 || n > JSONMODE_MAX_PROPS) return fail(b, path, "field '%s' must hold 1 to 64 values", path);
     int64_t cap = b->cap_lits;
     if (!grow((void **)&b->s->lits, b->s->n_lits + n, &cap, sizeof *b->s->lits)) {
         b->oom = true;
@@ -235,13 +243,15 @@ static int compile_object(struct builder *b, int32_t ni, int props, int req, int
         snprintf(key, sizeof key, "%.*s", (int)(len < 60 ? len : 60), name);
         char ppath[256];
         sub_path(ppath, sizeof ppath, sub, key);
-        if (memchr(name, '\\', len)) return fail(b, ppath, "field '%s': property names with escapes are not supported", ppath);
+        if (memchr(name, '\\', len))
+            return fail(b, ppath, "field '%s': property names with escapes are not supported", ppath);
         for (int e = 0; e < m; e++) {
             const struct jsonmode_text *t = &b->s->props[first + (uint32_t)e].name;
             if (t->len == len && memcmp(b->s->bytes + t->off, name, len) == 0)
                 return fail(b, ppath, "field '%s' is listed twice", ppath);
         }
-        if (len > MAX_TEXT) return fail(b, ppath, "field '%s': property names longer than 1024 bytes are not supported", ppath);
+        if (len > MAX_TEXT)
+            return fail(b, ppath, "field '%s': property names longer than 1024 bytes are not supported", ppath);
         struct jsonmode_text t;
         if (!add_bytes(b, name, len, &t, ppath)) return -1;
         b->s->props[first + (uint32_t)m].name = t;
@@ -294,10 +304,13 @@ static int compile(struct builder *b, int i, const char *path, int depth)
         while (a < sizeof annotations / sizeof annotations[0] && !json_str_eq(j, k, annotations[a])) a++;
         if (a < sizeof annotations / sizeof annotations[0]) continue;
         char key[48];
-        snprintf(key, sizeof key, "%.*s", (int)(j->tok[k].end - j->tok[k].start < 40 ? j->tok[k].end - j->tok[k].start : 40),
+        snprintf(key, sizeof key, "%.*s",
+                 (int)(j->tok[k].end - j->tok[k].start < 40 ? j->tok[k].end - j->tok[k].start : 40),
                  j->src + j->tok[k].start);
-        return fail(b, path, "field '%s': keyword '%s' is not supported (kvbatch holds outputs to type, properties, "
-                    "required, items, minItems, maxItems, enum and const)", path, key);
+        return fail(b, path,
+                    "field '%s': keyword '%s' is not supported (kvbatch holds outputs to type, properties, "
+                    "required, items, minItems, maxItems, enum and const)",
+                    path, key);
     }
     char sub[256];
     if (en >= 0 && cn >= 0) return fail(b, path, "field '%s': give enum or const, not both", path);

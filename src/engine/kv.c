@@ -5,8 +5,8 @@
 
 struct kv_alloc {
     int32_t n;
-    int32_t *refs;    /* (n) */
-    bool *cached;     /* (n) */
+    int32_t *refs;     /* (n) */
+    bool *cached;      /* (n) */
     int32_t *free_ids; /* stack of FREE ids */
     int32_t n_free;
 };
@@ -67,4 +67,3 @@ void kv_set_cached(struct kv_alloc *a, int32_t id, bool cached)
     a->cached[id] = cached;
     if (!cached && a->refs[id] == 0) a->free_ids[a->n_free++] = id;
 }
-

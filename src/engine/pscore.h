@@ -18,8 +18,8 @@
 #define PSCORE_TOPK 20 /* the most any request may ask for (top_logprobs, logprobs, prompt_logprobs) */
 
 struct pscore {
-    float logprob;              /* of the token; meaningless when rank is 0 */
-    int32_t rank;               /* 1 + how many tokens had a larger logit; 0: no score (position 0) */
+    float logprob;               /* of the token; meaningless when rank is 0 */
+    int32_t rank;                /* 1 + how many tokens had a larger logit; 0: no score (position 0) */
     int32_t top_id[PSCORE_TOPK]; /* best first, ties to the lower id */
     float top_lp[PSCORE_TOPK];
 };

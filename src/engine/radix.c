@@ -15,8 +15,8 @@
 #include "base/alloc.h"
 
 struct node {
-    int32_t parent;    /* node id, -1 for children of the root */
-    int32_t block;     /* KV block id; -1 marks an unused slot */
+    int32_t parent; /* node id, -1 for children of the root */
+    int32_t block;  /* KV block id; -1 marks an unused slot */
     int32_t n_children;
     uint64_t hash;     /* hash(parent, tokens) */
     uint64_t last_use; /* recency clock */
@@ -31,8 +31,8 @@ struct radix {
     int32_t *free_nodes;
     int32_t n_free_nodes;
     int32_t n_live;
-    int32_t *table;    /* open addressing: node id or -1 (empty) or -2 (deleted) */
-    uint64_t table_cap; /* power of two */
+    int32_t *table;      /* open addressing: node id or -1 (empty) or -2 (deleted) */
+    uint64_t table_cap;  /* power of two */
     uint64_t table_used; /* live + deleted slots */
     uint64_t clock;
 };
@@ -131,6 +131,18 @@ int32_t radix_peek(const struct radix *r, const int32_t *tokens, int32_t n)
     for (; (k + 1) * r->B <= n; k++) {
         int32_t c = find_child(r, parent, tokens + (int64_t)k * r->B);
         if (c < 0) break;
+        parent = c;
+    }
+    return k;
+}
+
+int32_t radix_blocks(const struct radix *r, const int32_t *tokens, int32_t n_blocks, int32_t *blocks_out)
+{
+    int32_t parent = -1, k = 0;
+    for (; k < n_blocks; k++) {
+        int32_t c = find_child(r, parent, tokens + (int64_t)k * r->B);
+        if (c < 0) break;
+        blocks_out[k] = r->nodes[c].block;
         parent = c;
     }
     return k;

@@ -16,8 +16,8 @@
 
 #include <stdint.h>
 
-#include "engine/kv.h"
 #include "base/status.h"
+#include "engine/kv.h"
 
 struct radix;
 
@@ -31,6 +31,10 @@ int32_t radix_match(struct radix *r, const int32_t *tokens, int32_t n, int32_t *
 
 /* Same walk without taking references or touching recency. */
 int32_t radix_peek(const struct radix *r, const int32_t *tokens, int32_t n);
+
+/* The block ids the tree names for the first n_blocks full blocks of
+ * tokens, as far as it has them (no references, no recency): how many. */
+int32_t radix_blocks(const struct radix *r, const int32_t *tokens, int32_t n_blocks, int32_t *blocks_out);
 
 /* Registers the first n_blocks full blocks of tokens, held in block_ids
  * (block i holds tokens [i*B, (i+1)*B)). Blocks already in the tree are left

@@ -65,9 +65,9 @@ struct hist_slot {
 };
 
 struct cand {
-    float s;   /* scaled logit */
+    float s; /* scaled logit */
     int32_t id;
-    float e;   /* exp(s - s_max), filled where needed */
+    float e; /* exp(s - s_max), filled where needed */
 };
 
 struct sampler {
@@ -76,23 +76,23 @@ struct sampler {
     bool penalties; /* any penalty enabled: only then is history kept */
     uint64_t rng[4];
 
-    int32_t *ring;           /* (SAMPLER_HISTORY) accepted tokens, oldest at ring_pos once full */
+    int32_t *ring; /* (SAMPLER_HISTORY) accepted tokens, oldest at ring_pos once full */
     int32_t ring_len;
     int32_t ring_pos;
     struct hist_slot *slots; /* (SAMPLER_HASH_CAP) token -> count over the ring */
 
-    struct cand *cand;       /* (cand_cap) top-k heap, or the top-p crossing bucket */
+    struct cand *cand; /* (cand_cap) top-k heap, or the top-p crossing bucket */
     size_t cand_cap;
-    float *wbuf;             /* (n_vocab rounded up to VL) exp(s - s_max), made on first use */
-    double *tile_sum;        /* (n_vocab / SAMPLER_TILE rounded up) weight per tile */
-    double bucket_mass[SAMPLER_BUCKETS + 1];  /* top-p histogram, + a spare for dropped tokens */
+    float *wbuf;                             /* (n_vocab rounded up to VL) exp(s - s_max), made on first use */
+    double *tile_sum;                        /* (n_vocab / SAMPLER_TILE rounded up) weight per tile */
+    double bucket_mass[SAMPLER_BUCKETS + 1]; /* top-p histogram, + a spare for dropped tokens */
     int32_t bucket_count[SAMPLER_BUCKETS + 1];
 
     struct sampler_bias *bias; /* (p.n_bias) a copy of the caller's */
     int32_t *ban;              /* (p.n_ban) a copy of the caller's */
     int64_t n_accepted;        /* tokens accepted since create or reset (for ban_until) */
-    struct jsonmode_state js; /* JSON mode: the output so far */
-    float *raw;               /* JSON mode: (n_vocab) the logits as given, for a masked redraw */
+    struct jsonmode_state js;  /* JSON mode: the output so far */
+    float *raw;                /* JSON mode: (n_vocab) the logits as given, for a masked redraw */
 };
 
 /* ---- RNG --------------------------------------------------------------------- */
@@ -159,7 +159,7 @@ static inline vf vf_exp(vf x)
     vf big = x * 1.44269504088896341f + magic;
     vf k = big - magic;
     vu ki = (vu)big - (vu)magic; /* k as an integer in [-126, 0], wrapped */
-    vf r = x - k * 0.693359375f;   /* Cody-Waite: ln 2 in two parts */
+    vf r = x - k * 0.693359375f; /* Cody-Waite: ln 2 in two parts */
     r = r - k * -2.12194440e-4f;
     vf p = vf_splat(1.9875691500e-4f);
     p = p * r + 1.3981999507e-3f;
@@ -175,10 +175,7 @@ static inline vf vf_exp(vf x)
 static float exp1(float x) { return vf_exp(vf_splat(x))[0]; }
 /* ---- history and penalties ----------------------------------------------------- */
 
-static uint32_t hist_home(int32_t token)
-{
-    return ((uint32_t)token * 2654435761u) >> (32 - SAMPLER_HASH_BITS);
-}
+static uint32_t hist_home(int32_t token) { return ((uint32_t)token * 2654435761u) >> (32 - SAMPLER_HASH_BITS); }
 
 static void hist_inc(struct sampler *s, int32_t token)
 {
@@ -363,10 +360,8 @@ void sampler_accept(struct sampler *s, int32_t token)
     s->n_accepted++;
     if (s->p.json) jsonmode_accept(s->p.json, &s->js, token);
     if (!s->penalties) return;
-    if (s->ring_len == SAMPLER_HISTORY)
-        hist_dec(s, s->ring[s->ring_pos]); /* the oldest token leaves the window */
-    else
-        s->ring_len++;
+    if (s->ring_len == SAMPLER_HISTORY) hist_dec(s, s->ring[s->ring_pos]); /* the oldest token leaves the window */
+    else s->ring_len++;
     s->ring[s->ring_pos] = token;
     s->ring_pos = (s->ring_pos + 1) % SAMPLER_HISTORY;
     hist_inc(s, token);
@@ -375,10 +370,7 @@ void sampler_accept(struct sampler *s, int32_t token)
 /* ---- selection ------------------------------------------------------------------- */
 
 /* The one order every truncation uses: higher scaled logit first, then lower id. */
-static inline bool better(float sa, int32_t ia, float sb, int32_t ib)
-{
-    return sa > sb || (sa == sb && ia < ib);
-}
+static inline bool better(float sa, int32_t ia, float sb, int32_t ib) { return sa > sb || (sa == sb && ia < ib); }
 
 static int cand_cmp(const void *a, const void *b)
 {
@@ -481,8 +473,7 @@ static double weigh_all(struct sampler *s, const float *x, float smax)
  * tile sums first, then only the tile the draw lands in is walked token by
  * token. weigh_all has filled wbuf (and tile_sum, which is reused as is when
  * the rule keeps every token). */
-static enum kvb_status draw_tiles(struct sampler *s, const float *x, const struct keep_rule *kr,
-                                  double u, int32_t *out)
+static enum kvb_status draw_tiles(struct sampler *s, const float *x, const struct keep_rule *kr, double u, int32_t *out)
 {
     const int32_t n = s->n_vocab, nt = (n + SAMPLER_TILE - 1) / SAMPLER_TILE;
     const vi iota = {0, 1, 2, 3};
@@ -537,8 +528,8 @@ static inline vi bucket_of(vf v, float smax, float scale)
  * buckets (a bucket before the crossing one is wholly kept, one after it
  * wholly dropped), then sort only the bucket where the cumulative weight
  * crosses top_p * total. Sets the cut in *kr. total: weigh_all's result. */
-static enum kvb_status top_p_cut(struct sampler *s, const float *x, float smax, float smin,
-                                 double total, struct keep_rule *kr)
+static enum kvb_status top_p_cut(struct sampler *s, const float *x, float smax, float smin, double total,
+                                 struct keep_rule *kr)
 {
     const int32_t n = s->n_vocab;
     float range = smax - smin;
@@ -634,8 +625,7 @@ static void heap_sift_up(struct cand *c, int32_t i)
 /* Top-k path: the k best through a heap (almost every token costs one
  * comparison with the heap's worst), sorted, then top-p and min-p on that
  * short list. */
-static enum kvb_status sample_top_k(struct sampler *s, const float *logits, float smax, double u,
-                                    int32_t *out)
+static enum kvb_status sample_top_k(struct sampler *s, const float *logits, float smax, double u, int32_t *out)
 {
     const int32_t k = s->p.top_k;
     KVB_FORWARD_IF_ERROR(cand_reserve(s, (size_t)k));

@@ -39,13 +39,13 @@ struct sampler_params {
     float presence_penalty;   /* OpenAI semantics, 0 = disabled */
     float frequency_penalty;  /* OpenAI semantics, 0 = disabled */
     uint64_t seed;
-    const struct jsonmode_vocab *json; /* non-NULL: the output is held to one JSON object
+    const struct jsonmode_vocab *json;         /* non-NULL: the output is held to one JSON object
                                           (jsonmode.h); borrowed, must outlive the sampler */
     const struct jsonmode_schema *json_schema; /* with json: one this schema allows; borrowed */
-    const struct sampler_bias *bias;   /* n_bias additions to logits before anything else
+    const struct sampler_bias *bias;           /* n_bias additions to logits before anything else
                                           (OpenAI's logit_bias); copied by sampler_create */
     int32_t n_bias;
-    const int32_t *ban;  /* n_ban token ids that cannot be drawn while fewer than ban_until tokens have
+    const int32_t *ban; /* n_ban token ids that cannot be drawn while fewer than ban_until tokens have
                             been accepted (vLLM's min_tokens: end of generation and stop_token_ids);
                             copied by sampler_create */
     int32_t n_ban;

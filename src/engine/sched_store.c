@@ -28,19 +28,19 @@ struct sstore {
     struct pstore *ps;
     const struct pstore_model *pm;
     int32_t B;
-    int64_t bb;   /* bytes of one block */
-    bool async;   /* the backend queues copies */
-    bool copies;  /* copies queued since the last wait */
+    int64_t bb;    /* bytes of one block */
+    bool async;    /* the backend queues copies */
+    bool copies;   /* copies queued since the last wait */
     uint8_t *ring; /* load staging */
     int32_t cap_ring, ring_used;
     /* Spill buffers, one block each, lent to the store (pstore_put_borrowed)
      * instead of copied: a GPU's spills would otherwise cost the engine
      * thread a memcpy of every block. The store's writer hands them back. */
-    pthread_mutex_t mu; /* guards free_bufs / n_free */
+    pthread_mutex_t mu;  /* guards free_bufs / n_free */
     uint8_t **free_bufs; /* (max_bufs) */
     int32_t n_free, n_bufs, max_bufs;
     struct spill *spills;
-    int32_t *spill_tok; /* (cap_spill, B) */
+    int32_t *spill_tok;          /* (cap_spill, B) */
     struct pscore *spill_scores; /* (cap_spill, B): a spill's prompt scores, when it has them */
     int32_t n_spill, cap_spill;
     enum kvb_status fail; /* a wait that failed outside sstore_after_step, reported there */
@@ -48,8 +48,8 @@ struct sstore {
     int64_t spilled;
 };
 
-enum kvb_status sstore_create(struct backend *be, struct kv_alloc *kv, struct pstore *ps,
-                              const struct pstore_model *pm, struct sstore **out)
+enum kvb_status sstore_create(struct backend *be, struct kv_alloc *kv, struct pstore *ps, const struct pstore_model *pm,
+                              struct sstore **out)
 {
     struct sstore *x = kvb_calloc(1, sizeof *x);
     if (!x) return KVB_ERR_NOMEM;
@@ -164,8 +164,8 @@ static bool grow_ring(struct sstore *x, int32_t need)
     return true;
 }
 
-int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t from,
-                    int32_t n, const int32_t *blocks, struct pscore *scores)
+int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t from, int32_t n,
+                    const int32_t *blocks, struct pscore *scores)
 {
     if (n <= 0) return 0;
     if (n > MAX_LOAD) n = MAX_LOAD;
@@ -241,8 +241,7 @@ void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_k
     sp->block = block;
     sp->buf = dst;
     sp->scored = scores != NULL;
-    if (scores)
-        memcpy(x->spill_scores + (int64_t)x->n_spill * x->B, scores, sizeof *scores * (size_t)x->B);
+    if (scores) memcpy(x->spill_scores + (int64_t)x->n_spill * x->B, scores, sizeof *scores * (size_t)x->B);
     memcpy(x->spill_tok + (int64_t)x->n_spill * x->B, tokens + (int64_t)i * x->B, sizeof(int32_t) * (size_t)x->B);
     x->n_spill++;
 }

@@ -40,8 +40,8 @@
 
 struct sstore;
 
-enum kvb_status sstore_create(struct backend *be, struct kv_alloc *kv, struct pstore *ps,
-                              const struct pstore_model *pm, struct sstore **out);
+enum kvb_status sstore_create(struct backend *be, struct kv_alloc *kv, struct pstore *ps, const struct pstore_model *pm,
+                              struct sstore **out);
 /* Waits for copies in flight, drops the spills not yet handed over
  * (releasing their blocks), and waits for the store's writer to be done
  * with the buffers lent to it (pstore_flush). Accepts NULL. */
@@ -52,8 +52,8 @@ void sstore_free(struct sstore *x);
  * scores non-NULL (n x block_size records): only blocks stored with their
  * prompt scores count, and those land there. Returns how many it filled;
  * the caller keeps the others. n <= 256. */
-int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t from,
-                    int32_t n, const int32_t *blocks, struct pscore *scores);
+int32_t sstore_load(struct sstore *x, const int32_t *tokens, const struct pstore_key *keys, int32_t from, int32_t n,
+                    const int32_t *blocks, struct pscore *scores);
 
 /* Queues chain block i of `tokens` (held in KV block `block`) for the
  * store, unless the store has it already — with scores (block_size
@@ -68,7 +68,7 @@ void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_k
  * the last call may be wrong too). */
 enum kvb_status sstore_after_step(struct sstore *x, struct kvb_err *err);
 
-bool sstore_pending(const struct sstore *x); /* copies or spills not yet finished */
+bool sstore_pending(const struct sstore *x);           /* copies or spills not yet finished */
 int64_t sstore_blocks_spilled(const struct sstore *x); /* handed to the store */
 
 #endif

@@ -23,24 +23,24 @@ struct seq {
     int32_t n_computed; /* tokens whose K/V are in the blocks */
     int32_t *blocks;
     int32_t n_blocks, cap_blocks;
-    int32_t n_new;      /* tokens fed in the current step */
+    int32_t n_new;           /* tokens fed in the current step */
     struct pstore_key *keys; /* (n_prompt / B) chain keys, when a store is attached */
-    int32_t n_spilled;  /* prompt blocks already handed to (or found in) the store */
+    int32_t n_spilled;       /* prompt blocks already handed to (or found in) the store */
     int32_t store_tokens;
     int32_t cached_tokens;
     bool admitted_once;
     int32_t preemptions;     /* times preempted */
     int32_t restored_tokens; /* positions whose K/V those preemptions dropped */
-    uint64_t admit_seq; /* admission order, for choosing whom to preempt */
+    uint64_t admit_seq;      /* admission order, for choosing whom to preempt */
     struct sampler *smp;
     bool greedy_on_backend; /* the backend makes the choice (BE_LOGITS_ARGMAX) */
     double t_submit, t_admit, t_first, t_end;
     /* SCHED_SCORE_PROMPT */
     bool score;
-    struct pscore *pscores;  /* (n_prompt): [t] the score of prompt token t */
-    int32_t n_have;          /* pscores[0..n_have) are known (pscores[0]: none) */
-    int32_t n_block_scored;  /* leading blocks whose scores are kept with the block */
-    int32_t scored_cached;   /* scores taken from a cache at (first) admission */
+    struct pscore *pscores;   /* (n_prompt): [t] the score of prompt token t */
+    int32_t n_have;           /* pscores[0..n_have) are known (pscores[0]: none) */
+    int32_t n_block_scored;   /* leading blocks whose scores are kept with the block */
+    int32_t scored_cached;    /* scores taken from a cache at (first) admission */
     int32_t cow_at, cow_orig; /* blocks[cow_at] is a private copy of shared block cow_orig (held), for
                                  recomputing one position of it; -1: none */
 };
@@ -58,25 +58,25 @@ struct sched {
     float *logits;  /* (max_batch, n_vocab) */
     float *scratch; /* (n_scratch, n_vocab) sampler input, one row per sampling thread */
     int32_t n_scratch;
-    int32_t *samp_row; /* (max_batch) logits row of each batch entry, -1: none */
-    int32_t *samp_tok; /* (max_batch) its sampled token */
+    int32_t *samp_row;  /* (max_batch) logits row of each batch entry, -1: none */
+    int32_t *samp_tok;  /* (max_batch) its sampled token */
     int32_t *samp_amax; /* (max_batch) the backend's greedy choices (be_batch.argmax) */
     int32_t *samp_bad;  /* (max_batch) why the entry has no token: SAMP_* below */
     struct be_seq *bseqs;
     struct seq **bsrc; /* seq behind each be_seq */
     struct sched_stats st;
-    struct pstore *ps;               /* optional persistent store */
+    struct pstore *ps; /* optional persistent store */
     const struct pstore_model *pm;
-    struct sstore *io;               /* the traffic with it */
+    struct sstore *io; /* the traffic with it */
     /* Prompt scores (SCHED_SCORE_PROMPT), kept with KV blocks: a block's
      * record is a function of the tokens up to its end, as its K/V are. */
-    struct pscore **bscore;          /* (be->n_blocks) B records each, allocated on first use */
-    uint8_t *bscored;                /* (be->n_blocks) bscore[id] holds the block's current tokens' scores */
-    int32_t score_rows;              /* logits rows for scoring per step; 0 until a request scores */
-    void *cow_stage;                 /* host memory for copying one block (be_host_alloc) */
-    struct score_task *tasks;        /* (score_rows) the step's rows to score */
+    struct pscore **bscore;   /* (be->n_blocks) B records each, allocated on first use */
+    uint8_t *bscored;         /* (be->n_blocks) bscore[id] holds the block's current tokens' scores */
+    int32_t score_rows;       /* logits rows for scoring per step; 0 until a request scores */
+    void *cow_stage;          /* host memory for copying one block (be_host_alloc) */
+    struct score_task *tasks; /* (score_rows) the step's rows to score */
     int32_t n_tasks;
-    bool tasks_bad;                  /* a row to score was not finite */
+    bool tasks_bad; /* a row to score was not finite */
 };
 
 /* One logits row to turn into a prompt score. */
@@ -207,8 +207,7 @@ static enum kvb_status scoring_ensure(struct sched *s)
 }
 
 enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *prompt, int32_t n_prompt,
-                             int32_t max_tokens, const struct sampler_params *sp, unsigned flags,
-                             struct kvb_err *err)
+                             int32_t max_tokens, const struct sampler_params *sp, unsigned flags, struct kvb_err *err)
 {
     const bool want_logits = flags & SCHED_WANT_LOGITS, score = flags & SCHED_SCORE_PROMPT;
     if (n_prompt <= 0) return kvb_errf(err, KVB_ERR_INVALID_ARG, "empty prompt");
@@ -224,8 +223,7 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
     q->tokens = kvb_malloc(sizeof(int32_t) * (size_t)cap);
     q->cap_blocks = (int32_t)((cap + s->B - 1) / s->B);
     q->blocks = kvb_malloc(sizeof(int32_t) * (size_t)q->cap_blocks);
-    if (!q->tokens || !q->blocks || sampler_create(sp, s->n_vocab, &q->smp) != KVB_OK ||
-        push_waiting(s, q) != KVB_OK) {
+    if (!q->tokens || !q->blocks || sampler_create(sp, s->n_vocab, &q->smp) != KVB_OK || push_waiting(s, q) != KVB_OK) {
         seq_free(q);
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     }
@@ -277,6 +275,13 @@ static void info_of(const struct seq *q, struct sched_seq_info *info, const floa
     };
 }
 
+/* Whether q's next chunk scores prompt tokens (its logits rows all come back). */
+static bool seq_scoring(const struct seq *q) { return q->score && q->n_have < q->n_prompt; }
+
+/* The positions q is to have computed: all its tokens, except for a request
+ * that only scores its prompt, whose last token's row would score nothing. */
+static int32_t seq_end(const struct seq *q) { return q->score && q->max_tokens == 0 ? q->n_prompt - 1 : q->n_tokens; }
+
 static void release_blocks(struct sched *s, struct seq *q)
 {
     for (int32_t i = 0; i < q->n_blocks; i++) kv_unref(s->kv, q->blocks[i]);
@@ -321,12 +326,29 @@ static bool better_to_wait(const struct sched *s, const struct seq *q, int32_t c
     for (int32_t i = 0; i < s->n_running; i++) {
         const struct seq *r = s->running[i];
         if (r->n_computed >= r->n_prompt) continue; /* its prompt blocks are all inserted */
+        if (seq_scoring(q) && !r->score) continue;  /* its blocks would come without scores */
         if (shared_blocks(q->tokens, q->n_tokens - 1, r->tokens, r->n_prompt, s->B) > cached_blocks) return true;
     }
     return false;
 }
 
 static int32_t load_from_store(struct sched *s, struct seq *q, int32_t limit);
+
+/* The whole blocks of q's prefix the tree could give it now: for a request
+ * still to be scored, only those that carry scores (or that q's own scores
+ * already cover). */
+static int32_t cached_prefix(const struct sched *s, const struct seq *q)
+{
+    if (!seq_scoring(q)) return radix_peek(s->radix, q->tokens, q->n_tokens - 1);
+    const int32_t want = q->n_prompt / s->B;
+    int32_t *ids = want > 0 ? kvb_malloc(sizeof *ids * (size_t)want) : NULL;
+    if (!ids) return 0;
+    const int32_t n = radix_blocks(s->radix, q->tokens, want, ids);
+    int32_t k = 0;
+    while (k < n && (s->bscored[ids[k]] || (k + 1) * s->B <= q->n_have)) k++;
+    kvb_free(ids);
+    return k;
+}
 
 /* A free block, evicting a cached one if need be; -1 when none. Whatever
  * scores it held belonged to its old tokens. */
@@ -346,6 +368,25 @@ static void keep_block_scores(struct sched *s, struct seq *q, int32_t k)
     if (!s->bscore[id] && !(s->bscore[id] = kvb_malloc(sizeof(struct pscore) * (size_t)s->B))) return;
     memcpy(s->bscore[id], q->pscores + (int64_t)k * s->B, sizeof(struct pscore) * (size_t)s->B);
     s->bscored[id] = 1;
+}
+
+/* Where the prefix tree holds q's newly scored blocks (from block `first` on) in other
+ * blocks (computed beside q by a request that did not score, so q could not
+ * reuse them), the scores go to those too: they are the same tokens', and
+ * the tree's blocks are the ones later requests find. */
+static void share_scores(struct sched *s, const struct seq *q, int32_t first)
+{
+    int32_t *ids = kvb_malloc(sizeof *ids * (size_t)q->n_block_scored);
+    if (!ids) return; /* sharing is an optimisation */
+    const int32_t n = radix_blocks(s->radix, q->tokens, q->n_block_scored, ids);
+    for (int32_t k = first; k < n; k++) {
+        const int32_t id = ids[k];
+        if (id == q->blocks[k] || s->bscored[id] || !s->bscored[q->blocks[k]]) continue;
+        if (!s->bscore[id] && !(s->bscore[id] = kvb_malloc(sizeof(struct pscore) * (size_t)s->B))) continue;
+        memcpy(s->bscore[id], s->bscore[q->blocks[k]], sizeof(struct pscore) * (size_t)s->B);
+        s->bscored[id] = 1;
+    }
+    kvb_free(ids);
 }
 
 /* Replaces q's last block, a shared one, by a private copy of it, so that
@@ -425,7 +466,7 @@ static int32_t admit_scoring(struct sched *s, struct seq *q, int32_t *loaded)
         }
     }
     q->n_block_scored = 0;
-    return m;
+    return m < q->n_blocks ? m : q->n_blocks; /* a block given up for want of a copy was not reused */
 }
 
 static void admit(struct sched *s)
@@ -434,8 +475,7 @@ static void admit(struct sched *s)
     /* Score every waiting request once per step by its cached prefix. */
     int32_t *score = kvb_malloc(sizeof(int32_t) * (size_t)s->n_waiting);
     if (!score) return; /* try again next step */
-    for (int32_t i = 0; i < s->n_waiting; i++)
-        score[i] = radix_peek(s->radix, s->waiting[i]->tokens, s->waiting[i]->n_tokens - 1);
+    for (int32_t i = 0; i < s->n_waiting; i++) score[i] = cached_prefix(s, s->waiting[i]);
     while (s->n_running < s->o.max_batch) {
         int32_t best = -1;
         for (int32_t i = 0; i < s->n_waiting; i++) {
@@ -583,13 +623,6 @@ static bool grow_blocks(struct sched *s, struct seq *q, int32_t end)
 
 static int seq_order(const struct seq *a, const struct seq *b) { return a->admit_seq < b->admit_seq ? -1 : 1; }
 
-/* Whether q's next chunk scores prompt tokens (its logits rows all come back). */
-static bool seq_scoring(const struct seq *q) { return q->score && q->n_have < q->n_prompt; }
-
-/* The positions q is to have computed: all its tokens, except for a request
- * that only scores its prompt, whose last token's row would score nothing. */
-static int32_t seq_end(const struct seq *q) { return q->score && q->max_tokens == 0 ? q->n_prompt - 1 : q->n_tokens; }
-
 static void score_worker(void *arg, int ith, int nth)
 {
     struct sched *s = arg;
@@ -618,12 +651,12 @@ static bool after_scoring(struct sched *s, struct seq *q, int32_t pos)
         s->st.scored_tokens += upto - q->n_have;
         q->n_have = upto;
     }
-    const int32_t lim = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt;
+    const int32_t lim = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt, first = q->n_block_scored;
     while ((q->n_block_scored + 1) * s->B <= lim && (q->n_block_scored + 1) * s->B <= q->n_have)
         keep_block_scores(s, q, q->n_block_scored++);
+    if (q->n_block_scored > first) share_scores(s, q, first);
     return true;
 }
-
 
 /* samp_row of a batch entry whose token the backend chose (BE_LOGITS_ARGMAX). */
 #define ROW_ON_BACKEND (-2)
@@ -671,25 +704,30 @@ static void sample_failure(const struct sched *s, int32_t b, const float *row, c
     case SAMP_NONFINITE: {
         const int32_t at = sampler_first_nonfinite(row, s->n_vocab);
         const float v = row[at];
-        snprintf(out, cap, "the model's logits are not finite (%s at token id %d of %d): the model's weights or "
-                 "the backend are broken", isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at, s->n_vocab);
+        snprintf(out, cap,
+                 "the model's logits are not finite (%s at token id %d of %d): the model's weights or "
+                 "the backend are broken",
+                 isnan(v) ? "NaN"
+                 : v > 0  ? "+inf"
+                          : "-inf",
+                 at, s->n_vocab);
         break;
     }
     case SAMP_NO_CHOICE:
-        snprintf(out, cap, "the backend found no token to choose (every logit NaN or -inf): the model's weights or "
+        snprintf(out, cap,
+                 "the backend found no token to choose (every logit NaN or -inf): the model's weights or "
                  "the backend are broken");
         break;
-    default:
-        snprintf(out, cap, "the sampler failed (out of memory, or no token it may choose)");
-        break;
+    default: snprintf(out, cap, "the sampler failed (out of memory, or no token it may choose)"); break;
     }
 }
 
-enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
+/* Orders the running sequences (oldest first: they are closest to
+ * finishing and their memory is sunk) and gives each its tokens for this
+ * step, decodes first (one token each), then prefill chunks, under the
+ * step's token budget and scoring rows; preempts when blocks run out. */
+static enum kvb_status pack_step(struct sched *s, struct kvb_err *err)
 {
-    admit(s);
-    if (s->n_running == 0) return s->io ? sstore_after_step(s->io, err) : KVB_OK;
-    /* Oldest first: they are closest to finishing and their memory is sunk. */
     for (int32_t i = 1; i < s->n_running; i++)
         for (int32_t j = i; j > 0 && seq_order(s->running[j], s->running[j - 1]) < 0; j--) {
             struct seq *t = s->running[j];
@@ -725,17 +763,29 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
                 bool self = victim == q;
                 if (s->n_running == 1) return kvb_errf(err, KVB_ERR_INTERNAL, "KV pool too small for one sequence");
                 preempt_youngest(s);
-                if (self) { take = 0; break; }
+                if (self) {
+                    take = 0;
+                    break;
+                }
                 /* running[] shifted: find q again */
                 for (i = 0; i < s->n_running && s->running[i] != q; i++) {}
             }
-            if (take == 0) { i = s->n_running; break; }
+            if (take == 0) {
+                i = s->n_running;
+                break;
+            }
             q->n_new = take;
             budget -= take;
             if (seq_scoring(q)) score_left -= take;
         }
     }
 
+    return KVB_OK;
+}
+
+/* The forward pass's batch from what pack_step gave; its length. */
+static int32_t batch_of_step(struct sched *s)
+{
     int32_t nb = 0;
     for (int32_t i = 0; i < s->n_running; i++) {
         struct seq *q = s->running[i];
@@ -747,8 +797,8 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
             .pos = q->n_computed,
             .block_table = q->blocks,
             .n_blocks = q->n_blocks,
-            .logits = seq_scoring(q) ? BE_LOGITS_ALL
-                      : !last        ? BE_LOGITS_NONE
+            .logits = seq_scoring(q)         ? BE_LOGITS_ALL
+                      : !last                ? BE_LOGITS_NONE
                       : q->greedy_on_backend ? BE_LOGITS_ARGMAX
                                              : BE_LOGITS_LAST,
         };
@@ -756,13 +806,13 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         if (q->n_new > 1 || q->n_computed < q->n_prompt) s->st.prefill_computed += q->n_new;
         else s->st.decode_tokens += 1;
     }
-    if (nb == 0) return KVB_OK;
-    struct be_batch batch = {s->bseqs, nb, s->samp_amax};
-    KVB_FORWARD_IF_ERROR(s->be->forward(s->be, &batch, s->logits, err));
-    s->st.steps++;
-    /* The previous step's spills were copied out during this pass. */
-    if (s->io) KVB_FORWARD_IF_ERROR(sstore_after_step(s->io, err));
+    return nb;
+}
 
+/* Where each batch entry's logits rows are (samp_row), and the rows that
+ * score prompt tokens (s->tasks); the rows sampled from. */
+static int32_t rows_of_step(struct sched *s, int32_t nb)
+{
     int32_t row = 0;
     s->n_tasks = 0;
     s->tasks_bad = false;
@@ -784,14 +834,13 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         s->samp_tok[b] = s->samp_amax[b];
         if (s->samp_amax[b] < 0 || s->samp_amax[b] >= s->n_vocab) s->samp_bad[b] = SAMP_NO_CHOICE;
     }
-    if (s->n_tasks > 0) {
-        if (s->be->host_parallel && s->n_tasks > 1) s->be->host_parallel(s->be, score_worker, s);
-        else score_worker(s, 0, 1);
-    }
-    struct sample_job job = {s, nb};
-    if (s->be->host_parallel && row > 1) s->be->host_parallel(s->be, sample_worker, &job);
-    else sample_worker(&job, 0, 1);
+    return row;
+}
 
+/* After the pass: each sequence's new tokens counted, its scores kept, its
+ * full blocks shared and spilled, its sampled token accepted or its end. */
+static void after_step(struct sched *s, int32_t nb)
+{
     for (int32_t b = 0; b < nb; b++) {
         struct seq *q = s->bsrc[b];
         const int32_t pos = q->n_computed;
@@ -800,8 +849,9 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         if (s->bseqs[b].logits == BE_LOGITS_ALL && !after_scoring(s, q, pos)) {
             int32_t idx = 0;
             while (s->running[idx] != q) idx++;
-            finish(s, idx, SCHED_FINISH_ERROR, "the model's logits are not finite while scoring the prompt: the "
-                                               "model's weights or the backend are broken");
+            finish(s, idx, SCHED_FINISH_ERROR,
+                   "the model's logits are not finite while scoring the prompt: the "
+                   "model's weights or the backend are broken");
             continue;
         }
         int32_t full = q->n_computed / s->B;
@@ -838,6 +888,31 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
         else if (q->n_tokens - q->n_prompt >= q->max_tokens || q->n_tokens >= q->cap_tokens)
             finish(s, idx, SCHED_FINISH_LENGTH, NULL);
     }
+}
+
+enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
+{
+    admit(s);
+    if (s->n_running == 0) return s->io ? sstore_after_step(s->io, err) : KVB_OK;
+    KVB_FORWARD_IF_ERROR(pack_step(s, err));
+    const int32_t nb = batch_of_step(s);
+    if (nb == 0) return KVB_OK;
+    struct be_batch batch = {s->bseqs, nb, s->samp_amax};
+    KVB_FORWARD_IF_ERROR(s->be->forward(s->be, &batch, s->logits, err));
+    s->st.steps++;
+    /* The previous step's spills were copied out during this pass. */
+    if (s->io) KVB_FORWARD_IF_ERROR(sstore_after_step(s->io, err));
+
+    const int32_t row = rows_of_step(s, nb);
+    if (s->n_tasks > 0) {
+        if (s->be->host_parallel && s->n_tasks > 1) s->be->host_parallel(s->be, score_worker, s);
+        else score_worker(s, 0, 1);
+    }
+    struct sample_job job = {s, nb};
+    if (s->be->host_parallel && row > 1) s->be->host_parallel(s->be, sample_worker, &job);
+    else sample_worker(&job, 0, 1);
+
+    after_step(s, nb);
     /* Nothing left to overlap the spills with: hand them over now, so that
      * an idle scheduler has nothing in flight. */
     if (s->n_running == 0 && s->io) return sstore_after_step(s->io, err);

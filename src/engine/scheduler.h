@@ -49,25 +49,25 @@ struct sched_opts {
 
 /* What a callback sees of a sequence. */
 struct sched_seq_info {
-    uint64_t user_id;          /* the id given at submit */
-    const int32_t *tokens;     /* prompt followed by generated tokens */
+    uint64_t user_id;      /* the id given at submit */
+    const int32_t *tokens; /* prompt followed by generated tokens */
     int32_t n_prompt;
     int32_t n_generated;
-    int32_t cached_tokens;     /* prompt tokens reused from the prefix tree at (first) admission */
-    int32_t store_tokens;      /* prompt tokens loaded from the persistent store at (first) admission */
-    int32_t preemptions;       /* times it was preempted so far */
-    int32_t restored_tokens;   /* positions whose K/V its preemptions dropped: rebuilt at readmission,
+    int32_t cached_tokens;   /* prompt tokens reused from the prefix tree at (first) admission */
+    int32_t store_tokens;    /* prompt tokens loaded from the persistent store at (first) admission */
+    int32_t preemptions;     /* times it was preempted so far */
+    int32_t restored_tokens; /* positions whose K/V its preemptions dropped: rebuilt at readmission,
                                 * from the prefix tree or the store where they were still there,
                                 * else recomputed */
     double t_submit, t_admit, t_first_token, t_end; /* monotonic seconds */
-    const float *logits;       /* on_token only: the logits the token was sampled from (n_vocab);
+    const float *logits;                            /* on_token only: the logits the token was sampled from (n_vocab);
                                 * NULL when the backend chose it (see sched_submit) */
-    const char *error;         /* on_finish with SCHED_FINISH_ERROR: why, one line naming the cause
+    const char *error;                              /* on_finish with SCHED_FINISH_ERROR: why, one line naming the cause
                                 * (valid during the call); NULL otherwise */
-    const struct pscore *prompt_scores; /* SCHED_SCORE_PROMPT: (n_prompt) the prompt's scores, [0]
+    const struct pscore *prompt_scores;             /* SCHED_SCORE_PROMPT: (n_prompt) the prompt's scores, [0]
                                          * pscore_none; complete from the first on_token on, and at
                                          * on_finish unless SCHED_FINISH_ERROR; else NULL */
-    int32_t scored_tokens;     /* SCHED_SCORE_PROMPT: prompt scores taken from a cache (in-run or
+    int32_t scored_tokens;                          /* SCHED_SCORE_PROMPT: prompt scores taken from a cache (in-run or
                                 * store) rather than computed, at (first) admission */
 };
 
@@ -133,13 +133,12 @@ enum {
  * scored, nothing generated: finish LENGTH). The prompt must fit: n_prompt <
  * n_ctx, otherwise KVB_ERR_RANGE. flags: SCHED_* above. */
 enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *prompt, int32_t n_prompt,
-                             int32_t max_tokens, const struct sampler_params *sp, unsigned flags,
-                             struct kvb_err *err);
+                             int32_t max_tokens, const struct sampler_params *sp, unsigned flags, struct kvb_err *err);
 
 /* Runs one step. Returns an error only when the backend fails. */
 enum kvb_status sched_step(struct sched *s, struct kvb_err *err);
 
-bool sched_idle(const struct sched *s);     /* nothing waiting or running */
+bool sched_idle(const struct sched *s); /* nothing waiting or running */
 void sched_get_stats(const struct sched *s, struct sched_stats *out);
 
 #endif

@@ -23,10 +23,10 @@
 #include "base/alloc.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32u
-#define GGUF_MAX_DEPTH 8          /* array nesting levels; real files use 1 */
-#define GGUF_MAX_NAME 65536u      /* key and tensor-name length limit */
+#define GGUF_MAX_DEPTH 8     /* array nesting levels; real files use 1 */
+#define GGUF_MAX_NAME 65536u /* key and tensor-name length limit */
 #define GGUF_MAX_DIMS 4u
-#define GGUF_HEADER_BYTES 24u     /* magic, version, tensor_count, kv_count */
+#define GGUF_HEADER_BYTES 24u /* magic, version, tensor_count, kv_count */
 /* Smallest possible encodings, used to refuse absurd counts before
  * allocating: a kv is key length (8) + 1 key byte + value type (4) + a 1-byte
  * value; a tensor info is name length (8) + 1 name byte + n_dims (4) + one
@@ -44,7 +44,7 @@ struct name_index {
 struct gguf_file {
     const uint8_t *base; /* the whole file */
     uint64_t size;
-    void *map;           /* non-NULL when we mmapped base ourselves */
+    void *map; /* non-NULL when we mmapped base ourselves */
     uint32_t version;
     uint32_t alignment;
     uint64_t data_start; /* file offset of the data section */
@@ -53,7 +53,7 @@ struct gguf_file {
     struct gguf_tensor *tensors; /* (n_tensors) */
     uint64_t n_tensors;
     struct name_index kv_index, tensor_index;
-    void **blocks;       /* item arrays of STRING/ARRAY values, freed at close */
+    void **blocks; /* item arrays of STRING/ARRAY values, freed at close */
     size_t n_blocks, cap_blocks;
 };
 
@@ -81,15 +81,14 @@ static enum kvb_status index_init(struct name_index *ix, uint64_t n)
 
 /* Index of the entry named (p, n), or UINT64_MAX. names(i) is read through
  * the stride so the same code serves kvs and tensors. */
-static uint64_t index_find(const struct name_index *ix, const void *entries, size_t stride,
-                           size_t name_off, const char *p, uint64_t n)
+static uint64_t index_find(const struct name_index *ix, const void *entries, size_t stride, size_t name_off,
+                           const char *p, uint64_t n)
 {
     if (!ix->slots) return UINT64_MAX;
     for (uint64_t h = hash_bytes(p, n) & ix->mask;; h = (h + 1) & ix->mask) {
         uint64_t s = ix->slots[h];
         if (s == 0) return UINT64_MAX;
-        const struct gguf_str *name =
-            (const struct gguf_str *)((const char *)entries + (s - 1) * stride + name_off);
+        const struct gguf_str *name = (const struct gguf_str *)((const char *)entries + (s - 1) * stride + name_off);
         if (name->len == n && memcmp(name->ptr, p, n) == 0) return s - 1;
     }
 }
@@ -122,14 +121,12 @@ static int64_t sext(uint64_t u, unsigned bytes)
 
 static bool vtype_is_unsigned(enum gguf_vtype t)
 {
-    return t == GGUF_VTYPE_UINT8 || t == GGUF_VTYPE_UINT16 || t == GGUF_VTYPE_UINT32 ||
-           t == GGUF_VTYPE_UINT64;
+    return t == GGUF_VTYPE_UINT8 || t == GGUF_VTYPE_UINT16 || t == GGUF_VTYPE_UINT32 || t == GGUF_VTYPE_UINT64;
 }
 
 static bool vtype_is_signed(enum gguf_vtype t)
 {
-    return t == GGUF_VTYPE_INT8 || t == GGUF_VTYPE_INT16 || t == GGUF_VTYPE_INT32 ||
-           t == GGUF_VTYPE_INT64;
+    return t == GGUF_VTYPE_INT8 || t == GGUF_VTYPE_INT16 || t == GGUF_VTYPE_INT32 || t == GGUF_VTYPE_INT64;
 }
 
 /* Copies a name into dst for a message: quoted, non-printable bytes as '?',
@@ -172,8 +169,8 @@ static enum kvb_status rd_bytes(struct rd *r, uint64_t n, const char *what, cons
     *out = r->p + r->pos;
     if (n > r->size - r->pos)
         return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: %s: %s (%" PRIu64 " bytes at offset %" PRIu64
-                        ") runs past end of file (size %" PRIu64 ")",
+                        "gguf: %s: %s (%" PRIu64 " bytes at offset %" PRIu64 ") runs past end of file (size %" PRIu64
+                        ")",
                         r->where, what, n, r->pos, r->size);
     *out = r->p + r->pos;
     r->pos += n;
@@ -208,18 +205,17 @@ static enum kvb_status rd_str(struct rd *r, const char *what, bool is_name, stru
     KVB_FORWARD_IF_ERROR(rd_uint(r, 8, what, &len));
     if (len > r->size - r->pos)
         return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: %s: %s length %" PRIu64 " at offset %" PRIu64
-                        " runs past end of file (size %" PRIu64 ")",
+                        "gguf: %s: %s length %" PRIu64 " at offset %" PRIu64 " runs past end of file (size %" PRIu64
+                        ")",
                         r->where, what, len, at, r->size);
     if (is_name && (len == 0 || len > GGUF_MAX_NAME))
         return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: %s: %s length %" PRIu64 " at offset %" PRIu64
-                        " is invalid (must be 1..%u)",
-                        r->where, what, len, at, GGUF_MAX_NAME);
+                        "gguf: %s: %s length %" PRIu64 " at offset %" PRIu64 " is invalid (must be 1..%u)", r->where,
+                        what, len, at, GGUF_MAX_NAME);
     KVB_FORWARD_IF_ERROR(rd_bytes(r, len, what, &b));
     if (is_name && memchr(b, 0, (size_t)len))
-        return kvb_errf(r->err, KVB_ERR_FORMAT, "gguf: %s: %s at offset %" PRIu64 " contains a NUL byte",
-                        r->where, what, at);
+        return kvb_errf(r->err, KVB_ERR_FORMAT, "gguf: %s: %s at offset %" PRIu64 " contains a NUL byte", r->where,
+                        what, at);
     out->len = len;
     out->ptr = (const char *)b;
     return KVB_OK;
@@ -240,8 +236,7 @@ static enum kvb_status keep_block(struct gguf_file *f, void *p)
     return KVB_OK;
 }
 
-static enum kvb_status parse_value(struct rd *r, enum gguf_vtype type, unsigned depth,
-                                   struct gguf_value *out);
+static enum kvb_status parse_value(struct rd *r, enum gguf_vtype type, unsigned depth, struct gguf_value *out);
 
 /* An array body: u32 element type, u64 count, elements. `depth` counts the
  * array levels including this one. */
@@ -250,14 +245,12 @@ static enum kvb_status parse_array(struct rd *r, unsigned depth, struct gguf_val
     uint64_t at = r->pos, n;
     uint32_t et;
     if (depth > GGUF_MAX_DEPTH)
-        return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: %s: arrays nested deeper than %d levels at offset %" PRIu64, r->where,
-                        GGUF_MAX_DEPTH, at);
+        return kvb_errf(r->err, KVB_ERR_FORMAT, "gguf: %s: arrays nested deeper than %d levels at offset %" PRIu64,
+                        r->where, GGUF_MAX_DEPTH, at);
     KVB_FORWARD_IF_ERROR(rd_u32(r, "array element type", &et));
     if (et >= GGUF_VTYPE_COUNT_)
-        return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: %s: bad array element type %" PRIu32 " at offset %" PRIu64, r->where,
-                        et, at);
+        return kvb_errf(r->err, KVB_ERR_FORMAT, "gguf: %s: bad array element type %" PRIu32 " at offset %" PRIu64,
+                        r->where, et, at);
     uint64_t count_at = r->pos;
     KVB_FORWARD_IF_ERROR(rd_uint(r, 8, "array count", &n));
     uint64_t remaining = r->size - r->pos;
@@ -267,8 +260,8 @@ static enum kvb_status parse_array(struct rd *r, unsigned depth, struct gguf_val
     uint64_t min_elem = esize ? esize : (et == GGUF_VTYPE_STRING ? 8 : 12);
     if (n > remaining / min_elem)
         return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: %s: array count %" PRIu64 " of %s at offset %" PRIu64
-                        " runs past end of file (%" PRIu64 " bytes remain)",
+                        "gguf: %s: array count %" PRIu64 " of %s at offset %" PRIu64 " runs past end of file (%" PRIu64
+                        " bytes remain)",
                         r->where, n, gguf_vtype_name((enum gguf_vtype)et), count_at, remaining);
     out->type = GGUF_VTYPE_ARRAY;
     out->v.arr.elem_type = (enum gguf_vtype)et;
@@ -282,8 +275,7 @@ static enum kvb_status parse_array(struct rd *r, unsigned depth, struct gguf_val
             for (uint64_t i = 0; i < n; i++)
                 if (b[i] > 1)
                     return kvb_errf(r->err, KVB_ERR_FORMAT,
-                                    "gguf: %s: bool array element %" PRIu64 " at offset %" PRIu64
-                                    " is %u, not 0 or 1",
+                                    "gguf: %s: bool array element %" PRIu64 " at offset %" PRIu64 " is %u, not 0 or 1",
                                     r->where, i, (uint64_t)(b - r->p) + i, (unsigned)b[i]);
         out->v.arr.raw = b;
         return KVB_OK;
@@ -296,15 +288,13 @@ static enum kvb_status parse_array(struct rd *r, unsigned depth, struct gguf_val
         return kvb_errf(r->err, KVB_ERR_NOMEM, "gguf: out of memory");
     }
     out->v.arr.items = items;
-    for (uint64_t i = 0; i < n; i++)
-        KVB_FORWARD_IF_ERROR(parse_value(r, (enum gguf_vtype)et, depth, &items[i]));
+    for (uint64_t i = 0; i < n; i++) KVB_FORWARD_IF_ERROR(parse_value(r, (enum gguf_vtype)et, depth, &items[i]));
     return KVB_OK;
 }
 
 /* One value of a known type; `depth` is the array level the value sits in
  * (0 for a kv's own value). */
-static enum kvb_status parse_value(struct rd *r, enum gguf_vtype type, unsigned depth,
-                                   struct gguf_value *out)
+static enum kvb_status parse_value(struct rd *r, enum gguf_vtype type, unsigned depth, struct gguf_value *out)
 {
     uint64_t at = r->pos, u;
     out->type = type;
@@ -312,8 +302,7 @@ static enum kvb_status parse_value(struct rd *r, enum gguf_vtype type, unsigned 
     case GGUF_VTYPE_UINT8:
     case GGUF_VTYPE_UINT16:
     case GGUF_VTYPE_UINT32:
-    case GGUF_VTYPE_UINT64:
-        return rd_uint(r, gguf_vtype_size(type), "value", &out->v.u64);
+    case GGUF_VTYPE_UINT64: return rd_uint(r, gguf_vtype_size(type), "value", &out->v.u64);
     case GGUF_VTYPE_INT8:
     case GGUF_VTYPE_INT16:
     case GGUF_VTYPE_INT32:
@@ -338,16 +327,12 @@ static enum kvb_status parse_value(struct rd *r, enum gguf_vtype type, unsigned 
         KVB_FORWARD_IF_ERROR(rd_uint(r, 1, "value", &u));
         if (u > 1)
             return kvb_errf(r->err, KVB_ERR_FORMAT,
-                            "gguf: %s: bool value %" PRIu64 " at offset %" PRIu64 " is not 0 or 1",
-                            r->where, u, at);
+                            "gguf: %s: bool value %" PRIu64 " at offset %" PRIu64 " is not 0 or 1", r->where, u, at);
         out->v.b = u != 0;
         return KVB_OK;
-    case GGUF_VTYPE_STRING:
-        return rd_str(r, "string", false, &out->v.str);
-    case GGUF_VTYPE_ARRAY:
-        return parse_array(r, depth + 1, out);
-    case GGUF_VTYPE_COUNT_:
-        break;
+    case GGUF_VTYPE_STRING: return rd_str(r, "string", false, &out->v.str);
+    case GGUF_VTYPE_ARRAY: return parse_array(r, depth + 1, out);
+    case GGUF_VTYPE_COUNT_: break;
     }
     return kvb_errf(r->err, KVB_ERR_INTERNAL, "gguf: %s: value type %d", r->where, (int)type);
 }
@@ -358,13 +343,13 @@ static enum kvb_status parse_header(struct rd *r, uint64_t *n_tensors, uint64_t 
 {
     struct gguf_file *f = r->f;
     if (r->size < 4)
-        return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: file is %" PRIu64 " bytes, too small to be a GGUF file", r->size);
+        return kvb_errf(r->err, KVB_ERR_FORMAT, "gguf: file is %" PRIu64 " bytes, too small to be a GGUF file",
+                        r->size);
     if (memcmp(r->p, "GGUF", 4) != 0) {
         char shown[20];
         snprintf(shown, sizeof shown, "%02x %02x %02x %02x", r->p[0], r->p[1], r->p[2], r->p[3]);
-        return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: bad magic [%s] at offset 0 (expected 'GGUF'): not a GGUF file", shown);
+        return kvb_errf(r->err, KVB_ERR_FORMAT, "gguf: bad magic [%s] at offset 0 (expected 'GGUF'): not a GGUF file",
+                        shown);
     }
     r->pos = 4;
     KVB_FORWARD_IF_ERROR(rd_u32(r, "version", &f->version));
@@ -414,19 +399,18 @@ static enum kvb_status parse_kvs(struct rd *r, uint64_t n)
         KVB_FORWARD_IF_ERROR(rd_str(r, "key", true, &kv->key));
         describe_name(name, sizeof name, kv->key);
         snprintf(r->where, sizeof r->where, "kv %" PRIu64 " %s", i, name);
-        uint64_t dup = index_find(&f->kv_index, f->kvs, sizeof *f->kvs,
-                                  offsetof(struct gguf_kv, key), kv->key.ptr, kv->key.len);
+        uint64_t dup =
+            index_find(&f->kv_index, f->kvs, sizeof *f->kvs, offsetof(struct gguf_kv, key), kv->key.ptr, kv->key.len);
         if (dup != UINT64_MAX)
             return kvb_errf(r->err, KVB_ERR_FORMAT,
-                            "gguf: %s: duplicate key at offset %" PRIu64 " (first defined by kv %" PRIu64 ")",
-                            r->where, key_at, dup);
+                            "gguf: %s: duplicate key at offset %" PRIu64 " (first defined by kv %" PRIu64 ")", r->where,
+                            key_at, dup);
         uint64_t type_at = r->pos;
         uint32_t type;
         KVB_FORWARD_IF_ERROR(rd_u32(r, "value type", &type));
         if (type >= GGUF_VTYPE_COUNT_)
-            return kvb_errf(r->err, KVB_ERR_FORMAT,
-                            "gguf: %s: bad value type %" PRIu32 " at offset %" PRIu64, r->where, type,
-                            type_at);
+            return kvb_errf(r->err, KVB_ERR_FORMAT, "gguf: %s: bad value type %" PRIu32 " at offset %" PRIu64, r->where,
+                            type, type_at);
         KVB_FORWARD_IF_ERROR(parse_value(r, (enum gguf_vtype)type, 0, &kv->val));
         /* Counted only once complete so gguf_close never sees half a kv. */
         index_insert(&f->kv_index, kv->key.ptr, kv->key.len, i);
@@ -470,8 +454,8 @@ static enum kvb_status parse_tensor_info(struct rd *r, uint64_t i, struct gguf_t
     KVB_FORWARD_IF_ERROR(rd_str(r, "name", true, &t->name));
     describe_name(name, sizeof name, t->name);
     snprintf(r->where, sizeof r->where, "tensor %" PRIu64 " %s", i, name);
-    uint64_t dup = index_find(&f->tensor_index, f->tensors, sizeof *f->tensors,
-                              offsetof(struct gguf_tensor, name), t->name.ptr, t->name.len);
+    uint64_t dup = index_find(&f->tensor_index, f->tensors, sizeof *f->tensors, offsetof(struct gguf_tensor, name),
+                              t->name.ptr, t->name.len);
     if (dup != UINT64_MAX)
         return kvb_errf(r->err, KVB_ERR_FORMAT,
                         "gguf: %s: duplicate tensor name at offset %" PRIu64 " (first defined by tensor %" PRIu64 ")",
@@ -481,8 +465,8 @@ static enum kvb_status parse_tensor_info(struct rd *r, uint64_t i, struct gguf_t
     KVB_FORWARD_IF_ERROR(rd_u32(r, "n_dims", &t->n_dims));
     if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
         return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: %s: n_dims %" PRIu32 " at offset %" PRIu64 " is out of range 1..%u",
-                        r->where, t->n_dims, dims_at, GGUF_MAX_DIMS);
+                        "gguf: %s: n_dims %" PRIu32 " at offset %" PRIu64 " is out of range 1..%u", r->where, t->n_dims,
+                        dims_at, GGUF_MAX_DIMS);
     uint64_t n_elems = 1;
     bool overflow = false;
     for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) {
@@ -503,9 +487,8 @@ static enum kvb_status parse_tensor_info(struct rd *r, uint64_t i, struct gguf_t
     KVB_FORWARD_IF_ERROR(rd_u32(r, "type", &type));
     const struct ggml_type_traits *tr = ggml_type_get_traits(type);
     if (!tr)
-        return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: %s: unknown ggml type code %" PRIu32 " at offset %" PRIu64, r->where, type,
-                        type_at);
+        return kvb_errf(r->err, KVB_ERR_FORMAT, "gguf: %s: unknown ggml type code %" PRIu32 " at offset %" PRIu64,
+                        r->where, type, type_at);
     t->type = (enum ggml_type)type;
     KVB_FORWARD_IF_ERROR(rd_uint(r, 8, "offset", &t->offset));
     if (overflow && n_elems != 0) /* a zero dimension makes the product 0 whatever the rest */
@@ -515,11 +498,11 @@ static enum kvb_status parse_tensor_info(struct rd *r, uint64_t i, struct gguf_t
                         r->where, t->ne[0], t->ne[1], t->ne[2], t->ne[3], dims_at + 4);
     if (t->ne[0] % tr->block_elems != 0)
         return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: %s: ne[0] = %" PRIu64 " is not a multiple of the %s block size %" PRIu32,
-                        r->where, t->ne[0], tr->name, tr->block_elems);
+                        "gguf: %s: ne[0] = %" PRIu64 " is not a multiple of the %s block size %" PRIu32, r->where,
+                        t->ne[0], tr->name, tr->block_elems);
     if (!ggml_type_row_bytes(type, n_elems, &t->n_bytes))
-        return kvb_errf(r->err, KVB_ERR_FORMAT,
-                        "gguf: %s: data size of %" PRIu64 " %s elements overflows", r->where, n_elems, tr->name);
+        return kvb_errf(r->err, KVB_ERR_FORMAT, "gguf: %s: data size of %" PRIu64 " %s elements overflows", r->where,
+                        n_elems, tr->name);
     return KVB_OK;
 }
 
@@ -591,8 +574,7 @@ static enum kvb_status parse(struct gguf_file *f, struct kvb_err *err)
 
 /* ---- open / close -------------------------------------------------------------- */
 
-enum kvb_status gguf_open_memory(const void *data, uint64_t size, struct gguf_file **out,
-                                 struct kvb_err *err)
+enum kvb_status gguf_open_memory(const void *data, uint64_t size, struct gguf_file **out, struct kvb_err *err)
 {
     if (!out || (!data && size > 0))
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "gguf_open_memory: NULL %s", out ? "data" : "out");
@@ -638,8 +620,7 @@ enum kvb_status gguf_open(const char *path, struct gguf_file **out, struct kvb_e
     void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
     close(fd); /* the mapping keeps the file open */
-    if (map == MAP_FAILED)
-        return kvb_errf(err, KVB_ERR_IO, "cannot map '%s': %s", path, strerror(map_errno));
+    if (map == MAP_FAILED) return kvb_errf(err, KVB_ERR_IO, "cannot map '%s': %s", path, strerror(map_errno));
 
     struct gguf_file *f = kvb_calloc(1, sizeof *f);
     if (!f) {
@@ -689,10 +670,7 @@ uint32_t gguf_version(const struct gguf_file *f) { return f->version; }
 uint64_t gguf_n_kv(const struct gguf_file *f) { return f->n_kv; }
 uint64_t gguf_n_tensors(const struct gguf_file *f) { return f->n_tensors; }
 
-const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, uint64_t i)
-{
-    return i < f->n_kv ? &f->kvs[i] : NULL;
-}
+const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, uint64_t i) { return i < f->n_kv ? &f->kvs[i] : NULL; }
 
 const struct gguf_tensor *gguf_tensor_at(const struct gguf_file *f, uint64_t i)
 {
@@ -702,16 +680,15 @@ const struct gguf_tensor *gguf_tensor_at(const struct gguf_file *f, uint64_t i)
 const struct gguf_value *gguf_find(const struct gguf_file *f, const char *key)
 {
     if (!key) return NULL;
-    uint64_t i = index_find(&f->kv_index, f->kvs, sizeof *f->kvs, offsetof(struct gguf_kv, key), key,
-                            strlen(key));
+    uint64_t i = index_find(&f->kv_index, f->kvs, sizeof *f->kvs, offsetof(struct gguf_kv, key), key, strlen(key));
     return i < f->n_kv ? &f->kvs[i].val : NULL;
 }
 
 const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name)
 {
     if (!name) return NULL;
-    uint64_t i = index_find(&f->tensor_index, f->tensors, sizeof *f->tensors,
-                            offsetof(struct gguf_tensor, name), name, strlen(name));
+    uint64_t i = index_find(&f->tensor_index, f->tensors, sizeof *f->tensors, offsetof(struct gguf_tensor, name), name,
+                            strlen(name));
     return i < f->n_tensors ? &f->tensors[i] : NULL;
 }
 
@@ -723,19 +700,18 @@ bool gguf_str_eq(struct gguf_str s, const char *z)
 
 /* ---- typed getters ------------------------------------------------------------- */
 
-static enum kvb_status get_checked(const struct gguf_file *f, const char *key,
-                                   const struct gguf_value **out, struct kvb_err *err)
+static enum kvb_status get_checked(const struct gguf_file *f, const char *key, const struct gguf_value **out,
+                                   struct kvb_err *err)
 {
     *out = gguf_find(f, key);
     if (!*out) return kvb_errf(err, KVB_ERR_NOT_FOUND, "gguf: key '%s' not found", key ? key : "(null)");
     return KVB_OK;
 }
 
-static enum kvb_status type_mismatch(const char *key, const struct gguf_value *v, const char *want,
-                                     struct kvb_err *err)
+static enum kvb_status type_mismatch(const char *key, const struct gguf_value *v, const char *want, struct kvb_err *err)
 {
-    return kvb_errf(err, KVB_ERR_FORMAT, "gguf: key '%s' has type %s, expected %s", key,
-                    gguf_vtype_name(v->type), want);
+    return kvb_errf(err, KVB_ERR_FORMAT, "gguf: key '%s' has type %s, expected %s", key, gguf_vtype_name(v->type),
+                    want);
 }
 
 /* Any integer value as a (sign, magnitude-ish) pair: returns false for
@@ -820,8 +796,7 @@ enum kvb_status gguf_get_bool(const struct gguf_file *f, const char *key, bool *
     return KVB_OK;
 }
 
-enum kvb_status gguf_get_str(const struct gguf_file *f, const char *key, struct gguf_str *out,
-                             struct kvb_err *err)
+enum kvb_status gguf_get_str(const struct gguf_file *f, const char *key, struct gguf_str *out, struct kvb_err *err)
 {
     const struct gguf_value *v = NULL;
     KVB_FORWARD_IF_ERROR(get_checked(f, key, &v, err));

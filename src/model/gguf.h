@@ -73,20 +73,19 @@ struct gguf_kv {
 
 struct gguf_tensor {
     struct gguf_str name;
-    uint32_t n_dims;      /* 1..4 */
-    uint64_t ne[4];       /* elements per dim, ne[0] fastest; unused dims are 1 */
+    uint32_t n_dims; /* 1..4 */
+    uint64_t ne[4];  /* elements per dim, ne[0] fastest; unused dims are 1 */
     enum ggml_type type;
-    uint64_t offset;      /* relative to the data section */
-    uint64_t n_bytes;     /* validated: data + n_bytes <= end of file */
-    const void *data;     /* into the mapping */
+    uint64_t offset;  /* relative to the data section */
+    uint64_t n_bytes; /* validated: data + n_bytes <= end of file */
+    const void *data; /* into the mapping */
 };
 
 struct gguf_file; /* opaque */
 
 enum kvb_status gguf_open(const char *path, struct gguf_file **out, struct kvb_err *err);
 /* Parses `size` bytes at `data`; the buffer must outlive the handle. */
-enum kvb_status gguf_open_memory(const void *data, uint64_t size, struct gguf_file **out,
-                                 struct kvb_err *err);
+enum kvb_status gguf_open_memory(const void *data, uint64_t size, struct gguf_file **out, struct kvb_err *err);
 void gguf_close(struct gguf_file *f); /* accepts NULL */
 
 /* Tells the kernel that the whole pages of the mapped file inside
@@ -116,8 +115,8 @@ enum kvb_status gguf_get_arr(const struct gguf_file *f, const char *key, enum gg
                              const struct gguf_value **out, struct kvb_err *err);
 
 /* Element readers for scalar arrays (caller guarantees i < n and the vtype). */
-int64_t gguf_arr_i64(const struct gguf_value *arr, uint64_t i);  /* any integer elem type */
-double gguf_arr_f64(const struct gguf_value *arr, uint64_t i);   /* FLOAT32/FLOAT64 */
+int64_t gguf_arr_i64(const struct gguf_value *arr, uint64_t i); /* any integer elem type */
+double gguf_arr_f64(const struct gguf_value *arr, uint64_t i);  /* FLOAT32/FLOAT64 */
 /* Byte size of one scalar element, 0 for STRING/ARRAY. */
 uint32_t gguf_vtype_size(enum gguf_vtype t);
 const char *gguf_vtype_name(enum gguf_vtype t);

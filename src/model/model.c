@@ -26,8 +26,8 @@ static const char *arch_key_prefix(enum model_arch a)
     return "llama";
 }
 
-static enum kvb_status get_hp_u32(const struct gguf_file *f, const char *arch, const char *suffix,
-                                  bool required, uint32_t dflt, int32_t *out, struct kvb_err *err)
+static enum kvb_status get_hp_u32(const struct gguf_file *f, const char *arch, const char *suffix, bool required,
+                                  uint32_t dflt, int32_t *out, struct kvb_err *err)
 {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
@@ -45,8 +45,8 @@ static enum kvb_status get_hp_u32(const struct gguf_file *f, const char *arch, c
 }
 
 /* Looks up `name`; checks its shape is (ne0, ne1) (ne1 = 0 for 1-D). */
-static enum kvb_status find_tensor(const struct model *m, const char *name, int64_t ne0, int64_t ne1,
-                                   bool required, const struct gguf_tensor **out, struct kvb_err *err)
+static enum kvb_status find_tensor(const struct model *m, const char *name, int64_t ne0, int64_t ne1, bool required,
+                                   const struct gguf_tensor **out, struct kvb_err *err)
 {
     const struct gguf_tensor *t = gguf_find_tensor(m->gguf, name);
     *out = NULL;
@@ -57,14 +57,13 @@ static enum kvb_status find_tensor(const struct model *m, const char *name, int6
     bool ok = (int64_t)t->ne[0] == ne0 && (ne1 == 0 ? t->n_dims == 1 || t->ne[1] == 1 : (int64_t)t->ne[1] == ne1);
     for (uint32_t d = 2; d < t->n_dims; d++) ok = ok && t->ne[d] == 1;
     if (!ok)
-        return kvb_errf(err, KVB_ERR_FORMAT,
-                        "tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
+        return kvb_errf(err, KVB_ERR_FORMAT, "tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
                         (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)ne0,
                         (long long)(ne1 ? ne1 : 1));
     if (!quant_type_supported(t->type)) {
         const struct ggml_type_traits *tr = ggml_type_get_traits(t->type);
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kvbatch cannot compute with",
-                        name, tr ? tr->name : "?");
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kvbatch cannot compute with", name,
+                        tr ? tr->name : "?");
     }
     struct model_load_state *ls = m->load;
     if (ls && ls->n_bound < ls->cap) ls->bound[ls->n_bound++] = t;
@@ -72,8 +71,8 @@ static enum kvb_status find_tensor(const struct model *m, const char *name, int6
     return KVB_OK;
 }
 
-static enum kvb_status bind_matrix(struct model *m, const char *name, int64_t n_in, int64_t n_out,
-                                   bool required, struct mm_weight *w, struct kvb_err *err)
+static enum kvb_status bind_matrix(struct model *m, const char *name, int64_t n_in, int64_t n_out, bool required,
+                                   struct mm_weight *w, struct kvb_err *err)
 {
     const struct gguf_tensor *t;
     KVB_FORWARD_IF_ERROR(find_tensor(m, name, n_in, n_out, required, &t, err));
@@ -105,8 +104,8 @@ static enum kvb_status check_finite(const char *name, const float *v, int64_t n,
 
 /* A vector the forward pass reads as f32: borrowed when stored as F32,
  * converted into a model-owned buffer otherwise. */
-static enum kvb_status bind_vector(struct model *m, const char *name, int64_t n, bool required,
-                                   const float **out, struct kvb_err *err)
+static enum kvb_status bind_vector(struct model *m, const char *name, int64_t n, bool required, const float **out,
+                                   struct kvb_err *err)
 {
     const struct gguf_tensor *t;
     *out = NULL;
@@ -153,27 +152,32 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
     KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "context_length", false, 2048, &hp->n_ctx_train, err));
     if (hp->n_embd <= 0 || hp->n_ff <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
         hp->n_head % hp->n_head_kv != 0 || hp->n_layer > 4096)
-        return kvb_errf(err, KVB_ERR_FORMAT, "implausible hyperparameters: embd %d ff %d layers %d heads %d kv heads %d",
-                        hp->n_embd, hp->n_ff, hp->n_layer, hp->n_head, hp->n_head_kv);
-    KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "attention.key_length", false,
-                                    (uint32_t)(hp->n_embd / hp->n_head), &hp->head_dim, err));
+        return kvb_errf(err, KVB_ERR_FORMAT,
+                        "implausible hyperparameters: embd %d ff %d layers %d heads %d kv heads %d", hp->n_embd,
+                        hp->n_ff, hp->n_layer, hp->n_head, hp->n_head_kv);
+    KVB_FORWARD_IF_ERROR(
+        get_hp_u32(f, a, "attention.key_length", false, (uint32_t)(hp->n_embd / hp->n_head), &hp->head_dim, err));
     int32_t v_len;
     KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "attention.value_length", false, (uint32_t)hp->head_dim, &v_len, err));
     KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "rope.dimension_count", false, (uint32_t)hp->head_dim, &hp->rope_dim, err));
     if (hp->head_dim <= 0 || hp->head_dim % 2 || hp->rope_dim <= 0 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
-        return kvb_errf(err, KVB_ERR_FORMAT, "implausible head_dim %d / rope dims %d ('%s.attention.key_length', "
-                        "'%s.rope.dimension_count')", hp->head_dim, hp->rope_dim, a, a);
+        return kvb_errf(err, KVB_ERR_FORMAT,
+                        "implausible head_dim %d / rope dims %d ('%s.attention.key_length', "
+                        "'%s.rope.dimension_count')",
+                        hp->head_dim, hp->rope_dim, a, a);
     if (v_len != hp->head_dim)
         return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                         "model key '%s.attention.value_length' = %d differs from the key length %d, which kvbatch "
-                        "does not compute", a, v_len, hp->head_dim);
+                        "does not compute",
+                        a, v_len, hp->head_dim);
     /* Partial rotary embedding: none of llama, qwen2, qwen3 defines one
      * (transformers rotates the whole head), so a shorter count is a file
      * kvbatch would compute differently from its authors. */
     if (hp->rope_dim != hp->head_dim)
         return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                         "model key '%s.rope.dimension_count' = %d: a partial rotary embedding (head size %d) is not "
-                        "computed by kvbatch", a, hp->rope_dim, hp->head_dim);
+                        "computed by kvbatch",
+                        a, hp->rope_dim, hp->head_dim);
     KVB_FORWARD_IF_ERROR(model_opt_f32(m, "rope.freq_base", 10000.0f, NULL, &hp->rope_base, err));
     /* Required, as llama.cpp requires it for these architectures: there is
      * no default the authors share (transformers' configs default to 1e-6,
@@ -250,17 +254,18 @@ static enum kvb_status check_freq_factors(const struct model *m, struct kvb_err 
         if (isfinite(inv_freq[i])) continue;
         char key[128], key2[128];
         const char *fk = gguf_find(m->gguf, model_key(m, "rope.scaling.factor", key2, sizeof key2))
-                             ? "rope.scaling.factor" : "rope.scale_linear";
+                             ? "rope.scaling.factor"
+                             : "rope.scale_linear";
         if (ff && isfinite(unfactored[i]))
             return kvb_errf(err, KVB_ERR_FORMAT,
                             "tensor 'rope_freqs.weight' holds %g at %d, which gives that rotary pair a frequency "
-                            "of %g", (double)ff[i], i, (double)inv_freq[i]);
+                            "of %g",
+                            (double)ff[i], i, (double)inv_freq[i]);
         if (m->rope.type == ROPE_SCALING_NONE)
             return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %g gives rotary pair %d a frequency of %g",
                             model_key(m, "rope.freq_base", key, sizeof key), (double)m->hp.rope_base, i,
                             (double)inv_freq[i]);
-        return kvb_errf(err, KVB_ERR_FORMAT,
-                        "model keys '%s' = %g and '%s' = %g give rotary pair %d a frequency of %g",
+        return kvb_errf(err, KVB_ERR_FORMAT, "model keys '%s' = %g and '%s' = %g give rotary pair %d a frequency of %g",
                         model_key(m, "rope.freq_base", key, sizeof key), (double)m->hp.rope_base,
                         model_key(m, fk, key2, sizeof key2), (double)m->rope.factor, i, (double)inv_freq[i]);
     }

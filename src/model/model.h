@@ -17,9 +17,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/status.h"
 #include "model/gguf.h"
 #include "model/quant.h"
-#include "base/status.h"
 
 enum model_arch { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3 };
 
@@ -39,11 +39,11 @@ enum rope_scaling {
 
 struct model_rope {
     enum rope_scaling type;
-    float factor;              /* context extension factor (linear, yarn); 1 when none */
-    int32_t orig_ctx;          /* yarn: the context before extension */
+    float factor;               /* context extension factor (linear, yarn); 1 when none */
+    int32_t orig_ctx;           /* yarn: the context before extension */
     float beta_fast, beta_slow; /* yarn: ramp bounds, in rotations over orig_ctx */
-    float mscale;              /* multiplies cos and sin (yarn's attention factor); 1 otherwise */
-    const float *freq_factors; /* (rope_dim/2) divisors of each pair's frequency (Llama 3.1's
+    float mscale;               /* multiplies cos and sin (yarn's attention factor); 1 otherwise */
+    const float *freq_factors;  /* (rope_dim/2) divisors of each pair's frequency (Llama 3.1's
                                   rope_freqs.weight), or NULL */
 };
 
@@ -55,40 +55,40 @@ struct model_hparams {
     int32_t n_layer;
     int32_t n_head;
     int32_t n_head_kv;
-    int32_t head_dim;    /* n_embd / n_head unless the file says otherwise */
-    int32_t rope_dim;    /* dimensions rotated per head (<= head_dim) */
+    int32_t head_dim; /* n_embd / n_head unless the file says otherwise */
+    int32_t rope_dim; /* dimensions rotated per head (<= head_dim) */
     float rope_base;
     float rms_eps;
     enum rope_kind rope;
 };
 
 struct model_layer {
-    const float *attn_norm;           /* (n_embd) */
-    struct mm_weight wq, wk, wv, wo;  /* (n_head*hd, n_embd) (n_head_kv*hd, n_embd) x2, (n_embd, n_head*hd) */
-    const float *bq, *bk, *bv;        /* qwen2 biases or NULL */
-    const float *q_norm, *k_norm;     /* qwen3 per-head RMSNorm (head_dim) or NULL */
-    const float *ffn_norm;            /* (n_embd) */
-    struct mm_weight w_gate, w_up;    /* (n_ff, n_embd) */
-    struct mm_weight w_down;          /* (n_embd, n_ff) */
+    const float *attn_norm;          /* (n_embd) */
+    struct mm_weight wq, wk, wv, wo; /* (n_head*hd, n_embd) (n_head_kv*hd, n_embd) x2, (n_embd, n_head*hd) */
+    const float *bq, *bk, *bv;       /* qwen2 biases or NULL */
+    const float *q_norm, *k_norm;    /* qwen3 per-head RMSNorm (head_dim) or NULL */
+    const float *ffn_norm;           /* (n_embd) */
+    struct mm_weight w_gate, w_up;   /* (n_ff, n_embd) */
+    struct mm_weight w_down;         /* (n_embd, n_ff) */
 };
 
 struct model {
     enum model_arch arch;
     struct model_hparams hp;
-    struct gguf_file *gguf;      /* owned */
-    struct mm_weight tok_embd;   /* (n_vocab, n_embd): one row per token */
-    const float *output_norm;    /* (n_embd) */
-    struct mm_weight output;     /* (n_vocab, n_embd); == tok_embd when tied */
+    struct gguf_file *gguf;    /* owned */
+    struct mm_weight tok_embd; /* (n_vocab, n_embd): one row per token */
+    const float *output_norm;  /* (n_embd) */
+    struct mm_weight output;   /* (n_vocab, n_embd); == tok_embd when tied */
     bool tied_output;
-    struct model_rope rope;      /* scaling of the rotary embedding (type NONE: plain RoPE) */
-    int32_t n_ctx_max;           /* longest context the model is computed for: n_ctx_train, or
+    struct model_rope rope;     /* scaling of the rotary embedding (type NONE: plain RoPE) */
+    int32_t n_ctx_max;          /* longest context the model is computed for: n_ctx_train, or
                                     the extended context when the RoPE is scaled */
-    struct model_layer *layers;  /* (n_layer), owned */
-    uint64_t weight_bytes;       /* bytes of all tensors, for reports */
-    char name[128];              /* general.name or the file's base name */
-    char fingerprint[33];        /* 128-bit hex identity of the weights: hash of every tensor's
+    struct model_layer *layers; /* (n_layer), owned */
+    uint64_t weight_bytes;      /* bytes of all tensors, for reports */
+    char name[128];             /* general.name or the file's base name */
+    char fingerprint[33];       /* 128-bit hex identity of the weights: hash of every tensor's
                                     name, type, shape and bytes, plus the hyperparameters */
-    void **owned;                /* f32 conversions owned by the model */
+    void **owned;               /* f32 conversions owned by the model */
     int n_owned;
     struct model_load_state *load; /* model_load's own, NULL once loaded */
 };

@@ -18,15 +18,32 @@
 
 /* Keys the loader reads (model.c, model_rope.c); their values are checked there. */
 static const char *const read_keys[] = {
-    "context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
-    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
-    "attention.layer_norm_rms_epsilon", "rope.dimension_count", "rope.freq_base", "rope.scale_linear",
-    "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.attn_factor",
-    "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_beta_fast",
-    "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_log_multiplier",
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "feed_forward_length",
+    "vocab_size",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "rope.dimension_count",
+    "rope.freq_base",
+    "rope.scale_linear",
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scaling.original_context_length",
+    "rope.scaling.attn_factor",
+    "rope.scaling.yarn_ext_factor",
+    "rope.scaling.yarn_attn_factor",
+    "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow",
+    "rope.scaling.yarn_log_multiplier",
     /* Descriptive only: whether the scaled model was fine-tuned, and the
      * layout of the original checkpoint the converter undid. */
-    "rope.scaling.finetuned", "tensor_data_layout",
+    "rope.scaling.finetuned",
+    "tensor_data_layout",
     /* A LayerNorm epsilon: convert_hf_to_gguf and Ollama's converter copy
      * one from a config that has layer_norm_eps/layer_norm_epsilon/
      * norm_epsilon next to rms_norm_eps, but llama, qwen2 and qwen3 only
@@ -89,13 +106,16 @@ enum kvb_status model_opt_f32(const struct model *m, const char *suffix, float d
 void model_value_str(const struct gguf_value *v, char *buf, size_t size)
 {
     switch (v->type) {
-    case GGUF_VTYPE_UINT8: case GGUF_VTYPE_UINT16: case GGUF_VTYPE_UINT32: case GGUF_VTYPE_UINT64:
-        snprintf(buf, size, "%llu", (unsigned long long)v->v.u64);
-        break;
-    case GGUF_VTYPE_INT8: case GGUF_VTYPE_INT16: case GGUF_VTYPE_INT32: case GGUF_VTYPE_INT64:
-        snprintf(buf, size, "%lld", (long long)v->v.i64);
-        break;
-    case GGUF_VTYPE_FLOAT32: case GGUF_VTYPE_FLOAT64: snprintf(buf, size, "%g", v->v.f64); break;
+    case GGUF_VTYPE_UINT8:
+    case GGUF_VTYPE_UINT16:
+    case GGUF_VTYPE_UINT32:
+    case GGUF_VTYPE_UINT64: snprintf(buf, size, "%llu", (unsigned long long)v->v.u64); break;
+    case GGUF_VTYPE_INT8:
+    case GGUF_VTYPE_INT16:
+    case GGUF_VTYPE_INT32:
+    case GGUF_VTYPE_INT64: snprintf(buf, size, "%lld", (long long)v->v.i64); break;
+    case GGUF_VTYPE_FLOAT32:
+    case GGUF_VTYPE_FLOAT64: snprintf(buf, size, "%g", v->v.f64); break;
     case GGUF_VTYPE_BOOL: snprintf(buf, size, "%s", v->v.b ? "true" : "false"); break;
     case GGUF_VTYPE_STRING:
         snprintf(buf, size, "\"%.*s\"", (int)(v->v.str.len > 40 ? 40 : v->v.str.len), v->v.str.ptr);
@@ -109,13 +129,16 @@ void model_value_str(const struct gguf_value *v, char *buf, size_t size)
 static bool value_num(const struct gguf_value *v, double *out)
 {
     switch (v->type) {
-    case GGUF_VTYPE_UINT8: case GGUF_VTYPE_UINT16: case GGUF_VTYPE_UINT32: case GGUF_VTYPE_UINT64:
-        *out = (double)v->v.u64;
-        return true;
-    case GGUF_VTYPE_INT8: case GGUF_VTYPE_INT16: case GGUF_VTYPE_INT32: case GGUF_VTYPE_INT64:
-        *out = (double)v->v.i64;
-        return true;
-    case GGUF_VTYPE_FLOAT32: case GGUF_VTYPE_FLOAT64: *out = v->v.f64; return true;
+    case GGUF_VTYPE_UINT8:
+    case GGUF_VTYPE_UINT16:
+    case GGUF_VTYPE_UINT32:
+    case GGUF_VTYPE_UINT64: *out = (double)v->v.u64; return true;
+    case GGUF_VTYPE_INT8:
+    case GGUF_VTYPE_INT16:
+    case GGUF_VTYPE_INT32:
+    case GGUF_VTYPE_INT64: *out = (double)v->v.i64; return true;
+    case GGUF_VTYPE_FLOAT32:
+    case GGUF_VTYPE_FLOAT64: *out = v->v.f64; return true;
     case GGUF_VTYPE_BOOL: *out = v->v.b; return true;
     default: return false;
     }
@@ -129,7 +152,8 @@ static bool is_neutral(const struct model *m, enum neutral want, const struct gg
     switch (want) {
     case N_ZERO: return x == 0;
     case N_ONE: return x == 1;
-    case N_TRUE: case N_FALSE: return false;
+    case N_TRUE:
+    case N_FALSE: return false;
     case N_WINDOW: return x == 0 || x >= (double)m->n_ctx_max; /* a window the context cannot exceed */
     case N_ATTN_SCALE: return x == 0 || fabs(x * sqrt((double)m->hp.head_dim) - 1.0) < 1e-6; /* 0: the default */
     case N_HEAD_DIM: return x == (double)m->hp.head_dim;
@@ -177,14 +201,15 @@ static enum kvb_status check_keys(const struct model *m, struct kvb_err *err)
             if (value_num(&kv->val, &n) && n > 1)
                 return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                                 "model key 'split.count' = %g: this is one part of a split model; kvbatch reads "
-                                "single-file models (join the parts with llama-gguf-split --merge)", n);
+                                "single-file models (join the parts with llama-gguf-split --merge)",
+                                n);
         }
     }
     return KVB_OK;
 }
 
-static enum kvb_status check_tensors(const struct model *m, const struct gguf_tensor *const *bound,
-                                     uint64_t n_bound, struct kvb_err *err)
+static enum kvb_status check_tensors(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
+                                     struct kvb_err *err)
 {
     if (n_bound == gguf_n_tensors(m->gguf)) return KVB_OK; /* each bound name is distinct and in the file */
     for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {

@@ -33,8 +33,7 @@ static enum kvb_status refuse_f32(const struct model *m, const char *suffix, flo
                     (double)v, why);
 }
 
-static enum kvb_status bad_f32(const struct model *m, const char *suffix, float v, const char *why,
-                               struct kvb_err *err)
+static enum kvb_status bad_f32(const struct model *m, const char *suffix, float v, const char *why, struct kvb_err *err)
 {
     char key[128];
     return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %g: %s", model_key(m, suffix, key, sizeof key), (double)v,
@@ -138,8 +137,7 @@ enum kvb_status model_rope_load(struct model *m, struct kvb_err *err)
     if (!factor_given) factor = legacy;
     if (!type_given && (factor_given || legacy_given) && factor != 1.0f) r->type = ROPE_SCALING_LINEAR;
     if (r->type != ROPE_SCALING_NONE) {
-        if (!isfinite(factor) || factor <= 0)
-            return bad_f32(m, factor_key, factor, "must be a positive number", err);
+        if (!isfinite(factor) || factor <= 0) return bad_f32(m, factor_key, factor, "must be a positive number", err);
         r->factor = factor;
     }
     if (r->type == ROPE_SCALING_YARN) KVB_FORWARD_IF_ERROR(read_yarn(m, err));

@@ -24,10 +24,8 @@ bool quant_type_supported(enum ggml_type type)
     case GGML_TYPE_Q5_1:
     case GGML_TYPE_Q8_0:
     case GGML_TYPE_Q4_K:
-    case GGML_TYPE_Q6_K:
-        return true;
-    default:
-        return false;
+    case GGML_TYPE_Q6_K: return true;
+    default: return false;
     }
 }
 
@@ -120,8 +118,7 @@ static void dequant_q6_K(const uint8_t *b, float *y)
 {
     float d = qb_half(b + 208);
     const int8_t *sc = (const int8_t *)(b + 192);
-    for (int e = 0; e < 256; e++)
-        y[e] = d * (float)sc[e / 16] * (float)(qb_q6k_value(b, e) - 32);
+    for (int e = 0; e < 256; e++) y[e] = d * (float)sc[e / 16] * (float)(qb_q6k_value(b, e) - 32);
 }
 
 enum kvb_status quant_dequant_row(enum ggml_type type, const void *src, float *dst, int64_t n)

@@ -38,9 +38,9 @@ enum kvb_status quant_dequant_row(enum ggml_type type, const void *src, float *d
 
 struct mm_weight {
     enum ggml_type type;
-    int64_t n_in;      /* columns: elements per row (ne[0] in GGUF) */
-    int64_t n_out;     /* rows (ne[1] in GGUF) */
-    const void *data;  /* n_out rows of row_bytes each */
+    int64_t n_in;     /* columns: elements per row (ne[0] in GGUF) */
+    int64_t n_out;    /* rows (ne[1] in GGUF) */
+    const void *data; /* n_out rows of row_bytes each */
     size_t row_bytes;
     /* 0: rows as stored in GGUF. Otherwise the rows were rearranged by
      * mm_pack_weight() for one implementation, which alone may read them. */
@@ -56,8 +56,7 @@ enum mm_impl {
 
 struct mm_ctx;
 
-enum kvb_status mm_ctx_create(struct tpool *pool, enum mm_impl impl, struct mm_ctx **out,
-                              struct kvb_err *err);
+enum kvb_status mm_ctx_create(struct tpool *pool, enum mm_impl impl, struct mm_ctx **out, struct kvb_err *err);
 void mm_ctx_free(struct mm_ctx *ctx); /* accepts NULL */
 /* "scalar", "avx2" or "avx512" (what AUTO resolved to). */
 const char *mm_ctx_impl_name(const struct mm_ctx *ctx);
@@ -80,14 +79,12 @@ enum kvb_status mm_set_input_fn(struct mm_ctx *ctx, int64_t n_in, int64_t n_tok,
                                 void (*make)(void *arg, int64_t t, float *dst), void *arg);
 
 /* Both steps at once. */
-enum kvb_status mm_matmul(struct mm_ctx *ctx, const struct mm_weight *w, const float *x,
-                          int64_t n_tok, float *y);
+enum kvb_status mm_matmul(struct mm_ctx *ctx, const struct mm_weight *w, const float *x, int64_t n_tok, float *y);
 
 /* mm_apply() for n weights that share the input set by mm_set_input() (Q, K
  * and V; gate and up), in one parallel run instead of n: y[i] gets n_tok rows
  * of w[i]->n_out floats. Results are bit-identical to n mm_apply() calls. */
-enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w, float *const *y,
-                           int n);
+enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w, float *const *y, int n);
 
 /* Rearranges w's rows into the form ctx's implementation reads fastest
  * (same size, same results bit for bit: only the per-step unpacking gets
@@ -96,8 +93,7 @@ enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w,
  * where the implementation has no packed form for w's type, *out = *w and
  * *owned = NULL. A packed weight is refused (KVB_ERR_INVALID_ARG) by any
  * other implementation. Errors: KVB_ERR_INVALID_ARG, KVB_ERR_NOMEM. */
-enum kvb_status mm_pack_weight(struct mm_ctx *ctx, const struct mm_weight *w, struct mm_weight *out,
-                               void **owned);
+enum kvb_status mm_pack_weight(struct mm_ctx *ctx, const struct mm_weight *w, struct mm_weight *out, void **owned);
 
 /* Whether this CPU can run `impl` (AUTO and SCALAR: always). */
 bool mm_impl_available(enum mm_impl impl);

@@ -20,9 +20,8 @@
 #include "base/alloc.h"
 
 static const char *const family_names[CHAT_FAMILY_COUNT_] = {
-    [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3", [CHAT_LLAMA2] = "llama2",
-    [CHAT_ZEPHYR] = "zephyr", [CHAT_GEMMA] = "gemma", [CHAT_LLAMA31] = "llama31",
-    [CHAT_MISTRAL] = "mistral",
+    [CHAT_CHATML] = "chatml", [CHAT_LLAMA3] = "llama3",   [CHAT_LLAMA2] = "llama2",   [CHAT_ZEPHYR] = "zephyr",
+    [CHAT_GEMMA] = "gemma",   [CHAT_LLAMA31] = "llama31", [CHAT_MISTRAL] = "mistral",
 };
 
 #define NAMES_HINT "chatml, llama3, llama31, llama2, mistral, mistral-v3, mistral-tekken, zephyr, gemma"
@@ -43,16 +42,10 @@ static const char *mem_find(const char *hay, size_t hlen, const char *needle)
     return NULL;
 }
 
-static bool contains(const char *hay, size_t hlen, const char *needle)
-{
-    return mem_find(hay, hlen, needle) != NULL;
-}
+static bool contains(const char *hay, size_t hlen, const char *needle) { return mem_find(hay, hlen, needle) != NULL; }
 
 /* Python's str.strip() / Jinja's trim on ASCII whitespace. */
-static bool is_space(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
+static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
 static void trim_span(const char **s, size_t *n)
 {
@@ -113,8 +106,7 @@ static char *decode_literal(const char *text, size_t n, size_t *out_len)
         char c = text[i];
         if (c == '\\' && i + 1 < n) {
             char e = text[i + 1];
-            char r = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r'
-                   : (e == '\\' || e == '\'' || e == '"') ? e : 0;
+            char r = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : (e == '\\' || e == '\'' || e == '"') ? e : 0;
             if (r) {
                 d[k++] = r;
                 i++;
@@ -203,13 +195,12 @@ static struct chat_mistral mistral_variant(const char *t, size_t len)
     v.close_space = contains_quoted(t, len, " [/INST]");
     v.reply_space = contains(t, len, "' ' + message") || contains(t, len, "\" \" + message");
     v.reply_trim = contains(t, len, "|trim") || contains(t, len, "| trim");
-    v.system_last = contains(t, len, "loop.last and system_message") ||
-                    contains(t, len, "system_message is defined and loop.last");
+    v.system_last =
+        contains(t, len, "loop.last and system_message") || contains(t, len, "system_message is defined and loop.last");
     return v;
 }
 
-enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_template *out,
-                                     struct kvb_err *err)
+enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_template *out, struct kvb_err *err)
 {
     if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_template_detect: out is NULL");
     out->family = CHAT_CHATML;
@@ -287,8 +278,7 @@ const char *chat_template_name(const struct chat_template *t)
     return "mistral-detected";
 }
 
-enum kvb_status chat_template_from_name(const char *name, struct chat_template *out,
-                                        struct kvb_err *err)
+enum kvb_status chat_template_from_name(const char *name, struct chat_template *out, struct kvb_err *err)
 {
     if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_template_from_name: out is NULL");
     out->family = CHAT_CHATML;
@@ -327,8 +317,8 @@ enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_DEVELOPER };
 static enum role role_of(const struct chat_msg *m)
 {
     return strcmp(m->role, "system") == 0      ? ROLE_SYSTEM
-         : strcmp(m->role, "user") == 0        ? ROLE_USER
-         : strcmp(m->role, "developer") == 0   ? ROLE_DEVELOPER
+           : strcmp(m->role, "user") == 0      ? ROLE_USER
+           : strcmp(m->role, "developer") == 0 ? ROLE_DEVELOPER
                                                : ROLE_ASSISTANT;
 }
 
@@ -338,13 +328,9 @@ static enum role role_of(const struct chat_msg *m)
  * ChatML's default system prompt); the others either raise an error for a
  * role they do not know (Llama 2, Mistral, Gemma) or drop the message
  * without a word (Zephyr), which kvbatch turns into a refusal. */
-static bool renders_developer(enum chat_family f)
-{
-    return f == CHAT_CHATML || f == CHAT_LLAMA3 || f == CHAT_LLAMA31;
-}
+static bool renders_developer(enum chat_family f) { return f == CHAT_CHATML || f == CHAT_LLAMA3 || f == CHAT_LLAMA31; }
 
-static void apply_chatml(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
-                         bool gen, struct sbuf *b)
+static void apply_chatml(const struct chat_template *t, const struct chat_msg *msgs, size_t n, bool gen, struct sbuf *b)
 {
     if (n > 0 && t->default_system && role_of(&msgs[0]) != ROLE_SYSTEM) {
         sb_puts(b, "<|im_start|>system\n");
@@ -545,8 +531,8 @@ enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg 
             return kvb_errf(err, KVB_ERR_INVALID_ARG, "message %zu: role or content missing", i);
         if (strcmp(r, "developer") == 0 && !renders_developer(t->family))
             return kvb_errf(err, KVB_ERR_UNSUPPORTED,
-                            "message %zu: the %s chat template has no developer role (give it as a system message)",
-                            i, chat_family_name(t->family));
+                            "message %zu: the %s chat template has no developer role (give it as a system message)", i,
+                            chat_family_name(t->family));
         if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0 &&
             strcmp(r, "developer") != 0)
             return kvb_errf(err, KVB_ERR_INVALID_ARG,
@@ -574,8 +560,8 @@ enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg 
     return KVB_OK;
 }
 
-enum kvb_status chat_apply_continue(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
-                                    char **out, struct kvb_err *err)
+enum kvb_status chat_apply_continue(const struct chat_template *t, const struct chat_msg *msgs, size_t n, char **out,
+                                    struct kvb_err *err)
 {
     if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_apply_continue: out is NULL");
     *out = NULL;

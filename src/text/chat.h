@@ -16,14 +16,14 @@
 #include "base/status.h"
 
 enum chat_family {
-    CHAT_CHATML = 0,  /* <|im_start|>role\n…<|im_end|>\n (SmolLM2, Qwen2) */
-    CHAT_LLAMA3,      /* <|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|> */
-    CHAT_LLAMA2,      /* [INST] <<SYS>>…<</SYS>> … [/INST] (Llama 2) */
-    CHAT_ZEPHYR,      /* <|system|>\n…</s>\n<|user|>\n… (TinyLlama-chat) */
-    CHAT_GEMMA,       /* <start_of_turn>user\n…<end_of_turn>\n */
-    CHAT_LLAMA31,     /* Llama 3's turns after a system turn that always opens with the knowledge-cutoff
+    CHAT_CHATML = 0, /* <|im_start|>role\n…<|im_end|>\n (SmolLM2, Qwen2) */
+    CHAT_LLAMA3,     /* <|start_header_id|>role<|end_header_id|>\n\n…<|eot_id|> */
+    CHAT_LLAMA2,     /* [INST] <<SYS>>…<</SYS>> … [/INST] (Llama 2) */
+    CHAT_ZEPHYR,     /* <|system|>\n…</s>\n<|user|>\n… (TinyLlama-chat) */
+    CHAT_GEMMA,      /* <start_of_turn>user\n…<end_of_turn>\n */
+    CHAT_LLAMA31,    /* Llama 3's turns after a system turn that always opens with the knowledge-cutoff
                          and date lines of Llama 3.1 / 3.2 / 3.3 */
-    CHAT_MISTRAL,     /* [INST] … [/INST] without <<SYS>>; spacing and system placement vary by
+    CHAT_MISTRAL,    /* [INST] … [/INST] without <<SYS>>; spacing and system placement vary by
                          version (struct chat_mistral) */
     CHAT_FAMILY_COUNT_
 };
@@ -39,16 +39,16 @@ enum chat_family {
  *                                    (Ministral's template: on the first user turn).
  * Detection reads each from the template's literals. */
 struct chat_mistral {
-    bool open_space;   /* "[INST] " rather than "[INST]" */
-    bool close_space;  /* " [/INST]" rather than "[/INST]" */
-    bool reply_space;  /* " " before a reply */
-    bool reply_trim;   /* the reply trimmed */
-    bool system_last;  /* system prompt on the last message if a user turn, not the first user turn */
+    bool open_space;  /* "[INST] " rather than "[INST]" */
+    bool close_space; /* " [/INST]" rather than "[/INST]" */
+    bool reply_space; /* " " before a reply */
+    bool reply_trim;  /* the reply trimmed */
+    bool system_last; /* system prompt on the last message if a user turn, not the first user turn */
 };
 
 struct chat_template {
     enum chat_family family;
-    char *default_system; /* system prompt the template inserts when none is given, or NULL */
+    char *default_system;        /* system prompt the template inserts when none is given, or NULL */
     struct chat_mistral mistral; /* CHAT_MISTRAL only */
 };
 
@@ -60,12 +60,10 @@ struct chat_msg {
 
 /* Recognises a family from template text (len bytes, need not be NUL-terminated).
  * KVB_ERR_UNSUPPORTED with a message when it cannot. */
-enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_template *out,
-                                     struct kvb_err *err);
+enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_template *out, struct kvb_err *err);
 /* By name: "chatml", "llama3", "llama31", "llama2", "mistral" (v1), "mistral-v3",
  * "mistral-tekken", "zephyr", "gemma". */
-enum kvb_status chat_template_from_name(const char *name, struct chat_template *out,
-                                        struct kvb_err *err);
+enum kvb_status chat_template_from_name(const char *name, struct chat_template *out, struct kvb_err *err);
 void chat_template_free(struct chat_template *t); /* frees default_system; accepts NULL */
 const char *chat_family_name(enum chat_family f);
 /* The name of t's formatting: its family's, with Mistral's variants told
@@ -89,7 +87,7 @@ enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg 
  * whitespace, for templates that trim it). KVB_ERR_INVALID_ARG when the last
  * message is not the assistant's, KVB_ERR_UNSUPPORTED when the template
  * does not write it. */
-enum kvb_status chat_apply_continue(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
-                                    char **out, struct kvb_err *err);
+enum kvb_status chat_apply_continue(const struct chat_template *t, const struct chat_msg *msgs, size_t n, char **out,
+                                    struct kvb_err *err);
 
 #endif

@@ -34,7 +34,8 @@ bool tok_is_eog(const struct tok *t, int32_t id)
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         if (t->eog[mid] == id) return true;
-        if (t->eog[mid] < id) lo = mid + 1; else hi = mid;
+        if (t->eog[mid] < id) lo = mid + 1;
+        else hi = mid;
     }
     return false;
 }
@@ -166,8 +167,7 @@ static uint64_t live_at_least(const struct tok *t, const char *text, size_t len)
 }
 
 enum kvb_status tok_encode_with(const struct tok *t, const char *text, size_t len, unsigned flags,
-                                const struct tok_limits *lim, int32_t **out_ids, size_t *out_n,
-                                struct kvb_err *err)
+                                const struct tok_limits *lim, int32_t **out_ids, size_t *out_n, struct kvb_err *err)
 {
     *out_ids = NULL;
     *out_n = 0;
@@ -181,8 +181,10 @@ enum kvb_status tok_encode_with(const struct tok *t, const char *text, size_t le
     if (lim->max_ids && t->max_cover) {
         const size_t bos = (flags & TOK_ADD_BOS) && t->bos >= 0;
         if (tok_check_room(t, lim, bos, live_at_least(t, text, len)) != KVB_OK)
-            return kvb_errf(err, KVB_ERR_RANGE, "the text has more than %zu tokens (%zu bytes, and no token stands "
-                            "for more than %u)", lim->max_ids, len, t->max_cover);
+            return kvb_errf(err, KVB_ERR_RANGE,
+                            "the text has more than %zu tokens (%zu bytes, and no token stands "
+                            "for more than %u)",
+                            lim->max_ids, len, t->max_cover);
     }
     struct frags a = {0}, b = {0};
     struct tok_ids ids = {0};
@@ -204,8 +206,8 @@ enum kvb_status tok_encode_with(const struct tok *t, const char *text, size_t le
     return KVB_OK;
 }
 
-enum kvb_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags,
-                           int32_t **out_ids, size_t *out_n, struct kvb_err *err)
+enum kvb_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags, int32_t **out_ids,
+                           size_t *out_n, struct kvb_err *err)
 {
     return tok_encode_with(t, text, len, flags, NULL, out_ids, out_n, err);
 }

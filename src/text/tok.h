@@ -17,15 +17,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/gguf.h"
 #include "base/status.h"
+#include "model/gguf.h"
 
 struct tok;
 
 enum tok_flags {
-    TOK_ADD_BOS = 1u << 0,       /* prepend BOS (if the vocab has one) */
-    TOK_ADD_EOS = 1u << 1,       /* append EOS */
-    TOK_PARSE_SPECIAL = 1u << 2  /* text of control/user-defined tokens (e.g. "<|im_start|>") maps to them */
+    TOK_ADD_BOS = 1u << 0,      /* prepend BOS (if the vocab has one) */
+    TOK_ADD_EOS = 1u << 1,      /* append EOS */
+    TOK_PARSE_SPECIAL = 1u << 2 /* text of control/user-defined tokens (e.g. "<|im_start|>") maps to them */
 };
 
 enum kvb_status tok_load(const struct gguf_file *f, struct tok **out, struct kvb_err *err);
@@ -46,8 +46,8 @@ int32_t tok_find(const struct tok *t, const char *text);
  * Memory: about 6 bytes per byte of text, plus 20 per byte of its longest
  * pre-tokenizer word (SentencePiece: of its longest run between special
  * tokens), plus the ids. */
-enum kvb_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags,
-                           int32_t **out_ids, size_t *out_n, struct kvb_err *err);
+enum kvb_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags, int32_t **out_ids,
+                           size_t *out_n, struct kvb_err *err);
 
 /* What a caller that will refuse long texts anyway, or may be interrupted,
  * tells tok_encode_with. */
@@ -65,8 +65,7 @@ struct tok_limits {
 /* tok_encode within lim (NULL: none). The ids are those of tok_encode
  * whenever it returns KVB_OK. */
 enum kvb_status tok_encode_with(const struct tok *t, const char *text, size_t len, unsigned flags,
-                                const struct tok_limits *lim, int32_t **out_ids, size_t *out_n,
-                                struct kvb_err *err);
+                                const struct tok_limits *lim, int32_t **out_ids, size_t *out_n, struct kvb_err *err);
 
 /* The raw bytes one token stands for (byte-level decoding and SentencePiece
  * "▁" → space applied; byte-fallback tokens <0xNN> give that byte; control
@@ -84,22 +83,20 @@ struct tok_stream {
 void tok_stream_init(struct tok_stream *s, const struct tok *t);
 /* Appends the text that token `id` completes to out (growing *out with
  * kvb_realloc; *cap tracks its size); returns KVB_ERR_NOMEM on failure. */
-enum kvb_status tok_stream_push(const struct tok *t, struct tok_stream *s, int32_t id,
-                                char **out, size_t *len, size_t *cap);
+enum kvb_status tok_stream_push(const struct tok *t, struct tok_stream *s, int32_t id, char **out, size_t *len,
+                                size_t *cap);
 /* As tok_stream_push, but a control token (one whose text tok_piece gives
  * only with render_special) adds its text, after the bytes held back for an
  * unfinished character (flushed as U+FFFD: the token cannot finish it).
  * What skip_special_tokens false shows, and what `kvbatch render` shows of a
  * prompt given as token ids. */
-enum kvb_status tok_stream_push_special(const struct tok *t, struct tok_stream *s, int32_t id,
-                                        char **out, size_t *len, size_t *cap);
+enum kvb_status tok_stream_push_special(const struct tok *t, struct tok_stream *s, int32_t id, char **out, size_t *len,
+                                        size_t *cap);
 /* Flushes bytes still pending (an incomplete sequence at the very end) as
  * U+FFFD replacement characters. */
-enum kvb_status tok_stream_flush(const struct tok *t, struct tok_stream *s, char **out,
-                                 size_t *len, size_t *cap);
+enum kvb_status tok_stream_flush(const struct tok *t, struct tok_stream *s, char **out, size_t *len, size_t *cap);
 
 /* Convenience: whole decode of ids into a NUL-terminated kvb_malloc'd string. */
-enum kvb_status tok_decode(const struct tok *t, const int32_t *ids, size_t n, char **out,
-                           size_t *out_len);
+enum kvb_status tok_decode(const struct tok *t, const int32_t *ids, size_t n, char **out, size_t *out_len);
 
 #endif

@@ -17,10 +17,10 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/unicode.h"
 #include "text/tok_internal.h"
 #include "text/tok_merge.h"
 #include "text/tok_pre.h"
-#include "base/unicode.h"
 
 /* GPT-2's bytes_to_unicode(): printable Latin-1 bytes stand for themselves,
  * the other 68 (0x00-0x20, 0x7F-0xA0, 0xAD) become U+0100.. in byte order. */
@@ -56,7 +56,7 @@ struct bpe_session {
     struct tok_merge merge;
     char *key; /* a lookup key in stand-in form */
     size_t key_cap;
-    uint8_t sl[256];    /* stand-in of byte b: sl[b] bytes of sb[b] */
+    uint8_t sl[256]; /* stand-in of byte b: sl[b] bytes of sb[b] */
     char sb[256][2];
 };
 

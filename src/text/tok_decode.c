@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "text/tok_internal.h"
 #include "base/unicode.h"
+#include "text/tok_internal.h"
 
 /* Bounded writer: counts every byte, stores those that fit. */
 struct sink {
@@ -211,8 +211,8 @@ enum kvb_status tok_stream_flush(const struct tok *t, struct tok_stream *s, char
     return emit_utf8(s, p, n, true, out, len, cap);
 }
 
-enum kvb_status tok_stream_push_special(const struct tok *t, struct tok_stream *s, int32_t id, char **out,
-                                        size_t *len, size_t *cap)
+enum kvb_status tok_stream_push_special(const struct tok *t, struct tok_stream *s, int32_t id, char **out, size_t *len,
+                                        size_t *cap)
 {
     const size_t shown = tok_piece(t, id, true, NULL, 0);
     if (tok_piece(t, id, false, NULL, 0) > 0 || shown == 0) return tok_stream_push(t, s, id, out, len, cap);

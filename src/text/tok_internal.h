@@ -47,10 +47,10 @@ enum tok_split {
 };
 
 struct tok_entry {
-    uint32_t off;   /* into tok.text; the text is also NUL-terminated there */
-    uint32_t len;   /* bytes */
-    float score;    /* SPM merge priority (higher merges first) */
-    uint32_t attr;  /* enum tok_attr bits */
+    uint32_t off;  /* into tok.text; the text is also NUL-terminated there */
+    uint32_t len;  /* bytes */
+    float score;   /* SPM merge priority (higher merges first) */
+    uint32_t attr; /* enum tok_attr bits */
 };
 
 struct tok {
@@ -64,14 +64,14 @@ struct tok {
     struct tok_map ranks;     /* BPE: "left right" → merge rank (lower merges first) */
     int32_t *special;         /* ids matched in raw text before tokenizing, longest text first */
     size_t n_special;
-    int32_t *eog;             /* sorted ids that end generation */
+    int32_t *eog; /* sorted ids that end generation */
     size_t n_eog;
-    int32_t bos, eos, unk;    /* -1 when absent */
+    int32_t bos, eos, unk; /* -1 when absent */
     bool add_bos, add_space_prefix, ignore_merges;
-    int32_t byte_tok[256];    /* SPM byte fallback: id of <0xNN> (or of the 1-byte token), -1 none */
+    int32_t byte_tok[256]; /* SPM byte fallback: id of <0xNN> (or of the 1-byte token), -1 none */
     /* Bounds the encoders use to skip work (tok_load.c computes them): */
-    uint32_t max_len;         /* longest token text, stored form (bytes) */
-    uint32_t max_merge_len;   /* BPE: longest "left right" merge string */
+    uint32_t max_len;       /* longest token text, stored form (bytes) */
+    uint32_t max_merge_len; /* BPE: longest "left right" merge string */
     /* Lower bounds on the ids of a text, from its bytes: every "live" byte
      * of an encoder's input (BPE: the UTF-8 of the decoded code points;
      * SPM: its buffer) ends up inside some output token, and no token
@@ -81,7 +81,7 @@ struct tok {
      * BPE merge that makes no token). */
     uint32_t max_cover;
     bool byte_live[256];
-    bool strip_specials;      /* some special token eats white space beside it */
+    bool strip_specials; /* some special token eats white space beside it */
 };
 
 /* Limits as the encoders see them: never NULL (tok.c passes zeros). */

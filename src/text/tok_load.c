@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "text/tok_internal.h"
 #include "base/unicode.h"
+#include "text/tok_internal.h"
 
 struct pre_entry {
     const char *name;
@@ -28,37 +28,36 @@ struct pre_entry {
  * the reference uses for them. Anything else is refused rather than guessed:
  * a wrong split silently changes every token id. */
 static const struct pre_entry k_pre[] = {
-    {"default", TOK_SPLIT_DEFAULT, false},
-    {"gpt-2", TOK_SPLIT_GPT2, false},
-    {"phi-2", TOK_SPLIT_GPT2, false},
-    {"mpt", TOK_SPLIT_GPT2, false},
-    {"olmo", TOK_SPLIT_GPT2, false},
-    {"exaone4", TOK_SPLIT_GPT2, false},
-    {"starcoder", TOK_SPLIT_DIGITS, false},
-    {"refact", TOK_SPLIT_DIGITS, false},
-    {"smollm", TOK_SPLIT_DIGITS, false},
-    {"codeshell", TOK_SPLIT_DIGITS, false},
-    {"command-r", TOK_SPLIT_DIGITS, false},
-    {"exaone", TOK_SPLIT_DIGITS, false},
-    {"minerva-7b", TOK_SPLIT_DIGITS, false},
-    {"llama3", TOK_SPLIT_LLAMA3, true},
-    {"llama-v3", TOK_SPLIT_LLAMA3, true},
-    {"llama-bpe", TOK_SPLIT_LLAMA3, true},
-    {"falcon3", TOK_SPLIT_LLAMA3, true},
-    {"pixtral", TOK_SPLIT_LLAMA3, true},
-    {"dbrx", TOK_SPLIT_LLAMA3, false},
-    {"smaug-bpe", TOK_SPLIT_LLAMA3, false},
-    {"qwen2", TOK_SPLIT_QWEN2, false},
-    {"deepseek-r1-qwen", TOK_SPLIT_QWEN2, false},
-    {"megrez", TOK_SPLIT_QWEN2, false},
-    {"stablelm2", TOK_SPLIT_QWEN2, false},
+    {"default", TOK_SPLIT_DEFAULT, false},   {"gpt-2", TOK_SPLIT_GPT2, false},
+    {"phi-2", TOK_SPLIT_GPT2, false},        {"mpt", TOK_SPLIT_GPT2, false},
+    {"olmo", TOK_SPLIT_GPT2, false},         {"exaone4", TOK_SPLIT_GPT2, false},
+    {"starcoder", TOK_SPLIT_DIGITS, false},  {"refact", TOK_SPLIT_DIGITS, false},
+    {"smollm", TOK_SPLIT_DIGITS, false},     {"codeshell", TOK_SPLIT_DIGITS, false},
+    {"command-r", TOK_SPLIT_DIGITS, false},  {"exaone", TOK_SPLIT_DIGITS, false},
+    {"minerva-7b", TOK_SPLIT_DIGITS, false}, {"llama3", TOK_SPLIT_LLAMA3, true},
+    {"llama-v3", TOK_SPLIT_LLAMA3, true},    {"llama-bpe", TOK_SPLIT_LLAMA3, true},
+    {"falcon3", TOK_SPLIT_LLAMA3, true},     {"pixtral", TOK_SPLIT_LLAMA3, true},
+    {"dbrx", TOK_SPLIT_LLAMA3, false},       {"smaug-bpe", TOK_SPLIT_LLAMA3, false},
+    {"qwen2", TOK_SPLIT_QWEN2, false},       {"deepseek-r1-qwen", TOK_SPLIT_QWEN2, false},
+    {"megrez", TOK_SPLIT_QWEN2, false},      {"stablelm2", TOK_SPLIT_QWEN2, false},
 };
 
 /* Texts that end generation (the reference's list, less the entries that
  * only make sense with its per-model workarounds). */
 static const char *const k_eog_text[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>",
-    "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
     "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>", /* DeepSeek <｜end▁of▁sentence｜> (octal: \x would eat the "e") */
 };
 /* Fill-in-the-middle tokens the reference also stops on (pad, repo, file separator). */
@@ -140,10 +139,9 @@ static enum kvb_status load_tokens(struct tok *t, const struct gguf_file *f, str
     }
     t->tokens = kvb_calloc((size_t)n, sizeof *t->tokens);
     t->text = kvb_malloc(bytes);
-    if (!t->tokens || !t->text) return kvb_errf(err, KVB_ERR_NOMEM, "tokenizer: out of memory for %llu tokens",
-                                                (unsigned long long)n);
-    if (tok_map_init(&t->vocab, (size_t)n) != KVB_OK)
-        return kvb_errf(err, KVB_ERR_NOMEM, "tokenizer: out of memory");
+    if (!t->tokens || !t->text)
+        return kvb_errf(err, KVB_ERR_NOMEM, "tokenizer: out of memory for %llu tokens", (unsigned long long)n);
+    if (tok_map_init(&t->vocab, (size_t)n) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "tokenizer: out of memory");
     size_t off = 0;
     for (uint64_t i = 0; i < n; i++) {
         struct gguf_str s = toks->v.arr.items[i].v.str;
@@ -156,7 +154,7 @@ static enum kvb_status load_tokens(struct tok *t, const struct gguf_file *f, str
         e->off = (uint32_t)off;
         e->len = (uint32_t)l;
         e->score = scores ? (scores->v.arr.elem_type == GGUF_VTYPE_FLOAT32 ? (float)gguf_arr_f64(scores, i)
-                                                                          : (float)gguf_arr_i64(scores, i))
+                                                                           : (float)gguf_arr_i64(scores, i))
                           : 0.0f;
         e->attr = TOK_ATTR_NORMAL;
         if (types) {

@@ -52,8 +52,7 @@ enum kvb_status tok_merge_start(struct tok_merge *m, const char *word, size_t n,
 /* Merges until no pair has a key. KVB_ERR_CANCELLED when lim's cancel flag
  * is raised (polled every few thousand merges), KVB_ERR_NOMEM never: the
  * memory was taken by tok_merge_start. */
-enum kvb_status tok_merge_run(struct tok_merge *m, tok_merge_key_fn key_of, void *user,
-                              const struct tok_limits *lim);
+enum kvb_status tok_merge_run(struct tok_merge *m, tok_merge_key_fn key_of, void *user, const struct tok_limits *lim);
 
 /* The symbols after the run: for (i = 0; i >= 0; i = m->sym[i].next), each
  * the bytes [i, tok_merge_end(m, i)). */

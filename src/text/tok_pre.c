@@ -34,8 +34,8 @@ static uint8_t class_bits(uint32_t c)
     if (cat == UNICODE_CAT_LETTER) f |= F_LET;
     bool ws = unicode_is_whitespace(c);
     if (ws) f |= F_WS;
-    if ((cat == UNICODE_CAT_PUNCT && !ws) || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' ||
-        c == '^' || c == '~' || c == '|')
+    if ((cat == UNICODE_CAT_PUNCT && !ws) || c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' ||
+        c == '~' || c == '|')
         f |= F_PUNCT;
     return f;
 }
@@ -243,8 +243,8 @@ enum pass { PASS_GPT2, PASS_LLAMA3, PASS_QWEN2, PASS_NUM_SINGLE, PASS_NUM_RUNS, 
 static enum kvb_status run_pass(struct tok_pre_words *w, const uint32_t *cpts, enum pass p)
 {
     w->tmp_n = 0;
-    struct chunk k = {.c = cpts, .f = w->flags, .out = &w->tmp, .out_n = &w->tmp_n, .out_cap = &w->tmp_cap,
-                      .st = KVB_OK};
+    struct chunk k = {
+        .c = cpts, .f = w->flags, .out = &w->tmp, .out_n = &w->tmp_n, .out_cap = &w->tmp_cap, .st = KVB_OK};
     size_t start = 0;
     for (size_t i = 0; i < w->n && k.st == KVB_OK; i++) {
         k.ini = k.prev = start;
@@ -297,11 +297,26 @@ enum kvb_status tok_pre_split(enum tok_split split, const uint32_t *cpts, size_t
     const enum pass *passes = k_gpt2;
     size_t n_passes = 1;
     switch (split) {
-    case TOK_SPLIT_DEFAULT: passes = k_default; n_passes = 4; break;
-    case TOK_SPLIT_GPT2: passes = k_gpt2; n_passes = 1; break;
-    case TOK_SPLIT_DIGITS: passes = k_digits; n_passes = 2; break;
-    case TOK_SPLIT_LLAMA3: passes = k_llama3; n_passes = 1; break;
-    case TOK_SPLIT_QWEN2: passes = k_qwen2; n_passes = 1; break;
+    case TOK_SPLIT_DEFAULT:
+        passes = k_default;
+        n_passes = 4;
+        break;
+    case TOK_SPLIT_GPT2:
+        passes = k_gpt2;
+        n_passes = 1;
+        break;
+    case TOK_SPLIT_DIGITS:
+        passes = k_digits;
+        n_passes = 2;
+        break;
+    case TOK_SPLIT_LLAMA3:
+        passes = k_llama3;
+        n_passes = 1;
+        break;
+    case TOK_SPLIT_QWEN2:
+        passes = k_qwen2;
+        n_passes = 1;
+        break;
     }
     for (size_t i = 0; i < n_passes; i++) KVB_FORWARD_IF_ERROR(run_pass(w, cpts, passes[i]));
     return KVB_OK;

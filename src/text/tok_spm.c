@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/unicode.h"
 #include "text/tok_internal.h"
 #include "text/tok_merge.h"
-#include "base/unicode.h"
 
 struct spm_session {
     const struct tok *t;

@@ -44,9 +44,9 @@ static const char *const migrations[METRICS_SCHEMA_VERSION] = {
     "CREATE TABLE runs ("
     "  id INTEGER PRIMARY KEY,"
     "  job_file TEXT, output_file TEXT, model TEXT, model_fingerprint TEXT, backend TEXT,"
-    "  settings TEXT,"                       /* JSON object text */
-    "  started_at REAL NOT NULL,"            /* unix seconds */
-    "  ended_at REAL,"                       /* NULL until the run ends */
+    "  settings TEXT,"            /* JSON object text */
+    "  started_at REAL NOT NULL," /* unix seconds */
+    "  ended_at REAL,"            /* NULL until the run ends */
     "  status TEXT NOT NULL DEFAULT 'running'"
     "    CHECK (status IN ('running','ok','interrupted','failed')),"
     /* totals: NULL until the run ends */
@@ -82,9 +82,9 @@ static const char *const migrations[METRICS_SCHEMA_VERSION] = {
     "  cached_tokens_run INTEGER, cached_tokens_store INTEGER, prefill_tokens_computed INTEGER,"
     "  store_bytes_read INTEGER, store_bytes_written INTEGER,"
     "  wall_seconds REAL,"
-    "  pid INTEGER, host TEXT,"              /* the process that runs it */
-    "  boot_id TEXT,"                        /* the machine's boot (Linux), to tell a reboot */
-    "  proc_start INTEGER"                   /* the process's start (clock ticks after boot), to tell a reused pid */
+    "  pid INTEGER, host TEXT," /* the process that runs it */
+    "  boot_id TEXT,"           /* the machine's boot (Linux), to tell a reboot */
+    "  proc_start INTEGER"      /* the process's start (clock ticks after boot), to tell a reused pid */
     ");"
     "INSERT INTO runs_v2 (id, job_file, output_file, model, model_fingerprint, backend, settings, started_at,"
     "  ended_at, status, requests_total, requests_ok, requests_failed, prompt_tokens, completion_tokens,"
@@ -98,7 +98,7 @@ static const char *const migrations[METRICS_SCHEMA_VERSION] = {
     "ALTER TABLE runs_v2 RENAME TO runs;",
     /* 2 -> 3: what a picture of the run needs (times on one clock), and what
      * explains a slow or failed request */
-    "ALTER TABLE requests ADD COLUMN submitted_at REAL;"   /* unix seconds; NULL = not known */
+    "ALTER TABLE requests ADD COLUMN submitted_at REAL;" /* unix seconds; NULL = not known */
     "ALTER TABLE requests ADD COLUMN started_at REAL;"
     "ALTER TABLE requests ADD COLUMN first_token_at REAL;"
     "ALTER TABLE requests ADD COLUMN ended_at REAL;"
@@ -115,7 +115,7 @@ struct metrics_db {
     struct metrics_writer *writer; /* request rows: queued, written by its thread */
     int busy_ms;
     double drain_seconds;
-    bool drain_failed;             /* a drain gave up: close does not wait again */
+    bool drain_failed; /* a drain gave up: close does not wait again */
 };
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -148,17 +148,13 @@ enum kvb_status metrics_sql_status(int rc)
     case SQLITE_CORRUPT:
     case SQLITE_SCHEMA:
     case SQLITE_MISMATCH:
-    case SQLITE_ERROR: /* "no such table/column": the file's schema is not what we expect */
-        return KVB_ERR_FORMAT;
+    case SQLITE_ERROR: /* "no such table/column": the file's schema is not what we expect */ return KVB_ERR_FORMAT;
     case SQLITE_CONSTRAINT:
     case SQLITE_RANGE:
-    case SQLITE_TOOBIG:
-        return KVB_ERR_INVALID_ARG;
+    case SQLITE_TOOBIG: return KVB_ERR_INVALID_ARG;
     case SQLITE_MISUSE:
-    case SQLITE_INTERNAL:
-        return KVB_ERR_INTERNAL;
-    default: /* CANTOPEN, IOERR, FULL, BUSY, LOCKED, READONLY, PERM, PROTOCOL, … */
-        return KVB_ERR_IO;
+    case SQLITE_INTERNAL: return KVB_ERR_INTERNAL;
+    default: /* CANTOPEN, IOERR, FULL, BUSY, LOCKED, READONLY, PERM, PROTOCOL, … */ return KVB_ERR_IO;
     }
 }
 
@@ -169,10 +165,9 @@ enum kvb_status metrics_sql_err(sqlite3 *sql, const char *path, struct kvb_err *
     const char *msg = sql ? sqlite3_errmsg(sql) : sqlite3_errstr(rc);
     const char *code = sqlite3_errstr(rc);
     if ((rc & 0xff) == SQLITE_BUSY)
-        return kvb_errf(err, KVB_ERR_IO, "%s: %s: %s (another process held the lock past the busy timeout)", path,
-                        what, msg);
-    if (strcmp(msg, code) == 0)
-        return kvb_errf(err, metrics_sql_status(rc), "%s: %s: %s", path, what, msg);
+        return kvb_errf(err, KVB_ERR_IO, "%s: %s: %s (another process held the lock past the busy timeout)", path, what,
+                        msg);
+    if (strcmp(msg, code) == 0) return kvb_errf(err, metrics_sql_status(rc), "%s: %s: %s", path, what, msg);
     return kvb_errf(err, metrics_sql_status(rc), "%s: %s: %s (%s)", path, what, msg, code);
 }
 
@@ -223,8 +218,7 @@ static enum kvb_status schema_check(struct metrics_db *db, enum schema_state *st
     int rc = pragma_int(db->sql, "application_id", &app_id);
     if (rc != SQLITE_OK) {
         if ((rc & 0xff) == SQLITE_NOTADB)
-            return kvb_errf(err, KVB_ERR_FORMAT, "%s: not a SQLite database (%s)",
-                            db->path, sqlite3_errmsg(db->sql));
+            return kvb_errf(err, KVB_ERR_FORMAT, "%s: not a SQLite database (%s)", db->path, sqlite3_errmsg(db->sql));
         return db_err(db, err, rc, "reading the database header");
     }
     rc = pragma_int(db->sql, "user_version", &ver);
@@ -242,9 +236,10 @@ static enum kvb_status schema_check(struct metrics_db *db, enum schema_state *st
     if (rc != SQLITE_OK) return db_err(db, err, rc, "reading the schema");
 
     if (app_id != 0 && app_id != METRICS_APP_ID)
-        return kvb_errf(err, KVB_ERR_FORMAT,
-                        "%s: not a kvbatch metrics database (SQLite application id 0x%08llx belongs to another program)",
-                        db->path, (unsigned long long)(uint32_t)app_id);
+        return kvb_errf(
+            err, KVB_ERR_FORMAT,
+            "%s: not a kvbatch metrics database (SQLite application id 0x%08llx belongs to another program)", db->path,
+            (unsigned long long)(uint32_t)app_id);
     if (app_id == 0) {
         if (n_tables != 0 || ver != 0)
             return kvb_errf(err, KVB_ERR_FORMAT,
@@ -257,8 +252,7 @@ static enum kvb_status schema_check(struct metrics_db *db, enum schema_state *st
         return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                         "%s: metrics schema version %lld was written by a newer kvbatch (this one knows up to %d)",
                         db->path, (long long)ver, METRICS_SCHEMA_VERSION);
-    if (ver < 1)
-        return kvb_errf(err, KVB_ERR_FORMAT, "%s: kvbatch metrics database with no schema version", db->path);
+    if (ver < 1) return kvb_errf(err, KVB_ERR_FORMAT, "%s: kvbatch metrics database with no schema version", db->path);
     *state = SCHEMA_OURS;
     *version = ver;
     return KVB_OK;
@@ -322,29 +316,32 @@ static enum kvb_status prepare(struct metrics_db *db, const char *q, sqlite3_stm
 
 static enum kvb_status prepare_all(struct metrics_db *db, struct kvb_err *err)
 {
-    KVB_FORWARD_IF_ERROR(prepare(db,
+    KVB_FORWARD_IF_ERROR(prepare(
+        db,
         "INSERT INTO runs (job_file, output_file, model, model_fingerprint, backend, settings,"
         " started_at, status, pid, host, boot_id, proc_start) VALUES (?1,?2,?3,?4,?5,?6,?7,'running',?8,?9,?10,?11)",
         &db->st_insert_run, err));
-    KVB_FORWARD_IF_ERROR(prepare(db,
-        "UPDATE runs SET status=?1, ended_at=?2, requests_total=?4, requests_ok=?5, requests_failed=?6,"
-        " prompt_tokens=?7, completion_tokens=?8, cached_tokens_run=?9, cached_tokens_store=?10,"
-        " prefill_tokens_computed=?11, store_bytes_read=?12, store_bytes_written=?13, wall_seconds=?14"
-        " WHERE id=?3",
-        &db->st_end_run, err));
+    KVB_FORWARD_IF_ERROR(
+        prepare(db,
+                "UPDATE runs SET status=?1, ended_at=?2, requests_total=?4, requests_ok=?5, requests_failed=?6,"
+                " prompt_tokens=?7, completion_tokens=?8, cached_tokens_run=?9, cached_tokens_store=?10,"
+                " prefill_tokens_computed=?11, store_bytes_read=?12, store_bytes_written=?13, wall_seconds=?14"
+                " WHERE id=?3",
+                &db->st_end_run, err));
     /* ok = a 2xx status and no error code; the same rule as metrics_report. */
-    KVB_FORWARD_IF_ERROR(prepare(db,
-        "UPDATE runs SET status=?1, ended_at=?2, wall_seconds=?2-started_at,"
-        " (requests_total, requests_ok, requests_failed, prompt_tokens, completion_tokens,"
-        "  cached_tokens_run, cached_tokens_store, prefill_tokens_computed, store_bytes_read,"
-        "  store_bytes_written) ="
-        " (SELECT count(*), total(ok), count(*) - total(ok), total(prompt_tokens),"
-        "  total(completion_tokens), total(cached_tokens_run), total(cached_tokens_store),"
-        "  max(0, total(prompt_tokens) - total(cached_tokens_run) - total(cached_tokens_store)), 0, 0"
-        "  FROM (SELECT *, (error_code IS NULL AND status_code BETWEEN 200 AND 299) AS ok"
-        "        FROM requests WHERE run_id=?3))"
-        " WHERE id=?3",
-        &db->st_end_run_derived, err));
+    KVB_FORWARD_IF_ERROR(
+        prepare(db,
+                "UPDATE runs SET status=?1, ended_at=?2, wall_seconds=?2-started_at,"
+                " (requests_total, requests_ok, requests_failed, prompt_tokens, completion_tokens,"
+                "  cached_tokens_run, cached_tokens_store, prefill_tokens_computed, store_bytes_read,"
+                "  store_bytes_written) ="
+                " (SELECT count(*), total(ok), count(*) - total(ok), total(prompt_tokens),"
+                "  total(completion_tokens), total(cached_tokens_run), total(cached_tokens_store),"
+                "  max(0, total(prompt_tokens) - total(cached_tokens_run) - total(cached_tokens_store)), 0, 0"
+                "  FROM (SELECT *, (error_code IS NULL AND status_code BETWEEN 200 AND 299) AS ok"
+                "        FROM requests WHERE run_id=?3))"
+                " WHERE id=?3",
+                &db->st_end_run_derived, err));
     return KVB_OK;
 }
 
@@ -360,8 +357,8 @@ static enum kvb_status open_failed(struct metrics_db *db, int rc, struct kvb_err
             dir[n] = '\0';
             struct stat sb;
             if (stat(dir, &sb) != 0)
-                return kvb_errf(err, KVB_ERR_IO, "%s: cannot create the metrics database: directory %s: %s",
-                                db->path, dir, strerror(errno));
+                return kvb_errf(err, KVB_ERR_IO, "%s: cannot create the metrics database: directory %s: %s", db->path,
+                                dir, strerror(errno));
             if (!S_ISDIR(sb.st_mode))
                 return kvb_errf(err, KVB_ERR_IO, "%s: cannot create the metrics database: %s is not a directory",
                                 db->path, dir);
@@ -376,8 +373,8 @@ static enum kvb_status open_failed(struct metrics_db *db, int rc, struct kvb_err
 struct proc_id {
     pid_t pid;
     char host[256];
-    char boot_id[64];     /* "" when unknown */
-    int64_t start_ticks;  /* -1 when unknown */
+    char boot_id[64];    /* "" when unknown */
+    int64_t start_ticks; /* -1 when unknown */
 };
 
 /* Field 22 of /proc/PID/stat (start time, clock ticks after boot), or -1. */
@@ -443,8 +440,10 @@ static void mark_dead_runs(struct metrics_db *db)
     proc_id_self(&me);
     if (!me.host[0]) return;
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(db->sql, "SELECT id, pid, boot_id, proc_start FROM runs WHERE status='running'"
-                           " AND pid IS NOT NULL AND host=?1", -1, &q, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(db->sql,
+                           "SELECT id, pid, boot_id, proc_start FROM runs WHERE status='running'"
+                           " AND pid IS NOT NULL AND host=?1",
+                           -1, &q, NULL) != SQLITE_OK)
         return;
     sqlite3_bind_text(q, 1, me.host, -1, SQLITE_STATIC);
     int64_t dead[64];
@@ -459,8 +458,8 @@ static void mark_dead_runs(struct metrics_db *db)
     if (n == 0) return;
     sqlite3_busy_timeout(db->sql, 0);
     sqlite3_stmt *u = NULL;
-    if (sqlite3_prepare_v2(db->sql, "UPDATE runs SET status='died' WHERE id=?1 AND status='running'", -1, &u,
-                           NULL) == SQLITE_OK &&
+    if (sqlite3_prepare_v2(db->sql, "UPDATE runs SET status='died' WHERE id=?1 AND status='running'", -1, &u, NULL) ==
+            SQLITE_OK &&
         sqlite3_exec(db->sql, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK) {
         for (int i = 0; i < n; i++) {
             sqlite3_bind_int64(u, 1, dead[i]);
@@ -482,8 +481,7 @@ static enum kvb_status open_common(const char *path, bool create, struct metrics
         struct stat sb;
         if (stat(path, &sb) != 0)
             return kvb_errf(err, KVB_ERR_IO, "%s: cannot open the metrics database: %s", path, strerror(errno));
-        if (S_ISDIR(sb.st_mode))
-            return kvb_errf(err, KVB_ERR_IO, "%s: is a directory, not a metrics database", path);
+        if (S_ISDIR(sb.st_mode)) return kvb_errf(err, KVB_ERR_IO, "%s: is a directory, not a metrics database", path);
     }
     struct metrics_db *db = kvb_calloc(1, sizeof *db);
     if (!db) return kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory opening the metrics database", path);
@@ -508,8 +506,7 @@ static enum kvb_status open_common(const char *path, bool create, struct metrics
          * freshly committed tables but the header from before it, and call
          * our own schema foreign. */
         rc = sqlite3_exec(db->sql, "BEGIN", NULL, NULL, NULL);
-        st = rc == SQLITE_OK ? schema_check(db, &state, &ver, err)
-                             : db_err(db, err, rc, "starting a read transaction");
+        st = rc == SQLITE_OK ? schema_check(db, &state, &ver, err) : db_err(db, err, rc, "starting a read transaction");
         if (rc == SQLITE_OK) sqlite3_exec(db->sql, "COMMIT", NULL, NULL, NULL);
         if (st == KVB_OK && state == SCHEMA_EMPTY && !create)
             st = kvb_errf(err, KVB_ERR_FORMAT, "%s: not a kvbatch metrics database (no schema; is it empty?)", path);
@@ -556,15 +553,9 @@ void metrics_close(struct metrics_db *db)
     kvb_free(db);
 }
 
-const char *metrics_path(const struct metrics_db *db)
-{
-    return db->path;
-}
+const char *metrics_path(const struct metrics_db *db) { return db->path; }
 
-sqlite3 *metrics_sqlite(struct metrics_db *db)
-{
-    return db->sql;
-}
+sqlite3 *metrics_sqlite(struct metrics_db *db) { return db->sql; }
 
 enum kvb_status metrics_set_batching(struct metrics_db *db, int max_rows, double max_seconds)
 {
@@ -644,9 +635,10 @@ enum kvb_status metrics_run_end(struct metrics_db *db, int64_t run_id, enum metr
     if (rc == SQLITE_OK) rc = sqlite3_bind_double(st, 2, metrics_now_unix());
     if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, 3, run_id);
     if (t) {
-        const int64_t v[] = {t->requests_total, t->requests_ok, t->requests_failed, t->prompt_tokens,
-                             t->completion_tokens, t->cached_tokens_run, t->cached_tokens_store,
-                             t->prefill_tokens_computed, t->store_bytes_read, t->store_bytes_written};
+        const int64_t v[] = {
+            t->requests_total,    t->requests_ok,        t->requests_failed,     t->prompt_tokens,
+            t->completion_tokens, t->cached_tokens_run,  t->cached_tokens_store, t->prefill_tokens_computed,
+            t->store_bytes_read,  t->store_bytes_written};
         for (int i = 0; rc == SQLITE_OK && i < (int)(sizeof v / sizeof v[0]); i++)
             rc = sqlite3_bind_int64(st, 4 + i, v[i]);
         if (rc == SQLITE_OK) rc = sqlite3_bind_double(st, 14, t->wall_seconds);

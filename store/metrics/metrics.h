@@ -103,12 +103,12 @@ struct metrics_run_info {
 /* One request's outcome. Strings are copied at metrics_request_add; NULL is
  * stored as SQL NULL. */
 struct metrics_request {
-    const char *custom_id;     /* NULL when the input line had none */
-    int64_t input_line;        /* 1-based line number in the job file */
-    int64_t prompt_tokens;     /* tokens of the templated prompt */
-    int64_t cached_tokens_run; /* prompt tokens reused from the in-run prefix cache (radix tree) */
+    const char *custom_id;       /* NULL when the input line had none */
+    int64_t input_line;          /* 1-based line number in the job file */
+    int64_t prompt_tokens;       /* tokens of the templated prompt */
+    int64_t cached_tokens_run;   /* prompt tokens reused from the in-run prefix cache (radix tree) */
     int64_t cached_tokens_store; /* prompt tokens reused from the persistent store (LMDB) */
-    int64_t completion_tokens; /* tokens generated */
+    int64_t completion_tokens;   /* tokens generated */
     /* Latencies, seconds. Stored only when has_timing (a request rejected at
      * parse time has none): queue_s from read to first scheduled, ttft_s from
      * read to first output token, e2e_s from read to last token. tpot_s is the
@@ -135,11 +135,11 @@ struct metrics_request {
 struct metrics_totals {
     int64_t requests_total, requests_ok, requests_failed;
     int64_t prompt_tokens, completion_tokens;
-    int64_t cached_tokens_run;       /* prompt tokens reused from the in-run prefix cache */
-    int64_t cached_tokens_store;     /* prompt tokens reused from the persistent store */
-    int64_t prefill_tokens_computed; /* prompt tokens that went through a forward pass */
+    int64_t cached_tokens_run;                     /* prompt tokens reused from the in-run prefix cache */
+    int64_t cached_tokens_store;                   /* prompt tokens reused from the persistent store */
+    int64_t prefill_tokens_computed;               /* prompt tokens that went through a forward pass */
     int64_t store_bytes_read, store_bytes_written; /* persistent store traffic, bytes */
-    double wall_seconds;             /* the run's wall time (monotonic clock) */
+    double wall_seconds;                           /* the run's wall time (monotonic clock) */
 };
 
 /* Counters of this handle's buffered writes (for logs and tests). */
@@ -195,8 +195,8 @@ enum kvb_status metrics_set_drain_timeout(struct metrics_db *db, double seconds)
 /* Inserts a runs row with status 'running' and started_at = now; writes it at
  * once (not buffered) so a concurrent reader sees the run. *run_id receives
  * the new id. */
-enum kvb_status metrics_run_begin(struct metrics_db *db, const struct metrics_run_info *info,
-                                  int64_t *run_id, struct kvb_err *err);
+enum kvb_status metrics_run_begin(struct metrics_db *db, const struct metrics_run_info *info, int64_t *run_id,
+                                  struct kvb_err *err);
 
 /* Queues one request row of run `run_id` (copied) for the writer thread;
  * never waits on the database. KVB_OK when queued; past METRICS_MAX_PENDING
@@ -204,8 +204,8 @@ enum kvb_status metrics_run_begin(struct metrics_db *db, const struct metrics_ru
  * dead database cannot eat memory; KVB_ERR_NOMEM. Write failures are not
  * reported here but by the next flush or run end (and counted). The run id
  * is not checked (a row of a missing run is written all the same). */
-enum kvb_status metrics_request_add(struct metrics_db *db, int64_t run_id,
-                                    const struct metrics_request *req, struct kvb_err *err);
+enum kvb_status metrics_request_add(struct metrics_db *db, int64_t run_id, const struct metrics_request *req,
+                                    struct kvb_err *err);
 
 /* Waits until every queued row is written, at most the drain timeout:
  * KVB_ERR_IO saying how many rows are still queued and why the last write

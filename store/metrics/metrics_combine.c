@@ -29,13 +29,13 @@ static int exec_bound(sqlite3 *sql, const char *q, const char *text, int64_t num
     return rc == SQLITE_DONE || rc == SQLITE_ROW ? SQLITE_OK : rc;
 }
 
-#define RUN_COLS                                                                                                  \
-    "job_file, output_file, model, model_fingerprint, backend, settings, started_at, ended_at, status,"          \
-    " requests_total, requests_ok, requests_failed, prompt_tokens, completion_tokens, cached_tokens_run,"        \
+#define RUN_COLS                                                                                                       \
+    "job_file, output_file, model, model_fingerprint, backend, settings, started_at, ended_at, status,"                \
+    " requests_total, requests_ok, requests_failed, prompt_tokens, completion_tokens, cached_tokens_run,"              \
     " cached_tokens_store, prefill_tokens_computed, store_bytes_read, store_bytes_written, wall_seconds"
-#define REQ_COLS                                                                                                  \
-    "custom_id, input_line, prompt_tokens, cached_tokens_run, cached_tokens_store, completion_tokens, queue_s,"  \
-    " ttft_s, tpot_s, e2e_s, finish_reason, error_code, status_code, error_message, submitted_at, started_at,"  \
+#define REQ_COLS                                                                                                       \
+    "custom_id, input_line, prompt_tokens, cached_tokens_run, cached_tokens_store, completion_tokens, queue_s,"        \
+    " ttft_s, tpot_s, e2e_s, finish_reason, error_code, status_code, error_message, submitted_at, started_at,"         \
     " first_token_at, ended_at, preemptions, restored_tokens"
 
 /* A sum that is NULL unless every run has the column (totals are NULL until a run ends). */
@@ -62,12 +62,15 @@ static enum kvb_status copy_latest(sqlite3 *sql, const char *path, int64_t as, s
     else if (latest < 0) ret = kvb_errf(err, KVB_ERR_NOT_FOUND, "no runs recorded in %s", path);
     char q[1024];
     if (ret == KVB_OK) {
-        snprintf(q, sizeof q, "INSERT INTO main.runs (id, " RUN_COLS ") SELECT ?2, " RUN_COLS
-                 " FROM src.runs WHERE id = %lld", (long long)latest);
+        snprintf(q, sizeof q,
+                 "INSERT INTO main.runs (id, " RUN_COLS ") SELECT ?2, " RUN_COLS " FROM src.runs WHERE id = %lld",
+                 (long long)latest);
         rc = exec_bound(sql, q, NULL, as);
         if (rc == SQLITE_OK) {
-            snprintf(q, sizeof q, "INSERT INTO main.requests (run_id, " REQ_COLS ") SELECT 1, " REQ_COLS
-                     " FROM src.requests WHERE run_id = %lld", (long long)latest);
+            snprintf(q, sizeof q,
+                     "INSERT INTO main.requests (run_id, " REQ_COLS ") SELECT 1, " REQ_COLS
+                     " FROM src.requests WHERE run_id = %lld",
+                     (long long)latest);
             rc = exec_bound(sql, q, NULL, 0);
         }
         if (rc != SQLITE_OK) ret = metrics_sql_err(sql, path, err, rc, "copying its latest run");
@@ -79,8 +82,8 @@ static enum kvb_status copy_latest(sqlite3 *sql, const char *path, int64_t as, s
 /* What the staged runs (2..n+1, from paths[0..n)) say of themselves in
  * their settings: which shard of how many, and the plan's hash. */
 struct staged {
-    long index, count;  /* shard index / count; count 1: not sharded */
-    char plan[24];      /* hex hash of the split, "" when not recorded */
+    long index, count; /* shard index / count; count 1: not sharded */
+    char plan[24];     /* hex hash of the split, "" when not recorded */
     bool resumed;
     double started;
     char output[512];
@@ -95,10 +98,12 @@ static enum kvb_status check_staged(sqlite3 *sql, const char *const *paths, int 
     struct staged *r = calloc((size_t)n, sizeof *r);
     if (!r) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(sql,
+    int rc = sqlite3_prepare_v2(
+        sql,
         "SELECT id, coalesce(json_extract(settings, '$.shard'), '0/1'), coalesce(json_extract(settings,"
         " '$.shard_plan'), ''), coalesce(json_extract(settings, '$.resume'), 0), started_at, coalesce(output_file, '')"
-        " FROM runs WHERE id > 1 AND json_valid(settings) ORDER BY id", -1, &st, NULL);
+        " FROM runs WHERE id > 1 AND json_valid(settings) ORDER BY id",
+        -1, &st, NULL);
     for (int i = 0; i < n; i++) r[i].count = 1;
     while (rc == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
         int64_t k = sqlite3_column_int64(st, 0) - 2;
@@ -113,7 +118,8 @@ static enum kvb_status check_staged(sqlite3 *sql, const char *const *paths, int 
         snprintf(r[k].output, sizeof r[k].output, "%s", o ? o : "");
     }
     sqlite3_finalize(st);
-    enum kvb_status ret = rc == SQLITE_OK ? KVB_OK : metrics_sql_err(sql, "the combined report", err, rc, "reading settings");
+    enum kvb_status ret =
+        rc == SQLITE_OK ? KVB_OK : metrics_sql_err(sql, "the combined report", err, rc, "reading settings");
     bool sharded = false;
     for (int i = 0; i < n; i++) sharded |= r[i].count > 1;
     for (int i = 0; i < n && ret == KVB_OK; i++) {
@@ -125,21 +131,26 @@ static enum kvb_status check_staged(sqlite3 *sql, const char *const *paths, int 
                 ret = kvb_errf(err, KVB_ERR_INVALID_ARG, "%s and %s are both shard %ld of %ld", paths[j], paths[i],
                                r[i].index, r[i].count);
             else if (sharded && r[i].count != r[j].count)
-                ret = kvb_errf(err, KVB_ERR_INVALID_ARG, "%s is shard %ld of %ld but %s is shard %ld of %ld: runs of "
-                               "different splits cannot be summed", paths[j], r[j].index, r[j].count, paths[i],
-                               r[i].index, r[i].count);
+                ret = kvb_errf(err, KVB_ERR_INVALID_ARG,
+                               "%s is shard %ld of %ld but %s is shard %ld of %ld: runs of "
+                               "different splits cannot be summed",
+                               paths[j], r[j].index, r[j].count, paths[i], r[i].index, r[i].count);
             else if (sharded && r[i].plan[0] && r[j].plan[0] && strcmp(r[i].plan, r[j].plan))
-                ret = kvb_errf(err, KVB_ERR_INVALID_ARG, "%s and %s planned different splits of the job (plan %s vs "
+                ret = kvb_errf(err, KVB_ERR_INVALID_ARG,
+                               "%s and %s planned different splits of the job (plan %s vs "
                                "%s): their lines may overlap or be missing; run every shard on the same job file, "
-                               "model and --chat-template", paths[j], paths[i], r[j].plan, r[i].plan);
+                               "model and --chat-template",
+                               paths[j], paths[i], r[j].plan, r[i].plan);
         }
     }
     if (ret == KVB_OK && sharded && n < r[0].count && warn)
         fprintf(warn, "warning: %d of %ld shards given: the sums cover only them\n", n, r[0].count);
     for (int i = 0; i < n && ret == KVB_OK; i++)
         if (r[i].resumed && warn)
-            fprintf(warn, "warning: %s: its latest run resumed an earlier one (--resume); the requests that one "
-                    "finished are counted there, not here\n", paths[i]);
+            fprintf(warn,
+                    "warning: %s: its latest run resumed an earlier one (--resume); the requests that one "
+                    "finished are counted there, not here\n",
+                    paths[i]);
     free(r);
     return ret;
 }
@@ -166,6 +177,7 @@ enum kvb_status metrics_combined_open(const char *const *paths, int n, FILE *war
     if (st == KVB_OK) {
         /* Run 1 = the sum of the others. The worst status wins; wall time
          * spans the first start to the last end (shards run side by side). */
+        /* clang-format off */ /* one SQL statement, laid out as SQL */
         int rc = exec_bound(sql,
             "UPDATE runs SET (job_file, output_file, model, model_fingerprint, backend, started_at, ended_at, status,"
             " requests_total, requests_ok, requests_failed, prompt_tokens, completion_tokens, cached_tokens_run,"
@@ -183,6 +195,7 @@ enum kvb_status metrics_combined_open(const char *const *paths, int n, FILE *war
             "  CASE WHEN count(ended_at) = count(*) AND count(wall_seconds) = count(*)"
             "  THEN max(ended_at) - min(started_at) END"
             "  FROM runs WHERE id > 1) WHERE id = 1", NULL, 0);
+        /* clang-format on */
         if (rc == SQLITE_OK) rc = exec_bound(sql, "DELETE FROM runs WHERE id > 1", NULL, 0);
         if (rc != SQLITE_OK) st = metrics_sql_err(sql, path, err, rc, "combining");
     }
@@ -208,8 +221,8 @@ void metrics_combined_close(struct metrics_db *db, const char *tmp_dir)
     rmdir(tmp_dir);
 }
 
-enum kvb_status metrics_report_combined_format(const char *const *paths, int n, enum metrics_format fmt,
-                                               FILE *out, FILE *warn, struct kvb_err *err)
+enum kvb_status metrics_report_combined_format(const char *const *paths, int n, enum metrics_format fmt, FILE *out,
+                                               FILE *warn, struct kvb_err *err)
 {
     /* JSON and CSV carry the warnings inside: collect them first. */
     char *wbuf = NULL;

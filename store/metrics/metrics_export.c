@@ -51,10 +51,7 @@ void metrics_json_num(FILE *out, double v)
     else fprintf(out, "%.15g", v);
 }
 
-static void json_int(FILE *out, int64_t v)
-{
-    fprintf(out, "%lld", (long long)v);
-}
+static void json_int(FILE *out, int64_t v) { fprintf(out, "%lld", (long long)v); }
 
 void metrics_csv_str(FILE *out, const char *s)
 {
@@ -76,16 +73,10 @@ void metrics_csv_num(FILE *out, double v)
     if (isfinite(v)) metrics_json_num(out, v);
 }
 
-static double ms(double seconds)
-{
-    return 1e3 * seconds;
-}
+static double ms(double seconds) { return 1e3 * seconds; }
 
 /* part / whole, NAN when whole is 0. */
-static double share(int64_t part, int64_t whole)
-{
-    return whole > 0 ? (double)part / (double)whole : NAN;
-}
+static double share(int64_t part, int64_t whole) { return whole > 0 ? (double)part / (double)whole : NAN; }
 
 static double per_s(const struct metrics_summary *s, int64_t v)
 {
@@ -181,8 +172,7 @@ void metrics_summary_json(const struct metrics_summary *s, const struct metrics_
     json_dist(out, "tpot", &s->tpot, false);
     json_dist(out, "e2e", &s->e2e, true);
     fputs("  },\n  \"preemptions\": ", out);
-    if (s->rows_with_preemptions == 0 && t->requests_total > 0)
-        fputs("null,\n", out);
+    if (s->rows_with_preemptions == 0 && t->requests_total > 0) fputs("null,\n", out);
     else
         fprintf(out, "{\"requests\": %lld, \"times\": %lld, \"restored_tokens\": %lld},\n",
                 (long long)s->preempted_requests, (long long)s->preemptions, (long long)s->restored_tokens);
@@ -194,8 +184,7 @@ void metrics_summary_json(const struct metrics_summary *s, const struct metrics_
     if (s->has_totals)
         fprintf(out, "{\"bytes_read\": %lld, \"bytes_written\": %lld}", (long long)t->store_bytes_read,
                 (long long)t->store_bytes_written);
-    else
-        fputs("null", out);
+    else fputs("null", out);
     if (combined) {
         fputs(",\n  \"combined\": {\"databases\": [", out);
         for (int i = 0; i < combined->n_paths; i++) {
@@ -228,20 +217,63 @@ void metrics_summary_json(const struct metrics_summary *s, const struct metrics_
 /* ---- CSV ------------------------------------------------------------------------------ */
 
 static const char *const csv_columns[] = {
-    "run_id", "label", "status", "job_file", "output_file", "model", "model_fingerprint", "backend", "settings",
-    "started_at", "ended_at", "wall_seconds", "totals_recorded",
-    "requests_total", "requests_ok", "requests_failed", "errors", "finish_reasons",
-    "prompt_tokens", "completion_tokens", "total_tokens",
-    "completion_tokens_per_s", "total_tokens_per_s", "requests_per_s",
-    "queue_p50_ms", "queue_p95_ms", "queue_p99_ms", "queue_max_ms", "queue_n",
-    "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "ttft_max_ms", "ttft_n",
-    "tpot_p50_ms", "tpot_p95_ms", "tpot_p99_ms", "tpot_max_ms", "tpot_n",
-    "e2e_p50_ms", "e2e_p95_ms", "e2e_p99_ms", "e2e_max_ms", "e2e_n",
-    "preempted_requests", "preemptions", "restored_tokens",
-    "cached_tokens_run", "cached_tokens_store", "prefill_tokens_computed",
-    "cached_share_run", "cached_share_store", "computed_share",
-    "store_bytes_read", "store_bytes_written",
-    "databases", "warnings", /* a combination's: paths ';'-separated, warnings one per line; else empty */
+    "run_id",
+    "label",
+    "status",
+    "job_file",
+    "output_file",
+    "model",
+    "model_fingerprint",
+    "backend",
+    "settings",
+    "started_at",
+    "ended_at",
+    "wall_seconds",
+    "totals_recorded",
+    "requests_total",
+    "requests_ok",
+    "requests_failed",
+    "errors",
+    "finish_reasons",
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "completion_tokens_per_s",
+    "total_tokens_per_s",
+    "requests_per_s",
+    "queue_p50_ms",
+    "queue_p95_ms",
+    "queue_p99_ms",
+    "queue_max_ms",
+    "queue_n",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "ttft_max_ms",
+    "ttft_n",
+    "tpot_p50_ms",
+    "tpot_p95_ms",
+    "tpot_p99_ms",
+    "tpot_max_ms",
+    "tpot_n",
+    "e2e_p50_ms",
+    "e2e_p95_ms",
+    "e2e_p99_ms",
+    "e2e_max_ms",
+    "e2e_n",
+    "preempted_requests",
+    "preemptions",
+    "restored_tokens",
+    "cached_tokens_run",
+    "cached_tokens_store",
+    "prefill_tokens_computed",
+    "cached_share_run",
+    "cached_share_store",
+    "computed_share",
+    "store_bytes_read",
+    "store_bytes_written",
+    "databases",
+    "warnings", /* a combination's: paths ';'-separated, warnings one per line; else empty */
 };
 
 void metrics_summary_csv_header(FILE *out)
@@ -266,10 +298,7 @@ static void csv_counts(FILE *out, const struct metrics_count *c, size_t n)
     kvb_free(buf);
 }
 
-static void csv_sep_int(FILE *out, int64_t v)
-{
-    fprintf(out, ",%lld", (long long)v);
-}
+static void csv_sep_int(FILE *out, int64_t v) { fprintf(out, ",%lld", (long long)v); }
 
 static void csv_sep_num(FILE *out, double v)
 {
@@ -317,8 +346,7 @@ static char *warnings_joined(const char *w)
     return j;
 }
 
-void metrics_summary_csv_row(const struct metrics_summary *s, const struct metrics_combined_info *combined,
-                             FILE *out)
+void metrics_summary_csv_row(const struct metrics_summary *s, const struct metrics_combined_info *combined, FILE *out)
 {
     const struct metrics_totals *t = &s->t;
     const bool have_pre = !(s->rows_with_preemptions == 0 && t->requests_total > 0);
@@ -368,8 +396,7 @@ void metrics_summary_csv_row(const struct metrics_summary *s, const struct metri
         size_t len = 1;
         for (int i = 0; i < combined->n_paths; i++) len += strlen(combined->paths[i]) + 1;
         char *dbs = kvb_malloc(len), *p = dbs;
-        for (int i = 0; dbs && i < combined->n_paths; i++)
-            p += sprintf(p, "%s%s", i ? ";" : "", combined->paths[i]);
+        for (int i = 0; dbs && i < combined->n_paths; i++) p += sprintf(p, "%s%s", i ? ";" : "", combined->paths[i]);
         if (dbs) *p = '\0';
         metrics_csv_str(out, dbs);
         kvb_free(dbs);
@@ -409,7 +436,8 @@ void metrics_run_list_json(const struct metrics_run_list_row *r, FILE *out)
 void metrics_run_list_csv_header(FILE *out)
 {
     fputs("run_id,status,started_at,ended_at,wall_seconds,requests_ok,requests_total,model,backend,job_file,"
-          "output_file\r\n", out);
+          "output_file\r\n",
+          out);
 }
 
 void metrics_run_list_csv_row(const struct metrics_run_list_row *r, FILE *out)

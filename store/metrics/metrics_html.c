@@ -26,202 +26,22 @@
 
 #include "base/alloc.h"
 #include "store/metrics/metrics.h"
+#include "store/metrics/metrics_html_internal.h"
 #include "store/metrics/metrics_internal.h"
 #include "store/metrics/metrics_report.h"
 #include "store/metrics/metrics_report_internal.h"
 #include "store/metrics/metrics_series.h"
 #include "store/metrics/svg_chart.h"
 
-#define HTML_SLOWEST 15   /* rows of the slowest-requests table */
-#define HTML_MAX_RUNS 40  /* rows of the runs table of one database (the latest ones) */
-#define HTML_BINS 100     /* about this many time bins */
+#define HTML_BINS 100 /* about this many time bins */
 #define HTML_CDF_POINTS 400
-
-/* ok = a 2xx status and no error code (as everywhere else) */
-#define FAILED_ROW "NOT (error_code IS NULL AND status_code BETWEEN 200 AND 299)"
 
 static const char *const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
                                       "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
 #define N_PALETTE (sizeof palette / sizeof palette[0])
 
-/* the latencies drawn, in the order of the columns load_rows reads (ttft_s, tpot_s, e2e_s, queue_s) */
-enum { LAT_TTFT, LAT_TPOT, LAT_E2E, LAT_QUEUE, N_LAT };
 static const char *const lat_title[N_LAT] = {"time to first token", "time per output token", "end to end",
                                              "queue (read to first scheduled)"};
-
-struct slow_row {
-    int run;  /* index into the drawn runs */
-    int64_t line, prompt, cached_run, cached_store, completion, preemptions, restored;
-    bool has_preemptions;
-    double queue, ttft, tpot, e2e;
-    char *custom_id, *finish;
-    int status;
-};
-
-/* One run drawn on the page. */
-struct html_run {
-    const char *db_path; /* borrowed */
-    char name[160];      /* its legend label */
-    const char *color;
-    struct metrics_summary sum;
-    struct series_req *req;   /* rows with a start time (charts over time) */
-    size_t n_req;
-    double *fail_at;          /* end time of each failed row that has one */
-    size_t n_fail;
-    double *lat[N_LAT];       /* sorted, seconds */
-    size_t n_lat[N_LAT];
-    double t0, t_last;        /* the run's start; the latest time of any of its rows */
-};
-
-static enum kvb_status sql_fail(struct metrics_db *db, struct kvb_err *err, int rc, const char *what)
-{
-    return metrics_sql_err(metrics_sqlite(db), metrics_path(db), err, rc, what);
-}
-
-static enum kvb_status oom(struct metrics_db *db, struct kvb_err *err)
-{
-    return kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory drawing the report", metrics_path(db));
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Appends v to a growing array; false when out of memory. */
-static bool push_double(double **v, size_t *n, size_t *cap, double x)
-{
-    if (*n == *cap) {
-        size_t c = *cap ? *cap * 2 : 256;
-        double *nv = kvb_realloc(*v, c * sizeof *nv);
-        if (!nv) return false;
-        *v = nv;
-        *cap = c;
-    }
-    (*v)[(*n)++] = x;
-    return true;
-}
-
-static double col_or_nan(sqlite3_stmt *st, int i)
-{
-    return sqlite3_column_type(st, i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, i);
-}
-
-static void run_free(struct html_run *r)
-{
-    metrics_summary_free(&r->sum);
-    kvb_free(r->req);
-    kvb_free(r->fail_at);
-    for (int k = 0; k < N_LAT; k++) kvb_free(r->lat[k]);
-}
-
-/* The request rows of run r->sum.run_id: times, tokens, latencies. */
-static enum kvb_status load_rows(struct metrics_db *db, struct html_run *r, struct kvb_err *err)
-{
-    sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(metrics_sqlite(db),
-        "SELECT submitted_at, started_at, first_token_at, ended_at,"
-        " max(0, prompt_tokens - cached_tokens_run - cached_tokens_store), completion_tokens, " FAILED_ROW ","
-        " ttft_s, tpot_s, e2e_s, queue_s, coalesce(preemptions, 0) FROM requests WHERE run_id=?1", -1, &st, NULL);
-    if (rc != SQLITE_OK) return sql_fail(db, err, rc, "reading request rows");
-    sqlite3_bind_int64(st, 1, r->sum.run_id);
-    size_t cap_req = 0, cap_fail = 0, cap_lat[N_LAT] = {0};
-    enum kvb_status ks = KVB_OK;
-    r->t0 = r->sum.started_at;
-    r->t_last = r->t0;
-    while (ks == KVB_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        struct series_req q = {col_or_nan(st, 0), col_or_nan(st, 1), col_or_nan(st, 2), col_or_nan(st, 3),
-                               sqlite3_column_int64(st, 4), sqlite3_column_int64(st, 5), sqlite3_column_int64(st, 11)};
-        bool failed = sqlite3_column_int(st, 6) != 0;
-        for (int k = 0; k < N_LAT && ks == KVB_OK; k++) {
-            double v = col_or_nan(st, 7 + k);
-            if (isfinite(v) && !push_double(&r->lat[k], &r->n_lat[k], &cap_lat[k], v)) ks = oom(db, err);
-        }
-        if (isfinite(q.ended) && q.ended > r->t_last) r->t_last = q.ended;
-        if (failed && isfinite(q.ended) && !push_double(&r->fail_at, &r->n_fail, &cap_fail, q.ended))
-            ks = oom(db, err);
-        if (ks != KVB_OK || !isfinite(q.started)) continue;
-        if (r->n_req == cap_req) {
-            cap_req = cap_req ? cap_req * 2 : 256;
-            struct series_req *nr = kvb_realloc(r->req, cap_req * sizeof *nr);
-            if (!nr) {
-                ks = oom(db, err);
-                continue;
-            }
-            r->req = nr;
-        }
-        r->req[r->n_req++] = q;
-    }
-    if (ks == KVB_OK && rc != SQLITE_DONE) ks = sql_fail(db, err, rc, "reading request rows");
-    sqlite3_finalize(st);
-    for (int k = 0; k < N_LAT; k++)
-        if (r->n_lat[k]) qsort(r->lat[k], r->n_lat[k], sizeof(double), cmp_double);
-    return ks;
-}
-
-static void slow_free(struct slow_row *s, size_t n)
-{
-    for (size_t i = 0; s && i < n; i++) {
-        kvb_free(s[i].custom_id);
-        kvb_free(s[i].finish);
-    }
-    kvb_free(s);
-}
-
-static char *dup_col(sqlite3_stmt *st, int i, bool *ok)
-{
-    const unsigned char *t = sqlite3_column_text(st, i);
-    if (!t) return NULL;
-    char *d = kvb_strndup((const char *)t, (size_t)sqlite3_column_bytes(st, i));
-    if (!d) *ok = false;
-    return d;
-}
-
-/* Appends run `ri`'s HTML_SLOWEST slowest rows to *rows. */
-static enum kvb_status load_slowest(struct metrics_db *db, int ri, int64_t run_id, struct slow_row **rows,
-                                    size_t *n, struct kvb_err *err)
-{
-    sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(metrics_sqlite(db),
-        "SELECT input_line, custom_id, prompt_tokens, cached_tokens_run, cached_tokens_store, completion_tokens,"
-        " queue_s, ttft_s, tpot_s, e2e_s, preemptions, restored_tokens, finish_reason, status_code"
-        " FROM requests WHERE run_id=?1 AND e2e_s IS NOT NULL ORDER BY e2e_s DESC LIMIT ?2", -1, &st, NULL);
-    if (rc != SQLITE_OK) return sql_fail(db, err, rc, "reading the slowest requests");
-    sqlite3_bind_int64(st, 1, run_id);
-    sqlite3_bind_int(st, 2, HTML_SLOWEST);
-    struct slow_row *nr = kvb_realloc(*rows, (*n + HTML_SLOWEST) * sizeof *nr);
-    if (!nr) {
-        sqlite3_finalize(st);
-        return oom(db, err);
-    }
-    *rows = nr;
-    bool ok = true;
-    while (ok && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        struct slow_row *s = &nr[(*n)++];
-        memset(s, 0, sizeof *s);
-        s->run = ri;
-        s->line = sqlite3_column_int64(st, 0);
-        s->custom_id = dup_col(st, 1, &ok);
-        s->prompt = sqlite3_column_int64(st, 2);
-        s->cached_run = sqlite3_column_int64(st, 3);
-        s->cached_store = sqlite3_column_int64(st, 4);
-        s->completion = sqlite3_column_int64(st, 5);
-        s->queue = col_or_nan(st, 6);
-        s->ttft = col_or_nan(st, 7);
-        s->tpot = col_or_nan(st, 8);
-        s->e2e = col_or_nan(st, 9);
-        s->has_preemptions = sqlite3_column_type(st, 10) != SQLITE_NULL;
-        s->preemptions = sqlite3_column_int64(st, 10);
-        s->restored = sqlite3_column_int64(st, 11);
-        s->finish = dup_col(st, 12, &ok);
-        s->status = sqlite3_column_int(st, 13);
-    }
-    sqlite3_finalize(st);
-    if (!ok) return oom(db, err);
-    if (rc != SQLITE_DONE) return sql_fail(db, err, rc, "reading the slowest requests");
-    return KVB_OK;
-}
 
 static int cmp_slow(const void *a, const void *b)
 {
@@ -229,32 +49,9 @@ static int cmp_slow(const void *a, const void *b)
     return (x->e2e < y->e2e) - (x->e2e > y->e2e); /* slowest first */
 }
 
-/* Ids of the runs of one database, latest HTML_MAX_RUNS, oldest first. */
-static enum kvb_status list_run_ids(struct metrics_db *db, int64_t **ids, size_t *n, struct kvb_err *err)
-{
-    sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(metrics_sqlite(db),
-        "SELECT id FROM (SELECT id FROM runs ORDER BY id DESC LIMIT ?1) ORDER BY id", -1, &st, NULL);
-    if (rc != SQLITE_OK) return sql_fail(db, err, rc, "listing runs");
-    sqlite3_bind_int(st, 1, HTML_MAX_RUNS);
-    *ids = kvb_malloc(HTML_MAX_RUNS * sizeof **ids);
-    *n = 0;
-    if (!*ids) {
-        sqlite3_finalize(st);
-        return oom(db, err);
-    }
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW && *n < HTML_MAX_RUNS) (*ids)[(*n)++] = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return sql_fail(db, err, rc, "listing runs");
-    return KVB_OK;
-}
-
 /* ---- page pieces --------------------------------------------------------------------- */
 
-static void esc(FILE *o, const char *s)
-{
-    svg_escape(o, s ? s : "-");
-}
+static void esc(FILE *o, const char *s) { svg_escape(o, s ? s : "-"); }
 
 /* A duration for people: "0.48 ms", "970 ms", "1.18 s", "71.1 s" — the
  * unit beside every figure, since one table can hold both (the text and
@@ -298,8 +95,9 @@ static void card(FILE *o, const char *label, const char *value, const char *sub)
 
 static void legend_item(FILE *o, const char *color, const char *dash, const char *label)
 {
-    fprintf(o, "<span><svg width=\"26\" height=\"10\" aria-hidden=\"true\"><line x1=\"1\" y1=\"5\" x2=\"25\" y2=\"5\" "
-               "stroke=\"%s\" stroke-width=\"2.2\"%s%s%s/></svg> ",
+    fprintf(o,
+            "<span><svg width=\"26\" height=\"10\" aria-hidden=\"true\"><line x1=\"1\" y1=\"5\" x2=\"25\" y2=\"5\" "
+            "stroke=\"%s\" stroke-width=\"2.2\"%s%s%s/></svg> ",
             color, dash ? " stroke-dasharray=\"" : "", dash ? dash : "", dash ? "\"" : "");
     esc(o, label);
     fputs("</span>\n", o);
@@ -308,7 +106,8 @@ static void legend_item(FILE *o, const char *color, const char *dash, const char
 static void legend_rug(FILE *o, const char *label)
 {
     fputs("<span><svg width=\"14\" height=\"10\" aria-hidden=\"true\"><line x1=\"7\" y1=\"1\" x2=\"7\" y2=\"9\" "
-          "stroke=\"#c00\" stroke-width=\"2\"/></svg> ", o);
+          "stroke=\"#c00\" stroke-width=\"2\"/></svg> ",
+          o);
     esc(o, label);
     fputs("</span>\n", o);
 }
@@ -497,17 +296,18 @@ static void throughput_chart(FILE *o, const struct time_bins *t, struct html_run
     fputs("</div>\n", o);
     struct svg_plot p;
     const int all = t->b.nbins * n;
-    time_plot_begin(&p, o, t, 300, fmax(max_of(t->out, all), max_of(t->pre, all)), "tokens/s",
-                    "throughput over time");
+    time_plot_begin(&p, o, t, 300, fmax(max_of(t->out, all), max_of(t->pre, all)), "tokens/s", "throughput over time");
     for (int i = 0; i < n; i++) {
         run_line(&p, t, runs, n, i, t->pre, palette[4], "5 3", "prefill tokens/s");
         run_line(&p, t, runs, n, i, t->out, palette[0], NULL, "output tokens/s");
         svg_plot_rug(&p, runs[i].fail_at, runs[i].n_fail, "#c00", "failed request");
     }
     svg_plot_end(&p);
-    fprintf(o, "<p class=\"note\">Tokens per second in bins of %g s. A request's first output token counts "
-               "when it was sampled, the others spread evenly up to its end; its computed prompt tokens (not "
-               "reused from a cache) spread evenly from its admission to its first token.</p>\n", t->b.dt);
+    fprintf(o,
+            "<p class=\"note\">Tokens per second in bins of %g s. A request's first output token counts "
+            "when it was sampled, the others spread evenly up to its end; its computed prompt tokens (not "
+            "reused from a cache) spread evenly from its admission to its first token.</p>\n",
+            t->b.dt);
 }
 
 static void occupancy_chart(FILE *o, const struct time_bins *t, struct html_run *runs, int n)
@@ -526,12 +326,14 @@ static void occupancy_chart(FILE *o, const struct time_bins *t, struct html_run 
     for (int i = 0; i < n; i++) {
         run_line(&p, t, runs, n, i, t->wait, palette[4], "5 3", "waiting");
         run_line(&p, t, runs, n, i, t->run, palette[0], NULL, "running");
-        if (t->any_preempted) run_line(&p, t, runs, n, i, t->prun, palette[1], "1 3", "running, preempted at least once");
+        if (t->any_preempted)
+            run_line(&p, t, runs, n, i, t->prun, palette[1], "1 3", "running, preempted at least once");
     }
     svg_plot_end(&p);
     fputs("<p class=\"note\">Average over each bin. Running: admitted to the scheduler and not finished (a "
           "preempted request counts from its first admission to its end). Waiting: read from the job file "
-          "and queued, not yet admitted (at most the look-ahead window).</p>\n", o);
+          "and queued, not yet admitted (at most the look-ahead window).</p>\n",
+          o);
 }
 
 /* Throughput and running/waiting charts. Each run's requests are shifted to
@@ -547,7 +349,8 @@ static bool time_charts(FILE *o, struct html_run *runs, int n)
     if (timed == 0) {
         fputs("<h2>Throughput over time</h2>\n<p class=\"note\">No per-request times in this database: it was "
               "written by a kvbatch before metrics schema 2 (or holds no finished request). Run the job again "
-              "with this kvbatch to draw throughput and running/waiting over time.</p>\n", o);
+              "with this kvbatch to draw throughput and running/waiting over time.</p>\n",
+              o);
         return true;
     }
     const bool ok = time_bins_fill(&t, runs, n);
@@ -588,8 +391,8 @@ static bool cdf_chart(FILE *o, struct html_run *runs, int n, int k)
      * from below a second keeps milliseconds (no "0.00001") */
     const bool secs = p.x.log ? lo >= 1000 : hi >= 10000;
     p.x.scale = secs ? 1e-3 : 1;
-    p.x.title = p.x.log ? (secs ? "seconds (log scale)" : "milliseconds (log scale)")
-                        : (secs ? "seconds" : "milliseconds");
+    p.x.title =
+        p.x.log ? (secs ? "seconds (log scale)" : "milliseconds (log scale)") : (secs ? "seconds" : "milliseconds");
     svg_axis_fit(&p.x);
     p.y.lo = 0;
     p.y.hi = 100;
@@ -620,8 +423,10 @@ static bool cdf_chart(FILE *o, struct html_run *runs, int n, int k)
         svg_plot_line(&p, xs, ys, np + 1, runs[i].color, NULL, true, xs[np], runs[i].name);
     }
     if (n == 1) {
-        const struct metrics_dist *d = k == LAT_TTFT ? &runs[0].sum.ttft : k == LAT_TPOT ? &runs[0].sum.tpot
-                                     : k == LAT_E2E  ? &runs[0].sum.e2e : &runs[0].sum.queue;
+        const struct metrics_dist *d = k == LAT_TTFT   ? &runs[0].sum.ttft
+                                       : k == LAT_TPOT ? &runs[0].sum.tpot
+                                       : k == LAT_E2E  ? &runs[0].sum.e2e
+                                                       : &runs[0].sum.queue;
         svg_plot_vline(&p, d->p50 * 1e3, "#555", "p50", 0);
         svg_plot_vline(&p, d->p99 * 1e3, "#555", "p99", 1);
     }
@@ -671,8 +476,10 @@ static bool latency_section(FILE *o, struct html_run *runs, int n)
         dist_row(o, rn, "time per output token", &runs[i].sum.tpot);
         dist_row(o, rn, "end to end", &runs[i].sum.e2e);
     }
-    fputs("</table>\n<p class=\"note\">Nearest-rank percentiles, as <code>kvbatch report</code> prints them (there in ms). "
-          "Queue and first token are timed from when the line was read.</p>\n", o);
+    fputs("</table>\n<p class=\"note\">Nearest-rank percentiles, as <code>kvbatch report</code> prints them (there in "
+          "ms). "
+          "Queue and first token are timed from when the line was read.</p>\n",
+          o);
     return true;
 }
 
@@ -680,8 +487,10 @@ static bool latency_section(FILE *o, struct html_run *runs, int n)
 static void reuse_bar(FILE *o, int y, const char *label, const struct metrics_totals *t)
 {
     const int x0 = 190, w = 800, h = 22;
-    fprintf(o, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-family=\"system-ui, sans-serif\" font-size=\"12\" "
-               "fill=\"#333\">", x0 - 8, y + 15);
+    fprintf(o,
+            "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" font-family=\"system-ui, sans-serif\" font-size=\"12\" "
+            "fill=\"#333\">",
+            x0 - 8, y + 15);
     esc(o, label);
     fputs("</text>\n", o);
     const int64_t parts[3] = {t->cached_tokens_run, t->cached_tokens_store, t->prefill_tokens_computed};
@@ -696,12 +505,14 @@ static void reuse_bar(FILE *o, int y, const char *label, const struct metrics_to
     for (int k = 0; k < 3; k++) {
         double pw = (double)w * (double)parts[k] / (double)whole;
         if (pw <= 0) continue;
-        fprintf(o, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>%s: %lld tokens "
-                   "(%.1f %%)</title></rect>",
+        fprintf(o,
+                "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>%s: %lld tokens "
+                "(%.1f %%)</title></rect>",
                 x, y, pw, h, colors[k], names[k], (long long)parts[k], 100.0 * (double)parts[k] / (double)whole);
         if (pw > 60)
-            fprintf(o, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" font-family=\"system-ui, sans-serif\" "
-                       "font-size=\"12\" fill=\"%s\">%.1f %%</text>",
+            fprintf(o,
+                    "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" font-family=\"system-ui, sans-serif\" "
+                    "font-size=\"12\" fill=\"%s\">%.1f %%</text>",
                     x + pw / 2, y + 15, k == 2 ? "#222" : "#fff", 100.0 * (double)parts[k] / (double)whole);
         x += pw;
     }
@@ -713,14 +524,16 @@ static void reuse_section(FILE *o, struct html_run *runs, int n, const struct me
     fputs("<h2>Prefix reuse</h2>\n<div class=\"legend\">", o);
     fputs("<span><i class=\"sw\" style=\"background:#2ca02c\"></i> in-run cache (radix tree)</span>"
           "<span><i class=\"sw\" style=\"background:#1f77b4\"></i> persistent store (LMDB)</span>"
-          "<span><i class=\"sw\" style=\"background:#bbbbbb\"></i> computed (prefill)</span></div>\n", o);
+          "<span><i class=\"sw\" style=\"background:#bbbbbb\"></i> computed (prefill)</span></div>\n",
+          o);
     int rows = n + (n > 1 ? 1 : 0);
     fprintf(o, "<svg role=\"img\" width=\"1020\" height=\"%d\" viewBox=\"0 0 1020 %d\"><title>prefix reuse</title>\n",
             rows * 30 + 4, rows * 30 + 4);
     for (int i = 0; i < n; i++) reuse_bar(o, 2 + 30 * i, runs[i].name, &runs[i].sum.t);
     if (n > 1) reuse_bar(o, 2 + 30 * n, "all of them", &all->t);
     fputs("</svg>\n<table><tr><th class=\"l\">run</th><th>prompt tokens</th><th>in-run cache</th>"
-          "<th>persistent store</th><th>computed</th></tr>\n", o);
+          "<th>persistent store</th><th>computed</th></tr>\n",
+          o);
     for (int i = 0; i <= n; i++) {
         if (i == n && n == 1) break;
         const struct metrics_totals *t = i < n ? &runs[i].sum.t : &all->t;
@@ -745,8 +558,9 @@ static void errors_section(FILE *o, const struct metrics_summary *s)
                 (long long)s->t.requests_total);
         return;
     }
-    fprintf(o, "<p>%lld of %lld requests failed.</p>\n<table><tr><th class=\"l\">code</th><th>count</th>"
-               "<th class=\"l\">first message</th></tr>\n",
+    fprintf(o,
+            "<p>%lld of %lld requests failed.</p>\n<table><tr><th class=\"l\">code</th><th>count</th>"
+            "<th class=\"l\">first message</th></tr>\n",
             (long long)s->t.requests_failed, (long long)s->t.requests_total);
     for (size_t i = 0; i < s->n_errors; i++) {
         fputs("<tr><td class=\"l\">", o);
@@ -771,7 +585,8 @@ static void slowest_section(FILE *o, struct slow_row *rows, size_t n_rows, const
     if (n > 1) fputs("<th class=\"l\">run</th>", o);
     fputs("<th>line</th><th class=\"l\">custom_id</th><th>prompt tokens</th><th>cached: run + store</th>"
           "<th>output tokens</th><th>queue</th><th>first token</th><th>per token</th><th>end to end</th>"
-          "<th>preempted</th><th>restored</th><th class=\"l\">finish</th></tr>\n", o);
+          "<th>preempted</th><th>restored</th><th class=\"l\">finish</th></tr>\n",
+          o);
     for (size_t i = 0; i < n_rows; i++) {
         const struct slow_row *s = &rows[i];
         char q[32], f[32], t[32], e[32];
@@ -788,12 +603,11 @@ static void slowest_section(FILE *o, struct slow_row *rows, size_t n_rows, const
         fprintf(o, "<td>%lld</td><td class=\"l\">", (long long)s->line);
         esc(o, s->custom_id);
         fprintf(o, "</td><td>%lld</td><td>%lld + %lld</td><td>%lld</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>",
-                (long long)s->prompt, (long long)s->cached_run, (long long)s->cached_store, (long long)s->completion,
-                q, f, t, e);
+                (long long)s->prompt, (long long)s->cached_run, (long long)s->cached_store, (long long)s->completion, q,
+                f, t, e);
         if (s->has_preemptions)
             fprintf(o, "<td>%lld</td><td>%lld</td>", (long long)s->preemptions, (long long)s->restored);
-        else
-            fputs("<td>-</td><td>-</td>", o);
+        else fputs("<td>-</td><td>-</td>", o);
         fputs("<td class=\"l\">", o);
         if (s->finish) esc(o, s->finish);
         else fprintf(o, "status %d", s->status);
@@ -801,7 +615,8 @@ static void slowest_section(FILE *o, struct slow_row *rows, size_t n_rows, const
     }
     fputs("</table>\n<p class=\"note\">Preempted: times the scheduler took the request's KV blocks back for "
           "others; restored: the positions it then had to rebuild (from a cache where still there, else "
-          "recomputed).</p>\n", o);
+          "recomputed).</p>\n",
+          o);
 }
 
 /* The runs table: one row per run, so that a regression between runs shows. */
@@ -841,7 +656,8 @@ static void runs_head(FILE *o)
     fputs("<table><tr><th class=\"l\">database</th><th>run</th><th class=\"l\">started</th><th class=\"l\">status</th>"
           "<th>ok / requests</th><th>wall</th><th>output tok/s</th><th>first token p50</th>"
           "<th>first token p95</th><th>end to end p95</th><th>prefix reuse</th><th>preemptions</th>"
-          "<th class=\"l\">job</th></tr>\n", o);
+          "<th class=\"l\">job</th></tr>\n",
+          o);
 }
 
 static const char css[] =
@@ -890,7 +706,7 @@ static enum kvb_status runs_section(FILE *out, struct html_run *runs, int n, str
     } else {
         int64_t *ids = NULL;
         size_t n_ids = 0;
-        st = list_run_ids(dbs[0], &ids, &n_ids, err);
+        st = html_list_run_ids(dbs[0], &ids, &n_ids, err);
         for (size_t k = 0; st == KVB_OK && k < n_ids; k++) {
             if (ids[k] == runs[0].sum.run_id) {
                 runs_row(out, base_name(paths[0]), &runs[0].sum, true);
@@ -904,7 +720,8 @@ static enum kvb_status runs_section(FILE *out, struct html_run *runs, int n, str
         kvb_free(ids);
     }
     fputs("</table>\n<p class=\"note\">One row per run: with several databases, the latest run of each (each "
-          "drawn as its own line); with one, its latest runs, the drawn one shaded.</p>\n", out);
+          "drawn as its own line); with one, its latest runs, the drawn one shaded.</p>\n",
+          out);
     return st;
 }
 
@@ -913,7 +730,8 @@ static enum kvb_status runs_section(FILE *out, struct html_run *runs, int n, str
 static void page_head(FILE *o, const struct metrics_summary *s, const char *const *paths, int n, bool compared)
 {
     fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
-          "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>kvbatch report: ", o);
+          "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>kvbatch report: ",
+          o);
     esc(o, s->job_file ? base_name(s->job_file) : "run");
     fprintf(o, "</title>\n<style>%s</style></head><body>\n<h1>kvbatch report: ", css);
     esc(o, s->job_file);
@@ -939,8 +757,7 @@ static void page_head(FILE *o, const struct metrics_summary *s, const char *cons
     fputs("</p>\n", o);
 }
 
-enum kvb_status metrics_report_html(const char *const *paths, int n, int64_t run_id, FILE *out,
-                                    struct kvb_err *err)
+enum kvb_status metrics_report_html(const char *const *paths, int n, int64_t run_id, FILE *out, struct kvb_err *err)
 {
     if (n < 1 || !paths) return kvb_errf(err, KVB_ERR_INVALID_ARG, "no database given");
     struct html_run *runs = kvb_calloc((size_t)n, sizeof *runs);
@@ -953,14 +770,17 @@ enum kvb_status metrics_report_html(const char *const *paths, int n, int64_t run
     enum kvb_status st = runs && dbs ? KVB_OK : kvb_errf(err, KVB_ERR_NOMEM, "out of memory drawing the report");
     for (int i = 0; i < n && st == KVB_OK; i++) {
         st = metrics_open_existing(paths[i], &dbs[i], err);
-        if (st == KVB_OK) st = metrics_summary_load(dbs[i], n == 1 ? run_id : METRICS_RUN_LATEST, NULL, &runs[i].sum, err);
+        if (st == KVB_OK)
+            st = metrics_summary_load(dbs[i], n == 1 ? run_id : METRICS_RUN_LATEST, NULL, &runs[i].sum, err);
         if (st != KVB_OK) break;
         runs[i].db_path = paths[i];
         runs[i].color = palette[(size_t)i % N_PALETTE];
         if (n == 1) snprintf(runs[i].name, sizeof runs[i].name, "run %lld", (long long)runs[i].sum.run_id);
-        else snprintf(runs[i].name, sizeof runs[i].name, "%s run %lld", base_name(paths[i]), (long long)runs[i].sum.run_id);
-        st = load_rows(dbs[i], &runs[i], err);
-        if (st == KVB_OK) st = load_slowest(dbs[i], i, runs[i].sum.run_id, &slow, &n_slow, err);
+        else
+            snprintf(runs[i].name, sizeof runs[i].name, "%s run %lld", base_name(paths[i]),
+                     (long long)runs[i].sum.run_id);
+        st = html_load_rows(dbs[i], &runs[i], err);
+        if (st == KVB_OK) st = html_load_slowest(dbs[i], i, runs[i].sum.run_id, &slow, &n_slow, err);
     }
     /* The page's summary: the run's own, or the combination's (the warnings
      * about partial sums go on the page) */
@@ -990,7 +810,8 @@ enum kvb_status metrics_report_html(const char *const *paths, int n, int64_t run
         if (compared) {
             st = runs_section(out, runs, n, dbs, paths, err);
             fputs("<p class=\"note\">These runs did not overlap in time, so they are compared rather than summed: "
-                  "each is drawn as its own line below. Errors and prefix reuse also show their sum.</p>\n", out);
+                  "each is drawn as its own line below. Errors and prefix reuse also show their sum.</p>\n",
+                  out);
         } else {
             summary_cards(out, sum);
         }
@@ -1009,13 +830,14 @@ enum kvb_status metrics_report_html(const char *const *paths, int n, int64_t run
         fputs("<p class=\"note\">Written by <code>kvbatch report --html</code> at ", out);
         esc(out, now);
         fputs(". The same figures as text: <code>kvbatch report DB</code>; as JSON or CSV: "
-              "<code>--format json|csv</code>.</p>\n</body></html>\n", out);
+              "<code>--format json|csv</code>.</p>\n</body></html>\n",
+              out);
     }
     free(warn); /* open_memstream's buffer */
     metrics_summary_free(&all);
     metrics_combined_close(cdb, tmp);
-    slow_free(slow, n_slow);
-    for (int i = 0; runs && i < n; i++) run_free(&runs[i]);
+    html_slow_free(slow, n_slow);
+    for (int i = 0; runs && i < n; i++) html_run_free(&runs[i]);
     for (int i = 0; dbs && i < n; i++) metrics_close(dbs[i]);
     kvb_free(runs);
     kvb_free(dbs);

@@ -99,8 +99,8 @@ static enum kvb_status read_run(struct metrics_db *db, int64_t run_id, struct ru
         if (run_id == METRICS_RUN_LATEST)
             ks = kvb_errf(err, KVB_ERR_NOT_FOUND, "%s: no runs recorded yet", metrics_path(db));
         else
-            ks = kvb_errf(err, KVB_ERR_NOT_FOUND, "%s: no run with id %lld (--list shows the runs)",
-                          metrics_path(db), (long long)run_id);
+            ks = kvb_errf(err, KVB_ERR_NOT_FOUND, "%s: no run with id %lld (--list shows the runs)", metrics_path(db),
+                          (long long)run_id);
     } else if (rc != SQLITE_ROW) {
         ks = sql_fail(db, err, rc, "reading runs");
     } else {
@@ -113,9 +113,10 @@ static enum kvb_status read_run(struct metrics_db *db, int64_t run_id, struct ru
         r->ended = sqlite3_column_type(st, 8) != SQLITE_NULL;
         r->ended_at = sqlite3_column_double(st, 8);
         r->has_totals = sqlite3_column_type(st, 10) != SQLITE_NULL;
-        int64_t *v[] = {&r->t.requests_total, &r->t.requests_ok, &r->t.requests_failed, &r->t.prompt_tokens,
-                        &r->t.completion_tokens, &r->t.cached_tokens_run, &r->t.cached_tokens_store,
-                        &r->t.prefill_tokens_computed, &r->t.store_bytes_read, &r->t.store_bytes_written};
+        int64_t *v[] = {
+            &r->t.requests_total,    &r->t.requests_ok,        &r->t.requests_failed,     &r->t.prompt_tokens,
+            &r->t.completion_tokens, &r->t.cached_tokens_run,  &r->t.cached_tokens_store, &r->t.prefill_tokens_computed,
+            &r->t.store_bytes_read,  &r->t.store_bytes_written};
         for (int i = 0; i < (int)(sizeof v / sizeof v[0]); i++) *v[i] = sqlite3_column_int64(st, 10 + i);
         r->t.wall_seconds = sqlite3_column_double(st, 20);
         r->settings_json = sqlite3_column_int(st, 21) != 0;
@@ -133,7 +134,8 @@ static enum kvb_status read_run(struct metrics_db *db, int64_t run_id, struct ru
 static enum kvb_status derive_totals(struct metrics_db *db, struct run_row *r, struct kvb_err *err)
 {
     sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(metrics_sqlite(db),
+    int rc = sqlite3_prepare_v2(
+        metrics_sqlite(db),
         "SELECT count(*), total(ok), total(prompt_tokens), total(completion_tokens), total(cached_tokens_run),"
         " total(cached_tokens_store)"
         " FROM (SELECT *, " OK_ROW " AS ok FROM requests WHERE run_id=?1)",
@@ -206,10 +208,7 @@ static enum kvb_status load_sorted(struct metrics_db *db, int64_t run_id, const 
     return KVB_OK;
 }
 
-static const char *or_dash(const char *s)
-{
-    return s && *s ? s : "-";
-}
+static const char *or_dash(const char *s) { return s && *s ? s : "-"; }
 
 void metrics_fmt_time(char *buf, size_t cap, double unix_s)
 {
@@ -239,8 +238,7 @@ static void print_share(FILE *out, const char *label, int64_t part, int64_t whol
     if (whole > 0)
         fprintf(out, "  %-18s %10lld of %lld prompt tokens (%.1f %%)\n", label, (long long)part, (long long)whole,
                 100.0 * (double)part / (double)whole);
-    else
-        fprintf(out, "  %-18s %10lld of 0 prompt tokens\n", label, (long long)part);
+    else fprintf(out, "  %-18s %10lld of 0 prompt tokens\n", label, (long long)part);
 }
 
 /* ---- loading the summary ------------------------------------------------------ */
@@ -260,8 +258,7 @@ static void counts_free(struct metrics_count *c, size_t n)
  * with the smallest input_line of each group (SQLite's rule for a bare
  * column beside one min()). `expr`, `where`, `example` are our own SQL. */
 static enum kvb_status load_counts(struct metrics_db *db, int64_t run_id, const char *expr, const char *where,
-                                   const char *example, struct metrics_count **out, size_t *n_out,
-                                   struct kvb_err *err)
+                                   const char *example, struct metrics_count **out, size_t *n_out, struct kvb_err *err)
 {
     char q[768];
     snprintf(q, sizeof q,
@@ -325,9 +322,11 @@ static enum kvb_status load_dist(struct metrics_db *db, int64_t run_id, const ch
 static enum kvb_status load_preemptions(struct metrics_db *db, struct metrics_summary *s, struct kvb_err *err)
 {
     sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(metrics_sqlite(db),
+    int rc = sqlite3_prepare_v2(
+        metrics_sqlite(db),
         "SELECT count(preemptions), total(preemptions > 0), total(preemptions), total(restored_tokens)"
-        " FROM requests WHERE run_id=?1", -1, &st, NULL);
+        " FROM requests WHERE run_id=?1",
+        -1, &st, NULL);
     if (rc == SQLITE_OK) {
         sqlite3_bind_int64(st, 1, s->run_id);
         rc = sqlite3_step(st);
@@ -392,11 +391,11 @@ enum kvb_status metrics_summary_load(struct metrics_db *db, int64_t run_id, cons
         st = kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory reading a run", metrics_path(db));
     /* A failure without an error code is named by its status code. */
     if (st == KVB_OK)
-        st = load_counts(db, s->run_id, "coalesce(error_code, 'status ' || status_code)", FAILED_ROW,
-                         "error_message", &s->errors, &s->n_errors, err);
+        st = load_counts(db, s->run_id, "coalesce(error_code, 'status ' || status_code)", FAILED_ROW, "error_message",
+                         &s->errors, &s->n_errors, err);
     if (st == KVB_OK)
-        st = load_counts(db, s->run_id, "finish_reason", "finish_reason IS NOT NULL", NULL, &s->finish,
-                         &s->n_finish, err);
+        st = load_counts(db, s->run_id, "finish_reason", "finish_reason IS NOT NULL", NULL, &s->finish, &s->n_finish,
+                         err);
     if (st == KVB_OK) st = load_dist(db, s->run_id, "queue_s", &s->queue, err);
     if (st == KVB_OK) st = load_dist(db, s->run_id, "ttft_s", &s->ttft, err);
     if (st == KVB_OK) st = load_dist(db, s->run_id, "tpot_s", &s->tpot, err);
@@ -424,8 +423,7 @@ static void print_counts(FILE *out, const char *label, const struct metrics_coun
 
 static void print_dist(FILE *out, const char *label, const struct metrics_dist *d)
 {
-    if (d->n == 0)
-        fprintf(out, "  %-18s %10s %10s %10s %10s %8d\n", label, "-", "-", "-", "-", 0);
+    if (d->n == 0) fprintf(out, "  %-18s %10s %10s %10s %10s %8d\n", label, "-", "-", "-", "-", 0);
     else
         fprintf(out, "  %-18s %10.2f %10.2f %10.2f %10.2f %8zu\n", label, 1e3 * d->p50, 1e3 * d->p95, 1e3 * d->p99,
                 1e3 * d->max, d->n);
@@ -449,7 +447,7 @@ static void print_text(const struct metrics_summary *s, FILE *out)
         fprintf(out, "  ended              %s\n", buf);
     } else if (s->status && !strcmp(s->status, "died")) {
         fprintf(out, "  ended              - (its process died without recording an end: killed, out of memory, "
-                "or crashed; `kvbatch run --resume` continues the job)\n");
+                     "or crashed; `kvbatch run --resume` continues the job)\n");
     } else {
         fprintf(out, "  ended              - (still running, or its process died on another machine)\n");
     }
@@ -468,8 +466,7 @@ static void print_text(const struct metrics_summary *s, FILE *out)
         fprintf(out, "throughput           %.1f completion tok/s, %.1f total tok/s, %.2f requests/s (over wall time)\n",
                 (double)t->completion_tokens / t->wall_seconds, (double)total_tokens / t->wall_seconds,
                 (double)t->requests_total / t->wall_seconds);
-    else
-        fprintf(out, "throughput           - (no wall time recorded)\n");
+    else fprintf(out, "throughput           - (no wall time recorded)\n");
 
     fprintf(out, "latency (ms)         %10s %10s %10s %10s %8s\n", "p50", "p95", "p99", "max", "n");
     print_dist(out, "queue", &s->queue);
@@ -536,22 +533,24 @@ enum kvb_status metrics_report_as(struct metrics_db *db, int64_t run_id, const c
 
 /* ---- the list of runs ----------------------------------------------------------- */
 
-enum kvb_status metrics_list_runs_format(struct metrics_db *db, enum metrics_format fmt, FILE *out,
-                                         int64_t *n_runs, struct kvb_err *err)
+enum kvb_status metrics_list_runs_format(struct metrics_db *db, enum metrics_format fmt, FILE *out, int64_t *n_runs,
+                                         struct kvb_err *err)
 {
     KVB_FORWARD_IF_ERROR(metrics_flush(db, err));
     if (n_runs) *n_runs = 0;
     /* A run without totals (never ended) counts its request rows instead. */
     sqlite3_stmt *st = NULL;
     int rc = sqlite3_prepare_v2(metrics_sqlite(db),
-        "SELECT id, started_at, status,"
-        " coalesce(requests_ok, (SELECT count(*) FROM requests WHERE run_id=runs.id AND " OK_ROW ")),"
-        " coalesce(requests_total, (SELECT count(*) FROM requests WHERE run_id=runs.id)),"
-        " wall_seconds, model, job_file, ended_at, output_file, backend FROM runs ORDER BY id",
-        -1, &st, NULL);
+                                "SELECT id, started_at, status,"
+                                " coalesce(requests_ok, (SELECT count(*) FROM requests WHERE run_id=runs.id AND " OK_ROW
+                                ")),"
+                                " coalesce(requests_total, (SELECT count(*) FROM requests WHERE run_id=runs.id)),"
+                                " wall_seconds, model, job_file, ended_at, output_file, backend FROM runs ORDER BY id",
+                                -1, &st, NULL);
     if (rc != SQLITE_OK) return sql_fail(db, err, rc, "listing runs");
     int64_t n = 0;
-    if (fmt == METRICS_FORMAT_JSON) fprintf(out, "{\"kvbatch_runs\": %d, \"database\": ", METRICS_REPORT_FORMAT_VERSION);
+    if (fmt == METRICS_FORMAT_JSON)
+        fprintf(out, "{\"kvbatch_runs\": %d, \"database\": ", METRICS_REPORT_FORMAT_VERSION);
     if (fmt == METRICS_FORMAT_JSON) {
         metrics_json_str(out, metrics_path(db));
         fprintf(out, ", \"runs\": [");

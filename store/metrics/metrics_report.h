@@ -18,8 +18,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "store/metrics/metrics.h"
 #include "base/status.h"
+#include "store/metrics/metrics.h"
 
 /* Version of the JSON and CSV layouts (the "kvbatch_report" key; CSV has no
  * header line for it, its columns only grow at the end). Bumped only when a
@@ -50,7 +50,7 @@ struct metrics_summary {
     int64_t run_id;
     char *label; /* first line of the text form: "run N", or "all of them" for a combination */
     char *status, *job_file, *output_file, *model, *fingerprint, *backend, *settings; /* NULL: not recorded */
-    bool settings_json; /* settings is well-formed JSON (the JSON form embeds it as an object) */
+    bool settings_json;          /* settings is well-formed JSON (the JSON form embeds it as an object) */
     double started_at, ended_at; /* unix seconds; ended_at only when `ended` */
     bool ended;
     bool has_totals; /* the run recorded its totals; false: t is derived from its request rows */
@@ -62,10 +62,10 @@ struct metrics_summary {
     size_t n_finish;
     struct metrics_dist queue, ttft, tpot, e2e;
     /* Preemptions, from the rows that record them (schema 2 on): */
-    int64_t rows_with_preemptions;  /* rows that carry the column; 0: not recorded */
-    int64_t preempted_requests;     /* requests preempted at least once */
-    int64_t preemptions;            /* times, summed */
-    int64_t restored_tokens;        /* positions their preemptions dropped, summed */
+    int64_t rows_with_preemptions; /* rows that carry the column; 0: not recorded */
+    int64_t preempted_requests;    /* requests preempted at least once */
+    int64_t preemptions;           /* times, summed */
+    int64_t restored_tokens;       /* positions their preemptions dropped, summed */
 };
 
 /* Reads every figure of run `run_id` (METRICS_RUN_LATEST: the latest).
@@ -89,8 +89,7 @@ struct metrics_combined_info {
 void metrics_summary_print(const struct metrics_summary *s, enum metrics_format fmt,
                            const struct metrics_combined_info *combined, FILE *out);
 void metrics_summary_csv_header(FILE *out);
-void metrics_summary_csv_row(const struct metrics_summary *s, const struct metrics_combined_info *combined,
-                             FILE *out);
+void metrics_summary_csv_row(const struct metrics_summary *s, const struct metrics_combined_info *combined, FILE *out);
 
 /* metrics_report in format fmt. */
 enum kvb_status metrics_report_format(struct metrics_db *db, int64_t run_id, enum metrics_format fmt, FILE *out,
@@ -99,13 +98,13 @@ enum kvb_status metrics_report_format(struct metrics_db *db, int64_t run_id, enu
 /* metrics_report_combined in format fmt. The warnings go, for text, on out
  * before the summary (as metrics_report_combined); for JSON into the object;
  * for CSV into its warnings column and to `warn` (stderr, say; NULL: not). */
-enum kvb_status metrics_report_combined_format(const char *const *paths, int n, enum metrics_format fmt,
-                                               FILE *out, FILE *warn, struct kvb_err *err);
+enum kvb_status metrics_report_combined_format(const char *const *paths, int n, enum metrics_format fmt, FILE *out,
+                                               FILE *warn, struct kvb_err *err);
 
 /* metrics_list_runs in format fmt: JSON {"kvbatch_runs": 1, "runs": [...]},
  * CSV a header and one row per run (README.md). */
-enum kvb_status metrics_list_runs_format(struct metrics_db *db, enum metrics_format fmt, FILE *out,
-                                         int64_t *n_runs, struct kvb_err *err);
+enum kvb_status metrics_list_runs_format(struct metrics_db *db, enum metrics_format fmt, FILE *out, int64_t *n_runs,
+                                         struct kvb_err *err);
 
 /* Writes one self-contained HTML page (inline CSS and SVG; no script, no
  * font, image or style fetched from anywhere) about the runs of `paths`:
@@ -116,7 +115,6 @@ enum kvb_status metrics_list_runs_format(struct metrics_db *db, enum metrics_for
  * distributions (time to first token, per output token, end to end, queue),
  * prefix reuse, error counts, and a table of the slowest requests
  * (metrics_html.c says how each is derived). Errors as the text report's. */
-enum kvb_status metrics_report_html(const char *const *paths, int n, int64_t run_id, FILE *out,
-                                    struct kvb_err *err);
+enum kvb_status metrics_report_html(const char *const *paths, int n, int64_t run_id, FILE *out, struct kvb_err *err);
 
 #endif

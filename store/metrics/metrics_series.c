@@ -57,16 +57,14 @@ void series_throughput(const struct series_bins *b, const struct series_req *r, 
             if (rest > 0) {
                 if (isfinite(q->ended) && q->ended > q->first)
                     series_add_interval(b, q->first, q->ended, (double)rest / (q->ended - q->first), output);
-                else
-                    series_add_interval(b, q->first, q->first, (double)rest, output);
+                else series_add_interval(b, q->first, q->first, (double)rest, output);
             }
         }
         if (q->prefill_tokens > 0 && isfinite(q->started)) {
             double until = isfinite(q->first) ? q->first : q->ended;
             if (isfinite(until) && until > q->started)
                 series_add_interval(b, q->started, until, (double)q->prefill_tokens / (until - q->started), prefill);
-            else
-                series_add_interval(b, q->started, q->started, (double)q->prefill_tokens, prefill);
+            else series_add_interval(b, q->started, q->started, (double)q->prefill_tokens, prefill);
         }
     }
 }

@@ -43,7 +43,7 @@ struct row {
     bool has_timing, has_tpot;
     int status_code;
     size_t custom_id, finish_reason, error_code, error_message; /* offsets into pool, or NO_STR */
-    double submitted_at, started_at, first_token_at, ended_at;   /* unix seconds; <= 0: NULL */
+    double submitted_at, started_at, first_token_at, ended_at;  /* unix seconds; <= 0: NULL */
     int64_t preemptions, restored_tokens;
 };
 
@@ -60,19 +60,19 @@ struct rowbuf {
 
 struct metrics_writer {
     char *path;
-    pthread_mutex_t mu;       /* everything below but the connection */
-    pthread_cond_t cv_work;   /* the thread: rows queued, a drain, stop */
-    pthread_cond_t cv_done;   /* drains: an attempt finished */
-    struct rowbuf queue;      /* rows added and not yet taken by the thread */
-    struct rowbuf batch;      /* rows being written, or that failed and wait for a retry */
-    double oldest_at;         /* monotonic time of the oldest queued or batched row */
-    double retry_at;          /* after a failure: not before this (unless draining) */
+    pthread_mutex_t mu;     /* everything below but the connection */
+    pthread_cond_t cv_work; /* the thread: rows queued, a drain, stop */
+    pthread_cond_t cv_done; /* drains: an attempt finished */
+    struct rowbuf queue;    /* rows added and not yet taken by the thread */
+    struct rowbuf batch;    /* rows being written, or that failed and wait for a retry */
+    double oldest_at;       /* monotonic time of the oldest queued or batched row */
+    double retry_at;        /* after a failure: not before this (unless draining) */
     int batch_rows;
     double batch_seconds;
     int busy_ms;
-    double deadline;          /* > 0 while a drain waits: attempts keep their busy wait inside it */
-    int draining;             /* drains waiting */
-    uint64_t attempts;        /* write attempts finished */
+    double deadline;   /* > 0 while a drain waits: attempts keep their busy wait inside it */
+    int draining;      /* drains waiting */
+    uint64_t attempts; /* write attempts finished */
     bool started, stop, busy;
     pthread_t thread;
     struct metrics_counters counters; /* rows_pending computed on read */
@@ -169,7 +169,6 @@ static enum kvb_status wsql_err(struct metrics_writer *w, struct kvb_err *err, i
     return metrics_sql_err(w->sql, w->path, err, rc, what);
 }
 
-
 static void close_conn(struct metrics_writer *w)
 {
     sqlite3_finalize(w->st_begin);
@@ -187,11 +186,14 @@ static enum kvb_status open_conn(struct metrics_writer *w, struct kvb_err *err)
     int rc = sqlite3_open_v2(w->path, &w->sql, SQLITE_OPEN_READWRITE, NULL);
     const char *what = "opening a connection for request rows";
     if (rc == SQLITE_OK) rc = sqlite3_exec(w->sql, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
-    if (rc == SQLITE_OK) rc = sqlite3_prepare_v3(w->sql, "BEGIN IMMEDIATE", -1, SQLITE_PREPARE_PERSISTENT, &w->st_begin, NULL);
-    if (rc == SQLITE_OK) rc = sqlite3_prepare_v3(w->sql, "COMMIT", -1, SQLITE_PREPARE_PERSISTENT, &w->st_commit, NULL);
-    if (rc == SQLITE_OK) rc = sqlite3_prepare_v3(w->sql, "ROLLBACK", -1, SQLITE_PREPARE_PERSISTENT, &w->st_rollback, NULL);
     if (rc == SQLITE_OK)
-        rc = sqlite3_prepare_v3(w->sql,
+        rc = sqlite3_prepare_v3(w->sql, "BEGIN IMMEDIATE", -1, SQLITE_PREPARE_PERSISTENT, &w->st_begin, NULL);
+    if (rc == SQLITE_OK) rc = sqlite3_prepare_v3(w->sql, "COMMIT", -1, SQLITE_PREPARE_PERSISTENT, &w->st_commit, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v3(w->sql, "ROLLBACK", -1, SQLITE_PREPARE_PERSISTENT, &w->st_rollback, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v3(
+            w->sql,
             "INSERT INTO requests (run_id, custom_id, input_line, prompt_tokens, cached_tokens_run,"
             " cached_tokens_store, completion_tokens, queue_s, ttft_s, tpot_s, e2e_s, finish_reason,"
             " error_code, status_code, error_message, submitted_at, started_at, first_token_at, ended_at,"
@@ -440,8 +442,7 @@ enum kvb_status metrics_writer_add(struct metrics_writer *w, int64_t run_id, con
     r->custom_id = req->custom_id ? pool_add(q, req->custom_id, strlen(req->custom_id), &oom) : NO_STR;
     r->finish_reason = req->finish_reason ? pool_add(q, req->finish_reason, strlen(req->finish_reason), &oom) : NO_STR;
     r->error_code = req->error_code ? pool_add(q, req->error_code, strlen(req->error_code), &oom) : NO_STR;
-    r->error_message =
-        req->error_message ? pool_add(q, req->error_message, strlen(req->error_message), &oom) : NO_STR;
+    r->error_message = req->error_message ? pool_add(q, req->error_message, strlen(req->error_message), &oom) : NO_STR;
     if (oom) {
         q->pool_len = mark;
         st = kvb_errf(err, KVB_ERR_NOMEM, "%s: out of memory buffering a request row", w->path);
@@ -488,8 +489,8 @@ enum kvb_status metrics_writer_drain(struct metrics_writer *w, double seconds, s
     enum kvb_status st = KVB_OK;
     size_t left = pending(w);
     if (left > 0)
-        st = kvb_errf(err, KVB_ERR_IO, "%zu request rows could not be written in %.0f s: %s", left,
-                      now_mono() - t0, w->last_err[0] ? w->last_err : "no attempt finished");
+        st = kvb_errf(err, KVB_ERR_IO, "%zu request rows could not be written in %.0f s: %s", left, now_mono() - t0,
+                      w->last_err[0] ? w->last_err : "no attempt finished");
     pthread_mutex_unlock(&w->mu);
     return st;
 }

@@ -74,10 +74,7 @@ void svg_axis_fit(struct svg_axis *a)
     a->hi = ceil(a->hi / step - 1e-9) * step;
 }
 
-static double axis_t(const struct svg_axis *a, double v)
-{
-    return a->log ? log10(v > 0 ? v : a->lo) : v;
-}
+static double axis_t(const struct svg_axis *a, double v) { return a->log ? log10(v > 0 ? v : a->lo) : v; }
 
 /* Fraction 0..1 of the way from lo to hi, clamped. */
 static double axis_frac(const struct svg_axis *a, double v)
@@ -157,8 +154,8 @@ static void ticks(struct svg_plot *p, const struct svg_axis *a, void (*draw)(str
 void svg_plot_begin(struct svg_plot *p, const char *label)
 {
     FILE *o = p->out;
-    fprintf(o, "<svg role=\"img\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">",
-            p->width, p->height, p->width, p->height);
+    fprintf(o, "<svg role=\"img\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">", p->width, p->height, p->width,
+            p->height);
     fputs("<title>", o);
     svg_escape(o, label);
     fputs("</title>\n", o);
@@ -180,10 +177,7 @@ void svg_plot_begin(struct svg_plot *p, const char *label)
     }
 }
 
-void svg_plot_end(struct svg_plot *p)
-{
-    fputs("</svg>\n", p->out);
-}
+void svg_plot_end(struct svg_plot *p) { fputs("</svg>\n", p->out); }
 
 static void line_open(struct svg_plot *p, const char *color, const char *dash)
 {

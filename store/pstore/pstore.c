@@ -7,11 +7,11 @@
  * cache problem into a job failure: a damaged value is a miss (counted,
  * logged once, queued for removal), a full disk is a warning. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -20,8 +20,8 @@
 #include <xxhash.h>
 
 #include "base/alloc.h"
-#include "store/pstore/pstore_internal.h"
 #include "base/tpool.h"
+#include "store/pstore/pstore_internal.h"
 
 #define DEFAULT_CAP ((uint64_t)10 << 30)
 #define MIB ((uint64_t)1 << 20)
@@ -104,8 +104,7 @@ static int set_aside(struct pstore *ps, int lockfd, const struct pstore_check *c
     snprintf(lock, sizeof lock, "%s/lock.mdb", ps->dir);
     moved[0] = '\0';
     if (lockfd >= 0) {
-        while (flock(lockfd, LOCK_EX) != 0 && errno == EINTR) {
-        }
+        while (flock(lockfd, LOCK_EX) != 0 && errno == EINTR) {}
     }
     int rc = 0;
     struct stat st;
@@ -167,8 +166,7 @@ static enum kvb_status open_checked(struct pstore *ps, struct kvb_err *err)
     snprintf(data, sizeof data, "%s/data.mdb", ps->dir);
     for (int attempt = 0;; attempt++) {
         if (lockfd >= 0) {
-            while (flock(lockfd, LOCK_EX) != 0 && errno == EINTR) {
-            }
+            while (flock(lockfd, LOCK_EX) != 0 && errno == EINTR) {}
         }
         struct pstore_check c = {0};
         /* The meta pages first, by pread: what mdb_env_open would trust. */
@@ -192,9 +190,11 @@ static enum kvb_status open_checked(struct pstore *ps, struct kvb_err *err)
             if (crc != 0 || !c.damaged) break;
         } else {
             if (rc == MDB_VERSION_MISMATCH) {
-                st = kvb_errf(err, KVB_ERR_UNSUPPORTED, "%s was written by another version of LMDB (or its lock "
+                st = kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                              "%s was written by another version of LMDB (or its lock "
                               "file by a program using one): kvbatch cannot use it; give another --cache-dir, or "
-                              "remove %s when no other program uses it", data, ps->dir);
+                              "remove %s when no other program uses it",
+                              data, ps->dir);
                 break;
             }
             if (open_error_may_be_damage(rc)) pstore_file_check(data, &c);
@@ -209,36 +209,42 @@ static enum kvb_status open_checked(struct pstore *ps, struct kvb_err *err)
             ps->env = NULL;
         }
         if (ps->opts.keep_damaged || attempt > 0) {
-            st = kvb_errf(err, KVB_ERR_FORMAT, "%s is damaged: %s. This is the file's own structure, not one value: "
+            st = kvb_errf(err, KVB_ERR_FORMAT,
+                          "%s is damaged: %s. This is the file's own structure, not one value: "
                           "kvbatch cannot read it safely. `kvbatch run` moves such a file aside and starts an empty "
-                          "cache; or remove %s when no job uses it", data, c.why, ps->dir);
+                          "cache; or remove %s when no job uses it",
+                          data, c.why, ps->dir);
             break;
         }
         char moved[4200];
         const char *where = "";
         int mrc = set_aside(ps, lockfd, &c, moved, sizeof moved, &where);
         if (mrc) {
-            st = kvb_errf(err, KVB_ERR_FORMAT, "%s is damaged (%s) and could not be moved aside (%s: %s): remove "
-                          "%s when no job uses it, or give another --cache-dir", data, c.why, where, strerror(mrc),
-                          ps->dir);
+            st = kvb_errf(err, KVB_ERR_FORMAT,
+                          "%s is damaged (%s) and could not be moved aside (%s: %s): remove "
+                          "%s when no job uses it, or give another --cache-dir",
+                          data, c.why, where, strerror(mrc), ps->dir);
             break;
         }
         ps->stats.set_aside = true;
         /* Said even when quiet: files moved on disk. */
         if (moved[0])
-            fprintf(stderr, "kvbatch: persistent cache: %s is damaged (%s). Moved it to %s/ and started an empty "
+            fprintf(stderr,
+                    "kvbatch: persistent cache: %s is damaged (%s). Moved it to %s/ and started an empty "
                     "cache: results are not affected, the prefixes it held are computed again. Remove %s when "
-                    "you no longer need it.\n", data, c.why, moved, moved);
+                    "you no longer need it.\n",
+                    data, c.why, moved, moved);
         else if (!ps->opts.quiet)
-            fprintf(stderr, "kvbatch: persistent cache: %s was damaged (%s); another process has moved it aside "
-                    "already\n", data, c.why);
+            fprintf(stderr,
+                    "kvbatch: persistent cache: %s was damaged (%s); another process has moved it aside "
+                    "already\n",
+                    data, c.why);
     }
     if (lockfd >= 0) close(lockfd); /* drops the lock */
     return st;
 }
 
-enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, struct pstore **out,
-                            struct kvb_err *err)
+enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, struct pstore **out, struct kvb_err *err)
 {
     if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "NULL out");
     *out = NULL;
@@ -403,14 +409,14 @@ enum kvb_status pstore_readers_ensure(struct pstore *ps, struct kvb_err *err)
 struct load_job {
     struct pstore *ps;
     const struct pstore_shape *s;
-    const int32_t *tokens;   /* tokens of block 0 of the batch */
+    const int32_t *tokens; /* tokens of block 0 of the batch */
     const MDB_val *vals;
     void *const *dst;
     const struct pstore_annex *annex; /* (n) or NULL */
     enum kvb_status *status;
     int32_t n;
     atomic_int next;
-    atomic_int first_fail;   /* no block after it needs decoding */
+    atomic_int first_fail; /* no block after it needs decoding */
 };
 
 static void load_worker(void *arg, int ith, int nth)
@@ -425,8 +431,7 @@ static void load_worker(void *arg, int ith, int nth)
                                            j->annex ? &j->annex[i] : NULL, NULL);
         if (j->status[i] != KVB_OK) {
             int f = atomic_load(&j->first_fail);
-            while (i < f && !atomic_compare_exchange_weak(&j->first_fail, &f, i)) {
-            }
+            while (i < f && !atomic_compare_exchange_weak(&j->first_fail, &f, i)) {}
         }
     }
 }
@@ -487,9 +492,9 @@ enum kvb_status pstore_load_chain_annex(struct pstore *ps, const struct pstore_m
     if (ok < cnt && status[ok] != KVB_ERR_NOT_FOUND) {
         /* Decode it again for the message: failures are rare, and the
          * parallel path keeps no per-block messages. */
-        enum kvb_status dst_st = pstore_codec_decode(&ps->rcodec[0], &s, tokens + (size_t)(from + ok) * s.block_size,
-                                                     ps->opts.lossy8, vals[ok].mv_data, vals[ok].mv_size,
-                                                     dst[ok], annex ? &annex[ok] : NULL, &derr);
+        enum kvb_status dst_st =
+            pstore_codec_decode(&ps->rcodec[0], &s, tokens + (size_t)(from + ok) * s.block_size, ps->opts.lossy8,
+                                vals[ok].mv_data, vals[ok].mv_size, dst[ok], annex ? &annex[ok] : NULL, &derr);
         if (dst_st == KVB_ERR_FORMAT) damaged = true;
         else if (dst_st != KVB_OK && dst_st != KVB_ERR_NOT_FOUND && st == KVB_OK)
             st = kvb_errf(err, dst_st, "cache read: %s", derr.msg);
@@ -504,8 +509,10 @@ enum kvb_status pstore_load_chain_annex(struct pstore *ps, const struct pstore_m
         if (!ps->warned_damage && !ps->opts.quiet) {
             char hex[33];
             pstore_hex16(keys[from + ok].b, hex);
-            fprintf(stderr, "kvbatch: persistent cache: damaged value %s in %s (%s): treated as a miss and removed; "
-                    "further damage is counted, not logged\n", hex, ps->dir, derr.msg);
+            fprintf(stderr,
+                    "kvbatch: persistent cache: damaged value %s in %s (%s): treated as a miss and removed; "
+                    "further damage is counted, not logged\n",
+                    hex, ps->dir, derr.msg);
         }
         ps->warned_damage = true;
     }
@@ -656,9 +663,9 @@ enum kvb_status pstore_put_borrowed(struct pstore *ps, const struct pstore_model
     return pstore_put_borrowed_annex(ps, m, key, parent, tokens, data, NULL, release, ctx);
 }
 
-enum kvb_status pstore_put_borrowed_annex(struct pstore *ps, const struct pstore_model *m,
-                                          const struct pstore_key *key, const struct pstore_key *parent,
-                                          const int32_t *tokens, const void *data, const struct pstore_annex *annex,
+enum kvb_status pstore_put_borrowed_annex(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
+                                          const struct pstore_key *parent, const int32_t *tokens, const void *data,
+                                          const struct pstore_annex *annex,
                                           void (*release)(void *ctx, const void *data), void *ctx)
 {
     if (!release) return KVB_ERR_INVALID_ARG;

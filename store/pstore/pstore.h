@@ -76,20 +76,20 @@ struct pstore_model {
     enum pstore_dtype dtype; /* element type of the K/V data */
     int32_t block_size;      /* tokens per block */
     int32_t n_layer;
-    int32_t kv_dim;          /* n_head_kv * head_dim */
+    int32_t kv_dim; /* n_head_kv * head_dim */
     /* raw block bytes = n_layer * 2 * block_size * kv_dim * sizeof(dtype);
      * layout [layer][K|V][slot][kv_dim], as the backend's pool holds it. */
 };
 
 struct pstore_opts {
-    uint64_t max_size;  /* cap on stored bytes; 0 = 10 GiB. Also kept under free disk space. */
-    int zstd_level;     /* 0 = default (3) */
-    bool lossy8;        /* store K/V as int8 with a per-row scale (lossy; off by default) */
-    int n_threads;      /* decompression threads (loads) and compression threads (writer); 0 = one per CPU */
-    bool quiet;         /* no warnings on stderr (they are still counted) */
-    uint64_t map_size;  /* LMDB map (address space) in bytes; 0 = automatic: max(2 x cap,
+    uint64_t max_size;    /* cap on stored bytes; 0 = 10 GiB. Also kept under free disk space. */
+    int zstd_level;       /* 0 = default (3) */
+    bool lossy8;          /* store K/V as int8 with a per-row scale (lossy; off by default) */
+    int n_threads;        /* decompression threads (loads) and compression threads (writer); 0 = one per CPU */
+    bool quiet;           /* no warnings on stderr (they are still counted) */
+    uint64_t map_size;    /* LMDB map (address space) in bytes; 0 = automatic: max(2 x cap,
                            cap + 256 MiB). Tests set it small to provoke map-full. */
-    bool keep_damaged;  /* a data file whose structure is damaged makes pstore_open fail (KVB_ERR_FORMAT,
+    bool keep_damaged;    /* a data file whose structure is damaged makes pstore_open fail (KVB_ERR_FORMAT,
                            saying where) instead of being moved aside: for `cache verify` and `stats` */
     uint64_t queue_bytes; /* puts waiting to be compressed and written, at most (raw bytes); beyond
                              it a put is dropped rather than waited for. 0 = 64 MiB. A GPU spills
@@ -98,19 +98,19 @@ struct pstore_opts {
 };
 
 struct pstore_stats {
-    uint64_t blocks_loaded, bytes_read;          /* values read and accepted (compressed bytes) */
-    uint64_t blocks_written, bytes_written;      /* values written (compressed bytes) */
-    uint64_t raw_bytes_written;                  /* the same values uncompressed */
-    uint64_t blocks_dropped;                     /* puts not written (queue full, writing off,
+    uint64_t blocks_loaded, bytes_read;     /* values read and accepted (compressed bytes) */
+    uint64_t blocks_written, bytes_written; /* values written (compressed bytes) */
+    uint64_t raw_bytes_written;             /* the same values uncompressed */
+    uint64_t blocks_dropped;                /* puts not written (queue full, writing off,
                                                     parent no longer stored) */
-    uint64_t damaged;                            /* values found bad and removed (loads, verify) */
-    uint64_t evicted;                            /* values removed by the size cap */
-    bool writing_disabled;                       /* after map-full / disk-full */
-    bool set_aside;                              /* open found the file damaged and moved it aside */
-    bool checked;                                /* the open-time structural check ran (not: another LMDB
+    uint64_t damaged;                       /* values found bad and removed (loads, verify) */
+    uint64_t evicted;                       /* values removed by the size cap */
+    bool writing_disabled;                  /* after map-full / disk-full */
+    bool set_aside;                         /* open found the file damaged and moved it aside */
+    bool checked;                           /* the open-time structural check ran (not: another LMDB
                                                     format, or the file could not be read) */
-    uint64_t check_pages;                        /* pages (and overflow headers) the open-time check read */
-    double check_seconds;                        /* and how long it took */
+    uint64_t check_pages;                   /* pages (and overflow headers) the open-time check read */
+    double check_seconds;                   /* and how long it took */
 };
 
 /* The default directory: $KVBATCH_CACHE_DIR, else $XDG_CACHE_HOME/kvbatch,
@@ -126,14 +126,12 @@ void pstore_default_dir(char *buf, size_t cap);
  * KVB_ERR_UNSUPPORTED and left alone. One process must not open
  * the same directory twice at once (LMDB's rule: closing one handle would
  * drop the other's locks); other processes may. */
-enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, struct pstore **out,
-                            struct kvb_err *err);
+enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, struct pstore **out, struct kvb_err *err);
 /* Writes everything still queued, then closes. Accepts NULL. */
 void pstore_close(struct pstore *ps);
 
 /* keys[i] for the first n_blocks full blocks of tokens (block_size each). */
-void pstore_chain_keys(const struct pstore_model *m, const int32_t *tokens, int32_t n_blocks,
-                       struct pstore_key *keys);
+void pstore_chain_keys(const struct pstore_model *m, const int32_t *tokens, int32_t n_blocks, struct pstore_key *keys);
 
 /* Loads consecutive blocks from..n-1 of a chain (keys from pstore_chain_keys,
  * tokens the same prompt) into dst[0..], each raw block bytes long, stopping
@@ -189,9 +187,9 @@ enum kvb_status pstore_put_borrowed(struct pstore *ps, const struct pstore_model
 /* pstore_put_borrowed with an annex (copied; NULL: none) stored with the
  * value. A stored value of the key without this annex is replaced by the
  * new one, as a lossy8 one is by a lossless store. */
-enum kvb_status pstore_put_borrowed_annex(struct pstore *ps, const struct pstore_model *m,
-                                          const struct pstore_key *key, const struct pstore_key *parent,
-                                          const int32_t *tokens, const void *data, const struct pstore_annex *annex,
+enum kvb_status pstore_put_borrowed_annex(struct pstore *ps, const struct pstore_model *m, const struct pstore_key *key,
+                                          const struct pstore_key *parent, const int32_t *tokens, const void *data,
+                                          const struct pstore_annex *annex,
                                           void (*release)(void *ctx, const void *data), void *ctx);
 
 /* Whether a put of one of m's blocks would be queued now, when `ahead`
@@ -223,15 +221,13 @@ enum kvb_status pstore_verify(struct pstore *ps, FILE *out, uint64_t *n_bad, str
 /* Evicts least recently used leaves until the stored bytes are <= max_size. */
 enum kvb_status pstore_gc(struct pstore *ps, uint64_t max_size, uint64_t *n_evicted, struct kvb_err *err);
 /* Removes every entry, or only those of one model (fingerprint non-NULL). */
-enum kvb_status pstore_clear(struct pstore *ps, const char *fingerprint, uint64_t *n_removed,
-                             struct kvb_err *err);
+enum kvb_status pstore_clear(struct pstore *ps, const char *fingerprint, uint64_t *n_removed, struct kvb_err *err);
 
 /* ---- the value codec (exposed for tests and the fuzz target) --------------- */
 
 /* Encodes one block into a kvb_malloc'd value. */
 enum kvb_status pstore_value_encode(const struct pstore_model *m, const int32_t *tokens, const void *data,
-                                    int zstd_level, bool lossy8, uint8_t **out, size_t *out_len,
-                                    struct kvb_err *err);
+                                    int zstd_level, bool lossy8, uint8_t **out, size_t *out_len, struct kvb_err *err);
 /* Decodes and checks a value against the model, and (if tokens non-NULL)
  * against the expected token ids; writes raw block bytes into dst.
  * KVB_ERR_FORMAT (message says which check failed) for anything wrong;
@@ -239,7 +235,7 @@ enum kvb_status pstore_value_encode(const struct pstore_model *m, const int32_t 
  * collision): a miss, but not damage. Accepts lossy8 values (the store
  * itself reads them only when opened with lossy8). dst may hold garbage
  * after a failure. */
-enum kvb_status pstore_value_decode(const struct pstore_model *m, const int32_t *tokens, const uint8_t *val,
-                                    size_t len, void *dst, struct kvb_err *err);
+enum kvb_status pstore_value_decode(const struct pstore_model *m, const int32_t *tokens, const uint8_t *val, size_t len,
+                                    void *dst, struct kvb_err *err);
 
 #endif

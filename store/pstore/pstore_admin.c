@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 
 #include "base/alloc.h"
-#include "store/pstore/pstore_internal.h"
 #include "base/tpool.h"
+#include "store/pstore/pstore_internal.h"
 
 #define GC_MAX_PER_TXN 20000u
 #define VERIFY_BATCH 256
@@ -35,10 +35,7 @@ static void fmt_size(char *buf, size_t cap, uint64_t n)
     else snprintf(buf, cap, "%.1f %s", v, units[u]);
 }
 
-static const char *dtype_name(int dt)
-{
-    return dt == PSTORE_DTYPE_F16 ? "f16" : dt == PSTORE_DTYPE_F32 ? "f32" : "?";
-}
+static const char *dtype_name(int dt) { return dt == PSTORE_DTYPE_F16 ? "f16" : dt == PSTORE_DTYPE_F32 ? "f32" : "?"; }
 
 static uint64_t file_size(const struct pstore *ps, const char *name)
 {
@@ -149,8 +146,8 @@ struct vitem {
     const uint8_t *val;
     size_t len;
     struct pstore_meta meta;
-    int shape;              /* index into shapes */
-    const char *why;        /* NULL = good */
+    int shape;       /* index into shapes */
+    const char *why; /* NULL = good */
 };
 
 struct bad {
@@ -163,7 +160,7 @@ struct vjob {
     const struct vshape *shapes;
     struct vitem *items;
     int n;
-    uint8_t **bufs;         /* per thread, max raw_len */
+    uint8_t **bufs; /* per thread, max raw_len */
     atomic_int next;
 };
 
@@ -177,7 +174,8 @@ static void verify_worker(void *arg, int ith, int nth)
         struct vitem *it = &j->items[i];
         if (it->why) continue;
         const struct pstore_shape *s = &j->shapes[it->shape].s;
-        if (pstore_codec_decode(&j->ps->rcodec[ith], s, NULL, true, it->val, it->len, j->bufs[ith], NULL, NULL) != KVB_OK) {
+        if (pstore_codec_decode(&j->ps->rcodec[ith], s, NULL, true, it->val, it->len, j->bufs[ith], NULL, NULL) !=
+            KVB_OK) {
             it->why = "value does not decode (damaged, truncated, other version or model)";
             continue;
         }
@@ -215,8 +213,8 @@ static void run_vjob(struct pstore *ps, struct vjob *j)
  * in its own read transaction, so that a long verify does not keep other
  * processes' freed pages from being reused. *done when the end is reached. */
 static int verify_batch(struct pstore *ps, struct vjob *job, const struct pstore_model_rec *recs, size_t n_recs,
-                        uint8_t *last, size_t *last_len, bool *done, struct bad **bad, size_t *n_bad,
-                        size_t *cap_bad, uint64_t *n_checked)
+                        uint8_t *last, size_t *last_len, bool *done, struct bad **bad, size_t *n_bad, size_t *cap_bad,
+                        uint64_t *n_checked)
 {
     MDB_txn *txn;
     int rc = pstore_txn_begin(ps, false, &txn);
@@ -276,8 +274,8 @@ static int verify_batch(struct pstore *ps, struct vjob *job, const struct pstore
     return rc;
 }
 
-static int verify_scan(struct pstore *ps, struct vjob *job, struct vshape **shapes_out, struct bad **bad,
-                       size_t *n_bad, size_t *cap_bad, uint64_t *n_checked)
+static int verify_scan(struct pstore *ps, struct vjob *job, struct vshape **shapes_out, struct bad **bad, size_t *n_bad,
+                       size_t *cap_bad, uint64_t *n_checked)
 {
     MDB_txn *txn;
     int rc = pstore_txn_begin(ps, false, &txn);
@@ -295,11 +293,14 @@ static int verify_scan(struct pstore *ps, struct vjob *job, struct vshape **shap
     }
     uint64_t max_raw = 1;
     for (size_t i = 0; i < n_recs; i++) {
-        struct pstore_model m = {.name = recs[i].name, .dtype = recs[i].dtype, .block_size = recs[i].block_size,
-                                 .n_layer = recs[i].n_layer, .kv_dim = recs[i].kv_dim};
+        struct pstore_model m = {.name = recs[i].name,
+                                 .dtype = recs[i].dtype,
+                                 .block_size = recs[i].block_size,
+                                 .n_layer = recs[i].n_layer,
+                                 .kv_dim = recs[i].kv_dim};
         memcpy(m.fingerprint, recs[i].fingerprint, 33);
-        shapes[i].ok = pstore_shape_init(&m, &shapes[i].s, NULL) == KVB_OK &&
-                       !memcmp(shapes[i].s.identity, recs[i].identity, 16);
+        shapes[i].ok =
+            pstore_shape_init(&m, &shapes[i].s, NULL) == KVB_OK && !memcmp(shapes[i].s.identity, recs[i].identity, 16);
         if (shapes[i].ok && shapes[i].s.raw_len > max_raw) max_raw = shapes[i].s.raw_len;
     }
     for (int t = 0; t < ps->n_rcodec && rc == 0; t++)
@@ -394,8 +395,7 @@ enum kvb_status pstore_verify(struct pstore *ps, FILE *out, uint64_t *n_bad_out,
         if (ps->stats.checked)
             fprintf(out, "structure: sound (%llu pages and overflow headers checked in %.0f ms)\n",
                     (unsigned long long)ps->stats.check_pages, ps->stats.check_seconds * 1e3);
-        else
-            fprintf(out, "structure: not checked (this build does not know the LMDB file format)\n");
+        else fprintf(out, "structure: not checked (this build does not know the LMDB file format)\n");
         for (size_t i = 0; i < n_bad && i < VERIFY_SHOW; i++) {
             char hex[33];
             pstore_hex16(bad[i].key.b, hex);
@@ -404,7 +404,8 @@ enum kvb_status pstore_verify(struct pstore *ps, FILE *out, uint64_t *n_bad_out,
         if (n_bad > VERIFY_SHOW) fprintf(out, "... and %zu more\n", n_bad - VERIFY_SHOW);
         char a[32];
         fmt_size(a, sizeof a, t.bytes);
-        fprintf(out, "checked %llu values: %zu bad, %llu unreachable entries below them removed, "
+        fprintf(out,
+                "checked %llu values: %zu bad, %llu unreachable entries below them removed, "
                 "%llu child counts repaired; %llu entries (%s) remain\n",
                 (unsigned long long)n_checked, n_bad, (unsigned long long)n_orphans, (unsigned long long)n_fixed,
                 (unsigned long long)t.entries, a);

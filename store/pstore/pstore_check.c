@@ -54,8 +54,8 @@
 #include "base/clock.h"
 #include "store/pstore/pstore_internal.h"
 
-#if MDB_VERSION_MAJOR == 0 && MDB_VERSION_MINOR == 9 && SIZE_MAX == UINT64_MAX && \
-    defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#if MDB_VERSION_MAJOR == 0 && MDB_VERSION_MINOR == 9 && SIZE_MAX == UINT64_MAX && defined(__BYTE_ORDER__) &&           \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define FORMAT_KNOWN 1
 #else
 #define FORMAT_KNOWN 0
@@ -88,8 +88,8 @@
 #define LMDB_MAGIC 0xBEEFC0DEu
 #define LMDB_DATA_VERSION 1u
 #define NO_PAGE UINT64_MAX
-#define MAX_DEPTH 32u   /* LMDB's CURSOR_STACK */
-#define MAX_KEY 511u    /* LMDB's default MDB_MAXKEYSIZE */
+#define MAX_DEPTH 32u /* LMDB's CURSOR_STACK */
+#define MAX_KEY 511u  /* LMDB's default MDB_MAXKEYSIZE */
 /* Database flags kvbatch's named databases never have (they are created
  * with none); the free list is MDB_INTEGERKEY. */
 #define DB_PERSISTENT_FLAGS 0x7eu
@@ -139,12 +139,12 @@ struct named {
 
 /* A value on overflow pages, checked after the trees. */
 struct ovrun {
-    uint64_t pg, need;     /* first page, pages its size needs */
-    uint64_t hdr_pgno;     /* read from its header: */
+    uint64_t pg, need; /* first page, pages its size needs */
+    uint64_t hdr_pgno; /* read from its header: */
     uint32_t hdr_pages;
     uint16_t hdr_flags;
-    int16_t rc;            /* 0, -1 (past the end of the file), or an errno */
-    uint32_t db;           /* index into walk.sums */
+    int16_t rc;  /* 0, -1 (past the end of the file), or an errno */
+    uint32_t db; /* index into walk.sums */
 };
 
 struct dbsum {
@@ -160,14 +160,14 @@ struct bound {
 struct walk {
     int fd;
     uint32_t psize;
-    uint64_t last_pg;     /* the meta's last page */
-    uint64_t txnid;       /* the snapshot's transaction */
-    uint64_t file_pages;  /* whole pages in the file */
-    uint64_t n_ref;       /* pages a tree may use: min(last_pg + 1, file_pages) */
-    uint8_t *used;        /* bitmap, n_ref bits: reached by a tree */
-    uint8_t *freed;       /* bitmap, last_pg + 1 bits: listed free */
-    uint8_t *pages;       /* (MAX_DEPTH) page buffers, one per tree level */
-    uint8_t *idl;         /* a free-list record read off overflow pages */
+    uint64_t last_pg;    /* the meta's last page */
+    uint64_t txnid;      /* the snapshot's transaction */
+    uint64_t file_pages; /* whole pages in the file */
+    uint64_t n_ref;      /* pages a tree may use: min(last_pg + 1, file_pages) */
+    uint8_t *used;       /* bitmap, n_ref bits: reached by a tree */
+    uint8_t *freed;      /* bitmap, last_pg + 1 bits: listed free */
+    uint8_t *pages;      /* (MAX_DEPTH) page buffers, one per tree level */
+    uint8_t *idl;        /* a free-list record read off overflow pages */
     size_t idl_cap;
     struct named *named;
     size_t n_named, cap_named;
@@ -176,7 +176,7 @@ struct walk {
      * many reads at once far faster than one after another) */
     struct ovrun *runs;
     size_t n_runs, cap_runs;
-    struct dbsum *sums;    /* per database, for the deferred overflow counts */
+    struct dbsum *sums; /* per database, for the deferred overflow counts */
     size_t n_sums;
     /* the database being walked */
     const char *db_name;
@@ -232,9 +232,10 @@ static int claim(struct walk *w, uint64_t pg, uint64_t n, const char *what)
         return bad(w, "%s: %s refers to page %llu%s, outside the file's %llu pages", w->db_name, what,
                    (unsigned long long)pg, n > 1 ? " and on" : "", (unsigned long long)(w->last_pg + 1));
     if (pg + n > w->file_pages)
-        return bad(w, "%s: %s at page %llu lies past the end of the file (%llu whole pages of %u bytes): "
-                   "the file is truncated", w->db_name, what, (unsigned long long)(pg + n - 1),
-                   (unsigned long long)w->file_pages, w->psize);
+        return bad(w,
+                   "%s: %s at page %llu lies past the end of the file (%llu whole pages of %u bytes): "
+                   "the file is truncated",
+                   w->db_name, what, (unsigned long long)(pg + n - 1), (unsigned long long)w->file_pages, w->psize);
     for (uint64_t i = pg; i < pg + n; i++) {
         if (bit_get(w->used, i))
             return bad(w, "%s: %s: page %llu is reached twice", w->db_name, what, (unsigned long long)i);
@@ -268,8 +269,9 @@ static int free_record(struct walk *w, uint64_t pg, const uint8_t *key, const ui
     if (txnid > w->txnid)
         return bad(w, "free list (page %llu): a record of transaction %llu, after the file's last (%llu)",
                    (unsigned long long)pg, (unsigned long long)txnid, (unsigned long long)w->txnid);
-    if (len < 8 || len % 8) return bad(w, "free list: record of transaction %llu has %llu bytes",
-                                       (unsigned long long)txnid, (unsigned long long)len);
+    if (len < 8 || len % 8)
+        return bad(w, "free list: record of transaction %llu has %llu bytes", (unsigned long long)txnid,
+                   (unsigned long long)len);
     uint64_t n = rd64(d);
     if (n > len / 8 - 1)
         return bad(w, "free list (page %llu): record of transaction %llu claims %llu pages in %llu bytes",
@@ -282,8 +284,7 @@ static int free_record(struct walk *w, uint64_t pg, const uint8_t *key, const ui
         if (i > 1 && p >= rd64(d + 8 * (i - 1)))
             return bad(w, "free list (page %llu): record of transaction %llu is not in descending order",
                        (unsigned long long)pg, (unsigned long long)txnid);
-        if (bit_get(w->freed, p))
-            return bad(w, "free list: page %llu is listed free twice", (unsigned long long)p);
+        if (bit_get(w->freed, p)) return bad(w, "free list: page %llu is listed free twice", (unsigned long long)p);
         bit_set(w->freed, p);
     }
     return 0;
@@ -298,14 +299,17 @@ static int overflow(struct walk *w, uint64_t pg, uint64_t dsize, uint8_t *conten
     if (rc) return rc;
     uint8_t h[PAGEHDR];
     rc = read_at(w->fd, h, sizeof h, pg * w->psize);
-    if (rc) return rc < 0 ? bad(w, "%s: overflow page %llu is past the end of the file", w->db_name,
-                                (unsigned long long)pg) : rc;
+    if (rc)
+        return rc < 0 ? bad(w, "%s: overflow page %llu is past the end of the file", w->db_name, (unsigned long long)pg)
+                      : rc;
     w->out->pages_read++;
     uint32_t npages = rd32(h + 12);
     if (rd64(h) != pg || rd16(h + 10) != P_OVERFLOW || npages < need)
-        return bad(w, "%s: overflow page %llu is overwritten (it says page %llu, flags 0x%x, %u pages; "
-                   "%llu expected)", w->db_name, (unsigned long long)pg, (unsigned long long)rd64(h),
-                   (unsigned)rd16(h + 10), npages, (unsigned long long)need);
+        return bad(w,
+                   "%s: overflow page %llu is overwritten (it says page %llu, flags 0x%x, %u pages; "
+                   "%llu expected)",
+                   w->db_name, (unsigned long long)pg, (unsigned long long)rd64(h), (unsigned)rd16(h + 10), npages,
+                   (unsigned long long)need);
     mark_kind(w, pg, PSTORE_PAGE_OVERFLOW_HEAD);
     if (npages > 1) {
         if ((rc = claim(w, pg + 1, npages - 1, "an overflow value"))) return rc;
@@ -314,7 +318,8 @@ static int overflow(struct walk *w, uint64_t pg, uint64_t dsize, uint8_t *conten
     w->n_overflow += npages;
     if (content && (rc = read_at(w->fd, content, (size_t)dsize, pg * w->psize + PAGEHDR)))
         return rc < 0 ? bad(w, "%s: overflow value at page %llu runs past the end of the file", w->db_name,
-                            (unsigned long long)pg) : rc;
+                            (unsigned long long)pg)
+                      : rc;
     return 0;
 }
 
@@ -346,8 +351,9 @@ static int leaf_node(struct walk *w, uint64_t pg, const uint8_t *page, const uin
     const uint8_t *key = node + NODEHDR, *data = key + ks;
     (void)page;
     uint32_t allowed = w->kind == DB_MAIN ? F_SUBDATA : F_BIGDATA;
-    if (flags & ~allowed) return bad(w, "%s: leaf page %llu: a node with flags 0x%x", w->db_name,
-                                     (unsigned long long)pg, (unsigned)flags);
+    if (flags & ~allowed)
+        return bad(w, "%s: leaf page %llu: a node with flags 0x%x", w->db_name, (unsigned long long)pg,
+                   (unsigned)flags);
     if (w->kind == DB_FREE && ks != 8)
         return bad(w, "free list: leaf page %llu: a key of %u bytes", (unsigned long long)pg, (unsigned)ks);
     w->n_entries++;
@@ -405,8 +411,8 @@ static int walk_page(struct walk *w, uint64_t pg, unsigned level, struct bound l
     if (rc) return rc;
     uint8_t *p = w->pages + (size_t)level * w->psize;
     rc = read_at(w->fd, p, w->psize, pg * w->psize);
-    if (rc) return rc < 0 ? bad(w, "%s: page %llu is past the end of the file", w->db_name,
-                                (unsigned long long)pg) : rc;
+    if (rc)
+        return rc < 0 ? bad(w, "%s: page %llu is past the end of the file", w->db_name, (unsigned long long)pg) : rc;
     w->out->pages_read++;
     mark_kind(w, pg, is_leaf ? PSTORE_PAGE_LEAF : PSTORE_PAGE_BRANCH);
     uint16_t flags = rd16(p + 10), lower = rd16(p + 12), upper = rd16(p + 14);
@@ -418,8 +424,8 @@ static int walk_page(struct walk *w, uint64_t pg, unsigned level, struct bound l
                    (unsigned long long)pg, (unsigned)flags, is_leaf ? "leaf" : "branch", level + 1u,
                    (unsigned)w->rec.depth);
     if (lower < PAGEHDR || lower > upper || upper > w->psize || (lower - PAGEHDR) % 2)
-        return bad(w, "%s: page %llu: bounds %u..%u do not fit a page of %u bytes", w->db_name,
-                   (unsigned long long)pg, (unsigned)lower, (unsigned)upper, w->psize);
+        return bad(w, "%s: page %llu: bounds %u..%u do not fit a page of %u bytes", w->db_name, (unsigned long long)pg,
+                   (unsigned)lower, (unsigned)upper, w->psize);
     unsigned n = (lower - PAGEHDR) / 2u;
     if (n == 0) return bad(w, "%s: page %llu is empty", w->db_name, (unsigned long long)pg);
     if (is_leaf) w->n_leaf++;
@@ -470,8 +476,8 @@ static int walk_page(struct walk *w, uint64_t pg, unsigned level, struct bound l
                            (unsigned long long)pg, i + 1, (unsigned)noff);
             uint16_t nks = rd16(p + noff + 6);
             if (nks == 0 || nks > MAX_KEY || NODEHDR + (uint32_t)nks > w->psize - noff)
-                return bad(w, "%s: page %llu: node %u has a key of %u bytes", w->db_name, (unsigned long long)pg,
-                           i + 1, (unsigned)nks);
+                return bad(w, "%s: page %llu: node %u has a key of %u bytes", w->db_name, (unsigned long long)pg, i + 1,
+                           (unsigned)nks);
             if (w->kind == DB_FREE && nks != 8)
                 return bad(w, "free list: page %llu: a key of %u bytes", (unsigned long long)pg, (unsigned)nks);
             chi = (struct bound){p + noff + NODEHDR, nks};
@@ -500,15 +506,16 @@ static int walk_db(struct walk *w, const char *name, enum db_kind kind, const st
                        (unsigned long long)rec->entries);
         return 0;
     }
-    if (rec->depth == 0 || rec->depth > MAX_DEPTH)
-        return bad(w, "%s: tree depth %u", name, (unsigned)rec->depth);
+    if (rec->depth == 0 || rec->depth > MAX_DEPTH) return bad(w, "%s: tree depth %u", name, (unsigned)rec->depth);
     int rc = walk_page(w, rec->root, 0, (struct bound){NULL, 0}, (struct bound){NULL, 0});
     if (rc) return rc;
     if (w->n_branch != rec->branch || w->n_leaf != rec->leaf || w->n_entries != rec->entries)
-        return bad(w, "%s: the database record counts %llu branch and %llu leaf pages and %llu entries; "
-                   "the tree holds %llu, %llu and %llu", name, (unsigned long long)rec->branch,
-                   (unsigned long long)rec->leaf, (unsigned long long)rec->entries, (unsigned long long)w->n_branch,
-                   (unsigned long long)w->n_leaf, (unsigned long long)w->n_entries);
+        return bad(w,
+                   "%s: the database record counts %llu branch and %llu leaf pages and %llu entries; "
+                   "the tree holds %llu, %llu and %llu",
+                   name, (unsigned long long)rec->branch, (unsigned long long)rec->leaf,
+                   (unsigned long long)rec->entries, (unsigned long long)w->n_branch, (unsigned long long)w->n_leaf,
+                   (unsigned long long)w->n_entries);
     sum->found += w->n_overflow; /* the free list's own; deferred runs add theirs later */
     return 0;
 }
@@ -567,13 +574,15 @@ static int overflow_headers(struct walk *w)
     for (size_t i = 0; i < w->n_runs; i++) {
         const struct ovrun *r = &w->runs[i];
         w->db_name = w->sums[r->db].name;
-        if (r->rc < 0) return bad(w, "%s: overflow page %llu is past the end of the file", w->db_name,
-                                  (unsigned long long)r->pg);
+        if (r->rc < 0)
+            return bad(w, "%s: overflow page %llu is past the end of the file", w->db_name, (unsigned long long)r->pg);
         if (r->rc > 0) return r->rc;
         if (r->hdr_pgno != r->pg || r->hdr_flags != P_OVERFLOW || r->hdr_pages < r->need)
-            return bad(w, "%s: overflow page %llu is overwritten (it says page %llu, flags 0x%x, %u pages; "
-                       "%llu expected)", w->db_name, (unsigned long long)r->pg, (unsigned long long)r->hdr_pgno,
-                       (unsigned)r->hdr_flags, r->hdr_pages, (unsigned long long)r->need);
+            return bad(w,
+                       "%s: overflow page %llu is overwritten (it says page %llu, flags 0x%x, %u pages; "
+                       "%llu expected)",
+                       w->db_name, (unsigned long long)r->pg, (unsigned long long)r->hdr_pgno, (unsigned)r->hdr_flags,
+                       r->hdr_pages, (unsigned long long)r->need);
         mark_kind(w, r->pg, PSTORE_PAGE_OVERFLOW_HEAD);
         if (r->hdr_pages > 1) {
             int rc = claim(w, r->pg + 1, r->hdr_pages - 1ull, "an overflow value");
@@ -592,7 +601,7 @@ static int overflow_headers(struct walk *w)
 /* ---- meta pages ------------------------------------------------------------------ */
 
 struct meta {
-    bool ok;                 /* flags, magic and version as LMDB requires */
+    bool ok; /* flags, magic and version as LMDB requires */
     uint32_t psize;
     uint64_t last_pg, txnid;
     struct dbrec free_db, main_db;
@@ -649,9 +658,10 @@ static bool metas_judge(const struct meta m[2], uint64_t file_size, struct pstor
     const struct meta *cur = &m[m[0].txnid < m[1].txnid];
     uint64_t file_pages = file_size / cur->psize;
     if (cur->last_pg < 1 || cur->last_pg >= file_pages + tail_slack(file_pages)) {
-        snprintf(c->why, sizeof c->why, "the meta page counts %llu pages of %u bytes but the file holds %llu: "
-                 "the file is truncated or the meta page is overwritten", (unsigned long long)(cur->last_pg + 1),
-                 cur->psize, (unsigned long long)file_pages);
+        snprintf(c->why, sizeof c->why,
+                 "the meta page counts %llu pages of %u bytes but the file holds %llu: "
+                 "the file is truncated or the meta page is overwritten",
+                 (unsigned long long)(cur->last_pg + 1), cur->psize, (unsigned long long)file_pages);
         return false;
     }
     return true;
@@ -720,9 +730,10 @@ static int check_snapshot(int fd, uint32_t env_psize, uint64_t txnid, struct pst
     }
     uint64_t fp = file_size / cur->psize;
     if (cur->last_pg < 1 || cur->last_pg >= fp + tail_slack(fp)) {
-        snprintf(c->why, sizeof c->why, "the meta page counts %llu pages of %u bytes but the file holds %llu: "
-                 "the file is truncated or the meta page is overwritten", (unsigned long long)(cur->last_pg + 1),
-                 cur->psize, (unsigned long long)fp);
+        snprintf(c->why, sizeof c->why,
+                 "the meta page counts %llu pages of %u bytes but the file holds %llu: "
+                 "the file is truncated or the meta page is overwritten",
+                 (unsigned long long)(cur->last_pg + 1), cur->psize, (unsigned long long)fp);
         c->damaged = true;
         return 0;
     }
@@ -817,7 +828,8 @@ int pstore_env_check(MDB_env *env, struct pstore_check *c)
         if (rc == MDB_MAP_RESIZED) {
             /* Adopting the size did not help: the meta page a reader takes
              * counts more pages than the newest one maps. */
-            snprintf(c->why, sizeof c->why, "the meta pages disagree about the file's size (the one readers use "
+            snprintf(c->why, sizeof c->why,
+                     "the meta pages disagree about the file's size (the one readers use "
                      "counts more pages than the newest)");
             c->damaged = true;
             rc = 0;

@@ -28,7 +28,6 @@
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the value format assumes a little-endian host");
 
-
 static int default_level(int level) { return level == 0 ? 3 : level; }
 
 /* ---- shuffle ---------------------------------------------------------------- */
@@ -246,7 +245,8 @@ enum kvb_status pstore_hdr_parse(const uint8_t *val, size_t len, struct pstore_h
 {
     if (!val || len < PSTORE_HDR_FIXED + 8)
         return kvb_errf(err, KVB_ERR_FORMAT, "value of %zu bytes is shorter than a header", len);
-    if (memcmp(val, PSTORE_MAGIC, 4) != 0) return kvb_errf(err, KVB_ERR_FORMAT, "bad magic (not a kvbatch cache value)");
+    if (memcmp(val, PSTORE_MAGIC, 4) != 0)
+        return kvb_errf(err, KVB_ERR_FORMAT, "bad magic (not a kvbatch cache value)");
     h->version = get_u16(val + 4);
     if (h->version != PSTORE_FORMAT_VERSION)
         return kvb_errf(err, KVB_ERR_FORMAT, "format version %u, this kvbatch reads version %u", h->version,
@@ -257,7 +257,8 @@ enum kvb_status pstore_hdr_parse(const uint8_t *val, size_t len, struct pstore_h
     if (h->block_size == 0 || h->block_size > PSTORE_MAX_BLOCK)
         return kvb_errf(err, KVB_ERR_FORMAT, "block size %u out of range", h->block_size);
     size_t hl = pstore_hdr_len(h->block_size);
-    if (len < hl) return kvb_errf(err, KVB_ERR_FORMAT, "value of %zu bytes is shorter than its %zu-byte header", len, hl);
+    if (len < hl)
+        return kvb_errf(err, KVB_ERR_FORMAT, "value of %zu bytes is shorter than its %zu-byte header", len, hl);
     if (get_u64(val + hl - 8) != XXH3_64bits(val, hl - 8))
         return kvb_errf(err, KVB_ERR_FORMAT, "header checksum mismatch");
     memcpy(h->identity, val + 8, 16);
@@ -327,7 +328,8 @@ enum kvb_status pstore_codec_decode(struct pstore_codec *c, const struct pstore_
 
     unsigned long long fcs = ZSTD_getFrameContentSize(h.frame, (size_t)h.comp_len);
     if (fcs == ZSTD_CONTENTSIZE_ERROR || fcs == ZSTD_CONTENTSIZE_UNKNOWN || fcs != want)
-        return kvb_errf(err, KVB_ERR_FORMAT, "zstd frame header does not announce %llu bytes", (unsigned long long)want);
+        return kvb_errf(err, KVB_ERR_FORMAT, "zstd frame header does not announce %llu bytes",
+                        (unsigned long long)want);
     size_t fsz = ZSTD_findFrameCompressedSize(h.frame, (size_t)h.comp_len);
     if (ZSTD_isError(fsz) || fsz != h.comp_len)
         return kvb_errf(err, KVB_ERR_FORMAT, "zstd frame does not end where the value does");
@@ -351,8 +353,7 @@ enum kvb_status pstore_codec_decode(struct pstore_codec *c, const struct pstore_
 /* ---- the public, context-free forms -------------------------------------------- */
 
 enum kvb_status pstore_value_encode(const struct pstore_model *m, const int32_t *tokens, const void *data,
-                                    int zstd_level, bool lossy8, uint8_t **out, size_t *out_len,
-                                    struct kvb_err *err)
+                                    int zstd_level, bool lossy8, uint8_t **out, size_t *out_len, struct kvb_err *err)
 {
     struct pstore_shape s;
     KVB_FORWARD_IF_ERROR(pstore_shape_init(m, &s, err));
@@ -372,8 +373,8 @@ enum kvb_status pstore_value_encode(const struct pstore_model *m, const int32_t 
     return st;
 }
 
-enum kvb_status pstore_value_decode(const struct pstore_model *m, const int32_t *tokens, const uint8_t *val,
-                                    size_t len, void *dst, struct kvb_err *err)
+enum kvb_status pstore_value_decode(const struct pstore_model *m, const int32_t *tokens, const uint8_t *val, size_t len,
+                                    void *dst, struct kvb_err *err)
 {
     struct pstore_shape s;
     KVB_FORWARD_IF_ERROR(pstore_shape_init(m, &s, err));

@@ -91,7 +91,6 @@ const char *pstore_lmdb_hint(int rc)
 
 /* ---- records --------------------------------------------------------------------- */
 
-
 #define META_HAS_PARENT 1u
 
 void pstore_meta_pack(const struct pstore_meta *m, uint8_t out[PSTORE_META_LEN])
@@ -121,8 +120,7 @@ bool pstore_meta_unpack(const void *p, size_t len, struct pstore_meta *m)
     return true;
 }
 
-static int meta_get(struct pstore *ps, MDB_txn *txn, const struct pstore_key *key, struct pstore_meta *m,
-                    bool *found)
+static int meta_get(struct pstore *ps, MDB_txn *txn, const struct pstore_key *key, struct pstore_meta *m, bool *found)
 {
     MDB_val k = {16, (void *)key->b}, v;
     int rc = mdb_get(txn, ps->db_meta, &k, &v);
@@ -354,8 +352,8 @@ int pstore_db_delete(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, c
 struct ent {
     struct pstore_meta m;
     struct pstore_key key;
-    int64_t parent;          /* index of the parent entry, -1 when none or missing */
-    uint32_t children;       /* recomputed from the scan */
+    int64_t parent;    /* index of the parent entry, -1 when none or missing */
+    uint32_t children; /* recomputed from the scan */
     uint8_t state;
 };
 
@@ -558,8 +556,7 @@ int pstore_db_gc(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, uint6
 
 enum { ST_UNKNOWN = 0, ST_OK = 1, ST_BAD = 2, ST_VISITING = 3 };
 
-int pstore_db_sweep(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, uint64_t *n_removed,
-                    uint64_t *n_fixed)
+int pstore_db_sweep(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, uint64_t *n_removed, uint64_t *n_fixed)
 {
     *n_removed = 0;
     if (n_fixed) *n_fixed = 0;

@@ -86,12 +86,12 @@ static inline size_t pstore_hdr_len(uint32_t block_size) { return PSTORE_HDR_FIX
 
 /* A checked pstore_model in the form the codec uses. */
 struct pstore_shape {
-    uint8_t identity[16];    /* XXH3-128 of fingerprint, dtype, shape, format version */
+    uint8_t identity[16]; /* XXH3-128 of fingerprint, dtype, shape, format version */
     enum pstore_dtype dtype;
     uint32_t block_size, n_layer, kv_dim;
-    uint32_t esize;          /* bytes per element */
-    uint64_t n_rows;         /* n_layer * 2 * block_size */
-    uint64_t raw_len;        /* n_rows * kv_dim * esize */
+    uint32_t esize;   /* bytes per element */
+    uint64_t n_rows;  /* n_layer * 2 * block_size */
+    uint64_t raw_len; /* n_rows * kv_dim * esize */
 };
 
 /* Checks m (positive shape, known dtype, raw size within PSTORE_MAX_RAW,
@@ -119,11 +119,11 @@ int32_t pstore_hdr_token(const struct pstore_hdr *h, uint32_t j);
 struct pstore_codec {
     ZSTD_CCtx *cctx;
     ZSTD_DCtx *dctx;
-    uint8_t *scratch;   /* payload before compression / after decompression */
+    uint8_t *scratch; /* payload before compression / after decompression */
     size_t scratch_cap;
-    uint8_t *out;       /* the last encoded value */
+    uint8_t *out; /* the last encoded value */
     size_t out_cap;
-    float *row;         /* lossy8: one row widened to f32 (row_cap bytes) */
+    float *row; /* lossy8: one row widened to f32 (row_cap bytes) */
     size_t row_cap;
 };
 void pstore_codec_free(struct pstore_codec *c);
@@ -166,12 +166,12 @@ void pstore_hex16(const uint8_t b[16], char out[33]);
 #define PSTORE_META_LEN 64u
 struct pstore_meta {
     struct pstore_key parent;
-    bool has_parent;       /* false for block 0 of a chain */
-    uint8_t identity[16];  /* the model identity, for per-model stats and clear */
-    uint64_t last_used;    /* the store's logical clock at the last insert/load */
-    uint64_t value_len;    /* bytes of the stored value */
-    uint64_t raw_len;      /* bytes of the block uncompressed */
-    uint32_t n_children;   /* entries whose parent is this one */
+    bool has_parent;      /* false for block 0 of a chain */
+    uint8_t identity[16]; /* the model identity, for per-model stats and clear */
+    uint64_t last_used;   /* the store's logical clock at the last insert/load */
+    uint64_t value_len;   /* bytes of the stored value */
+    uint64_t raw_len;     /* bytes of the block uncompressed */
+    uint32_t n_children;  /* entries whose parent is this one */
 };
 void pstore_meta_pack(const struct pstore_meta *m, uint8_t out[PSTORE_META_LEN]);
 bool pstore_meta_unpack(const void *p, size_t len, struct pstore_meta *m);
@@ -188,10 +188,10 @@ struct pstore_model_rec {
 
 /* info: "totals" -> these, kept in step with blocks/meta by every change. */
 struct pstore_totals {
-    uint64_t entries;   /* meta records */
-    uint64_t bytes;     /* sum of value_len: what the size cap is about */
-    uint64_t raw;       /* sum of raw_len */
-    uint64_t clock;     /* logical clock for last_used */
+    uint64_t entries; /* meta records */
+    uint64_t bytes;   /* sum of value_len: what the size cap is about */
+    uint64_t raw;     /* sum of raw_len */
+    uint64_t clock;   /* logical clock for last_used */
 };
 
 struct pstore;
@@ -214,10 +214,10 @@ int pstore_model_rec_put(struct pstore *ps, MDB_txn *txn, const struct pstore_mo
 int pstore_model_recs_load(struct pstore *ps, MDB_txn *txn, struct pstore_model_rec **out, size_t *n);
 
 enum pstore_insert_result {
-    PSTORE_INSERTED,      /* new entry */
-    PSTORE_REPLACED,      /* an unacceptable value (lossy for a lossless store, malformed) replaced */
-    PSTORE_PRESENT,       /* already there: touched */
-    PSTORE_NO_PARENT      /* parent absent: not inserted, so no entry is ever an orphan */
+    PSTORE_INSERTED, /* new entry */
+    PSTORE_REPLACED, /* an unacceptable value (lossy for a lossless store, malformed) replaced */
+    PSTORE_PRESENT,  /* already there: touched */
+    PSTORE_NO_PARENT /* parent absent: not inserted, so no entry is ever an orphan */
 };
 /* Whether an existing value is good enough to keep instead of a new one:
  * parsable header, and lossless unless the store accepts lossy values. */
@@ -239,8 +239,7 @@ int pstore_db_gc(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, uint6
 /* Removes every entry whose parent chain is broken (missing parent, parent
  * of another model, cycle), recomputes child counts and the totals from what
  * remains. *n_removed: entries removed, *n_fixed: child counts corrected. */
-int pstore_db_sweep(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, uint64_t *n_removed,
-                    uint64_t *n_fixed);
+int pstore_db_sweep(struct pstore *ps, MDB_txn *txn, struct pstore_totals *t, uint64_t *n_removed, uint64_t *n_fixed);
 
 /* ---- structural check of data.mdb (pstore_check.c) ---------------------------- */
 
@@ -257,13 +256,13 @@ enum pstore_page_kind {
 };
 
 struct pstore_check {
-    bool damaged;             /* the structure is broken; why says where and how */
+    bool damaged; /* the structure is broken; why says where and how */
     char why[256];
-    uint64_t pages_read;      /* branch/leaf pages plus overflow headers read */
+    uint64_t pages_read; /* branch/leaf pages plus overflow headers read */
     uint64_t file_pages, last_pg;
     double seconds;
-    uint64_t dev, ino;        /* the file checked (to move exactly that one aside) */
-    uint8_t *kinds;           /* optional (caller's, n_kinds): enum pstore_page_kind per page */
+    uint64_t dev, ino; /* the file checked (to move exactly that one aside) */
+    uint8_t *kinds;    /* optional (caller's, n_kinds): enum pstore_page_kind per page */
     size_t n_kinds;
 };
 
@@ -290,7 +289,7 @@ struct pstore_put_item {
     const uint8_t *data;  /* raw_len: inside this allocation, or the caller's (pstore_put_borrowed) */
     const uint8_t *annex; /* annex_len bytes inside this allocation, or NULL */
     size_t annex_len;
-    size_t alloc_len;     /* for the queue's byte bound (borrowed data counted too: it is held) */
+    size_t alloc_len; /* for the queue's byte bound (borrowed data counted too: it is held) */
     void (*release)(void *ctx, const void *data); /* borrowed data: handed back by pstore_item_free */
     void *release_ctx;
 };
@@ -300,28 +299,28 @@ void pstore_item_free(struct pstore_put_item *it);
 
 struct pstore_damage {
     struct pstore_key key;
-    uint64_t hash;        /* XXH3-64 of the bad value: only that value is deleted */
+    uint64_t hash; /* XXH3-64 of the bad value: only that value is deleted */
     size_t len;
 };
 
 struct pstore_known_model {
     struct pstore_shape shape;
     struct pstore_model_rec rec;
-    bool recorded;        /* the writer has put rec into the models database */
+    bool recorded; /* the writer has put rec into the models database */
 };
 
 struct pstore {
     char *dir;
     struct pstore_opts opts;
-    uint64_t cap;             /* effective size cap (opts, free disk) */
+    uint64_t cap; /* effective size cap (opts, free disk) */
     uint64_t map_size;
     MDB_env *env;
     MDB_dbi db_blocks, db_meta, db_models, db_info;
     pthread_rwlock_t env_lock;
 
-    pthread_mutex_t mu;       /* everything below up to the readers */
-    pthread_cond_t cv_work;   /* writer: something queued, or stop */
-    pthread_cond_t cv_idle;   /* flush: the writer finished a batch */
+    pthread_mutex_t mu;     /* everything below up to the readers */
+    pthread_cond_t cv_work; /* writer: something queued, or stop */
+    pthread_cond_t cv_idle; /* flush: the writer finished a batch */
     struct pstore_stats stats;
     bool warned_damage, warned_write;
     struct pstore_known_model *models;
@@ -335,8 +334,8 @@ struct pstore {
     bool stop, busy;
     int flushing;
     pthread_t writer;
-    bool writer_started;      /* engine side: joined at close */
-    bool writer_running;      /* false once the thread has ended */
+    bool writer_started; /* engine side: joined at close */
+    bool writer_running; /* false once the thread has ended */
     /* writer thread only: compression helpers (created on first use) */
     struct tpool *wpool;
     struct pstore_codec *wcodec; /* one per wpool thread, or one */

@@ -66,7 +66,8 @@ enum kvb_status pstore_shape_init(const struct pstore_model *m, struct pstore_sh
     uint64_t rows = (uint64_t)m->n_layer * 2u * (uint64_t)m->block_size;
     /* n_layer and kv_dim are below 2^31 and rows below 2^44, so checking
      * each factor against the limit first keeps the product exact. */
-    if (rows > PSTORE_MAX_RAW || (uint64_t)m->kv_dim > PSTORE_MAX_RAW || rows * (uint64_t)m->kv_dim > PSTORE_MAX_RAW / esize)
+    if (rows > PSTORE_MAX_RAW || (uint64_t)m->kv_dim > PSTORE_MAX_RAW ||
+        rows * (uint64_t)m->kv_dim > PSTORE_MAX_RAW / esize)
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "block of %d layers x %d x %d tokens is larger than %llu bytes",
                         (int)m->n_layer, (int)m->kv_dim, (int)m->block_size, (unsigned long long)PSTORE_MAX_RAW);
     memset(s, 0, sizeof *s);
@@ -112,8 +113,7 @@ void pstore_key_next(const uint8_t prev[16], const int32_t *tokens, uint32_t n, 
     memcpy(out->b, c.digest, 16);
 }
 
-void pstore_chain_keys(const struct pstore_model *m, const int32_t *tokens, int32_t n_blocks,
-                       struct pstore_key *keys)
+void pstore_chain_keys(const struct pstore_model *m, const int32_t *tokens, int32_t n_blocks, struct pstore_key *keys)
 {
     uint8_t id[16];
     model_identity(m, id);

@@ -27,8 +27,8 @@
 #include <xxhash.h>
 
 #include "base/alloc.h"
-#include "store/pstore/pstore_internal.h"
 #include "base/tpool.h"
+#include "store/pstore/pstore_internal.h"
 
 #define WRITER_BATCH 64
 #define WRITER_LINGER_MS 50
@@ -94,15 +94,17 @@ void pstore_disable_writing_locked(struct pstore *ps, int rc, const char *what)
     ps->stats.writing_disabled = true;
     const bool full = rc == ENOSPC || rc == EDQUOT || (rc == EIO && disk_nearly_full(ps->dir));
     const char *hint = rc == MDB_MAP_FULL ? "; lower --cache-max-size, or trim with `kvbatch cache gc`"
-                       : full ? "; the disk is full: free space or lower --cache-max-size"
-                       : rc == ENOMEM ? "; the machine is short of memory (or the cache file is damaged: `kvbatch "
-                                        "cache verify` checks it)"
+                       : full             ? "; the disk is full: free space or lower --cache-max-size"
+                       : rc == ENOMEM     ? "; the machine is short of memory (or the cache file is damaged: `kvbatch "
+                                            "cache verify` checks it)"
                        : *pstore_lmdb_hint(rc) ? "; the cache file looks damaged: `kvbatch cache verify` checks it, "
                                                  "and the next `kvbatch run` moves a damaged file aside"
                                                : "";
     if (!ps->warned_write && !ps->opts.quiet)
-        fprintf(stderr, "kvbatch: persistent cache: %s in %s: %s; writing to the cache is off for the rest of "
-                "this run (loads go on)%s\n", what, ps->dir, mdb_strerror(rc), hint);
+        fprintf(stderr,
+                "kvbatch: persistent cache: %s in %s: %s; writing to the cache is off for the rest of "
+                "this run (loads go on)%s\n",
+                what, ps->dir, mdb_strerror(rc), hint);
     ps->warned_write = true;
 }
 
@@ -111,7 +113,7 @@ void pstore_disable_writing_locked(struct pstore *ps, int rc, const char *what)
 struct batch {
     struct pstore_put_item *items[WRITER_BATCH];
     int n;
-    uint8_t *enc[WRITER_BATCH];   /* encoded value, NULL when the key was present */
+    uint8_t *enc[WRITER_BATCH]; /* encoded value, NULL when the key was present */
     size_t enc_len[WRITER_BATCH];
     uint64_t raw_len[WRITER_BATCH];
     struct pstore_shape shape[WRITER_BATCH];
@@ -190,7 +192,8 @@ static void mark_present(struct pstore *ps, struct batch *b)
     if (b->n == 0 || pstore_txn_begin(ps, false, &txn)) return;
     for (int i = 0; i < b->n; i++) {
         MDB_val k = {16, b->items[i]->key.b}, v;
-        b->present[i] = mdb_get(txn, ps->db_blocks, &k, &v) == 0 && pstore_value_acceptable(ps, v.mv_data, v.mv_size, b->items[i]->annex_len);
+        b->present[i] = mdb_get(txn, ps->db_blocks, &k, &v) == 0 &&
+                        pstore_value_acceptable(ps, v.mv_data, v.mv_size, b->items[i]->annex_len);
     }
     pstore_txn_abort(ps, txn);
 }

@@ -28,16 +28,21 @@
 
 #include "app/admit.h"
 #include "base/alloc.h"
-#include "text/chat.h"
-#include "model/gguf.h"
-#include "jobs/job.h"
 #include "engine/jsonmode.h"
 #include "engine/sampler.h"
+#include "jobs/job.h"
+#include "model/gguf.h"
 #include "support/synth.h"
+#include "text/chat.h"
 #include "text/tok.h"
 
-#define REQUIRE(c) \
-    do { if (!(c)) { fprintf(stderr, "fuzz_admit: %s:%d: %s\n", __FILE__, __LINE__, #c); __builtin_trap(); } } while (0)
+#define REQUIRE(c)                                                                                                     \
+    do {                                                                                                               \
+        if (!(c)) {                                                                                                    \
+            fprintf(stderr, "fuzz_admit: %s:%d: %s\n", __FILE__, __LINE__, #c);                                        \
+            __builtin_trap();                                                                                          \
+        }                                                                                                              \
+    } while (0)
 
 #define N_CTX 256
 
@@ -157,8 +162,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 int32_t *ids = NULL;
                 size_t n = 0;
                 REQUIRE(admit_prompt_ids(&F.ctx, &q, k, N_CTX - 1, &ids, &n, &e) == KVB_OK);
-                REQUIRE((int32_t)n == plan.prompts[k].n &&
-                        memcmp(ids, plan.prompts[k].ids, sizeof *ids * n) == 0);
+                REQUIRE((int32_t)n == plan.prompts[k].n && memcmp(ids, plan.prompts[k].ids, sizeof *ids * n) == 0);
                 kvb_free(ids);
             }
             admit_plan_free(&plan);

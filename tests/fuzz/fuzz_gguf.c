@@ -27,9 +27,7 @@ static void walk_value(const struct gguf_value *v, int depth)
 {
     if (depth > 16) abort(); /* the reader promised a nesting limit */
     switch (v->type) {
-    case GGUF_VTYPE_STRING:
-        touch(v->v.str.ptr, v->v.str.len);
-        break;
+    case GGUF_VTYPE_STRING: touch(v->v.str.ptr, v->v.str.len); break;
     case GGUF_VTYPE_ARRAY: {
         uint32_t sz = gguf_vtype_size(v->v.arr.elem_type);
         if (sz) {
@@ -37,8 +35,7 @@ static void walk_value(const struct gguf_value *v, int depth)
             for (uint64_t i = 0; i < v->v.arr.n; i++) {
                 if (v->v.arr.elem_type == GGUF_VTYPE_FLOAT32 || v->v.arr.elem_type == GGUF_VTYPE_FLOAT64)
                     sink ^= (uint8_t)(gguf_arr_f64(v, i) != 0.0);
-                else
-                    sink ^= (uint8_t)gguf_arr_i64(v, i);
+                else sink ^= (uint8_t)gguf_arr_i64(v, i);
             }
         } else {
             if (v->v.arr.n && !v->v.arr.items) abort();
@@ -49,9 +46,7 @@ static void walk_value(const struct gguf_value *v, int depth)
         }
         break;
     }
-    default:
-        sink ^= (uint8_t)v->v.u64;
-        break;
+    default: sink ^= (uint8_t)v->v.u64; break;
     }
 }
 

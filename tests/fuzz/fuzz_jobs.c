@@ -24,12 +24,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jobs/job.h"
 #include "base/json.h"
 #include "engine/jsonmode.h"
+#include "jobs/job.h"
 
-#define REQUIRE(c) \
-    do { if (!(c)) { fprintf(stderr, "fuzz_jobs: %s:%d: %s\n", __FILE__, __LINE__, #c); __builtin_trap(); } } while (0)
+#define REQUIRE(c)                                                                                                     \
+    do {                                                                                                               \
+        if (!(c)) {                                                                                                    \
+            fprintf(stderr, "fuzz_jobs: %s:%d: %s\n", __FILE__, __LINE__, #c);                                         \
+            __builtin_trap();                                                                                          \
+        }                                                                                                              \
+    } while (0)
 
 static void check_text(const char *s, size_t n)
 {
@@ -78,9 +83,8 @@ static void check_request(const struct job_request *r)
     REQUIRE(r->n_stop_token_ids >= 0 && r->n_stop_token_ids <= JOB_MAX_STOP_TOKEN_IDS);
     for (int32_t k = 0; k < r->n_stop_token_ids; k++) REQUIRE(r->stop_token_ids[k] >= 0);
     REQUIRE(!(r->ignore_eos && r->json_object));
-    REQUIRE(!r->continue_final_message ||
-            (r->url == JOB_URL_CHAT && !r->add_generation_prompt &&
-             r->messages[r->n_messages - 1].role == JOB_ROLE_ASSISTANT));
+    REQUIRE(!r->continue_final_message || (r->url == JOB_URL_CHAT && !r->add_generation_prompt &&
+                                           r->messages[r->n_messages - 1].role == JOB_ROLE_ASSISTANT));
     REQUIRE(r->max_tokens >= 1);
     REQUIRE(r->temperature >= 0.0f && r->temperature <= 2.0f);
     REQUIRE(r->top_p > 0.0f && r->top_p <= 1.0f);
@@ -151,20 +155,30 @@ static void write_result(const struct job_request *r, struct kvb_buf *b)
     struct job_top_logprob top[64][2];
     for (size_t k = 0; k < ntok; k++) {
         size_t start = k * len / ntok, end = (k + 1) * len / ntok;
-        lp[k] = (struct job_token_logprob){.token = text + start, .token_len = end - start,
-                                           .logprob = -(float)k / 3.0f, .top = top[k], .n_top = 2};
+        lp[k] = (struct job_token_logprob){
+            .token = text + start, .token_len = end - start, .logprob = -(float)k / 3.0f, .top = top[k], .n_top = 2};
         top[k][0] = (struct job_top_logprob){text + start, end - start, lp[k].logprob};
         top[k][1] = (struct job_top_logprob){text, end - start, -1e30f};
     }
     struct job_choice ch[JOB_MAX_N];
     for (int c = 0; c < r->n; c++)
-        ch[c] = (struct job_choice){.text = text, .text_len = len, .finish = c & 1 ? JOB_FINISH_LENGTH : JOB_FINISH_STOP,
-                                    .has_logprobs = r->logprobs, .logprobs = lp, .n_logprobs = ntok};
-    struct job_result res = {.custom_id = r->custom_id, .custom_id_len = r->custom_id_len,
-                             .custom_id_json = r->custom_id_json, .custom_id_json_len = r->custom_id_json_len,
+        ch[c] = (struct job_choice){.text = text,
+                                    .text_len = len,
+                                    .finish = c & 1 ? JOB_FINISH_LENGTH : JOB_FINISH_STOP,
+                                    .has_logprobs = r->logprobs,
+                                    .logprobs = lp,
+                                    .n_logprobs = ntok};
+    struct job_result res = {.custom_id = r->custom_id,
+                             .custom_id_len = r->custom_id_len,
+                             .custom_id_json = r->custom_id_json,
+                             .custom_id_json_len = r->custom_id_json_len,
                              .url = r->url,
-                             .model = r->model ? r->model : "fuzz", .created = 1, .choices = ch,
-                             .n_choices = (size_t)r->n, .prompt_tokens = (int64_t)len, .completion_tokens = 1};
+                             .model = r->model ? r->model : "fuzz",
+                             .created = 1,
+                             .choices = ch,
+                             .n_choices = (size_t)r->n,
+                             .prompt_tokens = (int64_t)len,
+                             .completion_tokens = 1};
     REQUIRE(job_format_result(b, &res) == KVB_OK);
 }
 
@@ -187,8 +201,8 @@ static void one_line(const char *data, size_t size, uint64_t line_no)
         if (r.custom_id) check_custom_id(&r);
         REQUIRE(job_format_error_json(&b, r.custom_id, r.custom_id_len, r.custom_id_json, r.custom_id_json_len, &e) ==
                 KVB_OK);
-        REQUIRE(job_format_error_json(&b2, r.custom_id, r.custom_id_len, r.custom_id_json, r.custom_id_json_len,
-                                      &e) == KVB_OK);
+        REQUIRE(job_format_error_json(&b2, r.custom_id, r.custom_id_len, r.custom_id_json, r.custom_id_json_len, &e) ==
+                KVB_OK);
     }
     check_line(b.data, b.len, &r);
     REQUIRE(b.len == b2.len && memcmp(b.data, b2.data, b.len) == 0);

@@ -31,8 +31,13 @@
 #include "store/pstore/pstore.h"
 #include "store/pstore/pstore_internal.h"
 
-#define REQUIRE(c) \
-    do { if (!(c)) { fprintf(stderr, "fuzz_pstore: %s:%d: %s\n", __FILE__, __LINE__, #c); __builtin_trap(); } } while (0)
+#define REQUIRE(c)                                                                                                     \
+    do {                                                                                                               \
+        if (!(c)) {                                                                                                    \
+            fprintf(stderr, "fuzz_pstore: %s:%d: %s\n", __FILE__, __LINE__, #c);                                       \
+            __builtin_trap();                                                                                          \
+        }                                                                                                              \
+    } while (0)
 
 static const struct {
     enum pstore_dtype dt;
@@ -72,8 +77,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2) return 0;
     const int si = data[0] % 3, mode = data[1];
-    struct pstore_model m = {.name = "fuzz", .dtype = SHAPES[si].dt, .block_size = SHAPES[si].bs,
-                             .n_layer = SHAPES[si].n_layer, .kv_dim = SHAPES[si].kv_dim};
+    struct pstore_model m = {.name = "fuzz",
+                             .dtype = SHAPES[si].dt,
+                             .block_size = SHAPES[si].bs,
+                             .n_layer = SHAPES[si].n_layer,
+                             .kv_dim = SHAPES[si].kv_dim};
     memcpy(m.fingerprint, "00112233445566778899aabbccddeeff", 33);
     size_t len = size - 2;
     /* An exact-size copy, so that any read past the value is caught. */
@@ -91,7 +99,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (mode & 4) tokens[m.block_size - 1] ^= 1;
         want = tokens;
     }
-    size_t raw = (size_t)m.n_layer * 2 * (size_t)m.block_size * (size_t)m.kv_dim * (m.dtype == PSTORE_DTYPE_F16 ? 2 : 4);
+    size_t raw =
+        (size_t)m.n_layer * 2 * (size_t)m.block_size * (size_t)m.kv_dim * (m.dtype == PSTORE_DTYPE_F16 ? 2 : 4);
     uint8_t *out = malloc(raw), *out2 = malloc(raw), *out3 = malloc(raw);
     REQUIRE(out && out2 && out3);
     struct kvb_err err;

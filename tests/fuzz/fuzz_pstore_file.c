@@ -28,8 +28,13 @@
 
 #include "store/pstore/pstore_internal.h"
 
-#define REQUIRE(c) \
-    do { if (!(c)) { fprintf(stderr, "fuzz_pstore_file: %s:%d: %s\n", __FILE__, __LINE__, #c); __builtin_trap(); } } while (0)
+#define REQUIRE(c)                                                                                                     \
+    do {                                                                                                               \
+        if (!(c)) {                                                                                                    \
+            fprintf(stderr, "fuzz_pstore_file: %s:%d: %s\n", __FILE__, __LINE__, #c);                                  \
+            __builtin_trap();                                                                                          \
+        }                                                                                                              \
+    } while (0)
 
 #define MAX_NAMES 6
 
@@ -173,7 +178,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         write_some(env);
         struct pstore_check again = {0};
         REQUIRE(pstore_env_check(env, &again) == 0);
-        if (again.damaged) fprintf(stderr, "fuzz_pstore_file: sound, then damaged after LMDB's writes: %s\n", again.why);
+        if (again.damaged)
+            fprintf(stderr, "fuzz_pstore_file: sound, then damaged after LMDB's writes: %s\n", again.why);
         REQUIRE(!again.damaged);
         read_all(env);
     }

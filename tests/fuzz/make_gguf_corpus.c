@@ -147,9 +147,13 @@ static void seed_arrays(void)
 /* One tensor of each common type. */
 static void seed_tensors(void)
 {
-    static const struct { const char *name; enum ggml_type t; uint64_t ne0; } types[] = {
-        {"f32", GGML_TYPE_F32, 4}, {"f16", GGML_TYPE_F16, 4}, {"bf16", GGML_TYPE_BF16, 4},
-        {"q4_0", GGML_TYPE_Q4_0, 32}, {"q4_1", GGML_TYPE_Q4_1, 32}, {"q5_0", GGML_TYPE_Q5_0, 32},
+    static const struct {
+        const char *name;
+        enum ggml_type t;
+        uint64_t ne0;
+    } types[] = {
+        {"f32", GGML_TYPE_F32, 4},    {"f16", GGML_TYPE_F16, 4},     {"bf16", GGML_TYPE_BF16, 4},
+        {"q4_0", GGML_TYPE_Q4_0, 32}, {"q4_1", GGML_TYPE_Q4_1, 32},  {"q5_0", GGML_TYPE_Q5_0, 32},
         {"q8_0", GGML_TYPE_Q8_0, 32}, {"q4_k", GGML_TYPE_Q4_K, 256}, {"q6_k", GGML_TYPE_Q6_K, 256},
     };
     struct gguf_writer *w = writer();

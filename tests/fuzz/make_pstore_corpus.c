@@ -41,8 +41,11 @@ static void save(const char *name, int shape, int mode, const uint8_t *v, size_t
 
 static struct pstore_model model(int si)
 {
-    struct pstore_model m = {.name = "fuzz", .dtype = SHAPES[si].dt, .block_size = SHAPES[si].bs,
-                             .n_layer = SHAPES[si].n_layer, .kv_dim = SHAPES[si].kv_dim};
+    struct pstore_model m = {.name = "fuzz",
+                             .dtype = SHAPES[si].dt,
+                             .block_size = SHAPES[si].bs,
+                             .n_layer = SHAPES[si].n_layer,
+                             .kv_dim = SHAPES[si].kv_dim};
     memcpy(m.fingerprint, "00112233445566778899aabbccddeeff", 33);
     return m;
 }

@@ -17,7 +17,7 @@
 
 #include "base/alloc.h"
 
-#define WRITER_MAX_DEPTH 64  /* guards against cyclic value trees */
+#define WRITER_MAX_DEPTH 64 /* guards against cyclic value trees */
 #define WRITER_MAX_RAW_DIMS 8
 
 struct wbuf {
@@ -91,10 +91,7 @@ static bool wbuf_le(struct wbuf *b, uint64_t v, unsigned bytes)
     return wbuf_put(b, t, bytes);
 }
 
-static bool wbuf_str(struct wbuf *b, const char *s, uint64_t len)
-{
-    return wbuf_le(b, len, 8) && wbuf_put(b, s, len);
-}
+static bool wbuf_str(struct wbuf *b, const char *s, uint64_t len) { return wbuf_le(b, len, 8) && wbuf_put(b, s, len); }
 
 /* ---- create / free ------------------------------------------------------------- */
 
@@ -164,11 +161,8 @@ static enum kvb_status put_value(struct wbuf *b, const struct gguf_value *v, uns
         memcpy(&bits, &f, 4);
         return wbuf_le(b, bits, 4) ? KVB_OK : KVB_ERR_NOMEM;
     }
-    case GGUF_VTYPE_FLOAT64:
-        memcpy(&u, &v->v.f64, 8);
-        return wbuf_le(b, u, 8) ? KVB_OK : KVB_ERR_NOMEM;
-    case GGUF_VTYPE_BOOL:
-        return wbuf_le(b, v->v.b ? 1 : 0, 1) ? KVB_OK : KVB_ERR_NOMEM;
+    case GGUF_VTYPE_FLOAT64: memcpy(&u, &v->v.f64, 8); return wbuf_le(b, u, 8) ? KVB_OK : KVB_ERR_NOMEM;
+    case GGUF_VTYPE_BOOL: return wbuf_le(b, v->v.b ? 1 : 0, 1) ? KVB_OK : KVB_ERR_NOMEM;
     case GGUF_VTYPE_STRING:
         if (!v->v.str.ptr && v->v.str.len) {
             *why = "string with NULL pointer";
@@ -212,8 +206,7 @@ static enum kvb_status put_value(struct wbuf *b, const struct gguf_value *v, uns
         }
         return KVB_OK;
     }
-    case GGUF_VTYPE_COUNT_:
-        break;
+    case GGUF_VTYPE_COUNT_: break;
     }
     *why = "bad vtype";
     return KVB_ERR_INVALID_ARG;
@@ -225,8 +218,7 @@ enum kvb_status gguf_writer_add_value(struct gguf_writer *w, const char *key, co
     size_t mark = w->kv.len;
     const char *why = "out of memory";
     enum kvb_status st = KVB_ERR_NOMEM;
-    if (wbuf_str(&w->kv, key, strlen(key)) && wbuf_le(&w->kv, (uint32_t)v->type, 4))
-        st = put_value(&w->kv, v, 0, &why);
+    if (wbuf_str(&w->kv, key, strlen(key)) && wbuf_le(&w->kv, (uint32_t)v->type, 4)) st = put_value(&w->kv, v, 0, &why);
     if (st != KVB_OK) {
         w->kv.len = mark; /* drop the partial kv */
         return fail(w, st, "gguf_writer: key '%s' (%s): %s", key, gguf_vtype_name(v->type), why);
@@ -247,14 +239,38 @@ static enum kvb_status add_int(struct gguf_writer *w, const char *key, enum gguf
     return gguf_writer_add_value(w, key, &v);
 }
 
-enum kvb_status gguf_writer_add_u8(struct gguf_writer *w, const char *key, uint8_t v) { return add_uint(w, key, GGUF_VTYPE_UINT8, v); }
-enum kvb_status gguf_writer_add_u16(struct gguf_writer *w, const char *key, uint16_t v) { return add_uint(w, key, GGUF_VTYPE_UINT16, v); }
-enum kvb_status gguf_writer_add_u32(struct gguf_writer *w, const char *key, uint32_t v) { return add_uint(w, key, GGUF_VTYPE_UINT32, v); }
-enum kvb_status gguf_writer_add_u64(struct gguf_writer *w, const char *key, uint64_t v) { return add_uint(w, key, GGUF_VTYPE_UINT64, v); }
-enum kvb_status gguf_writer_add_i8(struct gguf_writer *w, const char *key, int8_t v) { return add_int(w, key, GGUF_VTYPE_INT8, v); }
-enum kvb_status gguf_writer_add_i16(struct gguf_writer *w, const char *key, int16_t v) { return add_int(w, key, GGUF_VTYPE_INT16, v); }
-enum kvb_status gguf_writer_add_i32(struct gguf_writer *w, const char *key, int32_t v) { return add_int(w, key, GGUF_VTYPE_INT32, v); }
-enum kvb_status gguf_writer_add_i64(struct gguf_writer *w, const char *key, int64_t v) { return add_int(w, key, GGUF_VTYPE_INT64, v); }
+enum kvb_status gguf_writer_add_u8(struct gguf_writer *w, const char *key, uint8_t v)
+{
+    return add_uint(w, key, GGUF_VTYPE_UINT8, v);
+}
+enum kvb_status gguf_writer_add_u16(struct gguf_writer *w, const char *key, uint16_t v)
+{
+    return add_uint(w, key, GGUF_VTYPE_UINT16, v);
+}
+enum kvb_status gguf_writer_add_u32(struct gguf_writer *w, const char *key, uint32_t v)
+{
+    return add_uint(w, key, GGUF_VTYPE_UINT32, v);
+}
+enum kvb_status gguf_writer_add_u64(struct gguf_writer *w, const char *key, uint64_t v)
+{
+    return add_uint(w, key, GGUF_VTYPE_UINT64, v);
+}
+enum kvb_status gguf_writer_add_i8(struct gguf_writer *w, const char *key, int8_t v)
+{
+    return add_int(w, key, GGUF_VTYPE_INT8, v);
+}
+enum kvb_status gguf_writer_add_i16(struct gguf_writer *w, const char *key, int16_t v)
+{
+    return add_int(w, key, GGUF_VTYPE_INT16, v);
+}
+enum kvb_status gguf_writer_add_i32(struct gguf_writer *w, const char *key, int32_t v)
+{
+    return add_int(w, key, GGUF_VTYPE_INT32, v);
+}
+enum kvb_status gguf_writer_add_i64(struct gguf_writer *w, const char *key, int64_t v)
+{
+    return add_int(w, key, GGUF_VTYPE_INT64, v);
+}
 
 enum kvb_status gguf_writer_add_f32(struct gguf_writer *w, const char *key, float x)
 {
@@ -286,8 +302,8 @@ enum kvb_status gguf_writer_add_str(struct gguf_writer *w, const char *key, cons
     return gguf_writer_add_strn(w, key, s, strlen(s));
 }
 
-enum kvb_status gguf_writer_add_arr(struct gguf_writer *w, const char *key, enum gguf_vtype elem,
-                                    const void *elems, uint64_t n)
+enum kvb_status gguf_writer_add_arr(struct gguf_writer *w, const char *key, enum gguf_vtype elem, const void *elems,
+                                    uint64_t n)
 {
     uint32_t esize = gguf_vtype_size(elem);
     if (!key || esize == 0 || (n && !elems) || n > SIZE_MAX / 8)
@@ -301,10 +317,19 @@ enum kvb_status gguf_writer_add_arr(struct gguf_writer *w, const char *key, enum
         uint64_t x = 0;
         if (elem == GGUF_VTYPE_BOOL) {
             x = src[0] != 0; /* bool is one byte on every ABI we build for */
-        } else if (esize == 1) { x = src[0]; }
-        else if (esize == 2) { uint16_t t; memcpy(&t, src, 2); x = t; }
-        else if (esize == 4) { uint32_t t; memcpy(&t, src, 4); x = t; }
-        else { memcpy(&x, src, 8); }
+        } else if (esize == 1) {
+            x = src[0];
+        } else if (esize == 2) {
+            uint16_t t;
+            memcpy(&t, src, 2);
+            x = t;
+        } else if (esize == 4) {
+            uint32_t t;
+            memcpy(&t, src, 4);
+            x = t;
+        } else {
+            memcpy(&x, src, 8);
+        }
         for (uint32_t k = 0; k < esize; k++) raw[i * esize + k] = (uint8_t)(x >> (8 * k));
     }
     struct gguf_value v = {.type = GGUF_VTYPE_ARRAY};
@@ -316,8 +341,7 @@ enum kvb_status gguf_writer_add_arr(struct gguf_writer *w, const char *key, enum
     return st;
 }
 
-enum kvb_status gguf_writer_add_arr_str(struct gguf_writer *w, const char *key, const char *const *strs,
-                                        uint64_t n)
+enum kvb_status gguf_writer_add_arr_str(struct gguf_writer *w, const char *key, const char *const *strs, uint64_t n)
 {
     if (!key || (n && !strs))
         return fail(w, KVB_ERR_INVALID_ARG, "gguf_writer: add_arr_str '%s': bad arguments", key ? key : "(null)");
@@ -339,8 +363,7 @@ enum kvb_status gguf_writer_add_arr_str(struct gguf_writer *w, const char *key, 
 
 enum kvb_status gguf_writer_set_alignment(struct gguf_writer *w, uint32_t alignment)
 {
-    if (w->alignment_set)
-        return fail(w, KVB_ERR_INVALID_ARG, "gguf_writer: alignment set twice");
+    if (w->alignment_set) return fail(w, KVB_ERR_INVALID_ARG, "gguf_writer: alignment set twice");
     if (alignment == 0 || (alignment & (alignment - 1)) != 0)
         return fail(w, KVB_ERR_INVALID_ARG, "gguf_writer: alignment %" PRIu32 " is not a power of two", alignment);
     KVB_FORWARD_IF_ERROR(gguf_writer_add_u32(w, "general.alignment", alignment));
@@ -367,9 +390,8 @@ static enum kvb_status push_tensor(struct gguf_writer *w, const char *name, stru
     return KVB_OK;
 }
 
-enum kvb_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, enum ggml_type type,
-                                       uint32_t n_dims, const uint64_t *ne, const void *data,
-                                       void **out_data)
+enum kvb_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, enum ggml_type type, uint32_t n_dims,
+                                       const uint64_t *ne, const void *data, void **out_data)
 {
     if (out_data) *out_data = NULL;
     if (!name || !ne || n_dims < 1 || n_dims > 4)
@@ -391,7 +413,8 @@ enum kvb_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, 
                     "gguf_writer: tensor '%s': ne[0] = %" PRIu64 " is not a multiple of the %s block size %" PRIu32,
                     name, ne[0], tr->name, tr->block_elems);
     t.data = data ? kvb_malloc((size_t)t.n_bytes) : kvb_calloc(1, (size_t)t.n_bytes);
-    if (!t.data) return fail(w, KVB_ERR_NOMEM, "gguf_writer: tensor '%s': no memory for %" PRIu64 " bytes", name, t.n_bytes);
+    if (!t.data)
+        return fail(w, KVB_ERR_NOMEM, "gguf_writer: tensor '%s': no memory for %" PRIu64 " bytes", name, t.n_bytes);
     if (data && t.n_bytes) memcpy(t.data, data, (size_t)t.n_bytes);
     if (push_tensor(w, name, &t) != KVB_OK) {
         kvb_free(t.data);
@@ -401,12 +424,11 @@ enum kvb_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, 
     return KVB_OK;
 }
 
-enum kvb_status gguf_writer_add_tensor_info_raw(struct gguf_writer *w, const char *name, uint32_t type,
-                                                uint32_t n_dims, const uint64_t *ne, uint64_t offset)
+enum kvb_status gguf_writer_add_tensor_info_raw(struct gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                                                const uint64_t *ne, uint64_t offset)
 {
     if (!name || n_dims > WRITER_MAX_RAW_DIMS || (n_dims && !ne))
-        return fail(w, KVB_ERR_INVALID_ARG, "gguf_writer: raw tensor info '%s': bad arguments",
-                    name ? name : "(null)");
+        return fail(w, KVB_ERR_INVALID_ARG, "gguf_writer: raw tensor info '%s': bad arguments", name ? name : "(null)");
     struct wtensor t = {.type = type, .n_dims = n_dims, .offset = offset};
     for (uint32_t d = 0; d < n_dims; d++) t.ne[d] = ne[d];
     if (push_tensor(w, name, &t) != KVB_OK)
@@ -498,7 +520,8 @@ enum kvb_status gguf_writer_write_memory(const struct gguf_writer *w, void **out
     if (w->st != KVB_OK) return kvb_errf(err, w->st, "%s", w->err.msg);
     struct sink count = {0};
     emit(w, &count);
-    if (count.pos > SIZE_MAX) return kvb_errf(err, KVB_ERR_NOMEM, "gguf_writer: %" PRIu64 " bytes do not fit in memory", count.pos);
+    if (count.pos > SIZE_MAX)
+        return kvb_errf(err, KVB_ERR_NOMEM, "gguf_writer: %" PRIu64 " bytes do not fit in memory", count.pos);
     struct sink mem = {.mem = kvb_malloc((size_t)count.pos)};
     if (!mem.mem) return kvb_errf(err, KVB_ERR_NOMEM, "gguf_writer: no memory for %" PRIu64 " bytes", count.pos);
     emit(w, &mem);

@@ -26,8 +26,8 @@
 #include <stdint.h>
 
 #include "base/dtype.h"
-#include "model/gguf.h"
 #include "base/status.h"
+#include "model/gguf.h"
 
 struct gguf_writer; /* opaque */
 
@@ -64,11 +64,10 @@ enum kvb_status gguf_writer_add_strn(struct gguf_writer *w, const char *key, con
  * uint8_t[] for UINT8, int32_t[] for INT32, float[] for FLOAT32, double[] for
  * FLOAT64, bool[] for BOOL, ... STRING/ARRAY elem → KVB_ERR_INVALID_ARG (use
  * add_arr_str / add_value). */
-enum kvb_status gguf_writer_add_arr(struct gguf_writer *w, const char *key, enum gguf_vtype elem,
-                                    const void *elems, uint64_t n);
+enum kvb_status gguf_writer_add_arr(struct gguf_writer *w, const char *key, enum gguf_vtype elem, const void *elems,
+                                    uint64_t n);
 /* An array of `n` NUL-terminated strings. */
-enum kvb_status gguf_writer_add_arr_str(struct gguf_writer *w, const char *key, const char *const *strs,
-                                        uint64_t n);
+enum kvb_status gguf_writer_add_arr_str(struct gguf_writer *w, const char *key, const char *const *strs, uint64_t n);
 /* Any value, described with the reader's struct: scalars from the widened
  * u64/i64/f64/b fields (must fit the vtype), strings from .str, scalar arrays
  * from .arr.raw (n little-endian elements, as the reader exposes them),
@@ -83,13 +82,12 @@ enum kvb_status gguf_writer_add_value(struct gguf_writer *w, const char *key, co
  * NULL. When out_data is non-NULL it receives the writer-owned copy, which
  * the caller may fill in place until the writer is freed. Its offset is
  * assigned at write time: tensors are laid out in order, each aligned. */
-enum kvb_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, enum ggml_type type,
-                                       uint32_t n_dims, const uint64_t *ne, const void *data,
-                                       void **out_data);
+enum kvb_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, enum ggml_type type, uint32_t n_dims,
+                                       const uint64_t *ne, const void *data, void **out_data);
 /* Test hook: a tensor info written verbatim — any type code, n_dims 0..8
  * (ne holds n_dims values), the given offset — with no data behind it. */
-enum kvb_status gguf_writer_add_tensor_info_raw(struct gguf_writer *w, const char *name, uint32_t type,
-                                                uint32_t n_dims, const uint64_t *ne, uint64_t offset);
+enum kvb_status gguf_writer_add_tensor_info_raw(struct gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                                                const uint64_t *ne, uint64_t offset);
 
 /* ---- output ---- */
 /* Creates or truncates `path`; a partial file is removed on failure. */

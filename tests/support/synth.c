@@ -71,8 +71,7 @@ static enum kvb_status fill_tensor(uint8_t *dst, enum ggml_type type, int64_t n_
             memcpy(dst + 2 * i, &b, 2);
         }
         return KVB_OK;
-    default:
-        break;
+    default: break;
     }
     const int64_t n_blocks = n / tr->block_elems;
     for (int64_t i = 0; i < n_blocks * (int64_t)tr->block_bytes; i += 8) {
@@ -84,9 +83,15 @@ static enum kvb_status fill_tensor(uint8_t *dst, enum ggml_type type, int64_t n_
         /* Divisors: the standard deviation of the block's integer codes. */
         switch (type) {
         case GGML_TYPE_Q4_0: put_half(p, sigma / 4.6f); break;
-        case GGML_TYPE_Q4_1: put_half(p, sigma / 4.6f); put_half(p + 2, -7.5f * sigma / 4.6f); break;
+        case GGML_TYPE_Q4_1:
+            put_half(p, sigma / 4.6f);
+            put_half(p + 2, -7.5f * sigma / 4.6f);
+            break;
         case GGML_TYPE_Q5_0: put_half(p, sigma / 9.2f); break;
-        case GGML_TYPE_Q5_1: put_half(p, sigma / 9.2f); put_half(p + 2, -15.5f * sigma / 9.2f); break;
+        case GGML_TYPE_Q5_1:
+            put_half(p, sigma / 9.2f);
+            put_half(p + 2, -15.5f * sigma / 9.2f);
+            break;
         case GGML_TYPE_Q8_0: put_half(p, sigma / 74.0f); break;
         case GGML_TYPE_Q4_K: {
             /* w = d*sc*q - dmin*m with q in 0..15, sc and m in 0..63. */
@@ -201,12 +206,13 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
     if (st == KVB_OK && !o->tied_output)
         st = add_tensor(w, "output.weight", o->embd_type, e, n_vocab, 1.0f / sqrtf((float)e), 0, &r, err);
     for (int l = 0; l < o->n_layer && st == KVB_OK; l++) {
-        enum ggml_type mt = o->layer_types && o->n_layer_types > 0 ? o->layer_types[l % o->n_layer_types]
-                                                                   : o->matrix_type;
+        enum ggml_type mt =
+            o->layer_types && o->n_layer_types > 0 ? o->layer_types[l % o->n_layer_types] : o->matrix_type;
         const float si = 1.0f / sqrtf((float)e), sf = 1.0f / sqrtf((float)o->n_ff), sq = 1.0f / sqrtf((float)q);
         char nm[96];
-#define T(name, type, nin, nrows, sigma, mean) \
-    if (st == KVB_OK) st = (snprintf(nm, sizeof nm, "blk.%d." name, l), add_tensor(w, nm, type, nin, nrows, sigma, mean, &r, err))
+#define T(name, type, nin, nrows, sigma, mean)                                                                         \
+    if (st == KVB_OK)                                                                                                  \
+    st = (snprintf(nm, sizeof nm, "blk.%d." name, l), add_tensor(w, nm, type, nin, nrows, sigma, mean, &r, err))
         T("attn_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
         T("attn_q.weight", mt, e, q, si, 0);
         T("attn_k.weight", mt, e, kv, si, 0);

@@ -18,13 +18,13 @@
 #include "base/status.h"
 
 struct synth_opts {
-    const char *arch;         /* "llama" (default), "qwen2", "qwen3" */
+    const char *arch;                                           /* "llama" (default), "qwen2", "qwen3" */
     int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim; /* head_dim 0: n_embd / n_head */
-    int32_t n_ctx;            /* context_length written (default 2048) */
-    enum ggml_type matrix_type; /* type of the attention/FFN matrices */
-    enum ggml_type embd_type;   /* token_embd (and tied output) */
-    enum ggml_type norm_type;   /* 1-D tensors: F32 normally */
-    int tied_output;            /* 1: no output.weight */
+    int32_t n_ctx;                                              /* context_length written (default 2048) */
+    enum ggml_type matrix_type;                                 /* type of the attention/FFN matrices */
+    enum ggml_type embd_type;                                   /* token_embd (and tied output) */
+    enum ggml_type norm_type;                                   /* 1-D tensors: F32 normally */
+    int tied_output;                                            /* 1: no output.weight */
     /* Per-layer type overrides: when non-NULL, layer l's matrices use
      * layer_types[l % n_layer_types] (mixing types inside one file, as the
      * quantized files on the hub do). */

@@ -42,7 +42,11 @@ char *tu_read_file(const char *path, size_t *len)
         if (n < cap) break;
         cap *= 2;
         char *nb = realloc(buf, cap + 1);
-        if (!nb) { free(buf); buf = NULL; break; }
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
         buf = nb;
     }
     fclose(f);

@@ -12,12 +12,30 @@
 
 extern int tu_failures;
 
-#define CHECK(cond) \
-    do { if (!(cond)) { fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); tu_failures++; } } while (0)
-#define CHECK_MSG(cond, ...) \
-    do { if (!(cond)) { fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); tu_failures++; } } while (0)
-#define CHECK_EQ_INT(a, b) \
-    do { long long a_ = (long long)(a), b_ = (long long)(b); if (a_ != b_) { fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%lld vs %lld)\n", __FILE__, __LINE__, #a, #b, a_, b_); tu_failures++; } } while (0)
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                   \
+            tu_failures++;                                                                                             \
+        }                                                                                                              \
+    } while (0)
+#define CHECK_MSG(cond, ...)                                                                                           \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fputc('\n', stderr);                                                                                       \
+            tu_failures++;                                                                                             \
+        }                                                                                                              \
+    } while (0)
+#define CHECK_EQ_INT(a, b)                                                                                             \
+    do {                                                                                                               \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                                            \
+        if (a_ != b_) {                                                                                                \
+            fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%lld vs %lld)\n", __FILE__, __LINE__, #a, #b, a_, b_);     \
+            tu_failures++;                                                                                             \
+        }                                                                                                              \
+    } while (0)
 
 int tu_finish(void);
 void tu_skip(const char *why) __attribute__((noreturn));
