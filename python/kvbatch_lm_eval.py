@@ -16,16 +16,12 @@ The continuation's log-likelihood is the sum of token_logprobs over its tokens
 tokens the token's own logprob is the top-1 logprob (logprobs: 1), i.e. the
 token is the argmax (a tie counts as greedy).
 
-Tokenization is kvbatch's own (`kvbatch tokenize`), as the harness's TemplateLM
-defines it (context and context+continuation encoded, the continuation being
-what follows the context's tokens; trailing spaces of the context moved to the
-continuation). Special-token text in the strings is parsed as the special token,
-as Hugging Face tokenizers do by default (parse_special=false turns that off).
-`kvbatch tokenize` takes one text per process, so many texts go through one
-process joined by a control token none of them contains, with --special, and the
-ids are split at it: the tokenizer splits its input at special tokens first,
-so each piece is tokenized alone (byte-level BPE; SentencePiece vocabularies,
-whose first piece gets a prefix space, are tokenized one process per text).
+Tokenization is kvbatch's own (`kvbatch tokenize --jsonl`: all the texts of a
+call in one process), as the harness's TemplateLM defines it (context and
+context+continuation encoded, the continuation being what follows the context's
+tokens; trailing spaces of the context moved to the continuation). Special-token
+text in the strings is parsed as the special token, as Hugging Face tokenizers
+do by default (parse_special=false turns that off).
 
 Use it from Python:
     import kvbatch_lm_eval, lm_eval
@@ -66,7 +62,6 @@ from lm_eval.api.registry import register_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4  # gguf.TokenType values that are special tokens
 MAX_STOP = 8  # stop strings per request the job format takes (jobs/job.h JOB_MAX_STOP)
 # sampling kwargs a task may give that mean the same in a kvbatch request body
 GEN_FIELDS = ("top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -88,9 +83,9 @@ def default_model():
 
 
 class GGUFInfo:
-    """What the adapter needs from the model file: context length, BOS/EOS, the
-    special tokens' texts, the tokenizer kind, the chat template (gguf-py reads
-    only the header; the tensors stay mapped, unread)."""
+    """What the adapter needs from the model file: context length, BOS/EOS and
+    their texts, the chat template (gguf-py reads only the header; the tensors
+    stay mapped, unread)."""
 
     def __init__(self, path):
         import gguf
@@ -105,71 +100,43 @@ class GGUFInfo:
         self.bos = field("tokenizer.ggml.bos_token_id")
         self.eos = field("tokenizer.ggml.eos_token_id")
         self.add_bos = bool(field("tokenizer.ggml.add_bos_token", False))
-        self.tokenizer_model = field("tokenizer.ggml.model")
         self.chat_template = field("tokenizer.chat_template")
-        tokens = field("tokenizer.ggml.tokens", [])
-        types = field("tokenizer.ggml.token_type", [])
-        self.specials = {i: tokens[i] for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)}
-        self.token_text = lambda i: tokens[i]
+        tokens = r.fields.get("tokenizer.ggml.tokens")
+        text = lambda i: "" if i is None or tokens is None else tokens.contents(i)  # noqa: E731
+        self.bos_text, self.eos_text = text(self.bos), text(self.eos)  # what a chat template calls them
 
 
 class Tokenizer:
-    """kvbatch's tokenizer, through `kvbatch tokenize`, many texts per process."""
+    """kvbatch's tokenizer: `kvbatch tokenize --jsonl`, every text of a call in one process."""
 
-    def __init__(self, binary, model, info, parse_special=True):
-        self.binary, self.model, self.info, self.special = binary, model, info, parse_special
+    def __init__(self, binary, model, parse_special=True):
+        self.binary, self.model, self.special = binary, model, parse_special
         self.processes = 0  # tokenize processes run (for the tests and the curious)
 
-    def _run(self, text, special):
-        cmd = [self.binary, "tokenize", "--model", self.model] + (["--special"] if special else [])
-        data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    def _run(self, data, special, jsonl=False):
+        cmd = [self.binary, "tokenize", "--model", self.model] + (["--special"] if special else []) + \
+            (["--jsonl"] if jsonl else [])
         p = subprocess.run(cmd, input=data, capture_output=True)
         self.processes += 1
         if p.returncode != 0:
             raise RuntimeError("kvbatch tokenize failed (%d): %s" % (p.returncode, p.stderr.decode(errors="replace")))
-        return [int(x) for x in p.stdout.split()]
+        return p.stdout
 
-    def _separator(self, texts):
-        """A control token whose text none of the texts contains (its id, its text), or None."""
-        if self.info.tokenizer_model != "gpt2":
-            return None  # SentencePiece gives the piece after a special token no prefix space
-        blob = "\x00".join(texts)
-        for i, text in sorted(self.info.specials.items(), key=lambda kv: -len(kv[1])):
-            if len(text) >= 3 and text not in blob:
-                return i, text
-        return None
-
-    def _has_special(self, text):
-        return any(s in text for s in self.info.specials.values() if s)
+    def encode_bytes(self, data, special=False):
+        """The ids of raw bytes (a whole file, as llama-perplexity reads it)."""
+        return [int(x) for x in self._run(data, special).split()]
 
     def encode_many(self, texts):
-        """[ids of each text]: one process for all of them where that is exact."""
+        """[ids of each text], through one process."""
         texts = list(texts)
-        out = [None] * len(texts)
-        # the join needs --special; a text holding special-token text that is to stay text goes alone
-        alone = [] if self.special else [n for n, t in enumerate(texts) if self._has_special(t)]
-        for n in alone:
-            out[n] = self._run(texts[n], False)
-        rest = [n for n in range(len(texts)) if out[n] is None]
-        sep = self._separator([texts[n] for n in rest]) if len(rest) > 1 else None
-        if sep is None:
-            for n in rest:
-                out[n] = self._run(texts[n], self.special)
-            return out
-        sep_id, sep_text = sep
-        pieces, cur = [], []
-        for i in self._run(sep_text.join(texts[n] for n in rest), True):
-            if i == sep_id:
-                pieces.append(cur)
-                cur = []
-            else:
-                cur.append(i)
-        pieces.append(cur)
-        if len(pieces) != len(rest):  # only if a merge could make the separator: stay exact anyway
-            pieces = [self._run(texts[n], self.special) for n in rest]
-        for n, ids in zip(rest, pieces):
-            out[n] = ids
-        return out
+        if not texts:
+            return []
+        # ensure_ascii keeps each JSON line free of raw newlines and odd bytes
+        data = "".join(json.dumps(t) + "\n" for t in texts).encode()
+        lines = self._run(data, self.special, jsonl=True).decode().split("\n")
+        if len(lines) != len(texts) + 1 or lines[-1] != "":
+            raise RuntimeError("kvbatch tokenize --jsonl gave %d lines for %d texts" % (len(lines) - 1, len(texts)))
+        return [[int(x) for x in line.split()] for line in lines[:-1]]
 
     def encode(self, text):
         return self.encode_many([text])[0]
@@ -202,7 +169,7 @@ class KvbatchLM(TemplateLM):
             if not os.path.exists(p):
                 raise FileNotFoundError("kvbatch %s %s does not exist" % (what, p))
         self.info = GGUFInfo(self.model_path)
-        self.tok = Tokenizer(self.binary, self.model_path, self.info, _bool(parse_special))
+        self.tok = Tokenizer(self.binary, self.model_path, _bool(parse_special))
         add_bos = self.info.add_bos if add_bos in (None, "") else _bool(add_bos)
         self.bos_first = [self.info.bos] if add_bos and self.info.bos is not None else []
         self._max_length = int(max_length) if max_length else min(self.info.n_ctx_train - 2, 4096)
@@ -277,10 +244,9 @@ class KvbatchLM(TemplateLM):
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        name = lambda i: self.info.token_text(i) if i is not None else ""  # noqa: E731
         text = env.from_string(self.info.chat_template).render(
             messages=chat_history, add_generation_prompt=add_generation_prompt,
-            bos_token=name(self.info.bos), eos_token=name(self.info.eos))
+            bos_token=self.info.bos_text, eos_token=self.info.eos_text)
         if not add_generation_prompt and chat_history:
             # continue_final_message: cut what the template writes after the last message
             last = chat_history[-1]["content"].strip()

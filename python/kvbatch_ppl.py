@@ -82,7 +82,7 @@ def main(argv=None):
                        threads=a.threads, work_dir=a.work_dir, quiet=True,
                        max_length=ctx if a.method == "harness" else ctx - 1)
     with open(a.file, "rb") as f:
-        tokens = lm.tok._run(f.read(), False)  # the bytes as they are, as llama-perplexity reads them
+        tokens = lm.tok.encode_bytes(f.read())  # the bytes as they are, as llama-perplexity reads them
     r = perplexity(lm, tokens, ctx, a.method)
     r["run"] = {k: v for k, v in lm.runs[-1].items() if k not in ("job", "output")}
     if a.json:

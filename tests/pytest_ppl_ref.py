@@ -72,7 +72,7 @@ def main():
         lm = kle.KvbatchLM(binary=kc.BIN, model=kc.MODEL, no_cache=True, max_length=CTX - 1,
                            work_dir=tmp, quiet=True)
         with open(TEXT, "rb") as f:
-            tokens = lm.tok._run(f.read(), False)
+            tokens = lm.tok.encode_bytes(f.read())
         check(len(tokens) == 5471, "the text is %d tokens, llama.cpp's tokenizer gave 5471" % len(tokens))
         chunks = 10 if os.environ.get("KVB_PPLREF_FULL") else 4
         tokens = tokens[:chunks * CTX]
