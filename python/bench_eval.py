@@ -19,7 +19,8 @@ warm computes <= 5% of the prompt tokens and is >= 5x faster than cold; the
 answers are identical across cold, warm and batch1.
 
     python python/bench_eval.py [--items 500] [--limit 100] [--hf-limit N] [--no-hf] [--no-batch1]
-                                [--extra-args "--block-size 8"] [--keep DIR]
+                                [--extra-args "--block-size 16"] [--keep DIR]
+(the adapter runs with --block-size 8 unless told otherwise: see kvbatch_lm_eval.py)
 """
 import argparse
 import json
