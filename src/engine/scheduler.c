@@ -458,7 +458,11 @@ static int32_t admit_scoring(struct sched *s, struct seq *q, int32_t *loaded)
     const bool want_row =
         hit > 0 && hit >= q->n_have && (hit < q->n_prompt || (hit == q->n_tokens && q->max_tokens > 0));
     if (want_row) {
-        if (cow_last(s, q)) {
+        /* The copy is a block beyond q's own, held while its shared original
+         * is too: only when the pool still holds q at its longest beside it,
+         * so that preempting every other sequence always makes room for q
+         * (the bound sched_create checks for one sequence). */
+        if (q->cap_blocks + 1 <= s->be->n_blocks && cow_last(s, q)) {
             q->n_computed = hit - 1;
         } else { /* compute the whole block again instead */
             kv_unref(s->kv, q->blocks[--q->n_blocks]);

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Prompt scoring in the scheduler: the pool's bound.
+
+1. Pool. A KV pool of exactly one full context (the smallest the scheduler accepts) runs a
+   scoring request whose prompt's scored blocks are all in the prefix tree, so that its first
+   unscored position is recomputed in a private copy of a shared block: the job must finish,
+   with the scores and text of the same request run in a roomy pool.
+Every result is also compared with the request run alone (scores bit for bit, as JSON text).
+
+Exit 0 pass, 1 fail, 77 skipped (no binary or model).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvbcheck import BIN, MODEL, check, finish, ready  # noqa: E402
+
+TEXT = ("The quick brown fox jumps over the lazy dog near the river bank while children play football in "
+        "the park and the old man reads a newspaper on a wooden bench under the tall oak tree. Meanwhile, "
+        "in the city, engineers are designing new bridges that will connect the northern districts with "
+        "the southern harbour, and economists debate whether the project will pay for itself. ")
+BLOCK = 16
+KV_BLOCK_BYTES = 30 * 2 * 192 * 2 * BLOCK  # SmolLM2-135M: 30 layers, K and V of 192 fp16 values a token
+
+
+def ids_of(text):
+    p = subprocess.run([BIN, "tokenize", "--model", MODEL, text], capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0, f"tokenize: {p.stderr[-300:]}")
+    return [int(x) for x in p.stdout.split()]
+
+
+def comp(cid, prompt, **body):
+    b = {"prompt": prompt, "temperature": 0}
+    b.update(body)
+    return {"custom_id": cid, "url": "/v1/completions", "body": b}
+
+
+def run_job(tmp, name, lines, extra):
+    job, out = os.path.join(tmp, name + ".jsonl"), os.path.join(tmp, name + ".out.jsonl")
+    with open(job, "w") as f:
+        for d in lines:
+            f.write(json.dumps(d) + "\n")
+    p = subprocess.run([BIN, "run", "--model", MODEL, "--input", job, "--output", out, "--no-cache",
+                        "--metrics", os.path.join(tmp, name + ".db")] + extra,
+                       capture_output=True, text=True, timeout=600)
+    check(p.returncode == 0, f"{name}: exit {p.returncode}: {p.stderr[-400:]}")
+    res = {}
+    if os.path.exists(out):
+        for line in open(out):
+            d = json.loads(line)
+            res[d["custom_id"]] = d
+    m = re.search(r"\((\d+) reused in-run, (\d+) from the cache, (\d+) computed\)", p.stderr)
+    computed = int(m.group(3)) if m else -1
+    return res, computed
+
+
+def scores_of(d):
+    b = d["response"]["body"]
+    return json.dumps([[c.get("text"), c.get("logprobs"), c.get("prompt_logprobs")] for c in b["choices"]],
+                      sort_keys=True)
+
+
+def same_as_alone(tmp, name, lines, got, extra=()):
+    for d in lines:
+        alone, _ = run_job(tmp, f"{name}-alone-{d['custom_id']}", [d], list(extra))
+        cid = d["custom_id"]
+        if check(cid in got and cid in alone, f"{name}: {cid} has no result"):
+            check(scores_of(got[cid]) == scores_of(alone[cid]), f"{name}: {cid} differs from running it alone")
+
+
+def main():
+    if not ready():
+        sys.exit(77)
+    ids = ids_of(TEXT * 5)
+    check(len(ids) >= 320, f"only {len(ids)} ids")
+    with tempfile.TemporaryDirectory() as tmp:
+        # 1. a pool of one 320-token context: 20 blocks
+        ctx = 320
+        pool = ["--ctx", str(ctx), "--kv-mem", str(ctx // BLOCK * KV_BLOCK_BYTES)]
+        lines = [comp("B", ids[:305], max_tokens=0, echo=True, logprobs=1),
+                 comp("A", ids[:304] + ids[5:11], max_tokens=10, echo=True, logprobs=1)]
+        got, _ = run_job(tmp, "pool", lines, pool)
+        same_as_alone(tmp, "pool", lines, got, ["--ctx", str(ctx)])
+
+    sys.exit(finish("scheduler scoring"))
+
+
+if __name__ == "__main__":
+    main()
