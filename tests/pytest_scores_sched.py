@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Prompt scoring in the scheduler: the pool's bound.
+"""Prompt scoring in the scheduler: the pool's bound, and the last block's scores.
 
 1. Pool. A KV pool of exactly one full context (the smallest the scheduler accepts) runs a
    scoring request whose prompt's scored blocks are all in the prefix tree, so that its first
    unscored position is recomputed in a private copy of a shared block: the job must finish,
    with the scores and text of the same request run in a roomy pool.
+2. The last block of a prompt whose length is a multiple of the block size. A request scores
+   a 144-token prompt (9 blocks) and generates, its first block's scores cached by an earlier
+   request: it computes from position 15, and its 128-row scoring chunk ends at position 143,
+   the prompt's last, which a chunk of its own computes without scoring. An identical scoring
+   request afterwards finds every block with its scores (cached_tokens 144).
 Every result is also compared with the request run alone (scores bit for bit, as JSON text).
 
 Exit 0 pass, 1 fail, 77 skipped (no binary or model).
@@ -86,6 +91,15 @@ def main():
         got, _ = run_job(tmp, "pool", lines, pool)
         same_as_alone(tmp, "pool", lines, got, ["--ctx", str(ctx)])
 
+        # 2. the last block of a 9-block prompt keeps its scores
+        lines = [comp("B", ids[:17], max_tokens=0, echo=True, logprobs=1),
+                 comp("A", ids[:144], max_tokens=1, echo=True, logprobs=1),
+                 comp("C", ids[:144], max_tokens=0, echo=True, logprobs=1)]
+        got, _ = run_job(tmp, "last", lines, ["--max-batch", "1"])
+        if check("C" in got, "last: no result for C"):
+            cached = got["C"]["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+            check(cached == 144, f"last: C reused {cached} of its 144 prompt tokens, scored and cached by A")
+        same_as_alone(tmp, "last", lines, got)
     sys.exit(finish("scheduler scoring"))
 
 
