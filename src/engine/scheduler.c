@@ -458,7 +458,11 @@ static int32_t admit_scoring(struct sched *s, struct seq *q, int32_t *loaded)
     const bool want_row =
         hit > 0 && hit >= q->n_have && (hit < q->n_prompt || (hit == q->n_tokens && q->max_tokens > 0));
     if (want_row) {
-        if (cow_last(s, q)) {
+        /* The copy is a block beyond q's own, held while its shared original
+         * is too: only when the pool still holds q at its longest beside it,
+         * so that preempting every other sequence always makes room for q
+         * (the bound sched_create checks for one sequence). */
+        if (q->cap_blocks + 1 <= s->be->n_blocks && cow_last(s, q)) {
             q->n_computed = hit - 1;
         } else { /* compute the whole block again instead */
             kv_unref(s->kv, q->blocks[--q->n_blocks]);
@@ -638,9 +642,8 @@ static void score_worker(void *arg, int ith, int nth)
     }
 }
 
-/* After a forward pass: what q's rows scored, and the full blocks whose
- * scores are now all known go with the block. False when a row was not
- * finite (q must end in error). */
+/* After a scoring chunk's forward pass: what q's rows scored. False when a
+ * row was not finite (q must end in error). */
 static bool after_scoring(struct sched *s, struct seq *q, int32_t pos)
 {
     int32_t upto = pos + q->n_new + 1; /* rows pos..pos+n_new-1 scored tokens up to pos+n_new */
@@ -651,11 +654,21 @@ static bool after_scoring(struct sched *s, struct seq *q, int32_t pos)
         s->st.scored_tokens += upto - q->n_have;
         q->n_have = upto;
     }
+    return true;
+}
+
+/* After any forward pass of a scoring request: its full computed prompt
+ * blocks whose scores are all known go with the block (and to the tree's
+ * blocks of the same tokens, share_scores). Also after chunks that score
+ * nothing: the scores can be complete before the prompt's last position is
+ * computed (a chunk ending at n_prompt - 1 scores up to the last token),
+ * and that position completes the last block. */
+static void keep_scored_blocks(struct sched *s, struct seq *q)
+{
     const int32_t lim = q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt, first = q->n_block_scored;
     while ((q->n_block_scored + 1) * s->B <= lim && (q->n_block_scored + 1) * s->B <= q->n_have)
         keep_block_scores(s, q, q->n_block_scored++);
     if (q->n_block_scored > first) share_scores(s, q, first);
-    return true;
 }
 
 /* samp_row of a batch entry whose token the backend chose (BE_LOGITS_ARGMAX). */
@@ -854,6 +867,7 @@ static void after_step(struct sched *s, int32_t nb)
                    "model's weights or the backend are broken");
             continue;
         }
+        if (q->score) keep_scored_blocks(s, q); /* before the store gets them */
         int32_t full = q->n_computed / s->B;
         if (full > 0 && radix_insert(s->radix, q->tokens, full, q->blocks) != KVB_OK) {
             /* Sharing is an optimisation: carry on without it. */
