@@ -37,28 +37,12 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import kvbcheck as kc  # noqa: E402
-from kvbcheck import check  # noqa: E402
+from kvbcheck import check, need_modules  # noqa: E402
 
 
 def skip(msg):
     print("SKIP: " + msg)
     sys.exit(77)
-
-
-def ensure_lm_eval():
-    try:
-        import lm_eval  # noqa: F401
-        import gguf  # noqa: F401
-        return
-    except ImportError as e:
-        why = str(e)
-    venv = os.environ.get("KVBATCH_VENV") or os.path.join(os.path.expanduser("~"), ".cache", "kvbatch-venv")
-    py = os.path.join(venv, "bin", "python")
-    if os.environ.get("KVB_LMEVAL_REEXEC") or not os.access(py, os.X_OK):
-        skip("lm_eval not importable (%s) and no venv python at %s (scripts/setup.sh --test makes it)" % (why, py))
-    os.environ["KVB_LMEVAL_REEXEC"] = "1"
-    sys.stdout.flush()
-    os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
 
 
 def tok_alone(text, special=True):
@@ -239,7 +223,7 @@ def check_generate(kle, tmp):
 def main():
     if not kc.ready():
         return 77
-    ensure_lm_eval()
+    need_modules("lm_eval", "gguf")
     sys.path.insert(0, os.path.join(kc.SRC, "python"))
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -29,7 +29,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import kvbcheck as kc  # noqa: E402
-from kvbcheck import check  # noqa: E402
+from kvbcheck import check, need_modules  # noqa: E402
 
 CTX = 512
 LLAMA_CPP_RUNNING = {4: 21.8197, 10: 19.0916}  # llama-perplexity's [N] after N chunks
@@ -37,28 +37,10 @@ TOL = 0.01
 TEXT = os.path.join(HERE, "data", "ppl-english.txt")
 
 
-def ensure_venv():
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-        import lm_eval  # noqa: F401
-        return
-    except ImportError as e:
-        why = str(e)
-    venv = os.environ.get("KVBATCH_VENV") or os.path.join(os.path.expanduser("~"), ".cache", "kvbatch-venv")
-    py = os.path.join(venv, "bin", "python")
-    if os.environ.get("KVB_PPLREF_REEXEC") or not os.access(py, os.X_OK):
-        print("SKIP: torch/transformers/lm_eval not importable (%s) and no venv python at %s" % (why, py))
-        sys.exit(77)
-    os.environ["KVB_PPLREF_REEXEC"] = "1"
-    sys.stdout.flush()
-    os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
-
-
 def main():
     if not kc.ready():
         return 77
-    ensure_venv()
+    need_modules("torch", "transformers", "lm_eval")
     sys.path.insert(0, os.path.join(kc.SRC, "python"))
     import kvbatch_lm_eval as kle
     import kvbatch_ppl

@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvbcheck import BIN, MODEL, check, finish, ready  # noqa: E402
+from kvbcheck import BIN, MODEL, check, finish, need_modules, ready  # noqa: E402
 
 HEADER = ("You are a careful grader. Read the question, think about each choice, and answer with the "
           "letter of the correct one. Example: Question: What is two plus two? A. three B. four "
@@ -280,27 +280,10 @@ def check_values(tmp, r, np):
                       f"{cid}: position {t}: best alternative {best!r} {alt[best]:.3f}, reference {row[top2[0]]:.3f}")
 
 
-def imports_or_reexec():
-    """numpy, gguf and openai: here, or in the test venv (scripts/setup.sh --test makes it)."""
-    try:
-        import gguf  # noqa: F401
-        import numpy  # noqa: F401
-        import openai  # noqa: F401
-        return
-    except ImportError as e:
-        why = e
-    py = os.path.join(os.environ.get("KVB_VENV", os.path.expanduser("~/.cache/kvbatch-venv")), "bin", "python")
-    if os.path.exists(py) and not os.environ.get("KVB_SCORES_REEXEC"):  # once: no loop if it lacks them too
-        os.environ["KVB_SCORES_REEXEC"] = "1"
-        os.execv(py, [py] + sys.argv)
-    print(f"SKIP: needs numpy, gguf and openai ({why})")
-    sys.exit(77)
-
-
 def main():
     if not ready():
         sys.exit(77)
-    imports_or_reexec()
+    need_modules("numpy", "gguf", "openai")
     import numpy as np
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:

@@ -76,7 +76,6 @@ struct sched {
     void *cow_stage;          /* host memory for copying one block (be_host_alloc) */
     struct score_task *tasks; /* (score_rows) the step's rows to score */
     int32_t n_tasks;
-    bool tasks_bad; /* a row to score was not finite */
 };
 
 /* One logits row to turn into a prompt score. */
@@ -448,7 +447,10 @@ static int32_t admit_scoring(struct sched *s, struct seq *q, int32_t *loaded)
         if ((k + 1) * B <= q->n_have) continue;
         memcpy(q->pscores + (int64_t)k * B, s->bscore[q->blocks[k]], sizeof(struct pscore) * (size_t)B);
         q->n_have = (k + 1) * B;
-        if (!q->admitted_once) q->scored_cached += B - (k == 0);
+        if (!q->admitted_once) {
+            q->scored_cached += B - (k == 0);
+            s->st.scored_cached += B - (k == 0);
+        }
     }
     if (q->n_have > q->n_prompt) q->n_have = q->n_prompt;
     const int32_t hit = q->n_blocks * B;
@@ -634,7 +636,6 @@ static void score_worker(void *arg, int ith, int nth)
         const struct score_task *t = &s->tasks[i];
         const float *row = s->logits + (int64_t)t->row * s->n_vocab;
         if (sampler_first_nonfinite(row, s->n_vocab) >= 0) {
-            s->tasks_bad = true; /* benign race: every writer stores true */
             t->q->pscores[t->t].rank = -1;
             continue;
         }
@@ -828,7 +829,6 @@ static int32_t rows_of_step(struct sched *s, int32_t nb)
 {
     int32_t row = 0;
     s->n_tasks = 0;
-    s->tasks_bad = false;
     for (int32_t b = 0; b < nb; b++) {
         if (s->bseqs[b].logits == BE_LOGITS_ALL) { /* a scoring chunk: every row scores the token after it */
             struct seq *q = s->bsrc[b];
