@@ -14,6 +14,7 @@
 
 #include "base/alloc.h"
 #include "base/json.h"
+#include "base/unicode.h"
 
 /* ---- keys -------------------------------------------------------------------------- */
 
@@ -174,14 +175,6 @@ static void put_chat_logprobs(struct w *w, const struct job_choice *ch)
 
 /* The legacy completions shape: parallel arrays, alternatives as a map from
  * token text to logprob, text_offset in bytes from the start of the text. */
-/* Code points in s[0..n): the bytes that do not continue a UTF-8 sequence. */
-static int64_t code_points(const char *s, size_t n)
-{
-    int64_t k = 0;
-    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
-    return k;
-}
-
 /* A token's text in a completion's logprobs: itself when it is valid UTF-8,
  * else "bytes:\xNN..." as OpenAI writes a token that splits a character —
  * so that two such tokens stay two keys of a top_logprobs object. */
@@ -242,7 +235,7 @@ static void put_completion_logprobs(struct w *w, const struct job_choice *ch)
     for (size_t t = 0; t < ch->n_logprobs; t++) {
         if (t) puts_(w, ",");
         put_i64(w, off);
-        off += code_points(ch->logprobs[t].token, ch->logprobs[t].token_len);
+        off += (int64_t)unicode_code_points(ch->logprobs[t].token, ch->logprobs[t].token_len);
     }
     puts_(w, "]}");
 }

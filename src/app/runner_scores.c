@@ -7,6 +7,7 @@
 
 #include "app/runner_internal.h"
 #include "base/alloc.h"
+#include "base/unicode.h"
 
 #define PIECE_MAX 256 /* bytes of one token's text kept, as for generated tokens' logprobs */
 
@@ -50,7 +51,7 @@ enum kvb_status runner_prompt_view(struct runner *r, const struct job_request *q
 {
     memset(v, 0, sizeof *v);
     if (q->url != JOB_URL_CHAT && (q->echo || q->logprobs) && prompt_text(r, &q->prompts[k], v) != KVB_OK) goto oom;
-    for (size_t i = 0; i < v->text.len; i++) v->text_cp += ((unsigned char)v->text.data[i] & 0xC0) != 0x80;
+    v->text_cp = (int64_t)unicode_code_points(v->text.data, v->text.len);
     if (!c->ps) return KVB_OK; /* the text is all that was asked */
     const int32_t n = c->n_ps, ke = q->echo && q->logprobs ? q->top_logprobs : -1, kp = q->prompt_logprobs;
     v->n = n;

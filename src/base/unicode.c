@@ -2,6 +2,13 @@
  * tables are in the generated unicode_tables.c. */
 #include "base/unicode.h"
 
+size_t unicode_code_points(const char *s, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
 size_t unicode_utf8_len(unsigned char b)
 {
     static const unsigned char k_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};

@@ -36,6 +36,11 @@ bool unicode_is_whitespace(uint32_t cpt);
  * nibble alone (1 for ASCII and for stray continuation bytes). */
 size_t unicode_utf8_len(unsigned char b);
 
+/* Code points in s[0..n) as Python's len counts them in valid UTF-8: the
+ * bytes that do not continue a sequence (a character split across two
+ * pieces counts in the piece holding its first byte). */
+size_t unicode_code_points(const char *s, size_t n);
+
 /* Decodes one code point at s[*pos] (requires *pos < len), advancing *pos,
  * leniently as described above. */
 uint32_t unicode_decode_lenient(const char *s, size_t len, size_t *pos);
