@@ -885,6 +885,9 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
                         "CUDA backend: head_dim %d / %d heads over %d KV heads not supported "
                         "(head_dim <= %d, whole groups)",
                         hp->head_dim, hp->n_head, hp->n_head_kv, KCU_ATTN_MAX_HEAD_DIM);
+    KVB_FORWARD_IF_ERROR(kv_type_check(o->kv_type, hp->head_dim, err));
+    if (o->kv_type != KV_F16) /* the quantized kernels are not written yet */
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "CUDA backend: KV type %s not implemented", kv_type_name(o->kv_type));
 
     struct cuda_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
@@ -910,7 +913,8 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->be.argmax = true;
     c->be.block_size = o->block_size;
     c->be.n_blocks = o->n_blocks;
-    c->be.block_bytes = be_block_bytes(m, o->block_size); /* same pool layout as the CPU */
+    c->be.block_bytes = be_block_bytes(m, o->block_size, o->kv_type); /* same pool layout as the CPU */
+    c->be.kv_type = o->kv_type;
     c->q_dim = (int64_t)hp->n_head * hp->head_dim;
     c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     c->qkv_dim = c->q_dim + 2 * c->kv_dim;

@@ -69,6 +69,7 @@ struct be_cuda_opts {
      * products) even where the tensor-core kernel takes the head size (64,
      * 128): for comparing the two. */
     bool attn_warp;
+    enum kv_type kv_type; /* KV pool rows (backend/kvtype.h); KV_F16 when zeroed */
 };
 
 #define BE_CUDA_DET_ROWS 128

@@ -173,7 +173,7 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
     const int32_t per_seq_dec = (ctx + 1 + bs - 1) / bs, per_seq_pf = (pf_len + bs - 1) / bs;
     int32_t n_blocks = batch * per_seq_dec;
     if (pf_seqs * per_seq_pf > n_blocks) n_blocks = pf_seqs * per_seq_pf;
-    const int64_t kv_tok = be_block_bytes(m, 1); /* K+V bytes of one position, all layers */
+    const int64_t kv_tok = be_block_bytes(m, 1, KV_F16); /* K+V bytes of one position, all layers */
     const int64_t w_bytes = be_cuda_weight_bytes(m);
     printf("[%s] weights %.2f GiB on device, KV pool %d blocks = %.2f GiB\n", mode, (double)w_bytes / (1 << 30),
            n_blocks, (double)n_blocks * bs * kv_tok / (1 << 30));

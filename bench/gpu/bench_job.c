@@ -202,7 +202,7 @@ static int cache_pair(struct backend *be, const struct model *m, int32_t n, int3
            "store %s for this model (KV %.1f KiB per token; restore time scales with KV bytes, prefill with "
            "parameters)\n",
            hp->n_layer, hp->n_embd, restore > 0 ? 1e3 / restore : 0.0, 1e3 / prefill,
-           restore > prefill ? "wins" : "LOSES", (double)be_block_bytes(m, 1) / 1024.0);
+           restore > prefill ? "wins" : "LOSES", (double)be_block_bytes(m, 1, KV_F16) / 1024.0);
     return 0;
 }
 
@@ -229,7 +229,7 @@ int bench_cmd_job(int argc, char **argv)
     if (rc_open != 0) return rc_open;
     const struct model *m = bm.m;
     const int32_t bs = 16;
-    const int64_t block_bytes = be_block_bytes(m, bs);
+    const int64_t block_bytes = be_block_bytes(m, bs, KV_F16);
     int64_t n_blocks = (int64_t)(kv_gib * (double)(1 << 30)) / block_bytes;
     const int64_t need = ((int64_t)len + gen + bs) / bs;
     if (n_blocks < need) n_blocks = need;

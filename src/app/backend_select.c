@@ -31,7 +31,7 @@ bool be_select_device_valid(const char *d)
 static enum kvb_status pool_blocks(const struct model *m, const struct be_select_opts *o, uint64_t kv_mem, int32_t *out,
                                    struct kvb_err *err)
 {
-    const int64_t block_bytes = be_block_bytes(m, o->block_size);
+    const int64_t block_bytes = be_block_bytes(m, o->block_size, o->kv_type);
     const int64_t need = ((int64_t)o->n_ctx + o->block_size - 1) / o->block_size;
     int64_t n = (int64_t)(kv_mem / (uint64_t)block_bytes);
     if (n < need)
@@ -47,8 +47,10 @@ static enum kvb_status pool_blocks(const struct model *m, const struct be_select
 static enum kvb_status create_cpu(const struct model *m, const struct be_select_opts *o, struct backend **out,
                                   struct kvb_err *err)
 {
-    struct be_cpu_opts co = {
-        .n_threads = o->n_threads, .block_size = o->block_size, .impl = o->scalar ? MM_IMPL_SCALAR : MM_IMPL_AUTO};
+    struct be_cpu_opts co = {.n_threads = o->n_threads,
+                             .block_size = o->block_size,
+                             .impl = o->scalar ? MM_IMPL_SCALAR : MM_IMPL_AUTO,
+                             .kv_type = o->kv_type};
     KVB_FORWARD_IF_ERROR(pool_blocks(m, o, o->kv_mem ? o->kv_mem : DEFAULT_CPU_KV, &co.n_blocks, err));
     return be_cpu_create(m, &co, out, err);
 }
@@ -76,7 +78,8 @@ enum kvb_status be_select_create(const struct model *m, const struct be_select_o
                               .block_size = o->block_size,
                               .n_threads = o->n_threads,
                               .deterministic = o->deterministic,
-                              .graphs = o->cuda_graphs};
+                              .graphs = o->cuda_graphs,
+                              .kv_type = o->kv_type};
     KVB_FORWARD_IF_ERROR(pool_blocks(m, o, kv, &go.n_blocks, err));
     return be_cuda_create(m, &go, out, err);
 #else

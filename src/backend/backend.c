@@ -5,9 +5,9 @@
 #include "base/alloc.h"
 #include "model/model.h"
 
-int64_t be_block_bytes(const struct model *m, int32_t block_size)
+int64_t be_block_bytes(const struct model *m, int32_t block_size, enum kv_type kv_type)
 {
-    return (int64_t)m->hp.n_layer * 2 * block_size * m->hp.n_head_kv * m->hp.head_dim * (int64_t)sizeof(uint16_t);
+    return (int64_t)m->hp.n_layer * 2 * block_size * kv_row_bytes(kv_type, (int64_t)m->hp.n_head_kv * m->hp.head_dim);
 }
 
 void *be_host_alloc(struct backend *be, size_t bytes)

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/kvtype.h"
 #include "base/status.h"
 #include "model/quant.h"
 
@@ -46,13 +47,14 @@ struct be_batch {
 };
 
 struct backend {
-    const char *name;    /* "cpu", "cuda" */
-    const char *kernels; /* which kernels run, for logs ("avx512", "scalar", …); NULL: name */
-    int n_threads;       /* host threads doing the work (0: not applicable) */
-    int32_t block_size;  /* tokens per KV block */
-    int32_t n_blocks;    /* blocks in the pool */
-    int64_t block_bytes; /* bytes of K+V of one block, all layers */
-    bool argmax;         /* forward takes BE_LOGITS_ARGMAX */
+    const char *name;     /* "cpu", "cuda" */
+    const char *kernels;  /* which kernels run, for logs ("avx512", "scalar", …); NULL: name */
+    int n_threads;        /* host threads doing the work (0: not applicable) */
+    int32_t block_size;   /* tokens per KV block */
+    int32_t n_blocks;     /* blocks in the pool */
+    int64_t block_bytes;  /* bytes of K+V of one block, all layers */
+    enum kv_type kv_type; /* how the pool stores K/V rows (backend/kvtype.h) */
+    bool argmax;          /* forward takes BE_LOGITS_ARGMAX */
     void *impl;
 
     /* Runs the batch. Writes logits rows (n_vocab floats each) into `logits`
@@ -113,8 +115,9 @@ enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const 
                                struct be_batch_shape *out, struct kvb_err *err);
 
 /* Bytes of one KV block as every backend lays it out (K then V of each
- * layer, fp16): the unit of the KV pool and of the persistent store's values. */
-int64_t be_block_bytes(const struct model *m, int32_t block_size);
+ * layer, each a block_size rows of kv_dim elements stored as kv_type): the
+ * unit of the KV pool and of the persistent store's values. */
+int64_t be_block_bytes(const struct model *m, int32_t block_size, enum kv_type kv_type);
 
 static inline const char *be_kernels_name(const struct backend *be) { return be->kernels ? be->kernels : be->name; }
 static inline int be_threads(const struct backend *be) { return be->n_threads > 0 ? be->n_threads : 1; }

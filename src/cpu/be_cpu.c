@@ -475,6 +475,10 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     if (opts->block_size <= 0 || opts->n_blocks <= 0)
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "block size %d and block count %d must be positive", opts->block_size,
                         opts->n_blocks);
+    KVB_FORWARD_IF_ERROR(kv_type_check(opts->kv_type, m->hp.head_dim, err));
+    if (opts->kv_type != KV_F16) /* the quantized attention is not written yet */
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "CPU backend: KV type %s not implemented",
+                        kv_type_name(opts->kv_type));
     struct cpu_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     const struct model_hparams *hp = &m->hp;
@@ -492,7 +496,8 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     c->simd = opts->impl != MM_IMPL_SCALAR && attn_have_avx2();
     c->avx512 = c->simd && opts->impl != MM_IMPL_AVX2 && attn_have_avx512();
     c->block_elems = (int64_t)hp->n_layer * 2 * opts->block_size * c->kv_dim;
-    c->be.block_bytes = be_block_bytes(m, opts->block_size);
+    c->be.block_bytes = be_block_bytes(m, opts->block_size, opts->kv_type);
+    c->be.kv_type = opts->kv_type;
     enum kvb_status st = tpool_create(opts->n_threads, &c->pool);
     if (st != KVB_OK) {
         cpu_free(&c->be);

@@ -12,10 +12,11 @@
 #include "model/model.h"
 
 struct be_cpu_opts {
-    int n_threads;      /* <= 0: one per CPU */
-    int32_t block_size; /* tokens per KV block, > 0 */
-    int32_t n_blocks;   /* KV pool size in blocks, > 0 */
-    enum mm_impl impl;  /* MM_IMPL_AUTO unless forcing the scalar reference */
+    int n_threads;        /* <= 0: one per CPU */
+    int32_t block_size;   /* tokens per KV block, > 0 */
+    int32_t n_blocks;     /* KV pool size in blocks, > 0 */
+    enum mm_impl impl;    /* MM_IMPL_AUTO unless forcing the scalar reference */
+    enum kv_type kv_type; /* KV pool rows (backend/kvtype.h); KV_F16 when zeroed */
 };
 
 /* The model must outlive the backend. */
