@@ -1,5 +1,6 @@
 /* pstore_codec.c — the bytes of one stored KV block: header, byte shuffle
- * or int8 rows, zstd, and a decoder that trusts nothing.
+ * (or, for quantized K/V, scales apart from quants) or int8 rows, zstd, and
+ * a decoder that trusts nothing.
  *
  * Why shuffle: an f16 element's high byte (sign, exponent, two mantissa bits)
  * varies little across a block while its low byte is nearly noise; laid out
@@ -9,6 +10,15 @@
  * K or V in one layer, kv_dim elements) and int8 values, halving the f16
  * bytes before zstd; its error is measured by the tests and it is off by
  * default because it breaks "warm output == cold output".
+ *
+ * Quantized K/V (Q8, Q4: groups of an fp16 scale [and minimum] then the
+ * quants) are kept exactly. Their quants are near-uniform noise zstd can
+ * hardly shrink, but the scales are fp16 values of one layer's activations,
+ * as compressible as an f16 block's high bytes; interleaved every 34 or 20
+ * bytes they are lost in the noise. So the payload is each header byte of
+ * every group as its own stream (scale low bytes, scale high bytes, ...),
+ * then every group's quants; the measured gain is in
+ * tests/test_pstore_codec.c's q8/q4 case and in the report.
  *
  * The decoder is also the fuzz target's subject: every length and field is
  * checked against the model the caller expects before a byte of payload is
@@ -69,6 +79,45 @@ static void unshuffle(uint8_t *restrict dst, const uint8_t *restrict src, size_t
             dst[4 * i + 3] = s3[i];
         }
     }
+}
+
+/* Grouped types: header byte b of group g to dst[b * n + g], the quants
+ * after all of them, group by group. */
+static void split_groups(uint8_t *restrict dst, const uint8_t *restrict src, const struct pstore_shape *s)
+{
+    const uint32_t gb = s->gbytes, gh = s->ghead, nq = gb - gh;
+    const size_t n = (size_t)(s->raw_len / gb);
+    uint8_t *q = dst + (size_t)gh * n;
+    for (size_t g = 0; g < n; g++) {
+        const uint8_t *grp = src + g * gb;
+        for (uint32_t b = 0; b < gh; b++) dst[(size_t)b * n + g] = grp[b];
+        memcpy(q + g * nq, grp + gh, nq);
+    }
+}
+
+static void join_groups(uint8_t *restrict dst, const uint8_t *restrict src, const struct pstore_shape *s)
+{
+    const uint32_t gb = s->gbytes, gh = s->ghead, nq = gb - gh;
+    const size_t n = (size_t)(s->raw_len / gb);
+    const uint8_t *q = src + (size_t)gh * n;
+    for (size_t g = 0; g < n; g++) {
+        uint8_t *grp = dst + g * gb;
+        for (uint32_t b = 0; b < gh; b++) grp[b] = src[(size_t)b * n + g];
+        memcpy(grp + gh, q + g * nq, nq);
+    }
+}
+
+/* The lossless payload of either kind. */
+static void pack_payload(uint8_t *dst, const uint8_t *src, const struct pstore_shape *s)
+{
+    if (s->gbytes) split_groups(dst, src, s);
+    else shuffle(dst, src, (size_t)(s->raw_len / s->esize), s->esize);
+}
+
+static void unpack_payload(uint8_t *dst, const uint8_t *src, const struct pstore_shape *s)
+{
+    if (s->gbytes) join_groups(dst, src, s);
+    else unshuffle(dst, src, (size_t)(s->raw_len / s->esize), s->esize);
 }
 
 /* ---- lossy8 ------------------------------------------------------------------ */
@@ -191,7 +240,7 @@ enum kvb_status pstore_codec_encode(struct pstore_codec *c, const struct pstore_
     size_t need = s->raw_len > lossy_len ? (size_t)s->raw_len : lossy_len;
     if (!grow(&c->scratch, &c->scratch_cap, need)) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     bool lossy = false;
-    if (lossy8) {
+    if (lossy8 && !s->gbytes) { /* quantized K/V is stored as it is */
         size_t need_row = (size_t)s->kv_dim * sizeof(float);
         if (c->row_cap < need_row) {
             float *p = kvb_malloc(need_row);
@@ -203,7 +252,7 @@ enum kvb_status pstore_codec_encode(struct pstore_codec *c, const struct pstore_
         lossy = quantize(c, s, data, c->scratch);
     }
     size_t payload_len = lossy ? lossy_len : (size_t)s->raw_len;
-    if (!lossy) shuffle(c->scratch, data, (size_t)(s->raw_len / s->esize), s->esize);
+    if (!lossy) pack_payload(c->scratch, data, s);
 
     size_t hl = pstore_hdr_len(s->block_size);
     size_t bound = ZSTD_compressBound(payload_len);
@@ -312,6 +361,7 @@ enum kvb_status pstore_codec_decode(struct pstore_codec *c, const struct pstore_
         return kvb_errf(err, KVB_ERR_FORMAT, "raw length %llu, expected %llu", (unsigned long long)h.raw_len,
                         (unsigned long long)s->raw_len);
     bool lossy = (h.flags & PSTORE_FLAG_LOSSY8) != 0;
+    if (lossy && s->gbytes) return kvb_errf(err, KVB_ERR_FORMAT, "lossy8 flag on a quantized-KV value");
     uint64_t want = lossy ? s->n_rows * (2u + (uint64_t)s->kv_dim) : s->raw_len;
     if (h.payload_len != want)
         return kvb_errf(err, KVB_ERR_FORMAT, "payload length %llu, expected %llu", (unsigned long long)h.payload_len,
@@ -344,7 +394,7 @@ enum kvb_status pstore_codec_decode(struct pstore_codec *c, const struct pstore_
     if (lossy) {
         if (!dequantize(s, c->scratch, dst)) return kvb_errf(err, KVB_ERR_FORMAT, "lossy8 row scale is not finite");
     } else {
-        unshuffle(dst, c->scratch, (size_t)(s->raw_len / s->esize), s->esize);
+        unpack_payload(dst, c->scratch, s);
     }
     if (annex && annex->len) memcpy(annex->data, h.annex, annex->len);
     return KVB_OK;
