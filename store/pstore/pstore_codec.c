@@ -17,8 +17,11 @@
  * as compressible as an f16 block's high bytes; interleaved every 34 or 20
  * bytes they are lost in the noise. So the payload is each header byte of
  * every group as its own stream (scale low bytes, scale high bytes, ...),
- * then every group's quants; the measured gain is in
- * tests/test_pstore_codec.c's q8/q4 case and in the report.
+ * then every group's quants, each slot's taken from the slot before it.
+ * Measured on SmolLM2-135M's real K/V (1022 blocks of README prompts,
+ * level 3): q8 183.1 MB against 184.1 MB for zstd of the plain groups
+ * (-0.5 %), q4 108.3 MB against 111.8 MB (-3.1 %); on test_pstore_codec's
+ * synthetic drifting K/V the differences gain 10 %.
  *
  * The decoder is also the fuzz target's subject: every length and field is
  * checked against the model the caller expects before a byte of payload is
@@ -82,28 +85,56 @@ static void unshuffle(uint8_t *restrict dst, const uint8_t *restrict src, size_t
 }
 
 /* Grouped types: header byte b of group g to dst[b * n + g], the quants
- * after all of them, group by group. */
+ * after all of them, group by group, each slot's as the difference from the
+ * slot before it in the same row position (bytewise for q8, nibblewise for
+ * q4, both modulo their width): RoPE turns K's low-frequency dimensions
+ * slowly, and a channel's magnitude persists from token to token, so the
+ * differences are narrower than the quants. */
+static inline uint8_t q_sub(uint8_t a, uint8_t b, bool nib)
+{
+    if (!nib) return (uint8_t)(a - b);
+    return (uint8_t)(((a - b) & 15) | ((((a >> 4) - (b >> 4)) & 15) << 4));
+}
+
+static inline uint8_t q_add(uint8_t d, uint8_t b, bool nib)
+{
+    if (!nib) return (uint8_t)(d + b);
+    return (uint8_t)(((d + b) & 15) | ((((d >> 4) + (b >> 4)) & 15) << 4));
+}
+
 static void split_groups(uint8_t *restrict dst, const uint8_t *restrict src, const struct pstore_shape *s)
 {
-    const uint32_t gb = s->gbytes, gh = s->ghead, nq = gb - gh;
+    const uint32_t gb = s->gbytes, gh = s->ghead, nq = gb - gh, G = s->kv_dim / PSTORE_QGROUP;
     const size_t n = (size_t)(s->raw_len / gb);
+    const bool nib = s->dtype == PSTORE_DTYPE_Q4;
     uint8_t *q = dst + (size_t)gh * n;
     for (size_t g = 0; g < n; g++) {
         const uint8_t *grp = src + g * gb;
         for (uint32_t b = 0; b < gh; b++) dst[(size_t)b * n + g] = grp[b];
-        memcpy(q + g * nq, grp + gh, nq);
+        if ((g / G) % s->block_size == 0) { /* a block's first slot: as it is */
+            memcpy(q + g * nq, grp + gh, nq);
+            continue;
+        }
+        const uint8_t *prev = grp - (size_t)G * gb + gh;
+        for (uint32_t j = 0; j < nq; j++) q[g * nq + j] = q_sub(grp[gh + j], prev[j], nib);
     }
 }
 
 static void join_groups(uint8_t *restrict dst, const uint8_t *restrict src, const struct pstore_shape *s)
 {
-    const uint32_t gb = s->gbytes, gh = s->ghead, nq = gb - gh;
+    const uint32_t gb = s->gbytes, gh = s->ghead, nq = gb - gh, G = s->kv_dim / PSTORE_QGROUP;
     const size_t n = (size_t)(s->raw_len / gb);
+    const bool nib = s->dtype == PSTORE_DTYPE_Q4;
     const uint8_t *q = src + (size_t)gh * n;
     for (size_t g = 0; g < n; g++) {
         uint8_t *grp = dst + g * gb;
         for (uint32_t b = 0; b < gh; b++) grp[b] = src[(size_t)b * n + g];
-        memcpy(grp + gh, q + g * nq, nq);
+        if ((g / G) % s->block_size == 0) {
+            memcpy(grp + gh, q + g * nq, nq);
+            continue;
+        }
+        const uint8_t *prev = grp - (size_t)G * gb + gh; /* already rebuilt */
+        for (uint32_t j = 0; j < nq; j++) grp[gh + j] = q_add(q[g * nq + j], prev[j], nib);
     }
 }
 
