@@ -26,10 +26,12 @@ static float frand(void) /* [-1, 1) */
 }
 
 struct pool {
-    uint16_t *kv; /* (n_blocks, [K|V][slot][row_words]) */
+    uint16_t *kv; /* (n_blocks, [K rows][V rows]), bs rows each */
     int32_t n_blocks, bs, kv_dim;
-    int64_t row_words, head_words; /* 2-byte words of a row, of one head's part */
-    enum kv_type type;
+    int64_t k_row_words, v_row_words;   /* 2-byte words of a K row, a V row */
+    int64_t k_head_words, v_head_words; /* of one head's part of them */
+    int64_t block_words;
+    enum kv_type type; /* the pool type (a q4 pool's K rows are q8) */
 };
 
 /* Random rows, stored as t by the reference quantizer. Every 7th row is
@@ -41,17 +43,24 @@ static void pool_init(struct pool *p, int32_t n_blocks, int32_t bs, int32_t kv_d
     p->bs = bs;
     p->kv_dim = kv_dim;
     p->type = t;
-    p->row_words = kv_row_bytes(t, kv_dim) / 2;
-    p->head_words = kv_row_bytes(t, hd) / 2;
+    p->k_row_words = kv_row_bytes(kv_k_rows(t), kv_dim) / 2;
+    p->v_row_words = kv_row_bytes(kv_v_rows(t), kv_dim) / 2;
+    p->k_head_words = kv_row_bytes(kv_k_rows(t), hd) / 2;
+    p->v_head_words = kv_row_bytes(kv_v_rows(t), hd) / 2;
+    p->block_words = (int64_t)bs * (p->k_row_words + p->v_row_words);
     const int64_t n_rows = (int64_t)n_blocks * 2 * bs;
-    p->kv = malloc((size_t)(n_rows * p->row_words) * sizeof(uint16_t));
+    p->kv = malloc((size_t)(n_blocks * p->block_words) * sizeof(uint16_t));
     float *row = malloc(sizeof(float) * (size_t)kv_dim);
     for (int64_t r = 0; r < n_rows; r++) {
+        const int64_t b = r / (2 * bs), ri = r % (2 * bs); /* row ri of block b: K rows, then V rows */
+        const bool is_v = ri >= bs;
         for (int32_t i = 0; i < kv_dim; i++) row[i] = 2.0f * frand();
         if (t != KV_F16 && r % 7 == 3)
             for (int32_t i = 0; i < kv_dim; i++) row[i] = r % 14 == 3 ? 0.0f : 0.75f;
         if (t != KV_F16 && r % 5 == 1) row[r % kv_dim] = 40.0f;
-        kv_quantize_row(t, p->kv + r * p->row_words, row, kv_dim);
+        uint16_t *dst = p->kv + b * p->block_words +
+                        (is_v ? bs * p->k_row_words + (ri - bs) * p->v_row_words : ri * p->k_row_words);
+        kv_quantize_row(is_v ? kv_v_rows(t) : kv_k_rows(t), dst, row, kv_dim);
     }
     free(row);
 }
@@ -68,7 +77,7 @@ static void naive_head(float *out, const float *q, int32_t hd, const struct attn
     for (int32_t p = 0; p < n_pos; p++) {
         const int64_t off =
             (int64_t)kv->table[p / kv->block_size] * kv->block_stride + (p % kv->block_size) * kv->row_stride;
-        kv_dequantize_row(kv->type, row, kv->k_base + off, hd);
+        kv_dequantize_row(kv_k_rows(kv->type), row, kv->k_base + off, hd);
         s[p] = 0.0f;
         for (int32_t i = 0; i < hd; i++) s[p] = fmaf(row[i], qs[i], s[p]);
         m = fmaxf(m, s[p]);
@@ -82,8 +91,8 @@ static void naive_head(float *out, const float *q, int32_t hd, const struct attn
     for (int32_t i = 0; i < hd; i++) out[i] = 0.0f;
     for (int32_t p = 0; p < n_pos; p++) {
         const int64_t off =
-            (int64_t)kv->table[p / kv->block_size] * kv->block_stride + (p % kv->block_size) * kv->row_stride;
-        kv_dequantize_row(kv->type, row, kv->v_base + off, hd);
+            (int64_t)kv->table[p / kv->block_size] * kv->block_stride + (p % kv->block_size) * kv->v_row_stride;
+        kv_dequantize_row(kv_v_rows(kv->type), row, kv->v_base + off, hd);
         for (int32_t i = 0; i < hd; i++) out[i] = fmaf(s[p], row[i], out[i]);
     }
     for (int32_t i = 0; i < hd; i++) out[i] *= inv;
@@ -113,12 +122,13 @@ static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t 
     int bad = 0;
     for (int32_t g = 0; g < n_kv; g++) {
         struct attn_kv_view kv = {
-            .k_base = pl->kv + (int64_t)g * pl->head_words,
-            .v_base = pl->kv + (int64_t)pl->bs * pl->row_words + (int64_t)g * pl->head_words,
-            .block_stride = 2 * (int64_t)pl->bs * pl->row_words,
-            .row_stride = pl->row_words,
+            .k_base = pl->kv + (int64_t)g * pl->k_head_words,
+            .v_base = pl->kv + (int64_t)pl->bs * pl->k_row_words + (int64_t)g * pl->v_head_words,
+            .block_stride = pl->block_words,
+            .row_stride = pl->k_row_words,
             .block_size = pl->bs,
             .type = pl->type,
+            .v_row_stride = pl->v_row_words,
         };
         struct attn_tile_tok toks[64];
         for (int32_t t = 0; t < n_tok; t++) {

@@ -80,7 +80,8 @@ static inline float row_value(enum kv_type t, const uint16_t *row, int32_t i)
 void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos, float scale,
                float *scores)
 {
-    const enum kv_type t = kv->type;
+    const enum kv_type kt = kv_k_rows(kv->type), vt = kv_v_rows(kv->type);
+    const int64_t vrs = kv->v_row_stride ? kv->v_row_stride : kv->row_stride;
     float qs[1024];
     const float *qq = q;
     if (head_dim <= 1024) {
@@ -93,9 +94,9 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
                             (int64_t)(p % kv->block_size) * kv->row_stride;
         float d = 0.0f;
         if (qq == qs)
-            for (int32_t i = 0; i < head_dim; i++) d = fmaf(row_value(t, k, i), qs[i], d);
+            for (int32_t i = 0; i < head_dim; i++) d = fmaf(row_value(kt, k, i), qs[i], d);
         else
-            for (int32_t i = 0; i < head_dim; i++) d = fmaf(row_value(t, k, i), q[i] * scale, d);
+            for (int32_t i = 0; i < head_dim; i++) d = fmaf(row_value(kt, k, i), q[i] * scale, d);
         scores[p] = d;
         maxs = fmaxf(maxs, d);
     }
@@ -112,8 +113,8 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
     for (int32_t i = 0; i < head_dim; i++) out[i] = 0.0f;
     for (int32_t p = 0; p < n_pos; p++) {
         const uint16_t *v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
-                            (int64_t)(p % kv->block_size) * kv->row_stride;
-        for (int32_t i = 0; i < head_dim; i++) out[i] = fmaf(scores[p], row_value(t, v, i), out[i]);
+                            (int64_t)(p % kv->block_size) * vrs;
+        for (int32_t i = 0; i < head_dim; i++) out[i] = fmaf(scores[p], row_value(vt, v, i), out[i]);
     }
     for (int32_t i = 0; i < head_dim; i++) out[i] *= inv;
 }

@@ -26,12 +26,13 @@ void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, en
 void attn_swiglu(float *g, const float *u, int64_t n);
 
 /* One query head over positions [0, n_pos) of one sequence. K/V rows are
- * stored as kv->type (backend/kvtype.h): IEEE half floats, as llama.cpp
- * stores them by default (half the memory and bandwidth of f32), or
- * quantized in groups of 32 (q8, q4). K/V rows are found through the block
- * table: position p lives in block table[p / block_size], slot
- * p % block_size, at k_base + block * block_stride + slot * row_stride
- * (same for v_base), all counted in 2-byte pool words: every row of every
+ * stored as the pool type kv->type says (backend/kvtype.h: K rows as
+ * kv_k_rows, V rows as kv_v_rows): IEEE half floats, as llama.cpp stores
+ * them by default (half the memory and bandwidth of f32), or quantized in
+ * groups of 32 (q8, q4). K/V rows are found through the block table:
+ * position p lives in block table[p / block_size], slot p % block_size, at
+ * k_base + block * block_stride + slot * k_row_stride (v_base and
+ * v_row_stride for V), all counted in 2-byte pool words: every row of every
  * type is a whole number of them (34- and 20-byte groups), so the f16
  * strides are element counts, as they always were.
  *
@@ -52,10 +53,11 @@ void attn_swiglu(float *g, const float *u, int64_t n);
 struct attn_kv_view {
     const uint16_t *k_base, *v_base; /* pool base (2-byte words) already offset to this layer and kv head */
     int64_t block_stride;            /* words between consecutive blocks */
-    int64_t row_stride;              /* words between consecutive slots */
+    int64_t row_stride;              /* words between consecutive K slots (and V slots, unless v_row_stride) */
     int32_t block_size;
     const int32_t *table;
-    enum kv_type type; /* how rows are stored (zero: f16) */
+    enum kv_type type;    /* the pool type (zero: f16) */
+    int64_t v_row_stride; /* words between consecutive V slots; 0: row_stride */
 };
 void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos, float scale,
                float *scores);

@@ -178,11 +178,12 @@ static void transpose_block(float *kt, int64_t p8, const uint16_t *src, int64_t 
 static void transpose_k(const struct tile_buf *b, int64_t p8, const uint16_t *k, const struct attn_kv_view *kv,
                         int32_t n, int32_t hd)
 {
-    if (kv->type == KV_F16) {
+    const enum kv_type kt = kv_k_rows(kv->type);
+    if (kt == KV_F16) {
         transpose_block(b->kt, p8, k, kv->row_stride, n, hd);
         return;
     }
-    widen_rows(b->kf, k, kv->row_stride, hd, n, kv->type);
+    widen_rows(b->kf, k, kv->row_stride, hd, n, kt);
     transpose_impl(true, b->kt, p8, NULL, b->kf, round8(hd), n, hd);
 }
 
@@ -300,11 +301,14 @@ static void tile_one(const struct attn_tile_tok *t, int32_t G, int32_t hd, const
                      const struct tile_buf *b)
 {
     const int32_t bs = kv->block_size, n_blk = (t->n_pos + bs - 1) / bs;
-    const int64_t hd8 = round8(hd), p8 = round8(bs), ss = b->ss1, rw = b->rw, hb = kv_row_bytes(kv->type, hd);
+    const int64_t hd8 = round8(hd), p8 = round8(bs), ss = b->ss1, rw = b->rw;
+    const enum kv_type vt = kv_v_rows(kv->type);
+    const int64_t kb = kv_row_bytes(kv_k_rows(kv->type), hd), vb = kv_row_bytes(vt, hd);
+    const int64_t vrs = kv->v_row_stride ? kv->v_row_stride : kv->row_stride;
     for (int32_t ib = 0; ib < n_blk; ib++) {
         const int32_t n = block_len(t, ib, bs);
         if (ib + 1 < n_blk)
-            prefetch_rows(kv->k_base + (int64_t)t->table[ib + 1] * kv->block_stride, kv->row_stride, hb,
+            prefetch_rows(kv->k_base + (int64_t)t->table[ib + 1] * kv->block_stride, kv->row_stride, kb,
                           block_len(t, ib + 1, bs));
         transpose_k(b, p8, kv->k_base + (int64_t)t->table[ib] * kv->block_stride, kv, n, hd);
         if (bs % 8 == 0) {
@@ -320,12 +324,11 @@ static void tile_one(const struct attn_tile_tok *t, int32_t G, int32_t hd, const
         const int32_t n = block_len(t, ib, bs);
         const uint16_t *v = kv->v_base + (int64_t)t->table[ib] * kv->block_stride;
         if (ib + 1 < n_blk)
-            prefetch_rows(kv->v_base + (int64_t)t->table[ib + 1] * kv->block_stride, kv->row_stride, hb,
-                          block_len(t, ib + 1, bs));
-        if (kv->type == KV_F16 && hd % 8 == 0) {
-            pv_token(NULL, v, kv->row_stride, n, hd8, b->s1 + (int64_t)ib * bs, 1, ss, G, b->acc);
+            prefetch_rows(kv->v_base + (int64_t)t->table[ib + 1] * kv->block_stride, vrs, vb, block_len(t, ib + 1, bs));
+        if (vt == KV_F16 && hd % 8 == 0) {
+            pv_token(NULL, v, vrs, n, hd8, b->s1 + (int64_t)ib * bs, 1, ss, G, b->acc);
         } else {
-            widen_rows(b->vf, v, kv->row_stride, hd, n, kv->type);
+            widen_rows(b->vf, v, vrs, hd, n, vt);
             pv_token(b->vf, NULL, 0, n, hd8, b->s1 + (int64_t)ib * bs, 1, ss, G, b->acc);
         }
     }
@@ -375,7 +378,7 @@ static void tile_run(const struct attn_tile_tok *toks, int32_t n_tok, int32_t G,
                 const int32_t n = run_end(toks, n_tok, ti, ib, bs, &tb);
                 const uint16_t *k = kv->k_base + (int64_t)toks[ti].table[ib] * kv->block_stride;
                 if (tb - ti > 1) {
-                    widen_rows(b.kf, k, kv->row_stride, hd, n, kv->type);
+                    widen_rows(b.kf, k, kv->row_stride, hd, n, kv_k_rows(kv->type));
                     qk_rows(b.kf, n, hd, hd8, b.qt, rw, (int64_t)ti * G, (int64_t)tb * G, sb);
                     continue;
                 }
@@ -406,14 +409,16 @@ static void tile_run(const struct attn_tile_tok *toks, int32_t n_tok, int32_t G,
                 const int32_t n = run_end(toks, n_tok, ti, ib, bs, &tb);
                 const uint16_t *v = kv->v_base + (int64_t)toks[ti].table[ib] * kv->block_stride;
                 /* read once: no point widening (fp16 rows load widened) */
-                const bool direct = tb - ti == 1 && hd % 8 == 0 && kv->type == KV_F16;
-                if (!direct) widen_rows(b.vf, v, kv->row_stride, hd, n, kv->type);
+                const enum kv_type vt = kv_v_rows(kv->type);
+                const int64_t vrs = kv->v_row_stride ? kv->v_row_stride : kv->row_stride;
+                const bool direct = tb - ti == 1 && hd % 8 == 0 && vt == KV_F16;
+                if (!direct) widen_rows(b.vf, v, vrs, hd, n, vt);
                 /* Consecutive tokens with as many positions here go as one
                  * block of rows: each V vector loaded then feeds them all. */
                 for (int32_t t = ti, te; t < tb; t = te) {
                     const int32_t m = block_len(&toks[t], ib, bs);
                     for (te = t + 1; te < tb && block_len(&toks[te], ib, bs) == m;) te++;
-                    pv_token(direct ? NULL : b.vf, direct ? v : NULL, kv->row_stride, m, hd8,
+                    pv_token(direct ? NULL : b.vf, direct ? v : NULL, vrs, m, hd8,
                              b.s + (int64_t)ib * bs * rw + (int64_t)t * G, rw, 1, (te - t) * G,
                              b.acc + (int64_t)t * G * hd8);
                 }
