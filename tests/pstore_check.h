@@ -43,7 +43,7 @@ static inline size_t raw_bytes(const struct pstore_model *m)
     const size_t rows = (size_t)m->n_layer * 2 * (size_t)m->block_size, g = (size_t)m->kv_dim / PSTORE_QGROUP;
     switch (m->dtype) {
     case PSTORE_DTYPE_Q8: return rows * g * 34;
-    case PSTORE_DTYPE_Q4: return rows * g * 20;
+    case PSTORE_DTYPE_Q4: return rows / 2 * g * (34 + 20); /* K rows q8, V rows q4 */
     case PSTORE_DTYPE_F16: return rows * (size_t)m->kv_dim * 2;
     default: return rows * (size_t)m->kv_dim * 4;
     }

@@ -71,8 +71,10 @@ struct pstore_key {
 
 /* The element type of the K/V rows; part of the key seed, so entries of
  * two types never answer for each other. Q8 and Q4 are backend/kvtype.h's
- * groups of 32 elements (34 and 20 bytes: fp16 scale, [fp16 minimum,]
- * quants), stored as the pool holds them: kv_dim is a multiple of 32. */
+ * pools of groups of 32 elements (q8 groups: fp16 scale and 32 int8, 34
+ * bytes; q4 groups: fp16 scale and minimum and 32 nibbles, 20 bytes), stored
+ * as the pool holds them: Q8 K and V rows of q8 groups, Q4 K rows of q8
+ * groups and V rows of q4 ones; kv_dim is a multiple of 32. */
 enum pstore_dtype { PSTORE_DTYPE_F16 = 1, PSTORE_DTYPE_F32 = 2, PSTORE_DTYPE_Q8 = 3, PSTORE_DTYPE_Q4 = 4 };
 #define PSTORE_QGROUP 32 /* elements per Q8/Q4 group */
 
