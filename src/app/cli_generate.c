@@ -46,7 +46,7 @@ static void usage(FILE *f)
                "      --batch N           most prompt tokens per forward pass (default 512)\n"
                "      --print-ids         print generated token ids instead of text\n"
                "      --device DEV        auto | cpu | cuda | cuda:N (default auto: a CUDA device when usable)\n"
-               "      --kv-type T         KV cache rows: f16 | q8 | q4 (default f16; q8/q4: 8- and 4-bit groups)\n"
+               "      --kv-type T         KV cache rows: f16 | q8 | q4 (default f16; q4: 4-bit V, 8-bit K)\n"
                "      --scalar            use the plain C reference kernels (slow; for checking)\n"
                "  -q, --quiet             no speed report on stderr\n"
                "  -h, --help              this text\n");

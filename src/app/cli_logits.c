@@ -29,7 +29,7 @@ static void usage(FILE *f)
                "  -t, --threads N        worker threads (default: all cores)\n"
                "      --batch N          most tokens per forward pass (default 512)\n"
                "      --device DEV       auto | cpu | cuda | cuda:N (default auto)\n"
-               "      --kv-type T        KV cache rows: f16 | q8 | q4 (default f16; q8/q4: 8- and 4-bit groups)\n"
+               "      --kv-type T        KV cache rows: f16 | q8 | q4 (default f16; q4: 4-bit V, 8-bit K)\n"
                "      --scalar           use the plain C reference kernels\n"
                "  -h, --help             this text\n");
 }

@@ -63,11 +63,15 @@ static inline int64_t tile_carve(struct tile_buf *b, float *base, int32_t n_tok,
     return off + 16; /* + room to align the base to 64 bytes */
 }
 
+/* A half float broadcast to 8 lanes (F16C's conversion is exact, as
+ * kvb_fp16_to_f32 is, and needs no call). */
+static inline __m256 bcast_half(uint16_t h) { return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+
 /* One q8 group (32 elements) widened: d * q, exact in float as in
  * kv_dequantize_row. */
 static inline void widen_q8(float *d, const struct kvq8_group *g)
 {
-    const __m256 sc = _mm256_set1_ps(kvb_fp16_to_f32(g->d));
+    const __m256 sc = bcast_half(g->d);
     _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
     {
         const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(g->q + 8 * k));
@@ -79,7 +83,7 @@ static inline void widen_q8(float *d, const struct kvq8_group *g)
  * elements 0..15 are the low nibbles, 16..31 the high ones. */
 static inline void widen_q4(float *d, const struct kvq4_group *g)
 {
-    const __m256 sc = _mm256_set1_ps(kvb_fp16_to_f32(g->d)), mn = _mm256_set1_ps(kvb_fp16_to_f32(g->m));
+    const __m256 sc = bcast_half(g->d), mn = bcast_half(g->m);
     const __m256i lo4 = _mm256_set1_epi32(15);
     _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++)
     {
