@@ -12,7 +12,7 @@
 # Then the KV cache types side by side (KV_TYPES, default "f16 q8 q4"; empty
 # skips it), each on the batched job, best of REPS: at equal batch
 # (--max-batch EQ_BATCH=32 with --kv-mem 2G: no type is short of blocks) and
-# at equal memory (--kv-mem EQ_MEM=48M, --max-batch 256: the pool decides how
+# at equal memory (--kv-mem EQ_MEM=48M, --ctx 1024, --max-batch 256: the pool decides how
 # many sequences run, and a quantized pool holds more).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -111,14 +111,14 @@ KV_TYPES=${KV_TYPES-f16 q8 q4}
 EQB=${EQ_BATCH:-32}
 EQM=${EQ_MEM:-48M}
 echo
-echo "KV types ($KV_TYPES) on the batched job, best of $REPS: equal batch (--max-batch $EQB, --kv-mem 2G), equal memory (--kv-mem $EQM, --max-batch 256)"
+echo "KV types ($KV_TYPES) on the batched job, best of $REPS: equal batch (--max-batch $EQB, --kv-mem 2G), equal memory (--kv-mem $EQM, --ctx 1024, --max-batch 256)"
 printf '%-5s %-13s %8s %8s %10s %10s %8s\n' kv setting wall_s blocks out_tok/s total_tok/s peak_run
 for mode in batch mem; do
   for kv in $KV_TYPES; do
     best=""
     for r in $(seq 1 "$REPS"); do
       rm -f "$tmp"/k.db*
-      if [ $mode = batch ]; then opt=(--max-batch "$EQB" --kv-mem 2G); else opt=(--max-batch 256 --kv-mem "$EQM"); fi
+      if [ $mode = batch ]; then opt=(--max-batch "$EQB" --kv-mem 2G); else opt=(--max-batch 256 --kv-mem "$EQM" --ctx 1024); fi
       "$BIN" run --model "$MODEL" -i "$tmp/job.jsonl" -o "$tmp/k.jsonl" --metrics "$tmp/k.db" --threads "$THREADS" \
         --no-cache --kv-type "$kv" "${opt[@]}" 2> "$tmp/k.err" || { cat "$tmp/k.err"; exit 1; }
       read -r w kp kc kg kcache <<<"$(stats "$tmp/k.db")"
