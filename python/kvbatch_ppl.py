@@ -15,6 +15,7 @@ text: what llama-perplexity's common_tokenize does):
            number llama-perplexity prints as its final estimate.
 
     python python/kvbatch_ppl.py FILE [--ctx N] [--method harness|llama] [--cache-dir D | --no-cache]
+                                      [--kv-type f16|q8|q4]
 """
 import argparse
 import json
@@ -71,6 +72,7 @@ def main(argv=None):
     ap.add_argument("--cache-dir")
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--threads")
+    ap.add_argument("--kv-type", choices=("f16", "q8", "q4"), help="the KV cache's type (kvbatch run --kv-type)")
     ap.add_argument("--work-dir")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     a = ap.parse_args(argv)
@@ -80,6 +82,7 @@ def main(argv=None):
     # (KvbatchLM runs the engine with --ctx max_length + 2: see there)
     lm = kle.KvbatchLM(binary=a.binary, model=a.model, cache_dir=a.cache_dir, no_cache=a.no_cache,
                        threads=a.threads, work_dir=a.work_dir, quiet=True,
+                       extra_args="--kv-type " + a.kv_type if a.kv_type else "",
                        max_length=ctx if a.method == "harness" else ctx - 1)
     with open(a.file, "rb") as f:
         tokens = lm.tok.encode_bytes(f.read())  # the bytes as they are, as llama-perplexity reads them

@@ -9,6 +9,11 @@
 # a seed and temperature 0.7 and the figures count the tokens actually made).
 # One-at-a-time runs the first N_SEQUENTIAL requests (default 32) and is
 # compared by rate (tokens/s), which does not depend on the count.
+# Then the KV cache types side by side (KV_TYPES, default "f16 q8 q4"; empty
+# skips it), each on the batched job, best of REPS: at equal batch
+# (--max-batch EQ_BATCH=32 with --kv-mem 2G: no type is short of blocks) and
+# at equal memory (--kv-mem EQ_MEM=48M, --ctx 1024, --max-batch 256: the pool decides how
+# many sequences run, and a quantized pool holds more).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-256}
@@ -100,3 +105,32 @@ bound = submitted - (n - 1) * shared + n * 16
 print(f"shared prefix {shared} tokens; prefill computed {computed} vs bound {bound} "
       f"(unique + one block per request): {'OK' if computed <= bound else 'OVER'}")
 PY
+
+KV_TYPES=${KV_TYPES-f16 q8 q4}
+[ -n "$KV_TYPES" ] || exit 0
+EQB=${EQ_BATCH:-32}
+EQM=${EQ_MEM:-48M}
+echo
+echo "KV types ($KV_TYPES) on the batched job, best of $REPS: equal batch (--max-batch $EQB, --kv-mem 2G), equal memory (--kv-mem $EQM, --ctx 1024, --max-batch 256)"
+printf '%-5s %-13s %8s %8s %10s %10s %8s\n' kv setting wall_s blocks out_tok/s total_tok/s peak_run
+for mode in batch mem; do
+  for kv in $KV_TYPES; do
+    best=""
+    for r in $(seq 1 "$REPS"); do
+      rm -f "$tmp"/k.db*
+      if [ $mode = batch ]; then opt=(--max-batch "$EQB" --kv-mem 2G); else opt=(--max-batch 256 --kv-mem "$EQM" --ctx 1024); fi
+      "$BIN" run --model "$MODEL" -i "$tmp/job.jsonl" -o "$tmp/k.jsonl" --metrics "$tmp/k.db" --threads "$THREADS" \
+        --no-cache --kv-type "$kv" "${opt[@]}" 2> "$tmp/k.err" || { cat "$tmp/k.err"; exit 1; }
+      read -r w kp kc kg kcache <<<"$(stats "$tmp/k.db")"
+      if [ -z "$best" ] || python3 -c "import sys; sys.exit(not $w < ${best%% *})"; then
+        blocks=$(sed -n 's/.*, \([0-9]*\) [a-z0-9]* KV blocks.*/\1/p' "$tmp/k.err" | head -1)
+        peak=$(grep -o '[0-9]* running' "$tmp/k.err" | sort -n | tail -1 | cut -d' ' -f1)
+        best="$w $kp $kg $blocks ${peak:-?}"
+      fi
+    done
+    read -r w kp kg blocks peak <<<"$best"
+    python3 -c "import sys; kv, m, w, p, g, b, pk = sys.argv[1:]; w = float(w)
+print(f'{kv:<5} {m:<13} {w:8.1f} {b:>8} {int(g) / w:10.1f} {(int(p) + int(g)) / w:10.1f} {pk:>8}')" \
+      "$kv" "$([ $mode = batch ] && echo "batch $EQB" || echo "kv-mem $EQM")" "$w" "$kp" "$kg" "$blocks" "$peak"
+  done
+done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/perplexity.sh FILE [CTX] [--method harness|llama] [--cache-dir D | --no-cache] [--json] ...
+# scripts/perplexity.sh FILE [CTX] [--method harness|llama] [--cache-dir D | --no-cache] [--kv-type T] [--json] ...
 # Prints the perplexity of a text file through kvbatch (per token, natural log):
 # by default as lm-evaluation-harness's loglikelihood_rolling computes it (every
 # token scored once, rolling windows of CTX tokens, default min(2048, the model's

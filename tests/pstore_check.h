@@ -40,7 +40,13 @@ static inline struct pstore_model model(const char *fp, enum pstore_dtype dt, in
 
 static inline size_t raw_bytes(const struct pstore_model *m)
 {
-    return (size_t)m->n_layer * 2 * (size_t)m->block_size * (size_t)m->kv_dim * (m->dtype == PSTORE_DTYPE_F16 ? 2 : 4);
+    const size_t rows = (size_t)m->n_layer * 2 * (size_t)m->block_size, g = (size_t)m->kv_dim / PSTORE_QGROUP;
+    switch (m->dtype) {
+    case PSTORE_DTYPE_Q8: return rows * g * 34;
+    case PSTORE_DTYPE_Q4: return rows / 2 * g * (34 + 20); /* K rows q8, V rows q4 */
+    case PSTORE_DTYPE_F16: return rows * (size_t)m->kv_dim * 2;
+    default: return rows * (size_t)m->kv_dim * 4;
+    }
 }
 
 /* KV-like f16 data: per layer and K/V, each channel has its own offset and

@@ -1,8 +1,11 @@
 /* test_attn.c — the tiled attention kernel against the scalar reference,
  * bit for bit, over tile shapes the engine produces: sequences sharing a
  * prompt prefix, the tokens of one prefill chunk, unrelated sequences, a
- * token alone, odd head sizes and block sizes. Bitwise equality here is what
- * makes a request's output independent of the batch it ran in. */
+ * token alone, odd head sizes and block sizes, for every KV type (f16, q8,
+ * q4). Bitwise equality here is what makes a request's output independent
+ * of the batch it ran in. The reference itself is checked, for the
+ * quantized types, against attention written from its documented formula
+ * over kv_dequantize_row's values. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,18 +26,79 @@ static float frand(void) /* [-1, 1) */
 }
 
 struct pool {
-    uint16_t *kv; /* (n_blocks, [K|V][slot][kv_dim]) */
+    uint16_t *kv; /* (n_blocks, [K rows][V rows]), bs rows each */
     int32_t n_blocks, bs, kv_dim;
+    int64_t k_row_words, v_row_words;   /* 2-byte words of a K row, a V row */
+    int64_t k_head_words, v_head_words; /* of one head's part of them */
+    int64_t block_words;
+    enum kv_type type; /* the pool type (a q4 pool's K rows are q8) */
 };
 
-static void pool_init(struct pool *p, int32_t n_blocks, int32_t bs, int32_t kv_dim)
+/* Random rows, stored as t by the reference quantizer. Every 7th row is
+ * constant, some of them zero (a q4 group of equal values, a q8 group of
+ * zeros: scale 0); every 5th has an outlier (a wide group). */
+static void pool_init(struct pool *p, int32_t n_blocks, int32_t bs, int32_t kv_dim, int32_t hd, enum kv_type t)
 {
     p->n_blocks = n_blocks;
     p->bs = bs;
     p->kv_dim = kv_dim;
-    const size_t n = (size_t)n_blocks * 2 * (size_t)bs * (size_t)kv_dim;
-    p->kv = malloc(n * sizeof(uint16_t));
-    for (size_t i = 0; i < n; i++) p->kv[i] = kvb_f32_to_fp16(2.0f * frand());
+    p->type = t;
+    p->k_row_words = kv_row_bytes(kv_k_rows(t), kv_dim) / 2;
+    p->v_row_words = kv_row_bytes(kv_v_rows(t), kv_dim) / 2;
+    p->k_head_words = kv_row_bytes(kv_k_rows(t), hd) / 2;
+    p->v_head_words = kv_row_bytes(kv_v_rows(t), hd) / 2;
+    p->block_words = (int64_t)bs * (p->k_row_words + p->v_row_words);
+    const int64_t n_rows = (int64_t)n_blocks * 2 * bs;
+    p->kv = malloc((size_t)(n_blocks * p->block_words) * sizeof(uint16_t));
+    float *row = malloc(sizeof(float) * (size_t)kv_dim);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const int64_t b = r / (2 * bs), ri = r % (2 * bs); /* row ri of block b: K rows, then V rows */
+        const bool is_v = ri >= bs;
+        for (int32_t i = 0; i < kv_dim; i++) row[i] = 2.0f * frand();
+        if (t != KV_F16 && r % 7 == 3)
+            for (int32_t i = 0; i < kv_dim; i++) row[i] = r % 14 == 3 ? 0.0f : 0.75f;
+        if (t != KV_F16 && r % 5 == 1) row[r % kv_dim] = 40.0f;
+        uint16_t *dst = p->kv + b * p->block_words +
+                        (is_v ? bs * p->k_row_words + (ri - bs) * p->v_row_words : ri * p->k_row_words);
+        kv_quantize_row(is_v ? kv_v_rows(t) : kv_k_rows(t), dst, row, kv_dim);
+    }
+    free(row);
+}
+
+/* attn.h's formula, written out over whole dequantized rows: what
+ * attn_head must equal for every type. */
+static void naive_head(float *out, const float *q, int32_t hd, const struct attn_kv_view *kv, int32_t n_pos,
+                       float scale)
+{
+    float *s = malloc(sizeof(float) * (size_t)n_pos), *row = malloc(sizeof(float) * (size_t)hd);
+    float *qs = malloc(sizeof(float) * (size_t)hd);
+    for (int32_t i = 0; i < hd; i++) qs[i] = q[i] * scale;
+    float m = -INFINITY, part[8] = {0};
+    for (int32_t p = 0; p < n_pos; p++) {
+        const int64_t off =
+            (int64_t)kv->table[p / kv->block_size] * kv->block_stride + (p % kv->block_size) * kv->row_stride;
+        kv_dequantize_row(kv_k_rows(kv->type), row, kv->k_base + off, hd);
+        s[p] = 0.0f;
+        for (int32_t i = 0; i < hd; i++) s[p] = fmaf(row[i], qs[i], s[p]);
+        m = fmaxf(m, s[p]);
+    }
+    for (int32_t p = 0; p < n_pos; p++) {
+        s[p] = attn_exp(s[p] - m);
+        part[p % 8] += s[p];
+    }
+    const float inv =
+        1.0f / (((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7])));
+    for (int32_t i = 0; i < hd; i++) out[i] = 0.0f;
+    for (int32_t p = 0; p < n_pos; p++) {
+        const int64_t off =
+            (int64_t)kv->table[p / kv->block_size] * kv->block_stride + (p % kv->block_size) * kv->v_row_stride;
+        kv_dequantize_row(kv_v_rows(kv->type), row, kv->v_base + off, hd);
+        for (int32_t i = 0; i < hd; i++) out[i] = fmaf(s[p], row[i], out[i]);
+    }
+    for (int32_t i = 0; i < hd; i++) out[i] *= inv;
+    free(s);
+    free(row);
+    free(qs);
 }
 
 /* One tile: n_tok tokens with given tables and lengths, every KV head. */
@@ -49,6 +113,7 @@ static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t 
     float *ref = malloc(sizeof(float) * (size_t)(n_tok * qd));
     float *got = malloc(sizeof(float) * (size_t)(n_tok * qd));
     float *got512 = malloc(sizeof(float) * (size_t)(n_tok * qd));
+    float *naive = malloc(sizeof(float) * (size_t)(n_tok * qd));
     float *scores = malloc(sizeof(float) * (size_t)max_pos);
     float *scratch = kvb_malloc(sizeof(float) * (size_t)attn_tile_scratch_floats(n_tok, G, hd, max_pos, pl->bs) + 3);
     for (int32_t i = 0; i < n_tok * qd; i++) q[i] = 3.0f * frand();
@@ -57,19 +122,23 @@ static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t 
     int bad = 0;
     for (int32_t g = 0; g < n_kv; g++) {
         struct attn_kv_view kv = {
-            .k_base = pl->kv + (int64_t)g * hd,
-            .v_base = pl->kv + (int64_t)pl->bs * pl->kv_dim + (int64_t)g * hd,
-            .block_stride = 2 * (int64_t)pl->bs * pl->kv_dim,
-            .row_stride = pl->kv_dim,
+            .k_base = pl->kv + (int64_t)g * pl->k_head_words,
+            .v_base = pl->kv + (int64_t)pl->bs * pl->k_row_words + (int64_t)g * pl->v_head_words,
+            .block_stride = pl->block_words,
+            .row_stride = pl->k_row_words,
             .block_size = pl->bs,
+            .type = pl->type,
+            .v_row_stride = pl->v_row_words,
         };
         struct attn_tile_tok toks[64];
         for (int32_t t = 0; t < n_tok; t++) {
             const int64_t off = (int64_t)t * qd + (int64_t)g * G * hd;
             toks[t] = (struct attn_tile_tok){q + off, got + off, tables[t], n_pos[t]};
             kv.table = tables[t];
-            for (int32_t h = 0; h < G; h++)
+            for (int32_t h = 0; h < G; h++) {
                 attn_head(ref + off + h * hd, q + off + h * hd, hd, &kv, n_pos[t], scale, scores);
+                if (pl->type != KV_F16) naive_head(naive + off + h * hd, q + off + h * hd, hd, &kv, n_pos[t], scale);
+            }
         }
         /* an odd scratch address: the kernel aligns for itself */
         attn_tile_avx2(toks, n_tok, G, hd, &kv, scale, (float *)((char *)scratch + 4));
@@ -78,32 +147,39 @@ static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t 
             attn_tile_avx512(toks, n_tok, G, hd, &kv, scale, (float *)((char *)scratch + 4));
         }
     }
+    for (int32_t i = 0; i < n_tok * qd && pl->type != KV_F16 && !bad; i++)
+        if (memcmp(&ref[i], &naive[i], sizeof(float)) != 0) {
+            CHECK_MSG(0, "%s %s (G=%d hd=%d bs=%d tokens=%d): element %d: reference %.9g, formula %.9g", name,
+                      kv_type_name(pl->type), G, hd, pl->bs, n_tok, i, (double)ref[i], (double)naive[i]);
+            bad = 1;
+        }
     for (int32_t i = 0; i < n_tok * qd && use_avx512 && !bad; i++)
         if (memcmp(&ref[i], &got512[i], sizeof(float)) != 0) {
-            CHECK_MSG(0, "%s (G=%d hd=%d bs=%d tokens=%d): element %d: AVX-512 tile %.9g, reference %.9g", name, G, hd,
-                      pl->bs, n_tok, i, (double)got512[i], (double)ref[i]);
+            CHECK_MSG(0, "%s %s (G=%d hd=%d bs=%d tokens=%d): element %d: AVX-512 tile %.9g, reference %.9g", name,
+                      kv_type_name(pl->type), G, hd, pl->bs, n_tok, i, (double)got512[i], (double)ref[i]);
             bad = 1;
         }
     for (int32_t i = 0; i < n_tok * qd && !bad; i++)
         if (memcmp(&ref[i], &got[i], sizeof(float)) != 0) {
-            CHECK_MSG(0, "%s (G=%d hd=%d bs=%d tokens=%d): element %d: tile %.9g, reference %.9g", name, G, hd, pl->bs,
-                      n_tok, i, (double)got[i], (double)ref[i]);
+            CHECK_MSG(0, "%s %s (G=%d hd=%d bs=%d tokens=%d): element %d: tile %.9g, reference %.9g", name,
+                      kv_type_name(pl->type), G, hd, pl->bs, n_tok, i, (double)got[i], (double)ref[i]);
             bad = 1;
         }
     free(q);
     free(ref);
     free(got);
     free(got512);
+    free(naive);
     free(scores);
     kvb_free(scratch);
     return bad;
 }
 
-static void shapes(int32_t G, int32_t hd, int32_t bs)
+static void shapes(int32_t G, int32_t hd, int32_t bs, enum kv_type type)
 {
     const int32_t n_kv = 2, max_blocks = 24;
     struct pool pl;
-    pool_init(&pl, 96, bs, n_kv * hd);
+    pool_init(&pl, 96, bs, n_kv * hd, hd, type);
     int32_t tab[32][24];
     int32_t *tables[32];
     int32_t n_pos[32];
@@ -157,7 +233,12 @@ int main(void)
      * multiple of 8, block sizes that are not a multiple of 8. */
     const int32_t cfg[][3] = {{3, 64, 16}, {1, 64, 16}, {4, 128, 16}, {8, 64, 32}, {9, 16, 16}, {2, 12, 16},
                               {3, 64, 5},  {5, 24, 12}, {3, 64, 1},   {7, 40, 8},  {6, 32, 16}, {16, 64, 16}};
-    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) shapes(cfg[i][0], cfg[i][1], cfg[i][2]);
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) shapes(cfg[i][0], cfg[i][1], cfg[i][2], KV_F16);
+    /* The quantized types: heads of whole 32-element groups only
+     * (kv_type_check refuses the rest). */
+    for (int t = KV_Q8; t <= KV_Q4; t++)
+        for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++)
+            if (cfg[i][1] % KV_QGROUP == 0) shapes(cfg[i][0], cfg[i][1], cfg[i][2], (enum kv_type)t);
 
     /* attn_exp is the scalar twin of the kernels' exp: spot values. */
     CHECK(attn_exp(0.0f) == 1.0f);

@@ -279,6 +279,14 @@ static void test_keys(void)
         for (int j = 0; j < i; j++) CHECK(memcmp(a[i].b, a[j].b, 16) != 0);
     }
     CHECK(memcmp(a[0].b, d[0].b, 16) != 0 && memcmp(a[1].b, d[0].b, 16) != 0);
+    /* the quantized KV types name other chains than f16 and each other */
+    struct pstore_key q8[4], q4[4];
+    struct pstore_model mq8 = model(FP_A, PSTORE_DTYPE_Q8, 16, 2, 64), mq4 = model(FP_A, PSTORE_DTYPE_Q4, 16, 2, 64);
+    pstore_chain_keys(&mq8, tok, 4, q8);
+    pstore_chain_keys(&mq4, tok, 4, q4);
+    for (int i = 0; i < 4; i++)
+        CHECK(memcmp(a[i].b, q8[i].b, 16) != 0 && memcmp(a[i].b, q4[i].b, 16) != 0 &&
+              memcmp(q8[i].b, q4[i].b, 16) != 0);
     /* upper-case fingerprint names the same model */
     struct pstore_model mu = model("0123456789ABCDEF0123456789ABCDEF", PSTORE_DTYPE_F16, 16, 2, 64);
     pstore_chain_keys(&mu, tok, 4, e);
@@ -370,6 +378,47 @@ static void test_roundtrip(void)
     check_tree_whole(dir, "round trip");
     chain_free(&c);
     chain_free(&d);
+    rmtree(dir);
+}
+
+/* Quantized KV blocks (Q8, Q4) go in and out byte for byte, and the same
+ * prompt stored as f16 and as q8 is two entries that never answer for each
+ * other: a q8 run restores only q8 blocks. */
+static void test_kv_types_apart(void)
+{
+    char *dir = mktmp();
+    const enum pstore_dtype dts[3] = {PSTORE_DTYPE_F16, PSTORE_DTYPE_Q8, PSTORE_DTYPE_Q4};
+    struct pstore_model ms[3];
+    struct chain cs[3];
+    struct pstore *ps = open_store(dir, 0, false);
+    for (int i = 0; i < 3; i++) {
+        ms[i] = model(FP_A, dts[i], 16, 4, 128);
+        cs[i] = chain_make(&ms[i], 6, 7, NULL, 0, false); /* same seed: the same tokens */
+        CHECK(!memcmp(cs[i].tokens, cs[0].tokens, sizeof(int32_t) * 6 * 16));
+    }
+    chain_put(ps, &ms[1], &cs[1], 0, 6); /* q8 only */
+    pstore_flush(ps);
+    CHECK_EQ_INT(chain_load(ps, &ms[1], &cs[1], 0), 6);
+    /* the f16 and q4 runs of the same prompt find nothing */
+    CHECK_EQ_INT(chain_load(ps, &ms[0], &cs[0], 0), 0);
+    CHECK_EQ_INT(chain_load(ps, &ms[2], &cs[2], 0), 0);
+    chain_put(ps, &ms[0], &cs[0], 0, 6);
+    chain_put(ps, &ms[2], &cs[2], 0, 6);
+    pstore_flush(ps);
+    pstore_close(ps);
+    ps = open_store(dir, 0, false);
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(chain_load(ps, &ms[i], &cs[i], 0), 6);
+    CHECK_EQ_INT(stats_of(ps).damaged, 0);
+    char *text = NULL;
+    size_t tlen = 0;
+    FILE *f = open_memstream(&text, &tlen);
+    struct kvb_err err = {{0}};
+    CHECK_MSG(pstore_print_stats(ps, f, &err) == KVB_OK, "%s", err.msg);
+    fclose(f);
+    CHECK_MSG(strstr(text, " q8") && strstr(text, " q4") && strstr(text, " f16"), "stats name the KV types:\n%s", text);
+    free(text);
+    pstore_close(ps);
+    for (int i = 0; i < 3; i++) chain_free(&cs[i]);
     rmtree(dir);
 }
 
@@ -953,6 +1002,7 @@ int main(void)
     test_keys();
     test_default_dir();
     test_roundtrip();
+    test_kv_types_apart();
     test_first_miss();
     test_queue_bytes();
     test_put_borrowed();

@@ -2,8 +2,9 @@
  * round trip is bit-exact on any f16/f32 bit pattern (Inf, NaN, -0,
  * subnormals); lossy8 error is measured and bounded; every truncation and
  * byte flip is refused or harmless; compression ratio and single-thread
- * throughput on KV-like data (printed); half conversions; allocation
- * failures. The store itself: test_pstore.c. */
+ * throughput on KV-like data (printed); quantized (q8, q4) blocks kept byte
+ * for byte, their scales-apart layout against plain zstd; half
+ * conversions; allocation failures. The store itself: test_pstore.c. */
 #include <errno.h>
 #include <lmdb.h>
 #include <math.h>
@@ -15,6 +16,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <zstd.h>
+
+#include "backend/kvtype.h"
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/dtype.h"
@@ -189,6 +193,108 @@ static void test_codec_ratio_speed(void)
     free(out);
 }
 
+/* Q8/Q4 values: any bytes come back exactly (the codec never looks inside
+ * a group), lossy8 does not apply, a value is another model's to an f16
+ * reader, damage is refused, a kv_dim of partial groups cannot be stored. */
+static void test_codec_quantized(void)
+{
+    const enum pstore_dtype dts[2] = {PSTORE_DTYPE_Q8, PSTORE_DTYPE_Q4};
+    for (int d = 0; d < 2; d++) {
+        struct pstore_model m = model(FP_A, dts[d], 16, 2, 64);
+        size_t raw = raw_bytes(&m);
+        CHECK(raw == (size_t)2 * 16 * 2 * (dts[d] == PSTORE_DTYPE_Q8 ? 34 + 34 : 34 + 20));
+        uint8_t *data = malloc(raw), *out = malloc(raw);
+        fill_random(data, raw, 11 + (uint64_t)d);
+        int32_t tokens[16];
+        for (int i = 0; i < 16; i++) tokens[i] = i * 31 + 2;
+        uint8_t *val = NULL;
+        size_t len = 0;
+        struct kvb_err err = {{0}};
+        CHECK_MSG(pstore_value_encode(&m, tokens, data, 0, true, &val, &len, &err) == KVB_OK, "%s", err.msg);
+        CHECK((val[6] & PSTORE_FLAG_LOSSY8) == 0); /* stored as it is */
+        CHECK(pstore_value_decode(&m, tokens, val, len, out, &err) == KVB_OK && !memcmp(data, out, raw));
+        struct pstore_model mf = m;
+        mf.dtype = PSTORE_DTYPE_F16;
+        uint8_t *out16 = malloc(raw_bytes(&mf));
+        CHECK(pstore_value_decode(&mf, tokens, val, len, out16, &err) == KVB_ERR_FORMAT);
+        free(out16);
+        for (size_t n = 0; n < len; n += 3) CHECK(pstore_value_decode(&m, tokens, val, n, out, NULL) == KVB_ERR_FORMAT);
+        uint8_t *bad = malloc(len);
+        for (size_t i = 0; i < len; i += (i < 200 ? 1 : 29)) {
+            memcpy(bad, val, len);
+            bad[i] ^= (uint8_t)(1u << (i % 8));
+            enum kvb_status st = pstore_value_decode(&m, tokens, bad, len, out, NULL);
+            CHECK_MSG(st == KVB_ERR_FORMAT || (st == KVB_OK && !memcmp(out, data, raw)), "flip at %zu: %d", i, st);
+        }
+        free(bad);
+        kvb_free(val);
+        m.kv_dim = 48;
+        CHECK(pstore_value_encode(&m, tokens, data, 0, false, &val, &len, &err) == KVB_ERR_INVALID_ARG);
+        CHECK(strstr(err.msg, "kv_dim 48") != NULL);
+        free(data);
+        free(out);
+    }
+}
+
+/* Bytes per token at SmolLM2-135M's shape: KV-like f16 blocks, and the same
+ * values quantized by the reference (kvtype.h) and stored as q8 and q4;
+ * the scales-apart payload against zstd of the plain groups. */
+static void test_codec_quantized_ratio(void)
+{
+    enum { NB = 8, L = 30, D = 192, B = 16 };
+    struct pstore_model m16 = model(FP_A, PSTORE_DTYPE_F16, B, L, D);
+    const size_t raw16 = raw_bytes(&m16), rows = (size_t)L * 2 * B;
+    uint16_t *h = malloc(raw16);
+    float *x = malloc(sizeof(float) * D);
+    double f16_bytes = 0;
+    const enum pstore_dtype dts[2] = {PSTORE_DTYPE_Q8, PSTORE_DTYPE_Q4};
+    const enum kv_type kts[2] = {KV_Q8, KV_Q4};
+    double q_bytes[2] = {0, 0}, plain_bytes[2] = {0, 0};
+    int32_t tokens[B] = {0};
+    struct kvb_err err = {{0}};
+    for (int i = 0; i < NB; i++) {
+        fill_kvlike(&m16, h, 300 + (uint64_t)i);
+        uint8_t *val;
+        size_t len;
+        CHECK(pstore_value_encode(&m16, tokens, h, 3, false, &val, &len, &err) == KVB_OK);
+        f16_bytes += (double)len;
+        kvb_free(val);
+        for (int d = 0; d < 2; d++) {
+            struct pstore_model mq = model(FP_A, dts[d], B, L, D);
+            const size_t rq = raw_bytes(&mq);
+            uint8_t *q = malloc(rq), *back = malloc(rq), *w = q;
+            for (size_t r = 0; r < rows; r++) { /* [layer][K rows | V rows], as the pool */
+                const enum kv_type rt = (r / B) % 2 ? kv_v_rows(kts[d]) : kv_k_rows(kts[d]);
+                for (int j = 0; j < D; j++) x[j] = kvb_fp16_to_f32(h[r * D + (size_t)j]);
+                kv_quantize_row(rt, w, x, D);
+                w += kv_row_bytes(rt, D);
+            }
+            CHECK((size_t)(w - q) == rq);
+            CHECK(pstore_value_encode(&mq, tokens, q, 3, false, &val, &len, &err) == KVB_OK);
+            CHECK(pstore_value_decode(&mq, tokens, val, len, back, &err) == KVB_OK && !memcmp(q, back, rq));
+            q_bytes[d] += (double)len;
+            kvb_free(val);
+            size_t bound = ZSTD_compressBound(rq);
+            uint8_t *z = malloc(bound);
+            size_t zl = ZSTD_compress(z, bound, q, rq, 3);
+            CHECK(!ZSTD_isError(zl));
+            plain_bytes[d] += (double)zl;
+            free(z);
+            free(q);
+            free(back);
+        }
+    }
+    printf("KV-like blocks, zstd level 3, bytes/token: f16 %.0f; q8 %.0f (%.1f %% of f16; plain groups %.0f); "
+           "q4 %.0f (%.1f %%; plain groups %.0f)\n",
+           f16_bytes / NB / B, q_bytes[0] / NB / B, 100.0 * q_bytes[0] / f16_bytes, plain_bytes[0] / NB / B,
+           q_bytes[1] / NB / B, 100.0 * q_bytes[1] / f16_bytes, plain_bytes[1] / NB / B);
+    /* no worse than zstd of the groups as they lie, header included */
+    for (int d = 0; d < 2; d++) CHECK(q_bytes[d] <= plain_bytes[d] + (double)(NB * pstore_hdr_len(B)));
+    CHECK(q_bytes[0] < 0.6 * f16_bytes && q_bytes[1] < 0.47 * f16_bytes);
+    free(h);
+    free(x);
+}
+
 static void test_half_conversions(void)
 {
     for (uint32_t h = 0; h < 65536; h++) {
@@ -288,6 +394,8 @@ int main(void)
     test_codec_lossless();
     test_codec_lossy();
     test_codec_ratio_speed();
+    test_codec_quantized();
+    test_codec_quantized_ratio();
     test_half_conversions();
     test_codec_annex();
     test_codec_nomem();

@@ -46,6 +46,7 @@ static void usage(FILE *f)
                "      --batch N           most prompt tokens per forward pass (default 512)\n"
                "      --print-ids         print generated token ids instead of text\n"
                "      --device DEV        auto | cpu | cuda | cuda:N (default auto: a CUDA device when usable)\n"
+               "      --kv-type T         KV cache rows: f16 | q8 | q4 (default f16; q4: 4-bit V, 8-bit K)\n"
                "      --scalar            use the plain C reference kernels (slow; for checking)\n"
                "  -q, --quiet             no speed report on stderr\n"
                "  -h, --help              this text\n");
@@ -142,6 +143,9 @@ static int parse_args(int argc, char **argv, struct gen_args *ga)
         } else if (cli_opt_is(a, "--batch")) {
             CLI_VAL();
             if (!cli_parse_i64(a, val, 1, 1 << 16, &ga->batch)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--kv-type")) {
+            CLI_VAL();
+            if (!cli_parse_kv_type(a, val, &ga->lo.kv_type)) return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--print-ids")) ga->print_ids = true;
         else if (!strcmp(a, "--scalar")) ga->lo.scalar = true;
         else if (cli_opt_is(a, "--device")) {

@@ -36,9 +36,10 @@ bool cli_llm_open(const struct cli_llm_opts *o, struct cli_llm *l)
     struct be_select_opts bo = {.device = o->device,
                                 .n_threads = o->n_threads,
                                 .block_size = 16,
-                                .kv_mem = be_block_bytes(l->model, 16, KV_F16) * (uint64_t)((n_ctx + 15) / 16),
+                                .kv_mem = be_block_bytes(l->model, 16, o->kv_type) * (uint64_t)((n_ctx + 15) / 16),
                                 .n_ctx = n_ctx,
-                                .scalar = o->scalar};
+                                .scalar = o->scalar,
+                                .kv_type = o->kv_type};
     st = be_select_create(l->model, &bo, &l->be, &err);
     if (st != KVB_OK) {
         fprintf(stderr, "kvbatch: cannot start the backend: %s\n", err.msg);

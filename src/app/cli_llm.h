@@ -21,9 +21,10 @@ struct cli_llm {
 struct cli_llm_opts {
     const char *model_path;
     int n_threads;
-    int32_t n_ctx;      /* 0: min(trained context, 4096) */
-    bool scalar;        /* force the plain C reference kernels */
-    const char *device; /* --device: auto | cpu | cuda[:N] */
+    int32_t n_ctx;        /* 0: min(trained context, 4096) */
+    bool scalar;          /* force the plain C reference kernels */
+    const char *device;   /* --device: auto | cpu | cuda[:N] */
+    enum kv_type kv_type; /* --kv-type (KV_F16 when zeroed) */
 };
 
 /* Returns false (after printing why) on failure; cli_llm_close is safe then. */

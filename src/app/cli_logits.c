@@ -29,6 +29,7 @@ static void usage(FILE *f)
                "  -t, --threads N        worker threads (default: all cores)\n"
                "      --batch N          most tokens per forward pass (default 512)\n"
                "      --device DEV       auto | cpu | cuda | cuda:N (default auto)\n"
+               "      --kv-type T        KV cache rows: f16 | q8 | q4 (default f16; q4: 4-bit V, 8-bit K)\n"
                "      --scalar           use the plain C reference kernels\n"
                "  -h, --help             this text\n");
 }
@@ -64,6 +65,9 @@ int cli_logits(int argc, char **argv)
         } else if (cli_opt_is(a, "--batch")) {
             CLI_VAL();
             if (!cli_parse_i64(a, val, 1, 1 << 16, &batch)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--kv-type")) {
+            CLI_VAL();
+            if (!cli_parse_kv_type(a, val, &lo.kv_type)) return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--scalar")) lo.scalar = true;
         else if (cli_opt_is(a, "--device")) {
             CLI_VAL();

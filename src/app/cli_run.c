@@ -42,6 +42,10 @@ static void usage(FILE *f)
                "                           (default 512 on the CPU, 4096 on a GPU: large steps keep it busy)\n"
                "      --kv-mem SIZE        memory for the KV cache, e.g. 512M, 2G (default: 1G on the CPU,\n"
                "                           90%% of what the weights leave free on a GPU)\n"
+               "      --kv-type T          how the KV cache stores K/V rows: f16 (default), q8 (8-bit groups\n"
+               "                           of 32 with an fp16 scale) or q4 (V in 4-bit groups, K in 8-bit: the\n"
+               "                           keys are the sensitive half): the same --kv-mem holds ~1.9x or\n"
+               "                           ~2.4x the tokens; outputs differ slightly from f16's\n"
                "      --device DEV         auto | cpu | cuda | cuda:N (default auto: a CUDA device when usable)\n"
                "      --deterministic      GPU: results independent of batch composition (slower)\n"
                "      --cuda-graphs        GPU: replay repeated step shapes (decode) from CUDA graphs\n"
@@ -119,6 +123,9 @@ int cli_run(int argc, char **argv)
         else if (cli_opt_is(a, "--kv-mem")) {
             CLI_VAL();
             if (!cli_parse_size(a, val, &o.kv_mem)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--kv-type")) {
+            CLI_VAL();
+            if (!cli_parse_kv_type(a, val, &o.kv_type)) return CLI_EXIT_USAGE;
         } else if (cli_opt_is(a, "--chat-template")) {
             CLI_VAL();
             o.chat_template = val;
@@ -153,6 +160,14 @@ int cli_run(int argc, char **argv)
             return CLI_EXIT_USAGE;
         }
 #undef INT
+    }
+    if (o.cache_lossy8 && o.kv_type != KV_F16) {
+        /* q8/q4 blocks are stored exactly as the pool holds them; re-rounding
+         * them to 8 bits would only add error to what is already small. */
+        fprintf(stderr,
+                "kvbatch run: --cache-lossy8 applies to --kv-type f16 only (%s blocks are stored as they are)\n",
+                kv_type_name(o.kv_type));
+        return CLI_EXIT_USAGE;
     }
     if (!o.input_path || !o.output_path) {
         fprintf(stderr, "kvbatch run: --input and --output are required (see --help)\n");

@@ -55,6 +55,13 @@ bool cli_parse_f32(const char *opt, const char *val, float lo, float hi, float *
     return true;
 }
 
+bool cli_parse_kv_type(const char *opt, const char *val, enum kv_type *out)
+{
+    if (kv_type_parse(val, out)) return true;
+    fprintf(stderr, "kvbatch: %s expects f16, q8 or q4, got '%s'\n", opt, val);
+    return false;
+}
+
 bool cli_parse_size(const char *opt, const char *val, uint64_t *out)
 {
     char *end;

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/kvtype.h"
+
 /* Exit codes of kvbatch commands. */
 enum {
     CLI_EXIT_OK = 0,
@@ -19,6 +21,8 @@ enum {
  * and return false when it is not a number in [lo, hi]. */
 bool cli_parse_i64(const char *opt, const char *val, int64_t lo, int64_t hi, int64_t *out);
 bool cli_parse_f32(const char *opt, const char *val, float lo, float hi, float *out);
+/* --kv-type: f16, q8 or q4 (backend/kvtype.h). */
+bool cli_parse_kv_type(const char *opt, const char *val, enum kv_type *out);
 /* Sizes like 512M, 2G, 1.5GiB, 4096 (bytes). */
 bool cli_parse_size(const char *opt, const char *val, uint64_t *out);
 

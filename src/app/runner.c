@@ -476,7 +476,11 @@ static void open_store(struct runner *r)
     const struct model_hparams *hp = &r->model->hp;
     memcpy(r->pm.fingerprint, r->model->fingerprint, sizeof r->pm.fingerprint);
     r->pm.name = r->model->name;
-    r->pm.dtype = PSTORE_DTYPE_F16;
+    /* The pool's bytes are what is stored, so the KV type names the entries:
+     * a q8 run never reads an f16 run's blocks, nor the other way round. */
+    r->pm.dtype = r->be->kv_type == KV_Q8   ? PSTORE_DTYPE_Q8
+                  : r->be->kv_type == KV_Q4 ? PSTORE_DTYPE_Q4
+                                            : PSTORE_DTYPE_F16;
     r->pm.block_size = o->block_size;
     r->pm.n_layer = hp->n_layer;
     r->pm.kv_dim = hp->n_head_kv * hp->head_dim;
@@ -617,7 +621,8 @@ static bool setup(struct runner *r)
                                 .n_ctx = r->n_ctx,
                                 .scalar = o->scalar,
                                 .deterministic = o->deterministic,
-                                .cuda_graphs = o->cuda_graphs};
+                                .cuda_graphs = o->cuda_graphs,
+                                .kv_type = o->kv_type};
     if (be_select_create(r->model, &bo, &r->be, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: cannot start the backend: %s\n", err.msg);
         return false;
@@ -661,11 +666,11 @@ static bool setup(struct runner *r)
     snprintf(settings, sizeof settings,
              "{\"threads\":%d,\"max_batch\":%d,\"max_step_tokens\":%d,\"kv_mem\":%llu,\"block_size\":%d,"
              "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\",\"shard\":\"%d/%d\","
-             "\"shard_plan\":\"%016llx\"}",
+             "\"shard_plan\":\"%016llx\",\"kv_type\":\"%s\"}",
              be_threads(r->be), r->max_batch, r->max_step,
              (unsigned long long)((uint64_t)r->be->n_blocks * (uint64_t)r->be->block_bytes), o->block_size, r->n_ctx,
              r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be), o->shard_index,
-             o->shard_count > 1 ? o->shard_count : 1, (unsigned long long)r->plan_hash);
+             o->shard_count > 1 ? o->shard_count : 1, (unsigned long long)r->plan_hash, kv_type_name(r->be->kv_type));
     struct metrics_run_info ri = {.job_file = o->input_path,
                                   .output_file = o->output_path,
                                   .model = o->model_path,
@@ -683,9 +688,9 @@ static bool setup(struct runner *r)
     if (!o->resume) crashlog_restart(); /* a fresh job: what earlier runs recorded is of no use now */
     if (!o->quiet)
         fprintf(stderr,
-                "kvbatch run: %s on %s (%s kernels, %d threads), %d KV blocks of %d tokens, batch %d, run %lld\n",
-                r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks, o->block_size,
-                r->max_batch, (long long)r->run_id);
+                "kvbatch run: %s on %s (%s kernels, %d threads), %d %s KV blocks of %d tokens, batch %d, run %lld\n",
+                r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
+                kv_type_name(r->be->kv_type), o->block_size, r->max_batch, (long long)r->run_id);
     return true;
 }
 

@@ -19,6 +19,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/kvtype.h"
+
 struct run_opts {
     const char *model_path;
     const char *input_path; /* "-" reads standard input */
@@ -32,6 +34,7 @@ struct run_opts {
     int32_t n_ctx;             /* 0: min(model's, 4096) */
     int32_t lookahead;         /* requests read ahead for prefix grouping; 0: default */
     uint64_t kv_mem;           /* bytes for the KV pool; 0 = the backend's default */
+    enum kv_type kv_type;      /* how the pool (and the store) keep K/V rows; KV_F16 when zeroed */
     const char *device;        /* --device: auto | cpu | cuda[:N] */
     bool deterministic;        /* GPU: batch-invariant mode */
     bool cuda_graphs;          /* GPU: CUDA graphs for repeated step shapes */

@@ -60,9 +60,28 @@ float attn_exp(float x)
     return p * e;
 }
 
+/* Element i of a row stored as t, as kv_dequantize_row gives it: read
+ * where it lies, group by group, with no copy of the row. */
+static inline float row_value(enum kv_type t, const uint16_t *row, int32_t i)
+{
+    if (t == KV_Q8) {
+        const struct kvq8_group *g = (const struct kvq8_group *)(const void *)row + i / KV_QGROUP;
+        return kvb_fp16_to_f32(g->d) * (float)g->q[i % KV_QGROUP];
+    }
+    if (t == KV_Q4) {
+        const struct kvq4_group *g = (const struct kvq4_group *)(const void *)row + i / KV_QGROUP;
+        const int32_t j = i % KV_QGROUP, h = KV_QGROUP / 2;
+        const int q = j < h ? g->qs[j] & 15 : g->qs[j - h] >> 4;
+        return fmaf(kvb_fp16_to_f32(g->d), (float)q, kvb_fp16_to_f32(g->m));
+    }
+    return kvb_fp16_to_f32(row[i]);
+}
+
 void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos, float scale,
                float *scores)
 {
+    const enum kv_type kt = kv_k_rows(kv->type), vt = kv_v_rows(kv->type);
+    const int64_t vrs = kv->v_row_stride ? kv->v_row_stride : kv->row_stride;
     float qs[1024];
     const float *qq = q;
     if (head_dim <= 1024) {
@@ -75,9 +94,9 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
                             (int64_t)(p % kv->block_size) * kv->row_stride;
         float d = 0.0f;
         if (qq == qs)
-            for (int32_t i = 0; i < head_dim; i++) d = fmaf(kvb_fp16_to_f32(k[i]), qs[i], d);
+            for (int32_t i = 0; i < head_dim; i++) d = fmaf(row_value(kt, k, i), qs[i], d);
         else
-            for (int32_t i = 0; i < head_dim; i++) d = fmaf(kvb_fp16_to_f32(k[i]), q[i] * scale, d);
+            for (int32_t i = 0; i < head_dim; i++) d = fmaf(row_value(kt, k, i), q[i] * scale, d);
         scores[p] = d;
         maxs = fmaxf(maxs, d);
     }
@@ -94,8 +113,8 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
     for (int32_t i = 0; i < head_dim; i++) out[i] = 0.0f;
     for (int32_t p = 0; p < n_pos; p++) {
         const uint16_t *v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
-                            (int64_t)(p % kv->block_size) * kv->row_stride;
-        for (int32_t i = 0; i < head_dim; i++) out[i] = fmaf(scores[p], kvb_fp16_to_f32(v[i]), out[i]);
+                            (int64_t)(p % kv->block_size) * vrs;
+        for (int32_t i = 0; i < head_dim; i++) out[i] = fmaf(scores[p], row_value(vt, v, i), out[i]);
     }
     for (int32_t i = 0; i < head_dim; i++) out[i] *= inv;
 }

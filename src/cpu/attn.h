@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/kvtype.h"
 #include "model/model.h"
 
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; out may alias x. */
@@ -24,16 +25,21 @@ void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, en
 /* g[i] = silu(g[i]) * u[i]. */
 void attn_swiglu(float *g, const float *u, int64_t n);
 
-/* One query head over positions [0, n_pos) of one sequence (K/V stored as
- * IEEE half floats, as llama.cpp stores them by default: half the memory
- * and bandwidth of f32, and what the persistent cache writes). K/V rows are
- * found through the block table: position p lives in block
- * table[p / block_size], slot p % block_size, at
- * k_base + block * block_stride + slot * row_stride (same for v_base).
+/* One query head over positions [0, n_pos) of one sequence. K/V rows are
+ * stored as the pool type kv->type says (backend/kvtype.h: K rows as
+ * kv_k_rows, V rows as kv_v_rows): IEEE half floats, as llama.cpp stores
+ * them by default (half the memory and bandwidth of f32), or quantized in
+ * groups of 32 (q8, q4). K/V rows are found through the block table:
+ * position p lives in block table[p / block_size], slot p % block_size, at
+ * k_base + block * block_stride + slot * k_row_stride (v_base and
+ * v_row_stride for V), all counted in 2-byte pool words: every row of every
+ * type is a whole number of them (34- and 20-byte groups), so the f16
+ * strides are element counts, as they always were.
  *
  * This is the reference, and it fixes the arithmetic every attention kernel
  * must reproduce bit for bit (so a row's result never depends on the batch
- * or the kernel that ran it):
+ * or the kernel that ran it), with k[p][i] and v[p][i] the row's values as
+ * kv_dequantize_row gives them (for f16, the widened half):
  *   qs[i]  = q[i] * scale
  *   s[p]   = fma chain over i ascending: s = fma(k[p][i], qs[i], s), from 0
  *   m      = max s[p]
@@ -42,13 +48,16 @@ void attn_swiglu(float *g, const float *u, int64_t n);
  *   sum    = ((P0 + P4) + (P2 + P6)) + ((P1 + P5) + (P3 + P7))
  *   o[i]   = fma chain over p ascending: o = fma(e[p], v[p][i], o), from 0
  *   out[i] = o[i] * (1 / sum)
- * scores is scratch of n_pos floats. */
+ * scores is scratch of n_pos floats. A quantized head's row is read in
+ * place, a group at a time (never a full-precision copy of the context). */
 struct attn_kv_view {
-    const uint16_t *k_base, *v_base; /* fp16 pool base already offset to this layer and kv head */
-    int64_t block_stride;            /* elements between consecutive blocks */
-    int64_t row_stride;              /* elements between consecutive slots */
+    const uint16_t *k_base, *v_base; /* pool base (2-byte words) already offset to this layer and kv head */
+    int64_t block_stride;            /* words between consecutive blocks */
+    int64_t row_stride;              /* words between consecutive K slots (and V slots, unless v_row_stride) */
     int32_t block_size;
     const int32_t *table;
+    enum kv_type type;    /* the pool type (zero: f16) */
+    int64_t v_row_stride; /* words between consecutive V slots; 0: row_stride */
 };
 void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos, float scale,
                float *scores);

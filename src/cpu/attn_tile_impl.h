@@ -63,32 +63,78 @@ static inline int64_t tile_carve(struct tile_buf *b, float *base, int32_t n_tok,
     return off + 16; /* + room to align the base to 64 bytes */
 }
 
-/* Widens rows [0, n) of one block's K or V (one KV head) to f32 rows of
- * hd8 floats; dimensions past head_dim are zeroed. */
-static void widen_rows(float *dst, const uint16_t *src, int64_t row_stride, int32_t hd, int32_t n)
+/* A half float broadcast to 8 lanes (F16C's conversion is exact, as
+ * kvb_fp16_to_f32 is, and needs no call). */
+static inline __m256 bcast_half(uint16_t h) { return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+
+/* One q8 group (32 elements) widened: d * q, exact in float as in
+ * kv_dequantize_row. */
+static inline void widen_q8(float *d, const struct kvq8_group *g)
+{
+    const __m256 sc = bcast_half(g->d);
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)
+    {
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(g->q + 8 * k));
+        _mm256_store_ps(d + 8 * k, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+    }
+}
+
+/* One q4 group widened: fma(d, q, m), one rounding as in kv_dequantize_row;
+ * elements 0..15 are the low nibbles, 16..31 the high ones. */
+static inline void widen_q4(float *d, const struct kvq4_group *g)
+{
+    const __m256 sc = bcast_half(g->d), mn = bcast_half(g->m);
+    const __m256i lo4 = _mm256_set1_epi32(15);
+    _Pragma("GCC unroll 2") for (int k = 0; k < 2; k++)
+    {
+        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(g->qs + 8 * k)));
+        const __m256 ql = _mm256_cvtepi32_ps(_mm256_and_si256(b, lo4));
+        const __m256 qh = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+        _mm256_store_ps(d + 8 * k, _mm256_fmadd_ps(sc, ql, mn));
+        _mm256_store_ps(d + 16 + 8 * k, _mm256_fmadd_ps(sc, qh, mn));
+    }
+}
+
+/* Widens rows [0, n) of one block's K or V (one KV head, stored as t; row
+ * r at src + r * row_stride words) to f32 rows of hd8 floats, the values
+ * kv_dequantize_row gives; dimensions past head_dim are zeroed. A
+ * quantized head is whole groups (kv_type_check). */
+static void widen_rows(float *dst, const uint16_t *src, int64_t row_stride, int32_t hd, int32_t n, enum kv_type t)
 {
     const int32_t hd8 = (int32_t)round8(hd), full = hd & ~7;
     for (int32_t r = 0; r < n; r++) {
         const uint16_t *s = src + (int64_t)r * row_stride;
         float *d = dst + (int64_t)r * hd8;
-        for (int32_t j = 0; j < full; j += 8) _mm256_store_ps(d + j, LOADH(s + j));
-        for (int32_t j = full; j < hd; j++) d[j] = kvb_fp16_to_f32(s[j]);
+        if (t == KV_Q8) {
+            const struct kvq8_group *g = (const struct kvq8_group *)(const void *)s;
+            for (int32_t j = 0; j < hd; j += KV_QGROUP) widen_q8(d + j, g++);
+        } else if (t == KV_Q4) {
+            const struct kvq4_group *g = (const struct kvq4_group *)(const void *)s;
+            for (int32_t j = 0; j < hd; j += KV_QGROUP) widen_q4(d + j, g++);
+        } else {
+            for (int32_t j = 0; j < full; j += 8) _mm256_store_ps(d + j, LOADH(s + j));
+            for (int32_t j = full; j < hd; j++) d[j] = kvb_fp16_to_f32(s[j]);
+        }
         for (int32_t j = hd; j < hd8; j++) d[j] = 0.0f;
     }
 }
 
-/* Asks for rows [0, n) of a block (one KV head, hd halves each) ahead of
+/* Asks for rows [0, n) of a block (one KV head, hb bytes each) ahead of
  * use: a token alone in its blocks has nothing else to hide that latency. */
-static inline void prefetch_rows(const uint16_t *src, int64_t row_stride, int32_t hd, int32_t n)
+static inline void prefetch_rows(const uint16_t *src, int64_t row_stride, int64_t hb, int32_t n)
 {
     for (int32_t r = 0; r < n; r++)
-        for (int32_t j = 0; j < hd; j += 32)
-            _mm_prefetch((const char *)(src + (int64_t)r * row_stride + j), _MM_HINT_T0);
+        for (int64_t j = 0; j < hb; j += 64)
+            _mm_prefetch((const char *)(src + (int64_t)r * row_stride) + j, _MM_HINT_T0);
 }
 
 /* kt[d][p] = K[p][d] (widened) for p < n, 0 for n <= p < p8, straight from
- * the fp16 rows: 8x8 transposes in registers. */
-static void transpose_block(float *kt, int64_t p8, const uint16_t *src, int64_t row_stride, int32_t n, int32_t hd)
+ * the fp16 rows (WIDE false: src, rows row_stride words apart) or from
+ * widened rows (WIDE true: wf, rows row_stride floats apart): 8x8
+ * transposes in registers. */
+static inline __attribute__((always_inline)) void transpose_impl(const bool WIDE, float *kt, int64_t p8,
+                                                                 const uint16_t *src, const float *wf,
+                                                                 int64_t row_stride, int32_t n, int32_t hd)
 {
     int32_t p0 = 0;
     if (hd % 8 == 0) {
@@ -96,7 +142,9 @@ static void transpose_block(float *kt, int64_t p8, const uint16_t *src, int64_t 
             for (int32_t d0 = 0; d0 < hd; d0 += 8) {
                 __m256 r[8], t[8];
                 _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) r[i] =
-                    p0 + i < n ? LOADH(src + (int64_t)(p0 + i) * row_stride + d0) : _mm256_setzero_ps();
+                    p0 + i >= n ? _mm256_setzero_ps()
+                    : WIDE      ? _mm256_load_ps(wf + (int64_t)(p0 + i) * row_stride + d0)
+                                : LOADH(src + (int64_t)(p0 + i) * row_stride + d0);
                 _Pragma("GCC unroll 4") for (int i = 0; i < 8; i += 2)
                 {
                     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
@@ -118,7 +166,29 @@ static void transpose_block(float *kt, int64_t p8, const uint16_t *src, int64_t 
     }
     for (int32_t d = 0; d < hd; d++) /* what is left: odd head sizes, and zero padding */
         for (int32_t p = p0; p < p8; p++)
-            kt[d * p8 + p] = p < n ? kvb_fp16_to_f32(src[(int64_t)p * row_stride + d]) : 0.0f;
+            kt[d * p8 + p] = p >= n ? 0.0f
+                             : WIDE ? wf[(int64_t)p * row_stride + d]
+                                    : kvb_fp16_to_f32(src[(int64_t)p * row_stride + d]);
+}
+
+static void transpose_block(float *kt, int64_t p8, const uint16_t *src, int64_t row_stride, int32_t n, int32_t hd)
+{
+    transpose_impl(false, kt, p8, src, NULL, row_stride, n, hd);
+}
+
+/* The transpose of a block's K for one head, from any KV type: fp16 rows
+ * directly, quantized ones through their widening into kf (which no run
+ * holds at that point). */
+static void transpose_k(const struct tile_buf *b, int64_t p8, const uint16_t *k, const struct attn_kv_view *kv,
+                        int32_t n, int32_t hd)
+{
+    const enum kv_type kt = kv_k_rows(kv->type);
+    if (kt == KV_F16) {
+        transpose_block(b->kt, p8, k, kv->row_stride, n, hd);
+        return;
+    }
+    widen_rows(b->kf, k, kv->row_stride, hd, n, kt);
+    transpose_impl(true, b->kt, p8, NULL, b->kf, round8(hd), n, hd);
 }
 
 /* One token's G rows (scaled queries qs, rows hd apart) against a
@@ -229,18 +299,22 @@ static float softmax_row(float *sc, int32_t n_pos)
 
 /* A tile of one token: scores row-major, softmax along rows; nothing is
  * shared, so K goes straight from fp16 into its transpose and V is read
- * in place, with the next block prefetched. */
+ * in place, with the next block prefetched (quantized rows go through their
+ * widening, once per block, the only copy of them there is). */
 static void tile_one(const struct attn_tile_tok *t, int32_t G, int32_t hd, const struct attn_kv_view *kv,
                      const struct tile_buf *b)
 {
     const int32_t bs = kv->block_size, n_blk = (t->n_pos + bs - 1) / bs;
     const int64_t hd8 = round8(hd), p8 = round8(bs), ss = b->ss1, rw = b->rw;
+    const enum kv_type vt = kv_v_rows(kv->type);
+    const int64_t kb = kv_row_bytes(kv_k_rows(kv->type), hd), vb = kv_row_bytes(vt, hd);
+    const int64_t vrs = kv->v_row_stride ? kv->v_row_stride : kv->row_stride;
     for (int32_t ib = 0; ib < n_blk; ib++) {
         const int32_t n = block_len(t, ib, bs);
         if (ib + 1 < n_blk)
-            prefetch_rows(kv->k_base + (int64_t)t->table[ib + 1] * kv->block_stride, kv->row_stride, hd,
+            prefetch_rows(kv->k_base + (int64_t)t->table[ib + 1] * kv->block_stride, kv->row_stride, kb,
                           block_len(t, ib + 1, bs));
-        transpose_block(b->kt, p8, kv->k_base + (int64_t)t->table[ib] * kv->block_stride, kv->row_stride, n, hd);
+        transpose_k(b, p8, kv->k_base + (int64_t)t->table[ib] * kv->block_stride, kv, n, hd);
         if (bs % 8 == 0) {
             qk_one(b->kt, p8, n, hd, b->qt, rw, G, b->s1 + (int64_t)ib * bs, ss);
         } else { /* vectors would straddle blocks: go through a bounce row */
@@ -254,12 +328,11 @@ static void tile_one(const struct attn_tile_tok *t, int32_t G, int32_t hd, const
         const int32_t n = block_len(t, ib, bs);
         const uint16_t *v = kv->v_base + (int64_t)t->table[ib] * kv->block_stride;
         if (ib + 1 < n_blk)
-            prefetch_rows(kv->v_base + (int64_t)t->table[ib + 1] * kv->block_stride, kv->row_stride, hd,
-                          block_len(t, ib + 1, bs));
-        if (hd % 8 == 0) {
-            pv_token(NULL, v, kv->row_stride, n, hd8, b->s1 + (int64_t)ib * bs, 1, ss, G, b->acc);
+            prefetch_rows(kv->v_base + (int64_t)t->table[ib + 1] * kv->block_stride, vrs, vb, block_len(t, ib + 1, bs));
+        if (vt == KV_F16 && hd % 8 == 0) {
+            pv_token(NULL, v, vrs, n, hd8, b->s1 + (int64_t)ib * bs, 1, ss, G, b->acc);
         } else {
-            widen_rows(b->vf, v, kv->row_stride, hd, n);
+            widen_rows(b->vf, v, vrs, hd, n, vt);
             pv_token(b->vf, NULL, 0, n, hd8, b->s1 + (int64_t)ib * bs, 1, ss, G, b->acc);
         }
     }
@@ -309,11 +382,11 @@ static void tile_run(const struct attn_tile_tok *toks, int32_t n_tok, int32_t G,
                 const int32_t n = run_end(toks, n_tok, ti, ib, bs, &tb);
                 const uint16_t *k = kv->k_base + (int64_t)toks[ti].table[ib] * kv->block_stride;
                 if (tb - ti > 1) {
-                    widen_rows(b.kf, k, kv->row_stride, hd, n);
+                    widen_rows(b.kf, k, kv->row_stride, hd, n, kv_k_rows(kv->type));
                     qk_rows(b.kf, n, hd, hd8, b.qt, rw, (int64_t)ti * G, (int64_t)tb * G, sb);
                     continue;
                 }
-                transpose_block(b.kt, p8, k, kv->row_stride, n, hd);
+                transpose_k(&b, p8, k, kv, n, hd);
                 for (int32_t r0 = 0; r0 < G; r0 += 8) {
                     const int32_t rg = G - r0 < 8 ? G - r0 : 8;
                     for (int32_t c = 0; 8 * c < n; c++) {
@@ -339,14 +412,17 @@ static void tile_run(const struct attn_tile_tok *toks, int32_t n_tok, int32_t G,
                 }
                 const int32_t n = run_end(toks, n_tok, ti, ib, bs, &tb);
                 const uint16_t *v = kv->v_base + (int64_t)toks[ti].table[ib] * kv->block_stride;
-                const bool direct = tb - ti == 1 && hd % 8 == 0; /* read once: no point widening */
-                if (!direct) widen_rows(b.vf, v, kv->row_stride, hd, n);
+                /* read once: no point widening (fp16 rows load widened) */
+                const enum kv_type vt = kv_v_rows(kv->type);
+                const int64_t vrs = kv->v_row_stride ? kv->v_row_stride : kv->row_stride;
+                const bool direct = tb - ti == 1 && hd % 8 == 0 && vt == KV_F16;
+                if (!direct) widen_rows(b.vf, v, vrs, hd, n, vt);
                 /* Consecutive tokens with as many positions here go as one
                  * block of rows: each V vector loaded then feeds them all. */
                 for (int32_t t = ti, te; t < tb; t = te) {
                     const int32_t m = block_len(&toks[t], ib, bs);
                     for (te = t + 1; te < tb && block_len(&toks[te], ib, bs) == m;) te++;
-                    pv_token(direct ? NULL : b.vf, direct ? v : NULL, kv->row_stride, m, hd8,
+                    pv_token(direct ? NULL : b.vf, direct ? v : NULL, vrs, m, hd8,
                              b.s + (int64_t)ib * bs * rw + (int64_t)t * G, rw, 1, (te - t) * G,
                              b.acc + (int64_t)t * G * hd8);
                 }

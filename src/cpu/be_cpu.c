@@ -3,8 +3,10 @@
  * is read once per step), attention read through per-sequence block tables, in tiles
  * of tokens that read shared KV blocks once (attn_tile_*.c).
  *
- * KV pool layout, per block: [layer][K | V][slot][n_head_kv * head_dim] fp16.
- * Keeping a block's K and V for all layers together makes one block one
+ * KV pool layout, per block: [layer][K | V][slot][n_head_kv * head_dim], each
+ * row stored as the pool's KV type says (fp16, or q8/q4 groups, a q4 pool's
+ * K rows at q8: backend/kvtype.h), quantized once when the token's K and V
+ * are written. Keeping a block's K and V for all layers together makes one block one
  * contiguous span, which is what the persistent cache copies in and out. */
 #include "cpu/be_cpu.h"
 
@@ -34,12 +36,15 @@ struct cpu_be {
     struct mm_weight output;
     void **packed; /* (n_packed) owned buffers behind lw and output */
     int n_packed;
-    uint16_t *kv;        /* (n_blocks, block_elems) fp16 */
-    int64_t block_elems; /* n_layer * 2 * block_size * kv_dim */
-    int64_t kv_dim;      /* n_head_kv * head_dim */
-    float *inv_freq;     /* (rope_dim / 2) */
-    bool simd;           /* AVX2 attention/activation kernels (else the scalar reference) */
-    bool avx512;         /* attention inner loops in AVX-512 (same results, twice the lanes) */
+    uint16_t *kv;                       /* (n_blocks, block_elems) 2-byte words, rows stored as be.kv_type */
+    int64_t block_elems;                /* words of a block: n_layer * layer_words */
+    int64_t kv_dim;                     /* n_head_kv * head_dim (elements of a K or V row) */
+    int64_t k_row_words, v_row_words;   /* words of a stored K row, V row (kv_row_bytes(kv_k_rows(t), kv_dim) / 2) */
+    int64_t k_head_words, v_head_words; /* words of one KV head's part of a K row, a V row */
+    int64_t layer_words;                /* words of one layer's part of a block: bs K rows, bs V rows */
+    float *inv_freq;                    /* (rope_dim / 2) */
+    bool simd;                          /* AVX2 attention/activation kernels (else the scalar reference) */
+    bool avx512;                        /* attention inner loops in AVX-512 (same results, twice the lanes) */
 
     /* Per-step scratch, grown to the largest step seen. */
     int64_t cap_tok;
@@ -187,11 +192,13 @@ static void attn_worker(void *arg, int ith, int nth)
         const int32_t g = (int32_t)(it % hp->n_head_kv);
         const int64_t lo = j->n_tok * tile / c->n_tiles, hi = j->n_tok * (tile + 1) / c->n_tiles;
         struct attn_kv_view view = {
-            .k_base = c->kv + (int64_t)j->layer * 2 * bs * c->kv_dim + (int64_t)g * hd,
-            .v_base = c->kv + ((int64_t)j->layer * 2 + 1) * bs * c->kv_dim + (int64_t)g * hd,
+            .k_base = c->kv + (int64_t)j->layer * c->layer_words + (int64_t)g * c->k_head_words,
+            .v_base = c->kv + (int64_t)j->layer * c->layer_words + bs * c->k_row_words + (int64_t)g * c->v_head_words,
             .block_stride = c->block_elems,
-            .row_stride = c->kv_dim,
+            .row_stride = c->k_row_words,
+            .v_row_stride = c->v_row_words,
             .block_size = (int32_t)bs,
+            .type = c->be.kv_type,
         };
         struct attn_tile_tok toks[ATTN_TILE];
         for (int64_t i = lo; i < hi; i++) {
@@ -307,10 +314,12 @@ static void prep_tokens(const struct prep_job *j, int64_t t0, int64_t t1)
         const struct be_seq *s = &j->batch->seqs[c->tok_seq[t]];
         const int32_t p = c->tok_pos[t];
         uint16_t *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_elems;
-        uint16_t *kd = blk + ((int64_t)j->layer * 2 * bs + p % bs) * kvd;
-        uint16_t *vd = blk + (((int64_t)j->layer * 2 + 1) * bs + p % bs) * kvd;
-        kvb_f32_to_fp16_n(kd, kt, kvd);
-        kvb_f32_to_fp16_n(vd, vt, kvd);
+        uint16_t *kd = blk + (int64_t)j->layer * c->layer_words + (p % bs) * c->k_row_words;
+        uint16_t *vd = blk + (int64_t)j->layer * c->layer_words + bs * c->k_row_words + (p % bs) * c->v_row_words;
+        /* The reference conversion itself (for f16, kvb_f32_to_fp16_n): a
+         * row's bytes are a pure function of its values, whoever writes it. */
+        kv_quantize_row(kv_k_rows(c->be.kv_type), kd, kt, kvd);
+        kv_quantize_row(kv_v_rows(c->be.kv_type), vd, vt, kvd);
     }
 }
 
@@ -476,9 +485,6 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "block size %d and block count %d must be positive", opts->block_size,
                         opts->n_blocks);
     KVB_FORWARD_IF_ERROR(kv_type_check(opts->kv_type, m->hp.head_dim, err));
-    if (opts->kv_type != KV_F16) /* the quantized attention is not written yet */
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "CPU backend: KV type %s not implemented",
-                        kv_type_name(opts->kv_type));
     struct cpu_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     const struct model_hparams *hp = &m->hp;
@@ -495,8 +501,13 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     c->simd = opts->impl != MM_IMPL_SCALAR && attn_have_avx2();
     c->avx512 = c->simd && opts->impl != MM_IMPL_AVX2 && attn_have_avx512();
-    c->block_elems = (int64_t)hp->n_layer * 2 * opts->block_size * c->kv_dim;
     c->be.block_bytes = be_block_bytes(m, opts->block_size, opts->kv_type);
+    c->block_elems = c->be.block_bytes / 2;
+    c->k_row_words = kv_row_bytes(kv_k_rows(opts->kv_type), c->kv_dim) / 2;
+    c->v_row_words = kv_row_bytes(kv_v_rows(opts->kv_type), c->kv_dim) / 2;
+    c->k_head_words = kv_row_bytes(kv_k_rows(opts->kv_type), hp->head_dim) / 2;
+    c->v_head_words = kv_row_bytes(kv_v_rows(opts->kv_type), hp->head_dim) / 2;
+    c->layer_words = (int64_t)opts->block_size * (c->k_row_words + c->v_row_words);
     c->be.kv_type = opts->kv_type;
     enum kvb_status st = tpool_create(opts->n_threads, &c->pool);
     if (st != KVB_OK) {

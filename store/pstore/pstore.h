@@ -50,7 +50,9 @@
 
 #include "base/status.h"
 
-#define PSTORE_FORMAT_VERSION 2 /* 2: values may carry an annex (the prompt scores) */
+/* 2: values may carry an annex (the prompt scores); 3: K/V may be stored
+ * quantized (dtypes q8, q4), their groups' scales apart from their quants */
+#define PSTORE_FORMAT_VERSION 3
 
 struct pstore;
 
@@ -67,7 +69,14 @@ struct pstore_key {
     uint8_t b[16];
 };
 
-enum pstore_dtype { PSTORE_DTYPE_F16 = 1, PSTORE_DTYPE_F32 = 2 };
+/* The element type of the K/V rows; part of the key seed, so entries of
+ * two types never answer for each other. Q8 and Q4 are backend/kvtype.h's
+ * pools of groups of 32 elements (q8 groups: fp16 scale and 32 int8, 34
+ * bytes; q4 groups: fp16 scale and minimum and 32 nibbles, 20 bytes), stored
+ * as the pool holds them: Q8 K and V rows of q8 groups, Q4 K rows of q8
+ * groups and V rows of q4 ones; kv_dim is a multiple of 32. */
+enum pstore_dtype { PSTORE_DTYPE_F16 = 1, PSTORE_DTYPE_F32 = 2, PSTORE_DTYPE_Q8 = 3, PSTORE_DTYPE_Q4 = 4 };
+#define PSTORE_QGROUP 32 /* elements per Q8/Q4 group */
 
 /* What is stored: the identity of the model and the shape of one block. */
 struct pstore_model {
@@ -77,14 +86,16 @@ struct pstore_model {
     int32_t block_size;      /* tokens per block */
     int32_t n_layer;
     int32_t kv_dim; /* n_head_kv * head_dim */
-    /* raw block bytes = n_layer * 2 * block_size * kv_dim * sizeof(dtype);
-     * layout [layer][K|V][slot][kv_dim], as the backend's pool holds it. */
+    /* raw block bytes = n_layer * 2 * block_size * row bytes (kv_dim *
+     * sizeof(dtype), or kv_dim / 32 groups); layout [layer][K|V][slot][row],
+     * as the backend's pool holds it. */
 };
 
 struct pstore_opts {
     uint64_t max_size;    /* cap on stored bytes; 0 = 10 GiB. Also kept under free disk space. */
     int zstd_level;       /* 0 = default (3) */
-    bool lossy8;          /* store K/V as int8 with a per-row scale (lossy; off by default) */
+    bool lossy8;          /* store f16/f32 K/V as int8 with a per-row scale (lossy; off by default;
+                             Q8/Q4 values are stored as they are whatever this says) */
     int n_threads;        /* decompression threads (loads) and compression threads (writer); 0 = one per CPU */
     bool quiet;           /* no warnings on stderr (they are still counted) */
     uint64_t map_size;    /* LMDB map (address space) in bytes; 0 = automatic: max(2 x cap,

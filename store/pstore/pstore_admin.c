@@ -35,7 +35,16 @@ static void fmt_size(char *buf, size_t cap, uint64_t n)
     else snprintf(buf, cap, "%.1f %s", v, units[u]);
 }
 
-static const char *dtype_name(int dt) { return dt == PSTORE_DTYPE_F16 ? "f16" : dt == PSTORE_DTYPE_F32 ? "f32" : "?"; }
+static const char *dtype_name(int dt)
+{
+    switch (dt) {
+    case PSTORE_DTYPE_F16: return "f16";
+    case PSTORE_DTYPE_F32: return "f32";
+    case PSTORE_DTYPE_Q8: return "q8";
+    case PSTORE_DTYPE_Q4: return "q4";
+    default: return "?";
+    }
+}
 
 static uint64_t file_size(const struct pstore *ps, const char *name)
 {
@@ -116,7 +125,7 @@ enum kvb_status pstore_print_stats(struct pstore *ps, FILE *out, struct kvb_err 
         fmt_size(a, sizeof a, sums[i].bytes);
         snprintf(d, sizeof d, "%.2fx", sums[i].bytes ? (double)sums[i].raw / (double)sums[i].bytes : 0.0);
         if (r) {
-            fprintf(out, "  %s  [%s, %s, block %d, %d layers x %d]: %llu blocks, %s, ratio %s\n",
+            fprintf(out, "  %s  [%s, KV %s, block %d, %d layers x %d]: %llu blocks, %s, ratio %s\n",
                     r->name[0] ? r->name : "(unnamed)", r->fingerprint, dtype_name(r->dtype), (int)r->block_size,
                     (int)r->n_layer, (int)r->kv_dim, (unsigned long long)sums[i].n, a, d);
         } else {

@@ -1,5 +1,6 @@
 /* pstore_codec.c — the bytes of one stored KV block: header, byte shuffle
- * or int8 rows, zstd, and a decoder that trusts nothing.
+ * (or, for quantized K/V, scales apart from quants) or int8 rows, zstd, and
+ * a decoder that trusts nothing.
  *
  * Why shuffle: an f16 element's high byte (sign, exponent, two mantissa bits)
  * varies little across a block while its low byte is nearly noise; laid out
@@ -9,6 +10,17 @@
  * K or V in one layer, kv_dim elements) and int8 values, halving the f16
  * bytes before zstd; its error is measured by the tests and it is off by
  * default because it breaks "warm output == cold output".
+ *
+ * Quantized K/V (Q8, Q4: groups of an fp16 scale [and minimum] then the
+ * quants) are kept exactly. Their quants are near-uniform noise zstd can
+ * hardly shrink, but the scales are fp16 values of one layer's activations,
+ * as compressible as an f16 block's high bytes; interleaved every 34 or 20
+ * bytes they are lost in the noise. So the payload is each header byte of
+ * every group as its own stream (scale low bytes, scale high bytes, ...),
+ * then every group's quants, K's taken from the slot before it. Measured on
+ * SmolLM2-135M's real K/V (1022 blocks of README prompts, level 3): q8
+ * 179.9 MB against 184.1 MB for zstd of the groups as they lie (f16: 328.3
+ * MB, so q8 is 54.8 % of it).
  *
  * The decoder is also the fuzz target's subject: every length and field is
  * checked against the model the caller expects before a byte of payload is
@@ -69,6 +81,86 @@ static void unshuffle(uint8_t *restrict dst, const uint8_t *restrict src, size_t
             dst[4 * i + 3] = s3[i];
         }
     }
+}
+
+/* Grouped types: header byte b of group g to its own stream, the quants
+ * after all of them, group by group; in K sections each slot's quants as the
+ * bytewise difference (mod 256) from the slot before it in the same row
+ * position: RoPE turns K's low-frequency dimensions slowly and a channel's
+ * magnitude persists from token to token, so the differences are narrower
+ * than the quants. V's are not (measured: differences made V 3 % larger,
+ * K 3 % smaller), so V quants are kept as they are. */
+/* One section of a block (one layer's K rows or V rows: n groups of gb
+ * bytes, gh of them scale and minimum, R groups to a row) split as above. */
+struct gsec {
+    uint32_t gb, gh, R;
+    size_t n;
+    bool delta; /* quants as differences from the previous slot's */
+};
+
+static void split_section(uint8_t *restrict dst, uint8_t *restrict q, const uint8_t *restrict src, const struct gsec *c)
+{
+    const uint32_t nq = c->gb - c->gh;
+    for (size_t g = 0; g < c->n; g++) {
+        const uint8_t *grp = src + g * c->gb;
+        for (uint32_t b = 0; b < c->gh; b++) dst[(size_t)b * c->n + g] = grp[b];
+        if (!c->delta || g < c->R) { /* the section's first slot: as it is */
+            memcpy(q + g * nq, grp + c->gh, nq);
+            continue;
+        }
+        const uint8_t *prev = grp - (size_t)c->R * c->gb + c->gh;
+        for (uint32_t j = 0; j < nq; j++) q[g * nq + j] = (uint8_t)(grp[c->gh + j] - prev[j]);
+    }
+}
+
+static void join_section(uint8_t *restrict dst, const uint8_t *restrict src, const uint8_t *restrict q,
+                         const struct gsec *c)
+{
+    const uint32_t nq = c->gb - c->gh;
+    for (size_t g = 0; g < c->n; g++) {
+        uint8_t *grp = dst + g * c->gb;
+        for (uint32_t b = 0; b < c->gh; b++) grp[b] = src[(size_t)b * c->n + g];
+        if (!c->delta || g < c->R) {
+            memcpy(grp + c->gh, q + g * nq, nq);
+            continue;
+        }
+        const uint8_t *prev = grp - (size_t)c->R * c->gb + c->gh; /* already rebuilt */
+        for (uint32_t j = 0; j < nq; j++) grp[c->gh + j] = (uint8_t)(q[g * nq + j] + prev[j]);
+    }
+}
+
+/* Grouped types, section by section ([layer][K rows | V rows], each of its
+ * own group size): split (join false) or join them. Every section's header
+ * streams come first, then every section's quants, so that zstd sees the
+ * scales of the whole block together. */
+static void groups_each(uint8_t *restrict dst, const uint8_t *restrict src, const struct pstore_shape *s, bool join)
+{
+    const uint32_t R = s->kv_dim / PSTORE_QGROUP;
+    const size_t n = (size_t)s->block_size * R;
+    const size_t heads = (size_t)s->n_layer * n * ((s->k_gbytes == 34 ? 2 : 4) + (s->v_gbytes == 34 ? 2 : 4));
+    size_t off = 0, hoff = 0, qoff = heads;
+    for (uint32_t sec = 0; sec < 2 * s->n_layer; sec++) {
+        const uint32_t gb = sec % 2 ? s->v_gbytes : s->k_gbytes;
+        const struct gsec c = {gb, gb == 34 ? 2 : 4, R, n, sec % 2 == 0};
+        if (join) join_section(dst + off, src + hoff, src + qoff, &c);
+        else split_section(dst + hoff, dst + qoff, src + off, &c);
+        off += n * gb;
+        hoff += n * c.gh;
+        qoff += n * (gb - c.gh);
+    }
+}
+
+/* The lossless payload of either kind. */
+static void pack_payload(uint8_t *dst, const uint8_t *src, const struct pstore_shape *s)
+{
+    if (s->k_gbytes) groups_each(dst, src, s, false);
+    else shuffle(dst, src, (size_t)(s->raw_len / s->esize), s->esize);
+}
+
+static void unpack_payload(uint8_t *dst, const uint8_t *src, const struct pstore_shape *s)
+{
+    if (s->k_gbytes) groups_each(dst, src, s, true);
+    else unshuffle(dst, src, (size_t)(s->raw_len / s->esize), s->esize);
 }
 
 /* ---- lossy8 ------------------------------------------------------------------ */
@@ -191,7 +283,7 @@ enum kvb_status pstore_codec_encode(struct pstore_codec *c, const struct pstore_
     size_t need = s->raw_len > lossy_len ? (size_t)s->raw_len : lossy_len;
     if (!grow(&c->scratch, &c->scratch_cap, need)) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     bool lossy = false;
-    if (lossy8) {
+    if (lossy8 && !s->k_gbytes) { /* quantized K/V is stored as it is */
         size_t need_row = (size_t)s->kv_dim * sizeof(float);
         if (c->row_cap < need_row) {
             float *p = kvb_malloc(need_row);
@@ -203,7 +295,7 @@ enum kvb_status pstore_codec_encode(struct pstore_codec *c, const struct pstore_
         lossy = quantize(c, s, data, c->scratch);
     }
     size_t payload_len = lossy ? lossy_len : (size_t)s->raw_len;
-    if (!lossy) shuffle(c->scratch, data, (size_t)(s->raw_len / s->esize), s->esize);
+    if (!lossy) pack_payload(c->scratch, data, s);
 
     size_t hl = pstore_hdr_len(s->block_size);
     size_t bound = ZSTD_compressBound(payload_len);
@@ -312,6 +404,7 @@ enum kvb_status pstore_codec_decode(struct pstore_codec *c, const struct pstore_
         return kvb_errf(err, KVB_ERR_FORMAT, "raw length %llu, expected %llu", (unsigned long long)h.raw_len,
                         (unsigned long long)s->raw_len);
     bool lossy = (h.flags & PSTORE_FLAG_LOSSY8) != 0;
+    if (lossy && s->k_gbytes) return kvb_errf(err, KVB_ERR_FORMAT, "lossy8 flag on a quantized-KV value");
     uint64_t want = lossy ? s->n_rows * (2u + (uint64_t)s->kv_dim) : s->raw_len;
     if (h.payload_len != want)
         return kvb_errf(err, KVB_ERR_FORMAT, "payload length %llu, expected %llu", (unsigned long long)h.payload_len,
@@ -344,7 +437,7 @@ enum kvb_status pstore_codec_decode(struct pstore_codec *c, const struct pstore_
     if (lossy) {
         if (!dequantize(s, c->scratch, dst)) return kvb_errf(err, KVB_ERR_FORMAT, "lossy8 row scale is not finite");
     } else {
-        unshuffle(dst, c->scratch, (size_t)(s->raw_len / s->esize), s->esize);
+        unpack_payload(dst, c->scratch, s);
     }
     if (annex && annex->len) memcpy(annex->data, h.annex, annex->len);
     return KVB_OK;

@@ -89,9 +89,12 @@ struct pstore_shape {
     uint8_t identity[16]; /* XXH3-128 of fingerprint, dtype, shape, format version */
     enum pstore_dtype dtype;
     uint32_t block_size, n_layer, kv_dim;
-    uint32_t esize;   /* bytes per element */
+    uint32_t esize; /* bytes per element (f16, f32); 1 for the grouped types */
+    /* Q8/Q4: bytes per group of PSTORE_QGROUP elements in K rows and in V
+     * rows (34 for q8 groups, 20 for q4); 0 otherwise */
+    uint32_t k_gbytes, v_gbytes;
     uint64_t n_rows;  /* n_layer * 2 * block_size */
-    uint64_t raw_len; /* n_rows * kv_dim * esize */
+    uint64_t raw_len; /* n_rows * kv_dim * esize, or n_layer * block_size * kv_dim / 32 * (k_gbytes + v_gbytes) */
 };
 
 /* Checks m (positive shape, known dtype, raw size within PSTORE_MAX_RAW,

@@ -54,12 +54,20 @@ enum kvb_status pstore_shape_init(const struct pstore_model *m, struct pstore_sh
             return kvb_errf(err, KVB_ERR_INVALID_ARG, "model fingerprint is not 32 hex digits");
     if (m->fingerprint[32] != '\0')
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "model fingerprint is longer than 32 hex digits");
-    uint32_t esize;
+    uint32_t esize = 1, kg = 0, vg = 0;
     switch (m->dtype) {
     case PSTORE_DTYPE_F16: esize = 2; break;
     case PSTORE_DTYPE_F32: esize = 4; break;
+    case PSTORE_DTYPE_Q8: kg = vg = 34; break;
+    case PSTORE_DTYPE_Q4: /* K rows stay q8 (backend/kvtype.h) */
+        kg = 34;
+        vg = 20;
+        break;
     default: return kvb_errf(err, KVB_ERR_INVALID_ARG, "unknown KV dtype %d", (int)m->dtype);
     }
+    if (kg && m->kv_dim % PSTORE_QGROUP != 0)
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "kv_dim %d is not whole groups of %d (quantized KV dtype)",
+                        (int)m->kv_dim, PSTORE_QGROUP);
     if (m->block_size <= 0 || (uint32_t)m->block_size > PSTORE_MAX_BLOCK || m->n_layer <= 0 || m->kv_dim <= 0)
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "bad block shape: block_size %d (1..%u), n_layer %d, kv_dim %d",
                         (int)m->block_size, PSTORE_MAX_BLOCK, (int)m->n_layer, (int)m->kv_dim);
@@ -67,7 +75,7 @@ enum kvb_status pstore_shape_init(const struct pstore_model *m, struct pstore_sh
     /* n_layer and kv_dim are below 2^31 and rows below 2^44, so checking
      * each factor against the limit first keeps the product exact. */
     if (rows > PSTORE_MAX_RAW || (uint64_t)m->kv_dim > PSTORE_MAX_RAW ||
-        rows * (uint64_t)m->kv_dim > PSTORE_MAX_RAW / esize)
+        rows * (uint64_t)m->kv_dim > PSTORE_MAX_RAW / (esize > 2 ? esize : 2))
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "block of %d layers x %d x %d tokens is larger than %llu bytes",
                         (int)m->n_layer, (int)m->kv_dim, (int)m->block_size, (unsigned long long)PSTORE_MAX_RAW);
     memset(s, 0, sizeof *s);
@@ -77,8 +85,10 @@ enum kvb_status pstore_shape_init(const struct pstore_model *m, struct pstore_sh
     s->n_layer = (uint32_t)m->n_layer;
     s->kv_dim = (uint32_t)m->kv_dim;
     s->esize = esize;
+    s->k_gbytes = kg;
+    s->v_gbytes = vg;
     s->n_rows = rows;
-    s->raw_len = rows * (uint64_t)m->kv_dim * esize;
+    s->raw_len = kg ? rows / 2 * ((uint64_t)m->kv_dim / PSTORE_QGROUP) * (kg + vg) : rows * (uint64_t)m->kv_dim * esize;
     return KVB_OK;
 }
 
