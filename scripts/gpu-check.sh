@@ -149,8 +149,8 @@ grep -E "$kpat.*FAIL" "$log" | sed 's/^[0-9]*: //' >> "$fig"
 for kt in f16 q8 q4; do
   # kv store and the attention kernels name the type they ran on (f16's
   # attention lines do not: they count as f16)
-  if [ $kt = f16 ]; then kt_pat='(kv store f16|attention( tc)?(->bf16)? heads)'; else kt_pat="(kv store $kt|attention( tc)?(->bf16)? $kt)"; fi
-  note "kernel checks, KV $kt: $(grep -cE "^[0-9]+: $kt_pat .*ok" "$log") ok, $(grep -cE "^[0-9]+: $kt_pat .*FAIL" "$log") failed"
+  if [ $kt = f16 ]; then kt_pat='(kv store f16 |attention( tc)?(->bf16)? heads=)'; else kt_pat="(kv store $kt |attention( tc)?(->bf16)? $kt )"; fi
+  note "kernel checks, KV $kt: $(grep -cE "^[0-9]+: $kt_pat.* ok" "$log") ok, $(grep -cE "^[0-9]+: $kt_pat.*FAIL" "$log") failed"
 done
 grep -E "^[0-9]+: [^ ]+ +KV (q8|q4): " "$log" | sed 's/^[0-9]*: //' >> "$fig"
 grep -E "^[0-9]+: (llama|qwen|smollm)[^ ]* +(both steps|vs the f32|greedy|deterministic|scheduler)" "$log" | sed 's/^[0-9]*: //' >> "$fig"

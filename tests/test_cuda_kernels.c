@@ -4,7 +4,12 @@
  * element, and fails when the NMSE or any element is outside a tolerance
  * that scales with the reference's magnitude. Conversions, copies and adds
  * must match bit for bit; reductions and transcendental functions to
- * rounding; the bf16 GEMM to f32 accumulation error.
+ * rounding; the bf16 GEMM to f32 accumulation error. The KV store and the
+ * attention kernels run on pools of each KV type (f16, q8, q4): the store's
+ * bytes must be kv_quantize_row's exactly (corner cases included), and
+ * attention over a quantized pool is held to the f16 tolerances against
+ * attn_head's arithmetic on kv_dequantize_row'd rows (ref_attn_f32, itself
+ * checked to give attn_head's bits on f16 rows).
  *
  * Skips (77) when kvbatch was built without CUDA or no usable device is
  * present (ctest label gpu). */
