@@ -73,6 +73,10 @@ static void test_layout(void)
     CHECK_EQ_INT(kv_row_bytes(KV_Q8, 64), 68);
     CHECK_EQ_INT(kv_row_bytes(KV_Q4, 64), 40);
     CHECK_EQ_INT(kv_row_bytes(KV_F16, 64), 128);
+    /* the q4 pool keeps K at 8 bits */
+    CHECK(kv_k_rows(KV_Q4) == KV_Q8 && kv_v_rows(KV_Q4) == KV_Q4);
+    CHECK(kv_k_rows(KV_Q8) == KV_Q8 && kv_v_rows(KV_Q8) == KV_Q8);
+    CHECK(kv_k_rows(KV_F16) == KV_F16 && kv_v_rows(KV_F16) == KV_F16);
 }
 
 static void test_edges(void)

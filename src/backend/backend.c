@@ -7,7 +7,9 @@
 
 int64_t be_block_bytes(const struct model *m, int32_t block_size, enum kv_type kv_type)
 {
-    return (int64_t)m->hp.n_layer * 2 * block_size * kv_row_bytes(kv_type, (int64_t)m->hp.n_head_kv * m->hp.head_dim);
+    const int64_t kvd = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
+    return (int64_t)m->hp.n_layer * block_size *
+           (kv_row_bytes(kv_k_rows(kv_type), kvd) + kv_row_bytes(kv_v_rows(kv_type), kvd));
 }
 
 void *be_host_alloc(struct backend *be, size_t bytes)

@@ -61,7 +61,7 @@ struct backend {
      * in sequence order: one row for BE_LOGITS_LAST, n_tokens rows for
      * BE_LOGITS_ALL, none for BE_LOGITS_NONE. */
     enum kvb_status (*forward)(struct backend *be, const struct be_batch *batch, float *logits, struct kvb_err *err);
-    /* Copy one block's K/V (block_bytes, layout [layer][K|V][slot][kv_dim])
+    /* Copy one block's K/V (block_bytes, layout [layer][K|V][slot][row], see be_block_bytes)
      * out of / into the pool: how the persistent cache spills and restores. */
     enum kvb_status (*kv_block_read)(struct backend *be, int32_t block, void *dst);
     enum kvb_status (*kv_block_write)(struct backend *be, int32_t block, const void *src);
@@ -115,8 +115,9 @@ enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const 
                                struct be_batch_shape *out, struct kvb_err *err);
 
 /* Bytes of one KV block as every backend lays it out (K then V of each
- * layer, each a block_size rows of kv_dim elements stored as kv_type): the
- * unit of the KV pool and of the persistent store's values. */
+ * layer, each block_size rows of kv_dim elements, K rows stored as
+ * kv_k_rows(kv_type) and V rows as kv_v_rows(kv_type): a q4 pool's K rows
+ * are q8): the unit of the KV pool and of the persistent store's values. */
 int64_t be_block_bytes(const struct model *m, int32_t block_size, enum kv_type kv_type);
 
 static inline const char *be_kernels_name(const struct backend *be) { return be->kernels ? be->kernels : be->name; }
