@@ -7,7 +7,8 @@
  * before each GEMM, which accumulates in f32. The KV block pool lives in
  * device memory with the CPU backend's layout
  * ([block][layer][K|V][slot][row]), each row stored as the kv_type option
- * says (backend/kvtype.h: fp16, or q8 / q4 groups, quantized by the store
+ * says (backend/kvtype.h: fp16, or q8 / q4 groups — the q4 pool's K rows
+ * are q8, its V rows q4 — quantized by the store
  * kernel as kv_quantize_row does, byte for byte, and read by the attention
  * kernels as they are: no dequantized copy), so kv_block_read /
  * kv_block_write copy block_bytes as they are and a persistent-cache value

@@ -15,7 +15,9 @@
  * The CPU reference (attn_head) is the two-pass softmax; the two agree to
  * rounding (exp(s - m) is rescaled here instead of computed once).
  *
- * KV types: the kernel is instantiated per type (KT). A lane's dimensions
+ * KV types: the kernel is instantiated per pool type (KT), whose K and V
+ * row formats (KK, KV: the q4 pool's K rows are q8) fix the loads and the
+ * slot strides. A lane's dimensions
  * lane + 32 j are element `lane` of the head's group j, so for q8 and q4 a
  * lane reads one int8 (or one nibble) of each group plus the group's fp16
  * scale (and minimum), the same two bytes for the whole warp, and
@@ -55,7 +57,12 @@ template <int KT> __device__ __forceinline__ static int64_t kv_bytes(int64_t n)
     return n * 2;
 }
 
-/* Element i of the head row at `row`, as kv_dequantize_row gives it. */
+/* The row formats of pool type KT (kvtype.h's kv_k_rows / kv_v_rows). */
+#define KT_K(KT) ((KT) == KCU_KV_Q4 ? KCU_KV_Q8 : (KT))
+#define KT_V(KT) (KT)
+
+/* Element i of the head row at `row` of format KT, as kv_dequantize_row
+ * gives it. */
 template <int KT> __device__ __forceinline__ static float kv_elem(const uint8_t *row, int32_t i)
 {
     if (KT == KCU_KV_F16) return h2f(reinterpret_cast<const uint16_t *>(row)[i]);
@@ -82,10 +89,11 @@ __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct att
     const int32_t t = blockIdx.x / a.n_head, h = blockIdx.x % a.n_head, g = h / a.group;
     const int32_t hd = a.head_dim, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const struct kcu_paged *kv = &a.kv;
-    const int32_t bs = kv->block_size;           /* 32-bit: p / bs and p % bs run per position */
-    const int64_t rb = kv_bytes<KT>(kv->kv_dim); /* bytes per row */
-    const int64_t k_off = (int64_t)kv->layer * 2 * bs * rb + kv_bytes<KT>((int64_t)g * hd);
-    const int64_t v_off = ((int64_t)kv->layer * 2 + 1) * bs * rb + kv_bytes<KT>((int64_t)g * hd);
+    const int32_t bs = kv->block_size; /* 32-bit: p / bs and p % bs run per position */
+    constexpr int KK = KT_K(KT), KV = KT_V(KT);
+    const int64_t rk = kv_bytes<KK>(kv->kv_dim), rv = kv_bytes<KV>(kv->kv_dim); /* bytes per K, V row */
+    const int64_t lay = (int64_t)kv->layer * bs * (rk + rv); /* the layer's K rows, then its V rows */
+    const int64_t k_off = lay + kv_bytes<KK>((int64_t)g * hd), v_off = lay + bs * rk + kv_bytes<KV>((int64_t)g * hd);
     const int32_t *table = kv->blocks + kv->tok_table[t];
     const int32_t n_pos = kv->tok_pos[t] + 1;
 
@@ -101,14 +109,18 @@ __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct att
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; u++) {
             const int32_t p = p0 + u * ATTN_WARPS;
-            const uint8_t *base = kv->pool;
-            if (p < n_pos) base += (int64_t)table[p / bs] * kv->block_bytes + (int64_t)(p % bs) * rb;
+            const uint8_t *kb = kv->pool, *vb = kv->pool;
+            if (p < n_pos) {
+                const uint8_t *blk = kv->pool + (int64_t)table[p / bs] * kv->block_bytes;
+                kb = blk + k_off + (int64_t)(p % bs) * rk;
+                vb = blk + v_off + (int64_t)(p % bs) * rv;
+            }
 #pragma unroll
             for (int j = 0; j < PER_LANE; j++) {
                 const int32_t i = lane + 32 * j;
                 const bool in = p < n_pos && i < hd;
-                kr[u][j] = in ? kv_elem<KT>(base + k_off, i) : 0.0f;
-                vr[u][j] = in ? kv_elem<KT>(base + v_off, i) : 0.0f;
+                kr[u][j] = in ? kv_elem<KK>(kb, i) : 0.0f;
+                vr[u][j] = in ? kv_elem<KV>(vb, i) : 0.0f;
             }
         }
 #pragma unroll
@@ -228,25 +240,28 @@ __device__ static void q4_group(uint8_t *g, float x, int32_t lane)
     if (lane < KCU_KV_GROUP / 2) g[4 + lane] = (uint8_t)((uint8_t)q | (uint8_t)hi_q << 4);
 }
 
-/* One thread block per token; its warps take the row's groups in turn, K's
- * then V's. */
+/* One thread block per token of pool type KT (q8 or q4); its warps take
+ * the row's groups in turn, K's (in KT's K row format) then V's. */
 template <int KT>
 __global__ static void kv_store_q_kernel(struct kcu_paged kv, const float *k, const float *v, int64_t ld)
 {
+    constexpr int KK = KT_K(KT), KV = KT_V(KT);
+    constexpr int32_t gk = KK == KCU_KV_Q8 ? KCU_KV_Q8_BYTES : KCU_KV_Q4_BYTES;
+    constexpr int32_t gv = KV == KCU_KV_Q8 ? KCU_KV_Q8_BYTES : KCU_KV_Q4_BYTES;
     const int32_t t = blockIdx.x, p = kv.tok_pos[t], bs = kv.block_size;
-    const int32_t n_g = kv.kv_dim / KCU_KV_GROUP, gb = KT == KCU_KV_Q8 ? KCU_KV_Q8_BYTES : KCU_KV_Q4_BYTES;
-    const int64_t rb = (int64_t)n_g * gb;
+    const int32_t n_g = kv.kv_dim / KCU_KV_GROUP;
+    const int64_t rk = (int64_t)n_g * gk, rv = (int64_t)n_g * gv;
     const int32_t *table = kv.blocks + kv.tok_table[t];
-    uint8_t *blk = kv.pool + (int64_t)table[p / bs] * kv.block_bytes;
-    uint8_t *kd = blk + ((int64_t)kv.layer * 2 * bs + p % bs) * rb;
-    uint8_t *vd = blk + (((int64_t)kv.layer * 2 + 1) * bs + p % bs) * rb;
+    uint8_t *lay = kv.pool + (int64_t)table[p / bs] * kv.block_bytes + (int64_t)kv.layer * bs * (rk + rv);
+    uint8_t *kd = lay + (int64_t)(p % bs) * rk;
+    uint8_t *vd = lay + bs * rk + (int64_t)(p % bs) * rv;
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     for (int32_t w = warp; w < 2 * n_g; w += n_warps) { /* warp-uniform */
         const bool is_v = w >= n_g;
         const int32_t gi = is_v ? w - n_g : w;
         const float x = (is_v ? v : k)[(int64_t)t * ld + (int64_t)gi * KCU_KV_GROUP + lane];
-        uint8_t *g = (is_v ? vd : kd) + (int64_t)gi * gb;
-        if (KT == KCU_KV_Q8) q8_group(g, x, lane);
+        uint8_t *g = is_v ? vd + (int64_t)gi * gv : kd + (int64_t)gi * gk;
+        if ((is_v ? KV : KK) == KCU_KV_Q8) q8_group(g, x, lane);
         else q4_group(g, x, lane);
     }
 }

@@ -97,7 +97,12 @@ __device__ __forceinline__ static void atc_stage_q(atc_smem<HD> &sm, const struc
     }
 }
 
-/* Bytes of n elements of a row of type KT (n whole groups for q8 and q4). */
+/* The row formats of pool type KT (kvtype.h's kv_k_rows / kv_v_rows: the
+ * q4 pool's K rows are q8). */
+#define ATC_K(KT) ((KT) == KCU_KV_Q4 ? KCU_KV_Q8 : (KT))
+#define ATC_V(KT) (KT)
+
+/* Bytes of n elements of a row of format KT (n whole groups for q8 and q4). */
 template <int KT> __device__ __forceinline__ static int64_t atc_bytes(int64_t n)
 {
     if (KT == KCU_KV_Q8) return n / KCU_KV_GROUP * KCU_KV_Q8_BYTES;
@@ -133,7 +138,8 @@ template <int KT> __device__ __forceinline__ static uint4 atc_dequant8(const uin
 }
 
 /* The chunk of positions [c0, c0 + ATC_CHUNK) of the K and V rows at
- * k_off, v_off (bytes) of each position's row, into shared memory as fp16.
+ * k_off, v_off (bytes: the head in the layer's first K and V rows) of each
+ * position's block, into shared memory as fp16.
  * f16: 8 halves (16 bytes) per load, head offsets and rows being multiples
  * of 8 halves; q8, q4: 8 elements of one group per item, dequantized. */
 template <int HD, int KT>
@@ -141,19 +147,21 @@ __device__ __forceinline__ static void atc_load_chunk(atc_smem<HD> &sm, const st
                                                       const int32_t *table, int32_t c0, int32_t n_pos, int64_t k_off,
                                                       int64_t v_off)
 {
+    constexpr int KK = ATC_K(KT), KV = ATC_V(KT);
     const int32_t bs = kv->block_size;
-    const int64_t rb = atc_bytes<KT>(kv->kv_dim);
+    const int64_t rk = atc_bytes<KK>(kv->kv_dim), rv = atc_bytes<KV>(kv->kv_dim);
     for (int32_t i = threadIdx.x; i < ATC_CHUNK * HD / 8; i += blockDim.x) {
         const int32_t c = i / (HD / 8), d = i % (HD / 8) * 8, p = c0 + c;
         uint4 kx = make_uint4(0, 0, 0, 0), vx = kx; /* past the end: zeros, masked anyway */
         if (p < n_pos) {
-            const uint8_t *base = kv->pool + (int64_t)table[p / bs] * kv->block_bytes + (int64_t)(p % bs) * rb;
+            const uint8_t *blk = kv->pool + (int64_t)table[p / bs] * kv->block_bytes;
+            const uint8_t *kr = blk + k_off + (int64_t)(p % bs) * rk, *vr = blk + v_off + (int64_t)(p % bs) * rv;
             if (KT == KCU_KV_F16) {
-                kx = *reinterpret_cast<const uint4 *>(base + k_off + 2 * d);
-                vx = *reinterpret_cast<const uint4 *>(base + v_off + 2 * d);
+                kx = *reinterpret_cast<const uint4 *>(kr + 2 * d);
+                vx = *reinterpret_cast<const uint4 *>(vr + 2 * d);
             } else {
-                kx = atc_dequant8<KT>(base + k_off, d);
-                vx = atc_dequant8<KT>(base + v_off, d);
+                kx = atc_dequant8<KK>(kr, d);
+                vx = atc_dequant8<KV>(vr, d);
             }
         }
         *reinterpret_cast<uint4 *>(&sm.u.kv.k[c][d]) = kx;
@@ -221,9 +229,10 @@ template <int HD, int KT> __global__ static void __launch_bounds__(ATC_WARPS * 3
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const struct kcu_paged *kv = &a.kv;
     const int32_t bs = kv->block_size;
-    const int64_t rb = atc_bytes<KT>(kv->kv_dim);
-    const int64_t k_off = (int64_t)kv->layer * 2 * bs * rb + atc_bytes<KT>((int64_t)g * HD);
-    const int64_t v_off = ((int64_t)kv->layer * 2 + 1) * bs * rb + atc_bytes<KT>((int64_t)g * HD);
+    const int64_t rk = atc_bytes<ATC_K(KT)>(kv->kv_dim), rv = atc_bytes<ATC_V(KT)>(kv->kv_dim);
+    const int64_t lay = (int64_t)kv->layer * bs * (rk + rv); /* the layer's K rows, then its V rows */
+    const int64_t k_off = lay + atc_bytes<ATC_K(KT)>((int64_t)g * HD);
+    const int64_t v_off = lay + bs * rk + atc_bytes<ATC_V(KT)>((int64_t)g * HD);
     const int32_t *table = kv->blocks + kv->tok_table[t0];
     const int32_t pos0 = kv->tok_pos[t0];
     const int32_t n_pos = pos0 + n_t; /* positions the tile's last token sees */

@@ -102,11 +102,14 @@ cudaError_t kcu_argmax(int32_t *out, const float *x, int64_t ld, const int32_t *
 /* The largest head_dim the attention kernel takes. */
 #define KCU_ATTN_MAX_HEAD_DIM 256
 
-/* How the pool stores a K/V row (backend/kvtype.h, whose enum kv_type has
- * the same values; be_cuda.c asserts it): fp16, or groups of KCU_KV_GROUP
- * elements with an fp16 scale and 32 int8 (q8: 34 bytes), or an fp16
- * scale, an fp16 minimum and 16 bytes of nibbles (q4: 20 bytes). Kept as
- * plain numbers here so that this header needs nothing but CUDA's. */
+/* How the pool stores K/V rows (backend/kvtype.h, whose enum kv_type has
+ * the same values; be_cuda.c asserts it). Row formats: fp16, or groups of
+ * KCU_KV_GROUP elements with an fp16 scale and 32 int8 (q8: 34 bytes), or
+ * an fp16 scale, an fp16 minimum and 16 bytes of nibbles (q4: 20 bytes).
+ * Pool types: f16 and q8 store K and V rows in that format; the q4 pool
+ * stores V rows as q4 and K rows as q8 (kvtype.h's kv_k_rows / kv_v_rows:
+ * 4-bit keys cost too much accuracy). Kept as plain numbers here so that
+ * this header needs nothing but CUDA's. */
 #define KCU_KV_F16 0
 #define KCU_KV_Q8 1
 #define KCU_KV_Q4 2
@@ -116,16 +119,17 @@ cudaError_t kcu_argmax(int32_t *out, const float *x, int64_t ld, const int32_t *
 
 /* Where each token of a step lives in the paged KV pool. The pool has the
  * CPU backend's layout: block b starts at pool + b * block_bytes and holds
- * [layer][K | V][slot][row], a row being kv_dim elements stored as
- * kv_type (kv_row_bytes: 2 * kv_dim bytes for f16, kv_dim / 32 groups in
- * order along kv_dim for q8 and q4), block_bytes = n_layer * 2 * block_size
- * * row bytes. Token t of the step is at position tok_pos[t] of a sequence
+ * [layer][K | V][slot][row], a row being kv_dim elements stored in the
+ * pool type's K or V row format (kv_row_bytes: 2 * kv_dim bytes for f16,
+ * kv_dim / 32 groups in order along kv_dim for q8 and q4), so one layer
+ * takes block_size * (K row bytes + V row bytes) and block_bytes is
+ * n_layer times that (be_block_bytes). Token t of the step is at position tok_pos[t] of a sequence
  * whose block table starts at blocks + tok_table[t]; position p is in block
  * table[p / block_size], slot p % block_size. */
 struct kcu_paged {
     uint8_t *pool; /* (n_blocks, block_bytes) */
     int64_t block_bytes;
-    int32_t kv_type; /* KCU_KV_F16, KCU_KV_Q8 or KCU_KV_Q4 */
+    int32_t kv_type; /* pool type: KCU_KV_F16, KCU_KV_Q8 or KCU_KV_Q4 */
     int32_t block_size;
     int32_t kv_dim; /* n_head_kv * head_dim; a multiple of KCU_KV_GROUP for q8 and q4 */
     int32_t layer;
@@ -136,8 +140,8 @@ struct kcu_paged {
 };
 
 /* Writes each token's K and V rows (k + t*ld, v + t*ld; kv_dim floats each)
- * into its slot of layer kv->layer, as kv->kv_type: f16 rounded to nearest
- * even, q8 and q4 group by group with kvtype.h's formulas (one warp per
+ * into its slot of layer kv->layer in the pool type's row formats: f16
+ * rounded to nearest even, q8 and q4 group by group with kvtype.h's formulas (one warp per
  * group: the group's max and min by shuffles, which are exact, then the
  * same IEEE divisions, roundings and clamps). cudaErrorInvalidValue for an
  * unknown type or a kv_dim that is not whole groups. Reference:

@@ -670,7 +670,8 @@ static int top1_agree(const float *x, const float *y, int rows, int32_t nv)
  * an f16 pool's rows: the NMSE. */
 static double kv_rows_nmse(const struct model *m, struct backend *f16, struct backend *gq, enum kv_type kt)
 {
-    const int64_t kvd = (int64_t)m->hp.n_head_kv * m->hp.head_dim, rb = kv_row_bytes(kt, kvd);
+    const int64_t kvd = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
+    const int64_t rk = kv_row_bytes(kv_k_rows(kt), kvd), rv = kv_row_bytes(kv_v_rows(kt), kvd);
     uint8_t *q = kvb_malloc((size_t)gq->block_bytes);
     uint16_t *h = kvb_malloc((size_t)f16->block_bytes);
     const int64_t cap = 2 * (int64_t)m->hp.n_layer * BS * kvd;
@@ -681,10 +682,12 @@ static double kv_rows_nmse(const struct model *m, struct backend *f16, struct ba
         CHECK(gq->kv_block_read(gq, TABLE_A[i], q) == KVB_OK);
         const int64_t used = 37 - i * BS < BS ? 37 - i * BS : BS;
         int64_t k = 0;
-        for (int64_t lkv = 0; lkv < 2 * (int64_t)m->hp.n_layer; lkv++)
+        for (int64_t lkv = 0; lkv < 2 * (int64_t)m->hp.n_layer; lkv++) /* [layer][bs K rows][bs V rows] */
             for (int64_t slot = 0; slot < used; slot++, k += kvd) {
+                const int v = (int)(lkv % 2);
+                const uint8_t *row = q + lkv / 2 * BS * (rk + rv) + (v ? BS * rk + slot * rv : slot * rk);
                 for (int64_t e = 0; e < kvd; e++) fa[k + e] = kvb_fp16_to_f32(h[(lkv * BS + slot) * kvd + e]);
-                kv_dequantize_row(kt, fb + k, q + (lkv * BS + slot) * rb, kvd);
+                kv_dequantize_row(v ? kv_v_rows(kt) : kv_k_rows(kt), fb + k, row, kvd);
             }
         const double e = nmse(fb, fa, k);
         if (e > worst) worst = e;

@@ -385,7 +385,8 @@ enum { PAGED_N_SEQ = 3 };
 struct paged_step {
     int32_t seq_new[PAGED_N_SEQ]; /* new tokens per sequence */
     int32_t bs, kvd, qd, n_tok, n_tab;
-    int64_t row_bytes, block_bytes, pool_bytes, ld;
+    int64_t rk, rv; /* bytes of a K row, of a V row (the q4 pool's K rows are q8) */
+    int64_t block_bytes, pool_bytes, ld;
     int32_t *perm;              /* (n_blocks) the pool's block ids, shuffled */
     int32_t *blocks;            /* (n_tab) the sequences' block tables, one after another */
     int32_t *tok_pos, *tok_tab; /* (n_tok) each token's position and table offset */
@@ -397,22 +398,35 @@ struct paged_step {
     struct kcu_paged pg;
 };
 
-/* A random pool of n_rows rows of kvd elements as type kv. For f16 one
- * random value per element, as this test has always drawn them (so the
- * f16 cases see the pool they saw before the quantized types existed). */
-static void random_pool(uint8_t *pool, enum kv_type kv, int64_t n_rows, int32_t kvd)
+/* Where slot `slot`'s K row (v = 0) or V row (v = 1) of layer `layer`
+ * starts in a block: [layer][bs K rows][bs V rows] (be_block_bytes). */
+static int64_t row_at(int64_t rk, int64_t rv, int32_t bs, int32_t layer, int v, int32_t slot)
 {
+    return (int64_t)layer * bs * (rk + rv) + (v ? bs * rk + slot * rv : slot * rk);
+}
+
+/* A random pool of n_blocks blocks of n_layer layers of pool type kv. For
+ * f16 one random value per element in pool order, as this test has always
+ * drawn them (so the f16 cases see the pool they saw before the quantized
+ * types existed). */
+static void random_pool(uint8_t *pool, enum kv_type kv, int32_t n_blocks, int32_t n_layer, int32_t bs, int32_t kvd)
+{
+    const int64_t rk = kv_row_bytes(kv_k_rows(kv), kvd), rv = kv_row_bytes(kv_v_rows(kv), kvd);
     if (kv == KV_F16) {
         uint16_t *h = (uint16_t *)pool;
-        for (int64_t i = 0; i < n_rows * kvd; i++) h[i] = kvb_f32_to_fp16(rnd_f(1.5f));
+        for (int64_t i = 0; i < (int64_t)n_blocks * n_layer * 2 * bs * kvd; i++) h[i] = kvb_f32_to_fp16(rnd_f(1.5f));
         return;
     }
+    const int64_t block_bytes = (int64_t)n_layer * bs * (rk + rv);
     float *row = malloc(sizeof(float) * (size_t)kvd);
-    const int64_t rb = kv_row_bytes(kv, kvd);
-    for (int64_t r = 0; r < n_rows; r++) {
-        fill(row, kvd, 1.5f);
-        kv_quantize_row(kv, pool + r * rb, row, kvd);
-    }
+    for (int32_t blk = 0; blk < n_blocks; blk++)
+        for (int32_t l = 0; l < n_layer; l++)
+            for (int v = 0; v < 2; v++)
+                for (int32_t slot = 0; slot < bs; slot++) {
+                    fill(row, kvd, 1.5f);
+                    kv_quantize_row(v ? kv_v_rows(kv) : kv_k_rows(kv),
+                                    pool + blk * block_bytes + row_at(rk, rv, bs, l, v, slot), row, kvd);
+                }
     free(row);
 }
 
@@ -421,7 +435,8 @@ static void paged_setup(const struct paged_case *pc, struct paged_step *st)
 {
     const int32_t seq_pos[PAGED_N_SEQ] = {40, 0, 100}, seq_new[PAGED_N_SEQ] = {1, 17, 5};
     const int32_t bs = pc->block_size, kvd = pc->n_head_kv * pc->hd, qd = pc->n_head * pc->hd;
-    const int64_t row_bytes = kv_row_bytes(pc->kv, kvd), block_bytes = (int64_t)pc->n_layer * 2 * bs * row_bytes;
+    const int64_t rk = kv_row_bytes(kv_k_rows(pc->kv), kvd), rv = kv_row_bytes(kv_v_rows(pc->kv), kvd);
+    const int64_t block_bytes = (int64_t)pc->n_layer * bs * (rk + rv);
     int32_t n_tok = 0, n_tab = 0, seq_blocks[PAGED_N_SEQ];
     for (int s = 0; s < PAGED_N_SEQ; s++) {
         n_tok += seq_new[s];
@@ -452,7 +467,7 @@ static void paged_setup(const struct paged_case *pc, struct paged_step *st)
      * K/V stored by the kernel under test and by the reference. */
     const int64_t pool_bytes = block_bytes * pc->n_blocks;
     uint8_t *pool = malloc((size_t)pool_bytes);
-    random_pool(pool, pc->kv, pool_bytes / row_bytes, kvd);
+    random_pool(pool, pc->kv, pc->n_blocks, pc->n_layer, bs, kvd);
     const int64_t ld = qd + 2 * kvd; /* fused Q|K|V rows */
     float *qkv = malloc(sizeof(float) * (size_t)(n_tok * ld));
     fill(qkv, n_tok * ld, 1.5f);
@@ -468,7 +483,8 @@ static void paged_setup(const struct paged_case *pc, struct paged_step *st)
                               .qd = qd,
                               .n_tok = n_tok,
                               .n_tab = n_tab,
-                              .row_bytes = row_bytes,
+                              .rk = rk,
+                              .rv = rv,
                               .block_bytes = block_bytes,
                               .pool_bytes = pool_bytes,
                               .ld = ld,
@@ -508,16 +524,17 @@ static void compare_bytes(const char *name, const uint8_t *got, const uint8_t *r
 static void paged_check_store(const struct paged_case *pc, struct paged_step *st)
 {
     const int32_t bs = st->bs, kvd = st->kvd, qd = st->qd, n_tok = st->n_tok;
-    const int64_t rb = st->row_bytes, ld = st->ld;
+    const int64_t ld = st->ld;
     uint8_t *pool = st->pool, *got_pool = malloc((size_t)st->pool_bytes);
     CU(kcu_kv_store(&st->pg, st->d_qkv + qd, st->d_qkv + qd + kvd, ld, 0));
 
     for (int32_t t = 0; t < n_tok; t++) {
         const int32_t p = st->tok_pos[t];
         uint8_t *blk = pool + (int64_t)st->blocks[st->tok_tab[t] + p / bs] * st->block_bytes;
-        kv_quantize_row(pc->kv, blk + ((int64_t)pc->layer * 2 * bs + p % bs) * rb, st->qkv + t * ld + qd, kvd);
-        kv_quantize_row(pc->kv, blk + (((int64_t)pc->layer * 2 + 1) * bs + p % bs) * rb, st->qkv + t * ld + qd + kvd,
-                        kvd);
+        kv_quantize_row(kv_k_rows(pc->kv), blk + row_at(st->rk, st->rv, bs, pc->layer, 0, p % bs),
+                        st->qkv + t * ld + qd, kvd);
+        kv_quantize_row(kv_v_rows(pc->kv), blk + row_at(st->rk, st->rv, bs, pc->layer, 1, p % bs),
+                        st->qkv + t * ld + qd + kvd, kvd);
     }
     dev_get(got_pool, st->d_pool, (size_t)st->pool_bytes);
     char name[128];
@@ -559,14 +576,19 @@ static void ref_attn_f32(float *out, const float *q, int32_t hd, const float *k_
     for (int32_t i = 0; i < hd; i++) out[i] *= inv;
 }
 
-/* The reference's pool dequantized (kv_dequantize_row, row by row), as
- * floats in the same [block][layer][K|V][slot][kv_dim] element layout. */
+/* The reference's pool dequantized (kv_dequantize_row, row by row, K and
+ * V rows in their formats), as floats in the uniform element layout
+ * [block][layer][K|V][slot][kv_dim]. */
 static float *paged_pool_f32(const struct paged_case *pc, const struct paged_step *st)
 {
-    const int64_t n_rows = st->pool_bytes / st->row_bytes;
-    float *f = malloc(sizeof(float) * (size_t)(n_rows * st->kvd));
-    for (int64_t r = 0; r < n_rows; r++)
-        kv_dequantize_row(pc->kv, f + r * st->kvd, st->pool + r * st->row_bytes, st->kvd);
+    const int32_t bs = st->bs, kvd = st->kvd;
+    float *f = malloc(sizeof(float) * (size_t)pc->n_blocks * pc->n_layer * 2 * bs * kvd), *o = f;
+    for (int32_t blk = 0; blk < pc->n_blocks; blk++)
+        for (int32_t l = 0; l < pc->n_layer; l++)
+            for (int v = 0; v < 2; v++)
+                for (int32_t slot = 0; slot < bs; slot++, o += kvd)
+                    kv_dequantize_row(v ? kv_v_rows(pc->kv) : kv_k_rows(pc->kv), o,
+                                      st->pool + blk * st->block_bytes + row_at(st->rk, st->rv, bs, l, v, slot), kvd);
     return f;
 }
 
@@ -580,7 +602,7 @@ static void paged_ref_attn(const struct paged_case *pc, const struct paged_step 
     float *scores = malloc(sizeof(float) * 512), *pf = paged_pool_f32(pc, st);
     float *alt = malloc(sizeof(float) * (size_t)(st->n_tok * qd));
     const int32_t group = pc->n_head / pc->n_head_kv;
-    const int64_t block_elems = st->block_bytes / st->row_bytes * kvd;
+    const int64_t block_elems = (int64_t)pc->n_layer * 2 * bs * kvd; /* of the float pool (and the f16 one) */
     for (int32_t t = 0; t < st->n_tok; t++)
         for (int32_t h = 0; h < pc->n_head; h++) {
             const int32_t g = h / group;
@@ -726,11 +748,13 @@ static void test_paged(const struct paged_case *pc)
  * 65504), minimums below -65504 (clamped), infinities, scales in fp16's
  * subnormal range, and ordinary random groups of every magnitude. NaN is
  * left out: the reference converts it to an integer, which C leaves
- * undefined. One layer, rows of 4 groups, 8 tokens over two blocks. */
+ * undefined. One layer, rows of 4 groups, 8 tokens over two blocks (in a
+ * q4 pool the K rows are q8: every corner falls in V rows too). */
 static void test_kv_store_edges(enum kv_type kt)
 {
     enum { KVD = 4 * KV_QGROUP, N_TOK = 8, BSZ = 4 };
-    const int64_t rb = kv_row_bytes(kt, KVD), block_bytes = 2 * BSZ * rb, ld = 2 * KVD;
+    const int64_t rk = kv_row_bytes(kv_k_rows(kt), KVD), rv = kv_row_bytes(kv_v_rows(kt), KVD);
+    const int64_t block_bytes = BSZ * (rk + rv), ld = 2 * KVD;
     float x[N_TOK * 2 * KVD];
     fill(x, N_TOK * 2 * KVD, 2.0f);
     for (int g = 0; g < N_TOK * 2 * 4; g++) {
@@ -779,8 +803,8 @@ static void test_kv_store_edges(enum kv_type kt)
     uint8_t *ref = calloc(2, (size_t)block_bytes), *got = malloc(2 * (size_t)block_bytes);
     for (int t = 0; t < N_TOK; t++) {
         uint8_t *blk = ref + (int64_t)blocks[t / BSZ] * block_bytes;
-        kv_quantize_row(kt, blk + (t % BSZ) * rb, x + t * ld, KVD);
-        kv_quantize_row(kt, blk + (BSZ + t % BSZ) * rb, x + t * ld + KVD, KVD);
+        kv_quantize_row(kv_k_rows(kt), blk + row_at(rk, rv, BSZ, 0, 0, t % BSZ), x + t * ld, KVD);
+        kv_quantize_row(kv_v_rows(kt), blk + row_at(rk, rv, BSZ, 0, 1, t % BSZ), x + t * ld + KVD, KVD);
     }
     uint8_t *d_pool = dev_put(NULL, 2 * (size_t)block_bytes);
     float *d_x = dev_put(x, sizeof x);

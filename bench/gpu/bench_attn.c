@@ -48,7 +48,8 @@ static int run_case(const struct model_hparams *hp, const struct attn_case *ac, 
     const int64_t q_ld = qd + 2 * kvd, n_tok = (int64_t)ac->n_seq * ac->n_new;
     const int32_t per_seq = (ac->pos + ac->n_new + BS - 1) / BS;
     const int32_t tt = kcu_attn_tc_tile_tokens(hp->n_head, hp->n_head_kv, hp->head_dim);
-    const int64_t block_bytes = 2 * BS * kv_row_bytes(kt, kvd); /* one layer */
+    const int64_t block_bytes =
+        BS * (kv_row_bytes(kv_k_rows(kt), kvd) + kv_row_bytes(kv_v_rows(kt), kvd)); /* one layer */
     const int64_t n_blocks = (int64_t)ac->n_seq * per_seq;
     int32_t *pos = kvb_malloc(sizeof(int32_t) * (size_t)n_tok), *tab = kvb_malloc(sizeof(int32_t) * (size_t)n_tok);
     int32_t *blocks = kvb_malloc(sizeof(int32_t) * (size_t)n_blocks);
@@ -105,7 +106,7 @@ static int run_case(const struct model_hparams *hp, const struct attn_case *ac, 
         for (int j = 0; j < ac->n_new; j++) pairs += ac->pos + j + 1;
         pairs *= (double)ac->n_seq * hp->n_head;
         const double flop = 4.0 * hp->head_dim * pairs;
-        const double bytes = (double)ac->n_seq * (ac->pos + ac->n_new) * (double)kv_row_bytes(kt, kvd) * 2;
+        const double bytes = (double)ac->n_seq * (ac->pos + ac->n_new) * (double)block_bytes / BS;
         char what[96]; /* the f16 lines as they always were; the KV type named otherwise */
         snprintf(what, sizeof what, "%s%s%s", ac->what, kt == KV_F16 ? "" : ", KV ",
                  kt == KV_F16 ? "" : kv_type_name(kt));
