@@ -5,7 +5,8 @@
  *
  * The step mirrors be_cpu.c operation for operation: embedding; per layer
  * RMSNorm, Q|K|V projection (+ qwen2 bias, qwen3 per-head norm), RoPE, K/V
- * stored as fp16 into their slots, paged attention, output projection +
+ * stored into their slots (fp16, or quantized to q8 / q4 by the store
+ * kernel itself), paged attention over the stored rows, output projection +
  * residual, RMSNorm, gate|up projection, SwiGLU, down projection +
  * residual; then final norm and output head for the rows whose logits are
  * wanted. Q, K and V are one stacked weight [wq; wk; wv] and gate and up one
@@ -24,11 +25,18 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "backend/kvtype.h"
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "base/tpool.h"
 #include "kernels/kernels.h"
 #include "model/quant.h"
+
+/* kernels.h numbers the KV types without including backend/kvtype.h. */
+_Static_assert(KCU_KV_F16 == KV_F16 && KCU_KV_Q8 == KV_Q8 && KCU_KV_Q4 == KV_Q4, "KV type numbers");
+_Static_assert(KCU_KV_GROUP == KV_QGROUP && KCU_KV_Q8_BYTES == sizeof(struct kvq8_group) &&
+                   KCU_KV_Q4_BYTES == sizeof(struct kvq4_group),
+               "KV group layouts");
 
 /* One layer's weights on the device. */
 struct cu_layer {
@@ -89,7 +97,7 @@ struct cuda_be {
     int64_t graph_launches;
     char graph_off[160];            /* why graphs were switched off, or "" */
     int64_t q_dim, kv_dim, qkv_dim; /* n_head*hd, n_head_kv*hd, q_dim + 2*kv_dim */
-    int64_t block_elems;            /* fp16 elements of one KV block */
+    enum kv_type kv_type;           /* how the pool stores K/V rows */
     int32_t attn_tile;              /* tokens per tensor-core attention tile; 0: kcu_attn instead */
     int32_t n_sm;                   /* multiprocessors: below that many tiles x KV heads, kcu_attn */
     char kernels_name[96];          /* be.kernels */
@@ -99,7 +107,7 @@ struct cuda_be {
     uint16_t *output;        /* (n_vocab, n_embd) bf16; == tok_embd when tied */
     float *output_norm;      /* (n_embd) */
     float *inv_freq;         /* (rope_dim / 2) */
-    uint16_t *kv;            /* (n_blocks, block_elems) fp16 */
+    uint8_t *kv;             /* (n_blocks, be.block_bytes) as kv_type */
 
     /* Per-step device scratch, grown to the largest step seen. Row counts
      * are rounded up to BE_CUDA_DET_ROWS so deterministic GEMM tiles fit. */
@@ -570,7 +578,8 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
     const int32_t *d_pos = c->d_idx + lo.pos, *d_tab = c->d_idx + lo.tab, *d_rows = c->d_idx + lo.rows;
     struct kcu_paged pg = {
         .pool = c->kv,
-        .block_elems = c->block_elems,
+        .block_bytes = c->be.block_bytes,
+        .kv_type = (int32_t)c->kv_type,
         .block_size = c->be.block_size,
         .kv_dim = (int32_t)kvd,
         .layer = 0,
@@ -769,7 +778,7 @@ static enum kvb_status cuda_block_copy(struct backend *be, int32_t block, void *
 {
     struct cuda_be *c = (struct cuda_be *)be;
     if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
-    uint16_t *dev = c->kv + (int64_t)block * c->block_elems;
+    uint8_t *dev = c->kv + (int64_t)block * be->block_bytes;
     cudaError_t e = cudaSetDevice(c->device);
     if (e == cudaSuccess)
         e = to_device ? cudaMemcpyAsync(dev, host, (size_t)be->block_bytes, cudaMemcpyHostToDevice, c->stream)
@@ -819,7 +828,7 @@ static enum kvb_status cuda_read_async(struct backend *be, int32_t block, void *
     if (e == cudaSuccess) e = cudaEventRecord(c->step_done, c->stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(c->d2h, c->step_done, 0);
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync(dst, c->kv + (int64_t)block * c->block_elems, (size_t)be->block_bytes,
+        e = cudaMemcpyAsync(dst, c->kv + (int64_t)block * be->block_bytes, (size_t)be->block_bytes,
                             cudaMemcpyDeviceToHost, c->d2h);
     return cu_status(e);
 }
@@ -830,7 +839,7 @@ static enum kvb_status cuda_write_async(struct backend *be, int32_t block, const
     if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
     cudaError_t e = cudaSetDevice(c->device);
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync(c->kv + (int64_t)block * c->block_elems, src, (size_t)be->block_bytes,
+        e = cudaMemcpyAsync(c->kv + (int64_t)block * be->block_bytes, src, (size_t)be->block_bytes,
                             cudaMemcpyHostToDevice, c->h2d);
     if (e == cudaSuccess) e = cudaEventRecord(c->h2d_done, c->h2d);
     if (e == cudaSuccess) c->h2d_queued = true;
@@ -864,8 +873,12 @@ static enum kvb_status cuda_block_write(struct backend *be, int32_t block, const
 
 static void name_kernels(struct cuda_be *c)
 {
-    snprintf(c->kernels_name, sizeof c->kernels_name, "cuda bf16 cuBLAS, %s attention%s%s",
-             c->attn_tile ? "tensor-core" : "f32", c->det ? ", deterministic tiles" : "", c->graphs ? ", graphs" : "");
+    /* The KV type only when quantized: the f16 name stays what it was. */
+    char kv[16] = "";
+    if (c->kv_type != KV_F16) snprintf(kv, sizeof kv, ", KV %s", kv_type_name(c->kv_type));
+    snprintf(c->kernels_name, sizeof c->kernels_name, "cuda bf16 cuBLAS, %s attention%s%s%s",
+             c->attn_tile ? "tensor-core" : "f32", c->det ? ", deterministic tiles" : "", c->graphs ? ", graphs" : "",
+             kv);
     c->be.kernels = c->kernels_name;
 }
 
@@ -886,8 +899,6 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
                         "(head_dim <= %d, whole groups)",
                         hp->head_dim, hp->n_head, hp->n_head_kv, KCU_ATTN_MAX_HEAD_DIM);
     KVB_FORWARD_IF_ERROR(kv_type_check(o->kv_type, hp->head_dim, err));
-    if (o->kv_type != KV_F16) /* the quantized kernels are not written yet */
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "CUDA backend: KV type %s not implemented", kv_type_name(o->kv_type));
 
     struct cuda_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
@@ -895,6 +906,7 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->device = o->device;
     c->det = o->deterministic;
     c->graphs = o->graphs;
+    c->kv_type = o->kv_type;
     c->be.name = "cuda";
     c->attn_tile = o->attn_warp ? 0 : kcu_attn_tc_tile_tokens(hp->n_head, hp->n_head_kv, hp->head_dim);
     name_kernels(c);
@@ -918,7 +930,6 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->q_dim = (int64_t)hp->n_head * hp->head_dim;
     c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     c->qkv_dim = c->q_dim + 2 * c->kv_dim;
-    c->block_elems = (int64_t)hp->n_layer * 2 * o->block_size * c->kv_dim;
 
     enum kvb_status st = tpool_create(o->n_threads, &c->pool);
     if (st != KVB_OK) {

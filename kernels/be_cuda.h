@@ -5,10 +5,14 @@
  * (quant_dequant_row) to bf16 and uploaded once; norms and biases go up as
  * f32. Activations stay f32 on the device and are rounded to bf16 just
  * before each GEMM, which accumulates in f32. The KV block pool lives in
- * device memory as fp16 with the CPU backend's layout
- * ([block][layer][K|V][slot][kv_dim]), so kv_block_read/kv_block_write copy
- * block_bytes as they are and a persistent-cache value written by one
- * backend is read by the other. One stream; per step the token ids,
+ * device memory with the CPU backend's layout
+ * ([block][layer][K|V][slot][row]), each row stored as the kv_type option
+ * says (backend/kvtype.h: fp16, or q8 / q4 groups — the q4 pool's K rows
+ * are q8, its V rows q4 — quantized by the store
+ * kernel as kv_quantize_row does, byte for byte, and read by the attention
+ * kernels as they are: no dequantized copy), so kv_block_read /
+ * kv_block_write copy block_bytes as they are and a persistent-cache value
+ * written by one backend is read by the other. One stream; per step the token ids,
  * positions and block tables go up in one copy from pinned memory, and the
  * logits rows come back to the host (the engine samples there, on the
  * backend's host threads) — except for greedy requests (BE_LOGITS_ARGMAX),
@@ -69,7 +73,9 @@ struct be_cuda_opts {
      * products) even where the tensor-core kernel takes the head size (64,
      * 128): for comparing the two. */
     bool attn_warp;
-    enum kv_type kv_type; /* KV pool rows (backend/kvtype.h); KV_F16 when zeroed */
+    /* KV pool rows (backend/kvtype.h); KV_F16 when zeroed. q8 and q4 need a
+     * head_dim that is whole groups of 32 (KVB_ERR_UNSUPPORTED otherwise). */
+    enum kv_type kv_type;
 };
 
 #define BE_CUDA_DET_ROWS 128

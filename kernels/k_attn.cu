@@ -13,7 +13,21 @@
  * loads in flight instead of waiting on one row at a time.
  *
  * The CPU reference (attn_head) is the two-pass softmax; the two agree to
- * rounding (exp(s - m) is rescaled here instead of computed once). */
+ * rounding (exp(s - m) is rescaled here instead of computed once).
+ *
+ * KV types: the kernel is instantiated per pool type (KT), whose K and V
+ * row formats (KK, KV: the q4 pool's K rows are q8) fix the loads and the
+ * slot strides. A lane's dimensions
+ * lane + 32 j are element `lane` of the head's group j, so for q8 and q4 a
+ * lane reads one int8 (or one nibble) of each group plus the group's fp16
+ * scale (and minimum), the same two bytes for the whole warp, and
+ * dequantizes it in registers exactly as kv_dequantize_row does.
+ *
+ * The store quantizes with kvtype.h's formulas. Every operation there is
+ * written as the IEEE operation it is (__fdiv_rn, __fmul_rn, __fsub_rn,
+ * rintf, __float2half_rn) so that no compiler flag — --use_fast_math,
+ * -prec-div=false, --fmad — can turn a division into a reciprocal or fuse
+ * a product: the bytes must be kv_quantize_row's. */
 #include "kernels/kernels.h"
 
 #include <cuda_bf16.h>
@@ -35,10 +49,38 @@ struct attn_args {
 
 __device__ static float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
+/* Bytes of n elements of a row of type KT (n whole groups for q8 and q4). */
+template <int KT> __device__ __forceinline__ static int64_t kv_bytes(int64_t n)
+{
+    if (KT == KCU_KV_Q8) return n / KCU_KV_GROUP * KCU_KV_Q8_BYTES;
+    if (KT == KCU_KV_Q4) return n / KCU_KV_GROUP * KCU_KV_Q4_BYTES;
+    return n * 2;
+}
+
+/* The row formats of pool type KT (kvtype.h's kv_k_rows / kv_v_rows). */
+#define KT_K(KT) ((KT) == KCU_KV_Q4 ? KCU_KV_Q8 : (KT))
+#define KT_V(KT) (KT)
+
+/* Element i of the head row at `row` of format KT, as kv_dequantize_row
+ * gives it. */
+template <int KT> __device__ __forceinline__ static float kv_elem(const uint8_t *row, int32_t i)
+{
+    if (KT == KCU_KV_F16) return h2f(reinterpret_cast<const uint16_t *>(row)[i]);
+    const int32_t j = i % KCU_KV_GROUP;
+    const uint8_t *g = row + (int64_t)(i / KCU_KV_GROUP) * (KT == KCU_KV_Q8 ? KCU_KV_Q8_BYTES : KCU_KV_Q4_BYTES);
+    const float d = h2f(reinterpret_cast<const uint16_t *>(g)[0]);
+    if (KT == KCU_KV_Q8) return d * (float)reinterpret_cast<const int8_t *>(g + 2)[j];
+    const float m = h2f(reinterpret_cast<const uint16_t *>(g)[1]);
+    const uint8_t b = g[4 + j % (KCU_KV_GROUP / 2)];
+    return fmaf(d, (float)(j < KCU_KV_GROUP / 2 ? b & 15 : b >> 4), m);
+}
+
 /* PER_LANE = head dims per lane (head_dim <= 32 * PER_LANE): a compile-time
  * count so the per-lane arrays stay in registers, sized to the head so that
- * a 64-wide head does not pay for 256 in registers and occupancy. */
-template <int PER_LANE> __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct attn_args a)
+ * a 64-wide head does not pay for 256 in registers and occupancy. KT: the
+ * pool's KV type. */
+template <int PER_LANE, int KT>
+__global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct attn_args a)
 {
     __shared__ float qs[KCU_ATTN_MAX_HEAD_DIM];
     __shared__ float wm[ATTN_WARPS], wl[ATTN_WARPS];
@@ -48,9 +90,10 @@ template <int PER_LANE> __global__ static void __launch_bounds__(ATTN_WARPS * 32
     const int32_t hd = a.head_dim, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const struct kcu_paged *kv = &a.kv;
     const int32_t bs = kv->block_size; /* 32-bit: p / bs and p % bs run per position */
-    const int64_t kvd = kv->kv_dim;
-    const int64_t k_off = (int64_t)kv->layer * 2 * bs * kvd + (int64_t)g * hd;
-    const int64_t v_off = ((int64_t)kv->layer * 2 + 1) * bs * kvd + (int64_t)g * hd;
+    constexpr int KK = KT_K(KT), KV = KT_V(KT);
+    const int64_t rk = kv_bytes<KK>(kv->kv_dim), rv = kv_bytes<KV>(kv->kv_dim); /* bytes per K, V row */
+    const int64_t lay = (int64_t)kv->layer * bs * (rk + rv); /* the layer's K rows, then its V rows */
+    const int64_t k_off = lay + kv_bytes<KK>((int64_t)g * hd), v_off = lay + bs * rk + kv_bytes<KV>((int64_t)g * hd);
     const int32_t *table = kv->blocks + kv->tok_table[t];
     const int32_t n_pos = kv->tok_pos[t] + 1;
 
@@ -66,14 +109,18 @@ template <int PER_LANE> __global__ static void __launch_bounds__(ATTN_WARPS * 32
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; u++) {
             const int32_t p = p0 + u * ATTN_WARPS;
-            const uint16_t *base = kv->pool;
-            if (p < n_pos) base += (int64_t)table[p / bs] * kv->block_elems + (int64_t)(p % bs) * kvd;
+            const uint8_t *kb = kv->pool, *vb = kv->pool;
+            if (p < n_pos) {
+                const uint8_t *blk = kv->pool + (int64_t)table[p / bs] * kv->block_bytes;
+                kb = blk + k_off + (int64_t)(p % bs) * rk;
+                vb = blk + v_off + (int64_t)(p % bs) * rv;
+            }
 #pragma unroll
             for (int j = 0; j < PER_LANE; j++) {
                 const int32_t i = lane + 32 * j;
                 const bool in = p < n_pos && i < hd;
-                kr[u][j] = in ? h2f(base[k_off + i]) : 0.0f;
-                vr[u][j] = in ? h2f(base[v_off + i]) : 0.0f;
+                kr[u][j] = in ? kv_elem<KK>(kb, i) : 0.0f;
+                vr[u][j] = in ? kv_elem<KV>(vb, i) : 0.0f;
             }
         }
 #pragma unroll
@@ -131,7 +178,7 @@ __global__ static void kv_store_kernel(struct kcu_paged kv, const float *k, cons
     const int32_t t = blockIdx.x, p = kv.tok_pos[t], bs = kv.block_size;
     const int64_t kvd = kv.kv_dim;
     const int32_t *table = kv.blocks + kv.tok_table[t];
-    uint16_t *blk = kv.pool + (int64_t)table[p / bs] * kv.block_elems;
+    uint16_t *blk = reinterpret_cast<uint16_t *>(kv.pool + (int64_t)table[p / bs] * kv.block_bytes);
     uint16_t *kd = blk + ((int64_t)kv.layer * 2 * bs + p % bs) * kvd;
     uint16_t *vd = blk + (((int64_t)kv.layer * 2 + 1) * bs + p % bs) * kvd;
     for (int32_t i = threadIdx.x; i < kvd; i += blockDim.x) {
@@ -140,12 +187,108 @@ __global__ static void kv_store_kernel(struct kcu_paged kv, const float *k, cons
     }
 }
 
+/* kvtype.c's scale_fp16 and min_fp16: a scale or minimum past the fp16
+ * range becomes the largest finite half, never infinity (a NaN scale, from
+ * inf - inf, becomes 65504 there too: the comparison is false). */
+__device__ __forceinline__ static uint16_t scale_fp16(float d)
+{
+    return __half_as_ushort(__float2half_rn(d < 65504.0f ? d : 65504.0f));
+}
+__device__ __forceinline__ static uint16_t min_fp16(float m)
+{
+    return __half_as_ushort(__float2half_rn(m < -65504.0f ? -65504.0f : m > 65504.0f ? 65504.0f : m));
+}
+
+/* kvq8_quantize_group by one warp, lane i holding x[i]. The group's
+ * max |x| by a butterfly of fmaxf, which is exact and ignores NaN as the
+ * reference's loop from 0 does; every lane ends with the same value. */
+__device__ static void q8_group(uint8_t *g, float x, int32_t lane)
+{
+    float amax = fabsf(x);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    amax = fmaxf(0.0f, amax);
+    const uint16_t dh = scale_fp16(__fdiv_rn(amax, 127.0f));
+    const float d = h2f(dh);
+    const float inv = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const float q = rintf(__fmul_rn(x, inv));
+    if (lane == 0) reinterpret_cast<uint16_t *>(g)[0] = dh;
+    reinterpret_cast<int8_t *>(g + 2)[lane] = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+}
+
+/* kvq4_quantize_group by one warp: min and max by butterflies (fminf and
+ * fmaxf skip NaN, as the reference's loops do), then lane j < 16 packs its
+ * nibble with lane j + 16's. */
+__device__ static void q4_group(uint8_t *g, float x, int32_t lane)
+{
+    float lo = x, hi = x;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
+        hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, off));
+    }
+    const uint16_t dh = scale_fp16(__fdiv_rn(__fsub_rn(hi, lo), 15.0f)), mh = min_fp16(lo);
+    const float d = h2f(dh), m = h2f(mh);
+    const float inv = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    float q = rintf(__fmul_rn(__fsub_rn(x, m), inv));
+    q = q > 15.0f ? 15.0f : q < 0.0f ? 0.0f : q;
+    const float hi_q = __shfl_xor_sync(0xffffffffu, q, 16); /* lane j + 16's, for lane j */
+    if (lane == 0) {
+        reinterpret_cast<uint16_t *>(g)[0] = dh;
+        reinterpret_cast<uint16_t *>(g)[1] = mh;
+    }
+    if (lane < KCU_KV_GROUP / 2) g[4 + lane] = (uint8_t)((uint8_t)q | (uint8_t)hi_q << 4);
+}
+
+/* One thread block per token of pool type KT (q8 or q4); its warps take
+ * the row's groups in turn, K's (in KT's K row format) then V's. */
+template <int KT>
+__global__ static void kv_store_q_kernel(struct kcu_paged kv, const float *k, const float *v, int64_t ld)
+{
+    constexpr int KK = KT_K(KT), KV = KT_V(KT);
+    constexpr int32_t gk = KK == KCU_KV_Q8 ? KCU_KV_Q8_BYTES : KCU_KV_Q4_BYTES;
+    constexpr int32_t gv = KV == KCU_KV_Q8 ? KCU_KV_Q8_BYTES : KCU_KV_Q4_BYTES;
+    const int32_t t = blockIdx.x, p = kv.tok_pos[t], bs = kv.block_size;
+    const int32_t n_g = kv.kv_dim / KCU_KV_GROUP;
+    const int64_t rk = (int64_t)n_g * gk, rv = (int64_t)n_g * gv;
+    const int32_t *table = kv.blocks + kv.tok_table[t];
+    uint8_t *lay = kv.pool + (int64_t)table[p / bs] * kv.block_bytes + (int64_t)kv.layer * bs * (rk + rv);
+    uint8_t *kd = lay + (int64_t)(p % bs) * rk;
+    uint8_t *vd = lay + bs * rk + (int64_t)(p % bs) * rv;
+    const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    for (int32_t w = warp; w < 2 * n_g; w += n_warps) { /* warp-uniform */
+        const bool is_v = w >= n_g;
+        const int32_t gi = is_v ? w - n_g : w;
+        const float x = (is_v ? v : k)[(int64_t)t * ld + (int64_t)gi * KCU_KV_GROUP + lane];
+        uint8_t *g = is_v ? vd + (int64_t)gi * gv : kd + (int64_t)gi * gk;
+        if ((is_v ? KV : KK) == KCU_KV_Q8) q8_group(g, x, lane);
+        else q4_group(g, x, lane);
+    }
+}
+
+static bool kv_type_ok(int32_t kv_type, int64_t n)
+{
+    if (kv_type == KCU_KV_F16) return true;
+    return (kv_type == KCU_KV_Q8 || kv_type == KCU_KV_Q4) && n % KCU_KV_GROUP == 0;
+}
+
 extern "C" cudaError_t kcu_kv_store(const struct kcu_paged *kv, const float *k, const float *v, int64_t ld,
                                     cudaStream_t stream)
 {
-    if (kv->n_tok < 0 || kv->block_size <= 0 || kv->kv_dim <= 0) return cudaErrorInvalidValue;
+    if (kv->n_tok < 0 || kv->block_size <= 0 || kv->kv_dim <= 0 || !kv_type_ok(kv->kv_type, kv->kv_dim))
+        return cudaErrorInvalidValue;
     if (kv->n_tok == 0) return cudaSuccess;
-    kv_store_kernel<<<kv->n_tok, 128, 0, stream>>>(*kv, k, v, ld);
+    if (kv->kv_type == KCU_KV_Q8) kv_store_q_kernel<KCU_KV_Q8><<<kv->n_tok, 128, 0, stream>>>(*kv, k, v, ld);
+    else if (kv->kv_type == KCU_KV_Q4) kv_store_q_kernel<KCU_KV_Q4><<<kv->n_tok, 128, 0, stream>>>(*kv, k, v, ld);
+    else kv_store_kernel<<<kv->n_tok, 128, 0, stream>>>(*kv, k, v, ld);
+    return cudaGetLastError();
+}
+
+template <int KT> static cudaError_t attn_launch_t(const struct attn_args &a, unsigned grid, cudaStream_t stream)
+{
+    if (a.head_dim <= 64) attn_kernel<2, KT><<<grid, ATTN_WARPS * 32, 0, stream>>>(a);
+    else if (a.head_dim <= 128) attn_kernel<4, KT><<<grid, ATTN_WARPS * 32, 0, stream>>>(a);
+    else attn_kernel<8, KT><<<grid, ATTN_WARPS * 32, 0, stream>>>(a);
     return cudaGetLastError();
 }
 
@@ -153,16 +296,16 @@ static cudaError_t attn_launch(float *out, uint16_t *out_bf16, const float *q, i
                                int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream)
 {
     if (kv->n_tok < 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || head_dim <= 0 ||
-        head_dim > KCU_ATTN_MAX_HEAD_DIM || kv->block_size <= 0 || kv->kv_dim != n_head_kv * head_dim)
+        head_dim > KCU_ATTN_MAX_HEAD_DIM || kv->block_size <= 0 || kv->kv_dim != n_head_kv * head_dim ||
+        !kv_type_ok(kv->kv_type, head_dim))
         return cudaErrorInvalidValue;
     if (kv->n_tok == 0) return cudaSuccess;
     if ((int64_t)kv->n_tok * n_head > 0x7fffffff) return cudaErrorInvalidValue;
     struct attn_args a = {out, out_bf16, q, q_ld, *kv, n_head, n_head / n_head_kv, head_dim, scale};
     const unsigned grid = (unsigned)(kv->n_tok * n_head);
-    if (head_dim <= 64) attn_kernel<2><<<grid, ATTN_WARPS * 32, 0, stream>>>(a);
-    else if (head_dim <= 128) attn_kernel<4><<<grid, ATTN_WARPS * 32, 0, stream>>>(a);
-    else attn_kernel<8><<<grid, ATTN_WARPS * 32, 0, stream>>>(a);
-    return cudaGetLastError();
+    if (kv->kv_type == KCU_KV_Q8) return attn_launch_t<KCU_KV_Q8>(a, grid, stream);
+    if (kv->kv_type == KCU_KV_Q4) return attn_launch_t<KCU_KV_Q4>(a, grid, stream);
+    return attn_launch_t<KCU_KV_F16>(a, grid, stream);
 }
 
 extern "C" cudaError_t kcu_attn(float *out, const float *q, int64_t q_ld, const struct kcu_paged *kv, int32_t n_head,

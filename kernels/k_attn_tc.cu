@@ -22,7 +22,20 @@
  *
  * Precision: Q (pre-multiplied by the softmax scale) and the probabilities
  * P are rounded to fp16 for the products, as K and V already are; scores,
- * the softmax and the output are f32. */
+ * the softmax and the output are f32.
+ *
+ * Quantized K/V (q8, q4): each chunk is dequantized as it is loaded, by
+ * kvtype.h's formulas (q8 d * q, q4 fmaf(d, q, m), both in f32), then
+ * rounded to fp16 into the same shared tiles, so the products and
+ * everything after are the f16 kernel's. That rounding is the one
+ * difference from kcu_attn, which uses the dequantized values exactly: a
+ * q8 value has up to 18 significant bits, a q4 value up to 24, fp16 keeps
+ * 11 (relative error <= 2^-11 per element, the size of the rounding of Q
+ * and P). Values past the fp16 range (only from scales clamped at 65504)
+ * saturate at +-65504. The alternatives cost more than they give here:
+ * exact integer products would need a per-group rescale of every 16x16
+ * score tile, and an f32 tile halves the positions per chunk; the
+ * rounding is deterministic, so batch independence is unchanged. */
 #include "kernels/kernels.h"
 
 #include <cuda_bf16.h>
@@ -84,23 +97,72 @@ __device__ __forceinline__ static void atc_stage_q(atc_smem<HD> &sm, const struc
     }
 }
 
+/* The row formats of pool type KT (kvtype.h's kv_k_rows / kv_v_rows: the
+ * q4 pool's K rows are q8). */
+#define ATC_K(KT) ((KT) == KCU_KV_Q4 ? KCU_KV_Q8 : (KT))
+#define ATC_V(KT) (KT)
+
+/* Bytes of n elements of a row of format KT (n whole groups for q8 and q4). */
+template <int KT> __device__ __forceinline__ static int64_t atc_bytes(int64_t n)
+{
+    if (KT == KCU_KV_Q8) return n / KCU_KV_GROUP * KCU_KV_Q8_BYTES;
+    if (KT == KCU_KV_Q4) return n / KCU_KV_GROUP * KCU_KV_Q4_BYTES;
+    return n * 2;
+}
+
+/* Elements [d, d + 8) of the quantized head row at `row` (d a multiple of
+ * 8, so inside one group), dequantized as kv_dequantize_row does and
+ * rounded to fp16, saturating; packed as one 16-byte store. */
+template <int KT> __device__ __forceinline__ static uint4 atc_dequant8(const uint8_t *row, int32_t d)
+{
+    const int32_t j0 = d % KCU_KV_GROUP;
+    const uint8_t *g = row + (int64_t)(d / KCU_KV_GROUP) * (KT == KCU_KV_Q8 ? KCU_KV_Q8_BYTES : KCU_KV_Q4_BYTES);
+    const uint16_t *gh = reinterpret_cast<const uint16_t *>(g);
+    const float dd = __half2float(__ushort_as_half(gh[0]));
+    uint16_t h[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        const int32_t j = j0 + e;
+        float x;
+        if (KT == KCU_KV_Q8) {
+            x = dd * (float)reinterpret_cast<const int8_t *>(g + 2)[j];
+        } else {
+            const uint8_t b = g[4 + j % (KCU_KV_GROUP / 2)];
+            x = fmaf(dd, (float)(j < KCU_KV_GROUP / 2 ? b & 15 : b >> 4), __half2float(__ushort_as_half(gh[1])));
+        }
+        x = fminf(fmaxf(x, -65504.0f), 65504.0f);
+        h[e] = __half_as_ushort(__float2half_rn(x));
+    }
+    return make_uint4(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16, h[4] | (uint32_t)h[5] << 16,
+                      h[6] | (uint32_t)h[7] << 16);
+}
+
 /* The chunk of positions [c0, c0 + ATC_CHUNK) of the K and V rows at
- * k_off, v_off of each position's row, into shared memory. 8 halves (16
- * bytes) per load: head offsets and rows are multiples of 8. */
-template <int HD>
+ * k_off, v_off (bytes: the head in the layer's first K and V rows) of each
+ * position's block, into shared memory as fp16.
+ * f16: 8 halves (16 bytes) per load, head offsets and rows being multiples
+ * of 8 halves; q8, q4: 8 elements of one group per item, dequantized. */
+template <int HD, int KT>
 __device__ __forceinline__ static void atc_load_chunk(atc_smem<HD> &sm, const struct kcu_paged *kv,
                                                       const int32_t *table, int32_t c0, int32_t n_pos, int64_t k_off,
                                                       int64_t v_off)
 {
+    constexpr int KK = ATC_K(KT), KV = ATC_V(KT);
     const int32_t bs = kv->block_size;
-    const int64_t kvd = kv->kv_dim;
+    const int64_t rk = atc_bytes<KK>(kv->kv_dim), rv = atc_bytes<KV>(kv->kv_dim);
     for (int32_t i = threadIdx.x; i < ATC_CHUNK * HD / 8; i += blockDim.x) {
         const int32_t c = i / (HD / 8), d = i % (HD / 8) * 8, p = c0 + c;
         uint4 kx = make_uint4(0, 0, 0, 0), vx = kx; /* past the end: zeros, masked anyway */
         if (p < n_pos) {
-            const uint16_t *base = kv->pool + (int64_t)table[p / bs] * kv->block_elems + (int64_t)(p % bs) * kvd;
-            kx = *reinterpret_cast<const uint4 *>(base + k_off + d);
-            vx = *reinterpret_cast<const uint4 *>(base + v_off + d);
+            const uint8_t *blk = kv->pool + (int64_t)table[p / bs] * kv->block_bytes;
+            const uint8_t *kr = blk + k_off + (int64_t)(p % bs) * rk, *vr = blk + v_off + (int64_t)(p % bs) * rv;
+            if (KT == KCU_KV_F16) {
+                kx = *reinterpret_cast<const uint4 *>(kr + 2 * d);
+                vx = *reinterpret_cast<const uint4 *>(vr + 2 * d);
+            } else {
+                kx = atc_dequant8<KK>(kr, d);
+                vx = atc_dequant8<KV>(vr, d);
+            }
         }
         *reinterpret_cast<uint4 *>(&sm.u.kv.k[c][d]) = kx;
         *reinterpret_cast<uint4 *>(&sm.u.kv.v[c][d]) = vx;
@@ -158,7 +220,7 @@ __device__ __forceinline__ static void atc_store(const struct atc_args &a, const
         }
 }
 
-template <int HD> __global__ static void __launch_bounds__(ATC_WARPS * 32) atc_kernel(struct atc_args a)
+template <int HD, int KT> __global__ static void __launch_bounds__(ATC_WARPS * 32) atc_kernel(struct atc_args a)
 {
     __shared__ __align__(128) atc_smem<HD> sm;
     const int32_t tile = blockIdx.x / a.n_head_kv, g = blockIdx.x % a.n_head_kv;
@@ -167,9 +229,10 @@ template <int HD> __global__ static void __launch_bounds__(ATC_WARPS * 32) atc_k
     const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const struct kcu_paged *kv = &a.kv;
     const int32_t bs = kv->block_size;
-    const int64_t kvd = kv->kv_dim;
-    const int64_t k_off = (int64_t)kv->layer * 2 * bs * kvd + (int64_t)g * HD;
-    const int64_t v_off = ((int64_t)kv->layer * 2 + 1) * bs * kvd + (int64_t)g * HD;
+    const int64_t rk = atc_bytes<ATC_K(KT)>(kv->kv_dim), rv = atc_bytes<ATC_V(KT)>(kv->kv_dim);
+    const int64_t lay = (int64_t)kv->layer * bs * (rk + rv); /* the layer's K rows, then its V rows */
+    const int64_t k_off = lay + atc_bytes<ATC_K(KT)>((int64_t)g * HD);
+    const int64_t v_off = lay + bs * rk + atc_bytes<ATC_V(KT)>((int64_t)g * HD);
     const int32_t *table = kv->blocks + kv->tok_table[t0];
     const int32_t pos0 = kv->tok_pos[t0];
     const int32_t n_pos = pos0 + n_t; /* positions the tile's last token sees */
@@ -196,7 +259,7 @@ template <int HD> __global__ static void __launch_bounds__(ATC_WARPS * 32) atc_k
     __syncthreads(); /* Q is in fragments: its staging becomes the K/V chunk */
 
     for (int32_t c0 = 0; c0 < n_pos; c0 += ATC_CHUNK) {
-        atc_load_chunk<HD>(sm, kv, table, c0, n_pos, k_off, v_off);
+        atc_load_chunk<HD, KT>(sm, kv, table, c0, n_pos, k_off, v_off);
         __syncthreads();
         if (active) {
             /* S = Q·Kᵀ for the warp's 16 rows and the chunk's positions. */
@@ -254,20 +317,29 @@ extern "C" int32_t kcu_attn_tc_tile_tokens(int32_t n_head, int32_t n_head_kv, in
     return group <= ATC_ROWS ? ATC_ROWS / group : 0;
 }
 
+template <int KT>
+static cudaError_t atc_launch_t(const struct atc_args &a, int32_t head_dim, unsigned grid, cudaStream_t stream)
+{
+    if (head_dim == 64) atc_kernel<64, KT><<<grid, ATC_WARPS * 32, 0, stream>>>(a);
+    else atc_kernel<128, KT><<<grid, ATC_WARPS * 32, 0, stream>>>(a);
+    return cudaGetLastError();
+}
+
 static cudaError_t atc_launch(float *out, uint16_t *out_bf16, const float *q, int64_t q_ld, const struct kcu_paged *kv,
                               const int32_t *tiles, int32_t n_tiles, int32_t n_head, int32_t n_head_kv,
                               int32_t head_dim, float scale, cudaStream_t stream)
 {
     if (kcu_attn_tc_tile_tokens(n_head, n_head_kv, head_dim) == 0 || n_tiles < 0 || kv->block_size <= 0 ||
-        kv->kv_dim != n_head_kv * head_dim)
-        return cudaErrorInvalidValue;
+        kv->kv_dim != n_head_kv * head_dim ||
+        (kv->kv_type != KCU_KV_F16 && kv->kv_type != KCU_KV_Q8 && kv->kv_type != KCU_KV_Q4))
+        return cudaErrorInvalidValue; /* head_dim 64 and 128 are whole groups */
     if (n_tiles == 0) return cudaSuccess;
     if ((int64_t)n_tiles * n_head_kv > 0x7fffffff) return cudaErrorInvalidValue;
     struct atc_args a = {out, out_bf16, q, q_ld, *kv, tiles, n_head_kv, n_head / n_head_kv, scale};
     const unsigned grid = (unsigned)(n_tiles * n_head_kv);
-    if (head_dim == 64) atc_kernel<64><<<grid, ATC_WARPS * 32, 0, stream>>>(a);
-    else atc_kernel<128><<<grid, ATC_WARPS * 32, 0, stream>>>(a);
-    return cudaGetLastError();
+    if (kv->kv_type == KCU_KV_Q8) return atc_launch_t<KCU_KV_Q8>(a, head_dim, grid, stream);
+    if (kv->kv_type == KCU_KV_Q4) return atc_launch_t<KCU_KV_Q4>(a, head_dim, grid, stream);
+    return atc_launch_t<KCU_KV_F16>(a, head_dim, grid, stream);
 }
 
 extern "C" cudaError_t kcu_attn_tc(float *out, const float *q, int64_t q_ld, const struct kcu_paged *kv,

@@ -12,8 +12,9 @@
  * compares it with (named beside each launcher). Without a GPU, the same
  * tests run with the kernels compiled for the CPU over a small CUDA
  * emulation (kernels/emu/emu.sh): that checks their logic, not the device. Activations are f32;
- * GEMM inputs bf16; KV fp16 — all 16-bit types travel as uint16_t so that
- * this header needs no CUDA C++ types.
+ * GEMM inputs bf16; KV fp16 or quantized (q8, q4: struct kcu_paged) — all
+ * 16-bit types travel as uint16_t so that this header needs no CUDA C++
+ * types.
  *
  * Data layouts are row-major. "ld" is the distance in elements between the
  * starts of consecutive rows, so a kernel can read e.g. the K part of a
@@ -101,17 +102,36 @@ cudaError_t kcu_argmax(int32_t *out, const float *x, int64_t ld, const int32_t *
 /* The largest head_dim the attention kernel takes. */
 #define KCU_ATTN_MAX_HEAD_DIM 256
 
+/* How the pool stores K/V rows (backend/kvtype.h, whose enum kv_type has
+ * the same values; be_cuda.c asserts it). Row formats: fp16, or groups of
+ * KCU_KV_GROUP elements with an fp16 scale and 32 int8 (q8: 34 bytes), or
+ * an fp16 scale, an fp16 minimum and 16 bytes of nibbles (q4: 20 bytes).
+ * Pool types: f16 and q8 store K and V rows in that format; the q4 pool
+ * stores V rows as q4 and K rows as q8 (kvtype.h's kv_k_rows / kv_v_rows:
+ * 4-bit keys cost too much accuracy). Kept as plain numbers here so that
+ * this header needs nothing but CUDA's. */
+#define KCU_KV_F16 0
+#define KCU_KV_Q8 1
+#define KCU_KV_Q4 2
+#define KCU_KV_GROUP 32
+#define KCU_KV_Q8_BYTES 34 /* one group */
+#define KCU_KV_Q4_BYTES 20
+
 /* Where each token of a step lives in the paged KV pool. The pool has the
- * CPU backend's layout: block b starts at pool + b * block_elems and holds
- * [layer][K | V][slot][kv_dim] fp16, block_elems = n_layer*2*block_size*kv_dim.
- * Token t of the step is at position tok_pos[t] of a sequence whose block
- * table starts at blocks + tok_table[t]; position p is in block
+ * CPU backend's layout: block b starts at pool + b * block_bytes and holds
+ * [layer][K | V][slot][row], a row being kv_dim elements stored in the
+ * pool type's K or V row format (kv_row_bytes: 2 * kv_dim bytes for f16,
+ * kv_dim / 32 groups in order along kv_dim for q8 and q4), so one layer
+ * takes block_size * (K row bytes + V row bytes) and block_bytes is
+ * n_layer times that (be_block_bytes). Token t of the step is at position tok_pos[t] of a sequence
+ * whose block table starts at blocks + tok_table[t]; position p is in block
  * table[p / block_size], slot p % block_size. */
 struct kcu_paged {
-    uint16_t *pool; /* (n_blocks, block_elems) fp16 */
-    int64_t block_elems;
+    uint8_t *pool; /* (n_blocks, block_bytes) */
+    int64_t block_bytes;
+    int32_t kv_type; /* pool type: KCU_KV_F16, KCU_KV_Q8 or KCU_KV_Q4 */
     int32_t block_size;
-    int32_t kv_dim; /* n_head_kv * head_dim */
+    int32_t kv_dim; /* n_head_kv * head_dim; a multiple of KCU_KV_GROUP for q8 and q4 */
     int32_t layer;
     int32_t n_tok;
     const int32_t *tok_pos;   /* (n_tok) */
@@ -120,8 +140,13 @@ struct kcu_paged {
 };
 
 /* Writes each token's K and V rows (k + t*ld, v + t*ld; kv_dim floats each)
- * as fp16 into its slot of layer kv->layer. Reference: the store loop in
- * be_cpu.c (kvb_f32_to_fp16). */
+ * into its slot of layer kv->layer in the pool type's row formats: f16
+ * rounded to nearest even, q8 and q4 group by group with kvtype.h's formulas (one warp per
+ * group: the group's max and min by shuffles, which are exact, then the
+ * same IEEE divisions, roundings and clamps). cudaErrorInvalidValue for an
+ * unknown type or a kv_dim that is not whole groups. Reference:
+ * kv_quantize_row (bit for bit; for f16 the store loop of be_cpu.c,
+ * kvb_f32_to_fp16). */
 cudaError_t kcu_kv_store(const struct kcu_paged *kv, const float *k, const float *v, int64_t ld, cudaStream_t stream);
 
 /* Causal attention for every (token, query head) of a step, prefill chunks
@@ -133,7 +158,13 @@ cudaError_t kcu_kv_store(const struct kcu_paged *kv, const float *k, const float
  * One thread block per (token, head) with a fixed split of positions over
  * its warps: a token's result does not depend on the rest of the batch.
  * cudaErrorInvalidValue when head_dim > KCU_ATTN_MAX_HEAD_DIM or n_head is
- * not a multiple of n_head_kv. Reference: attn_head. */
+ * not a multiple of n_head_kv, or a quantized kv_type with head_dim not a
+ * multiple of KCU_KV_GROUP. Quantized rows are read as they are stored:
+ * each lane takes element j of each group its dimensions fall in and
+ * dequantizes it with kvtype.h's formula (q8: d * q, q4: fmaf(d, q, m)),
+ * so the products see exactly kv_dequantize_row's values; nothing is
+ * dequantized into a copy. Reference: attn_head (f16); for q8 and q4
+ * kv_dequantize_row, then attn_head's arithmetic on those floats. */
 cudaError_t kcu_attn(float *out, const float *q, int64_t q_ld, const struct kcu_paged *kv, int32_t n_head,
                      int32_t n_head_kv, int32_t head_dim, float scale, cudaStream_t stream);
 /* The same, stored rounded to bf16 (the output projection's input): bit
@@ -154,7 +185,12 @@ int32_t kcu_attn_tc_tile_tokens(int32_t n_head, int32_t n_head_kv, int32_t head_
  * tokens of one sequence at consecutive positions, at most
  * kcu_attn_tc_tile_tokens of them; every token of the step in exactly one
  * tile. A token's bits do not depend on its tile or its tile mates.
- * cudaErrorInvalidValue for a layout it does not take. */
+ * Quantized K/V (q8, q4) are dequantized with kvtype.h's formulas as each
+ * chunk is loaded into shared memory, and rounded to fp16 there (saturated
+ * at +-65504) for the products: a q8 value d * q has up to 18 significant
+ * bits and a q4 value fmaf(d, q, m) up to 24, which fp16 does not hold, so
+ * this kernel sees them to fp16 rounding, like Q and P (kcu_attn sees them
+ * exactly). cudaErrorInvalidValue for a layout it does not take. */
 cudaError_t kcu_attn_tc(float *out, const float *q, int64_t q_ld, const struct kcu_paged *kv, const int32_t *tiles,
                         int32_t n_tiles, int32_t n_head, int32_t n_head_kv, int32_t head_dim, float scale,
                         cudaStream_t stream);

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # gpu-check.sh — the whole CUDA check of issue 5, in one go, on a GPU machine
 # that has no network: builds kvbatch for sm_90 from this checkout, runs the
-# GPU tests (every kernel against its C reference; the CUDA backend against
-# the CPU backend and an f32 reference on synthetic models, and on SmolLM2
-# when models/ has it), a batch job with the persistent cache cold then warm
-# on CUDA, and the GPU benchmark. Everything it runs goes into DIR/log.txt,
+# GPU tests (every kernel against its C reference, for each KV type f16, q8
+# and q4; the CUDA backend against the CPU backend and an f32 reference on
+# synthetic models, and on SmolLM2 when models/ has it, with each KV type),
+# a batch job with the persistent cache cold then warm on CUDA (and again
+# with --kv-type q8 and q4 when kvbatch has that option), and the GPU
+# benchmark (its attention timings per KV type). Everything it runs goes into DIR/log.txt,
 # the results into DIR/figures.txt; a failing step is recorded and the next
 # one still runs. Each step runs under `timeout`, and all of them together
 # within GPU_CHECK_BUDGET seconds (default 460, i.e. under 8 minutes with
@@ -144,6 +146,13 @@ step "ctest -L gpu (kernels vs C reference; CUDA vs CPU backend)" 120 \
 kpat='^[0-9]+: (embed|rmsnorm|rope|swiglu|residual add|bias add|f32->bf16|kv store|attention|gemm|argmax)(->bf16)? '
 note "kernel checks: $(grep -cE "$kpat.*ok" "$log") ok, $(grep -cE "$kpat.*FAIL" "$log") failed"
 grep -E "$kpat.*FAIL" "$log" | sed 's/^[0-9]*: //' >> "$fig"
+for kt in f16 q8 q4; do
+  # kv store and the attention kernels name the type they ran on (f16's
+  # attention lines do not: they count as f16)
+  if [ $kt = f16 ]; then kt_pat='(kv store f16 |attention( tc)?(->bf16)? heads=)'; else kt_pat="(kv store $kt |attention( tc)?(->bf16)? $kt )"; fi
+  note "kernel checks, KV $kt: $(grep -cE "^[0-9]+: $kt_pat.* ok" "$log") ok, $(grep -cE "^[0-9]+: $kt_pat.*FAIL" "$log") failed"
+done
+grep -E "^[0-9]+: [^ ]+ +KV (q8|q4): " "$log" | sed 's/^[0-9]*: //' >> "$fig"
 grep -E "^[0-9]+: (llama|qwen|smollm)[^ ]* +(both steps|vs the f32|greedy|deterministic|scheduler)" "$log" | sed 's/^[0-9]*: //' >> "$fig"
 grep -E "^[0-9]+: (device 0|real model)" "$log" | sed 's/^[0-9]*: //' | sort -u >> "$fig"
 grep -qE "tests? (passed|failed)" "$log" && grep -E "tests passed|tests failed|Skipped|\*\*\*Failed" "$log" | tail -4 >> "$fig"
@@ -184,10 +193,46 @@ job_check() {
   echo "completions with --cuda-graphs identical"
 }
 export -f job_check
+# The first 64 requests of job_check's job on a q8 and a q4 pool: cold and
+# warm must agree bit for bit (--deterministic), and the completions are
+# compared with f16's (quantized K/V may change a greedy choice at a
+# near-tie: counted, not failed).
+kv_job_check() {
+  local d=$out/job bin=$build/kvbatch kt rc=0
+  head -64 "$d/job.jsonl" > "$d/job64.jsonl"
+  pairs() { grep -o '"custom_id":"[^"]*"\|"text":"\([^"\\]\|\\.\)*"' "$1" | paste - - | LC_ALL=C sort; }
+  pairs "$d/cold.jsonl" > "$d/f16.pairs"
+  for kt in q8 q4; do
+    local opts=(-m "$d/m.gguf" -i "$d/job64.jsonl" --device cuda --deterministic --cache-dir "$d/pcache-$kt"
+                --max-batch 64 --kv-type "$kt")
+    local s
+    s=$(date +%s.%N)
+    "$bin" run "${opts[@]}" -o "$d/$kt-cold.jsonl" 2> "$d/$kt-cold.err" || { cat "$d/$kt-cold.err"; rc=1; continue; }
+    local t_cold
+    t_cold=$(awk "BEGIN{printf \"%.2f\", $(date +%s.%N) - $s}")
+    "$bin" run "${opts[@]}" -o "$d/$kt-warm.jsonl" 2> "$d/$kt-warm.err" || { cat "$d/$kt-warm.err"; rc=1; continue; }
+    cat "$d/$kt-cold.err" "$d/$kt-warm.err"
+    pairs "$d/$kt-cold.jsonl" > "$d/$kt.pairs"
+    local ok same_warm=identical same_f16
+    ok=$(grep -c '"status_code":200' "$d/$kt-cold.jsonl")
+    [ "$(pairs "$d/$kt-warm.jsonl")" = "$(cat "$d/$kt.pairs")" ] || { same_warm=DIFFER; rc=1; }
+    same_f16=$(LC_ALL=C join -t "$(printf '\t')" "$d/f16.pairs" "$d/$kt.pairs" | awk -F '\t' '$2 == $3' | wc -l)
+    echo "kv $kt: $ok of 64 requests ok, cold ${t_cold}s; cold and warm completions $same_warm; $same_f16 of 64 completions the same as with f16 KV"
+    [ "$ok" = 64 ] || rc=1
+  done
+  return $rc
+}
+export -f kv_job_check
 if "$build/kvbatch" run --help 2>&1 | grep -q -- "--device"; then
   step "batch job on CUDA: 256 requests sharing a 290-token prefix, cache cold then warm (--deterministic)" 90 job_check
   grep -E "^(cold|warm)(, graphs)?:|kvbatch run: (ok|cache|cuda|.* on cuda)|completions .*(identical|differ)" "$log" | tail -16 >> "$fig"
-  rm -rf "$out/job/m.gguf" "$out/job/pcache"
+  if "$build/kvbatch" run --help 2>&1 | grep -q -- "--kv-type" && [ -f "$out/job/cold.jsonl" ]; then
+    step "batch job on CUDA, --kv-type q8 and q4: 64 of those requests, cold then warm (--deterministic)" 90 kv_job_check
+    grep -E "^kv (q8|q4):" "$log" >> "$fig"
+  else
+    note "== batch job with quantized KV: SKIPPED (this kvbatch has no --kv-type, or the f16 job failed)"
+  fi
+  rm -rf "$out/job/m.gguf" "$out/job/pcache"*
 else
   note "== batch job: SKIPPED (this kvbatch has no --device)"
 fi

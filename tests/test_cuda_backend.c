@@ -26,7 +26,14 @@
  *  - CUDA graphs: decode steps replayed from captured graphs give the same
  *    logits and choices, bit for bit, as the same steps launched one by one
  *    (graphs are really used: counted), and the scheduler's tokens do not
- *    change with them.
+ *    change with them;
+ *  - quantized KV (q8, q4; check_kv_types): the mixed batch on a pool of
+ *    each type, both attention kernels, against the CPU backend's f16
+ *    logits within a per-type bound (what quantizing K and V costs), the
+ *    pool's dequantized rows against the CPU's f16 rows, block round trips
+ *    of the quantized size, and deterministic mode bit-identical alone and
+ *    mixed; against the CPU backend's own q8 / q4 (and on its blocks) when
+ *    that backend takes the type.
  * Models: synthetic llama (Q8_0; Q4_K with an untied head), qwen2 (QKV
  * bias, NeoX RoPE) and qwen3 (QK norm), n_embd 256, written with synth.h;
  * a 4-layer synthetic of SmolLM2's width and heads with mixed weight types;
@@ -59,6 +66,7 @@
 #ifdef KVBATCH_HAVE_CUDA
 
 #include "backend/backend.h"
+#include "backend/kvtype.h"
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "cpu/be_cpu.h"
@@ -619,6 +627,196 @@ static void check_sched_greedy(const char *label, const struct model *m, const i
     kvb_free(host);
 }
 
+/* ---- quantized KV ---------------------------------------------------------------------------- */
+
+/* A backend whose pool stores kt; NULL with *why set when the backend
+ * refuses the type (the CPU backend may not take q8 / q4 yet: then the
+ * checks against it are skipped, saying so). */
+static struct backend *make_be_kv(const struct model *m, bool cuda, bool det, bool warp, enum kv_type kt, char *why,
+                                  size_t cap)
+{
+    struct backend *be = NULL;
+    struct kvb_err err = {{0}};
+    enum kvb_status st;
+    if (cuda) {
+        struct be_cuda_opts o = {
+            .device = 0, .block_size = BS, .n_blocks = POOL, .deterministic = det, .attn_warp = warp, .kv_type = kt};
+        st = be_cuda_create(m, &o, &be, &err);
+        CHECK_MSG(st == KVB_OK, "cuda backend, KV %s: %s", kv_type_name(kt), err.msg);
+    } else {
+        struct be_cpu_opts o = {.block_size = BS, .n_blocks = POOL, .impl = MM_IMPL_AUTO, .kv_type = kt};
+        st = be_cpu_create(m, &o, &be, &err);
+        CHECK_MSG(st == KVB_OK || st == KVB_ERR_UNSUPPORTED, "cpu backend, KV %s: %s", kv_type_name(kt), err.msg);
+    }
+    if (st != KVB_OK && why) snprintf(why, cap, "%.*s", (int)(cap > 1 ? cap - 1 : 0), err.msg);
+    return st == KVB_OK ? be : NULL;
+}
+
+/* Both steps of the mixed batch (49 rows) on be; false on failure. */
+static bool both_steps(struct backend *be, const int32_t *a, const int32_t *b, float *logits, int32_t nv)
+{
+    return step1(be, a, b, false, logits) && step2(be, a, b, false, logits + 38 * (int64_t)nv);
+}
+
+/* Rows whose argmax agrees. */
+static int top1_agree(const float *x, const float *y, int rows, int32_t nv)
+{
+    int n = 0;
+    for (int r = 0; r < rows; r++) n += argmax(x + (int64_t)r * nv, nv) == argmax(y + (int64_t)r * nv, nv);
+    return n;
+}
+
+/* A's used slots (after step 1) of a kt pool, kv_dequantize_row'd, against
+ * an f16 pool's rows: the NMSE. */
+static double kv_rows_nmse(const struct model *m, struct backend *f16, struct backend *gq, enum kv_type kt)
+{
+    const int64_t kvd = (int64_t)m->hp.n_head_kv * m->hp.head_dim;
+    const int64_t rk = kv_row_bytes(kv_k_rows(kt), kvd), rv = kv_row_bytes(kv_v_rows(kt), kvd);
+    uint8_t *q = kvb_malloc((size_t)gq->block_bytes);
+    uint16_t *h = kvb_malloc((size_t)f16->block_bytes);
+    const int64_t cap = 2 * (int64_t)m->hp.n_layer * BS * kvd;
+    float *fa = kvb_malloc(sizeof(float) * (size_t)cap), *fb = kvb_malloc(sizeof(float) * (size_t)cap);
+    double worst = 0;
+    for (int i = 0; i < 3; i++) {
+        CHECK(f16->kv_block_read(f16, TABLE_A[i], h) == KVB_OK);
+        CHECK(gq->kv_block_read(gq, TABLE_A[i], q) == KVB_OK);
+        const int64_t used = 37 - i * BS < BS ? 37 - i * BS : BS;
+        int64_t k = 0;
+        for (int64_t lkv = 0; lkv < 2 * (int64_t)m->hp.n_layer; lkv++) /* [layer][bs K rows][bs V rows] */
+            for (int64_t slot = 0; slot < used; slot++, k += kvd) {
+                const int v = (int)(lkv % 2);
+                const uint8_t *row = q + lkv / 2 * BS * (rk + rv) + (v ? BS * rk + slot * rv : slot * rk);
+                for (int64_t e = 0; e < kvd; e++) fa[k + e] = kvb_fp16_to_f32(h[(lkv * BS + slot) * kvd + e]);
+                kv_dequantize_row(v ? kv_v_rows(kt) : kv_k_rows(kt), fb + k, row, kvd);
+            }
+        const double e = nmse(fb, fa, k);
+        if (e > worst) worst = e;
+    }
+    kvb_free(q);
+    kvb_free(h);
+    kvb_free(fa);
+    kvb_free(fb);
+    return worst;
+}
+
+/* After step 1 on all three: A's rows of the quantized CUDA pool against
+ * the CUDA f16 pool's (what quantizing costs the cache: layer 0 sees the
+ * same K/V, later layers also the quantized attention before them) and
+ * the CPU's f16 pool's (that, plus the CUDA/CPU difference); and a block
+ * round trip of the quantized size through the device. */
+static void compare_kv_quant(const char *label, const struct model *m, struct backend *cpu16, struct backend *g16,
+                             struct backend *gq, enum kv_type kt, double bound)
+{
+    CHECK_EQ_INT(gq->block_bytes, be_block_bytes(m, BS, kt));
+    CHECK(gq->kv_type == kt);
+    const double eg = kv_rows_nmse(m, g16, gq, kt), ec = kv_rows_nmse(m, cpu16, gq, kt);
+    printf("%-16s KV %s: %-27s vs cuda f16 nmse=%.2e | vs cpu f16 nmse=%.2e (bound %.0e)\n", label, kv_type_name(kt),
+           "A's blocks, all layers", eg, ec, bound);
+    CHECK_MSG(eg < bound && ec < bound, "%s: KV %s rows vs f16 rows: NMSE %.3e (cuda), %.3e (cpu)", label,
+              kv_type_name(kt), eg, ec);
+    uint8_t *q = kvb_malloc((size_t)gq->block_bytes), *q2 = kvb_malloc((size_t)gq->block_bytes);
+    CHECK(gq->kv_block_read(gq, 5, q) == KVB_OK);
+    CHECK(gq->kv_block_write(gq, 11, q) == KVB_OK);
+    memset(q2, 0xab, (size_t)gq->block_bytes);
+    CHECK(gq->kv_block_read(gq, 11, q2) == KVB_OK);
+    CHECK_MSG(memcmp(q, q2, (size_t)gq->block_bytes) == 0, "%s: KV %s block round trip differs", label,
+              kv_type_name(kt));
+    kvb_free(q);
+    kvb_free(q2);
+}
+
+/* Deterministic mode on a kt pool: A's rows alone == beside B. */
+static void check_kv_det(const char *label, const struct model *m, const int32_t *a, const int32_t *b, enum kv_type kt)
+{
+    const int32_t nv = m->hp.n_vocab;
+    struct backend *d1 = make_be_kv(m, true, true, false, kt, NULL, 0),
+                   *d2 = make_be_kv(m, true, true, false, kt, NULL, 0);
+    float *alone = kvb_malloc(sizeof(float) * (size_t)nv * 38), *mixed = kvb_malloc(sizeof(float) * (size_t)nv * 38);
+    bool same1 = false, same2 = false;
+    if (d1 && d2 && alone && mixed && step1(d1, a, b, true, alone) && step1(d2, a, b, false, mixed)) {
+        same1 = memcmp(alone, mixed, sizeof(float) * (size_t)nv * 37) == 0;
+        if (step2(d1, a, b, true, alone) && step2(d2, a, b, false, mixed))
+            same2 = memcmp(alone, mixed, sizeof(float) * (size_t)nv) == 0;
+    }
+    CHECK_MSG(same1 && same2, "%s: KV %s, deterministic mode: A's logits depend on B (prefill %d, decode %d)", label,
+              kv_type_name(kt), same1, same2);
+    printf("%-16s KV %s: %-27s bit-identical alone/mixed: %s\n", label, kv_type_name(kt), "deterministic mode",
+           same1 && same2 ? "yes" : "NO");
+    be_free(d1);
+    be_free(d2);
+    kvb_free(alone);
+    kvb_free(mixed);
+}
+
+/* The mixed batch with each quantized KV type. lc, lg: the CPU's and the
+ * CUDA backend's f16 logits of both steps. The bounds are what quantizing
+ * K and V costs, with room: measured on the emulated device (llama-q8_0),
+ * logits NMSE against the CPU's f16 1.1e-4 for q8 (the CUDA/CPU f16 gap
+ * itself is 1e-4) and 1.7e-3 for q4 (K q8, V q4), top-1 49/49 both; the
+ * pool's rows against the CUDA f16 pool's 4.0e-5 (q8) and 4.0e-3 (q4). */
+static void check_kv_types(const char *label, const struct model *m, const int32_t *a, const int32_t *b,
+                           const float *lc, const float *lg)
+{
+    static const enum kv_type types[2] = {KV_Q8, KV_Q4};
+    static const double logit_bound[2] = {1e-3, 3e-2}, kv_bound[2] = {1e-3, 3e-2};
+    const int32_t nv = m->hp.n_vocab;
+    float *lq = kvb_malloc(sizeof(float) * (size_t)nv * 49), *lx = kvb_malloc(sizeof(float) * (size_t)nv * 49);
+    for (int ti = 0; ti < 2 && lq && lx; ti++) {
+        const enum kv_type kt = types[ti];
+        const char *tn = kv_type_name(kt);
+        char why[sizeof(struct kvb_err)] = "";
+        for (int warp = 0; warp < 2; warp++) {
+            struct backend *gq = make_be_kv(m, true, false, warp, kt, NULL, 0);
+            if (gq && step1(gq, a, b, false, lq)) {
+                if (!warp) {
+                    struct backend *cpu16 = make_be(m, false, false), *g16 = make_be(m, true, false);
+                    if (cpu16 && g16 && step1(cpu16, a, b, false, lx) && step1(g16, a, b, false, lx))
+                        compare_kv_quant(label, m, cpu16, g16, gq, kt, kv_bound[ti]);
+                    be_free(cpu16);
+                    be_free(g16);
+                }
+                if (step2(gq, a, b, false, lq + 38 * (int64_t)nv)) {
+                    const double ec = nmse(lq, lc, 49 * (int64_t)nv), eg = nmse(lq, lg, 49 * (int64_t)nv);
+                    printf("%-16s KV %s: %-27s vs cpu f16 nmse=%.2e top1 %d/49 | vs cuda f16 nmse=%.2e top1 %d/49 "
+                           "(bound %.0e)\n",
+                           label, tn, warp ? "both steps, f32 attention" : "both steps", ec, top1_agree(lq, lc, 49, nv),
+                           eg, top1_agree(lq, lg, 49, nv), logit_bound[ti]);
+                    CHECK_MSG(ec < logit_bound[ti], "%s: KV %s%s: logits vs the CPU's f16 NMSE %.3e", label, tn,
+                              warp ? " (f32 attention)" : "", ec);
+                }
+            }
+            be_free(gq);
+        }
+        check_kv_det(label, m, a, b, kt);
+        /* The CPU backend's own kt, where it has it: the same bound as
+         * f16's CUDA/CPU comparison, and step 2 from its blocks. */
+        struct backend *cq = make_be_kv(m, false, false, false, kt, why, sizeof why);
+        if (!cq) {
+            printf("%-16s KV %s: %-27s skipped: %s\n", label, tn, "against the cpu backend", why);
+            continue;
+        }
+        struct backend *gq = make_be_kv(m, true, false, false, kt, NULL, 0),
+                       *g2 = make_be_kv(m, true, false, false, kt, NULL, 0);
+        if (gq && g2 && both_steps(cq, a, b, lx, nv) && both_steps(gq, a, b, lq, nv)) {
+            char what[64];
+            snprintf(what, sizeof what, "KV %s: both steps vs cpu %s", tn, tn);
+            compare_rows(label, what, lq, lx, 49, nv, false);
+            struct backend *c1 = make_be_kv(m, false, false, false, kt, NULL, 0);
+            if (c1 && step1(c1, a, b, false, lq)) {
+                copy_blocks(c1, g2);
+                snprintf(what, sizeof what, "KV %s: step 2 on cpu-written blocks", tn);
+                if (step2(g2, a, b, false, lq)) compare_rows(label, what, lq, lx + 38 * (int64_t)nv, 11, nv, false);
+            }
+            be_free(c1);
+        }
+        be_free(cq);
+        be_free(gq);
+        be_free(g2);
+    }
+    kvb_free(lq);
+    kvb_free(lx);
+}
+
 /* plumbing: also the greedy-choice checks, which test the backend's
  * bookkeeping rather than the model's arithmetic (one synthetic model and
  * the real one are enough; each costs minutes on the emulated device). */
@@ -714,6 +912,7 @@ static void check_model(const char *label, const struct model *m, const struct m
     gpu = make_be(m, true, false);
     if (cpu && gpu) greedy_compare(label, m, cpu, gpu, prompt, n_prompt);
     if (plumbing) {
+        check_kv_types(label, m, a, b, lc, lg);
         check_device_argmax(label, m, a, b);
         check_sched_greedy(label, m, a, b);
         check_graphs(label, m, a, b);

@@ -4,7 +4,12 @@
  * element, and fails when the NMSE or any element is outside a tolerance
  * that scales with the reference's magnitude. Conversions, copies and adds
  * must match bit for bit; reductions and transcendental functions to
- * rounding; the bf16 GEMM to f32 accumulation error.
+ * rounding; the bf16 GEMM to f32 accumulation error. The KV store and the
+ * attention kernels run on pools of each KV type (f16, q8, q4): the store's
+ * bytes must be kv_quantize_row's exactly (corner cases included), and
+ * attention over a quantized pool is held to the f16 tolerances against
+ * attn_head's arithmetic on kv_dequantize_row'd rows (ref_attn_f32, itself
+ * checked to give attn_head's bits on f16 rows).
  *
  * Skips (77) when kvbatch was built without CUDA or no usable device is
  * present (ctest label gpu). */
@@ -21,6 +26,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "backend/kvtype.h"
 #include "base/dtype.h"
 #include "cpu/attn.h"
 #include "engine/sampler.h"
@@ -366,9 +372,11 @@ static void test_to_bf16(int64_t n)
 
 /* A step over three sequences of a pool: a single decode token deep in its
  * sequence, a prefill chunk from position 0, and a chunk continuing a
- * sequence — the mix the scheduler sends. Block tables are scrambled. */
+ * sequence — the mix the scheduler sends. Block tables are scrambled. The
+ * pool holds rows of type kv (backend/kvtype.h). */
 struct paged_case {
     int32_t n_layer, layer, block_size, n_blocks, n_head, n_head_kv, hd;
+    enum kv_type kv;
 };
 
 enum { PAGED_N_SEQ = 3 };
@@ -377,24 +385,58 @@ enum { PAGED_N_SEQ = 3 };
 struct paged_step {
     int32_t seq_new[PAGED_N_SEQ]; /* new tokens per sequence */
     int32_t bs, kvd, qd, n_tok, n_tab;
-    int64_t block_elems, pool_n, ld;
+    int64_t rk, rv; /* bytes of a K row, of a V row (the q4 pool's K rows are q8) */
+    int64_t block_bytes, pool_bytes, ld;
     int32_t *perm;              /* (n_blocks) the pool's block ids, shuffled */
     int32_t *blocks;            /* (n_tab) the sequences' block tables, one after another */
     int32_t *tok_pos, *tok_tab; /* (n_tok) each token's position and table offset */
-    uint16_t *pool;             /* (pool_n) fp16 K/V: the reference's pool */
+    uint8_t *pool;              /* (pool_bytes) K/V rows as kv: the reference's pool */
     float *qkv;                 /* (n_tok, ld) fused Q|K|V rows */
-    uint16_t *d_pool;
+    uint8_t *d_pool;
     float *d_qkv;
     int32_t *d_blocks, *d_pos, *d_tab;
     struct kcu_paged pg;
 };
+
+/* Where slot `slot`'s K row (v = 0) or V row (v = 1) of layer `layer`
+ * starts in a block: [layer][bs K rows][bs V rows] (be_block_bytes). */
+static int64_t row_at(int64_t rk, int64_t rv, int32_t bs, int32_t layer, int v, int32_t slot)
+{
+    return (int64_t)layer * bs * (rk + rv) + (v ? bs * rk + slot * rv : slot * rk);
+}
+
+/* A random pool of n_blocks blocks of n_layer layers of pool type kv. For
+ * f16 one random value per element in pool order, as this test has always
+ * drawn them (so the f16 cases see the pool they saw before the quantized
+ * types existed). */
+static void random_pool(uint8_t *pool, enum kv_type kv, int32_t n_blocks, int32_t n_layer, int32_t bs, int32_t kvd)
+{
+    const int64_t rk = kv_row_bytes(kv_k_rows(kv), kvd), rv = kv_row_bytes(kv_v_rows(kv), kvd);
+    if (kv == KV_F16) {
+        uint16_t *h = (uint16_t *)pool;
+        for (int64_t i = 0; i < (int64_t)n_blocks * n_layer * 2 * bs * kvd; i++) h[i] = kvb_f32_to_fp16(rnd_f(1.5f));
+        return;
+    }
+    const int64_t block_bytes = (int64_t)n_layer * bs * (rk + rv);
+    float *row = malloc(sizeof(float) * (size_t)kvd);
+    for (int32_t blk = 0; blk < n_blocks; blk++)
+        for (int32_t l = 0; l < n_layer; l++)
+            for (int v = 0; v < 2; v++)
+                for (int32_t slot = 0; slot < bs; slot++) {
+                    fill(row, kvd, 1.5f);
+                    kv_quantize_row(v ? kv_v_rows(kv) : kv_k_rows(kv),
+                                    pool + blk * block_bytes + row_at(rk, rv, bs, l, v, slot), row, kvd);
+                }
+    free(row);
+}
 
 /* Block tables, positions, a random pool and Q|K|V, on host and device. */
 static void paged_setup(const struct paged_case *pc, struct paged_step *st)
 {
     const int32_t seq_pos[PAGED_N_SEQ] = {40, 0, 100}, seq_new[PAGED_N_SEQ] = {1, 17, 5};
     const int32_t bs = pc->block_size, kvd = pc->n_head_kv * pc->hd, qd = pc->n_head * pc->hd;
-    const int64_t block_elems = (int64_t)pc->n_layer * 2 * bs * kvd;
+    const int64_t rk = kv_row_bytes(kv_k_rows(pc->kv), kvd), rv = kv_row_bytes(kv_v_rows(pc->kv), kvd);
+    const int64_t block_bytes = (int64_t)pc->n_layer * bs * (rk + rv);
     int32_t n_tok = 0, n_tab = 0, seq_blocks[PAGED_N_SEQ];
     for (int s = 0; s < PAGED_N_SEQ; s++) {
         n_tok += seq_new[s];
@@ -421,28 +463,30 @@ static void paged_setup(const struct paged_case *pc, struct paged_step *st)
             tok_tab[t] = tab_off[s];
         }
     }
-    /* Pool: random fp16 K/V everywhere (the cached prefix), then this
-     * step's K/V stored by the kernel under test and by the reference. */
-    const int64_t pool_n = block_elems * pc->n_blocks;
-    uint16_t *pool = malloc(sizeof(uint16_t) * (size_t)pool_n);
-    for (int64_t i = 0; i < pool_n; i++) pool[i] = kvb_f32_to_fp16(rnd_f(1.5f));
+    /* Pool: random K/V everywhere (the cached prefix), then this step's
+     * K/V stored by the kernel under test and by the reference. */
+    const int64_t pool_bytes = block_bytes * pc->n_blocks;
+    uint8_t *pool = malloc((size_t)pool_bytes);
+    random_pool(pool, pc->kv, pc->n_blocks, pc->n_layer, bs, kvd);
     const int64_t ld = qd + 2 * kvd; /* fused Q|K|V rows */
     float *qkv = malloc(sizeof(float) * (size_t)(n_tok * ld));
     fill(qkv, n_tok * ld, 1.5f);
 
-    uint16_t *d_pool = dev_put(pool, sizeof(uint16_t) * (size_t)pool_n);
+    uint8_t *d_pool = dev_put(pool, (size_t)pool_bytes);
     float *d_qkv = dev_put(qkv, sizeof(float) * (size_t)(n_tok * ld));
     int32_t *d_blocks = dev_put(blocks, sizeof(int32_t) * (size_t)n_tab);
     int32_t *d_pos = dev_put(tok_pos, sizeof(int32_t) * (size_t)n_tok),
             *d_tab = dev_put(tok_tab, sizeof(int32_t) * (size_t)n_tok);
-    struct kcu_paged pg = {d_pool, block_elems, bs, kvd, pc->layer, n_tok, d_pos, d_tab, d_blocks};
+    struct kcu_paged pg = {d_pool, block_bytes, (int32_t)pc->kv, bs, kvd, pc->layer, n_tok, d_pos, d_tab, d_blocks};
     *st = (struct paged_step){.bs = bs,
                               .kvd = kvd,
                               .qd = qd,
                               .n_tok = n_tok,
                               .n_tab = n_tab,
-                              .block_elems = block_elems,
-                              .pool_n = pool_n,
+                              .rk = rk,
+                              .rv = rv,
+                              .block_bytes = block_bytes,
+                              .pool_bytes = pool_bytes,
                               .ld = ld,
                               .perm = perm,
                               .blocks = blocks,
@@ -459,53 +503,136 @@ static void paged_setup(const struct paged_case *pc, struct paged_step *st)
     memcpy(st->seq_new, seq_new, sizeof seq_new);
 }
 
-/* kcu_kv_store against the store loop of be_cpu.c, over the whole pool
- * (nothing else in it may change). Leaves the reference's K/V in st->pool. */
+/* Byte arrays, bit for bit. */
+static void compare_bytes(const char *name, const uint8_t *got, const uint8_t *ref, int64_t n)
+{
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (got[i] != ref[i]) {
+            if (first < 0) first = i;
+            bad++;
+        }
+    printf("%-44s n=%-8lld mismatches=%lld%s\n", name, (long long)n, (long long)bad,
+           bad ? "  FAIL" : "  ok (bit-exact)");
+    CHECK_MSG(bad == 0, "%s: %lld of %lld bytes differ, first at %lld (%02x vs %02x)", name, (long long)bad,
+              (long long)n, (long long)first, first >= 0 ? got[first] : 0, first >= 0 ? ref[first] : 0);
+}
+
+/* kcu_kv_store against kv_quantize_row (for f16, the store loop of
+ * be_cpu.c: kvb_f32_to_fp16 per element), over the whole pool (nothing
+ * else in it may change). Leaves the reference's K/V in st->pool. */
 static void paged_check_store(const struct paged_case *pc, struct paged_step *st)
 {
     const int32_t bs = st->bs, kvd = st->kvd, qd = st->qd, n_tok = st->n_tok;
-    const int64_t block_elems = st->block_elems, pool_n = st->pool_n, ld = st->ld;
-    uint16_t *pool = st->pool, *got_pool = malloc(sizeof(uint16_t) * (size_t)pool_n);
+    const int64_t ld = st->ld;
+    uint8_t *pool = st->pool, *got_pool = malloc((size_t)st->pool_bytes);
     CU(kcu_kv_store(&st->pg, st->d_qkv + qd, st->d_qkv + qd + kvd, ld, 0));
 
-    for (int32_t t = 0; t < n_tok; t++) { /* the store loop of be_cpu.c */
+    for (int32_t t = 0; t < n_tok; t++) {
         const int32_t p = st->tok_pos[t];
-        uint16_t *blk = pool + (int64_t)st->blocks[st->tok_tab[t] + p / bs] * block_elems;
-        uint16_t *kd = blk + ((int64_t)pc->layer * 2 * bs + p % bs) * kvd;
-        uint16_t *vd = blk + (((int64_t)pc->layer * 2 + 1) * bs + p % bs) * kvd;
-        for (int32_t i = 0; i < kvd; i++) {
-            kd[i] = kvb_f32_to_fp16(st->qkv[t * ld + qd + i]);
-            vd[i] = kvb_f32_to_fp16(st->qkv[t * ld + qd + kvd + i]);
-        }
+        uint8_t *blk = pool + (int64_t)st->blocks[st->tok_tab[t] + p / bs] * st->block_bytes;
+        kv_quantize_row(kv_k_rows(pc->kv), blk + row_at(st->rk, st->rv, bs, pc->layer, 0, p % bs),
+                        st->qkv + t * ld + qd, kvd);
+        kv_quantize_row(kv_v_rows(pc->kv), blk + row_at(st->rk, st->rv, bs, pc->layer, 1, p % bs),
+                        st->qkv + t * ld + qd + kvd, kvd);
     }
-    dev_get(got_pool, st->d_pool, sizeof(uint16_t) * (size_t)pool_n);
+    dev_get(got_pool, st->d_pool, (size_t)st->pool_bytes);
     char name[128];
-    snprintf(name, sizeof name, "kv store layer %d/%d bs=%d kvd=%d tok=%d", pc->layer, pc->n_layer, bs, kvd, n_tok);
-    compare_u16(name, got_pool, pool, pool_n); /* also: nothing else in the pool changed */
+    snprintf(name, sizeof name, "kv store %s layer %d/%d bs=%d kvd=%d tok=%d", kv_type_name(pc->kv), pc->layer,
+             pc->n_layer, bs, kvd, n_tok);
+    compare_bytes(name, got_pool, pool, st->pool_bytes); /* also: nothing else in the pool changed */
     free(got_pool);
 }
 
-/* attn_head over the reference pool, every token and head, into ref. */
+/* attn_head's arithmetic (cpu/attn.h: scaled q, fma chains in ascending
+ * order, attn_exp, eight interleaved partial sums and their fixed tree) on
+ * K/V rows that are already floats: the reference for the quantized types,
+ * whose rows are kv_dequantize_row'd first. */
+static void ref_attn_f32(float *out, const float *q, int32_t hd, const float *k_base, const float *v_base,
+                         int64_t block_stride, int64_t row_stride, int32_t bs, const int32_t *table, int32_t n_pos,
+                         float scale, float *scores)
+{
+    float qs[KCU_ATTN_MAX_HEAD_DIM], maxs = -INFINITY;
+    for (int32_t i = 0; i < hd; i++) qs[i] = q[i] * scale;
+    for (int32_t p = 0; p < n_pos; p++) {
+        const float *k = k_base + (int64_t)table[p / bs] * block_stride + (int64_t)(p % bs) * row_stride;
+        float d = 0.0f;
+        for (int32_t i = 0; i < hd; i++) d = fmaf(k[i], qs[i], d);
+        scores[p] = d;
+        maxs = fmaxf(maxs, d);
+    }
+    float part[8] = {0};
+    for (int32_t p = 0; p < n_pos; p++) {
+        scores[p] = attn_exp(scores[p] - maxs);
+        part[p % 8] += scores[p];
+    }
+    const float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+    const float inv = 1.0f / sum;
+    for (int32_t i = 0; i < hd; i++) out[i] = 0.0f;
+    for (int32_t p = 0; p < n_pos; p++) {
+        const float *v = v_base + (int64_t)table[p / bs] * block_stride + (int64_t)(p % bs) * row_stride;
+        for (int32_t i = 0; i < hd; i++) out[i] = fmaf(scores[p], v[i], out[i]);
+    }
+    for (int32_t i = 0; i < hd; i++) out[i] *= inv;
+}
+
+/* The reference's pool dequantized (kv_dequantize_row, row by row, K and
+ * V rows in their formats), as floats in the uniform element layout
+ * [block][layer][K|V][slot][kv_dim]. */
+static float *paged_pool_f32(const struct paged_case *pc, const struct paged_step *st)
+{
+    const int32_t bs = st->bs, kvd = st->kvd;
+    float *f = malloc(sizeof(float) * (size_t)pc->n_blocks * pc->n_layer * 2 * bs * kvd), *o = f;
+    for (int32_t blk = 0; blk < pc->n_blocks; blk++)
+        for (int32_t l = 0; l < pc->n_layer; l++)
+            for (int v = 0; v < 2; v++)
+                for (int32_t slot = 0; slot < bs; slot++, o += kvd)
+                    kv_dequantize_row(v ? kv_v_rows(pc->kv) : kv_k_rows(pc->kv), o,
+                                      st->pool + blk * st->block_bytes + row_at(st->rk, st->rv, bs, l, v, slot), kvd);
+    return f;
+}
+
+/* The reference attention over the reference pool, every token and head,
+ * into ref: attn_head itself for f16; for q8 and q4 ref_attn_f32 over the
+ * dequantized pool. For f16, ref_attn_f32 over the widened pool must give
+ * attn_head's bits: that is what makes it the same reference. */
 static void paged_ref_attn(const struct paged_case *pc, const struct paged_step *st, float scale, float *ref)
 {
     const int32_t bs = st->bs, kvd = st->kvd, qd = st->qd;
-    float *scores = malloc(sizeof(float) * 512);
+    float *scores = malloc(sizeof(float) * 512), *pf = paged_pool_f32(pc, st);
+    float *alt = malloc(sizeof(float) * (size_t)(st->n_tok * qd));
     const int32_t group = pc->n_head / pc->n_head_kv;
+    const int64_t block_elems = (int64_t)pc->n_layer * 2 * bs * kvd; /* of the float pool (and the f16 one) */
     for (int32_t t = 0; t < st->n_tok; t++)
         for (int32_t h = 0; h < pc->n_head; h++) {
             const int32_t g = h / group;
+            const int64_t k_off = (int64_t)pc->layer * 2 * bs * kvd + (int64_t)g * pc->hd;
+            const int64_t v_off = ((int64_t)pc->layer * 2 + 1) * bs * kvd + (int64_t)g * pc->hd;
+            float *o = ref + (int64_t)t * qd + (int64_t)h * pc->hd;
+            const float *q = st->qkv + t * st->ld + (int64_t)h * pc->hd;
+            const int32_t *table = st->blocks + st->tok_tab[t];
+            ref_attn_f32(pc->kv == KV_F16 ? alt + (o - ref) : o, q, pc->hd, pf + k_off, pf + v_off, block_elems, kvd,
+                         bs, table, st->tok_pos[t] + 1, scale, scores);
+            if (pc->kv != KV_F16) continue;
+            const uint16_t *h16 = (const uint16_t *)st->pool;
             struct attn_kv_view view = {
-                .k_base = st->pool + (int64_t)pc->layer * 2 * bs * kvd + (int64_t)g * pc->hd,
-                .v_base = st->pool + ((int64_t)pc->layer * 2 + 1) * bs * kvd + (int64_t)g * pc->hd,
-                .block_stride = st->block_elems,
+                .k_base = h16 + k_off,
+                .v_base = h16 + v_off,
+                .block_stride = block_elems,
                 .row_stride = kvd,
                 .block_size = bs,
-                .table = st->blocks + st->tok_tab[t],
+                .table = table,
             };
-            attn_head(ref + (int64_t)t * qd + (int64_t)h * pc->hd, st->qkv + t * st->ld + (int64_t)h * pc->hd, pc->hd,
-                      &view, st->tok_pos[t] + 1, scale, scores);
+            attn_head(o, q, pc->hd, &view, st->tok_pos[t] + 1, scale, scores);
         }
+    if (pc->kv == KV_F16) {
+        char name[128];
+        snprintf(name, sizeof name, "attention ref f32 rows == attn_head hd=%d", pc->hd);
+        compare(name, alt, ref, (int64_t)st->n_tok * qd, -1, 0, 0);
+    }
     free(scores);
+    free(pf);
+    free(alt);
 }
 
 /* kcu_attn against ref, and its bf16 form against its own f32 result. */
@@ -517,13 +644,16 @@ static void paged_check_attn(const struct paged_case *pc, const struct paged_ste
     float *d_out = dev_put(NULL, sizeof(float) * (size_t)(n_tok * qd));
     CU(kcu_attn(d_out, st->d_qkv, st->ld, &st->pg, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
     dev_get(got, d_out, sizeof(float) * (size_t)(n_tok * qd));
-    snprintf(name, sizeof name, "attention heads=%d/%d hd=%d bs=%d tok=%d", pc->n_head, pc->n_head_kv, pc->hd, st->bs,
-             n_tok);
+    snprintf(name, sizeof name, "attention%s%s heads=%d/%d hd=%d bs=%d tok=%d", pc->kv ? " " : "",
+             pc->kv ? kv_type_name(pc->kv) : "", pc->n_head, pc->n_head_kv, pc->hd, st->bs, n_tok);
+    /* The same tolerance for every type: the kernel reads the quantized
+     * values exactly, as the reference does after kv_dequantize_row. */
     compare(name, got, ref, (int64_t)n_tok * qd, 1e-10, 1e-4, 1e-5);
     {
         uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n_tok * (size_t)qd);
         CU(kcu_attn_bf16(d_b, st->d_qkv, st->ld, &st->pg, pc->n_head, pc->n_head_kv, pc->hd, scale, 0));
-        snprintf(name, sizeof name, "attention->bf16 heads=%d/%d hd=%d", pc->n_head, pc->n_head_kv, pc->hd);
+        snprintf(name, sizeof name, "attention->bf16%s%s heads=%d/%d hd=%d", pc->kv ? " " : "",
+                 pc->kv ? kv_type_name(pc->kv) : "", pc->n_head, pc->n_head_kv, pc->hd);
         compare_bf16_of(name, d_b, got, (int64_t)n_tok * qd);
         cudaFree(d_b);
     }
@@ -532,8 +662,9 @@ static void paged_check_attn(const struct paged_case *pc, const struct paged_ste
 }
 
 /* Tensor cores, where they take the heads: against the reference to fp16
- * rounding of Q and P, and bit for bit the same whatever the tiling
- * (widest, one token per tile, three). */
+ * rounding of Q and P (and, for q8 and q4, of the dequantized K and V:
+ * one more rounding of the same size, within the same bound), and bit for
+ * bit the same whatever the tiling (widest, one token per tile, three). */
 static void paged_check_tc(const struct paged_case *pc, const struct paged_step *st, float scale, const float *ref)
 {
     const int32_t n_tok = st->n_tok, qd = st->qd;
@@ -562,7 +693,8 @@ static void paged_check_tc(const struct paged_case *pc, const struct paged_step 
         dev_get(tc[w], d_o, sizeof(float) * (size_t)(n_tok * qd));
         cudaFree(d_o);
     }
-    snprintf(name, sizeof name, "attention tc heads=%d/%d hd=%d tile=%d", pc->n_head, pc->n_head_kv, pc->hd, tt);
+    snprintf(name, sizeof name, "attention tc%s%s heads=%d/%d hd=%d tile=%d", pc->kv ? " " : "",
+             pc->kv ? kv_type_name(pc->kv) : "", pc->n_head, pc->n_head_kv, pc->hd, tt);
     compare(name, tc[0], ref, (int64_t)n_tok * qd, 1e-6, 1e-2, 2e-3);
     const size_t bytes = sizeof(float) * (size_t)(n_tok * qd);
     CHECK_MSG(!memcmp(tc[0], tc[1], bytes) && !memcmp(tc[0], tc[2], bytes), "%s: the tiling changes a token's bits",
@@ -570,7 +702,8 @@ static void paged_check_tc(const struct paged_case *pc, const struct paged_step 
     uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n_tok * (size_t)qd);
     CU(kcu_attn_tc_bf16(d_b, st->d_qkv, st->ld, &st->pg, d_tiles[1], n_tiles[1], pc->n_head, pc->n_head_kv, pc->hd,
                         scale, 0));
-    snprintf(name, sizeof name, "attention tc->bf16 heads=%d/%d hd=%d", pc->n_head, pc->n_head_kv, pc->hd);
+    snprintf(name, sizeof name, "attention tc->bf16%s%s heads=%d/%d hd=%d", pc->kv ? " " : "",
+             pc->kv ? kv_type_name(pc->kv) : "", pc->n_head, pc->n_head_kv, pc->hd);
     compare_bf16_of(name, d_b, tc[0], (int64_t)n_tok * qd);
     cudaFree(d_b);
     for (int w = 0; w < 3; w++) {
@@ -607,6 +740,89 @@ static void test_paged(const struct paged_case *pc)
     paged_check_tc(pc, &st, scale, ref);
     free(ref);
     paged_free(&st);
+}
+
+/* The store's corners, q8 or q4, bytes against kv_quantize_row: groups of
+ * zeros (scale 0), constant groups (q4: hi == lo), exact rounding ties
+ * (rint to even), values whose scale passes the fp16 range (clamped to
+ * 65504), minimums below -65504 (clamped), infinities, scales in fp16's
+ * subnormal range, and ordinary random groups of every magnitude. NaN is
+ * left out: the reference converts it to an integer, which C leaves
+ * undefined. One layer, rows of 4 groups, 8 tokens over two blocks (in a
+ * q4 pool the K rows are q8: every corner falls in V rows too). */
+static void test_kv_store_edges(enum kv_type kt)
+{
+    enum { KVD = 4 * KV_QGROUP, N_TOK = 8, BSZ = 4 };
+    const int64_t rk = kv_row_bytes(kv_k_rows(kt), KVD), rv = kv_row_bytes(kv_v_rows(kt), KVD);
+    const int64_t block_bytes = BSZ * (rk + rv), ld = 2 * KVD;
+    float x[N_TOK * 2 * KVD];
+    fill(x, N_TOK * 2 * KVD, 2.0f);
+    for (int g = 0; g < N_TOK * 2 * 4; g++) {
+        float *v = x + g * KV_QGROUP;
+        switch (g % 11) {
+        case 0:
+            for (int i = 0; i < KV_QGROUP; i++) v[i] = 0.0f;
+            break;
+        case 1:
+            for (int i = 0; i < KV_QGROUP; i++) v[i] = -3.25f;
+            break;
+        case 2: /* q8: amax 127 -> d = 1; q4: lo 0, hi 15 -> d = 1, m = 0: halves tie */
+            for (int i = 0; i < KV_QGROUP; i++) v[i] = (float)(i % 15) + 0.5f;
+            v[0] = kt == KV_Q8 ? 127.0f : 0.0f;
+            v[1] = 15.0f;
+            v[3] = kt == KV_Q8 ? -2.5f : 2.5f;
+            break;
+        case 3:
+            for (int i = 0; i < KV_QGROUP; i++) v[i] = rnd_f(1e9f);
+            break;
+        case 4:
+            for (int i = 0; i < KV_QGROUP; i++) v[i] = -1e6f + rnd_f(10.0f);
+            break;
+        case 5: v[7] = INFINITY; break;
+        case 6:
+            v[2] = -INFINITY;
+            v[9] = INFINITY;
+            break;
+        case 7:
+            for (int i = 0; i < KV_QGROUP; i++) v[i] = rnd_f(3e-6f);
+            break;
+        case 8:
+            for (int i = 0; i < KV_QGROUP; i++) v[i] = 1000.0f + rnd_f(1.0f);
+            break;
+        case 9:
+            for (int i = 0; i < KV_QGROUP; i++) v[i] = rnd_f(1.0f) * ldexpf(1.0f, (int)(rnd() % 30) - 15);
+            break;
+        default: break; /* uniform in [-2, 2) */
+        }
+    }
+    int32_t pos[N_TOK], tab[N_TOK], blocks[2] = {1, 0};
+    for (int t = 0; t < N_TOK; t++) {
+        pos[t] = t;
+        tab[t] = 0;
+    }
+    uint8_t *ref = calloc(2, (size_t)block_bytes), *got = malloc(2 * (size_t)block_bytes);
+    for (int t = 0; t < N_TOK; t++) {
+        uint8_t *blk = ref + (int64_t)blocks[t / BSZ] * block_bytes;
+        kv_quantize_row(kv_k_rows(kt), blk + row_at(rk, rv, BSZ, 0, 0, t % BSZ), x + t * ld, KVD);
+        kv_quantize_row(kv_v_rows(kt), blk + row_at(rk, rv, BSZ, 0, 1, t % BSZ), x + t * ld + KVD, KVD);
+    }
+    uint8_t *d_pool = dev_put(NULL, 2 * (size_t)block_bytes);
+    float *d_x = dev_put(x, sizeof x);
+    int32_t *d_pos = dev_put(pos, sizeof pos), *d_tab = dev_put(tab, sizeof tab),
+            *d_blocks = dev_put(blocks, sizeof blocks);
+    struct kcu_paged pg = {d_pool, block_bytes, (int32_t)kt, BSZ, KVD, 0, N_TOK, d_pos, d_tab, d_blocks};
+    CU(kcu_kv_store(&pg, d_x, d_x + KVD, ld, 0));
+    dev_get(got, d_pool, 2 * (size_t)block_bytes);
+    char name[96];
+    snprintf(name, sizeof name, "kv store %s corners (zeros, ties, clamps, inf)", kv_type_name(kt));
+    compare_bytes(name, got, ref, 2 * block_bytes);
+    cudaFree(d_pool);
+    cudaFree(d_x);
+    cudaFree(d_pos);
+    cudaFree(d_tab);
+    cudaFree(d_blocks);
+    free(ref);
+    free(got);
 }
 
 /* ---- GEMM ------------------------------------------------------------------------------------------ */
@@ -779,12 +995,25 @@ static void test_argmax(int32_t n_rows, int32_t n, int64_t ld, bool gather)
 /* Launchers must refuse what they cannot do rather than run off bounds. */
 static void test_refusals(void)
 {
-    struct kcu_paged pg = {NULL, 0, 16, 2 * 512, 0, 1, NULL, NULL, NULL};
+    struct kcu_paged pg = {NULL, 0, KCU_KV_F16, 16, 2 * 512, 0, 1, NULL, NULL, NULL};
     CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 2, 512, 1.0f, 0) == cudaErrorInvalidValue); /* head_dim > 256 */
     pg.kv_dim = 3 * 64;
     CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 3, 64, 1.0f, 0) == cudaErrorInvalidValue);             /* 4 heads over 3 */
     CHECK(kcu_attn_tc(NULL, NULL, 0, &pg, NULL, 1, 4, 1, 96, 1.0f, 0) == cudaErrorInvalidValue); /* head 96 */
     CHECK(kcu_attn_tc_tile_tokens(4, 1, 96) == 0 && kcu_attn_tc_tile_tokens(32, 8, 128) == 16);
+    /* Quantized rows need heads of whole groups; unknown types are refused. */
+    pg.kv_type = KCU_KV_Q8;
+    pg.kv_dim = 2 * 80;
+    CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 2, 80, 1.0f, 0) == cudaErrorInvalidValue);
+    pg.kv_type = KCU_KV_Q4;
+    pg.kv_dim = 48;
+    CHECK(kcu_kv_store(&pg, NULL, NULL, 0, 0) == cudaErrorInvalidValue);
+    pg.kv_type = 3;
+    pg.kv_dim = 2 * 64;
+    CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 2, 64, 1.0f, 0) == cudaErrorInvalidValue);
+    CHECK(kcu_attn_tc(NULL, NULL, 0, &pg, NULL, 1, 4, 2, 64, 1.0f, 0) == cudaErrorInvalidValue);
+    CHECK(kcu_kv_store(&pg, NULL, NULL, 0, 0) == cudaErrorInvalidValue);
+    pg.kv_type = KCU_KV_F16;
     CHECK(kcu_rope(NULL, 0, 1, 1, 64, 128, 0, NULL, NULL, 1.0f, 0) == cudaErrorInvalidValue); /* rope_dim > head_dim */
     CHECK(kcu_add(NULL, NULL, 0, 0) == cudaSuccess);                            /* empty: nothing enqueued */
     CHECK(kcu_argmax(NULL, NULL, 10, NULL, 1, 20, 0) == cudaErrorInvalidValue); /* rows overlap */
@@ -830,10 +1059,31 @@ int main(void)
     test_to_bf16(100003);
 
     const struct paged_case pcs[] = {
-        {2, 0, 16, 24, 4, 2, 64}, {2, 1, 16, 24, 8, 2, 64},  {3, 2, 16, 24, 9, 3, 64}, {1, 0, 32, 12, 32, 8, 128},
-        {2, 1, 8, 48, 4, 4, 128}, {2, 0, 16, 24, 2, 1, 256}, {2, 1, 16, 24, 6, 2, 80}, {1, 0, 64, 8, 4, 1, 96},
+        {2, 0, 16, 24, 4, 2, 64, KV_F16},
+        {2, 1, 16, 24, 8, 2, 64, KV_F16},
+        {3, 2, 16, 24, 9, 3, 64, KV_F16},
+        {1, 0, 32, 12, 32, 8, 128, KV_F16},
+        {2, 1, 8, 48, 4, 4, 128, KV_F16},
+        {2, 0, 16, 24, 2, 1, 256, KV_F16},
+        {2, 1, 16, 24, 6, 2, 80, KV_F16},
+        {1, 0, 64, 8, 4, 1, 96, KV_F16},
+        /* The quantized types on the same mix of heads (head_dim whole
+         * groups of 32: 80 and 96 are refused, see test_refusals). */
+        {2, 0, 16, 24, 4, 2, 64, KV_Q8},
+        {3, 2, 16, 24, 9, 3, 64, KV_Q8},
+        {1, 0, 32, 12, 32, 8, 128, KV_Q8},
+        {2, 1, 8, 48, 4, 4, 128, KV_Q8},
+        {2, 0, 16, 24, 2, 1, 256, KV_Q8},
+        {2, 1, 16, 24, 8, 2, 64, KV_Q4},
+        {3, 2, 16, 24, 9, 3, 64, KV_Q4},
+        {1, 0, 32, 12, 32, 8, 128, KV_Q4},
+        {2, 1, 8, 48, 4, 4, 128, KV_Q4},
+        {2, 0, 16, 24, 2, 1, 256, KV_Q4},
+        {1, 0, 16, 24, 3, 1, 160, KV_Q4},
     };
     for (size_t i = 0; i < sizeof pcs / sizeof pcs[0]; i++) test_paged(&pcs[i]);
+    test_kv_store_edges(KV_Q8);
+    test_kv_store_edges(KV_Q4);
 
     cublasHandle_t h;
     CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);

@@ -164,8 +164,8 @@ static double time_steps(struct backend *be, const struct be_batch *batch, int w
     return (bench_now() - t0) / steps;
 }
 
-static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch, int32_t pf_seqs, int32_t pf_len,
-                    int steps, double peak)
+static int run_mode(const struct model *m, bool det, enum kv_type kt, int32_t ctx, int32_t batch, int32_t pf_seqs,
+                    int32_t pf_len, int steps, double peak)
 {
     const struct model_hparams *hp = &m->hp;
     const int32_t bs = 16;
@@ -173,11 +173,11 @@ static int run_mode(const struct model *m, bool det, int32_t ctx, int32_t batch,
     const int32_t per_seq_dec = (ctx + 1 + bs - 1) / bs, per_seq_pf = (pf_len + bs - 1) / bs;
     int32_t n_blocks = batch * per_seq_dec;
     if (pf_seqs * per_seq_pf > n_blocks) n_blocks = pf_seqs * per_seq_pf;
-    const int64_t kv_tok = be_block_bytes(m, 1, KV_F16); /* K+V bytes of one position, all layers */
+    const int64_t kv_tok = be_block_bytes(m, 1, kt); /* K+V bytes of one position, all layers */
     const int64_t w_bytes = be_cuda_weight_bytes(m);
-    printf("[%s] weights %.2f GiB on device, KV pool %d blocks = %.2f GiB\n", mode, (double)w_bytes / (1 << 30),
-           n_blocks, (double)n_blocks * bs * kv_tok / (1 << 30));
-    struct be_cuda_opts o = {.device = 0, .block_size = bs, .n_blocks = n_blocks, .deterministic = det};
+    printf("[%s] weights %.2f GiB on device, KV pool %d blocks = %.2f GiB (KV %s)\n", mode, (double)w_bytes / (1 << 30),
+           n_blocks, (double)n_blocks * bs * kv_tok / (1 << 30), kv_type_name(kt));
+    struct be_cuda_opts o = {.device = 0, .block_size = bs, .n_blocks = n_blocks, .deterministic = det, .kv_type = kt};
     struct backend *be = NULL;
     struct kvb_err err = {{0}};
     double t0 = bench_now();
@@ -259,6 +259,8 @@ static int cmd_bench(int argc, char **argv)
     const int32_t pf_seqs = (int32_t)bench_arg_int(argc, argv, "--prefill-seqs", 8);
     const int32_t pf_len = (int32_t)bench_arg_int(argc, argv, "--prefill-len", 512);
     const int steps = (int)bench_arg_int(argc, argv, "--steps", 10);
+    enum kv_type kt;
+    if (!bench_arg_kv_type(argc, argv, &kt)) return 2;
     struct bench_model bm;
     const int rc_open = bench_open(argc, argv, &bm);
     if (rc_open != 0) return rc_open;
@@ -266,9 +268,9 @@ static int cmd_bench(int argc, char **argv)
     const double peak = given ? atof(given) * 1e12 : gemm_peak();
     printf("figure: bf16 GEMM rate (cuBLAS, best of 3 large shapes): %.1f TFLOP/s\n", peak / 1e12);
     int rc = bench_attn(&bm.m->hp, pf_seqs, pf_len, batch, ctx);
-    rc |= run_mode(bm.m, false, ctx, batch, pf_seqs, pf_len, steps, peak);
+    rc |= run_mode(bm.m, false, kt, ctx, batch, pf_seqs, pf_len, steps, peak);
     if (bench_arg_flag(argc, argv, "--deterministic"))
-        rc |= run_mode(bm.m, true, ctx, batch, pf_seqs, pf_len, steps, peak);
+        rc |= run_mode(bm.m, true, kt, ctx, batch, pf_seqs, pf_len, steps, peak);
     bench_model_close(&bm);
     return rc;
 }
@@ -282,10 +284,10 @@ int main(int argc, char **argv)
             "usage: bench_gpu bench [--model PATH | --layers 32 --embd 4096 --ff 14336 --heads 32 --kv-heads 8 "
             "--vocab 128256]\n"
             "                       [--ctx 512 --batch 256 --prefill-seqs 8 --prefill-len 512 --steps 10 "
-            "--deterministic --peak-tflops X]\n"
+            "--deterministic --peak-tflops X --kv-type f16|q8|q4]\n"
             "       bench_gpu job [model options as bench] [--requests 1000 --prompt 512 --prefix 256 --gen 128\n"
             "                     --max-batch 256 --step-tokens 4096 --kv-gib 40 --cache-requests 64 "
-            "--cache-dir DIR --deterministic --cuda-graphs]\n"
+            "--cache-dir DIR --deterministic --cuda-graphs --kv-type f16|q8|q4]\n"
             "       bench_gpu synth PATH [--layers N --embd N --ff N --heads N --kv-heads N --type bf16]\n");
     return 2;
 }

@@ -9,6 +9,7 @@
  *                 [--prompt 512] [--prefix 256] [--gen 128] [--max-batch 256]
  *                 [--step-tokens 4096] [--kv-gib 40] [--cache-requests 64]
  *                 [--cache-dir DIR] [--deterministic] [--cuda-graphs]
+ *                 [--kv-type f16|q8|q4]
  *
  * The job: --requests prompts of --prompt tokens whose first --prefix are
  * the same, each generating exactly --gen tokens (greedy, no stop);
@@ -202,7 +203,7 @@ static int cache_pair(struct backend *be, const struct model *m, int32_t n, int3
            "store %s for this model (KV %.1f KiB per token; restore time scales with KV bytes, prefill with "
            "parameters)\n",
            hp->n_layer, hp->n_embd, restore > 0 ? 1e3 / restore : 0.0, 1e3 / prefill,
-           restore > prefill ? "wins" : "LOSES", (double)be_block_bytes(m, 1, KV_F16) / 1024.0);
+           restore > prefill ? "wins" : "LOSES", (double)be_block_bytes(m, 1, be->kv_type) / 1024.0);
     return 0;
 }
 
@@ -218,6 +219,8 @@ int bench_cmd_job(int argc, char **argv)
     const double kv_gib = atof(bench_arg_str(argc, argv, "--kv-gib", "40"));
     const bool det = bench_arg_flag(argc, argv, "--deterministic");
     const bool graphs = bench_arg_flag(argc, argv, "--cuda-graphs");
+    enum kv_type kt;
+    if (!bench_arg_kv_type(argc, argv, &kt)) return 2;
     if (n_req < 0 || len <= 1 || (n_req > 0 && (prefix < 0 || prefix >= len)) || gen <= 0 || max_batch <= 0 ||
         kv_gib <= 0 || (n_req == 0 && cache_n <= 0)) {
         fprintf(stderr, "bench_gpu job: need --requests >= 0, --prompt > 1, 0 <= --prefix < --prompt, --gen > 0, "
@@ -229,12 +232,16 @@ int bench_cmd_job(int argc, char **argv)
     if (rc_open != 0) return rc_open;
     const struct model *m = bm.m;
     const int32_t bs = 16;
-    const int64_t block_bytes = be_block_bytes(m, bs, KV_F16);
+    const int64_t block_bytes = be_block_bytes(m, bs, kt);
     int64_t n_blocks = (int64_t)(kv_gib * (double)(1 << 30)) / block_bytes;
     const int64_t need = ((int64_t)len + gen + bs) / bs;
     if (n_blocks < need) n_blocks = need;
-    struct be_cuda_opts o = {
-        .device = 0, .block_size = bs, .n_blocks = (int32_t)n_blocks, .deterministic = det, .graphs = graphs};
+    struct be_cuda_opts o = {.device = 0,
+                             .block_size = bs,
+                             .n_blocks = (int32_t)n_blocks,
+                             .deterministic = det,
+                             .graphs = graphs,
+                             .kv_type = kt};
     struct backend *be = NULL;
     struct kvb_err err = {{0}};
     double t0 = bench_now();
@@ -243,8 +250,9 @@ int bench_cmd_job(int argc, char **argv)
         bench_model_close(&bm);
         return 1;
     }
-    printf("upload %.1f s; KV pool %lld blocks of %d tokens = %.1f GiB; %d host threads sample\n", bench_now() - t0,
-           (long long)n_blocks, bs, (double)n_blocks * (double)block_bytes / (1 << 30), be->n_threads);
+    printf("upload %.1f s; KV pool %lld blocks of %d tokens = %.1f GiB (KV %s); %d host threads sample\n",
+           bench_now() - t0, (long long)n_blocks, bs, (double)n_blocks * (double)block_bytes / (1 << 30),
+           kv_type_name(kt), be->n_threads);
     const char *mode = det ? (graphs ? "deterministic, graphs" : "deterministic") : graphs ? "graphs" : "default";
     int rc = 0;
     struct run_result r = {.ok = true};

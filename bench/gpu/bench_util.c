@@ -29,6 +29,14 @@ const char *bench_arg_str(int argc, char **argv, const char *name, const char *d
     return def;
 }
 
+bool bench_arg_kv_type(int argc, char **argv, enum kv_type *out)
+{
+    const char *s = bench_arg_str(argc, argv, "--kv-type", "f16");
+    if (kv_type_parse(s, out)) return true;
+    fprintf(stderr, "bench_gpu: --kv-type %s: expected f16, q8 or q4\n", s);
+    return false;
+}
+
 bool bench_arg_flag(int argc, char **argv, const char *name)
 {
     for (int i = 0; i < argc; i++)

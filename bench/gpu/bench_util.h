@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 
+#include "backend/kvtype.h"
 #include "model/model.h"
 
 /* Monotonic seconds. */
@@ -20,6 +21,9 @@ double bench_now(void);
 long bench_arg_int(int argc, char **argv, const char *name, long def);
 const char *bench_arg_str(int argc, char **argv, const char *name, const char *def);
 bool bench_arg_flag(int argc, char **argv, const char *name);
+/* --kv-type f16|q8|q4 (default f16) into *out; false, with a message on
+ * stderr naming the value, for anything else. */
+bool bench_arg_kv_type(int argc, char **argv, enum kv_type *out);
 
 struct mem_model;
 
@@ -46,7 +50,8 @@ int bench_open(int argc, char **argv, struct bench_model *out);
 
 /* The attention kernels alone, f32 (kcu_attn) against tensor cores
  * (kcu_attn_tc) on one layer of hp's heads: a prefill step of pf_seqs x
- * pf_len tokens and a decode step of `batch` tokens at position ctx. Prints
+ * pf_len tokens and a decode step of `batch` tokens at position ctx, over
+ * a pool of each KV type (f16, q8, q4). Prints
  * "figure:" lines; returns 0, or 1 when a launch failed (bench_attn.c). */
 int bench_attn(const struct model_hparams *hp, int pf_seqs, int pf_len, int batch, int ctx);
 

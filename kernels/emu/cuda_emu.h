@@ -74,6 +74,13 @@ static inline float emu_uint_as_float(uint32_t u)
 #define __float2bfloat16_rn(f) kvb_f32_to_bf16(f)
 #define __bfloat16_as_ushort(b) ((uint16_t)(b))
 #define __uint_as_float(u) emu_uint_as_float(u)
+/* The IEEE-rounded arithmetic intrinsics (which no nvcc flag turns into
+ * approximations or fused forms) are the host's plain operations: g++
+ * compiles these files without FMA contraction (ISO C++ mode) and without
+ * fast-math. */
+#define __fdiv_rn(a, b) ((float)(a) / (float)(b))
+#define __fmul_rn(a, b) ((float)(a) * (float)(b))
+#define __fsub_rn(a, b) ((float)(a) - (float)(b))
 
 /* WMMA (mma.h), 16x16x16 shapes only. As on the GPU, a fragment is spread
  * over the warp: each lane loads and stores only its share of the tile

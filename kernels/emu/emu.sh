@@ -135,4 +135,22 @@ if [ "$(texts "$d/cold.jsonl")" = "$(texts "$d/warm.jsonl")" ] && [ "$(texts "$d
 else
   echo "completions differ between cold, warm and graphs runs"; rc=1
 fi
+# The quantized KV pools through the CLI, when it has --kv-type: every
+# request answered, cold and warm (blocks from the store) the same.
+if "$bdir/emu/kvbatch" run --help 2>&1 | grep -q -- "--kv-type"; then
+  for kt in q8 q4; do
+    for run in cold warm; do
+      "$bdir/emu/kvbatch" run -m "$d/m.gguf" -i "$d/job.jsonl" -o "$d/$kt-$run.jsonl" --device cuda --kv-type $kt \
+        --cache-dir "$d/pcache-$kt" --max-batch 3 --kv-mem 16M 2> "$d/$kt-$run.err" || { cat "$d/$kt-$run.err"; rc=1; }
+    done
+    n_ok=$(grep -c '"status_code":200' "$d/$kt-cold.jsonl" || true)
+    if [ "$n_ok" = 11 ] && [ "$(texts "$d/$kt-cold.jsonl")" = "$(texts "$d/$kt-warm.jsonl")" ]; then
+      echo "KV $kt: $n_ok of 11 requests ok, cold and warm the same completions"
+    else
+      echo "KV $kt: $n_ok of 11 requests ok, or cold and warm completions differ"; rc=1
+    fi
+  done
+else
+  echo "kvbatch has no --kv-type: quantized KV through the CLI not run"
+fi
 exit $rc
