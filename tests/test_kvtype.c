@@ -70,6 +70,14 @@ static void test_layout(void)
     CHECK_EQ_INT(kvb_fp16_to_f32(g4.m), -16);
     CHECK((g4.qs[0] & 15) == 0);   /* element 0: the minimum */
     CHECK((g4.qs[15] >> 4) == 15); /* element 31: the maximum */
+    /* a minimum of -0 beside +0 has one code, whichever the loop meets first */
+    float zz[32];
+    for (int i = 0; i < 32; i++) zz[i] = i == 3 ? -0.0f : (float)(i % 5);
+    kvq4_quantize_group(&g4, zz);
+    CHECK_EQ_INT(g4.m, 0);
+    zz[0] = -0.0f;
+    kvq4_quantize_group(&g4, zz);
+    CHECK_EQ_INT(g4.m, 0);
     CHECK_EQ_INT(kv_row_bytes(KV_Q8, 64), 68);
     CHECK_EQ_INT(kv_row_bytes(KV_Q4, 64), 40);
     CHECK_EQ_INT(kv_row_bytes(KV_F16, 64), 128);

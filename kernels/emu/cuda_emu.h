@@ -81,6 +81,7 @@ static inline float emu_uint_as_float(uint32_t u)
 #define __fdiv_rn(a, b) ((float)(a) / (float)(b))
 #define __fmul_rn(a, b) ((float)(a) * (float)(b))
 #define __fsub_rn(a, b) ((float)(a) - (float)(b))
+#define __fadd_rn(a, b) ((float)(a) + (float)(b))
 
 /* WMMA (mma.h), 16x16x16 shapes only. As on the GPU, a fragment is spread
  * over the warp: each lane loads and stores only its share of the tile

@@ -67,7 +67,7 @@ void kvq4_quantize_group(struct kvq4_group *g, const float *x)
         hi = fmaxf(hi, x[i]);
     }
     g->d = scale_fp16((hi - lo) / 15.0f);
-    g->m = min_fp16(lo);
+    g->m = min_fp16(lo + 0.0f); /* -0 + 0 is +0: the minimum of a group holding both zeros has one code */
     const float d = kvb_fp16_to_f32(g->d), m = kvb_fp16_to_f32(g->m);
     const float inv = d != 0.0f ? 1.0f / d : 0.0f;
     uint8_t q[KV_QGROUP];

@@ -32,7 +32,7 @@
  *     value[i] = D * (float)q[i]                       (exact in float)
  *   q4, per group (struct kvq4_group, 20 bytes for 32 elements):
  *     lo = min x[i], hi = max x[i];  d = fp16(min((hi - lo) / 15, 65504))
- *     m = fp16(clamp(lo, -65504, 65504))
+ *     m = fp16(clamp(lo + 0, -65504, 65504))   (+0 where the minimum is -0)
  *     D = float(d), M = float(m)
  *     q[i] = D == 0 ? 0 : clamp(rint((x[i] - M) * (1 / D)), 0, 15)
  *     value[i] = fmaf(D, (float)q[i], M)               (one rounding)
