@@ -52,10 +52,10 @@
 #include "base/status.h"
 #include "text/tok.h"
 
-#define GRAMMAR_MAX_ELEMS (1 << 20) /* compiled elements (after repetitions are expanded) */
-#define GRAMMAR_MAX_REPEAT 1000     /* m and n of {m,n} */
-#define GRAMMAR_MAX_DEPTH 1024      /* positions on one stack (nesting) */
-#define GRAMMAR_MAX_STACKS 4096     /* stacks in one state (ambiguity) */
+#define GRAMMAR_MAX_ELEMS (1 << 20)     /* compiled elements (after repetitions are expanded) */
+#define GRAMMAR_MAX_REPEAT 2000         /* m and n of {m,n} (llama.cpp's threshold) */
+#define GRAMMAR_MAX_DEPTH 1024          /* positions on one stack (nesting) */
+#define GRAMMAR_MAX_STACKS 4096         /* stacks in one state (ambiguity) */
 #define GRAMMAR_CACHE_BYTES (32u << 20) /* a matcher's memoised states, transitions and masks */
 
 struct grammar;
@@ -87,6 +87,9 @@ struct grammar_matcher;
 enum kvb_status grammar_matcher_create(const struct grammar *g, const struct grammar_vocab *v,
                                        struct grammar_matcher **out);
 void grammar_matcher_free(struct grammar_matcher *m); /* accepts NULL */
+/* Caps what m's caches may hold (default GRAMMAR_CACHE_BYTES; tests set it
+ * low to exercise the flush). */
+void grammar_matcher_set_cache_bytes(struct grammar_matcher *m, size_t cap);
 /* Back to the start of the grammar; caches are kept. */
 void grammar_matcher_reset(struct grammar_matcher *m);
 
@@ -106,13 +109,13 @@ int32_t grammar_mask(struct grammar_matcher *m, float *logits);
 void grammar_accept(struct grammar_matcher *m, int32_t token);
 
 struct grammar_stats {
-    uint64_t masks;       /* grammar_mask calls */
-    uint64_t mask_hits;   /* of them answered from the cache */
-    uint64_t mask_ns;     /* time inside grammar_mask */
-    uint64_t allows;      /* grammar_allows calls */
-    uint64_t flushes;     /* times the caches were dropped for GRAMMAR_CACHE_BYTES */
-    uint32_t states;      /* states interned now */
-    size_t cache_bytes;   /* memory the caches hold now */
+    uint64_t masks;     /* grammar_mask calls */
+    uint64_t mask_hits; /* of them answered from the cache */
+    uint64_t mask_ns;   /* time inside grammar_mask */
+    uint64_t allows;    /* grammar_allows calls */
+    uint64_t flushes;   /* times the caches were dropped for GRAMMAR_CACHE_BYTES */
+    uint32_t states;    /* states interned now */
+    size_t cache_bytes; /* memory the caches hold now */
 };
 void grammar_matcher_stats(const struct grammar_matcher *m, struct grammar_stats *out);
 
