@@ -70,7 +70,10 @@ static void test_refusals(void)
     printf("refusals: %zu grammars refused by name\n", sizeof cases / sizeof cases[0]);
 }
 
-static const char *match_name(enum grammar_match m) { return m == GRAMMAR_FULL ? "FULL" : m == GRAMMAR_PREFIX ? "PREFIX" : "NONE"; }
+static const char *match_name(enum grammar_match m)
+{
+    return m == GRAMMAR_FULL ? "FULL" : m == GRAMMAR_PREFIX ? "PREFIX" : "NONE";
+}
 
 static void test_matches(void)
 {
@@ -97,7 +100,10 @@ static void test_matches(void)
         {"root ::= . .", "\n\x7f", GRAMMAR_FULL},
         {"root ::= [ぁ-ゟ]+", "ひらがな", GRAMMAR_FULL},
         {"root ::= [ぁ-ゟ]+", "カ", GRAMMAR_NONE},
-        {"root ::= \"\\u00e9\\U0001F600\\x41\"", "\xc3\xa9\xf0\x9f\x98\x80" "A", GRAMMAR_FULL},
+        {"root ::= \"\\u00e9\\U0001F600\\x41\"",
+         "\xc3\xa9\xf0\x9f\x98\x80"
+         "A",
+         GRAMMAR_FULL},
         {"root ::= [\\x00-\\x1f\\\\\\]\\-]*", "\\]-\x01", GRAMMAR_FULL},
         {"root ::= \"a\"{2,3}", "a", GRAMMAR_PREFIX},
         {"root ::= \"a\"{2,3}", "aa", GRAMMAR_FULL},
@@ -226,8 +232,8 @@ static int walk(const struct grammar *g, const struct grammar_vocab *v, const st
                 char piece[64];
                 size_t len = tok_piece(t, i, false, piece, sizeof piece - 1);
                 piece[len] = 0;
-                CHECK_MSG(false, "after [%.*s]: token %d [%s] mask %d, per-token check %d", (int)n_text, text, i,
-                          piece, m, b);
+                CHECK_MSG(false, "after [%.*s]: token %d [%s] mask %d, per-token check %d", (int)n_text, text, i, piece,
+                          m, b);
             }
             if (m) allowed[n_allowed++] = i;
         }
@@ -243,8 +249,8 @@ static int walk(const struct grammar *g, const struct grammar_vocab *v, const st
             if (len == 0 || n_text + len > sizeof text) continue;
             memcpy(text + n_text, piece, len);
             const bool fresh = grammar_check(g, text, n_text + len) != GRAMMAR_NONE;
-            CHECK_MSG(fresh == (logits[i] > -INFINITY), "after [%.*s]: token %d fresh %d mask %d", (int)n_text, text,
-                      i, fresh, logits[i] > -INFINITY);
+            CHECK_MSG(fresh == (logits[i] > -INFINITY), "after [%.*s]: token %d fresh %d mask %d", (int)n_text, text, i,
+                      fresh, logits[i] > -INFINITY);
         }
         grammar_matcher_free(c);
         checked++;
@@ -267,7 +273,8 @@ static int walk(const struct grammar *g, const struct grammar_vocab *v, const st
     }
     struct grammar_stats st;
     grammar_matcher_stats(a, &st);
-    if (cache_cap && checked > 8) CHECK_MSG(st.flushes > 0, "a %zu-byte cache was never flushed (%d states)", cache_cap, checked);
+    if (cache_cap && checked > 8)
+        CHECK_MSG(st.flushes > 0, "a %zu-byte cache was never flushed (%d states)", cache_cap, checked);
     grammar_matcher_free(a);
     kvb_free(logits);
     kvb_free(allowed);
@@ -280,8 +287,7 @@ static void test_masks(const struct tok *t)
     struct kvb_err err = {{0}};
     CHECK_MSG(grammar_vocab_create(t, &v, &err) == KVB_OK, "%s", err.msg);
     if (!v) return;
-    static const char *files[] = {"json.gbnf", "arithmetic.gbnf", "list.gbnf", "chess.gbnf", "japanese.gbnf",
-                                  "c.gbnf"};
+    static const char *files[] = {"json.gbnf", "arithmetic.gbnf", "list.gbnf", "chess.gbnf", "japanese.gbnf", "c.gbnf"};
     static const char *inline_g[] = {
         "root ::= \"positive\" | \"negative\" | \"neutral\"",
         "root ::= [0-9]{3} \"-\" [0-9]{4}",
@@ -296,8 +302,7 @@ static void test_masks(const struct tok *t)
         if (is_file) states += walk(g, v, t, 24, 8u << 10); /* flushed every few steps */
         grammar_free(g);
     }
-    printf("masks: %d states, each mask equal to the per-token check over %d tokens\n", states,
-           grammar_vocab_size(v));
+    printf("masks: %d states, each mask equal to the per-token check over %d tokens\n", states, grammar_vocab_size(v));
     grammar_vocab_free(v);
 }
 

@@ -30,8 +30,8 @@ struct grammar {
     uint32_t root;
 };
 
-#define GM_NIL UINT32_MAX          /* no node (the bottom of a stack) */
-#define GM_DEAD UINT32_MAX         /* a transition nothing continues */
+#define GM_NIL UINT32_MAX           /* no node (the bottom of a stack) */
+#define GM_DEAD UINT32_MAX          /* a transition nothing continues */
 #define GM_UNKNOWN (UINT32_MAX - 1) /* a transition not computed yet */
 
 struct gm_node { /* one interned stack: top position over a shared tail */
@@ -59,10 +59,10 @@ struct grammar_matcher {
     uint32_t state_hash_cap;
     uint32_t *pool; /* the states' node lists */
     uint32_t n_pool, cap_pool;
-    uint32_t cur;   /* the current state */
-    bool dead;      /* a refused token was accepted: only the end of generation is left */
-    uint32_t stamp; /* marks nodes seen in one expansion */
-    uint32_t *work, cap_work;  /* scratch: expansion work list (pairs) */
+    uint32_t cur;                  /* the current state */
+    bool dead;                     /* a refused token was accepted: only the end of generation is left */
+    uint32_t stamp;                /* marks nodes seen in one expansion */
+    uint32_t *work, cap_work;      /* scratch: expansion work list (pairs) */
     uint32_t *out, n_out, cap_out; /* scratch: the ready nodes being collected */
     uint32_t *walk, cap_walk;      /* scratch: states along the trie walk, one per depth */
     size_t bytes;                  /* what the caches hold */

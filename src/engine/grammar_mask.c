@@ -90,8 +90,7 @@ static enum kvb_status vocab_trie(struct grammar_vocab *v)
     if (!keys) return KVB_ERR_NOMEM;
     nt = 0;
     for (int32_t i = 0; i < v->n; i++)
-        if (v->off[i + 1] > v->off[i])
-            keys[nt++] = (struct tkey){v->bytes + v->off[i], v->off[i + 1] - v->off[i], i};
+        if (v->off[i + 1] > v->off[i]) keys[nt++] = (struct tkey){v->bytes + v->off[i], v->off[i + 1] - v->off[i], i};
     qsort(keys, (size_t)nt, sizeof *keys, cmp_tok);
     for (int32_t k = 0; k < nt; k++) v->tok_ids[k] = keys[k].id;
     kvb_free(keys);

@@ -67,8 +67,7 @@ static uint32_t node_key(const struct grammar_matcher *m, uint32_t i)
  * GRAMMAR_MAX_DEPTH or memory runs out. */
 static uint32_t node_get(struct grammar_matcher *m, uint32_t pos, uint32_t parent)
 {
-    if (2 * (m->n_nodes + 1) > m->node_hash_cap &&
-        !rehash(m, &m->node_hash, &m->node_hash_cap, m->n_nodes, node_key))
+    if (2 * (m->n_nodes + 1) > m->node_hash_cap && !rehash(m, &m->node_hash, &m->node_hash_cap, m->n_nodes, node_key))
         return GM_NIL;
     const uint32_t mask = m->node_hash_cap - 1;
     uint32_t h = hash2(pos, parent) & mask;

@@ -27,8 +27,8 @@ struct gp_vec { /* a growable element list */
 
 struct gp_rule {
     struct gp_vec body;
-    char *name;       /* the GBNF name; generated rules: "<origin>_<n>" */
-    uint32_t origin;  /* the user rule a generated one came from (itself if none) */
+    char *name;      /* the GBNF name; generated rules: "<origin>_<n>" */
+    uint32_t origin; /* the user rule a generated one came from (itself if none) */
     bool defined;
 };
 
@@ -260,7 +260,9 @@ static bool emit_class(struct gp *p, uint32_t rule, struct gp_vec *seq, const st
         for (uint32_t c = r[i].lo; c <= r[i].hi && c < 0x80; c++) ascii[c >> 6] |= 1ull << (c & 63), any_ascii = true;
         any_multi |= r[i].hi >= 0x80;
     }
-    if (!any_ascii && !any_multi) return gp_failf(p, KVB_ERR_FORMAT, "grammar: rule '%s' has a character class that matches nothing", p->rules[rule].name);
+    if (!any_ascii && !any_multi)
+        return gp_failf(p, KVB_ERR_FORMAT, "grammar: rule '%s' has a character class that matches nothing",
+                        p->rules[rule].name);
     int32_t s = any_ascii ? set_add(p, ascii) : 0;
     if (s < 0) return false;
     if (!any_multi) return vec_push(p, seq, GE_BYTES, (uint32_t)s);
@@ -283,7 +285,6 @@ static bool emit_class(struct gp *p, uint32_t rule, struct gp_vec *seq, const st
     kvb_free(alt.e);
     return ok;
 }
-
 
 /* ---- the text ----------------------------------------------------------- */
 
@@ -313,7 +314,10 @@ static const char *parse_hex(struct gp *p, const char *pos, int size, uint32_t *
     uint32_t v = 0;
     for (int i = 0; i < size; i++) {
         const char c = at(p, pos + i);
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) {
             char what[64];
             snprintf(what, sizeof what, "expecting %d hex digits", size);
@@ -562,7 +566,6 @@ static const char *parse_rule(struct gp *p, const char *pos)
     return skip_space(p, pos, true);
 }
 
-
 /* ---- checks and the compiled form --------------------------------------- */
 
 static void left_edges(const struct gp *p, const bool *nullable, uint32_t r, uint32_t *to, bool *grows, uint32_t *n)
@@ -668,8 +671,8 @@ static bool check_left_recursion(struct gp *p)
         left_edges(p, nullable, r, to, grows, &n);
     }
     if (ok) {
-        struct tarjan t = {.off = off, .to = to, .index = idx, .low = idx + nr, .comp = idx + 2 * nr,
-                           .stack = idx + 3 * nr, .on = on};
+        struct tarjan t = {
+            .off = off, .to = to, .index = idx, .low = idx + nr, .comp = idx + 2 * nr, .stack = idx + 3 * nr, .on = on};
         for (uint32_t r = 0; r < nr; r++) t.index[r] = UINT32_MAX;
         for (uint32_t r = 0; r < nr; r++)
             if (t.index[r] == UINT32_MAX) strongconnect(&t, r);
@@ -726,8 +729,11 @@ enum kvb_status grammar_compile(const char *gbnf, size_t len, struct grammar **o
 {
     *out = NULL;
     if (msg && cap) msg[0] = 0;
-    struct gp p = {.src = gbnf ? gbnf : "", .end = (gbnf ? gbnf : "") + (gbnf ? len : 0), .any_rule = UINT32_MAX,
-                   .msg = msg, .msg_cap = cap};
+    struct gp p = {.src = gbnf ? gbnf : "",
+                   .end = (gbnf ? gbnf : "") + (gbnf ? len : 0),
+                   .any_rule = UINT32_MAX,
+                   .msg = msg,
+                   .msg_cap = cap};
     for (int i = 0; i < 256; i++) p.single[i] = -1;
     struct grammar *g = kvb_calloc(1, sizeof *g);
     if (!g) gp_nomem(&p);
