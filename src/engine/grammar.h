@@ -49,6 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/buf.h"
 #include "base/status.h"
 #include "text/tok.h"
 
@@ -71,6 +72,14 @@ void grammar_free(struct grammar *g); /* accepts NULL */
  * prefix of one, GRAMMAR_NONE otherwise; KVB_ERR_NOMEM aside (then NONE). */
 enum grammar_match { GRAMMAR_NONE, GRAMMAR_PREFIX, GRAMMAR_FULL };
 enum grammar_match grammar_check(const struct grammar *g, const char *s, size_t n);
+
+/* GBNF writing (grammar_text.c). Appends s[0..n) as a GBNF literal,
+ * quotes included, escaping '"', '\\' and control bytes; KVB_ERR_NOMEM. */
+enum kvb_status grammar_put_literal(struct kvb_buf *out, const char *s, size_t n);
+/* vLLM's choice: json_array[0..len) is a JSON array of strings; appends
+ * `root ::= "a" | "b" ...`. KVB_ERR_FORMAT (msg) when it is not a
+ * non-empty array of strings; KVB_ERR_NOMEM. */
+enum kvb_status grammar_choice_gbnf(const char *json_array, size_t len, struct kvb_buf *out, char *msg, size_t cap);
 
 struct grammar_vocab;
 
