@@ -97,8 +97,8 @@ static const struct {
     enum job_constraint kind;
     bool object_flag;
 } forms[] = {
-    {"json", JOB_CONSTRAINT_JSON, false},          {"json_object", JOB_CONSTRAINT_JSON, true},
-    {"regex", JOB_CONSTRAINT_REGEX, false},        {"choice", JOB_CONSTRAINT_CHOICE, false},
+    {"json", JOB_CONSTRAINT_JSON, false},       {"json_object", JOB_CONSTRAINT_JSON, true},
+    {"regex", JOB_CONSTRAINT_REGEX, false},     {"choice", JOB_CONSTRAINT_CHOICE, false},
     {"grammar", JOB_CONSTRAINT_GRAMMAR, false},
 };
 

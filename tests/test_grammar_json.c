@@ -32,7 +32,7 @@
 /* The whitespace policy (grammar_schema.h, as jsonmode.h had it). */
 #define JSON_MAX_WS 24     /* consecutive whitespace bytes outside strings */
 #define JSON_MAX_LEAD_WS 1 /* before the object */
-#define JSONV_MAX_DEPTH 64  /* the validator's nesting bound (the generator stays far below it) */
+#define JSONV_MAX_DEPTH 64 /* the validator's nesting bound (the generator stays far below it) */
 #include "text/tok.h"
 
 /* ---- an independent validator: is s[0..n) exactly one JSON object, with at
@@ -417,10 +417,7 @@ static const char PERSON[] =
 
 static int recognise_with_n(const struct grammar *sc, const char *s, size_t n) { return recognise_g(sc, s, n); }
 
-static int recognise_with(const struct grammar *sc, const char *s)
-{
-    return recognise_with_n(sc, s, strlen(s));
-}
+static int recognise_with(const struct grammar *sc, const char *s) { return recognise_with_n(sc, s, strlen(s)); }
 
 /* Whether the schema compiler refuses text (KVB_ERR_FORMAT or
  * KVB_ERR_UNSUPPORTED), with the field in path and the reason in msg. */
@@ -472,8 +469,8 @@ static void test_schema_refusals(void)
         CHECK_MSG(strcmp(path, "body.response_format.json_schema.schema.properties.a") == 0, "path [%s]", path);
         /* the job format keeps whatever was written: text that is no schema is refused here */
         CHECK(schema_refused("\"x\"", 3, "s", path, sizeof path, msg, sizeof msg) && !b);
-        CHECK(schema_refused("{\"type\":", 9, "s", path, sizeof path, msg, sizeof msg) &&
-              !b && strstr(msg, "not valid JSON"));
+        CHECK(schema_refused("{\"type\":", 9, "s", path, sizeof path, msg, sizeof msg) && !b &&
+              strstr(msg, "not valid JSON"));
     }
     printf("schemas: %zu refused\n", sizeof bad / sizeof bad[0]);
 }
@@ -629,8 +626,8 @@ static void test_sampling(const struct tok *t, const struct grammar *sc)
             ended++;
             CHECK_MSG(is_object(out, n_out), "run %d ended on [%.*s]", run, (int)n_out, out);
             if (sc)
-                CHECK_MSG(recognise_with_n(sc, out, n_out) == 1, "run %d ended on [%.*s], not the schema's", run, (int)n_out,
-                          out);
+                CHECK_MSG(recognise_with_n(sc, out, n_out) == 1, "run %d ended on [%.*s], not the schema's", run,
+                          (int)n_out, out);
         }
         sampler_free(s);
     }

@@ -304,6 +304,7 @@ enum kvb_status admit_constraint(const struct job_request *q, struct grammar **o
             job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", msg);
         }
         e->by_line = true;
+        st = KVB_ERR_FORMAT; /* a refusal, whatever its code: the line is bad */
     }
     return st;
 }

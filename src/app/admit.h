@@ -74,12 +74,12 @@ struct admit_prompt {
 struct admit_plan {
     struct admit_prompt *prompts; /* (n_prompts): chat 1, completion the request's n_prompts */
     int32_t n_prompts;
-    int32_t n_choices;              /* n_prompts x n: choice c runs prompt c / n with seed + c % n */
-    struct sampler_params sp;       /* choice 0's parameters; admit_choice_params gives each choice's */
-    struct sampler_bias *bias;      /* (sp.n_bias) logit_bias */
-    int32_t *ban;                   /* (sp.n_ban) what min_tokens holds back: end of generation (unless
+    int32_t n_choices;         /* n_prompts x n: choice c runs prompt c / n with seed + c % n */
+    struct sampler_params sp;  /* choice 0's parameters; admit_choice_params gives each choice's */
+    struct sampler_bias *bias; /* (sp.n_bias) logit_bias */
+    int32_t *ban;              /* (sp.n_ban) what min_tokens holds back: end of generation (unless
                                      ignore_eos) and stop_token_ids */
-    struct grammar *grammar;        /* sp.grammar: the request's constraint, compiled (owned) */
+    struct grammar *grammar;   /* sp.grammar: the request's constraint, compiled (owned) */
 };
 
 /* The checks of an input line around job_parse_line, in run's order:

@@ -136,8 +136,7 @@ static int parse_args(int argc, char **argv, struct gen_args *ga)
         else if (cli_opt_is(a, "--grammar")) {
             CLI_VAL();
             ga->grammar_file = val;
-        }
-        else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) {
+        } else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) {
             CLI_VAL();
             if (!cli_parse_i64(a, val, 1, 1024, &v)) return CLI_EXIT_USAGE;
             ga->lo.n_threads = (int)v;

@@ -88,9 +88,9 @@ struct sampler {
     double bucket_mass[SAMPLER_BUCKETS + 1]; /* top-p histogram, + a spare for dropped tokens */
     int32_t bucket_count[SAMPLER_BUCKETS + 1];
 
-    struct sampler_bias *bias; /* (p.n_bias) a copy of the caller's */
-    int32_t *ban;              /* (p.n_ban) a copy of the caller's */
-    int64_t n_accepted;        /* tokens accepted since create or reset (for ban_until) */
+    struct sampler_bias *bias;  /* (p.n_bias) a copy of the caller's */
+    int32_t *ban;               /* (p.n_ban) a copy of the caller's */
+    int64_t n_accepted;         /* tokens accepted since create or reset (for ban_until) */
     struct grammar_matcher *gm; /* with a grammar: the output so far (owned) */
     float *raw;                 /* with a grammar: (n_vocab) the logits as given, for a masked redraw */
 };

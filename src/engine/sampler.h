@@ -43,7 +43,7 @@ struct sampler_params {
     const struct grammar *grammar;      /* non-NULL: the output is held to this grammar (grammar.h); borrowed,
                                            must outlive the sampler, which keeps its own matcher */
     const struct grammar_vocab *gvocab; /* with grammar: the tokenizer's bytes; borrowed */
-    const struct sampler_bias *bias;           /* n_bias additions to logits before anything else
+    const struct sampler_bias *bias;    /* n_bias additions to logits before anything else
                                           (OpenAI's logit_bias); copied by sampler_create */
     int32_t n_bias;
     const int32_t *ban; /* n_ban token ids that cannot be drawn while fewer than ban_until tokens have
