@@ -176,8 +176,7 @@ static void test_refusals(void)
         {"{\"type\":\"object\",\"required\":[\"x\"],\"properties\":{\"a\":{}}}", "does not list"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":[{}]}}}", "prefixItems"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"[\"}}}", "not closed"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a{2000}\"}}}",
-         "counts above"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a{2000}\"}}}", "counts above"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}}}",
          "no integer"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,2],\"minimum\":3}}}", "beside enum"},
@@ -195,7 +194,8 @@ static void test_refusals(void)
         char *g = to_gbnf(cases[i].schema, path, msg);
         CHECK_MSG(g == NULL, "accepted: %s", cases[i].schema);
         free(g);
-        if (!g) CHECK_MSG(strstr(msg, cases[i].want) != NULL, "%s: '%s' lacks '%s'", cases[i].schema, msg, cases[i].want);
+        if (!g)
+            CHECK_MSG(strstr(msg, cases[i].want) != NULL, "%s: '%s' lacks '%s'", cases[i].schema, msg, cases[i].want);
     }
 }
 
@@ -244,9 +244,9 @@ static void test_regex_refusals(void)
     static const struct {
         const char *re, *want;
     } cases[] = {
-        {"a(?!b)", "lookahead"}, {"(?<=a)b", "lookbehind"}, {"\\B", "word boundary"}, {"[]", "empty classes"},
-        {"a**", "nothing to repeat"}, {"*a", "nothing to repeat"}, {"(a", "not closed"}, {"a)", "unmatched"},
-        {"[z-a]", "out of order"}, {"\\q", "escape \\q"}, {"a{3,2}", "out of order"}, {"^*", "anchor"},
+        {"a(?!b)", "lookahead"},       {"(?<=a)b", "lookbehind"},   {"\\B", "word boundary"},   {"[]", "empty classes"},
+        {"a**", "nothing to repeat"},  {"*a", "nothing to repeat"}, {"(a", "not closed"},       {"a)", "unmatched"},
+        {"[z-a]", "out of order"},     {"\\q", "escape \\q"},       {"a{3,2}", "out of order"}, {"^*", "anchor"},
         {"\\uD800", "lone surrogate"}, {"x{1001}", "counts above"}, {"(?i)a", "group (?i"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -255,7 +255,8 @@ static void test_regex_refusals(void)
         const enum kvb_status st =
             gregex_to_gbnf(cases[i].re, strlen(cases[i].re), GREGEX_WHOLE, "r", &b, msg, sizeof msg);
         CHECK_MSG(st == KVB_ERR_FORMAT, "accepted regex %s", cases[i].re);
-        if (st != KVB_OK) CHECK_MSG(strstr(msg, cases[i].want) != NULL, "%s: '%s' lacks '%s'", cases[i].re, msg, cases[i].want);
+        if (st != KVB_OK)
+            CHECK_MSG(strstr(msg, cases[i].want) != NULL, "%s: '%s' lacks '%s'", cases[i].re, msg, cases[i].want);
         CHECK(b.len == 0);
         kvb_buf_free(&b);
     }

@@ -13,7 +13,7 @@
 #include "base/json.h"
 #include "engine/grammar_regex_int.h"
 
-#define MAX_NEST 100    /* groups inside groups */
+#define MAX_NEST 100   /* groups inside groups */
 #define MAX_AST 100000 /* nodes of the parsed regex */
 
 int gr_fail(struct gr_err *e, const char *fmt, ...)
@@ -298,7 +298,8 @@ static int parse_escape(struct parser *p, bool in_class, uint32_t *cp, struct iv
                 const size_t save = p->i;
                 p->i += 2;
                 const int64_t lo = hex_digits(p, 4);
-                if (lo >= 0xDC00 && lo <= 0xDFFF) *cp = 0x10000 + (((uint32_t)v - 0xD800) << 10) + ((uint32_t)lo - 0xDC00);
+                if (lo >= 0xDC00 && lo <= 0xDFFF)
+                    *cp = 0x10000 + (((uint32_t)v - 0xD800) << 10) + ((uint32_t)lo - 0xDC00);
                 else p->i = save;
             }
         }
@@ -667,7 +668,7 @@ static int decode(const char *re, size_t len, uint32_t **out, size_t *n, struct 
         const size_t m = json_utf8_seq((const unsigned char *)re + i, len - i, &bad);
         if (m == 0) return gr_fail(e, "the regex is not valid UTF-8 (at byte %zu)", i);
         const unsigned char *u = (const unsigned char *)re + i;
-        uint32_t c = m == 1 ? u[0]
+        uint32_t c = m == 1   ? u[0]
                      : m == 2 ? (uint32_t)(u[0] & 0x1F) << 6 | (u[1] & 0x3F)
                      : m == 3 ? (uint32_t)(u[0] & 0x0F) << 12 | (uint32_t)(u[1] & 0x3F) << 6 | (u[2] & 0x3F)
                               : (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3F) << 12 |

@@ -43,10 +43,10 @@
  * code point raw. So the decoded string is exactly what the automaton read. */
 #define GREGEX_JSON_CONTENT 1
 
-#define GREGEX_MAX_COUNT 1000     /* n and m of {n,m} */
-#define GREGEX_MAX_NFA 20000      /* states of the nondeterministic automaton */
-#define GREGEX_MAX_DFA 4000       /* states of the deterministic one */
-#define GREGEX_MAX_RULES 40000    /* states once a length bound is applied */
+#define GREGEX_MAX_COUNT 1000    /* n and m of {n,m} */
+#define GREGEX_MAX_NFA 20000     /* states of the nondeterministic automaton */
+#define GREGEX_MAX_DFA 4000      /* states of the deterministic one */
+#define GREGEX_MAX_RULES 40000   /* states once a length bound is applied */
 #define GREGEX_NO_MAX UINT32_MAX /* max_len: no upper bound */
 
 /* re[0..len) (UTF-8) into rules whose entry is named rule_prefix (others

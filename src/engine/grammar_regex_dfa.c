@@ -482,7 +482,7 @@ static bool put_expr(struct kvb_buf *out, const struct gr_iv *v, int64_t n, bool
         uint32_t cp;
         const char *text;
     } esc[] = {{'"', "\"\\\\\\\"\""}, {'\\', "\"\\\\\\\\\""}, {'/', "\"\\\\/\""}, {8, "\"\\\\b\""},
-               {9, "\"\\\\t\""},      {10, "\"\\\\n\""},      {12, "\"\\\\f\""}, {13, "\"\\\\r\""}};
+               {9, "\"\\\\t\""},      {10, "\"\\\\n\""},      {12, "\"\\\\f\""},  {13, "\"\\\\r\""}};
     int alts = 0;
     const size_t mark = out->len;
     ok = gr_puts(out, "(");

@@ -18,13 +18,30 @@
 #define MAX_VIEW GS_MAX_VIEW
 #define PATH GS_PATH
 
-const char *const gs_kw_names[K_COUNT] = {
-    "type",     "properties", "required", "additionalProperties", "items",  "prefixItems",
-    "minItems", "maxItems",   "enum",     "const",                "anyOf",  "oneOf",
-    "allOf",    "$ref",       "pattern",  "format",               "minLength", "maxLength",
-    "minimum",  "maximum",    "exclusiveMinimum", "exclusiveMaximum"};
-static const char *const annotations[] = {"description", "title",      "default",    "examples", "$schema",
-                                          "$id",         "$comment",   "readOnly",   "writeOnly", "deprecated",
+const char *const gs_kw_names[K_COUNT] = {"type",
+                                          "properties",
+                                          "required",
+                                          "additionalProperties",
+                                          "items",
+                                          "prefixItems",
+                                          "minItems",
+                                          "maxItems",
+                                          "enum",
+                                          "const",
+                                          "anyOf",
+                                          "oneOf",
+                                          "allOf",
+                                          "$ref",
+                                          "pattern",
+                                          "format",
+                                          "minLength",
+                                          "maxLength",
+                                          "minimum",
+                                          "maximum",
+                                          "exclusiveMinimum",
+                                          "exclusiveMaximum"};
+static const char *const annotations[] = {"description", "title",       "default",      "examples",  "$schema",
+                                          "$id",         "$comment",    "readOnly",     "writeOnly", "deprecated",
                                           "$defs",       "definitions", "discriminator"};
 
 struct view {
@@ -140,7 +157,8 @@ static int flatten(struct gs *g, struct view *v, const char *path)
     for (int p = 0; p < v->n; p++) {
         const int t = v->tok[p];
         if (json_kind(j, t) == JSON_TRUE) continue;
-        if (json_kind(j, t) == JSON_FALSE) return gs_fail(g, path, "field '%s': the schema false allows no value", path);
+        if (json_kind(j, t) == JSON_FALSE)
+            return gs_fail(g, path, "field '%s': the schema false allows no value", path);
         if (json_kind(j, t) != JSON_OBJECT) return gs_fail(g, path, "field '%s' must be a schema (an object)", path);
         const int all = (v->skip[p] >> K_ALLOF) & 1 ? -1 : json_get(j, t, "allOf");
         const int ref = (v->skip[p] >> K_REF) & 1 ? -1 : json_get(j, t, "$ref");
@@ -153,8 +171,8 @@ static int flatten(struct gs *g, struct view *v, const char *path)
             int k = all + 1;
             for (int m = 0; m < j->tok[all].size; m++, k = json_skip(j, k)) {
                 if (v->n == MAX_VIEW)
-                    return gs_fail(g, sub, "field '%s': allOf and $ref bring in more than %d schemas (or a cycle)",
-                                   sub, MAX_VIEW);
+                    return gs_fail(g, sub, "field '%s': allOf and $ref bring in more than %d schemas (or a cycle)", sub,
+                                   MAX_VIEW);
                 v->tok[v->n] = k;
                 v->skip[v->n++] = 0;
             }
@@ -393,8 +411,10 @@ static int get_bounds(struct gs *g, const struct kws *kw, const char *path, stru
         }
     }
     /* draft 4: exclusiveMinimum true makes minimum exclusive */
-    if (draft4_lo && kw->at[K_MIN] >= 0 && bd->lo == strtod(j->src + j->tok[kw->at[K_MIN]].start, NULL)) bd->lo_ex = true;
-    if (draft4_hi && kw->at[K_MAX] >= 0 && bd->hi == strtod(j->src + j->tok[kw->at[K_MAX]].start, NULL)) bd->hi_ex = true;
+    if (draft4_lo && kw->at[K_MIN] >= 0 && bd->lo == strtod(j->src + j->tok[kw->at[K_MIN]].start, NULL))
+        bd->lo_ex = true;
+    if (draft4_hi && kw->at[K_MAX] >= 0 && bd->hi == strtod(j->src + j->tok[kw->at[K_MAX]].start, NULL))
+        bd->hi_ex = true;
     return 0;
 }
 
@@ -404,7 +424,8 @@ static int int_expr(struct gs *g, const struct bounds *bd, const char *path, str
     int64_t lo = 0, hi = 0;
     if (bd->has_lo) lo = (int64_t)(bd->lo_ex ? floor(bd->lo) + 1 : ceil(bd->lo));
     if (bd->has_hi) hi = (int64_t)(bd->hi_ex ? ceil(bd->hi) - 1 : floor(bd->hi));
-    if (bd->has_lo && bd->has_hi && lo > hi) return gs_fail(g, path, "field '%s': no integer is within the bounds", path);
+    if (bd->has_lo && bd->has_hi && lo > hi)
+        return gs_fail(g, path, "field '%s': no integer is within the bounds", path);
     return gs_int_range(g, b, bd->has_lo, lo, bd->has_hi, hi) ? 0 : -1;
 }
 
@@ -418,8 +439,7 @@ static int num_expr(struct gs *g, const struct bounds *bd, const char *path, str
                        path);
     if (bd->has_lo && bd->has_hi && (bd->lo > bd->hi || (bd->lo == bd->hi && (bd->lo_ex || bd->hi_ex))))
         return gs_fail(g, path, "field '%s': no number is within the bounds", path);
-    return gs_num_range(g, b, bd->has_lo, (int64_t)bd->lo, bd->lo_ex, bd->has_hi, (int64_t)bd->hi, bd->hi_ex) ? 0
-                                                                                                                : -1;
+    return gs_num_range(g, b, bd->has_lo, (int64_t)bd->lo, bd->lo_ex, bd->has_hi, (int64_t)bd->hi, bd->hi_ex) ? 0 : -1;
 }
 
 static int enum_expr(struct gs *g, const struct kws *kw, unsigned types, const char *path, struct kvb_buf *b,
@@ -512,10 +532,8 @@ static int32_t compile_any_of(struct gs *g, const struct view *v, const struct k
         bv.skip[bv.n++] = 0;
         unsigned t = 0;
         int32_t r;
-        if (rest_empty(j, v, w))
-            r = compile_tok(g, k, bpath, depth, &t); /* a branch alone: its $ref may be shared */
-        else
-            r = compile(g, &bv, bpath, depth, &t);
+        if (rest_empty(j, v, w)) r = compile_tok(g, k, bpath, depth, &t); /* a branch alone: its $ref may be shared */
+        else r = compile(g, &bv, bpath, depth, &t);
         if (r == -1) {
             kvb_buf_free(&body);
             return -1;
@@ -576,8 +594,8 @@ static int32_t compile(struct gs *g, const struct view *v0, const char *path, in
         alts = 1;
     } else if (bits == GT_ALL && kw.at[K_ADDL] < 0 && !kw.n_props && !kw.n_reqs && kw.at[K_ITEMS] < 0 &&
                kw.at[K_PREFIX] < 0 && kw.at[K_MINI] < 0 && kw.at[K_MAXI] < 0 && kw.at[K_PATTERN] < 0 &&
-               kw.at[K_FORMAT] < 0 && kw.at[K_MINL] < 0 && kw.at[K_MAXL] < 0 && kw.at[K_MIN] < 0 &&
-               kw.at[K_MAX] < 0 && kw.at[K_XMIN] < 0 && kw.at[K_XMAX] < 0) {
+               kw.at[K_FORMAT] < 0 && kw.at[K_MINL] < 0 && kw.at[K_MAXL] < 0 && kw.at[K_MIN] < 0 && kw.at[K_MAX] < 0 &&
+               kw.at[K_XMIN] < 0 && kw.at[K_XMAX] < 0) {
         char any[16]; /* no constraint: any value */
         ok = gs_need_any(g, JSONMODE_MAX_DEPTH - depth, any) && gs_put(g, &body, any);
         *types = GT_ALL;

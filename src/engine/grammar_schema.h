@@ -75,9 +75,9 @@
 #include "base/buf.h"
 #include "base/status.h"
 
-#define GSCHEMA_ANY_ORDER 8    /* properties an object takes in any order */
-#define GSCHEMA_MAX_COUNT 2000 /* minItems, maxItems, minLength, maxLength (GRAMMAR_MAX_REPEAT) */
-#define GSCHEMA_MAX_NEST 64    /* schemas inside schemas while compiling */
+#define GSCHEMA_ANY_ORDER 8          /* properties an object takes in any order */
+#define GSCHEMA_MAX_COUNT 2000       /* minItems, maxItems, minLength, maxLength (GRAMMAR_MAX_REPEAT) */
+#define GSCHEMA_MAX_NEST 64          /* schemas inside schemas while compiling */
 #define GSCHEMA_MAX_BYTES (8u << 20) /* the GBNF written */
 
 /* schema_json[0..len) into GBNF; schema_json NULL or len 0: any JSON

@@ -57,7 +57,7 @@ enum {
 };
 /* The keywords of a view: where each is (value token), merged ones listed. */
 struct kws {
-    int at[K_COUNT];  /* value token, -1 absent (the last part's for merged ones) */
+    int at[K_COUNT];   /* value token, -1 absent (the last part's for merged ones) */
     int from[K_COUNT]; /* the part it came from */
     int types[GS_MAX_VIEW], n_types;
     int props[GS_MAX_VIEW], n_props;
@@ -65,10 +65,10 @@ struct kws {
 };
 
 struct gs_def {
-    int tok;      /* the definition's schema */
-    int32_t id;   /* its rule */
-    int opened;   /* containers open when it began compiling */
-    bool busy;    /* still compiling (a reference now is recursion) */
+    int tok;    /* the definition's schema */
+    int32_t id; /* its rule */
+    int opened; /* containers open when it began compiling */
+    bool busy;  /* still compiling (a reference now is recursion) */
     unsigned types;
 };
 

@@ -70,8 +70,7 @@ int32_t gs_new_id(struct gs *g) { return g->next_id++; }
 int gs_rule(struct gs *g, const char *name, const struct kvb_buf *body, const char *path)
 {
     if (g->out->len + body->len + strlen(name) + 8 > GSCHEMA_MAX_BYTES)
-        return gs_fail(g, path, "field '%s': the schema's grammar would exceed %u MiB", path,
-                       GSCHEMA_MAX_BYTES >> 20);
+        return gs_fail(g, path, "field '%s': the schema's grammar would exceed %u MiB", path, GSCHEMA_MAX_BYTES >> 20);
     if (!gs_put(g, g->out, name) || !gs_put(g, g->out, " ::= ") || !put_n(g, g->out, body->data, body->len) ||
         !gs_put(g, g->out, "\n"))
         return -1;
@@ -87,8 +86,8 @@ bool gs_need_ws(struct gs *g)
     if (g->have_ws) return true;
     g->have_ws = true;
     /* ws-K: K bytes left, no newline yet; after the newline only spaces and tabs */
-    bool ok = gs_putf(g, g->out, "ws ::= ([ \\t] ws-%d | \"\\n\" [ \\t]{0,%d})?\n", JSONMODE_MAX_WS - 1,
-                      JSONMODE_MAX_WS - 1);
+    bool ok =
+        gs_putf(g, g->out, "ws ::= ([ \\t] ws-%d | \"\\n\" [ \\t]{0,%d})?\n", JSONMODE_MAX_WS - 1, JSONMODE_MAX_WS - 1);
     for (int k = JSONMODE_MAX_WS - 1; ok && k >= 2; k--)
         ok = gs_putf(g, g->out, "ws-%d ::= ([ \\t] ws-%d | \"\\n\" [ \\t]{0,%d})?\n", k, k - 1, k - 1);
     return ok && rule_text(g, "ws-1 ::= [ \\t\\n]?\n");
@@ -291,16 +290,17 @@ bool gs_num_range(struct gs *g, struct kvb_buf *b, bool has_lo, int64_t lo, bool
 #define YEAR "(?:[1-9]\\d{3}|0[1-9]\\d\\d|00[1-9]\\d|000[1-9])"
 #define LEAP "(?:\\d\\d(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
 #define DATE                                                                                                           \
-    "(?:" YEAR "-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|02-(?:0[1-9]|1\\d|" \
+    "(?:" YEAR                                                                                                         \
+    "-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|02-(?:0[1-9]|1\\d|"           \
     "2[0-8]))|" LEAP "-02-29)"
 #define TIME "(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d+)?(?:Z|[+-](?:[01]\\d|2[0-3]):[0-5]\\d)"
 #define OCTET "(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)"
 #define IPV4 OCTET "\\." OCTET "\\." OCTET "\\." OCTET
 #define H16 "[0-9a-fA-F]{1,4}"
 #define IPV6                                                                                                           \
-    "(?:(?:" H16 ":){7}" H16 "|(?:" H16 ":){1,7}:|(?:" H16 ":){1,6}:" H16 "|(?:" H16 ":){1,5}(?::" H16 "){1,2}|(?:"  \
-    H16 ":){1,4}(?::" H16 "){1,3}|(?:" H16 ":){1,3}(?::" H16 "){1,4}|(?:" H16 ":){1,2}(?::" H16 "){1,5}|" H16       \
-    ":(?::" H16 "){1,6}|:(?:(?::" H16 "){1,7}|:)|(?:" H16 ":){6}" IPV4 "|::(?:[fF]{4}:)?" IPV4 ")"
+    "(?:(?:" H16 ":){7}" H16 "|(?:" H16 ":){1,7}:|(?:" H16 ":){1,6}:" H16 "|(?:" H16 ":){1,5}(?::" H16                 \
+    "){1,2}|(?:" H16 ":){1,4}(?::" H16 "){1,3}|(?:" H16 ":){1,3}(?::" H16 "){1,4}|(?:" H16 ":){1,2}(?::" H16           \
+    "){1,5}|" H16 ":(?::" H16 "){1,6}|:(?:(?::" H16 "){1,7}|:)|(?:" H16 ":){6}" IPV4 "|::(?:[fF]{4}:)?" IPV4 ")"
 
 static const struct {
     const char *name, *re;
@@ -308,8 +308,9 @@ static const struct {
     {"date", "^" DATE "$"},
     {"time", "^" TIME "$"},
     {"date-time", "^" DATE "T" TIME "$"},
-    {"email", "^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@(?:[A-Za-z0-9]+(?:-+[A-Za-z0-9]+)*"
-              "\\.)+[A-Za-z]{2,}$"},
+    {"email",
+     "^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@(?:[A-Za-z0-9]+(?:-+[A-Za-z0-9]+)*"
+     "\\.)+[A-Za-z]{2,}$"},
     {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
     {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:(?:[A-Za-z0-9._~:/?#\\[\\]@!$&'()*+,;=-]|%[0-9A-Fa-f]{2})+$"},
     {"ipv4", "^" IPV4 "$"},

@@ -21,9 +21,9 @@ struct prop {
 struct objc {
     struct prop *p;
     int n;
-    int extras;      /* 0 none, 1 any key not listed */
-    int32_t xpair;   /* extras: the rule of one added key and its value */
-    char xval[24];   /* extras: the value's rule */
+    int extras;    /* 0 none, 1 any key not listed */
+    int32_t xpair; /* extras: the rule of one added key and its value */
+    char xval[24]; /* extras: the value's rule */
 };
 
 static void objc_free(struct objc *o)
@@ -77,8 +77,7 @@ static int collect(struct gs *g, const struct kws *kw, const char *path, int dep
             /* the pair: the key as JSON writes it, the colon, a space at most, the value */
             struct kvb_buf key_json = {0};
             if (json_put_string(&key_json, p->name, p->len) != KVB_OK) return gs_nomem(g);
-            const bool ok = gs_put_lit(g, &b, key_json.data, key_json.len) &&
-                            gs_putf(g, &b, " \":\" \" \"? g%d", val);
+            const bool ok = gs_put_lit(g, &b, key_json.data, key_json.len) && gs_putf(g, &b, " \":\" \" \"? g%d", val);
             kvb_buf_free(&key_json);
             if (!ok) return -1;
             p->pair = gs_new_id(g);
@@ -230,9 +229,11 @@ static int any_order(struct gs *g, const struct objc *o, const char *path, struc
             int inner = 0;
             for (int i = 0; ok && i < n; i++) {
                 if (s >> i & 1) continue;
-                ok = (inner++ == 0 || gs_put(g, &b, " | ")) && gs_putf(g, &b, "g%d g%d", o->p[i].pair, base + (s | 1u << i));
+                ok = (inner++ == 0 || gs_put(g, &b, " | ")) &&
+                     gs_putf(g, &b, "g%d g%d", o->p[i].pair, base + (s | 1u << i));
             }
-            if (o->extras) ok = ok && (inner++ == 0 || gs_put(g, &b, " | ")) && gs_putf(g, &b, "g%d g%d", o->xpair, base + s);
+            if (o->extras)
+                ok = ok && (inner++ == 0 || gs_put(g, &b, " | ")) && gs_putf(g, &b, "g%d g%d", o->xpair, base + s);
             ok = ok && gs_put(g, &b, ")");
         }
         ok = ok && gs_put(g, &b, ")");
@@ -263,7 +264,8 @@ static int in_order(struct gs *g, const struct objc *o, const char *path, struct
     bool ok = true, f_live[MAX_PROPS + 1];
     for (int i = n; ok && i >= 0; i--) {
         if (i == n) {
-            ok = o->extras ? gs_putf(g, &b, "ws (\"}\" | \",\" ws g%d g%d)", o->xpair, a + n) : gs_put(g, &b, "ws \"}\"");
+            ok = o->extras ? gs_putf(g, &b, "ws (\"}\" | \",\" ws g%d g%d)", o->xpair, a + n)
+                           : gs_put(g, &b, "ws \"}\"");
         } else {
             ok = gs_putf(g, &b, "ws \",\" ws g%d g%d", o->p[i].pair, a + i + 1);
             if (ok && !o->p[i].required) ok = gs_putf(g, &b, " | g%d", a + i + 1);
@@ -356,7 +358,8 @@ static bool put_rep(struct gs *g, struct kvb_buf *b, const char *item, uint32_t 
 {
     if (hi == 0) return true;
     if (!gs_putf(g, b, "(ws \",\" ws %s)", item)) return false;
-    if (hi == UINT32_MAX) return lo == 0 ? gs_put(g, b, "* ") : lo == 1 ? gs_put(g, b, "+ ") : gs_putf(g, b, "{%u,} ", lo);
+    if (hi == UINT32_MAX)
+        return lo == 0 ? gs_put(g, b, "* ") : lo == 1 ? gs_put(g, b, "+ ") : gs_putf(g, b, "{%u,} ", lo);
     if (lo == 0 && hi == 1) return gs_put(g, b, "? ");
     if (lo == hi) return gs_putf(g, b, "{%u} ", lo);
     return gs_putf(g, b, "{%u,%u} ", lo, hi);
@@ -432,9 +435,11 @@ int gs_array_expr(struct gs *g, const struct kws *kw, const char *path, int dept
             int alts = 0;
             if ((uint32_t)i >= mn) ok = gs_put(g, &b, "ws \"]\""), alts++;
             if ((uint32_t)i < mx)
-                ok = ok && (alts == 0 || gs_put(g, &b, " | ")) && gs_putf(g, &b, "ws \",\" ws g%d g%d", pre[i], base + i + 1);
+                ok = ok && (alts == 0 || gs_put(g, &b, " | ")) &&
+                     gs_putf(g, &b, "ws \",\" ws g%d g%d", pre[i], base + i + 1);
         } else if (item[0] && mx > (uint32_t)k) {
-            ok = put_rep(g, &b, item, lo2, mx == UINT32_MAX ? UINT32_MAX : mx - (uint32_t)k) && gs_put(g, &b, "ws \"]\"");
+            ok = put_rep(g, &b, item, lo2, mx == UINT32_MAX ? UINT32_MAX : mx - (uint32_t)k) &&
+                 gs_put(g, &b, "ws \"]\"");
         } else {
             ok = gs_put(g, &b, "ws \"]\"");
         }
