@@ -520,6 +520,7 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
         if (t < 0) return jp_fail_missing(c, sub);
         if (json_kind(c->j, t) != JSON_STRING) return jp_fail_type(c, sub, "a string");
         if (json_str_eq(c->j, t, "json_object")) {
+            if ((rc = jp_claim_constraint(c, path, JOB_CONSTRAINT_JSON))) return rc;
             r->json_object = true;
             r->given |= JOB_GIVEN_RESPONSE_FORMAT;
         } else if (json_str_eq(c->j, t, "json_schema")) {
@@ -535,6 +536,7 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
             jp_path_sub(sc_path, js_path, ".schema");
             const int sc = jp_lookup(c, js, "schema");
             if (sc < 0) return jp_fail_missing(c, sc_path);
+            if ((rc = jp_claim_constraint(c, sc_path, JOB_CONSTRAINT_JSON))) return rc;
             /* kept as written, whatever it is: the engine compiles it and
              * names what it refuses (jsonmode_schema_compile), so the job
              * format needs to know nothing of what a schema constrains */
@@ -552,6 +554,8 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
                            "field '%s' must be \"text\", \"json_object\" or \"json_schema\" (got '%s')", sub, got);
         }
     }
+    int crc = jp_parse_constraints(c, obj);
+    if (crc) return crc;
     static const char *const tool_fields[] = {"tools", "functions"};
     for (int k = 0; k < 2; k++) {
         i = jp_lookup(c, obj, tool_fields[k]);
@@ -606,10 +610,11 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
         return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
                        "field '%s' above n is not supported by kvbatch (it returns every choice it makes)", path);
     }
-    if (r->ignore_eos && r->json_object) {
+    if (r->ignore_eos && r->constraint != JOB_CONSTRAINT_NONE) {
         jp_path_of(c, "ignore_eos", path);
         return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
-                       "field '%s' cannot go with response_format: the JSON output ends where the object does", path);
+                       "field '%s' cannot go with '%s': a constrained output ends where its grammar does", path,
+                       r->constraint_param);
     }
     return 0;
 }

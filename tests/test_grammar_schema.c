@@ -13,6 +13,8 @@
  *   --regex FLAGS FILE   the GBNF of the regex in FILE (FLAGS 0 whole, 1 JSON content)
  *   --check GBNF INPUTS  each line of INPUTS (hex bytes) fed byte by byte:
  *                        "full", "prefix" or "reject N" (N bytes were accepted) */
+#include <regex.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,7 +274,234 @@ static void test_regex_refusals(void)
 }
 
 #if HAVE_ENGINE
-#include "grammar_schema_engine.inc"
+/* ---- with the engine: the grammars checked by brute force ------------------------------ */
+
+static struct grammar *schema_grammar(const char *schema)
+{
+    char path[256], msg[512];
+    char *t = to_gbnf(schema, path, msg);
+    CHECK_MSG(t != NULL, "%s: %s", schema, msg);
+    struct grammar *g = t ? compile_or_fail(t, strlen(t)) : NULL;
+    CHECK_MSG(!t || g, "engine refuses the GBNF of %s", schema);
+    free(t);
+    return g;
+}
+
+static bool full(const struct grammar *g, const char *s) { return grammar_check(g, s, strlen(s)) == GRAMMAR_FULL; }
+
+/* Integer bounds: every integer in a window against arithmetic. */
+static void test_int_ranges(void)
+{
+    static const struct {
+        const char *kw;
+        long lo, hi; /* inclusive; LONG_MIN/LONG_MAX unbounded */
+    } cases[] = {
+        {"\"minimum\":0,\"maximum\":150", 0, 150},
+        {"\"minimum\":-120,\"maximum\":1234", -120, 1234},
+        {"\"exclusiveMinimum\":99,\"exclusiveMaximum\":1000", 100, 999},
+        {"\"maximum\":-37", -1000000, -37},
+        {"\"minimum\":7", 7, 1000000},
+        {"\"minimum\":-5", -5, 1000000},
+        {"\"minimum\":-1000,\"maximum\":-999", -1000, -999},
+        {"\"minimum\":0.5,\"maximum\":9.5", 1, 9},
+        {"\"minimum\":1000,\"maximum\":1000", 1000, 1000},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char schema[256];
+        snprintf(schema, sizeof schema,
+                 "{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\",%s}},\"required\":[\"v\"]}",
+                 cases[c].kw);
+        struct grammar *g = schema_grammar(schema);
+        if (!g) continue;
+        int bad = 0;
+        for (long v = -2100; v <= 2100 && bad < 5; v++) {
+            char doc[64];
+            snprintf(doc, sizeof doc, "{\"v\":%ld}", v);
+            const bool want = v >= cases[c].lo && v <= cases[c].hi;
+            if (full(g, doc) != want) {
+                CHECK_MSG(false, "%s: %s %s", cases[c].kw, doc, want ? "refused" : "accepted");
+                bad++;
+            }
+        }
+        CHECK(!full(g, "{\"v\":-0}") && !full(g, "{\"v\":01}") && !full(g, "{\"v\":1.0}"));
+        grammar_free(g);
+    }
+}
+
+/* Number bounds (whole numbers): decimals against strtod. */
+static void test_num_ranges(void)
+{
+    static const struct {
+        const char *kw;
+        double lo, hi;
+        bool lo_ex, hi_ex;
+    } cases[] = {
+        {"\"minimum\":0,\"maximum\":1", 0, 1, false, false},
+        {"\"minimum\":-2,\"maximum\":3", -2, 3, false, false},
+        {"\"exclusiveMinimum\":0", 0, 1e300, true, false},
+        {"\"exclusiveMaximum\":0", -1e300, 0, false, true},
+        {"\"minimum\":10,\"exclusiveMaximum\":11", 10, 11, false, true},
+        {"\"exclusiveMinimum\":-3,\"maximum\":-1", -3, -1, true, false},
+    };
+    static const char *const nums[] = {"0",    "0.0",  "0.5",  "1",    "1.0",  "1.00", "1.01", "-0.5", "-1",
+                                       "-2",   "-2.0", "-2.1", "3",    "3.0",  "3.5",  "10",   "10.0", "10.99",
+                                       "11",   "11.0", "-3",   "-3.0", "-2.9", "-1.0", "-0.9", "2.5",  "0.001",
+                                       "99.5", "-7",   "12",   "5",    "-0.0", "00",   "1.",   ".5",   "1e2"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char schema[256];
+        snprintf(schema, sizeof schema,
+                 "{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"number\",%s}},\"required\":[\"v\"]}",
+                 cases[c].kw);
+        struct grammar *g = schema_grammar(schema);
+        if (!g) continue;
+        for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+            const char *n = nums[i];
+            const double v = strtod(n, NULL);
+            const bool wellformed = strcmp(n, "00") && strcmp(n, "1.") && strcmp(n, ".5") && strcmp(n, "1e2") &&
+                                    strcmp(n, "-0.0"); /* exponents and -0 are not written for bounded numbers */
+            const bool in = (cases[c].lo_ex ? v > cases[c].lo : v >= cases[c].lo) &&
+                            (cases[c].hi_ex ? v < cases[c].hi : v <= cases[c].hi);
+            char doc[64];
+            snprintf(doc, sizeof doc, "{\"v\":%s}", n);
+            CHECK_MSG(full(g, doc) == (wellformed && in), "%s: %s", cases[c].kw, doc);
+        }
+        grammar_free(g);
+    }
+}
+
+/* Regexes against POSIX extended regexes on the subset both read alike,
+ * strings over a small alphabet: whole match, search, length bounds. */
+static void test_regex_vs_posix(void)
+{
+    static const char *const res[] = {
+        "a(b|c)*x", "^[a-c]{2,3}$",    "(ab|a)(c|bcd)?", "x[0-9]+|y",         "^a|b$",
+        "[^ab]{2}", "(a|b)*a(a|b){2}", "a?b?c?",         "^(0|[1-9][0-9]*)$", "a{2}b{0,2}c{1,}"};
+    const char alpha[] = "abcxy019";
+    uint64_t seed = 12345;
+    for (size_t r = 0; r < sizeof res / sizeof res[0]; r++) {
+        for (int mode = 0; mode < 3; mode++) { /* whole; JSON content (search); content with length 2..4 */
+            struct kvb_buf b = {0};
+            char msg[256];
+            enum kvb_status st;
+            if (mode == 0) {
+                st = gregex_to_gbnf(res[r], strlen(res[r]), GREGEX_WHOLE, "root", &b, msg, sizeof msg);
+            } else {
+                struct kvb_buf inner = {0};
+                st = gregex_to_gbnf_len(res[r], strlen(res[r]), GREGEX_JSON_CONTENT, mode == 2 ? 2 : 0,
+                                        mode == 2 ? 4 : GREGEX_NO_MAX, "pat", &inner, msg, sizeof msg);
+                if (st == KVB_OK) {
+                    const char *head = "root ::= \"\\\"\" pat \"\\\"\"\n";
+                    kvb_buf_reserve(&b, strlen(head) + inner.len + 1);
+                    memcpy(b.data, head, strlen(head));
+                    memcpy(b.data + strlen(head), inner.data, inner.len);
+                    b.len = strlen(head) + inner.len;
+                    b.data[b.len] = 0;
+                }
+                kvb_buf_free(&inner);
+            }
+            CHECK_MSG(st == KVB_OK, "%s: %s", res[r], msg);
+            struct grammar *g = st == KVB_OK ? compile_or_fail(b.data, b.len) : NULL;
+            kvb_buf_free(&b);
+            if (!g) continue;
+            char anchored[128];
+            snprintf(anchored, sizeof anchored, mode == 0 ? "^(%s)$" : "%s", res[r]);
+            regex_t px;
+            CHECK(regcomp(&px, anchored, REG_EXTENDED | REG_NOSUB) == 0);
+            int bad = 0;
+            for (int t = 0; t < 3000 && bad < 5; t++) {
+                char s[16], q[20];
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                const int n = (int)((seed >> 33) % 8);
+                for (int i = 0; i < n; i++) {
+                    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                    s[i] = alpha[(seed >> 33) % (sizeof alpha - 1)];
+                }
+                s[n] = 0;
+                bool want = regexec(&px, s, 0, NULL, 0) == 0;
+                if (mode == 2) want = want && n >= 2 && n <= 4;
+                snprintf(q, sizeof q, mode == 0 ? "%s" : "\"%s\"", s);
+                if (full(g, q) != want) {
+                    CHECK_MSG(false, "regex %s mode %d: '%s' %s", res[r], mode, s, want ? "refused" : "accepted");
+                    bad++;
+                }
+            }
+            regfree(&px);
+            grammar_free(g);
+        }
+    }
+}
+
+/* JSON mode's whitespace and nesting, through the json_object grammar. */
+static void test_json_object_policy(void)
+{
+    struct grammar *g = NULL;
+    {
+        char path[256], msg[512];
+        char *t = to_gbnf(NULL, path, msg);
+        g = t ? compile_or_fail(t, strlen(t)) : NULL;
+        free(t);
+    }
+    CHECK(g != NULL);
+    if (!g) return;
+    static const struct {
+        const char *s;
+        bool ok;
+    } cases[] = {
+        {"{}", true},
+        {" {}", true},
+        {"\n{}", true},
+        {"  {}", false},
+        {"{} ", false},
+        {"[]", false},
+        {"{\"a\":1}", true},
+        {"{\"a\" :1}", false},
+        {"{\"a\": 1}", true},
+        {"{\"a\":  1}", false},
+        {"{\"a\":\n1}", false},
+        {"{\n  \"a\": 1\n}", true},
+        {"{\n\n}", false},
+        {"{\r\n}", false},
+        {"{\t\t}", true},
+        {"{\"a\":[1 , 2]}", true},
+        {"{\"a\":\"\\u00e9\\/\"}", true},
+        {"{\"a\":\"\\x\"}", false},
+        {"{\"a\":\"\t\"}", false},
+        {"{\"a\":01}", false},
+        {"{\"a\":-0.5e+3}", true},
+        {"{\"a\":tru}", false},
+        {"{\"a\":1,}", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK_MSG(full(g, cases[i].s) == cases[i].ok, "json_object: '%s'", cases[i].s);
+    char run[64];
+    snprintf(run, sizeof run, "{\n%*s}", GSCHEMA_MAX_WS - 1, "");
+    CHECK(full(g, run));
+    snprintf(run, sizeof run, "{\n%*s}", GSCHEMA_MAX_WS, "");
+    CHECK(!full(g, run));
+    char deep[200]; /* 64 containers nest, 65 do not */
+    for (int d = 64; d <= 65; d++) {
+        int k = 0;
+        deep[k++] = '{';
+        deep[k++] = '"';
+        deep[k++] = 'a';
+        deep[k++] = '"';
+        deep[k++] = ':';
+        for (int i = 1; i < d; i++) deep[k++] = '[';
+        for (int i = 1; i < d; i++) deep[k++] = ']';
+        deep[k++] = '}';
+        deep[k] = 0;
+        CHECK_MSG(full(g, deep) == (d == 64), "nesting %d", d);
+    }
+    grammar_free(g);
+}
+
+static void test_with_engine(void)
+{
+    test_int_ranges();
+    test_num_ranges();
+    test_regex_vs_posix();
+    test_json_object_policy();
+}
 #endif
 
 int main(int argc, char **argv)

@@ -597,7 +597,7 @@ static int32_t compile(struct gs *g, const struct view *v0, const char *path, in
                kw.at[K_FORMAT] < 0 && kw.at[K_MINL] < 0 && kw.at[K_MAXL] < 0 && kw.at[K_MIN] < 0 && kw.at[K_MAX] < 0 &&
                kw.at[K_XMIN] < 0 && kw.at[K_XMAX] < 0) {
         char any[16]; /* no constraint: any value */
-        ok = gs_need_any(g, JSONMODE_MAX_DEPTH - depth, any) && gs_put(g, &body, any);
+        ok = gs_need_any(g, GSCHEMA_MAX_DEPTH - depth, any) && gs_put(g, &body, any);
         *types = GT_ALL;
         alts = 1;
     } else {
@@ -688,8 +688,8 @@ enum kvb_status gschema_to_gbnf(const char *schema_json, size_t len, const char 
     if (msg && msg_cap) msg[0] = '\0';
     if (!schema_json || len == 0) { /* json_object: any object */
         char any[16];
-        if (gs_need_any(&g, JSONMODE_MAX_DEPTH, any) &&
-            gs_putf(&g, out, "root ::= [ \\t\\n]? jo%d\n", JSONMODE_MAX_DEPTH))
+        if (gs_need_any(&g, GSCHEMA_MAX_DEPTH, any) &&
+            gs_putf(&g, out, "root ::= [ \\t\\n]? jo%d\n", GSCHEMA_MAX_DEPTH))
             return KVB_OK;
         out->len = mark;
         return KVB_ERR_NOMEM;

@@ -2,12 +2,13 @@
  * object mode (json_object) written as GBNF text for the grammar engine
  * (grammar.h), with root rule `root`.
  *
- * Whitespace is JSON mode's (jsonmode.h), so the outputs json_object and
- * the old schema subset produced stay byte for byte what they were: at most
+ * Whitespace is what JSON mode (the recogniser this replaced) allowed, so
+ * the outputs json_object and the old schema subset produced stay byte for
+ * byte what they were: at most
  * one space, tab or newline before the top value; none between a key and
  * its colon; at most one space after the colon; elsewhere one newline at
- * most among spaces and tabs, JSONMODE_MAX_WS bytes in a run; nothing after
- * the closing brace. Containers nest at most JSONMODE_MAX_DEPTH deep where
+ * most among spaces and tabs, GSCHEMA_MAX_WS bytes in a run; nothing after
+ * the closing brace. Containers nest at most GSCHEMA_MAX_DEPTH deep where
  * the schema leaves values free (counted from the root, or from the root of
  * a $ref'd definition); recursive definitions nest as deep as the engine's
  * stack (GRAMMAR_MAX_DEPTH).
@@ -75,6 +76,8 @@
 #include "base/buf.h"
 #include "base/status.h"
 
+#define GSCHEMA_MAX_DEPTH 64         /* containers where the schema leaves values free */
+#define GSCHEMA_MAX_WS 24            /* whitespace bytes in one run between tokens (indentation) */
 #define GSCHEMA_ANY_ORDER 8          /* properties an object takes in any order */
 #define GSCHEMA_MAX_COUNT 2000       /* minItems, maxItems, minLength, maxLength (GRAMMAR_MAX_REPEAT) */
 #define GSCHEMA_MAX_NEST 64          /* schemas inside schemas while compiling */

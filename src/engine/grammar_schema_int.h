@@ -12,7 +12,6 @@
 #include "base/buf.h"
 #include "base/json.h"
 #include "base/status.h"
-#include "engine/jsonmode.h"
 
 /* What a compiled schema may produce (its JSON types). */
 enum {
@@ -78,7 +77,7 @@ struct gs {
     int32_t next_id;     /* generated rules g<id> */
     struct gs_def *defs;
     int n_defs, cap_defs;
-    bool have_any[JSONMODE_MAX_DEPTH + 1]; /* jv<K> written */
+    bool have_any[GSCHEMA_MAX_DEPTH + 1]; /* jv<K> written */
     bool have_ws, have_str, have_lstr, have_num, have_int, have_keyrest;
     int opened; /* objects and arrays being compiled around this point */
     int nest;   /* schemas being compiled around this point */

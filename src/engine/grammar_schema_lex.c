@@ -87,8 +87,8 @@ bool gs_need_ws(struct gs *g)
     g->have_ws = true;
     /* ws-K: K bytes left, no newline yet; after the newline only spaces and tabs */
     bool ok =
-        gs_putf(g, g->out, "ws ::= ([ \\t] ws-%d | \"\\n\" [ \\t]{0,%d})?\n", JSONMODE_MAX_WS - 1, JSONMODE_MAX_WS - 1);
-    for (int k = JSONMODE_MAX_WS - 1; ok && k >= 2; k--)
+        gs_putf(g, g->out, "ws ::= ([ \\t] ws-%d | \"\\n\" [ \\t]{0,%d})?\n", GSCHEMA_MAX_WS - 1, GSCHEMA_MAX_WS - 1);
+    for (int k = GSCHEMA_MAX_WS - 1; ok && k >= 2; k--)
         ok = gs_putf(g, g->out, "ws-%d ::= ([ \\t] ws-%d | \"\\n\" [ \\t]{0,%d})?\n", k, k - 1, k - 1);
     return ok && rule_text(g, "ws-1 ::= [ \\t\\n]?\n");
 }
@@ -136,7 +136,7 @@ bool gs_need_keyrest(struct gs *g)
 bool gs_need_any(struct gs *g, int budget, char *name)
 {
     if (budget < 0) budget = 0;
-    if (budget > JSONMODE_MAX_DEPTH) budget = JSONMODE_MAX_DEPTH;
+    if (budget > GSCHEMA_MAX_DEPTH) budget = GSCHEMA_MAX_DEPTH;
     snprintf(name, 16, "jv%d", budget);
     if (g->have_any[budget]) return true;
     g->have_any[budget] = true;

@@ -322,7 +322,7 @@ int gs_object_expr(struct gs *g, const struct kws *kw, const char *path, int dep
         }
         snprintf(o.xval, sizeof o.xval, "g%d", r);
     }
-    if (o.extras && free_values && !gs_need_any(g, JSONMODE_MAX_DEPTH - depth - 1, o.xval)) goto done;
+    if (o.extras && free_values && !gs_need_any(g, GSCHEMA_MAX_DEPTH - depth - 1, o.xval)) goto done;
     if (o.n == 0) {
         if (!o.extras) {
             rc = gs_put(g, out, "\"{\" ws \"}\"") ? 0 : -1;
@@ -405,7 +405,7 @@ int gs_array_expr(struct gs *g, const struct kws *kw, const char *path, int dept
     if (it >= 0 && json_kind(j, it) == JSON_ARRAY)
         return gs_fail(g, sub, "field '%s': items as an array (draft 4 tuples) is not supported: use prefixItems", sub);
     if (it < 0 || json_kind(j, it) == JSON_TRUE) {
-        if (!gs_need_any(g, JSONMODE_MAX_DEPTH - depth - 1, item)) return -1;
+        if (!gs_need_any(g, GSCHEMA_MAX_DEPTH - depth - 1, item)) return -1;
     } else if (json_kind(j, it) != JSON_FALSE) {
         unsigned ty;
         g->opened++;
