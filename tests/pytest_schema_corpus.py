@@ -727,6 +727,70 @@ def run_engine(cmd, gbnf, texts, tmp):
     return lines[:len(texts)], None
 
 
+def run_jobs(tmp, lines):
+    inp, out = os.path.join(tmp, "jobs.jsonl"), os.path.join(tmp, "out.jsonl")
+    with open(inp, "w") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    r = subprocess.run([BIN, "run", "--model", kvbcheck.MODEL, "--quiet", "--no-cache", "-i", inp, "-o", out,
+                        "--metrics", os.path.join(tmp, "m.db")], capture_output=True, text=True, timeout=900)
+    if not check(r.returncode == 0, "kvbatch run: rc %d: %s" % (r.returncode, r.stderr[-600:])):
+        return {}
+    res = {}
+    for line in open(out, encoding="utf-8"):
+        o = json.loads(line)
+        res[o["custom_id"]] = o
+    return res
+
+
+def sampled(accepted, tmp, seeds=2, max_tokens=160):
+    """(d) Each accepted schema on the default model at a few seeds, all in
+    one batch: outputs that stop must validate, outputs cut by max_tokens
+    must be prefixes of the grammar."""
+    lines, want = [], {}
+    for i, (name, schema, gbnf) in enumerate(accepted):
+        for seed in range(seeds):
+            cid = "s%d-%d" % (i, seed)
+            body = {"messages": [{"role": "user", "content": "Give an example JSON object for this schema: "
+                                  + json.dumps(schema)[:1500]}],
+                    "max_tokens": max_tokens, "temperature": [0.7, 1.0, 0.0][seed % 3], "seed": seed,
+                    "response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "s%d" % i, "schema": schema}}}
+            lines.append({"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body})
+            want[cid] = (name, schema, gbnf)
+    res = run_jobs(tmp, lines)
+    n_stop = n_len = n_err = 0
+    for cid, (name, schema, gbnf) in want.items():
+        o = res.get(cid)
+        if not check(o is not None, "%s: no output line" % cid):
+            continue
+        if o.get("error") or (o.get("response") or {}).get("status_code", 200) != 200:
+            n_err += 1
+            check(False, "%s (%s): refused by kvbatch: %s" % (cid, name, json.dumps(o)[:400]))
+            continue
+        c = o["response"]["body"]["choices"][0]
+        text, fr = c["message"]["content"], c["finish_reason"]
+        if fr == "stop":
+            n_stop += 1
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                check(False, "%s (%s): stopped output is not JSON: %r" % (cid, name, text[:300]))
+                continue
+            cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+            errs = [e.message for e in cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(doc)]
+            check(not errs, "%s (%s): stopped output invalid (%s): %r" % (cid, name, errs[:2], text[:300]))
+        else:
+            n_len += 1
+            check(fr == "length", "%s: finish_reason %s" % (cid, fr))
+            r, why = run_engine([TOOL, "--check"], gbnf, [text], tmp)
+            check(r is not None and r[0] in ("prefix", "full"),
+                  "%s (%s): cut output is not a prefix (%s): %r" % (cid, name, r or why, text[:300]))
+    print("sampled: %d requests, %d stopped (valid by jsonschema), %d cut by max_tokens (prefixes), %d refused"
+          % (len(want), n_stop, n_len, n_err))
+    check(n_stop >= len(want) // 4, "too few sampled outputs reached the end of their schema")
+
+
 def main():
     if not os.path.exists(TOOL):
         print("SKIP: %s not built" % TOOL)
@@ -744,11 +808,13 @@ def main():
         eng = engines(tmp)
         if not eng:
             print("no GBNF engine here (kvbatch's grammar.h not built, $KVB_GBNF_VALIDATOR unset): compile only")
+        accepted = []
         for name, schema in corpus:
             g, err = to_gbnf(schema, tmp)
             if not check(g is not None, "%s refused: %s" % (name, err)):
                 continue
             stats["accepted"] += 1
+            accepted.append((name, schema, g))
             cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
             validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
             gen = Gen(schema, rng)
@@ -795,6 +861,9 @@ def main():
                 if os.environ.get("KVB_SHOW_STRICTER"):
                     for t in held[:3]:
                         print("stricter", name, json.dumps(t))
+        if any(e == "kvbatch" for e, _ in eng) and os.environ.get("KVB_SCHEMA_SAMPLE", "1") != "0" and \
+                kvbcheck.ready():
+            sampled(accepted, tmp)
     print("corpus: %(schemas)d schemas, %(accepted)d accepted, %(refused)d refused by name; "
           "%(valid)d valid and %(invalid)d invalid documents per engine; %(stricter)d JSON-Schema-valid "
           "variants held back (stricter by design); %(generator_misses)d generated documents jsonschema "
