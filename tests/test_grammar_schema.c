@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/buf.h"
 #include "engine/grammar_regex.h"
 #include "engine/grammar_schema.h"
@@ -273,6 +274,35 @@ static void test_regex_refusals(void)
     kvb_buf_free(&b);
 }
 
+/* Failed allocations at every point: out of memory is reported as such, never as a bad schema. */
+static void test_alloc_failures(void)
+{
+    static const char *const schemas[] = {
+        "{\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\",\"minimum\":-5},"
+        "\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/N\"},{\"type\":\"null\"}]},\"s\":{\"type\":\"string\","
+        "\"pattern\":\"^[a-z]+\\\\d$\",\"maxLength\":9}},\"required\":[\"v\"],\"additionalProperties\":{\"type\":"
+        "\"boolean\"}}},\"$ref\":\"#/$defs/N\"}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"prefixItems\":[{\"enum\":[1,\"x\"]}],"
+        "\"items\":{\"type\":\"string\",\"format\":\"date\"},\"maxItems\":3}}}",
+    };
+    for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++) {
+        int ok_at = -1;
+        for (long n = 0; n < 20000 && ok_at < 0; n++) {
+            struct kvb_buf b = {0};
+            char path[256], msg[512];
+            kvb_alloc_fail_after(n);
+            const enum kvb_status st =
+                gschema_to_gbnf(schemas[i], strlen(schemas[i]), "s", &b, path, sizeof path, msg, sizeof msg);
+            kvb_alloc_fail_after(-1);
+            CHECK_MSG(st == KVB_OK || st == KVB_ERR_NOMEM, "schema %zu, failing allocation %ld: %s %s", i, n,
+                      kvb_strerror(st), msg);
+            if (st == KVB_OK) ok_at = (int)n;
+            kvb_buf_free(&b);
+        }
+        CHECK(ok_at > 0);
+    }
+}
+
 #if HAVE_ENGINE
 /* ---- with the engine: the grammars checked by brute force ------------------------------ */
 
@@ -519,6 +549,7 @@ int main(int argc, char **argv)
     test_refusals();
     test_accepted();
     test_regex_refusals();
+    test_alloc_failures();
 #if HAVE_ENGINE
     test_with_engine();
 #endif

@@ -42,11 +42,11 @@ static int new_rule(struct gs *g, int32_t id, struct kvb_buf *body, const char *
 }
 
 /* The listed properties (from every part), their values compiled. */
-static int collect(struct gs *g, const struct kws *kw, const char *path, int depth, struct objc *o)
+static int collect_props(struct gs *g, const struct kws *kw, const char *path, int depth, struct objc *o,
+                         struct kvb_buf *bp)
 {
     const struct json_doc *j = g->j;
     char sub[GS_PATH];
-    struct kvb_buf b = {0};
     for (int q = 0; q < kw->n_props; q++) {
         const int props = kw->props[q];
         gs_sub_path(sub, path, "properties");
@@ -77,17 +77,24 @@ static int collect(struct gs *g, const struct kws *kw, const char *path, int dep
             /* the pair: the key as JSON writes it, the colon, a space at most, the value */
             struct kvb_buf key_json = {0};
             if (json_put_string(&key_json, p->name, p->len) != KVB_OK) return gs_nomem(g);
-            const bool ok = gs_put_lit(g, &b, key_json.data, key_json.len) && gs_putf(g, &b, " \":\" \" \"? g%d", val);
+            const bool ok = gs_put_lit(g, bp, key_json.data, key_json.len) && gs_putf(g, bp, " \":\" \" \"? g%d", val);
             kvb_buf_free(&key_json);
             if (!ok) return -1;
             p->pair = gs_new_id(g);
-            if (new_rule(g, p->pair, &b, ppath) < 0) {
-                kvb_buf_free(&b);
-                return -1;
-            }
+            if (new_rule(g, p->pair, bp, ppath) < 0) return -1;
         }
     }
+    return 0;
+}
+
+static int collect(struct gs *g, const struct kws *kw, const char *path, int depth, struct objc *o)
+{
+    const struct json_doc *j = g->j;
+    char sub[GS_PATH];
+    struct kvb_buf b = {0};
+    const int rc = collect_props(g, kw, path, depth, o, &b);
     kvb_buf_free(&b);
+    if (rc < 0) return -1;
     for (int q = 0; q < kw->n_reqs; q++) {
         const int req = kw->reqs[q];
         gs_sub_path(sub, path, "required");
