@@ -167,6 +167,12 @@ class Measurement(BaseModel):
     neg: Annotated[int, Field(le=-5)]
 
 
+class Pricing(BaseModel):
+    price: Annotated[float, Field(gt=0.01, le=999.99)]
+    discount: Annotated[float, Field(ge=0, lt=0.5)] = 0
+    rate: Optional[Annotated[float, Field(ge=-2.25, le=-0.75)]] = None
+
+
 class Tree(BaseModel):
     name: str
     left: Optional["Tree"] = None
@@ -241,7 +247,7 @@ class Employee(Person):  # inheritance
 
 
 MODELS = [Address, Person, Company, Node, LinkedItem, Event, Shape, Rating, Point, Inventory, Owner, Flags, Wide,
-          Network, Measurement, Tree, Matrix, Article, Extraction, Code, Contains, Nested3, Review, Mixed, Ids, Doc,
+          Network, Measurement, Pricing, Tree, Matrix, Article, Extraction, Code, Contains, Nested3, Review, Mixed, Ids, Doc,
           ExtraAllowed, Forbid, Employee]
 
 # ---- hand-written schemas -------------------------------------------------------------------
@@ -329,7 +335,7 @@ REFUSED = {
     "back-reference": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(a)\\1"}}},
     "format 'hostname'": {"type": "object", "properties": {"a": {"type": "string", "format": "hostname"}}},
     "must describe an object": {"type": "array"},
-    "whole numbers": {"type": "object", "properties": {"a": {"type": "number", "maximum": 2.5}}},
+    "too many digits": {"type": "object", "properties": {"a": {"type": "number", "maximum": 2.5e-80}}},
     "'not'": {"type": "object", "properties": {"a": {"not": {}}}},
     "only references inside": {"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}},
     "format beside pattern": {"type": "object",

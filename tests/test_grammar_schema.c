@@ -159,7 +159,7 @@ static void test_refusals(void)
          "format 'hostname'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"x\"}}}",
          "format beside pattern"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0.5}}}", "whole numbers"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":1e-70}}}", "too many digits"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":5,\"maxLength\":2}}}",
          "above maxLength"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":5000}}}", "maxLength"},
@@ -372,6 +372,13 @@ static void test_num_ranges(void)
         {"\"exclusiveMaximum\":0", -1e300, 0, false, true},
         {"\"minimum\":10,\"exclusiveMaximum\":11", 10, 11, false, true},
         {"\"exclusiveMinimum\":-3,\"maximum\":-1", -3, -1, true, false},
+        {"\"minimum\":0.25,\"maximum\":0.75", 0.25, 0.75, false, false},
+        {"\"exclusiveMinimum\":0.25,\"exclusiveMaximum\":2.5", 0.25, 2.5, true, true},
+        {"\"minimum\":-1.5,\"exclusiveMaximum\":1.25", -1.5, 1.25, false, true},
+        {"\"exclusiveMinimum\":-2.75,\"maximum\":-0.1", -2.75, -0.1, true, false},
+        {"\"minimum\":2.5e-1,\"maximum\":3.1E0", 0.25, 3.1, false, false},
+        {"\"exclusiveMaximum\":0.001", -1e300, 0.001, false, true},
+        {"\"minimum\":1.999", 1.999, 1e300, false, false},
     };
     static const char *const nums[] = {"0",    "0.0",  "0.5",  "1",    "1.0",  "1.00", "1.01", "-0.5", "-1",
                                        "-2",   "-2.0", "-2.1", "3",    "3.0",  "3.5",  "10",   "10.0", "10.99",
@@ -384,6 +391,23 @@ static void test_num_ranges(void)
                  cases[c].kw);
         struct grammar *g = schema_grammar(schema);
         if (!g) continue;
+        static const char *const fr[] = {"",      ".0", ".00", ".001",  ".01",  ".1",  ".099", ".25",   ".249",
+                                         ".2501", ".5", ".75", ".7501", ".749", ".99", ".999", ".9991", ".0001"};
+        for (int ip = -4; ip <= 4; ip++) { /* a grid of decimals around the bounds */
+            for (size_t f = 0; f < sizeof fr / sizeof fr[0]; f++) {
+                for (int neg = 0; neg < 2; neg++) {
+                    if (neg && ip > 0) continue;
+                    char n[32], doc[64];
+                    snprintf(n, sizeof n, "%s%d%s", neg && ip == 0 ? "-" : "", ip, fr[f]);
+                    const double v = strtod(n, NULL);
+                    const bool in = (cases[c].lo_ex ? v > cases[c].lo : v >= cases[c].lo) &&
+                                    (cases[c].hi_ex ? v < cases[c].hi : v <= cases[c].hi);
+                    const bool negzero = n[0] == '-' && v == 0;
+                    snprintf(doc, sizeof doc, "{\"v\":%s}", n);
+                    CHECK_MSG(full(g, doc) == (in && !negzero), "%s: %s", cases[c].kw, doc);
+                }
+            }
+        }
         for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
             const char *n = nums[i];
             const double v = strtod(n, NULL);

@@ -379,6 +379,7 @@ static int bound_at(struct gs *g, int i, const char *path, double *v)
 struct bounds {
     bool has_lo, has_hi, lo_ex, hi_ex;
     double lo, hi;
+    int lo_tok, hi_tok; /* the numbers' tokens, for exact decimals */
 };
 
 static int get_bounds(struct gs *g, const struct kws *kw, const char *path, struct bounds *bd)
@@ -403,10 +404,10 @@ static int get_bounds(struct gs *g, const struct kws *kw, const char *path, stru
         double v = 0;
         if (bound_at(g, at, sub, &v) < 0) return -1;
         if (is_lo) {
-            if (!bd->has_lo || v > bd->lo || (v == bd->lo && is_x)) bd->lo = v, bd->lo_ex = is_x;
+            if (!bd->has_lo || v > bd->lo || (v == bd->lo && is_x)) bd->lo = v, bd->lo_ex = is_x, bd->lo_tok = at;
             bd->has_lo = true;
         } else {
-            if (!bd->has_hi || v < bd->hi || (v == bd->hi && is_x)) bd->hi = v, bd->hi_ex = is_x;
+            if (!bd->has_hi || v < bd->hi || (v == bd->hi && is_x)) bd->hi = v, bd->hi_ex = is_x, bd->hi_tok = at;
             bd->has_hi = true;
         }
     }
@@ -432,14 +433,14 @@ static int int_expr(struct gs *g, const struct bounds *bd, const char *path, str
 static int num_expr(struct gs *g, const struct bounds *bd, const char *path, struct kvb_buf *b)
 {
     if (!bd->has_lo && !bd->has_hi) return gs_need_num(g) && gs_put(g, b, "num") ? 0 : -1;
-    if ((bd->has_lo && bd->lo != floor(bd->lo)) || (bd->has_hi && bd->hi != floor(bd->hi)))
-        return gs_fail(g, path,
-                       "field '%s': bounds on a number must be whole numbers (use \"type\": \"integer\", or bounds "
-                       "such as 0 and 1)",
-                       path);
     if (bd->has_lo && bd->has_hi && (bd->lo > bd->hi || (bd->lo == bd->hi && (bd->lo_ex || bd->hi_ex))))
         return gs_fail(g, path, "field '%s': no number is within the bounds", path);
-    return gs_num_range(g, b, bd->has_lo, (int64_t)bd->lo, bd->lo_ex, bd->has_hi, (int64_t)bd->hi, bd->hi_ex) ? 0 : -1;
+    struct gs_dec lo, hi;
+    const jsmntok_t *lt = bd->has_lo ? &g->j->tok[bd->lo_tok] : NULL, *ht = bd->has_hi ? &g->j->tok[bd->hi_tok] : NULL;
+    if ((lt && !gs_dec_parse(g->j->src + lt->start, (size_t)(lt->end - lt->start), &lo)) ||
+        (ht && !gs_dec_parse(g->j->src + ht->start, (size_t)(ht->end - ht->start), &hi)))
+        return gs_fail(g, path, "field '%s': a bound has too many digits to hold exactly", path);
+    return gs_num_range(g, b, lt ? &lo : NULL, bd->lo_ex, ht ? &hi : NULL, bd->hi_ex) ? 0 : -1;
 }
 
 static int enum_expr(struct gs *g, const struct kws *kw, unsigned types, const char *path, struct kvb_buf *b,

@@ -52,8 +52,9 @@
  *   intersected with them exactly; pattern beside format is refused;
  *   integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (also
  *   draft-04's boolean form) as digit-range grammars; numbers: the same
- *   when the bounds are whole numbers (the bounded number is written
- *   without an exponent), other bounds refused.
+ *   bounds, read exactly as the decimals the schema writes (a bounded
+ *   number is written without an exponent; a bound with more digits than
+ *   that holds is refused).
  * Ignored as annotations: title, description, default, examples, $schema,
  * $id, $comment, readOnly, writeOnly, deprecated, $defs, definitions,
  * discriminator (OpenAPI's; the branches' consts hold it). Anything else is
