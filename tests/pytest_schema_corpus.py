@@ -320,6 +320,16 @@ HAND = {
     "deep-free": {"type": "object", "properties": {"free": {}}, "required": ["free"]},
     "nine-required": {"type": "object", "properties": {k: {"type": "integer"} for k in "abcdefghi"},
                       "required": list("abcdefghi")},
+    "zod-draft7-tuple": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {
+        "pair": {"type": "array", "items": [{"type": "string"}, {"type": "number", "exclusiveMinimum": 0}],
+                 "minItems": 2, "maxItems": 2, "additionalItems": False},
+        "rest": {"type": "array", "items": [{"type": "boolean"}], "additionalItems": {"type": "integer"}},
+        "when": {"type": "string", "format": "date-time"},
+        "same": {"$ref": "#/properties/pair"}},
+        "required": ["pair", "rest"], "additionalProperties": False},
+    "enum-escaped": {"type": "object", "properties": {"drink": {"enum": ["caf\u00e9", "th\u00e9", "\"q\"", "a\\b"]},
+                                                      "k": {"const": "\u4e2d\u6587"}},
+                     "required": ["drink", "k"]},
     "mutual-recursion": {"$defs": {
         "A": {"type": "object", "properties": {"b": {"anyOf": [{"$ref": "#/$defs/B"}, {"type": "null"}]}}},
         "B": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}, "n": {"type": "integer"}},
@@ -494,6 +504,8 @@ class Gen:
         r = self.rng
         pre = s.get("prefixItems", [])
         items = s.get("items", True)
+        if isinstance(items, list):  # draft 4-7 tuples
+            pre, items = items, s.get("additionalItems", True)
         lo, hi = s.get("minItems", 0), s.get("maxItems", None)
         cap = len(pre) if items is False else 10 ** 6
         if hi is not None:

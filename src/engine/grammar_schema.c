@@ -39,7 +39,8 @@ const char *const gs_kw_names[K_COUNT] = {"type",
                                           "minimum",
                                           "maximum",
                                           "exclusiveMinimum",
-                                          "exclusiveMaximum"};
+                                          "exclusiveMaximum",
+                                          "additionalItems"};
 static const char *const annotations[] = {"description", "title",       "default",      "examples",  "$schema",
                                           "$id",         "$comment",    "readOnly",     "writeOnly", "deprecated",
                                           "$defs",       "definitions", "discriminator"};
@@ -270,7 +271,8 @@ static int view_types(struct gs *g, const struct kws *kw, const char *path, unsi
         if (kw->at[K_MIN] >= 0 || kw->at[K_MAX] >= 0 || kw->at[K_XMIN] >= 0 || kw->at[K_XMAX] >= 0)
             implied |= GT_NUM | GT_INT;
         if (kw->n_props || kw->n_reqs || kw->at[K_ADDL] >= 0) implied |= GT_OBJ;
-        if (kw->at[K_ITEMS] >= 0 || kw->at[K_PREFIX] >= 0 || kw->at[K_MINI] >= 0 || kw->at[K_MAXI] >= 0)
+        if (kw->at[K_ITEMS] >= 0 || kw->at[K_PREFIX] >= 0 || kw->at[K_MINI] >= 0 || kw->at[K_MAXI] >= 0 ||
+            kw->at[K_ADDITEMS] >= 0)
             implied |= GT_ARR;
         if (implied) bits = implied; /* keywords of one kind say what is meant (stricter than JSON Schema) */
     }
@@ -594,9 +596,9 @@ static int32_t compile(struct gs *g, const struct view *v0, const char *path, in
         if (enum_expr(g, &kw, bits, path, &body, types) < 0) goto done;
         alts = 1;
     } else if (bits == GT_ALL && kw.at[K_ADDL] < 0 && !kw.n_props && !kw.n_reqs && kw.at[K_ITEMS] < 0 &&
-               kw.at[K_PREFIX] < 0 && kw.at[K_MINI] < 0 && kw.at[K_MAXI] < 0 && kw.at[K_PATTERN] < 0 &&
-               kw.at[K_FORMAT] < 0 && kw.at[K_MINL] < 0 && kw.at[K_MAXL] < 0 && kw.at[K_MIN] < 0 && kw.at[K_MAX] < 0 &&
-               kw.at[K_XMIN] < 0 && kw.at[K_XMAX] < 0) {
+               kw.at[K_PREFIX] < 0 && kw.at[K_ADDITEMS] < 0 && kw.at[K_MINI] < 0 && kw.at[K_MAXI] < 0 &&
+               kw.at[K_PATTERN] < 0 && kw.at[K_FORMAT] < 0 && kw.at[K_MINL] < 0 && kw.at[K_MAXL] < 0 &&
+               kw.at[K_MIN] < 0 && kw.at[K_MAX] < 0 && kw.at[K_XMIN] < 0 && kw.at[K_XMAX] < 0) {
         char any[16]; /* no constraint: any value */
         ok = gs_need_any(g, GSCHEMA_MAX_DEPTH - depth, any) && gs_put(g, &body, any);
         *types = GT_ALL;

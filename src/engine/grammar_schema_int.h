@@ -52,6 +52,7 @@ enum {
     K_MAX,
     K_XMIN,
     K_XMAX,
+    K_ADDITEMS,
     K_COUNT
 };
 /* The keywords of a view: where each is (value token), merged ones listed. */

@@ -465,7 +465,30 @@ bool gs_put_value_lit(struct gs *g, struct kvb_buf *b, int i)
     const struct json_doc *j = g->j;
     const jsmntok_t *t = &j->tok[i];
     switch (json_kind(j, i)) {
-    case JSON_STRING: return gs_put_lit(g, b, j->src + t->start - 1, (size_t)(t->end - t->start) + 2);
+    case JSON_STRING: {
+        /* as written; and where the schema escapes, also as json_put_string
+         * writes the same string (raw UTF-8), the form a model writes */
+        const char *raw = j->src + t->start - 1;
+        const size_t n = (size_t)(t->end - t->start) + 2;
+        if (!memchr(raw, '\\', n)) return gs_put_lit(g, b, raw, n);
+        char *dec = NULL;
+        size_t dn = 0;
+        struct kvb_buf canon = {0};
+        if (json_str_dup(j, i, &dec, &dn) != KVB_OK || json_put_string(&canon, dec, dn) != KVB_OK) {
+            kvb_free(dec);
+            kvb_buf_free(&canon);
+            g->oom = true;
+            return false;
+        }
+        kvb_free(dec);
+        bool ok;
+        if (canon.len == n && memcmp(canon.data, raw, n) == 0) ok = gs_put_lit(g, b, raw, n);
+        else
+            ok = gs_put(g, b, "(") && gs_put_lit(g, b, raw, n) && gs_put(g, b, " | ") &&
+                 gs_put_lit(g, b, canon.data, canon.len) && gs_put(g, b, ")");
+        kvb_buf_free(&canon);
+        return ok;
+    }
     case JSON_OBJECT:
     case JSON_ARRAY: {
         const bool obj = json_kind(j, i) == JSON_OBJECT;

@@ -384,9 +384,19 @@ int gs_array_expr(struct gs *g, const struct kws *kw, const char *path, int dept
     /* the prefix's rules */
     int32_t pre[256];
     int k = 0;
-    const int pat = kw->at[K_PREFIX];
+    /* draft 4-7 tuples: items as an array is the prefix, additionalItems the rest */
+    const bool tuple = kw->at[K_ITEMS] >= 0 && json_kind(j, kw->at[K_ITEMS]) == JSON_ARRAY;
+    if (tuple && kw->at[K_PREFIX] >= 0) {
+        gs_sub_path(sub, path, "items");
+        return gs_fail(g, sub, "field '%s': items as an array beside prefixItems", sub);
+    }
+    if (!tuple && kw->at[K_ADDITEMS] >= 0) {
+        gs_sub_path(sub, path, "additionalItems");
+        return gs_fail(g, sub, "field '%s' is only supported beside items given as an array", sub);
+    }
+    const int pat = tuple ? kw->at[K_ITEMS] : kw->at[K_PREFIX];
     if (pat >= 0) {
-        gs_sub_path(sub, path, "prefixItems");
+        gs_sub_path(sub, path, tuple ? "items" : "prefixItems");
         if (json_kind(j, pat) != JSON_ARRAY) return gs_fail(g, sub, "field '%s' must be an array of schemas", sub);
         if (j->tok[pat].size > 256) return gs_fail(g, sub, "field '%s' holds more than 256 schemas", sub);
         int t = pat + 1;
@@ -407,10 +417,8 @@ int gs_array_expr(struct gs *g, const struct kws *kw, const char *path, int dept
     }
     /* the items after the prefix */
     char item[24] = "";
-    const int it = kw->at[K_ITEMS];
-    gs_sub_path(sub, path, "items");
-    if (it >= 0 && json_kind(j, it) == JSON_ARRAY)
-        return gs_fail(g, sub, "field '%s': items as an array (draft 4 tuples) is not supported: use prefixItems", sub);
+    const int it = tuple ? kw->at[K_ADDITEMS] : kw->at[K_ITEMS];
+    gs_sub_path(sub, path, tuple ? "additionalItems" : "items");
     if (it < 0 || json_kind(j, it) == JSON_TRUE) {
         if (!gs_need_any(g, GSCHEMA_MAX_DEPTH - depth - 1, item)) return -1;
     } else if (json_kind(j, it) != JSON_FALSE) {
