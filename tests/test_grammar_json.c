@@ -13,8 +13,12 @@
  * (the schema's), and every token it takes keeps the output a prefix of
  * one. Skips the tokenizer part without $KVB_MODEL.
  *
- * One bound changed: jsonmode refused nesting past 64 containers; the
- * grammar nests until GRAMMAR_MAX_DEPTH stack positions. */
+ * What changed: strings hold valid UTF-8 only (GBNF's characters are code
+ * points; jsonmode let any byte through and the output writer replaced
+ * it), and an object schema with an empty properties list allows any
+ * object (JSON Schema's reading; jsonmode allowed only {}). The schema
+ * subset grew (grammar_schema.h): what jsonmode refused and is now held is
+ * checked to compile. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,9 +34,9 @@
 #include "support/testutil.h"
 
 /* The whitespace policy (grammar_schema.h, as jsonmode.h had it). */
-#define JSON_MAX_WS 24     /* consecutive whitespace bytes outside strings */
-#define JSON_MAX_LEAD_WS 1 /* before the object */
-#define JSONV_MAX_DEPTH 64 /* the validator's nesting bound (the generator stays far below it) */
+#define JSON_MAX_WS GSCHEMA_MAX_WS /* consecutive whitespace bytes outside strings */
+#define JSON_MAX_LEAD_WS 1         /* before the object */
+#define JSONV_MAX_DEPTH 64         /* the validator's nesting bound (the generator stays far below it) */
 #include "text/tok.h"
 
 /* ---- an independent validator: is s[0..n) exactly one JSON object, with at
@@ -84,6 +88,13 @@ static bool rd_string(struct rd *r)
         unsigned char c = r->s[r->i++];
         if (c == '"') return true;
         if (c < 0x20) return false;
+        if (c >= 0x80) { /* the grammar's characters are code points: only valid UTF-8 (jsonmode took any byte) */
+            size_t bad;
+            const size_t len = json_utf8_seq(r->s + r->i - 1, r->n - r->i + 1, &bad);
+            if (len == 0) return false;
+            r->i += len - 1;
+            continue;
+        }
         if (c != '\\') continue;
         if (r->i >= r->n) return false;
         c = r->s[r->i++];
@@ -263,19 +274,17 @@ static void test_cases(void)
         CHECK_MSG(got == cases[k].want, "[%s]: %d, want %d", s, got, cases[k].want);
         CHECK_MSG(is_object(s, strlen(s)) == (cases[k].want == 1), "validator on [%s]", s);
     }
-    /* Bounds: deep nesting passes (jsonmode stopped at 64), past the
-     * recogniser's stack limit it does not; 24 whitespace bytes pass, one
-     * more does not. */
-    char deep[4200];
+    /* Bounds: 64 levels and 24 whitespace bytes pass, one more does not. */
+    char deep[300];
     size_t n = 0;
     deep[n++] = '{';
     deep[n++] = '"';
     deep[n++] = 'a';
     deep[n++] = '"';
     deep[n++] = ':';
-    for (int d = 1; d < 200; d++) deep[n++] = '[';
+    for (int d = 1; d < GSCHEMA_MAX_DEPTH; d++) deep[n++] = '[';
     CHECK(recognise(deep, n) == 0);
-    while (n < sizeof deep) deep[n++] = '[';
+    deep[n++] = '[';
     CHECK(recognise(deep, n) == -1);
     char ws[200];
     memset(ws, ' ', sizeof ws);
@@ -437,20 +446,29 @@ static void test_schema_refusals(void)
         const char *schema, *part;
     } bad[] = {
         {"{\"type\":\"string\"}", "must describe an object"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}", "'pattern'"},
-        {"{\"anyOf\":[]}", "'anyOf'"},
+        {"{\"anyOf\":[]}", "'schema.anyOf'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}", "required"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":true}", "additionalProperties"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,2]}}}", "only strings"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":[\"object\",\"null\"]}}}", "list of types"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}}}",
-         "above maxItems"},
-        {"{\"type\":\"object\",\"properties\":{\"a\\\"b\":{}}}", "escapes"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}}}", "minItems"},
         {"{\"type\":\"objekt\"}", "must name JSON types"},
         {"{\"type\":\"object\",\"required\":\"a\"}", "array of names"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[\"x\"],\"const\":\"x\"}}}", "not both"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\",\"enum\":[\"x\"]}}}", "no value has"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"color\"}}}", "'color'"},
     };
+    /* What jsonmode refused and the schema compiler now holds. */
+    static const char *const held[] = {
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":true}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,2]}}}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":[\"object\",\"null\"]}}}",
+        "{\"type\":\"object\",\"properties\":{\"a\\\"b\":{}}}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"date\"}}}",
+    };
+    for (size_t k = 0; k < sizeof held / sizeof held[0]; k++) {
+        struct grammar *g = compile_schema(held[k]);
+        CHECK_MSG(g != NULL, "[%s] not held", held[k]);
+        grammar_free(g);
+    }
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         struct grammar *b = NULL;
         char path[128], msg[320] = "";
@@ -459,17 +477,16 @@ static void test_schema_refusals(void)
                   "[%s] gave [%s]", bad[k].schema, msg);
     }
     { /* the error names the keyword's field under the path it was given */
-        static const char date[] =
-            "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"date\"}}}";
-        struct grammar *b = NULL;
+        static const char bad_items[] =
+            "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}}}";
         char path[128] = "", msg[320] = "";
-        CHECK(schema_refused(date, sizeof date - 1, "body.response_format.json_schema.schema", path, sizeof path, msg,
-                             sizeof msg) &&
-              !b);
-        CHECK_MSG(strcmp(path, "body.response_format.json_schema.schema.properties.a") == 0, "path [%s]", path);
+        CHECK(schema_refused(bad_items, sizeof bad_items - 1, "body.response_format.json_schema.schema", path,
+                             sizeof path, msg, sizeof msg));
+        CHECK_MSG(strcmp(path, "body.response_format.json_schema.schema.properties.a.minItems") == 0, "path [%s]",
+                  path);
         /* the job format keeps whatever was written: text that is no schema is refused here */
-        CHECK(schema_refused("\"x\"", 3, "s", path, sizeof path, msg, sizeof msg) && !b);
-        CHECK(schema_refused("{\"type\":", 9, "s", path, sizeof path, msg, sizeof msg) && !b &&
+        CHECK(schema_refused("\"x\"", 3, "s", path, sizeof path, msg, sizeof msg));
+        CHECK(schema_refused("{\"type\":", 9, "s", path, sizeof path, msg, sizeof msg) &&
               strstr(msg, "not valid JSON"));
     }
     printf("schemas: %zu refused\n", sizeof bad / sizeof bad[0]);
@@ -546,7 +563,7 @@ static void test_schema_cases(void)
         {"{\"type\":\"object\",\"properties\":{\"m\":{\"type\":\"object\",\"additionalProperties\":false}}}",
          "{\"m\":{\"", -1},
         {"{\"type\":\"object\",\"properties\":{}}", "{}", 1},
-        {"{\"type\":\"object\",\"properties\":{}}", "{\"", -1},
+        {"{\"type\":\"object\",\"properties\":{}}", "{\"", 0}, /* any object now (JSON Schema's reading) */
         {"{\"type\":\"object\",\"properties\":{\"\":{\"type\":\"string\"}}}", "{\"\":\"x\"}", 1},
         {"{\"type\":\"object\",\"properties\":{\"m\":{\"type\":\"object\"}}}", "{\"m\":{\"any\":[1]}}", 1},
     };

@@ -160,7 +160,7 @@ static uint32_t state_intern(struct grammar_matcher *m, bool accept)
 {
     const uint32_t n = m->n_out;
     if ((n == 0 && !accept) || n > GRAMMAR_MAX_STACKS) return GM_DEAD;
-    qsort(m->out, n, sizeof *m->out, cmp_u32);
+    if (n) qsort(m->out, n, sizeof *m->out, cmp_u32);
     uint32_t h = accept ? 0x51ed27u : 0x1234567u;
     for (uint32_t k = 0; k < n; k++) h = hash2(h, m->out[k]);
     if (2 * (m->n_states + 1) > m->state_hash_cap &&
@@ -170,13 +170,13 @@ static uint32_t state_intern(struct grammar_matcher *m, bool accept)
     uint32_t slot = h & mask;
     for (; m->state_hash[slot] != GM_NIL; slot = (slot + 1) & mask) {
         const struct gm_state *s = &m->states[m->state_hash[slot]];
-        if (s->n == n && s->accept == accept && !memcmp(m->pool + s->off, m->out, sizeof *m->out * n))
+        if (s->n == n && s->accept == accept && (n == 0 || !memcmp(m->pool + s->off, m->out, sizeof *m->out * n)))
             return m->state_hash[slot];
     }
     if (!grow(m, (void **)&m->states, &m->cap_states, m->n_states + 1, sizeof *m->states) ||
         !grow(m, (void **)&m->pool, &m->cap_pool, m->n_pool + n, sizeof *m->pool))
         return GM_DEAD;
-    memcpy(m->pool + m->n_pool, m->out, sizeof *m->out * n);
+    if (n) memcpy(m->pool + m->n_pool, m->out, sizeof *m->out * n);
     m->states[m->n_states] = (struct gm_state){.off = m->n_pool, .n = n, .accept = accept};
     m->n_pool += n;
     m->state_hash[slot] = m->n_states;
