@@ -167,6 +167,12 @@ class Measurement(BaseModel):
     neg: Annotated[int, Field(le=-5)]
 
 
+class Pricing(BaseModel):
+    price: Annotated[float, Field(gt=0.01, le=999.99)]
+    discount: Annotated[float, Field(ge=0, lt=0.5)] = 0
+    rate: Optional[Annotated[float, Field(ge=-2.25, le=-0.75)]] = None
+
+
 class Tree(BaseModel):
     name: str
     left: Optional["Tree"] = None
@@ -241,7 +247,7 @@ class Employee(Person):  # inheritance
 
 
 MODELS = [Address, Person, Company, Node, LinkedItem, Event, Shape, Rating, Point, Inventory, Owner, Flags, Wide,
-          Network, Measurement, Tree, Matrix, Article, Extraction, Code, Contains, Nested3, Review, Mixed, Ids, Doc,
+          Network, Measurement, Pricing, Tree, Matrix, Article, Extraction, Code, Contains, Nested3, Review, Mixed, Ids, Doc,
           ExtraAllowed, Forbid, Employee]
 
 # ---- hand-written schemas -------------------------------------------------------------------
@@ -314,6 +320,16 @@ HAND = {
     "deep-free": {"type": "object", "properties": {"free": {}}, "required": ["free"]},
     "nine-required": {"type": "object", "properties": {k: {"type": "integer"} for k in "abcdefghi"},
                       "required": list("abcdefghi")},
+    "zod-draft7-tuple": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {
+        "pair": {"type": "array", "items": [{"type": "string"}, {"type": "number", "exclusiveMinimum": 0}],
+                 "minItems": 2, "maxItems": 2, "additionalItems": False},
+        "rest": {"type": "array", "items": [{"type": "boolean"}], "additionalItems": {"type": "integer"}},
+        "when": {"type": "string", "format": "date-time"},
+        "same": {"$ref": "#/properties/pair"}},
+        "required": ["pair", "rest"], "additionalProperties": False},
+    "enum-escaped": {"type": "object", "properties": {"drink": {"enum": ["caf\u00e9", "th\u00e9", "\"q\"", "a\\b"]},
+                                                      "k": {"const": "\u4e2d\u6587"}},
+                     "required": ["drink", "k"]},
     "mutual-recursion": {"$defs": {
         "A": {"type": "object", "properties": {"b": {"anyOf": [{"$ref": "#/$defs/B"}, {"type": "null"}]}}},
         "B": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}, "n": {"type": "integer"}},
@@ -329,7 +345,7 @@ REFUSED = {
     "back-reference": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(a)\\1"}}},
     "format 'hostname'": {"type": "object", "properties": {"a": {"type": "string", "format": "hostname"}}},
     "must describe an object": {"type": "array"},
-    "whole numbers": {"type": "object", "properties": {"a": {"type": "number", "maximum": 2.5}}},
+    "too many digits": {"type": "object", "properties": {"a": {"type": "number", "maximum": 2.5e-80}}},
     "'not'": {"type": "object", "properties": {"a": {"not": {}}}},
     "only references inside": {"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}},
     "format beside pattern": {"type": "object",
@@ -488,6 +504,8 @@ class Gen:
         r = self.rng
         pre = s.get("prefixItems", [])
         items = s.get("items", True)
+        if isinstance(items, list):  # draft 4-7 tuples
+            pre, items = items, s.get("additionalItems", True)
         lo, hi = s.get("minItems", 0), s.get("maxItems", None)
         cap = len(pre) if items is False else 10 ** 6
         if hi is not None:

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/buf.h"
 #include "engine/grammar_regex.h"
 #include "engine/grammar_schema.h"
@@ -158,7 +159,7 @@ static void test_refusals(void)
          "format 'hostname'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"x\"}}}",
          "format beside pattern"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":0.5}}}", "whole numbers"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"number\",\"minimum\":1e-70}}}", "too many digits"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":5,\"maxLength\":2}}}",
          "above maxLength"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"maxLength\":5000}}}", "maxLength"},
@@ -176,7 +177,8 @@ static void test_refusals(void)
         {"{\"type\":\"string\"}", "must describe an object"},
         {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"null\"}]}", "must describe an object"},
         {"{\"type\":\"object\",\"required\":[\"x\"],\"properties\":{\"a\":{}}}", "does not list"},
-        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":[{}]}}}", "prefixItems"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"additionalItems\":false}}}",
+         "additionalItems"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"[\"}}}", "not closed"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"a{2000}\"}}}", "counts above"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}}}",
@@ -273,6 +275,35 @@ static void test_regex_refusals(void)
     kvb_buf_free(&b);
 }
 
+/* Failed allocations at every point: out of memory is reported as such, never as a bad schema. */
+static void test_alloc_failures(void)
+{
+    static const char *const schemas[] = {
+        "{\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\",\"minimum\":-5},"
+        "\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/N\"},{\"type\":\"null\"}]},\"s\":{\"type\":\"string\","
+        "\"pattern\":\"^[a-z]+\\\\d$\",\"maxLength\":9}},\"required\":[\"v\"],\"additionalProperties\":{\"type\":"
+        "\"boolean\"}}},\"$ref\":\"#/$defs/N\"}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"prefixItems\":[{\"enum\":[1,\"x\"]}],"
+        "\"items\":{\"type\":\"string\",\"format\":\"date\"},\"maxItems\":3}}}",
+    };
+    for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++) {
+        int ok_at = -1;
+        for (long n = 0; n < 20000 && ok_at < 0; n++) {
+            struct kvb_buf b = {0};
+            char path[256], msg[512];
+            kvb_alloc_fail_after(n);
+            const enum kvb_status st =
+                gschema_to_gbnf(schemas[i], strlen(schemas[i]), "s", &b, path, sizeof path, msg, sizeof msg);
+            kvb_alloc_fail_after(-1);
+            CHECK_MSG(st == KVB_OK || st == KVB_ERR_NOMEM, "schema %zu, failing allocation %ld: %s %s", i, n,
+                      kvb_strerror(st), msg);
+            if (st == KVB_OK) ok_at = (int)n;
+            kvb_buf_free(&b);
+        }
+        CHECK(ok_at > 0);
+    }
+}
+
 #if HAVE_ENGINE
 /* ---- with the engine: the grammars checked by brute force ------------------------------ */
 
@@ -342,6 +373,13 @@ static void test_num_ranges(void)
         {"\"exclusiveMaximum\":0", -1e300, 0, false, true},
         {"\"minimum\":10,\"exclusiveMaximum\":11", 10, 11, false, true},
         {"\"exclusiveMinimum\":-3,\"maximum\":-1", -3, -1, true, false},
+        {"\"minimum\":0.25,\"maximum\":0.75", 0.25, 0.75, false, false},
+        {"\"exclusiveMinimum\":0.25,\"exclusiveMaximum\":2.5", 0.25, 2.5, true, true},
+        {"\"minimum\":-1.5,\"exclusiveMaximum\":1.25", -1.5, 1.25, false, true},
+        {"\"exclusiveMinimum\":-2.75,\"maximum\":-0.1", -2.75, -0.1, true, false},
+        {"\"minimum\":2.5e-1,\"maximum\":3.1E0", 0.25, 3.1, false, false},
+        {"\"exclusiveMaximum\":0.001", -1e300, 0.001, false, true},
+        {"\"minimum\":1.999", 1.999, 1e300, false, false},
     };
     static const char *const nums[] = {"0",    "0.0",  "0.5",  "1",    "1.0",  "1.00", "1.01", "-0.5", "-1",
                                        "-2",   "-2.0", "-2.1", "3",    "3.0",  "3.5",  "10",   "10.0", "10.99",
@@ -354,6 +392,23 @@ static void test_num_ranges(void)
                  cases[c].kw);
         struct grammar *g = schema_grammar(schema);
         if (!g) continue;
+        static const char *const fr[] = {"",      ".0", ".00", ".001",  ".01",  ".1",  ".099", ".25",   ".249",
+                                         ".2501", ".5", ".75", ".7501", ".749", ".99", ".999", ".9991", ".0001"};
+        for (int ip = -4; ip <= 4; ip++) { /* a grid of decimals around the bounds */
+            for (size_t f = 0; f < sizeof fr / sizeof fr[0]; f++) {
+                for (int neg = 0; neg < 2; neg++) {
+                    if (neg && ip > 0) continue;
+                    char n[32], doc[64];
+                    snprintf(n, sizeof n, "%s%d%s", neg && ip == 0 ? "-" : "", ip, fr[f]);
+                    const double v = strtod(n, NULL);
+                    const bool in = (cases[c].lo_ex ? v > cases[c].lo : v >= cases[c].lo) &&
+                                    (cases[c].hi_ex ? v < cases[c].hi : v <= cases[c].hi);
+                    const bool negzero = n[0] == '-' && v == 0;
+                    snprintf(doc, sizeof doc, "{\"v\":%s}", n);
+                    CHECK_MSG(full(g, doc) == (in && !negzero), "%s: %s", cases[c].kw, doc);
+                }
+            }
+        }
         for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
             const char *n = nums[i];
             const double v = strtod(n, NULL);
@@ -519,6 +574,7 @@ int main(int argc, char **argv)
     test_refusals();
     test_accepted();
     test_regex_refusals();
+    test_alloc_failures();
 #if HAVE_ENGINE
     test_with_engine();
 #endif

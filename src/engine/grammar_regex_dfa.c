@@ -549,10 +549,20 @@ static bool put_name(struct kvb_buf *out, const char *prefix, int32_t k)
     return gr_puts(out, prefix) && gr_puts(out, t);
 }
 
+/* When a length bound copies each DFA state, a class written many times
+ * is written once as its own rule (prefix-cT for transition T) and
+ * referred to: the grammar stays small and the engine compiles each class
+ * once. */
+#define SHARE_MIN_TEXT 16 /* bytes of a class's text worth a rule of its own */
+
 static int write_rules(const struct dfa *d, const struct product *p, bool json, uint32_t min_len, const char *prefix,
                        struct kvb_buf *out, struct gr_err *e)
 {
     bool ok = true;
+    const bool share = p->st_d.n > n_dfa(d);
+    uint8_t *named = share ? kvb_calloc((size_t)d->t_from.n + 1, 1) : NULL; /* 1 shared, 2 inline */
+    struct kvb_buf ex = {0};
+    if (share && !named) goto oom;
     int64_t k = 0;
     for (int64_t q = 0; ok && q < p->st_d.n; q++) {
         if (!p->live[q] || (q > 0 && p->terminal[q])) continue;
@@ -562,17 +572,44 @@ static int write_rules(const struct dfa *d, const struct product *p, bool json, 
         for (; ok && k < p->e_from.n && p->e_from.v[k] == q; k++) {
             const int32_t to = p->e_to.v[k], t = p->e_t.v[k];
             if (!p->live[to]) continue;
-            ok = (alts == 0 || gr_puts(out, " | ")) &&
-                 put_expr(out, d->ivs + d->t_off.v[t], d->t_off.v[t + 1] - d->t_off.v[t], json) &&
-                 (p->terminal[to] || (gr_puts(out, " ") && put_name(out, prefix, p->name[to])));
+            ok = alts == 0 || gr_puts(out, " | ");
+            if (share && named[t] == 1) {
+                char ref[48];
+                snprintf(ref, sizeof ref, "%s-c%d", prefix, t);
+                ok = ok && gr_puts(out, ref);
+            } else {
+                ex.len = 0;
+                ok = ok && put_expr(&ex, d->ivs + d->t_off.v[t], d->t_off.v[t + 1] - d->t_off.v[t], json);
+                if (ok && share && ex.len >= SHARE_MIN_TEXT) {
+                    char ref[48];
+                    snprintf(ref, sizeof ref, "%s-c%d", prefix, t);
+                    named[t] = 1;
+                    ok = gr_puts(out, ref);
+                } else {
+                    ok = ok && gr_put(out, ex.data, ex.len);
+                }
+            }
+            ok = ok && (p->terminal[to] || (gr_puts(out, " ") && put_name(out, prefix, p->name[to])));
             alts++;
         }
         if (ok && d->acc.v[p->st_d.v[q]] && (uint32_t)p->st_n.v[q] >= min_len)
             ok = (alts == 0 || gr_puts(out, " | ")) && gr_puts(out, "\"\"");
         ok = ok && gr_puts(out, "\n");
     }
+    for (int64_t t = 0; ok && share && t < d->t_from.n; t++) { /* the shared classes */
+        if (named[t] != 1) continue;
+        char head[64];
+        snprintf(head, sizeof head, "%s-c%lld ::= ", prefix, (long long)t);
+        ok = gr_puts(out, head) && put_expr(out, d->ivs + d->t_off.v[t], d->t_off.v[t + 1] - d->t_off.v[t], json) &&
+             gr_puts(out, "\n");
+    }
+    kvb_free(named);
+    kvb_buf_free(&ex);
     if (!ok) e->oom = true;
     return ok ? 0 : -1;
+oom:
+    e->oom = true;
+    return -1;
 }
 
 int gr_emit(const struct gr_nfa *nfa, bool json_content, uint32_t min_len, uint32_t max_len, const char *prefix,

@@ -39,7 +39,8 @@ const char *const gs_kw_names[K_COUNT] = {"type",
                                           "minimum",
                                           "maximum",
                                           "exclusiveMinimum",
-                                          "exclusiveMaximum"};
+                                          "exclusiveMaximum",
+                                          "additionalItems"};
 static const char *const annotations[] = {"description", "title",       "default",      "examples",  "$schema",
                                           "$id",         "$comment",    "readOnly",     "writeOnly", "deprecated",
                                           "$defs",       "definitions", "discriminator"};
@@ -270,7 +271,8 @@ static int view_types(struct gs *g, const struct kws *kw, const char *path, unsi
         if (kw->at[K_MIN] >= 0 || kw->at[K_MAX] >= 0 || kw->at[K_XMIN] >= 0 || kw->at[K_XMAX] >= 0)
             implied |= GT_NUM | GT_INT;
         if (kw->n_props || kw->n_reqs || kw->at[K_ADDL] >= 0) implied |= GT_OBJ;
-        if (kw->at[K_ITEMS] >= 0 || kw->at[K_PREFIX] >= 0 || kw->at[K_MINI] >= 0 || kw->at[K_MAXI] >= 0)
+        if (kw->at[K_ITEMS] >= 0 || kw->at[K_PREFIX] >= 0 || kw->at[K_MINI] >= 0 || kw->at[K_MAXI] >= 0 ||
+            kw->at[K_ADDITEMS] >= 0)
             implied |= GT_ARR;
         if (implied) bits = implied; /* keywords of one kind say what is meant (stricter than JSON Schema) */
     }
@@ -379,6 +381,7 @@ static int bound_at(struct gs *g, int i, const char *path, double *v)
 struct bounds {
     bool has_lo, has_hi, lo_ex, hi_ex;
     double lo, hi;
+    int lo_tok, hi_tok; /* the numbers' tokens, for exact decimals */
 };
 
 static int get_bounds(struct gs *g, const struct kws *kw, const char *path, struct bounds *bd)
@@ -403,10 +406,10 @@ static int get_bounds(struct gs *g, const struct kws *kw, const char *path, stru
         double v = 0;
         if (bound_at(g, at, sub, &v) < 0) return -1;
         if (is_lo) {
-            if (!bd->has_lo || v > bd->lo || (v == bd->lo && is_x)) bd->lo = v, bd->lo_ex = is_x;
+            if (!bd->has_lo || v > bd->lo || (v == bd->lo && is_x)) bd->lo = v, bd->lo_ex = is_x, bd->lo_tok = at;
             bd->has_lo = true;
         } else {
-            if (!bd->has_hi || v < bd->hi || (v == bd->hi && is_x)) bd->hi = v, bd->hi_ex = is_x;
+            if (!bd->has_hi || v < bd->hi || (v == bd->hi && is_x)) bd->hi = v, bd->hi_ex = is_x, bd->hi_tok = at;
             bd->has_hi = true;
         }
     }
@@ -432,14 +435,14 @@ static int int_expr(struct gs *g, const struct bounds *bd, const char *path, str
 static int num_expr(struct gs *g, const struct bounds *bd, const char *path, struct kvb_buf *b)
 {
     if (!bd->has_lo && !bd->has_hi) return gs_need_num(g) && gs_put(g, b, "num") ? 0 : -1;
-    if ((bd->has_lo && bd->lo != floor(bd->lo)) || (bd->has_hi && bd->hi != floor(bd->hi)))
-        return gs_fail(g, path,
-                       "field '%s': bounds on a number must be whole numbers (use \"type\": \"integer\", or bounds "
-                       "such as 0 and 1)",
-                       path);
     if (bd->has_lo && bd->has_hi && (bd->lo > bd->hi || (bd->lo == bd->hi && (bd->lo_ex || bd->hi_ex))))
         return gs_fail(g, path, "field '%s': no number is within the bounds", path);
-    return gs_num_range(g, b, bd->has_lo, (int64_t)bd->lo, bd->lo_ex, bd->has_hi, (int64_t)bd->hi, bd->hi_ex) ? 0 : -1;
+    struct gs_dec lo, hi;
+    const jsmntok_t *lt = bd->has_lo ? &g->j->tok[bd->lo_tok] : NULL, *ht = bd->has_hi ? &g->j->tok[bd->hi_tok] : NULL;
+    if ((lt && !gs_dec_parse(g->j->src + lt->start, (size_t)(lt->end - lt->start), &lo)) ||
+        (ht && !gs_dec_parse(g->j->src + ht->start, (size_t)(ht->end - ht->start), &hi)))
+        return gs_fail(g, path, "field '%s': a bound has too many digits to hold exactly", path);
+    return gs_num_range(g, b, lt ? &lo : NULL, bd->lo_ex, ht ? &hi : NULL, bd->hi_ex) ? 0 : -1;
 }
 
 static int enum_expr(struct gs *g, const struct kws *kw, unsigned types, const char *path, struct kvb_buf *b,
@@ -593,9 +596,9 @@ static int32_t compile(struct gs *g, const struct view *v0, const char *path, in
         if (enum_expr(g, &kw, bits, path, &body, types) < 0) goto done;
         alts = 1;
     } else if (bits == GT_ALL && kw.at[K_ADDL] < 0 && !kw.n_props && !kw.n_reqs && kw.at[K_ITEMS] < 0 &&
-               kw.at[K_PREFIX] < 0 && kw.at[K_MINI] < 0 && kw.at[K_MAXI] < 0 && kw.at[K_PATTERN] < 0 &&
-               kw.at[K_FORMAT] < 0 && kw.at[K_MINL] < 0 && kw.at[K_MAXL] < 0 && kw.at[K_MIN] < 0 && kw.at[K_MAX] < 0 &&
-               kw.at[K_XMIN] < 0 && kw.at[K_XMAX] < 0) {
+               kw.at[K_PREFIX] < 0 && kw.at[K_ADDITEMS] < 0 && kw.at[K_MINI] < 0 && kw.at[K_MAXI] < 0 &&
+               kw.at[K_PATTERN] < 0 && kw.at[K_FORMAT] < 0 && kw.at[K_MINL] < 0 && kw.at[K_MAXL] < 0 &&
+               kw.at[K_MIN] < 0 && kw.at[K_MAX] < 0 && kw.at[K_XMIN] < 0 && kw.at[K_XMAX] < 0) {
         char any[16]; /* no constraint: any value */
         ok = gs_need_any(g, GSCHEMA_MAX_DEPTH - depth, any) && gs_put(g, &body, any);
         *types = GT_ALL;

@@ -20,8 +20,9 @@
  *
  * What is held, by construction:
  *   type (one or a list), enum and const (any JSON values; each matched as
- *   written in the schema, strings and numbers byte for byte, objects and
- *   arrays with JSON mode's whitespace between their parts);
+ *   written in the schema, strings and numbers byte for byte (a string the
+ *   schema escapes also as json_put_string writes it), objects and arrays
+ *   with JSON mode's whitespace between their parts);
  *   anyOf, and oneOf held as anyOf (an output matching two branches is
  *   accepted; the branches Pydantic writes for unions are told apart by a
  *   const or a type); allOf merged into one schema where each keyword comes
@@ -40,7 +41,8 @@
  *   second; never a listed name, and written without escapes until they
  *   differ from every listed name;
  *   arrays: items (a schema, true, false), prefixItems, minItems, maxItems
- *   (at most GSCHEMA_MAX_COUNT);
+ *   (at most GSCHEMA_MAX_COUNT); draft 4-7 tuples (items as an array,
+ *   additionalItems) as prefixItems and items;
  *   strings: minLength, maxLength (code points of the decoded string, at
  *   most GSCHEMA_MAX_COUNT without a pattern), pattern (grammar_regex.h,
  *   search semantics; pattern and format strings are read with one written
@@ -52,8 +54,9 @@
  *   intersected with them exactly; pattern beside format is refused;
  *   integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (also
  *   draft-04's boolean form) as digit-range grammars; numbers: the same
- *   when the bounds are whole numbers (the bounded number is written
- *   without an exponent), other bounds refused.
+ *   bounds, read exactly as the decimals the schema writes (a bounded
+ *   number is written without an exponent; a bound with more digits than
+ *   that holds is refused).
  * Ignored as annotations: title, description, default, examples, $schema,
  * $id, $comment, readOnly, writeOnly, deprecated, $defs, definitions,
  * discriminator (OpenAPI's; the branches' consts hold it). Anything else is

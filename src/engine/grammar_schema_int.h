@@ -52,6 +52,7 @@ enum {
     K_MAX,
     K_XMIN,
     K_XMAX,
+    K_ADDITEMS,
     K_COUNT
 };
 /* The keywords of a view: where each is (value token), merged ones listed. */
@@ -116,8 +117,18 @@ bool gs_need_any(struct gs *g, int budget, char *name);
 /* Integers lo..hi (has_lo/has_hi false: unbounded that side) as an
  * expression appended to b. */
 bool gs_int_range(struct gs *g, struct kvb_buf *b, bool has_lo, int64_t lo, bool has_hi, int64_t hi);
-/* Numbers between whole-number bounds (exclusive flags), no exponent. */
-bool gs_num_range(struct gs *g, struct kvb_buf *b, bool has_lo, int64_t lo, bool lo_ex, bool has_hi, int64_t hi,
+/* A decimal bound read exactly from its JSON text: |value| = ip.fd. */
+struct gs_dec {
+    uint64_t ip;
+    char fd[40]; /* fraction digits, no trailing zeros */
+    bool neg;
+};
+/* False when the number has too many digits to hold (integer part past
+ * 2^60, or 38 fraction digits). */
+bool gs_dec_parse(const char *s, size_t n, struct gs_dec *d);
+/* Decimals between lo and hi (NULL: unbounded; exclusive flags), written
+ * without an exponent (and never as -0). */
+bool gs_num_range(struct gs *g, struct kvb_buf *b, const struct gs_dec *lo, bool lo_ex, const struct gs_dec *hi,
                   bool hi_ex);
 
 /* The regex (anchored) JSON Schema's format `name` stands for, or NULL. */

@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -236,44 +237,177 @@ bool gs_int_range(struct gs *g, struct kvb_buf *b, bool has_lo, int64_t lo, bool
     return ok && gs_put(g, b, ")");
 }
 
-/* Non-negative decimals I(.F)? between a and b (whole numbers; b_inf: no upper bound). */
-static bool pos_range(struct gs *g, struct kvb_buf *x, uint64_t a, bool a_ex, bool b_inf, uint64_t b, bool b_ex,
-                      int *alts)
+bool gs_dec_parse(const char *s, size_t n, struct gs_dec *d)
 {
-    static const char any[] = "(\".\" [0-9]+)?", nonzero[] = "\".\" \"0\"* [1-9] [0-9]*", zero[] = "(\".\" \"0\"+)?";
-    bool ok = true;
-    if (!b_inf && a == b) {
-        if (a_ex || b_ex) return true;
-        ok = (*alts == 0 || gs_put(g, x, " | ")) && gs_putf(g, x, "\"%" PRIu64 "\" %s", a, zero);
-        (*alts)++;
-        return ok;
+    memset(d, 0, sizeof *d);
+    char dig[96];
+    size_t nd = 0, i = 0;
+    long point = -1, exp = 0;
+    if (i < n && s[i] == '-') d->neg = true, i++;
+    for (; i < n && ((s[i] >= '0' && s[i] <= '9') || s[i] == '.'); i++) {
+        if (s[i] == '.') point = (long)nd;
+        else if (nd < sizeof dig) dig[nd++] = s[i];
+        else return false;
     }
-    ok = (*alts == 0 || gs_put(g, x, " | ")) && gs_putf(g, x, "\"%" PRIu64 "\" %s", a, a_ex ? nonzero : any);
-    (*alts)++;
-    if (b_inf || b > a + 1) {
-        ok = ok && gs_put(g, x, " | ") && uint_range(g, x, a + 1, b_inf ? UINT64_MAX : b - 1) &&
-             gs_putf(g, x, " %s", any);
+    if (point < 0) point = (long)nd;
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        char *end;
+        char t[32];
+        snprintf(t, sizeof t, "%.*s", (int)(n - i - 1 < 30 ? n - i - 1 : 30), s + i + 1);
+        exp = strtol(t, &end, 10);
+        if (exp < -60 || exp > 60) return false;
     }
-    if (!b_inf && !b_ex) ok = ok && gs_putf(g, x, " | \"%" PRIu64 "\" %s", b, zero);
+    point += exp;
+    /* integer part: dig[0 .. point), fraction: dig[point ..) (zeros outside) */
+    uint64_t ip = 0;
+    for (long k = 0; k < point; k++) {
+        const int v = k < (long)nd ? dig[k] - '0' : 0;
+        if (ip > (UINT64_C(1) << 60) / 10) return false;
+        ip = ip * 10 + (uint64_t)v;
+    }
+    size_t w = 0;
+    for (long k = point < 0 ? point : point; k < (long)nd; k++) {
+        if (w + 1 >= sizeof d->fd) return false;
+        d->fd[w++] = k < 0 ? '0' : dig[k];
+    }
+    while (w && d->fd[w - 1] == '0') w--;
+    d->fd[w] = '\0';
+    d->ip = ip;
+    if (d->ip == 0 && w == 0) d->neg = false; /* -0 is 0 */
+    return true;
+}
+
+static bool dec_zero(const struct gs_dec *d) { return d->ip == 0 && !d->fd[0]; }
+
+/* The digits D of a fraction with some bounds still tied (lact: D must
+ * not fall below lo's remaining digits; hact: not above hi's; a bound's
+ * digits run out into zeros). need_digit: at least one digit. Writes the
+ * expression and returns true, or false (nothing written) when no D fits. */
+static bool frac_rest(struct gs *g, struct kvb_buf *b, const char *lo, bool lo_ex, bool lact, const char *hi,
+                      bool hi_ex, bool hact, bool need_digit)
+{
+    const bool lo_end = !lact || !*lo, hi_end = !hact || !*hi;
+    if (lo_end && hi_end) { /* both run out (or released): the rest is one of a few forms */
+        const bool ls = lact && lo_ex, hs = hact && hi_ex;
+        if (hs || (ls && hact)) return false;
+        if (ls) return gs_put(g, b, "\"0\"* [1-9] [0-9]*");
+        if (hact) return gs_put(g, b, need_digit ? "\"0\"+" : "\"0\"*");
+        return gs_put(g, b, need_digit ? "[0-9]+" : "[0-9]*");
+    }
+    const bool eps_ok = !need_digit && (!lact || (!*lo && !lo_ex)) && (!hact || *hi || !hi_ex);
+    struct kvb_buf alts = {0};
+    int n_alts = 0;
+    bool ok = true, done[10] = {false};
+    for (int d0 = 0; ok && d0 < 10; d0++) {
+        if (done[d0]) continue;
+        /* the state after digit d: bounds still tied, or the digit is out */
+        int key[10];
+        for (int d = 0; d < 10; d++) {
+            const int l = lact ? (*lo ? *lo - '0' : 0) : -1, h = hact ? (*hi ? *hi - '0' : 0) : 10;
+            key[d] = d < l || d > h ? -1 : (d == l) * 1 + (d == h) * 2;
+        }
+        if (key[d0] < 0) {
+            done[d0] = true;
+            continue;
+        }
+        char cls[24];
+        size_t w = 0;
+        cls[w++] = '[';
+        for (int d = d0; d < 10; d++)
+            if (!done[d] && key[d] == key[d0]) cls[w++] = (char)('0' + d), done[d] = true;
+        cls[w++] = ']';
+        cls[w] = '\0';
+        const bool nl = key[d0] & 1, nh = (key[d0] & 2) != 0;
+        struct kvb_buf r = {0};
+        if (frac_rest(g, &r, nl && *lo ? lo + 1 : lo, lo_ex, nl, nh && *hi ? hi + 1 : hi, hi_ex, nh, false)) {
+            ok = (n_alts == 0 || gs_put(g, &alts, " | ")) && gs_put(g, &alts, cls) && gs_put(g, &alts, " (") &&
+                 put_n(g, &alts, r.data ? r.data : "", r.len) && gs_put(g, &alts, ")");
+            n_alts++;
+        }
+        kvb_buf_free(&r);
+    }
+    if (ok && n_alts == 0 && !eps_ok) {
+        kvb_buf_free(&alts);
+        return false;
+    }
+    if (n_alts == 0) ok = ok && gs_put(g, b, "\"\"");
+    else ok = ok && gs_put(g, b, eps_ok ? "(\"\" | " : "(") && put_n(g, b, alts.data, alts.len) && gs_put(g, b, ")");
+    kvb_buf_free(&alts);
     return ok;
 }
 
-bool gs_num_range(struct gs *g, struct kvb_buf *b, bool has_lo, int64_t lo, bool lo_ex, bool has_hi, int64_t hi,
+/* The fraction after integer part I: ("." digits)? between lo (NULL: none)
+ * and hi (NULL: none). False (nothing written) when none fits. */
+static bool frac(struct gs *g, struct kvb_buf *b, const char *lo, bool lo_ex, const char *hi, bool hi_ex, bool *ok)
+{
+    const bool lact = lo != NULL, hact = hi != NULL;
+    const bool absent_ok = (!lact || (!*lo && !lo_ex)) && (!hact || *hi || !hi_ex);
+    struct kvb_buf r = {0};
+    const bool digits = frac_rest(g, &r, lact ? lo : "", lo_ex, lact, hact ? hi : "", hi_ex, hact, true);
+    if (!digits && !absent_ok) {
+        kvb_buf_free(&r);
+        return false;
+    }
+    if (digits)
+        *ok = *ok && gs_put(g, b, absent_ok ? "(\".\" (" : "\".\" (") && put_n(g, b, r.data, r.len) &&
+              gs_put(g, b, absent_ok ? "))?" : ")");
+    kvb_buf_free(&r);
+    return true;
+}
+
+/* Non-negative decimals I(.F)? between a and b (b_inf: no upper bound). */
+static bool pos_range(struct gs *g, struct kvb_buf *x, const struct gs_dec *a, bool a_ex, bool b_inf,
+                      const struct gs_dec *b, bool b_ex, int *alts)
+{
+    bool ok = true;
+    struct kvb_buf t = {0};
+    if (!b_inf && a->ip == b->ip) {
+        ok = gs_putf(g, &t, "\"%" PRIu64 "\" ", a->ip);
+        if (frac(g, &t, a->fd, a_ex, b->fd, b_ex, &ok)) {
+            ok = ok && (*alts == 0 || gs_put(g, x, " | ")) && put_n(g, x, t.data, t.len);
+            (*alts)++;
+        }
+        kvb_buf_free(&t);
+        return ok;
+    }
+    ok = gs_putf(g, &t, "\"%" PRIu64 "\" ", a->ip);
+    if (frac(g, &t, a->fd, a_ex, NULL, false, &ok)) {
+        ok = ok && (*alts == 0 || gs_put(g, x, " | ")) && put_n(g, x, t.data, t.len);
+        (*alts)++;
+    }
+    t.len = 0;
+    if (b_inf || b->ip > a->ip + 1) {
+        ok = ok && (*alts == 0 || gs_put(g, x, " | ")) && uint_range(g, x, a->ip + 1, b_inf ? UINT64_MAX : b->ip - 1) &&
+             gs_put(g, x, " (\".\" [0-9]+)?");
+        (*alts)++;
+    }
+    if (!b_inf) {
+        ok = ok && gs_putf(g, &t, "\"%" PRIu64 "\" ", b->ip);
+        if (frac(g, &t, NULL, false, b->fd, b_ex, &ok)) {
+            ok = ok && (*alts == 0 || gs_put(g, x, " | ")) && put_n(g, x, t.data, t.len);
+            (*alts)++;
+        }
+    }
+    kvb_buf_free(&t);
+    return ok;
+}
+
+bool gs_num_range(struct gs *g, struct kvb_buf *b, const struct gs_dec *lo, bool lo_ex, const struct gs_dec *hi,
                   bool hi_ex)
 {
     bool ok = gs_put(g, b, "(");
     int alts = 0;
-    if (!has_hi || hi > 0 || (hi == 0 && !hi_ex)) {
-        const uint64_t a = has_lo && lo >= 0 ? (uint64_t)lo : 0;
-        const bool a_ex = has_lo && lo >= 0 && lo_ex;
-        ok = ok && pos_range(g, b, a, a_ex, !has_hi, has_hi ? (uint64_t)hi : 0, hi_ex, &alts);
+    static const struct gs_dec zero = {0};
+    const bool hi_neg = hi && hi->neg && !dec_zero(hi), lo_neg = lo && lo->neg && !dec_zero(lo);
+    if (!hi_neg && !(hi && dec_zero(hi) && hi_ex)) { /* x >= 0 */
+        const bool from_lo = lo && !lo_neg;
+        ok = ok && pos_range(g, b, from_lo ? lo : &zero, from_lo && lo_ex, hi == NULL, hi ? hi : &zero, hi_ex, &alts);
     }
-    if (!has_lo || lo < 0) { /* x = -m, m > 0 */
+    if (!lo || lo_neg) { /* x = -m, m > 0 */
         struct kvb_buf t = {0};
         int talts = 0;
-        const bool from_hi = has_hi && hi < 0;
-        const uint64_t ma = from_hi ? (uint64_t)-hi : 0;
-        ok = ok && pos_range(g, &t, ma, from_hi ? hi_ex : true, !has_lo, has_lo ? (uint64_t)-lo : 0, lo_ex, &talts);
+        ok = ok &&
+             pos_range(g, &t, hi_neg ? hi : &zero, hi_neg ? hi_ex : true, lo == NULL, lo ? lo : &zero, lo_ex, &talts);
         if (ok && talts) {
             ok = (alts == 0 || gs_put(g, b, " | ")) && gs_put(g, b, "\"-\" (") && put_n(g, b, t.data, t.len) &&
                  gs_put(g, b, ")");
@@ -331,7 +465,30 @@ bool gs_put_value_lit(struct gs *g, struct kvb_buf *b, int i)
     const struct json_doc *j = g->j;
     const jsmntok_t *t = &j->tok[i];
     switch (json_kind(j, i)) {
-    case JSON_STRING: return gs_put_lit(g, b, j->src + t->start - 1, (size_t)(t->end - t->start) + 2);
+    case JSON_STRING: {
+        /* as written; and where the schema escapes, also as json_put_string
+         * writes the same string (raw UTF-8), the form a model writes */
+        const char *raw = j->src + t->start - 1;
+        const size_t n = (size_t)(t->end - t->start) + 2;
+        if (!memchr(raw, '\\', n)) return gs_put_lit(g, b, raw, n);
+        char *dec = NULL;
+        size_t dn = 0;
+        struct kvb_buf canon = {0};
+        if (json_str_dup(j, i, &dec, &dn) != KVB_OK || json_put_string(&canon, dec, dn) != KVB_OK) {
+            kvb_free(dec);
+            kvb_buf_free(&canon);
+            g->oom = true;
+            return false;
+        }
+        kvb_free(dec);
+        bool ok;
+        if (canon.len == n && memcmp(canon.data, raw, n) == 0) ok = gs_put_lit(g, b, raw, n);
+        else
+            ok = gs_put(g, b, "(") && gs_put_lit(g, b, raw, n) && gs_put(g, b, " | ") &&
+                 gs_put_lit(g, b, canon.data, canon.len) && gs_put(g, b, ")");
+        kvb_buf_free(&canon);
+        return ok;
+    }
     case JSON_OBJECT:
     case JSON_ARRAY: {
         const bool obj = json_kind(j, i) == JSON_OBJECT;

@@ -42,11 +42,11 @@ static int new_rule(struct gs *g, int32_t id, struct kvb_buf *body, const char *
 }
 
 /* The listed properties (from every part), their values compiled. */
-static int collect(struct gs *g, const struct kws *kw, const char *path, int depth, struct objc *o)
+static int collect_props(struct gs *g, const struct kws *kw, const char *path, int depth, struct objc *o,
+                         struct kvb_buf *bp)
 {
     const struct json_doc *j = g->j;
     char sub[GS_PATH];
-    struct kvb_buf b = {0};
     for (int q = 0; q < kw->n_props; q++) {
         const int props = kw->props[q];
         gs_sub_path(sub, path, "properties");
@@ -77,17 +77,24 @@ static int collect(struct gs *g, const struct kws *kw, const char *path, int dep
             /* the pair: the key as JSON writes it, the colon, a space at most, the value */
             struct kvb_buf key_json = {0};
             if (json_put_string(&key_json, p->name, p->len) != KVB_OK) return gs_nomem(g);
-            const bool ok = gs_put_lit(g, &b, key_json.data, key_json.len) && gs_putf(g, &b, " \":\" \" \"? g%d", val);
+            const bool ok = gs_put_lit(g, bp, key_json.data, key_json.len) && gs_putf(g, bp, " \":\" \" \"? g%d", val);
             kvb_buf_free(&key_json);
             if (!ok) return -1;
             p->pair = gs_new_id(g);
-            if (new_rule(g, p->pair, &b, ppath) < 0) {
-                kvb_buf_free(&b);
-                return -1;
-            }
+            if (new_rule(g, p->pair, bp, ppath) < 0) return -1;
         }
     }
+    return 0;
+}
+
+static int collect(struct gs *g, const struct kws *kw, const char *path, int depth, struct objc *o)
+{
+    const struct json_doc *j = g->j;
+    char sub[GS_PATH];
+    struct kvb_buf b = {0};
+    const int rc = collect_props(g, kw, path, depth, o, &b);
     kvb_buf_free(&b);
+    if (rc < 0) return -1;
     for (int q = 0; q < kw->n_reqs; q++) {
         const int req = kw->reqs[q];
         gs_sub_path(sub, path, "required");
@@ -301,7 +308,7 @@ int gs_object_expr(struct gs *g, const struct kws *kw, const char *path, int dep
      * properties are listed (JSON mode's rule), any where none are */
     bool free_values = false;
     if (addl < 0) {
-        o.extras = o.n == 0;
+        o.extras = kw->n_props == 0; /* "properties": {} lists none: only {} */
         free_values = true;
     } else if (json_kind(j, addl) == JSON_FALSE) {
         o.extras = 0;
@@ -377,9 +384,19 @@ int gs_array_expr(struct gs *g, const struct kws *kw, const char *path, int dept
     /* the prefix's rules */
     int32_t pre[256];
     int k = 0;
-    const int pat = kw->at[K_PREFIX];
+    /* draft 4-7 tuples: items as an array is the prefix, additionalItems the rest */
+    const bool tuple = kw->at[K_ITEMS] >= 0 && json_kind(j, kw->at[K_ITEMS]) == JSON_ARRAY;
+    if (tuple && kw->at[K_PREFIX] >= 0) {
+        gs_sub_path(sub, path, "items");
+        return gs_fail(g, sub, "field '%s': items as an array beside prefixItems", sub);
+    }
+    if (!tuple && kw->at[K_ADDITEMS] >= 0) {
+        gs_sub_path(sub, path, "additionalItems");
+        return gs_fail(g, sub, "field '%s' is only supported beside items given as an array", sub);
+    }
+    const int pat = tuple ? kw->at[K_ITEMS] : kw->at[K_PREFIX];
     if (pat >= 0) {
-        gs_sub_path(sub, path, "prefixItems");
+        gs_sub_path(sub, path, tuple ? "items" : "prefixItems");
         if (json_kind(j, pat) != JSON_ARRAY) return gs_fail(g, sub, "field '%s' must be an array of schemas", sub);
         if (j->tok[pat].size > 256) return gs_fail(g, sub, "field '%s' holds more than 256 schemas", sub);
         int t = pat + 1;
@@ -400,10 +417,8 @@ int gs_array_expr(struct gs *g, const struct kws *kw, const char *path, int dept
     }
     /* the items after the prefix */
     char item[24] = "";
-    const int it = kw->at[K_ITEMS];
-    gs_sub_path(sub, path, "items");
-    if (it >= 0 && json_kind(j, it) == JSON_ARRAY)
-        return gs_fail(g, sub, "field '%s': items as an array (draft 4 tuples) is not supported: use prefixItems", sub);
+    const int it = tuple ? kw->at[K_ADDITEMS] : kw->at[K_ITEMS];
+    gs_sub_path(sub, path, tuple ? "additionalItems" : "items");
     if (it < 0 || json_kind(j, it) == JSON_TRUE) {
         if (!gs_need_any(g, GSCHEMA_MAX_DEPTH - depth - 1, item)) return -1;
     } else if (json_kind(j, it) != JSON_FALSE) {
