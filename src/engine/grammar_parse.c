@@ -40,7 +40,9 @@ struct gp {
     uint32_t n_sets, cap_sets;
     int32_t single[256]; /* the singleton set of each byte, -1 none yet */
     uint32_t any_rule;   /* the rule for '.', UINT32_MAX before the first */
-    size_t total;        /* elements in all rules (GRAMMAR_MAX_ELEMS) */
+    uint32_t *names;     /* open addressing over the named rules' ids, UINT32_MAX empty */
+    uint32_t names_cap, n_names;
+    size_t total; /* elements in all rules (GRAMMAR_MAX_ELEMS) */
     enum kvb_status st;
     char *msg;
     size_t msg_cap;
@@ -133,12 +135,59 @@ static uint32_t rule_new(struct gp *p, const char *name, size_t len, uint32_t or
     return p->n_rules++;
 }
 
+static uint32_t name_hash(const char *name, size_t len)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 16777619u;
+    return h;
+}
+
+static bool names_grow(struct gp *p)
+{
+    const uint32_t nc = p->names_cap ? p->names_cap * 2 : 256;
+    uint32_t *t = kvb_malloc(sizeof *t * nc);
+    if (!t) return gp_nomem(p);
+    memset(t, 0xff, sizeof *t * nc);
+    for (uint32_t i = 0; i < p->names_cap; i++) {
+        const uint32_t id = p->names[i];
+        if (id == UINT32_MAX) continue;
+        uint32_t h = name_hash(p->rules[id].name, strlen(p->rules[id].name)) & (nc - 1);
+        while (t[h] != UINT32_MAX) h = (h + 1) & (nc - 1);
+        t[h] = id;
+    }
+    kvb_free(p->names);
+    p->names = t;
+    p->names_cap = nc;
+    return true;
+}
+
+/* The named rule's id, made (undefined yet) on first mention. */
 static uint32_t rule_find(struct gp *p, const char *name, size_t len)
 {
-    for (uint32_t i = 0; i < p->n_rules; i++)
-        if (p->rules[i].origin == i && strlen(p->rules[i].name) == len && !memcmp(p->rules[i].name, name, len))
-            return i;
-    return rule_new(p, name, len, UINT32_MAX);
+    if (2 * (p->n_names + 1) > p->names_cap && !names_grow(p)) return UINT32_MAX;
+    const uint32_t mask = p->names_cap - 1;
+    uint32_t h = name_hash(name, len) & mask;
+    for (; p->names[h] != UINT32_MAX; h = (h + 1) & mask) {
+        const char *n = p->rules[p->names[h]].name;
+        if (strncmp(n, name, len) == 0 && n[len] == 0) return p->names[h];
+    }
+    const uint32_t id = rule_new(p, name, len, UINT32_MAX);
+    if (id != UINT32_MAX) {
+        p->names[h] = id;
+        p->n_names++;
+    }
+    return id;
+}
+
+/* The named rule's id, or UINT32_MAX when there is none. */
+static uint32_t rule_lookup(const struct gp *p, const char *name)
+{
+    if (!p->names_cap) return UINT32_MAX;
+    const size_t len = strlen(name);
+    const uint32_t mask = p->names_cap - 1;
+    for (uint32_t h = name_hash(name, len) & mask; p->names[h] != UINT32_MAX; h = (h + 1) & mask)
+        if (strcmp(p->rules[p->names[h]].name, name) == 0) return p->names[h];
+    return UINT32_MAX;
 }
 
 static uint32_t rule_gen(struct gp *p, uint32_t origin)
@@ -739,9 +788,7 @@ enum kvb_status grammar_compile(const char *gbnf, size_t len, struct grammar **o
     if (!g) gp_nomem(&p);
     if (g) parse_all(&p);
     if (p.st == KVB_OK) {
-        uint32_t root = UINT32_MAX;
-        for (uint32_t r = 0; r < p.n_rules && root == UINT32_MAX; r++)
-            if (p.rules[r].origin == r && !strcmp(p.rules[r].name, "root")) root = r;
+        const uint32_t root = rule_lookup(&p, "root");
         if (root == UINT32_MAX) gp_failf(&p, KVB_ERR_FORMAT, "grammar: no rule named root (the start rule)");
         g->root = root;
     }
@@ -752,6 +799,7 @@ enum kvb_status grammar_compile(const char *gbnf, size_t len, struct grammar **o
     }
     kvb_free(p.rules);
     kvb_free(p.sets);
+    kvb_free(p.names);
     if (p.st != KVB_OK) {
         grammar_free(g);
         return p.st;
