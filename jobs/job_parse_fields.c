@@ -504,7 +504,8 @@ static int parse_logit_bias(struct jp_ctx *c, int obj)
  * their no-op values, refused by name otherwise: tools and functions (tool
  * calls; tool_choice and function_call only "none" or "auto"), echo, suffix
  * and a best_of above n. Which fields exist at all is check_body_fields'. */
-int jp_parse_output_form(struct jp_ctx *c, int obj)
+/* response_format: json_object or json_schema (its schema kept as written), or text. */
+static int parse_response_format(struct jp_ctx *c, int obj)
 {
     struct job_request *r = c->r;
     char path[JP_PATH_MAX], sub[JP_PATH_MAX];
@@ -554,7 +555,16 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
                            "field '%s' must be \"text\", \"json_object\" or \"json_schema\" (got '%s')", sub, got);
         }
     }
-    int crc = jp_parse_constraints(c, obj);
+    return 0;
+}
+
+int jp_parse_output_form(struct jp_ctx *c, int obj)
+{
+    struct job_request *r = c->r;
+    char path[JP_PATH_MAX];
+    int i;
+    int crc = parse_response_format(c, obj);
+    if (!crc) crc = jp_parse_constraints(c, obj);
     if (crc) return crc;
     static const char *const tool_fields[] = {"tools", "functions"};
     for (int k = 0; k < 2; k++) {

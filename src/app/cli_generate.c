@@ -63,6 +63,21 @@ struct gen_args {
     struct sampler_params sp;
 };
 
+/* --json and --grammar: one of them, never with --ignore-eos. */
+static bool constraint_args_ok(const struct gen_args *ga)
+{
+    if ((ga->json || ga->grammar_file) && ga->ignore_eos) {
+        fprintf(stderr, "kvbatch generate: --%s ends where its grammar does; it cannot go with --ignore-eos\n",
+                ga->json ? "json" : "grammar");
+        return false;
+    }
+    if (ga->json && ga->grammar_file) {
+        fprintf(stderr, "kvbatch generate: --json and --grammar both constrain the output; give one\n");
+        return false;
+    }
+    return true;
+}
+
 /* -1 when the command should run, else the exit status (--help, bad usage). */
 static int parse_args(int argc, char **argv, struct gen_args *ga)
 {
@@ -158,16 +173,7 @@ static int parse_args(int argc, char **argv, struct gen_args *ga)
             return CLI_EXIT_USAGE;
         }
     }
-    if ((ga->json || ga->grammar_file) && ga->ignore_eos) {
-        fprintf(stderr, "kvbatch generate: --%s ends where its grammar does; it cannot go with --ignore-eos\n",
-                ga->json ? "json" : "grammar");
-        return CLI_EXIT_USAGE;
-    }
-    if (ga->json && ga->grammar_file) {
-        fprintf(stderr, "kvbatch generate: --json and --grammar both constrain the output; give one\n");
-        return CLI_EXIT_USAGE;
-    }
-    return -1;
+    return constraint_args_ok(ga) ? -1 : CLI_EXIT_USAGE;
 }
 
 /* --json or --grammar FILE compiled, with the tokenizer's vocabulary;
