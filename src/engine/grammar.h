@@ -14,9 +14,12 @@
  * end inside a character. Surrogates and bytes that are not UTF-8 never match.
  *
  * Refused at compile time, by name: an undefined rule, a rule defined twice,
- * a missing root, left recursion (a rule that can reach itself without
- * consuming a byte: the recogniser would loop), a repetition bound over
- * GRAMMAR_MAX_REPEAT, a grammar over GRAMMAR_MAX_ELEMS elements.
+ * a missing root, left recursion (a rule that can reach itself before
+ * matching a byte with something left to match after: its stacks would
+ * grow without end; loops through rules that match nothing in tail
+ * position, as (x*)* makes, are fine), a repetition bound over
+ * GRAMMAR_MAX_REPEAT (llama.cpp reads a larger one as unbounded), a grammar
+ * over GRAMMAR_MAX_ELEMS elements, llama.cpp's token terminals (<[id]>).
  *
  * The recogniser is llama.cpp's design: a state is a set of stacks of
  * positions in the rules, each stack's top a byte set to match next (a
