@@ -167,6 +167,14 @@ struct job_logit_bias {
     float value; /* [-100, 100] */
 };
 
+enum job_constraint {
+    JOB_CONSTRAINT_NONE,
+    JOB_CONSTRAINT_JSON,    /* json_object, and json_schema when that is set */
+    JOB_CONSTRAINT_REGEX,   /* the whole output is one match (Python's re.fullmatch) */
+    JOB_CONSTRAINT_CHOICE,  /* the output is one of the strings */
+    JOB_CONSTRAINT_GRAMMAR, /* the output is a sentence of the GBNF grammar (llama.cpp's format) */
+};
+
 struct job_request {
     uint64_t line_no; /* 1-based input line */
     char *custom_id;  /* its exact decoded form (json_str_dup_exact: lone surrogates kept, not
@@ -212,6 +220,18 @@ struct job_request {
                                  NUL-terminated; the engine compiles it: jsonmode_schema_compile);
                                  json_object is set too */
     size_t json_schema_len;
+    /* The output constraint, at most one a request (a second is an error
+     * naming both fields): response_format json_object or json_schema,
+     * structured_outputs {json | json_object | regex | choice | grammar}, or
+     * vLLM's older guided_json, guided_regex, guided_choice, guided_grammar.
+     * A JSON one also sets json_object (and json_schema when it has one:
+     * structured_outputs.json and guided_json given as a string are read as
+     * the schema's text). The engine compiles the rest (app/admit.c). */
+    uint8_t constraint;    /* enum job_constraint */
+    char *constraint_text; /* regex and grammar (GBNF): the string decoded; choice: the JSON array
+                              of strings as written in the line (owned, NUL-terminated) */
+    size_t constraint_len;
+    char constraint_param[128]; /* the field it came in: "body.guided_regex" */
 
     /* vLLM's sampling extensions */
     bool ignore_eos;         /* end-of-generation tokens do not end the output (max_tokens does) */

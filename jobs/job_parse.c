@@ -62,6 +62,7 @@ void job_request_free(struct job_request *r)
     for (int i = 0; i < r->n_stop; i++) kvb_free(r->stop[i]);
     kvb_free(r->logit_bias);
     kvb_free(r->json_schema);
+    kvb_free(r->constraint_text);
     memset(r, 0, sizeof *r);
 }
 
@@ -316,6 +317,11 @@ static const struct {
     {"logprobs", F_BOTH},
     {"top_logprobs", F_CHAT},
     {"response_format", F_BOTH},
+    {"structured_outputs", F_BOTH},
+    {"guided_json", F_BOTH},
+    {"guided_regex", F_BOTH},
+    {"guided_choice", F_BOTH},
+    {"guided_grammar", F_BOTH},
     {"logit_bias", F_BOTH},
     {"best_of", F_BOTH},
     {"echo", F_BOTH},
@@ -368,10 +374,8 @@ static const char *refusal_hint(const char *name)
     } hints[] = {
         {"chat_template", "kvbatch does not run Jinja templates; choose a family with --chat-template NAME"},
         {"chat_template_kwargs", "kvbatch does not run Jinja templates"},
-        {"guided_json", "use response_format json_schema"},
-        {"guided_regex", "constrained decoding other than JSON is not supported"},
-        {"guided_choice", "constrained decoding other than JSON is not supported"},
-        {"guided_grammar", "constrained decoding other than JSON is not supported"},
+        {"guided_decoding_backend", "kvbatch has one constrained-decoding engine"},
+        {"guided_whitespace_pattern", "JSON outputs follow kvbatch's whitespace policy (README)"},
         {"truncate_prompt_tokens", "prompts are never cut; a prompt too long for --ctx is an error line"},
     };
     for (size_t k = 0; k < sizeof hints / sizeof hints[0]; k++)

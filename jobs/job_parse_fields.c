@@ -504,7 +504,8 @@ static int parse_logit_bias(struct jp_ctx *c, int obj)
  * their no-op values, refused by name otherwise: tools and functions (tool
  * calls; tool_choice and function_call only "none" or "auto"), echo, suffix
  * and a best_of above n. Which fields exist at all is check_body_fields'. */
-int jp_parse_output_form(struct jp_ctx *c, int obj)
+/* response_format: json_object or json_schema (its schema kept as written), or text. */
+static int parse_response_format(struct jp_ctx *c, int obj)
 {
     struct job_request *r = c->r;
     char path[JP_PATH_MAX], sub[JP_PATH_MAX];
@@ -520,6 +521,7 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
         if (t < 0) return jp_fail_missing(c, sub);
         if (json_kind(c->j, t) != JSON_STRING) return jp_fail_type(c, sub, "a string");
         if (json_str_eq(c->j, t, "json_object")) {
+            if ((rc = jp_claim_constraint(c, path, JOB_CONSTRAINT_JSON))) return rc;
             r->json_object = true;
             r->given |= JOB_GIVEN_RESPONSE_FORMAT;
         } else if (json_str_eq(c->j, t, "json_schema")) {
@@ -535,6 +537,7 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
             jp_path_sub(sc_path, js_path, ".schema");
             const int sc = jp_lookup(c, js, "schema");
             if (sc < 0) return jp_fail_missing(c, sc_path);
+            if ((rc = jp_claim_constraint(c, sc_path, JOB_CONSTRAINT_JSON))) return rc;
             /* kept as written, whatever it is: the engine compiles it and
              * names what it refuses (jsonmode_schema_compile), so the job
              * format needs to know nothing of what a schema constrains */
@@ -552,6 +555,17 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
                            "field '%s' must be \"text\", \"json_object\" or \"json_schema\" (got '%s')", sub, got);
         }
     }
+    return 0;
+}
+
+int jp_parse_output_form(struct jp_ctx *c, int obj)
+{
+    struct job_request *r = c->r;
+    char path[JP_PATH_MAX];
+    int i;
+    int crc = parse_response_format(c, obj);
+    if (!crc) crc = jp_parse_constraints(c, obj);
+    if (crc) return crc;
     static const char *const tool_fields[] = {"tools", "functions"};
     for (int k = 0; k < 2; k++) {
         i = jp_lookup(c, obj, tool_fields[k]);
@@ -606,10 +620,11 @@ int jp_parse_output_form(struct jp_ctx *c, int obj)
         return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
                        "field '%s' above n is not supported by kvbatch (it returns every choice it makes)", path);
     }
-    if (r->ignore_eos && r->json_object) {
+    if (r->ignore_eos && r->constraint != JOB_CONSTRAINT_NONE) {
         jp_path_of(c, "ignore_eos", path);
         return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
-                       "field '%s' cannot go with response_format: the JSON output ends where the object does", path);
+                       "field '%s' cannot go with '%s': a constrained output ends where its grammar does", path,
+                       r->constraint_param);
     }
     return 0;
 }

@@ -51,5 +51,9 @@ int jp_parse_messages(struct jp_ctx *c, int arr);
 int jp_parse_prompt(struct jp_ctx *c, int i);
 int jp_parse_sampling(struct jp_ctx *c, int obj);
 int jp_parse_output_form(struct jp_ctx *c, int obj);
+/* job_parse_constraint.c: structured_outputs and guided_*; the claim of the
+ * request's one constraint (response_format's too). */
+int jp_parse_constraints(struct jp_ctx *c, int obj);
+int jp_claim_constraint(struct jp_ctx *c, const char *path, enum job_constraint kind);
 
 #endif

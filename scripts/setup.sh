@@ -36,10 +36,10 @@ fi
 # ~/.cache/kvbatch-venv); skipped when everything in it imports, and an older
 # venv only gets what it lacks.
 KVB_VENV="${KVBATCH_VENV:-$HOME/.cache/kvbatch-venv}"
-if [ $TEST = 1 ] && ! "$KVB_VENV/bin/python" -c 'import torch, transformers, numpy, gguf, openai, jsonschema, lm_eval, accelerate' 2>/dev/null; then
+if [ $TEST = 1 ] && ! "$KVB_VENV/bin/python" -c 'import torch, transformers, numpy, gguf, openai, jsonschema, pydantic, lm_eval, accelerate' 2>/dev/null; then
   echo "setup: making the Python venv $KVB_VENV (torch, transformers, lm_eval: the Hugging Face reference and eval tests)"
   python3 -m venv "$KVB_VENV"
-  "$KVB_VENV/bin/python" -m pip install --quiet torch transformers numpy gguf openai jsonschema "lm_eval[hf]"
+  "$KVB_VENV/bin/python" -m pip install --quiet torch transformers numpy gguf openai jsonschema pydantic "lm_eval[hf]"
 fi
 
 # Headless Chromium, for the browser test of `kvbatch report --html`

@@ -250,7 +250,7 @@ def test_json_mode(tmp):
         f.write(json.dumps({"custom_id": "free", "prompt": "The capital of France is", "max_tokens": 1,
                             "temperature": 0, "logprobs": 1}) + "\n")
         for cid, extra in (("schema", {"response_format": {"type": "json_schema", "json_schema": {"schema": {
-                               "type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}}}),
+                               "type": "object", "properties": {"d": {"type": "string", "format": "color"}}}}}}),
                            ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
                            ("bias", {"logit_bias": {"999999": 5}}), ("echo", {"echo": "yes"}),
                            ("rf", {"response_format": "json"})):

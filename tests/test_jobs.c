@@ -589,7 +589,8 @@ static void test_request_fields(void)
         {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"chat_template\":\"{{x}}\"}", JOB_ERR_UNSUPPORTED_FIELD,
          "chat_template"},
         {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"max_token\":3}", JOB_ERR_UNSUPPORTED_FIELD, "max_token"},
-        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_json\":{}}", JOB_ERR_UNSUPPORTED_FIELD, "guided_json"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_decoding_backend\":\"xgrammar\"}", JOB_ERR_UNSUPPORTED_FIELD,
+         "guided_decoding_backend"},
         {"{\"custom_id\":\"u\",\"body\":{\"prompt\":\"x\"},\"temperature\":0}", JOB_ERR_UNSUPPORTED_FIELD,
          "temperature"},
         {"{\"custom_id\":\"u\",\"body\":{\"prompt\":\"x\",\"top_logprobs\":2}}", JOB_ERR_UNSUPPORTED_FIELD,
@@ -615,6 +616,62 @@ static void test_request_fields(void)
     };
     for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++)
         expect_err(refused[k].line, refused[k].code, refused[k].param);
+}
+
+/* structured_outputs and guided_*: read and kept as written, one a request. */
+static void test_constraints(void)
+{
+    struct job_request r;
+    parse_ok("{\"custom_id\":\"g\",\"prompt\":\"x\",\"guided_regex\":\"[a-z]+\\\\d\"}", &r);
+    CHECK(r.constraint == JOB_CONSTRAINT_REGEX && strcmp(r.constraint_text, "[a-z]+\\d") == 0);
+    CHECK(strcmp(r.constraint_param, "guided_regex") == 0);
+    job_request_free(&r);
+    parse_ok("{\"custom_id\":\"g\",\"body\":{\"prompt\":\"x\",\"structured_outputs\":{\"choice\":[\"a\",\"b\\\"c\"]}}}",
+             &r);
+    CHECK(r.constraint == JOB_CONSTRAINT_CHOICE && strcmp(r.constraint_text, "[\"a\",\"b\\\"c\"]") == 0);
+    CHECK(strcmp(r.constraint_param, "body.structured_outputs.choice") == 0);
+    job_request_free(&r);
+    parse_ok("{\"custom_id\":\"g\",\"prompt\":\"x\",\"structured_outputs\":{\"grammar\":\"root ::= \\\"a\\\"\"}}", &r);
+    CHECK(r.constraint == JOB_CONSTRAINT_GRAMMAR && strcmp(r.constraint_text, "root ::= \"a\"") == 0);
+    job_request_free(&r);
+    parse_ok("{\"custom_id\":\"g\",\"prompt\":\"x\",\"guided_json\":\"{\\\"type\\\":\\\"object\\\"}\"}", &r);
+    CHECK(r.constraint == JOB_CONSTRAINT_JSON && r.json_object && strcmp(r.json_schema, "{\"type\":\"object\"}") == 0);
+    job_request_free(&r);
+    parse_ok("{\"custom_id\":\"g\",\"prompt\":\"x\",\"structured_outputs\":{\"json\":{\"type\":\"object\"}}}", &r);
+    CHECK(r.constraint == JOB_CONSTRAINT_JSON && strcmp(r.json_schema, "{\"type\":\"object\"}") == 0);
+    job_request_free(&r);
+    parse_ok(
+        "{\"custom_id\":\"g\",\"prompt\":\"x\",\"structured_outputs\":{\"json_object\":true},\"guided_regex\":null}",
+        &r);
+    CHECK(r.constraint == JOB_CONSTRAINT_JSON && r.json_object && !r.json_schema);
+    job_request_free(&r);
+    parse_ok("{\"custom_id\":\"g\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}", &r);
+    CHECK(r.constraint == JOB_CONSTRAINT_JSON && strcmp(r.constraint_param, "response_format") == 0);
+    job_request_free(&r);
+    static const struct {
+        const char *line, *code, *param;
+    } bad[] = {
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_regex\":\"a\",\"guided_choice\":[\"a\"]}",
+         JOB_ERR_INVALID_VALUE, "guided_choice"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"},\"guided_grammar\":"
+         "\"root ::= \\\"a\\\"\"}",
+         JOB_ERR_INVALID_VALUE, "guided_grammar"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"structured_outputs\":{\"regex\":\"a\",\"choice\":[\"a\"]}}",
+         JOB_ERR_INVALID_VALUE, "structured_outputs.choice"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"structured_outputs\":{\"whitespace_pattern\":\" \"}}",
+         JOB_ERR_UNSUPPORTED_FIELD, "structured_outputs.whitespace_pattern"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"structured_outputs\":[]}", JOB_ERR_INVALID_TYPE,
+         "structured_outputs"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_choice\":[]}", JOB_ERR_INVALID_TYPE, "guided_choice"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_choice\":[\"a\",1]}", JOB_ERR_INVALID_TYPE,
+         "guided_choice[1]"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_regex\":3}", JOB_ERR_INVALID_TYPE, "guided_regex"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_grammar\":\"\"}", JOB_ERR_INVALID_VALUE, "guided_grammar"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_json\":3}", JOB_ERR_INVALID_TYPE, "guided_json"},
+        {"{\"custom_id\":\"u\",\"prompt\":\"x\",\"guided_regex\":\"a\",\"ignore_eos\":true}", JOB_ERR_INVALID_VALUE,
+         "ignore_eos"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) expect_err(bad[k].line, bad[k].code, bad[k].param);
 }
 
 static void test_shorthand(void)
@@ -899,6 +956,7 @@ int main(void)
     test_defaults();
     test_openai_chat();
     test_openai_completion();
+    test_constraints();
     test_shorthand();
     test_request_fields();
     test_escapes();

@@ -4,7 +4,9 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "engine/jsonmode.h"
+#include "engine/grammar.h"
+#include "engine/grammar_regex.h"
+#include "engine/grammar_schema.h"
 #include "model/model.h"
 #include "text/tok.h"
 
@@ -59,7 +61,7 @@ void admit_ctx_free(struct admit_ctx *ctx)
 {
     if (!ctx) return;
     kvb_free(ctx->eog);
-    jsonmode_vocab_free(ctx->json_vocab);
+    grammar_vocab_free(ctx->gvocab);
     memset(ctx, 0, sizeof *ctx);
 }
 
@@ -70,7 +72,7 @@ void admit_plan_free(struct admit_plan *plan)
     kvb_free(plan->prompts);
     kvb_free(plan->bias);
     kvb_free(plan->ban);
-    jsonmode_schema_free(plan->schema);
+    grammar_free(plan->grammar);
     memset(plan, 0, sizeof *plan);
 }
 
@@ -252,28 +254,66 @@ static enum kvb_status check_ids(const struct admit_ctx *ctx, const struct job_r
     return KVB_OK;
 }
 
-enum kvb_status admit_schema(const struct job_request *q, struct jsonmode_schema **out, struct job_error *e)
+/* The GBNF of q's constraint into g; KVB_ERR_FORMAT with the field in
+ * param and the reason in msg. */
+static enum kvb_status constraint_gbnf(const struct job_request *q, struct kvb_buf *g, char *param, size_t param_cap,
+                                       char *msg, size_t msg_cap)
+{
+    snprintf(param, param_cap, "%s", q->constraint_param);
+    switch ((enum job_constraint)q->constraint) {
+    case JOB_CONSTRAINT_JSON:
+        return gschema_to_gbnf(q->json_schema, q->json_schema ? q->json_schema_len : 0, q->constraint_param, g, param,
+                               param_cap, msg, msg_cap);
+    case JOB_CONSTRAINT_REGEX:
+        return gregex_to_gbnf(q->constraint_text, q->constraint_len, GREGEX_WHOLE, "root", g, msg, msg_cap);
+    case JOB_CONSTRAINT_CHOICE: return grammar_choice_gbnf(q->constraint_text, q->constraint_len, g, msg, msg_cap);
+    case JOB_CONSTRAINT_GRAMMAR:
+        KVB_FORWARD_IF_ERROR(kvb_buf_reserve(g, q->constraint_len + 1));
+        memcpy(g->data, q->constraint_text, q->constraint_len);
+        g->len = q->constraint_len;
+        g->data[g->len] = 0;
+        return KVB_OK;
+    default: return KVB_OK;
+    }
+}
+
+enum kvb_status admit_constraint(const struct job_request *q, struct grammar **out, struct job_error *e)
 {
     *out = NULL;
-    if (!q->json_schema) return KVB_OK;
-    char param[sizeof e->param] = "", msg[320] = "", path[64];
-    snprintf(path, sizeof path, "%sresponse_format.json_schema.schema", q->shorthand ? "" : "body.");
-    enum kvb_status st =
-        jsonmode_schema_compile(q->json_schema, q->json_schema_len, path, out, param, sizeof param, msg, sizeof msg);
+    if (q->constraint == JOB_CONSTRAINT_NONE) return KVB_OK;
+    char param[sizeof e->param] = "", msg[320] = "";
+    struct kvb_buf g = {0};
+    enum kvb_status st = constraint_gbnf(q, &g, param, sizeof param, msg, sizeof msg);
+    if (st == KVB_OK) {
+        char cmsg[300] = "";
+        st = grammar_compile(g.data, g.len, out, cmsg, sizeof cmsg);
+        if (st != KVB_OK && q->constraint == JOB_CONSTRAINT_GRAMMAR) snprintf(msg, sizeof msg, "%s", cmsg);
+        else if (st != KVB_OK) /* kvbatch wrote that GBNF: a refusal is a limit (or a bug), named as such */
+            snprintf(msg, sizeof msg, "the constraint's compiled grammar was refused: %s", cmsg);
+    }
+    kvb_buf_free(&g);
     if (st == KVB_ERR_NOMEM) {
         job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory while reading the line");
     } else if (st != KVB_OK) {
-        job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", msg);
+        if (!param[0]) snprintf(param, sizeof param, "%s", q->constraint_param);
+        if (strncmp(msg, "field", 5) != 0) { /* name the field unless the message does */
+            char full[sizeof msg + sizeof param + 16];
+            snprintf(full, sizeof full, "field '%s': %s", param, msg);
+            job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", full);
+        } else {
+            job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", msg);
+        }
         e->by_line = true;
+        st = KVB_ERR_FORMAT; /* a refusal, whatever its code: the line is bad */
     }
     return st;
 }
 
-enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct jsonmode_schema *schema,
+enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct grammar *grammar,
                               struct admit_plan *plan, struct job_error *e)
 {
     memset(plan, 0, sizeof *plan);
-    plan->schema = schema;
+    plan->grammar = grammar;
     enum kvb_status st = KVB_ERR_FORMAT;
     const int32_t np = q->url == JOB_URL_CHAT ? 1 : q->n_prompts;
     if (np < 1 || (int64_t)np * q->n > JOB_MAX_CHOICES) {
@@ -306,14 +346,12 @@ enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q
         }
     }
     plan->n_choices = np * q->n;
-    if (q->json_object && !ctx->json_vocab) { /* built for the first request that asks */
-        struct kvb_err jerr = {{0}};
-        st = jsonmode_vocab_create(ctx->tok, &ctx->json_vocab, &jerr);
+    if (plan->grammar && !ctx->gvocab) { /* built for the first request that asks */
+        struct kvb_err gerr = {{0}};
+        st = grammar_vocab_create(ctx->tok, &ctx->gvocab, &gerr);
         if (st != KVB_OK) {
-            char param[64];
-            snprintf(param, sizeof param, "%sresponse_format", q->shorthand ? "" : "body.");
-            job_error_setf(e, st == KVB_ERR_NOMEM ? JOB_ERR_SERVER : JOB_ERR_INVALID_VALUE, q->line_no, param,
-                           "JSON mode: %s", jerr.msg);
+            job_error_setf(e, st == KVB_ERR_NOMEM ? JOB_ERR_SERVER : JOB_ERR_INVALID_VALUE, q->line_no,
+                           q->constraint_param, "constrained output: %s", gerr.msg);
             st = st == KVB_ERR_NOMEM ? KVB_ERR_NOMEM : KVB_ERR_FORMAT;
             goto fail;
         }
@@ -341,8 +379,8 @@ enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q
     sp->repetition_penalty = q->repetition_penalty;
     sp->presence_penalty = q->presence_penalty;
     sp->frequency_penalty = q->frequency_penalty;
-    sp->json = q->json_object ? ctx->json_vocab : NULL;
-    sp->json_schema = plan->schema;
+    sp->grammar = plan->grammar;
+    sp->gvocab = plan->grammar ? ctx->gvocab : NULL;
     sp->bias = plan->bias;
     sp->n_bias = plan->bias ? q->n_logit_bias : 0;
     sp->ban = plan->ban;

@@ -25,13 +25,13 @@
 #include <stdint.h>
 
 #include "base/status.h"
-#include "engine/jsonmode.h"
+#include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "jobs/job.h"
 #include "text/chat.h"
 
 struct tok;
-struct jsonmode_vocab;
+struct grammar_vocab;
 struct model;
 
 struct admit_ctx {
@@ -42,7 +42,7 @@ struct admit_ctx {
     int32_t n_ctx;                    /* positions one sequence may reach; 0: no context check */
     int32_t *eog;                     /* (n_eog) end-of-generation ids, found by admit_ctx_init */
     int32_t n_eog;
-    struct jsonmode_vocab *json_vocab;   /* built for the first request in JSON mode (owned) */
+    struct grammar_vocab *gvocab;        /* built for the first request with a constraint (owned) */
     const volatile sig_atomic_t *cancel; /* non-NULL: a long tokenization stops once it is nonzero
                                             (KVB_ERR_CANCELLED); set by the caller after init */
 };
@@ -74,12 +74,12 @@ struct admit_prompt {
 struct admit_plan {
     struct admit_prompt *prompts; /* (n_prompts): chat 1, completion the request's n_prompts */
     int32_t n_prompts;
-    int32_t n_choices;              /* n_prompts x n: choice c runs prompt c / n with seed + c % n */
-    struct sampler_params sp;       /* choice 0's parameters; admit_choice_params gives each choice's */
-    struct sampler_bias *bias;      /* (sp.n_bias) logit_bias */
-    int32_t *ban;                   /* (sp.n_ban) what min_tokens holds back: end of generation (unless
+    int32_t n_choices;         /* n_prompts x n: choice c runs prompt c / n with seed + c % n */
+    struct sampler_params sp;  /* choice 0's parameters; admit_choice_params gives each choice's */
+    struct sampler_bias *bias; /* (sp.n_bias) logit_bias */
+    int32_t *ban;              /* (sp.n_ban) what min_tokens holds back: end of generation (unless
                                      ignore_eos) and stop_token_ids */
-    struct jsonmode_schema *schema; /* sp.json_schema: the request's json_schema, compiled */
+    struct grammar *grammar;   /* sp.grammar: the request's constraint, compiled (owned) */
 };
 
 /* The checks of an input line around job_parse_line, in run's order:
@@ -91,23 +91,26 @@ struct admit_plan {
 enum kvb_status admit_check_length(const struct job_line *ln, struct job_error *e);
 enum kvb_status admit_check_unique(struct job_idset *seen, const struct job_request *q, struct job_error *e);
 
-/* Compiles q's response_format json_schema (*out NULL when it has none),
- * as the last step of reading the line: a schema the engine refuses is a bad
- * field value like a temperature of 5, so e is a 400 error keyed by line
- * (e->by_line) as for a line that does not parse, and the custom_id stays
- * free for a later line. KVB_OK (*out owned by the caller, or by the plan it
- * is given to); KVB_ERR_FORMAT; KVB_ERR_NOMEM with e a server_error. */
-enum kvb_status admit_schema(const struct job_request *q, struct jsonmode_schema **out, struct job_error *e);
+/* Compiles q's output constraint (*out NULL when it has none) into one
+ * grammar: json_object and json_schema through grammar_schema.h, regex
+ * through grammar_regex.h, choice as an alternation of literals, a GBNF
+ * grammar as written. Run as the last step of reading the line: a
+ * constraint the engine refuses is a bad field value like a temperature of
+ * 5, so e is a 400 error keyed by line (e->by_line) naming the field, as
+ * for a line that does not parse, and the custom_id stays free for a later
+ * line. KVB_OK (*out owned by the caller, or by the plan it is given to);
+ * KVB_ERR_FORMAT; KVB_ERR_NOMEM with e a server_error. */
+enum kvb_status admit_constraint(const struct job_request *q, struct grammar **out, struct job_error *e);
 
-/* Prepares q, whose compiled schema (admit_schema; NULL without one) the
- * plan takes over whatever the result. KVB_OK with *plan filled;
+/* Prepares q, whose compiled constraint (admit_constraint; NULL without
+ * one) the plan takes over whatever the result. KVB_OK with *plan filled;
  * KVB_ERR_FORMAT with e a 400 error
  * (a line that cannot run on this model; a prompt too long for the context
  * is found without tokenizing all of it); KVB_ERR_NOMEM with e a
  * server_error; KVB_ERR_CANCELLED when ctx->cancel stopped it (no error
  * line is due: the line was not judged). *plan holds nothing to free unless
  * KVB_OK. */
-enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct jsonmode_schema *schema,
+enum kvb_status admit_prepare(struct admit_ctx *ctx, const struct job_request *q, struct grammar *grammar,
                               struct admit_plan *plan, struct job_error *e);
 void admit_plan_free(struct admit_plan *plan); /* accepts a zeroed plan */
 

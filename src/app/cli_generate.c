@@ -11,7 +11,8 @@
 #include "app/cli_util.h"
 #include "base/alloc.h"
 #include "engine/gen.h"
-#include "engine/jsonmode.h"
+#include "engine/grammar.h"
+#include "engine/grammar_schema.h"
 #include "engine/sampler.h"
 #include "text/tok.h"
 
@@ -41,6 +42,7 @@ static void usage(FILE *f)
                "      --seed S            sampling seed; the same seed gives the same text (default 0)\n"
                "      --ignore-eos        keep generating past end-of-generation tokens\n"
                "      --json              the output is one JSON object (as response_format json_object)\n"
+               "      --grammar FILE      the output is a sentence of FILE's GBNF grammar (llama.cpp's format)\n"
                "  -t, --threads N         worker threads (default: all cores)\n"
                "  -c, --ctx N             context length (default: min(model's, 4096))\n"
                "      --batch N           most prompt tokens per forward pass (default 512)\n"
@@ -56,11 +58,26 @@ static void usage(FILE *f)
 struct gen_args {
     char model_path[PATH_MAX];
     struct cli_llm_opts lo;
-    const char *prompt, *prompt_file, *prompt_ids, *system, *tmpl;
+    const char *prompt, *prompt_file, *prompt_ids, *system, *tmpl, *grammar_file;
     bool chat, ignore_eos, print_ids, quiet, json;
     int64_t n_predict, batch;
     struct sampler_params sp;
 };
+
+/* --json and --grammar: one of them, never with --ignore-eos. */
+static bool constraint_args_ok(const struct gen_args *ga)
+{
+    if ((ga->json || ga->grammar_file) && ga->ignore_eos) {
+        fprintf(stderr, "kvbatch generate: --%s ends where its grammar does; it cannot go with --ignore-eos\n",
+                ga->json ? "json" : "grammar");
+        return false;
+    }
+    if (ga->json && ga->grammar_file) {
+        fprintf(stderr, "kvbatch generate: --json and --grammar both constrain the output; give one\n");
+        return false;
+    }
+    return true;
+}
 
 /* -1 when the command should run, else the exit status (--help, bad usage). */
 static int parse_args(int argc, char **argv, struct gen_args *ga)
@@ -132,7 +149,10 @@ static int parse_args(int argc, char **argv, struct gen_args *ga)
             sp->seed = (uint64_t)v;
         } else if (!strcmp(a, "--ignore-eos")) ga->ignore_eos = true;
         else if (!strcmp(a, "--json")) ga->json = true;
-        else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) {
+        else if (cli_opt_is(a, "--grammar")) {
+            CLI_VAL();
+            ga->grammar_file = val;
+        } else if (!strcmp(a, "-t") || cli_opt_is(a, "--threads")) {
             CLI_VAL();
             if (!cli_parse_i64(a, val, 1, 1024, &v)) return CLI_EXIT_USAGE;
             ga->lo.n_threads = (int)v;
@@ -157,11 +177,34 @@ static int parse_args(int argc, char **argv, struct gen_args *ga)
             return CLI_EXIT_USAGE;
         }
     }
-    if (ga->json && ga->ignore_eos) {
-        fprintf(stderr, "kvbatch generate: --json ends at the object's end; it cannot go with --ignore-eos\n");
-        return CLI_EXIT_USAGE;
+    return constraint_args_ok(ga) ? -1 : CLI_EXIT_USAGE;
+}
+
+/* --json or --grammar FILE compiled, with the tokenizer's vocabulary;
+ * false after saying why. */
+static bool load_grammar(const struct gen_args *ga, const struct tok *tok, struct grammar **g,
+                         struct grammar_vocab **gv)
+{
+    struct kvb_buf text = {0};
+    char msg[320] = "", path[8];
+    enum kvb_status st = KVB_OK;
+    if (ga->json) {
+        st = gschema_to_gbnf(NULL, 0, "--json", &text, path, sizeof path, msg, sizeof msg);
+    } else {
+        text.data = cli_read_file(ga->grammar_file, &text.len);
+        if (!text.data) {
+            fprintf(stderr, "kvbatch generate: --grammar: cannot read '%s'\n", ga->grammar_file);
+            return false;
+        }
     }
-    return -1;
+    if (st == KVB_OK) st = grammar_compile(text.data, text.len, g, msg, sizeof msg);
+    if (ga->json) kvb_buf_free(&text);
+    else free(text.data);
+    struct kvb_err err = {{0}};
+    if (st == KVB_OK) st = grammar_vocab_create(tok, gv, &err);
+    else snprintf(err.msg, sizeof err.msg, "%s", msg);
+    if (st != KVB_OK) fprintf(stderr, "kvbatch generate: --%s: %s\n", ga->json ? "json" : "grammar", err.msg);
+    return st == KVB_OK;
 }
 
 /* One generation in progress: what the decode loop reads and writes. */
@@ -279,7 +322,8 @@ int cli_generate(int argc, char **argv)
     int rc = CLI_EXIT_FAIL;
     struct cli_llm llm;
     struct gen_run gr = {.ga = &ga, .llm = &llm, .n_predict = ga.n_predict};
-    struct jsonmode_vocab *jv = NULL;
+    struct grammar_vocab *gv = NULL;
+    struct grammar *gram = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     struct kvb_err err = {{0}};
@@ -307,11 +351,9 @@ int cli_generate(int argc, char **argv)
         }
         gr.n_predict = room;
     }
-    if (ga.json && jsonmode_vocab_create(llm.tok, &jv, &err) != KVB_OK) {
-        fprintf(stderr, "kvbatch generate: --json: %s\n", err.msg);
-        goto done;
-    }
-    ga.sp.json = jv;
+    if ((ga.json || ga.grammar_file) && !load_grammar(&ga, llm.tok, &gram, &gv)) goto done;
+    ga.sp.grammar = gram;
+    ga.sp.gvocab = gv;
     if (gen_create(llm.model, llm.be, llm.n_ctx, (int32_t)ga.batch, &gr.g, &err) != KVB_OK ||
         sampler_create(&ga.sp, llm.model->hp.n_vocab, &gr.smp) != KVB_OK) {
         fprintf(stderr, "kvbatch generate: %s\n", err.msg[0] ? err.msg : "out of memory");
@@ -342,7 +384,8 @@ done:
     kvb_free(gr.out_ids);
     kvb_free(ids);
     sampler_free(gr.smp);
-    jsonmode_vocab_free(jv); /* after the sampler that borrows it */
+    grammar_vocab_free(gv); /* after the sampler that borrows them */
+    grammar_free(gram);
     gen_free(gr.g);
     cli_llm_close(&llm);
     free(owned_prompt);

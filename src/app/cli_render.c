@@ -259,12 +259,12 @@ static bool render_line(struct render *r, struct admit_ctx *ctx, struct job_idse
     if (admit_check_length(ln, &e) != KVB_OK) return upto_only || emit_error(r, NULL, &e);
     struct job_request q;
     enum kvb_status st = job_parse_line(ln->data, ln->len, ln->line_no, &q, &e);
-    struct jsonmode_schema *schema = NULL;
-    if (st == KVB_OK) st = admit_schema(&q, &schema, &e); /* run's order: part of reading the line */
+    struct grammar *schema = NULL;
+    if (st == KVB_OK) st = admit_constraint(&q, &schema, &e); /* run's order: part of reading the line */
     if (st == KVB_OK) st = admit_check_unique(seen, &q, &e);
     bool ok = true;
     if (st != KVB_OK || upto_only) {
-        jsonmode_schema_free(schema);
+        grammar_free(schema);
         if (st != KVB_OK && !upto_only) ok = emit_error(r, &q, &e);
     } else {
         struct admit_plan plan;

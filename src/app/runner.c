@@ -26,7 +26,7 @@
 #include "backend/backend.h"
 #include "base/alloc.h"
 #include "base/crashlog.h"
-#include "engine/jsonmode.h"
+#include "engine/grammar.h"
 #include "engine/scheduler.h"
 #include "jobs/job.h"
 #include "jobs/job_shard.h"
@@ -314,8 +314,8 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
     struct job_request *q = &s->req;
     crashlog_mark_line(ln->line_no, hash, 'p');
     enum kvb_status st = job_parse_line(ln->data, ln->len, ln->line_no, q, &e);
-    struct jsonmode_schema *schema = NULL;
-    if (st == KVB_OK) st = admit_schema(q, &schema, &e); /* part of reading the line: see admit.h */
+    struct grammar *schema = NULL;
+    if (st == KVB_OK) st = admit_constraint(q, &schema, &e); /* part of reading the line: see admit.h */
     crashlog_mark_line(ln->line_no, hash, 'r');
     if (st != KVB_OK) {
         runner_emit_error(r, q, &e, st == KVB_ERR_NOMEM ? 500 : 400);
@@ -323,7 +323,7 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
         return true;
     }
     if (admit_check_unique(r->seen_ids, q, &e) != KVB_OK) {
-        jsonmode_schema_free(schema);
+        grammar_free(schema);
         return refuse(r, q, &e);
     }
     struct job_key key;
@@ -331,16 +331,16 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
     if (job_idset_contains(r->done_keys, key.hex, JOB_KEY_LEN)) {
         r->skipped++;
         r->lines_done++;
-        jsonmode_schema_free(schema);
+        grammar_free(schema);
         job_request_free(q);
         return true;
     }
     if (blamed) {
         crashed_error(blamed, ln->line_no, &e);
-        jsonmode_schema_free(schema);
+        grammar_free(schema);
         return refuse(r, q, &e);
     }
-    if (admit_prepare(&r->admit, q, schema, &s->plan, &e) != KVB_OK) { /* the plan owns schema now */
+    if (admit_prepare(&r->admit, q, schema, &s->plan, &e) != KVB_OK) { /* the plan owns the grammar now */
         if (stop_signal) { /* cut short: no error line, so that --resume runs it */
             job_request_free(q);
             return true;

@@ -105,7 +105,7 @@ struct runner {
     struct job_idset *seen_ids;  /* custom_ids met in this input */
     uint8_t *mine;               /* with --shard: mine[k] = line k+1 is this shard's; else NULL */
     int64_t n_plan_lines;
-    struct admit_ctx admit; /* what admit_prepare needs (owns JSON mode's table) */
+    struct admit_ctx admit; /* what admit_prepare needs (owns the grammars' vocabulary) */
     bool journal;           /* a crash journal is open (crashlog.h) */
     char journal_path[4200];
     struct crashlog_history hist; /* what earlier runs' journal says (resume) */

@@ -18,10 +18,10 @@
  * member ("the cut") and the draw walks the vocabulary in id order without
  * materialising the set.
  *
- * JSON mode (jsonmode.h) wraps the whole pipeline: draw, check, and only
- * when the token would break the object, mask and draw again.
+ * A grammar (grammar.h) wraps the whole pipeline: draw, check, and only
+ * when the token would break it, mask and draw again.
  *
- * Not here: other grammars, beam search. */
+ * Not here: beam search. */
 #include "engine/sampler.h"
 #include "base/rng.h"
 
@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "engine/jsonmode.h"
+#include "engine/grammar.h"
 
 /* Bit-identical weights need a*b+c rounded twice, never fused. GCC keeps
  * them apart in ISO C mode (the build's -std=c11); Clang contracts within
@@ -88,11 +88,11 @@ struct sampler {
     double bucket_mass[SAMPLER_BUCKETS + 1]; /* top-p histogram, + a spare for dropped tokens */
     int32_t bucket_count[SAMPLER_BUCKETS + 1];
 
-    struct sampler_bias *bias; /* (p.n_bias) a copy of the caller's */
-    int32_t *ban;              /* (p.n_ban) a copy of the caller's */
-    int64_t n_accepted;        /* tokens accepted since create or reset (for ban_until) */
-    struct jsonmode_state js;  /* JSON mode: the output so far */
-    float *raw;                /* JSON mode: (n_vocab) the logits as given, for a masked redraw */
+    struct sampler_bias *bias;  /* (p.n_bias) a copy of the caller's */
+    int32_t *ban;               /* (p.n_ban) a copy of the caller's */
+    int64_t n_accepted;         /* tokens accepted since create or reset (for ban_until) */
+    struct grammar_matcher *gm; /* with a grammar: the output so far (owned) */
+    float *raw;                 /* with a grammar: (n_vocab) the logits as given, for a masked redraw */
 };
 
 /* ---- RNG --------------------------------------------------------------------- */
@@ -237,7 +237,7 @@ static bool has_penalties(const struct sampler_params *p)
 
 bool sampler_is_greedy(const struct sampler_params *p)
 {
-    return p && p->temperature == 0.0f && !has_penalties(p) && !p->json && p->n_bias == 0 &&
+    return p && p->temperature == 0.0f && !has_penalties(p) && !p->grammar && p->n_bias == 0 &&
            (p->n_ban == 0 || p->ban_until <= 0);
 }
 
@@ -252,8 +252,8 @@ void sampler_params_default(struct sampler_params *p)
     p->presence_penalty = 0.0f;
     p->frequency_penalty = 0.0f;
     p->seed = 0;
-    p->json = NULL;
-    p->json_schema = NULL;
+    p->grammar = NULL;
+    p->gvocab = NULL;
     p->bias = NULL;
     p->n_bias = 0;
     p->ban = NULL;
@@ -286,7 +286,6 @@ enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, 
         kvb_free(s);
         return KVB_ERR_NOMEM;
     }
-    jsonmode_init(&s->js, s->p.json_schema);
     if (p->n_bias > 0) {
         s->bias = kvb_malloc(sizeof *s->bias * (size_t)p->n_bias);
         if (!s->bias) {
@@ -305,13 +304,16 @@ enum kvb_status sampler_create(const struct sampler_params *p, int32_t n_vocab, 
         memcpy(s->ban, p->ban, sizeof *s->ban * (size_t)p->n_ban);
         s->p.ban = s->ban;
     }
-    if (p->json) {
+    if (p->grammar) {
         /* A tokenizer's vocabulary may be smaller than the logits (padding
-         * rows, masked in JSON mode), never larger. */
-        s->raw = jsonmode_vocab_size(p->json) <= n_vocab ? kvb_malloc(sizeof *s->raw * (size_t)n_vocab) : NULL;
-        if (!s->raw) {
+         * rows, masked under a grammar), never larger. */
+        const bool fits = p->gvocab && grammar_vocab_size(p->gvocab) <= n_vocab;
+        s->raw = fits ? kvb_malloc(sizeof *s->raw * (size_t)n_vocab) : NULL;
+        enum kvb_status st = !fits ? KVB_ERR_INVALID_ARG : !s->raw ? KVB_ERR_NOMEM : KVB_OK;
+        if (st == KVB_OK) st = grammar_matcher_create(p->grammar, p->gvocab, &s->gm);
+        if (st != KVB_OK) {
             sampler_free(s);
-            return jsonmode_vocab_size(p->json) <= n_vocab ? KVB_ERR_NOMEM : KVB_ERR_INVALID_ARG;
+            return st;
         }
     }
     s->penalties = has_penalties(p);
@@ -337,6 +339,7 @@ void sampler_free(struct sampler *s)
     kvb_free(s->tile_sum);
     kvb_free(s->wbuf);
     kvb_free(s->raw);
+    grammar_matcher_free(s->gm);
     kvb_free(s->bias);
     kvb_free(s->ban);
     kvb_free(s);
@@ -346,7 +349,7 @@ void sampler_reset(struct sampler *s)
 {
     if (!s) return;
     rng_seed(s->rng, s->p.seed);
-    jsonmode_init(&s->js, s->p.json_schema);
+    if (s->gm) grammar_matcher_reset(s->gm);
     s->n_accepted = 0;
     s->ring_len = 0;
     s->ring_pos = 0;
@@ -358,7 +361,7 @@ void sampler_accept(struct sampler *s, int32_t token)
 {
     if (!s || token < 0 || token >= s->n_vocab) return;
     s->n_accepted++;
-    if (s->p.json) jsonmode_accept(s->p.json, &s->js, token);
+    if (s->gm) grammar_accept(s->gm, token);
     if (!s->penalties) return;
     if (s->ring_len == SAMPLER_HISTORY) hist_dec(s, s->ring[s->ring_pos]); /* the oldest token leaves the window */
     else s->ring_len++;
@@ -780,31 +783,31 @@ enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_to
     KVB_RETURN_IF(!s || !logits || !out_token, KVB_ERR_INVALID_ARG);
     if (s->n_accepted < s->p.ban_until)
         for (int32_t i = 0; i < s->p.n_ban; i++) logits[s->ban[i]] = -INFINITY;
-    if (!s->p.json) return sample_free(s, logits, out_token);
+    if (!s->gm) return sample_free(s, logits, out_token);
     const int32_t n = s->n_vocab;
     memcpy(s->raw, logits, sizeof *logits * (size_t)n);
     enum kvb_status st = sample_free(s, logits, out_token);
-    if (st == KVB_OK && jsonmode_allows(s->p.json, &s->js, *out_token)) return KVB_OK;
+    if (st == KVB_OK && grammar_allows(s->gm, *out_token)) return KVB_OK;
     memcpy(logits, s->raw, sizeof *logits * (size_t)n);
-    for (int32_t i = jsonmode_vocab_size(s->p.json); i < n; i++) logits[i] = -INFINITY; /* padding rows */
-    /* Some token is always allowed (a byte-level vocabulary has every JSON
-     * character; the end of generation once the object is closed). Were
+    for (int32_t i = grammar_vocab_size(s->p.gvocab); i < n; i++) logits[i] = -INFINITY; /* padding rows */
+    /* Some token is mostly allowed (a byte-level vocabulary has every
+     * byte; the end of generation once the grammar is complete). Were
      * none, or none left with a weight (min_tokens bans the end of
-     * generation that a closed object allows alone), ending the output
-     * beats a token that breaks the object. */
-    bool any = jsonmode_mask(s->p.json, &s->js, logits) > 0;
+     * generation that a complete grammar allows alone), ending the output
+     * beats a token that breaks the grammar. */
+    bool any = grammar_mask(s->gm, logits) > 0;
     if (any) {
         any = false;
         for (int32_t i = 0; i < n && !any; i++) any = logits[i] > -INFINITY;
     }
     if (!any) {
-        *out_token = jsonmode_vocab_eog(s->p.json);
+        *out_token = grammar_vocab_eog(s->p.gvocab);
         return KVB_OK;
     }
     return sample_free(s, logits, out_token);
 }
 
-/* The pipeline of sampler.h without JSON mode. */
+/* The pipeline of sampler.h without a grammar. */
 static enum kvb_status sample_free(struct sampler *s, float *logits, int32_t *out_token)
 {
     const int32_t n = s->n_vocab;

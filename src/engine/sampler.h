@@ -10,12 +10,13 @@
  * params.seed only, so the same seed, logits and history give the same token
  * on every machine and whatever else runs in the batch.
  *
- * JSON mode (params.json): the token is drawn as usual; when it would break
- * the JSON object, the draw is repeated over the logits with every such
- * token masked out. Accepting or redrawing keeps each allowed token's chance
- * proportional to its probability (the first draw is a rejection sampler
- * of the masked distribution), and a vocabulary scan is paid only when the
- * model's own choice would break the object.
+ * Constrained output (params.grammar: JSON, regex, choice or a GBNF
+ * grammar, compiled by engine/grammar.h): the token is drawn as usual; when
+ * it would leave the grammar, the draw is repeated over the logits with
+ * every such token masked out. Accepting or redrawing keeps each allowed
+ * token's chance proportional to its probability (the first draw is a
+ * rejection sampler of the masked distribution), and a mask (cached per
+ * grammar state) is paid only when the model's own choice would break it.
  *
  * Ownership: struct sampler owns its history and scratch; logits passed in
  * are modified in place (penalties, scaling) and not retained. */
@@ -27,8 +28,8 @@
 
 #include "base/status.h"
 
-struct jsonmode_vocab;
-struct jsonmode_schema;
+struct grammar;
+struct grammar_vocab;
 
 struct sampler_params {
     float temperature;        /* 0 = greedy; default 1 */
@@ -39,10 +40,10 @@ struct sampler_params {
     float presence_penalty;   /* OpenAI semantics, 0 = disabled */
     float frequency_penalty;  /* OpenAI semantics, 0 = disabled */
     uint64_t seed;
-    const struct jsonmode_vocab *json;         /* non-NULL: the output is held to one JSON object
-                                          (jsonmode.h); borrowed, must outlive the sampler */
-    const struct jsonmode_schema *json_schema; /* with json: one this schema allows; borrowed */
-    const struct sampler_bias *bias;           /* n_bias additions to logits before anything else
+    const struct grammar *grammar;      /* non-NULL: the output is held to this grammar (grammar.h); borrowed,
+                                           must outlive the sampler, which keeps its own matcher */
+    const struct grammar_vocab *gvocab; /* with grammar: the tokenizer's bytes; borrowed */
+    const struct sampler_bias *bias;    /* n_bias additions to logits before anything else
                                           (OpenAI's logit_bias); copied by sampler_create */
     int32_t n_bias;
     const int32_t *ban; /* n_ban token ids that cannot be drawn while fewer than ban_until tokens have
@@ -67,7 +68,7 @@ void sampler_free(struct sampler *s); /* accepts NULL */
 void sampler_reset(struct sampler *s);
 
 /* Records a token as seen for the penalties (prompt tokens count for the
- * repetition penalty only if the caller accepts them) and, in JSON mode, as
+ * repetition penalty only if the caller accepts them) and, with a grammar, as
  * part of the output: accept generated tokens only there. */
 void sampler_accept(struct sampler *s, int32_t token);
 
@@ -76,7 +77,7 @@ void sampler_accept(struct sampler *s, int32_t token);
 enum kvb_status sampler_sample(struct sampler *s, float *logits, int32_t *out_token);
 
 /* Whether sampler_sample with these parameters is the plain argmax of the
- * raw logits whatever the history (temperature 0, no penalty, bias or JSON mode): then the
+ * raw logits whatever the history (temperature 0, no penalty, bias or grammar): then the
  * choice may be made where the logits are (sampler_greedy's rule) and the
  * sampler only told of it (sampler_accept). */
 bool sampler_is_greedy(const struct sampler_params *p);

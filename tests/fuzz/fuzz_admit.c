@@ -28,7 +28,7 @@
 
 #include "app/admit.h"
 #include "base/alloc.h"
-#include "engine/jsonmode.h"
+#include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "jobs/job.h"
 #include "model/gguf.h"
@@ -127,7 +127,7 @@ static void check_plan(const struct job_request *q, const struct admit_plan *p)
             int32_t t = -1;
             REQUIRE(sampler_sample(s, row, &t) == KVB_OK);
             REQUIRE(t >= 0 && t < nv);
-            if (step < sp.ban_until && !sp.json) REQUIRE(!banned(&sp, t));
+            if (step < sp.ban_until && !sp.grammar) REQUIRE(!banned(&sp, t));
             sampler_accept(s, t);
         }
         sampler_free(s);
@@ -147,10 +147,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct kvb_buf b = {0};
     enum kvb_status st = job_parse_line(line, size, 3, &q, &e);
     REQUIRE(st == KVB_OK || st == KVB_ERR_FORMAT);
-    struct jsonmode_schema *schema = NULL;
-    if (st == KVB_OK) st = admit_schema(&q, &schema, &e);
+    struct grammar *schema = NULL;
+    if (st == KVB_OK) st = admit_constraint(&q, &schema, &e);
     REQUIRE(st == KVB_OK || st == KVB_ERR_FORMAT);
-    REQUIRE(!schema || (st == KVB_OK && q.json_object && schema->n_nodes >= 1 && schema->nodes[0].kind == JSK_OBJECT));
+    REQUIRE(!schema || (st == KVB_OK && q.constraint != JOB_CONSTRAINT_NONE));
     if (st == KVB_OK) {
         struct admit_plan plan;
         st = admit_prepare(&F.ctx, &q, schema, &plan, &e);

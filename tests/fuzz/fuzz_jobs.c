@@ -25,7 +25,6 @@
 #include <string.h>
 
 #include "base/json.h"
-#include "engine/jsonmode.h"
 #include "jobs/job.h"
 
 #define REQUIRE(c)                                                                                                     \
