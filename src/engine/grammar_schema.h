@@ -32,8 +32,7 @@
  *   included (a cycle that opens no object or array is refused);
  *   objects: properties, required, additionalProperties (false, true or a
  *   schema; false where properties are listed and it is absent, as JSON
- *   mode has held it; with none listed, any object: "properties": {}
- *   included, which JSON mode held to {}). Objects of
+ *   mode has held it; with no properties listed, any object). Objects of
  *   up to GSCHEMA_ANY_ORDER properties take them in any order, each at
  *   most once, every required one present; larger objects take them in the
  *   schema's order (what Pydantic writes and models follow), optional ones

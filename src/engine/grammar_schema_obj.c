@@ -308,7 +308,7 @@ int gs_object_expr(struct gs *g, const struct kws *kw, const char *path, int dep
      * properties are listed (JSON mode's rule), any where none are */
     bool free_values = false;
     if (addl < 0) {
-        o.extras = o.n == 0; /* none listed ("properties": {} too, as JSON Schema reads it): any object */
+        o.extras = kw->n_props == 0; /* "properties": {} lists none: only {} */
         free_values = true;
     } else if (json_kind(j, addl) == JSON_FALSE) {
         o.extras = 0;
