@@ -227,7 +227,8 @@ __device__ static void q4_group(uint8_t *g, float x, int32_t lane)
         lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
         hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, off));
     }
-    const uint16_t dh = scale_fp16(__fdiv_rn(__fsub_rn(hi, lo), 15.0f)), mh = min_fp16(__fadd_rn(lo, 0.0f)); /* +0 for a -0 minimum, as kvtype.c */
+    const uint16_t dh = scale_fp16(__fdiv_rn(__fsub_rn(hi, lo), 15.0f)),
+                   mh = min_fp16(__fadd_rn(lo, 0.0f)); /* +0 for a -0 minimum, as kvtype.c */
     const float d = h2f(dh), m = h2f(mh);
     const float inv = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
     float q = rintf(__fmul_rn(__fsub_rn(x, m), inv));
