@@ -196,7 +196,7 @@ static void shapes(int32_t G, int32_t hd, int32_t bs, enum kv_type type)
     /* 2. A prefill chunk: consecutive positions of one sequence. */
     for (int32_t t = 0; t < 16; t++) {
         for (int32_t b = 0; b < max_blocks; b++) tab[t][b] = (b * 7 + 3) % 96;
-        n_pos[t] = 2 * bs - 5 + t;
+        n_pos[t] = 2 * bs - 5 + t > 0 ? 2 * bs - 5 + t : 1 + t; /* a token attends at least itself */
     }
     run_case("prefill chunk", &pl, G, hd, n_kv, 16, tables, n_pos);
 
