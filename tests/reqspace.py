@@ -24,6 +24,7 @@ random moment (SIGKILL or SIGTERM) and resumed, and is then checked:
 Needs the openai package (the venv /root/.cache/kvbatch-venv has it).
 """
 import json
+import re
 import os
 import random
 import signal
@@ -223,10 +224,36 @@ class Gen:
                               {"type": "json_schema", "json_schema": {"name": "s", "strict": True, "schema": {
                                   "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}],
           [{"type": "xml"}, {}, {"type": "json_schema"}, {"type": "text", "x": 1}], body, bad, p=0.12)
+        # the other constraint forms (vLLM's), at most one besides response_format; choice and regex
+        # outputs are checked against their constraint (check_result)
+        if r.random() < 0.12:
+            good = [("structured_outputs", {"choice": ["yes", "no", "maybe so"]}),
+                    ("structured_outputs", {"regex": "[a-c]{1,3}x?"}),
+                    ("structured_outputs", {"grammar": 'root ::= "v" [0-9]+'}),
+                    ("structured_outputs", {"json": {"type": "object"}}), ("guided_choice", ["A", "B", "C", "D"]),
+                    ("guided_regex", "(ab|cd)+"), ("guided_grammar", 'root ::= ("x" | "y")+'),
+                    ("guided_json", {"type": "object", "properties": {"k": {"enum": [1, 2]}}, "required": ["k"]})]
+            wrong = [("structured_outputs", {"choice": []}), ("structured_outputs", {"regex": "(?=a)b"}),
+                     ("structured_outputs", {"grammar": "root ::= nothere"}),
+                     ("structured_outputs", {"regex": "a", "choice": ["b"]}), ("structured_outputs", "a"),
+                     ("guided_choice", "A"), ("guided_regex", 5), ("guided_grammar", "root ::= [")]
+            name, value = r.choice(wrong) if self.pbad and r.random() < 0.5 else r.choice(good)
+            body[name] = value
+            if (name, value) in wrong:
+                bad.append(name)
+            elif isinstance(value, list) or (isinstance(value, dict) and "choice" in value):
+                info["choice"] = value if isinstance(value, list) else value["choice"]
+            elif isinstance(value, str) and name == "guided_regex" or isinstance(value, dict) and "regex" in value:
+                info["regex"] = value if isinstance(value, str) else value["regex"]
+            rf = body.get("response_format")
+            if isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema"):
+                bad.append("two constraints")
         # vLLM's fields
         f("ignore_eos", [True, False], [1, "true"], body, bad, p=0.15)
         rf = body.get("response_format")
-        if not self.pbad and body.get("ignore_eos") is True and isinstance(rf, dict) and rf.get("type") != "text":
+        constrained = isinstance(rf, dict) and rf.get("type") != "text" or any(
+            k in body for k in ("structured_outputs", "guided_choice", "guided_regex", "guided_grammar", "guided_json"))
+        if not self.pbad and body.get("ignore_eos") is True and constrained:
             body["ignore_eos"] = False  # refused together; only meant in a line meant wrong
         if r.random() < 0.15:
             body["min_tokens"] = r.choice([0, 1, mt if isinstance(mt, int) else 1] + ([3, -1] if self.pbad else []))
@@ -279,8 +306,9 @@ class Gen:
         if isinstance(n, int) and 1 <= n <= 16 and n * np > 128:
             bad.append("choices")
         rf = body.get("response_format")
-        if body.get("ignore_eos") is True and isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema"):
-            bad.append("ignore_eos with JSON")
+        if body.get("ignore_eos") is True and (isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema")
+                                               or constrained and "two constraints" not in bad):
+            bad.append("ignore_eos with a constraint")
         bo = body.get("best_of")
         if isinstance(bo, int) and isinstance(n, int) and bo > n:
             bad.append("best_of")
@@ -292,6 +320,10 @@ class Gen:
         pl = body.get("prompt_logprobs")
         info["prompt_logprobs"] = pl if isinstance(pl, int) and 0 <= pl <= 20 else None
         info["ignore_eos"] = body.get("ignore_eos") is True and not body.get("stop") and not body.get("stop_token_ids")
+        # a stop string or an echoed prompt leaves the text something other than the constrained output
+        if body.get("stop") or body.get("stop_token_ids") or info.get("echo"):
+            info.pop("choice", None)
+            info.pop("regex", None)
 
         cid = self.custom_id()
         if r.random() < self.pbad / 2 and self.ids:
@@ -502,6 +534,15 @@ def check_result(n, d, info, fail):
                 fail(f"{what}: echo: the first prompt token has a logprob")
             if any(b2 < a2 for a2, b2 in zip(lp["text_offset"], lp["text_offset"][1:])):
                 fail(f"{what}: text_offset goes backwards")
+        text = (c.get("message") or {}).get("content") if chat else c.get("text")
+        if "choice" in info and isinstance(text, str):
+            ok = text in info["choice"] if c.get("finish_reason") == "stop" else any(
+                x.startswith(text) for x in info["choice"])
+            if not ok:
+                fail(f"{what}: {text!r} is not one of (or, cut, a prefix of one of) {info['choice']}")
+        if "regex" in info and isinstance(text, str) and c.get("finish_reason") == "stop" and \
+                not re.fullmatch(info["regex"], text):
+            fail(f"{what}: {text!r} does not match {info['regex']!r}")
     if info.get("echo") and info["max_tokens"] == 0 and info["logprobs"] and not chat:
         n_tok = sum(len((c.get("logprobs") or {}).get("tokens", [])) for c in ch)
         if n_tok != u.get("prompt_tokens", 0) * info["n"]:
