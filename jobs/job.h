@@ -217,7 +217,7 @@ struct job_request {
     struct job_logit_bias *logit_bias; /* (n_logit_bias) distinct token ids; ids not checked here */
     int32_t n_logit_bias;
     char *json_schema; /* "json_schema": the schema's JSON text as written in the line (owned,
-                                 NUL-terminated; the engine compiles it: jsonmode_schema_compile);
+                                 NUL-terminated; the engine compiles it: gschema_to_gbnf);
                                  json_object is set too */
     size_t json_schema_len;
     /* The output constraint, at most one a request (a second is an error

@@ -539,7 +539,7 @@ static int parse_response_format(struct jp_ctx *c, int obj)
             if (sc < 0) return jp_fail_missing(c, sc_path);
             if ((rc = jp_claim_constraint(c, sc_path, JOB_CONSTRAINT_JSON))) return rc;
             /* kept as written, whatever it is: the engine compiles it and
-             * names what it refuses (jsonmode_schema_compile), so the job
+             * names what it refuses (gschema_to_gbnf), so the job
              * format needs to know nothing of what a schema constrains */
             const int quote = json_kind(c->j, sc) == JSON_STRING; /* jsmn's span leaves out the quotes */
             const int from = c->j->tok[sc].start - quote, to = c->j->tok[sc].end + quote;

@@ -309,7 +309,7 @@ static void test_bad_sampling(void)
             CH("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":true,"
                "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}}}"),
             &r);
-        /* the schema is kept as written; the engine compiles it (test_jsonmode) */
+        /* the schema is kept as written; the engine compiles it (test_grammar_schema) */
         static const char sc[] =
             "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}";
         CHECK(r.json_object && r.json_schema && r.json_schema_len == sizeof sc - 1 && strcmp(r.json_schema, sc) == 0);
