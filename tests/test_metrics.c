@@ -203,8 +203,8 @@ static void test_batching(void)
     CHECK_EQ_INT(c.rows_written, 1000);
     CHECK(c.batches_written <= 1000 / METRICS_BATCH_ROWS + 1);
     CHECK_EQ_INT(c.rows_pending, 0);
-    /* 4 transactions take milliseconds; 1000 would take far longer on a disk.
-     * Loose bound: the machine is shared. */
+    /* A hang guard, not a speed test: the batching itself is checked by
+     * the transaction count above (4 transactions take milliseconds). */
     CHECK_MSG(dt < 10.0, "1000 rows took %.2f s", dt);
     fprintf(stderr, "batching: 1000 rows in %d transactions, %.1f ms\n", (int)c.batches_written, dt * 1e3);
 
@@ -282,7 +282,7 @@ static void test_busy(void)
     CHECK_EQ_INT(metrics_open(path, &db, &err), KVB_OK);
     if (!db) return;
     CHECK_EQ_INT(metrics_set_batching(db, 8, 600.0), KVB_OK);
-    CHECK_EQ_INT(metrics_set_busy_timeout(db, 50), KVB_OK);
+    CHECK_EQ_INT(metrics_set_busy_timeout(db, 250), KVB_OK);
     CHECK_EQ_INT(metrics_set_drain_timeout(db, 0.3), KVB_OK);
     int64_t run = 0;
     CHECK_EQ_INT(metrics_run_begin(db, NULL, &run, &err), KVB_OK);
@@ -297,7 +297,9 @@ static void test_busy(void)
         CHECK_EQ_INT(metrics_request_add(db, run, &r, &err), KVB_OK);
         if (mono() - t0 > worst) worst = mono() - t0;
     }
-    CHECK_MSG(worst < 0.04, "adding a row waited %.3f s", worst);
+    /* An add that waited for the lock would wait the busy timeout (250 ms)
+     * at least: half of it is the bound, whatever the machine's load. */
+    CHECK_MSG(worst < 0.125, "adding a row waited %.3f s", worst);
     struct metrics_counters c;
     WAIT_FOR(db, c, c.flush_failures >= 1);
     CHECK(c.flush_failures >= 1);
@@ -364,7 +366,8 @@ static void test_lock_does_not_stall(void)
     metrics_get_counters(db, &c);
     fprintf(stderr, "lock held 1.5 s: %d rows added, slowest add %.2f ms, %lld rows queued, %lld failed attempts\n", n,
             worst * 1e3, (long long)c.rows_pending, (long long)c.flush_failures);
-    CHECK_MSG(worst < 0.05, "adding a row waited %.3f s while another process held the lock", worst);
+    /* Waiting for the lock would cost the busy timeout (400 ms) at least. */
+    CHECK_MSG(worst < 0.2, "adding a row waited %.3f s while another process held the lock", worst);
     CHECK(c.rows_pending > 16);
     pthread_join(th, NULL);
     CHECK_EQ_INT(metrics_run_end(db, run, METRICS_RUN_OK, NULL, &err), KVB_OK);

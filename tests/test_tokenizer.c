@@ -1,5 +1,6 @@
 /* test_tokenizer.c — the tokenizer against the reference's published test
- * vectors: for every NAME.gguf in $KVB_TESTDATA/tokenizer, each input of
+ * vectors: for every NAME.gguf in $KVB_TESTDATA/tokenizer (fetched by
+ * scripts/fetch-testdata.sh from llama.cpp's sources), each input of
  * NAME.gguf.inp must encode (no BOS/EOS, special-token text as plain text)
  * to exactly the ids on its line of NAME.gguf.out. Also: decode(encode(x))
  * == x, special-token parsing, end-of-generation ids, the streaming decoder,
@@ -572,7 +573,7 @@ int main(void)
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tokenizer", td);
     DIR *d = opendir(dir);
-    CHECK_MSG(d != NULL, "cannot open %s", dir);
+    CHECK_MSG(d != NULL, "cannot open %s: the tokenizer vectors are fetched by scripts/setup.sh --test", dir);
     size_t n_vocabs = 0;
     for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
         size_t l = strlen(e->d_name);
@@ -581,7 +582,8 @@ int main(void)
         n_vocabs++;
     }
     if (d) closedir(d);
-    CHECK(n_vocabs >= 4);
+    /* the six vocabularies fetch-testdata.sh extracts */
+    CHECK_MSG(n_vocabs >= 6, "%zu vocabularies in %s (6 expected): run scripts/setup.sh --test", n_vocabs, dir);
     check_specials(dir);
     check_alloc_failures(dir);
     return tu_finish();
