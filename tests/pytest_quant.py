@@ -25,10 +25,11 @@ if not os.path.exists(BIN):
 
 # ggml type codes (dtype.h) by gguf-py name
 TYPES = {"F16": 1, "BF16": 30, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
-         "Q4_K": 12, "Q6_K": 14}
+         "Q4_K": 12, "Q6_K": 14, "Q2_K": 10, "Q3_K": 11, "Q5_K": 13, "IQ4_NL": 20, "IQ4_XS": 23}
 # byte offsets of f16 fields to overwrite with finite values: scale, then min
 HALF_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-               "Q4_K": [0, 2], "Q6_K": [208]}
+               "Q4_K": [0, 2], "Q6_K": [208], "Q2_K": [80, 82], "Q3_K": [108], "Q5_K": [0, 2],
+               "IQ4_NL": [0], "IQ4_XS": [0]}
 
 
 def half_bytes(v):

@@ -147,13 +147,13 @@ static void test_damaged(void)
     expect_refusal(bad, KVB_ERR_FORMAT, "llama.embedding_length");
     rewrite(good, bad, NULL, NULL, 0, NULL, true);
     expect_refusal(bad, KVB_ERR_FORMAT, "blk.0.attn_k.weight");
-    /* Q2_K cannot be computed: refused by name. Its block is 256 wide, so
+    /* IQ2_XXS cannot be computed: refused by name. Its block is 256 wide, so
      * use a model whose rows are 256 long. */
     so.n_embd = 256;
     so.n_head = 4;
     so.n_ff = 256;
     CHECK(synth_model_write(good, &so, NULL) == KVB_OK);
-    rewrite(good, bad, NULL, "blk.0.attn_q.weight", GGML_TYPE_Q2_K, NULL, false);
+    rewrite(good, bad, NULL, "blk.0.attn_q.weight", GGML_TYPE_IQ2_XXS, NULL, false);
     expect_refusal(bad, KVB_ERR_UNSUPPORTED, "blk.0.attn_q.weight");
 }
 

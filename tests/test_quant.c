@@ -216,9 +216,11 @@ static void test_dequant_errors(void)
     float y[64];
     CHECK(quant_dequant_row(GGML_TYPE_Q4_1, b, y, 33) == KVB_ERR_INVALID_ARG);
     CHECK(quant_dequant_row(GGML_TYPE_Q4_K, b, y, 32) == KVB_ERR_INVALID_ARG);
-    CHECK(quant_dequant_row(GGML_TYPE_Q2_K, b, y, 256) == KVB_ERR_UNSUPPORTED);
+    CHECK(quant_dequant_row(GGML_TYPE_IQ2_XXS, b, y, 256) == KVB_ERR_UNSUPPORTED);
     CHECK(quant_dequant_row(GGML_TYPE_Q8_1, b, y, 32) == KVB_ERR_UNSUPPORTED);
-    CHECK(!quant_type_supported(GGML_TYPE_IQ4_NL));
+    CHECK(quant_dequant_row(GGML_TYPE_IQ4_XS, b, y, 32) == KVB_ERR_INVALID_ARG);
+    CHECK(!quant_type_supported(GGML_TYPE_IQ3_S));
+    CHECK(quant_type_supported(GGML_TYPE_IQ4_NL));
     CHECK(quant_type_supported(GGML_TYPE_Q6_K));
     CHECK(quant_type_supported(GGML_TYPE_BF16));
 }
@@ -226,14 +228,18 @@ static void test_dequant_errors(void)
 /* ---- random weights ----------------------------------------------------------- */
 
 static const enum ggml_type all_types[] = {
-    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
-    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K,
+    GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q4_0,   GGML_TYPE_Q4_1,
+    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_Q2_K,   GGML_TYPE_Q3_K,
+    GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
 };
 #define N_TYPES ((int)(sizeof all_types / sizeof all_types[0]))
 
 static const char *type_name(enum ggml_type t) { return ggml_type_get_traits((uint32_t)t)->name; }
 
 static int is_float_type(enum ggml_type t) { return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16; }
+
+/* Types whose blocks are 256-element super-blocks. */
+static int is_super_type(enum ggml_type t) { return ggml_type_get_traits((uint32_t)t)->block_elems == 256; }
 
 /* A random (n_out, n_in) weight matrix: random bytes for the quantized
  * values, then finite, realistic scales written over the f16 fields. */
@@ -278,6 +284,17 @@ static uint8_t *make_weights(enum ggml_type type, int64_t n_in, int64_t n_out, s
             put_half(b + 2, rng_uniform(0.0005f, 0.004f));
             break;
         case GGML_TYPE_Q6_K: put_half(b + 208, sgn * rng_uniform(0.0001f, 0.001f)); break;
+        case GGML_TYPE_Q5_K:
+            put_half(b, rng_uniform(0.0002f, 0.001f));
+            put_half(b + 2, rng_uniform(0.0005f, 0.004f));
+            break;
+        case GGML_TYPE_Q3_K: put_half(b + 108, sgn * rng_uniform(0.0005f, 0.004f)); break;
+        case GGML_TYPE_Q2_K:
+            put_half(b + 80, rng_uniform(0.002f, 0.01f));
+            put_half(b + 82, rng_uniform(0.002f, 0.01f));
+            break;
+        case GGML_TYPE_IQ4_NL: put_half(b, sgn * rng_uniform(0.0002f, 0.005f)); break;
+        case GGML_TYPE_IQ4_XS: put_half(b, sgn * rng_uniform(0.00002f, 0.0005f)); break;
         default: break;
         }
     }
@@ -462,7 +479,7 @@ static void test_products(struct tpool *pool)
         if (is_float_type(type)) {
             ins = n_in_f;
             n_ins = (int)(sizeof n_in_f / sizeof n_in_f[0]);
-        } else if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
+        } else if (is_super_type(type)) {
             ins = n_in_256;
             n_ins = (int)(sizeof n_in_256 / sizeof n_in_256[0]);
         } else {
@@ -579,7 +596,7 @@ static void test_determinism(struct tpool **pools, int n_pools)
         if (!mm_impl_available(impls[ii])) continue;
         for (int ti = 0; ti < N_TYPES; ti++) {
             enum ggml_type type = all_types[ti];
-            int k = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+            int k = is_super_type(type);
             /* n_out 67 and 50: not a multiple of any row tile or thread grain. */
             test_determinism_type(pools, n_pools, impls[ii], type, k ? 512 : 576, 67);
             test_determinism_type(pools, n_pools, impls[ii], type, k ? 256 : (is_float_type(type) ? 100 : 96), 50);
@@ -715,7 +732,7 @@ static void test_errors(struct tpool *pool)
     CHECK(mm_set_input(ctx, x, 32, 1) == KVB_OK);
     CHECK(mm_apply(ctx, &w, y) == KVB_ERR_INVALID_ARG); /* n_in mismatch */
     CHECK(mm_matmul(ctx, &w, x, 1, y) == KVB_OK);
-    struct mm_weight w2 = {GGML_TYPE_Q2_K, 256, 1, wbuf, 84, 0};
+    struct mm_weight w2 = {GGML_TYPE_IQ2_XXS, 256, 1, wbuf, 66, 0};
     CHECK(mm_matmul(ctx, &w2, x, 0, y) == KVB_ERR_UNSUPPORTED);
     struct mm_weight w3 = {GGML_TYPE_Q4_1, 64, 2, wbuf, 39, 0}; /* row too short */
     CHECK(mm_matmul(ctx, &w3, x, 1, y) == KVB_ERR_INVALID_ARG);

@@ -9,10 +9,14 @@
  * bytes of its half-block. AVX2 has no vpdpbusd: pmaddubsw (u8 x s8 -> pairs
  * of int16) then pmaddwd with ones gives the same per-lane sums, and for small
  * weight values several steps are summed in int16 first:
- *   4-bit and 5-bit values (<= 31): 4 steps, |sum| <= 4*2*31*127 < 32768;
+ *   2- to 5-bit values (<= 31: Q4_x, Q5_x, Q2_K..Q5_K): 4 steps,
+ *   |sum| <= 4*2*31*127 < 32768;
  *   Q6_K (values <= 63): 2 steps at a time;
- *   Q8_0: pmaddubsw needs one unsigned side, so |w| x sign(x, w), one step at
- *   a time (|pair| <= 2*128*127).
+ *   Q8_0 and the IQ4 types (int8 grid values): pmaddubsw needs one unsigned
+ *   side, so |w| x sign(x, w), one step at a time (|pair| <= 2*128*127).
+ * The K-quants and IQ4_XS (256-element super-blocks) fill a group with half
+ * a super-block; their 16-element scales and mins (Q2_K, Q3_K, Q6_K) fit
+ * the half-block lanes as they are.
  * Then per group and (row, token): facc += float(isum) * (dw * dx) [+ mw * dx*sum].
  *
  * Determinism: each output element runs the same float operations in the
@@ -146,7 +150,41 @@ static struct wtype wtype_of(enum ggml_type t)
     case GGML_TYPE_Q8_0: return (struct wtype){34, 0, 0, K_Q8};
     case GGML_TYPE_Q4_K: return (struct wtype){144, 0, 1, K_NIB};
     case GGML_TYPE_Q6_K: return (struct wtype){210, 32, 0, K_Q6};
+    case GGML_TYPE_Q2_K: return (struct wtype){84, 0, 1, K_NIB};
+    case GGML_TYPE_Q3_K: return (struct wtype){110, 4, 0, K_NIB};
+    case GGML_TYPE_Q5_K: return (struct wtype){176, 0, 1, K_NIB};
+    case GGML_TYPE_IQ4_NL: return (struct wtype){18, 0, 0, K_Q8};
+    case GGML_TYPE_IQ4_XS: return (struct wtype){136, 0, 0, K_Q8};
     default: return (struct wtype){0, 0, 0, K_NIB};
+    }
+}
+
+/* Types whose blocks are 256-element super-blocks: a group is half of one. */
+static inline int type_super(enum ggml_type t)
+{
+    return t == GGML_TYPE_Q2_K || t == GGML_TYPE_Q3_K || t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K ||
+           t == GGML_TYPE_Q6_K || t == GGML_TYPE_IQ4_XS;
+}
+
+/* 16 nibble bytes -> their 32 int8 values in the IQ4 grid: low nibbles
+ * (elements 0..15) | high (16..31). */
+static inline __m256i iq4_values32(const uint8_t *qs)
+{
+    const __m256i grid = _mm256_broadcastsi128_si256(_mm_setr_epi8(QB_IQ4_GRID));
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+    return _mm256_shuffle_epi8(grid, _mm256_and_si256(v, _mm256_set1_epi8(0x0F)));
+}
+
+/* The 32 2-bit fields 2j, 2j+1 of 32 bytes (Q2_K / Q3_K quarter j). */
+static inline __m256i crumbs(__m256i q, int j)
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    switch (j) {
+    case 0: return _mm256_and_si256(q, m3);
+    case 1: return _mm256_and_si256(_mm256_srli_epi16(q, 2), m3);
+    case 2: return _mm256_and_si256(_mm256_srli_epi16(q, 4), m3);
+    default: return _mm256_and_si256(_mm256_srli_epi16(q, 6), m3);
     }
 }
 
@@ -251,6 +289,82 @@ static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, co
         *dw = _mm256_mul_ps(_mm256_set1_ps(half_at(src + 208)), s);
         break;
     }
+    case GGML_TYPE_Q5_K: {
+        /* Q4_K's nibbles; the fifth bit of sub-block s is bit s of qh[l]:
+         * this half's bits 4h..4h+3 brought down to 0..3 first, then bit j
+         * shifted up to bit 4 (16-bit shifts: a byte's bits never cross
+         * into what the mask keeps). */
+        const __m256i m4 = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(src + 16));
+        if (half) qh = _mm256_srli_epi16(qh, 4);
+        const __m256i h[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 3), _mm256_slli_epi16(qh, 2),
+                              _mm256_slli_epi16(qh, 1)};
+#pragma GCC unroll 8
+        for (int c = 0; c < 2; c++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(src + 48 + 32 * (2 * half + c)));
+            y[2 * c] = _mm256_or_si256(_mm256_and_si256(v, m4), _mm256_and_si256(h[2 * c], b4));
+            y[2 * c + 1] =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_and_si256(h[2 * c + 1], b4));
+        }
+        float d = half_at(src), dmin = half_at(src + 2);
+        float ds[8], ms[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 4; j++) {
+            uint8_t sc, mn;
+            qb_q4k_scale_min(4 * half + j, src + 4, &sc, &mn);
+            ds[j] = ds[j + 4] = d * (float)sc;
+            ms[j] = ms[j + 4] = -(dmin * (float)mn);
+        }
+        *dw = _mm256_loadu_ps(ds);
+        *mw = _mm256_loadu_ps(ms);
+        break;
+    }
+    case GGML_TYPE_Q3_K: {
+        /* value + 4 = 2-bit field | hmask bit << 2: unsigned 0..7, bias 4 */
+        const __m256i b2 = _mm256_set1_epi8(0x04);
+        __m256i q = _mm256_loadu_si256((const __m256i *)(src + 32 + 32 * half));
+        __m256i hm = _mm256_loadu_si256((const __m256i *)src);
+        if (half) hm = _mm256_srli_epi16(hm, 4);
+        const __m256i h[4] = {_mm256_slli_epi16(hm, 2), _mm256_slli_epi16(hm, 1), hm, _mm256_srli_epi16(hm, 1)};
+#pragma GCC unroll 8
+        for (int j = 0; j < 4; j++) y[j] = _mm256_or_si256(crumbs(q, j), _mm256_and_si256(h[j], b2));
+        int8_t sc[8]; /* lane L: 16-element sub-block 2 * (4h + (L & 3)) + (L >> 2) */
+#pragma GCC unroll 8
+        for (int L = 0; L < 8; L++) sc[L] = (int8_t)qb_q3k_scale(src + 96, 8 * half + 2 * (L & 3) + (L >> 2));
+        __m256 s = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc)));
+        *dw = _mm256_mul_ps(_mm256_set1_ps(half_at(src + 108)), s);
+        break;
+    }
+    case GGML_TYPE_Q2_K: {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(src + 16 + 32 * half));
+#pragma GCC unroll 8
+        for (int j = 0; j < 4; j++) y[j] = crumbs(q, j);
+        /* lane L: scales byte 8h + 2 * (L & 3) + (L >> 2); scale low nibble, min high */
+        const uint8_t *sb = src + 8 * half;
+        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sb));
+        v = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+        __m256 sc = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x0F)));
+        __m256 mn = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+        *dw = _mm256_mul_ps(_mm256_set1_ps(half_at(src + 80)), sc);
+        *mw =
+            _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(half_at(src + 82)), mn), _mm256_set1_ps(-0.0f)); /* -(dmin*m) */
+        break;
+    }
+    case GGML_TYPE_IQ4_NL:
+#pragma GCC unroll 8
+        for (int j = 0; j < 4; j++) y[j] = iq4_values32(src + 18 * j + 2);
+        scales_per_lane(src, 18, dw, NULL);
+        break;
+    case GGML_TYPE_IQ4_XS: {
+        float d = half_at(src), ds[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 4; j++) {
+            y[j] = iq4_values32(src + 8 + 16 * (4 * half + j));
+            ds[j] = ds[j + 4] = d * (float)qb_iq4xs_scale(src, 4 * half + j);
+        }
+        *dw = _mm256_loadu_ps(ds);
+        break;
+    }
     default: /* unreachable: callers dispatch on supported types */
 #pragma GCC unroll 8
         for (int j = 0; j < 4; j++) y[j] = _mm256_setzero_si256();
@@ -263,7 +377,7 @@ static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, co
 /* Where group g of a row starts, and which half of its super-block it is. */
 static inline const uint8_t *group_src(const uint8_t *row, enum ggml_type type, int bs, int64_t g, int *half)
 {
-    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
+    if (type_super(type)) {
         *half = (int)(g & 1);
         return row + (size_t)(g / 2) * (size_t)bs;
     }
@@ -316,6 +430,11 @@ static void unpack_row(enum ggml_type type, const uint8_t *row, int64_t nb, uint
     case GGML_TYPE_Q8_0: unpack_row_t(GGML_TYPE_Q8_0, row, nb, out); break;
     case GGML_TYPE_Q4_K: unpack_row_t(GGML_TYPE_Q4_K, row, nb, out); break;
     case GGML_TYPE_Q6_K: unpack_row_t(GGML_TYPE_Q6_K, row, nb, out); break;
+    case GGML_TYPE_Q2_K: unpack_row_t(GGML_TYPE_Q2_K, row, nb, out); break;
+    case GGML_TYPE_Q3_K: unpack_row_t(GGML_TYPE_Q3_K, row, nb, out); break;
+    case GGML_TYPE_Q5_K: unpack_row_t(GGML_TYPE_Q5_K, row, nb, out); break;
+    case GGML_TYPE_IQ4_NL: unpack_row_t(GGML_TYPE_IQ4_NL, row, nb, out); break;
+    case GGML_TYPE_IQ4_XS: unpack_row_t(GGML_TYPE_IQ4_XS, row, nb, out); break;
     default: break;
     }
 }
@@ -442,6 +561,7 @@ static inline __attribute__((always_inline)) void tile_q(const enum ggml_type ty
  * for bias and min, which the class functions read from wtype_of(). */
 static void tile_nib_bias8(int R, int T, const struct qtile *a) { QTILES(GGML_TYPE_Q4_0) }
 static void tile_nib_bias16(int R, int T, const struct qtile *a) { QTILES(GGML_TYPE_Q5_0) }
+static void tile_nib_bias4(int R, int T, const struct qtile *a) { QTILES(GGML_TYPE_Q3_K) }
 static void tile_nib_min(int R, int T, const struct qtile *a) { QTILES(GGML_TYPE_Q4_1) }
 static void tile_q6(int R, int T, const struct qtile *a) { QTILES(GGML_TYPE_Q6_K) }
 static void tile_q8(int R, int T, const struct qtile *a) { QTILES(GGML_TYPE_Q8_0) }
@@ -451,11 +571,16 @@ static void tile_q_any(enum ggml_type type, int R, int T, const struct qtile *a)
     switch (type) {
     case GGML_TYPE_Q4_0: tile_nib_bias8(R, T, a); break;
     case GGML_TYPE_Q5_0: tile_nib_bias16(R, T, a); break;
+    case GGML_TYPE_Q3_K: tile_nib_bias4(R, T, a); break;
     case GGML_TYPE_Q4_1:
     case GGML_TYPE_Q5_1:
-    case GGML_TYPE_Q4_K: tile_nib_min(R, T, a); break;
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: tile_nib_min(R, T, a); break;
     case GGML_TYPE_Q6_K: tile_q6(R, T, a); break;
-    case GGML_TYPE_Q8_0: tile_q8(R, T, a); break;
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_IQ4_XS: tile_q8(R, T, a); break;
     default: break;
     }
 }
@@ -553,6 +678,11 @@ static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_t
     case GGML_TYPE_Q8_0: fused_rows_t(GGML_TYPE_Q8_0, T_, w, in, t0, y, r0, r1, scratch); break;                       \
     case GGML_TYPE_Q4_K: fused_rows_t(GGML_TYPE_Q4_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
     case GGML_TYPE_Q6_K: fused_rows_t(GGML_TYPE_Q6_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q2_K: fused_rows_t(GGML_TYPE_Q2_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q3_K: fused_rows_t(GGML_TYPE_Q3_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q5_K: fused_rows_t(GGML_TYPE_Q5_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_IQ4_NL: fused_rows_t(GGML_TYPE_IQ4_NL, T_, w, in, t0, y, r0, r1, scratch); break;                   \
+    case GGML_TYPE_IQ4_XS: fused_rows_t(GGML_TYPE_IQ4_XS, T_, w, in, t0, y, r0, r1, scratch); break;                   \
     default: break;                                                                                                    \
     }
 

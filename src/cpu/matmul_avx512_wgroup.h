@@ -32,8 +32,63 @@ static inline struct wtype wtype_of(enum ggml_type t)
     case GGML_TYPE_Q8_0: return (struct wtype){34, 128, 0};
     case GGML_TYPE_Q4_K: return (struct wtype){144, 0, 1};
     case GGML_TYPE_Q6_K: return (struct wtype){210, 32, 0};
+    case GGML_TYPE_Q2_K: return (struct wtype){84, 0, 1};
+    case GGML_TYPE_Q3_K: return (struct wtype){110, 4, 0};
+    case GGML_TYPE_Q5_K: return (struct wtype){176, 0, 1};
+    case GGML_TYPE_IQ4_NL: return (struct wtype){18, 128, 0};
+    case GGML_TYPE_IQ4_XS: return (struct wtype){136, 128, 0};
     default: return (struct wtype){0, 0, 0};
     }
+}
+
+/* Types whose blocks are 256-element super-blocks: one S4 group each. */
+static inline int type_super(enum ggml_type t)
+{
+    return t == GGML_TYPE_Q2_K || t == GGML_TYPE_Q3_K || t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K ||
+           t == GGML_TYPE_Q6_K || t == GGML_TYPE_IQ4_XS;
+}
+
+/* lane L of an S4 group -> its 16-element sub-block of a super-block */
+static inline __m512i lane_sub16(void)
+{
+    return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+}
+
+/* The IQ4 grid offset by 128 (unsigned, as vpdpbusd wants; bias 128), in
+ * every 128-bit lane. */
+static inline __m512i iq4_grid_u8(void)
+{
+    return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_setr_epi8(QB_IQ4_GRID)), _mm512_set1_epi8((char)0x80));
+}
+
+/* Z for two 16-byte nibble runs a and b (IQ4: one 32-block each): 128-bit
+ * lanes a low nibbles | a high | b low | b high, each looked up in the
+ * offset grid. */
+static inline __m512i iq4_pair(__m128i a, __m128i b)
+{
+    __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(a), 0xFF00, b);
+    v = _mm512_mask_srli_epi16(v, (__mmask32)0xFF00FF00, v, 4);
+    return _mm512_shuffle_epi8(iq4_grid_u8(), _mm512_and_si512(v, _mm512_set1_epi8(0x0F)));
+}
+
+/* Q2_K / Q3_K: Z[m] = sub-blocks 2m and 2m+1 = quarters j0, j0 + 1 (j0 =
+ * 2(m%2)) of the 32 bytes q of half m/2: 2-bit fields 2j0 and 2j0 + 2. */
+static inline __m512i crumb_pair(__m256i q, int m)
+{
+    const int j0 = 2 * (m % 2);
+    __m512i v = _mm512_broadcast_i64x4(q);
+    __m512i sh = _mm512_mask_mov_epi16(_mm512_set1_epi16((short)(2 * j0)), (__mmask32)0xFFFF0000,
+                                       _mm512_set1_epi16((short)(2 * j0 + 2)));
+    return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(3));
+}
+
+/* For Z[m] (sub-blocks 2m | 2m+1): the bytes whose bit 2m (lower 32 bytes)
+ * or 2m+1 (upper) is set in the 32 bytes h (Q3_K's hmask, Q5_K's qh). */
+static inline __mmask64 high_bits(__m256i h, int m)
+{
+    __m512i bit = _mm512_mask_mov_epi8(_mm512_set1_epi8((char)(1 << (2 * m))), (__mmask64)0xFFFFFFFF00000000ull,
+                                       _mm512_set1_epi8((char)(1 << (2 * m + 1))));
+    return _mm512_test_epi8_mask(_mm512_broadcast_i64x4(h), bit);
 }
 
 /* Lanes fed by high nibbles (Q4_0, Q4_1): 128-bit lanes 1 and 3. */
@@ -200,8 +255,83 @@ static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, co
         __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 192))));
         sc = _mm512_mul_ps(_mm512_set1_ps(half_at(src + 208)), sc);
         /* lane L -> its 16-element sub-block */
-        static const int32_t lane_sub16[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
-        *dw = _mm512_permutexvar_ps(_mm512_loadu_si512(lane_sub16), sc);
+        *dw = _mm512_permutexvar_ps(lane_sub16(), sc);
+        break;
+    }
+    case GGML_TYPE_Q5_K: {
+        /* Q4_K's nibbles shifted down (a fifth bit joins the high ones) */
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(src + 16));
+#pragma GCC unroll 8
+        for (int m = 0; m < 4; m++) {
+            __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(src + 48 + 32 * m)));
+            v = _mm512_and_si512(_mm512_mask_srli_epi16(v, (__mmask32)0xFFFF0000, v, 4), _mm512_set1_epi8(0x0F));
+            z[m] = _mm512_mask_add_epi8(v, high_bits(qh, m), v, _mm512_set1_epi8(16));
+        }
+        float d = half_at(src), dmin = half_at(src + 2);
+        float ds[8], ms[8];
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) {
+            uint8_t sc, mn;
+            qb_q4k_scale_min(s, src + 4, &sc, &mn);
+            ds[s] = d * (float)sc;
+            ms[s] = -(dmin * (float)mn);
+        }
+        *dw = per_lane(_mm256_loadu_ps(ds));
+        *mw = per_lane(_mm256_loadu_ps(ms));
+        break;
+    }
+    case GGML_TYPE_Q3_K: {
+        /* value + 4 = 2-bit field | hmask bit << 2: unsigned 0..7, bias 4 */
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)src);
+#pragma GCC unroll 8
+        for (int m = 0; m < 4; m++) {
+            __m512i v = crumb_pair(_mm256_loadu_si256((const __m256i *)(src + 32 + 32 * (m / 2))), m);
+            z[m] = _mm512_mask_add_epi8(v, high_bits(hm, m), v, _mm512_set1_epi8(4));
+        }
+        int8_t sc[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) sc[i] = (int8_t)qb_q3k_scale(src + 96, i);
+        __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc)));
+        f = _mm512_mul_ps(_mm512_set1_ps(half_at(src + 108)), f);
+        *dw = _mm512_permutexvar_ps(lane_sub16(), f);
+        break;
+    }
+    case GGML_TYPE_Q2_K: {
+#pragma GCC unroll 8
+        for (int m = 0; m < 4; m++)
+            z[m] = crumb_pair(_mm256_loadu_si256((const __m256i *)(src + 16 + 32 * (m / 2))), m);
+        /* scales[i]: scale low nibble, min high nibble, of 16-element sub-block i */
+        __m512i v = _mm512_permutexvar_epi32(lane_sub16(), _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)src)));
+        __m512 sc = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0x0F)));
+        __m512 mn = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+        *dw = _mm512_mul_ps(_mm512_set1_ps(half_at(src + 80)), sc);
+        *mw = _mm512_castsi512_ps(
+            _mm512_xor_si512(/* -(dmin*m) */
+                             _mm512_castps_si512(_mm512_mul_ps(_mm512_set1_ps(half_at(src + 82)), mn)),
+                             _mm512_set1_epi32(INT32_MIN)));
+        break;
+    }
+    case GGML_TYPE_IQ4_NL:
+#pragma GCC unroll 8
+        for (int m = 0; m < 4; m++) {
+            const uint8_t *a = src + (2 * m) * 18 + 2;
+            if (2 * m + 2 <= nblk)
+                z[m] = iq4_pair(_mm_loadu_si128((const __m128i *)a), _mm_loadu_si128((const __m128i *)(a + 18)));
+            else if (2 * m + 1 == nblk) /* the missing block's lanes read the grid's index 0: x is 0 there */
+                z[m] = iq4_pair(_mm_loadu_si128((const __m128i *)a), _mm_setzero_si128());
+            else z[m] = _mm512_setzero_si512();
+        }
+        scales_per_lane(src, 18, nblk, dw, NULL);
+        break;
+    case GGML_TYPE_IQ4_XS: {
+#pragma GCC unroll 8
+        for (int m = 0; m < 4; m++)
+            z[m] = iq4_pair(_mm_loadu_si128((const __m128i *)(src + 8 + 32 * m)),
+                            _mm_loadu_si128((const __m128i *)(src + 24 + 32 * m)));
+        float d = half_at(src), ds[8];
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) ds[s] = d * (float)qb_iq4xs_scale(src, s);
+        *dw = per_lane(_mm256_loadu_ps(ds));
         break;
     }
     default: /* unreachable: callers dispatch on supported types */

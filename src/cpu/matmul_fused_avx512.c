@@ -36,7 +36,7 @@ static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_t
                                                                void *scratch)
 {
     struct wtype wt = wtype_of(type);
-    int k_quant = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+    int k_quant = type_super(type);
     size_t xoff;
     const struct lay l = input_form(type, in->n_in, &xoff);
     const int64_t ng = l.ng;
@@ -108,6 +108,11 @@ static inline __attribute__((always_inline)) void fused_rows_t(const enum ggml_t
     case GGML_TYPE_Q8_0: fused_rows_t(GGML_TYPE_Q8_0, T_, w, in, t0, y, r0, r1, scratch); break;                       \
     case GGML_TYPE_Q4_K: fused_rows_t(GGML_TYPE_Q4_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
     case GGML_TYPE_Q6_K: fused_rows_t(GGML_TYPE_Q6_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q2_K: fused_rows_t(GGML_TYPE_Q2_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q3_K: fused_rows_t(GGML_TYPE_Q3_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_Q5_K: fused_rows_t(GGML_TYPE_Q5_K, T_, w, in, t0, y, r0, r1, scratch); break;                       \
+    case GGML_TYPE_IQ4_NL: fused_rows_t(GGML_TYPE_IQ4_NL, T_, w, in, t0, y, r0, r1, scratch); break;                   \
+    case GGML_TYPE_IQ4_XS: fused_rows_t(GGML_TYPE_IQ4_XS, T_, w, in, t0, y, r0, r1, scratch); break;                   \
     default: break;                                                                                                    \
     }
 

@@ -16,7 +16,7 @@ static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type ty
                                                                const struct lay *lp, uint8_t *out)
 {
     struct wtype wt = wtype_of(type);
-    int k_quant = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+    int k_quant = type_super(type);
     const struct lay l = *lp;
     const uint8_t *src = row;
     for (int64_t g = 0; g < l.n8; g++) {
@@ -62,6 +62,11 @@ static void unpack_row(enum ggml_type type, int packed, const uint8_t *row, cons
     case GGML_TYPE_Q8_0: unpack_row_t(GGML_TYPE_Q8_0, packed, row, l, out); break;
     case GGML_TYPE_Q4_K: unpack_row_t(GGML_TYPE_Q4_K, packed, row, l, out); break;
     case GGML_TYPE_Q6_K: unpack_row_t(GGML_TYPE_Q6_K, packed, row, l, out); break;
+    case GGML_TYPE_Q2_K: unpack_row_t(GGML_TYPE_Q2_K, packed, row, l, out); break;
+    case GGML_TYPE_Q3_K: unpack_row_t(GGML_TYPE_Q3_K, packed, row, l, out); break;
+    case GGML_TYPE_Q5_K: unpack_row_t(GGML_TYPE_Q5_K, packed, row, l, out); break;
+    case GGML_TYPE_IQ4_NL: unpack_row_t(GGML_TYPE_IQ4_NL, packed, row, l, out); break;
+    case GGML_TYPE_IQ4_XS: unpack_row_t(GGML_TYPE_IQ4_XS, packed, row, l, out); break;
     default: break;
     }
 }

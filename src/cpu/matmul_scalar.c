@@ -14,7 +14,7 @@
 #include "model/quant_blocks.h"
 
 /* Quantized token layout: qx[nb*32] int8, then dx[nb] float, then the block
- * sums sum(qx) as int32 [nb] (needed by types with a min: Q4_1, Q5_1, Q4_K). */
+ * sums sum(qx) as int32 [nb] (needed by types with a min: Q4_1, Q5_1, Q4_K, Q5_K). */
 static size_t off_d(int64_t nb) { return (size_t)nb * 32; }
 static size_t off_s(int64_t nb) { return off_d(nb) + (size_t)nb * 4; }
 
@@ -176,6 +176,103 @@ static float dot_q6_K(const uint8_t *w, const struct qtok *x, int64_t nb)
     return acc;
 }
 
+/* Q5_K: Q4_K with 5-bit values. */
+static float dot_q5_K(const uint8_t *w, const struct qtok *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t sb = 0; sb < nb / 8; sb++, w += 176) {
+        float d = qb_half(w), dmin = qb_half(w + 2);
+        for (int s = 0; s < 8; s++) {
+            int64_t b = 8 * sb + s;
+            uint8_t sc, m;
+            qb_q4k_scale_min(s, w + 4, &sc, &m);
+            const int8_t *qx = x->q + 32 * b;
+            int32_t isum = 0;
+            for (int j = 0; j < 32; j++) isum += qb_q5k_value(w, 32 * s + j) * qx[j];
+            acc += d * (float)sc * x->d[b] * (float)isum - dmin * (float)m * (x->d[b] * (float)x->s[b]);
+        }
+    }
+    return acc;
+}
+
+/* Q3_K: as Q6_K, signed 6-bit scales per 16 elements and values q3 - 4. */
+static float dot_q3_K(const uint8_t *w, const struct qtok *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t sb = 0; sb < nb / 8; sb++, w += 110) {
+        float d = qb_half(w + 108);
+        for (int s = 0; s < 8; s++) {
+            int64_t b = 8 * sb + s;
+            const int8_t *qx = x->q + 32 * b;
+            int32_t half[2] = {0, 0};
+            for (int j = 0; j < 32; j++) half[j / 16] += (qb_q3k_value(w, 32 * s + j) - 4) * qx[j];
+            int32_t isum = qb_q3k_scale(w + 96, 2 * s) * half[0] + qb_q3k_scale(w + 96, 2 * s + 1) * half[1];
+            acc += d * x->d[b] * (float)isum;
+        }
+    }
+    return acc;
+}
+
+/* Q2_K: a scale and a min per 16 elements. Both integer sums of a 32-block
+ * (values times scales, input sums times mins) are exact; then
+ * d*dx*isum - dmin*dx*msum. */
+static float dot_q2_K(const uint8_t *w, const struct qtok *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t sb = 0; sb < nb / 8; sb++, w += 84) {
+        float d = qb_half(w + 80), dmin = qb_half(w + 82);
+        for (int s = 0; s < 8; s++) {
+            int64_t b = 8 * sb + s;
+            const int8_t *qx = x->q + 32 * b;
+            int32_t isum = 0, msum = 0;
+            for (int h = 0; h < 2; h++) {
+                int32_t vs = 0, xs = 0;
+                for (int j = 16 * h; j < 16 * h + 16; j++) {
+                    vs += qb_q2k_value(w + 16, 32 * s + j) * qx[j];
+                    xs += qx[j];
+                }
+                isum += (w[2 * s + h] & 0x0F) * vs;
+                msum += (w[2 * s + h] >> 4) * xs;
+            }
+            acc += d * x->d[b] * (float)isum - dmin * (x->d[b] * (float)msum);
+        }
+    }
+    return acc;
+}
+
+/* IQ4_NL: Q8_0 with the values looked up in the grid. */
+static float dot_iq4_nl(const uint8_t *w, const struct qtok *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 18) {
+        const uint8_t *qs = w + 2;
+        const int8_t *qx = x->q + 32 * b;
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) isum += qb_iq4_value(qs[j] & 0x0F) * qx[j] + qb_iq4_value(qs[j] >> 4) * qx[j + 16];
+        acc += qb_half(w) * x->d[b] * (float)isum;
+    }
+    return acc;
+}
+
+/* IQ4_XS: IQ4_NL sub-blocks whose integer scales multiply their exact sums. */
+static float dot_iq4_xs(const uint8_t *w, const struct qtok *x, int64_t nb)
+{
+    float acc = 0.0f;
+    for (int64_t sb = 0; sb < nb / 8; sb++, w += 136) {
+        float d = qb_half(w);
+        for (int s = 0; s < 8; s++) {
+            int64_t b = 8 * sb + s;
+            const uint8_t *qs = w + 8 + 16 * s;
+            const int8_t *qx = x->q + 32 * b;
+            int32_t isum = 0;
+            for (int j = 0; j < 16; j++)
+                isum += qb_iq4_value(qs[j] & 0x0F) * qx[j] + qb_iq4_value(qs[j] >> 4) * qx[j + 16];
+            acc += d * x->d[b] * (float)(qb_iq4xs_scale(w, s) * isum);
+        }
+    }
+    return acc;
+}
+
 static float dot_float(enum ggml_type type, const uint8_t *w, const float *x, int64_t n)
 {
     float acc = 0.0f;
@@ -214,6 +311,11 @@ static void rows(const struct mm_weight *w, const struct mm_input *in, float *y,
             case GGML_TYPE_Q8_0: *out = dot_q8_0(wr, &x, nb); break;
             case GGML_TYPE_Q4_K: *out = dot_q4_K(wr, &x, nb); break;
             case GGML_TYPE_Q6_K: *out = dot_q6_K(wr, &x, nb); break;
+            case GGML_TYPE_Q5_K: *out = dot_q5_K(wr, &x, nb); break;
+            case GGML_TYPE_Q3_K: *out = dot_q3_K(wr, &x, nb); break;
+            case GGML_TYPE_Q2_K: *out = dot_q2_K(wr, &x, nb); break;
+            case GGML_TYPE_IQ4_NL: *out = dot_iq4_nl(wr, &x, nb); break;
+            case GGML_TYPE_IQ4_XS: *out = dot_iq4_xs(wr, &x, nb); break;
             default: *out = 0.0f; break; /* unreachable: mm_apply checked the type */
             }
         }

@@ -23,8 +23,13 @@ bool quant_type_supported(enum ggml_type type)
     case GGML_TYPE_Q5_0:
     case GGML_TYPE_Q5_1:
     case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K:
     case GGML_TYPE_Q4_K:
-    case GGML_TYPE_Q6_K: return true;
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+    case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_IQ4_XS: return true;
     default: return false;
     }
 }
@@ -121,6 +126,64 @@ static void dequant_q6_K(const uint8_t *b, float *y)
     for (int e = 0; e < 256; e++) y[e] = d * (float)sc[e / 16] * (float)(qb_q6k_value(b, e) - 32);
 }
 
+/* Q5_K: Q4_K's scales and mins, 5-bit values (qb_q5k_value); element =
+ * d*sc * q - dmin*m, in that order. */
+static void dequant_q5_K(const uint8_t *b, float *y)
+{
+    float d = qb_half(b), dmin = qb_half(b + 2);
+    for (int s = 0; s < 8; s++) {
+        uint8_t sc, m;
+        qb_q4k_scale_min(s, b + 4, &sc, &m);
+        float ds = d * (float)sc, ms = dmin * (float)m;
+        for (int l = 0; l < 32; l++) y[32 * s + l] = ds * (float)qb_q5k_value(b, 32 * s + l) - ms;
+    }
+}
+
+/* Q3_K: element = (d * scale) * (q3 - 4), scale per 16 elements
+ * (qb_q3k_scale, qb_q3k_value). */
+static void dequant_q3_K(const uint8_t *b, float *y)
+{
+    float d = qb_half(b + 108);
+    for (int e = 0; e < 256; e++) y[e] = d * (float)qb_q3k_scale(b + 96, e / 16) * (float)(qb_q3k_value(b, e) - 4);
+}
+
+/* Q2_K: element = (d * sc) * q2 - dmin * m, with sc and m the nibbles of
+ * scales[e / 16]. */
+static void dequant_q2_K(const uint8_t *b, float *y)
+{
+    float d = qb_half(b + 80), dmin = qb_half(b + 82);
+    for (int e = 0; e < 256; e++) {
+        float dl = d * (float)(b[e / 16] & 0x0F), ml = dmin * (float)(b[e / 16] >> 4);
+        y[e] = dl * (float)qb_q2k_value(b + 16, e) - ml;
+    }
+}
+
+/* IQ4_NL: {half d; u8 qs[16]}; element j is d * grid[qs[j] & 15], element
+ * j + 16 is d * grid[qs[j] >> 4] (qb_iq4_value). */
+static void dequant_iq4_nl(const uint8_t *b, float *y)
+{
+    float d = qb_half(b);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)qb_iq4_value(b[2 + j] & 0x0F);
+        y[j + 16] = d * (float)qb_iq4_value(b[2 + j] >> 4);
+    }
+}
+
+/* IQ4_XS: sub-block ib is an IQ4_NL block with scale d * (its 6-bit scale
+ * - 32) (qb_iq4xs_scale). */
+static void dequant_iq4_xs(const uint8_t *b, float *y)
+{
+    float d = qb_half(b);
+    for (int ib = 0; ib < 8; ib++) {
+        float dl = d * (float)qb_iq4xs_scale(b, ib);
+        const uint8_t *qs = b + 8 + 16 * ib;
+        for (int j = 0; j < 16; j++) {
+            y[32 * ib + j] = dl * (float)qb_iq4_value(qs[j] & 0x0F);
+            y[32 * ib + j + 16] = dl * (float)qb_iq4_value(qs[j] >> 4);
+        }
+    }
+}
+
 enum kvb_status quant_dequant_row(enum ggml_type type, const void *src, float *dst, int64_t n)
 {
     if (!quant_type_supported(type)) return KVB_ERR_UNSUPPORTED;
@@ -142,6 +205,11 @@ enum kvb_status quant_dequant_row(enum ggml_type type, const void *src, float *d
         case GGML_TYPE_Q8_0: dequant_q8_0(p, y); break;
         case GGML_TYPE_Q4_K: dequant_q4_K(p, y); break;
         case GGML_TYPE_Q6_K: dequant_q6_K(p, y); break;
+        case GGML_TYPE_Q5_K: dequant_q5_K(p, y); break;
+        case GGML_TYPE_Q3_K: dequant_q3_K(p, y); break;
+        case GGML_TYPE_Q2_K: dequant_q2_K(p, y); break;
+        case GGML_TYPE_IQ4_NL: dequant_iq4_nl(p, y); break;
+        case GGML_TYPE_IQ4_XS: dequant_iq4_xs(p, y); break;
         default: return KVB_ERR_UNSUPPORTED;
         }
     }
