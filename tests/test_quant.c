@@ -610,9 +610,9 @@ static void test_determinism(struct tpool **pools, int n_pools)
  * result it gets alone. n_in 512 suits every quantized type. */
 static void test_mixed_types(struct tpool *pool)
 {
-    static const enum ggml_type types[] = {GGML_TYPE_Q4_1, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0,
-                                           GGML_TYPE_Q4_K};
-    enum { NT = 5 };
+    static const enum ggml_type types[] = {GGML_TYPE_Q4_1, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0,  GGML_TYPE_Q5_0,
+                                           GGML_TYPE_Q4_K, GGML_TYPE_Q2_K, GGML_TYPE_IQ4_NL};
+    enum { NT = 7 };
     const int64_t n_in = 512, n_out = 21, n_tok = 11;
     float *x = make_input(n_in, n_tok), *x2 = make_input(n_in, n_tok);
     for (int64_t i = 0; i < n_in * n_tok; i++) x2[i] = -0.5f * x2[i] + 0.25f;
