@@ -9,7 +9,10 @@
  *      stream from memory as in a real forward pass; gives tok/s for decode
  *      (n_tok 1) and prefill (n_tok 512; the head applied to all 512 tokens,
  *      and to 1 token as a prefill that only samples the last position).
- * Usage: bench_matmul [impl=auto|scalar|avx2|avx512] [threads=2] [seconds=0.5] */
+ * Usage: bench_matmul [impl=auto|scalar|avx2|avx512] [threads=2] [seconds=0.5]
+ *
+ * `bench_matmul types [impl] [threads] [seconds]` instead compares the
+ * weight types with one another (bench_types below). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +27,39 @@
 
 static double now(void) { return kvb_clock_s(); }
 
+/* CPU seconds of the whole process (all pool threads): on a shared machine
+ * the work a kernel costs, whatever share of the cores it was given. */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd(void) { return (uint32_t)(kvb_xorshift64(&rng) >> 32); }
+
+/* Byte offsets of a block's f16 scale and (-1: none) f16 min. */
+static void scale_fields(enum ggml_type type, int *d_off, int *m_off)
+{
+    *m_off = -1;
+    switch (type) {
+    case GGML_TYPE_Q6_K: *d_off = 208; break;
+    case GGML_TYPE_Q3_K: *d_off = 108; break;
+    case GGML_TYPE_Q2_K:
+        *d_off = 80;
+        *m_off = 82;
+        break;
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+        *d_off = 0;
+        *m_off = 2;
+        break;
+    default: *d_off = 0; break;
+    }
+}
 
 /* Random blocks with realistic f16 scales (0.01 and, for a min, -0.1). */
 static struct mm_weight make_weight(enum ggml_type type, int64_t n_in, int64_t n_out)
@@ -37,14 +71,12 @@ static struct mm_weight make_weight(enum ggml_type type, int64_t n_in, int64_t n
     uint8_t *w = aligned_alloc(64, (total + 63) & ~(size_t)63);
     for (size_t i = 0; i < total; i++) w[i] = (uint8_t)rnd();
     uint16_t d = kvb_f32_to_fp16(0.01f), m = kvb_f32_to_fp16(-0.1f);
-    for (size_t b = 0; b < total / tr->block_bytes; b++) {
+    int d_off, m_off;
+    scale_fields(type, &d_off, &m_off);
+    for (size_t b = 0; type != GGML_TYPE_F32 && b < total / tr->block_bytes; b++) {
         uint8_t *p = w + b * tr->block_bytes;
-        if (type == GGML_TYPE_Q6_K) {
-            memcpy(p + 208, &d, 2);
-        } else if (type != GGML_TYPE_F32) {
-            memcpy(p, &d, 2);
-            if (type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q4_K) memcpy(p + 2, &m, 2);
-        }
+        memcpy(p + d_off, &d, 2);
+        if (m_off >= 0) memcpy(p + m_off, &m, 2);
     }
     return (struct mm_weight){type, n_in, n_out, w, (size_t)rb, 0};
 }
@@ -116,8 +148,98 @@ static double model_pass(struct mm_ctx *ctx, struct mm_weight (*lw)[7], const st
     return now() - t0;
 }
 
+/* ---- types: each weight type against Q4_K ---------------------------------------- */
+
+static const enum ggml_type cmp_types[] = {GGML_TYPE_Q4_K,   GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
+                                           GGML_TYPE_Q5_K,   GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL,
+                                           GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0};
+#define N_CMP ((int)(sizeof cmp_types / sizeof cmp_types[0]))
+#define CMP_IN 2048
+#define CMP_OUT 2048
+#define CMP_ROUNDS 7
+/* Decode from beyond L2: copies of the matrix cycled, this many bytes of Q4_K. */
+#define CMP_STREAM_BYTES (64u << 20)
+
+/* Every type on one shape (CMP_IN -> CMP_OUT) at a few token counts, the
+ * types interleaved: CMP_ROUNDS rounds, each timing every type for
+ * seconds / CMP_ROUNDS, so that a noisy neighbour slows all types alike and
+ * the ratios to Q4_K (measured in the same rounds) hold when the absolute
+ * figures do not. Figures are per CPU second of the process (CLOCK_PROCESS_
+ * CPUTIME_ID), not per wall second: on a shared machine a run gets a varying
+ * share of the cores; with threads > 1 a pool's waiting counts too, so the
+ * single-thread figures are the cleanest. Rows "hot": one matrix called again and again (it stays in
+ * L2: the kernel's arithmetic); "stream": n_tok 1 over copies of the matrix
+ * totalling CMP_STREAM_BYTES of Q4_K (the same number of weights for every
+ * type), read from L3 / memory as in a real decode step. */
+static int bench_types(struct mm_ctx *ctx, double secs)
+{
+    static const int64_t toks[] = {1, 16, 512};
+    enum { N_TOKS = 3, N_ROWS = N_TOKS + 1 };
+    uint64_t q4k_bytes = 0;
+    ggml_type_row_bytes(GGML_TYPE_Q4_K, CMP_IN, &q4k_bytes);
+    int n_copies = (int)(CMP_STREAM_BYTES / (q4k_bytes * CMP_OUT));
+    struct mm_weight *wbuf = calloc((size_t)(N_CMP * n_copies), sizeof *wbuf);
+#define W(i, c) (wbuf[(i)*n_copies + (c)])
+    for (int i = 0; i < N_CMP; i++)
+        for (int c = 0; c < n_copies; c++) W(i, c) = packed(ctx, make_weight(cmp_types[i], CMP_IN, CMP_OUT));
+    float *x = malloc(sizeof(float) * CMP_IN * 512), *y = malloc(sizeof(float) * CMP_OUT * 512);
+    for (int i = 0; i < CMP_IN * 512; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+    double t_sum[N_CMP][N_ROWS] = {{0}};
+    long calls[N_CMP][N_ROWS] = {{0}};
+    for (int i = 0; i < N_CMP; i++) /* warm-up: scratch, first touch */
+        for (int c = 0; c < n_copies; c++) mm_matmul(ctx, &W(i, c), x, 512, y);
+    for (int r = 0; r < CMP_ROUNDS; r++)
+        for (int row = 0; row < N_ROWS; row++)
+            for (int i = 0; i < N_CMP; i++) {
+                int64_t nt = row < N_TOKS ? toks[row] : 1;
+                double t0 = now(), c0 = cpu_now();
+                long n = 0;
+                do {
+                    int c = row < N_TOKS ? 0 : (int)(n % n_copies);
+                    mm_matmul(ctx, &W(i, c), x, nt, y);
+                    n++;
+                } while (now() - t0 < secs / CMP_ROUNDS / N_ROWS);
+                t_sum[i][row] += cpu_now() - c0;
+                calls[i][row] += n;
+            }
+    printf("%d -> %d, GFLOP per CPU second (x Q4_K, same rounds); stream: n_tok 1 over %d copies (%.0f MiB of Q4_K)\n",
+           CMP_IN, CMP_OUT, n_copies, (double)n_copies * (double)(q4k_bytes * CMP_OUT) / (1 << 20));
+    printf("%-7s %5s", "type", "bits");
+    for (int row = 0; row < N_ROWS; row++) {
+        char h[32];
+        if (row < N_TOKS) snprintf(h, sizeof h, "n_tok %lld", (long long)toks[row]);
+        else snprintf(h, sizeof h, "stream");
+        printf(" %17s", h);
+    }
+    printf("\n");
+    for (int i = 0; i < N_CMP; i++) {
+        const struct ggml_type_traits *tr = ggml_type_get_traits((uint32_t)cmp_types[i]);
+        printf("%-7s %5.2f", tr->name, 8.0 * tr->block_bytes / tr->block_elems);
+        for (int row = 0; row < N_ROWS; row++) {
+            int64_t nt = row < N_TOKS ? toks[row] : 1;
+            double flop = 2.0 * CMP_IN * CMP_OUT * (double)nt;
+            double g = flop * (double)calls[i][row] / t_sum[i][row] * 1e-9;
+            double g0 = flop * (double)calls[0][row] / t_sum[0][row] * 1e-9;
+            printf(" %9.1f (%4.2fx)", g, g / g0);
+        }
+        printf("\n");
+    }
+    for (int i = 0; i < N_CMP; i++)
+        for (int c = 0; c < n_copies; c++) free_weight(&W(i, c));
+#undef W
+    free(wbuf);
+    free(x);
+    free(y);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    int types_mode = argc > 1 && !strcmp(argv[1], "types");
+    if (types_mode) {
+        argc--;
+        argv++;
+    }
     const char *impl_s = argc > 1 ? argv[1] : "auto";
     int nth = argc > 2 ? atoi(argv[2]) : 2;
     double secs = argc > 3 ? atof(argv[3]) : 0.5;
@@ -134,6 +256,12 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("impl %s, %d threads\n", mm_ctx_impl_name(ctx), nth);
+    if (types_mode) {
+        int rc = bench_types(ctx, secs);
+        mm_ctx_free(ctx);
+        tpool_free(pool);
+        return rc;
+    }
 
     const int64_t toks[3] = {1, 32, 512};
     float *x = malloc(sizeof(float) * 1536 * 512);

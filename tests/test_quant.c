@@ -1,8 +1,8 @@
 /* test_quant.c — weight dequantization and the quantized matrix products.
  *
  * (a) quant_dequant_row on hand-built blocks with known values, one per type,
- *     including the packed 6-bit scales of Q4_K and the split 6-bit values of
- *     Q6_K;
+ *     including the packed 6-bit scales of Q4_K/Q5_K and Q3_K, the split
+ *     values of Q6_K, Q5_K and Q3_K, and the IQ4 grid;
  * (b) mm_matmul against double-precision references, for every supported
  *     type and every implementation this CPU can run, over shapes that are
  *     not multiples of any tile: tightly against the dequantized weights times
@@ -190,6 +190,119 @@ static void test_dequant_q6_K(void)
     for (int e = 0; e < 256; e++) want[e] = 0.125f * (float)sc[e / 16] * (float)(q[e] - 32);
     CHECK(quant_dequant_row(GGML_TYPE_Q6_K, b, got, 256) == KVB_OK);
     check_row("Q6_K", got, want, 256);
+}
+
+/* The K-quants and IQ4 types kvbatch also reads, each block built here from
+ * chosen values by the layouts of ggml-common.h (pytest_quant.py holds the
+ * same code against gguf-py's dequantizers on random blocks). */
+static const int iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void test_dequant_q5_K(void)
+{
+    static const uint8_t sc[8] = {3, 63, 17, 40, 45, 5, 60, 33};
+    static const uint8_t mn[8] = {0, 9, 63, 16, 50, 1, 31, 62};
+    uint8_t b[176];
+    memset(b, 0, sizeof b);
+    put_half(b, 0.25f);
+    put_half(b + 2, 0.125f);
+    for (int j = 0; j < 4; j++) {
+        b[4 + j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+        b[8 + j] = (uint8_t)(mn[j] | (mn[j + 4] >> 4) << 6);
+        b[12 + j] = (uint8_t)((sc[j + 4] & 15) | (mn[j + 4] & 15) << 4);
+    }
+    float got[256], want[256];
+    for (int e = 0; e < 256; e++) {
+        int q = (e * 7 + 3) % 32, s = e / 32, l = e % 32;
+        b[48 + 32 * (s / 2) + l] |= (uint8_t)((q & 15) << (4 * (s % 2))); /* qs */
+        b[16 + l] |= (uint8_t)((q >> 4) << s);                            /* qh */
+        want[e] = 0.25f * (float)sc[s] * (float)q - 0.125f * (float)mn[s];
+    }
+    CHECK(quant_dequant_row(GGML_TYPE_Q5_K, b, got, 256) == KVB_OK);
+    check_row("Q5_K", got, want, 256);
+}
+
+/* Q2_K and Q3_K put element e = 128n + 32j + l in bits 2j, 2j+1 of
+ * qs[32n + l]. */
+static void put_crumb(uint8_t *qs, int e, int v)
+{
+    qs[32 * (e / 128) + e % 32] |= (uint8_t)(v << (2 * (e % 128 / 32)));
+}
+
+static void test_dequant_q2_K(void)
+{
+    uint8_t b[84];
+    memset(b, 0, sizeof b);
+    put_half(b + 80, 0.5f);
+    put_half(b + 82, 0.25f);
+    float got[256], want[256];
+    for (int i = 0; i < 16; i++) b[i] = (uint8_t)(((i * 5 + 1) & 15) | ((i * 3 + 2) & 15) << 4);
+    for (int e = 0; e < 256; e++) {
+        int q = (e * 3 + e / 7) % 4;
+        put_crumb(b + 16, e, q);
+        want[e] = 0.5f * (float)((e / 16 * 5 + 1) & 15) * (float)q - 0.25f * (float)((e / 16 * 3 + 2) & 15);
+    }
+    CHECK(quant_dequant_row(GGML_TYPE_Q2_K, b, got, 256) == KVB_OK);
+    check_row("Q2_K", got, want, 256);
+}
+
+static void test_dequant_q3_K(void)
+{
+    uint8_t b[110];
+    memset(b, 0, sizeof b);
+    put_half(b + 108, 0.125f);
+    int sc[16];
+    for (int i = 0; i < 16; i++) {
+        sc[i] = (i * 23 + 5) % 64 - 32; /* -32..31, stored + 32 */
+        int u = sc[i] + 32;
+        b[96 + i % 8] |= (uint8_t)((u & 15) << (4 * (i / 8)));
+        b[96 + 8 + i % 4] |= (uint8_t)((u >> 4) << (2 * (i / 4)));
+    }
+    float got[256], want[256];
+    for (int e = 0; e < 256; e++) {
+        int q = (e * 5 + e / 9) % 8 - 4; /* -4..3: 2 low bits in qs, hmask bit set when q >= 0 */
+        put_crumb(b + 32, e, q & 3);
+        if (q >= 0) b[e % 32] |= (uint8_t)(1 << (e / 32));
+        want[e] = 0.125f * (float)sc[e / 16] * (float)q;
+    }
+    CHECK(quant_dequant_row(GGML_TYPE_Q3_K, b, got, 256) == KVB_OK);
+    check_row("Q3_K", got, want, 256);
+}
+
+static void test_dequant_iq4(void)
+{
+    uint8_t nl[2 * 18];
+    float got[256], want[256];
+    for (int blk = 0; blk < 2; blk++) {
+        float d = blk ? -0.75f : 0.0625f;
+        put_half(nl + 18 * blk, d);
+        for (int j = 0; j < 16; j++) {
+            int lo = (j * 7 + blk) % 16, hi = (j * 11 + 5) % 16;
+            nl[18 * blk + 2 + j] = (uint8_t)(lo | hi << 4);
+            want[32 * blk + j] = d * (float)iq4_grid[lo];
+            want[32 * blk + j + 16] = d * (float)iq4_grid[hi];
+        }
+    }
+    CHECK(quant_dequant_row(GGML_TYPE_IQ4_NL, nl, got, 64) == KVB_OK);
+    check_row("IQ4_NL", got, want, 64);
+
+    uint8_t xs[136];
+    memset(xs, 0, sizeof xs);
+    put_half(xs, 0.03125f);
+    uint16_t sh = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        int ls = (ib * 19 + 3) % 64 - 32, u = ls + 32;
+        xs[4 + ib / 2] |= (uint8_t)((u & 15) << (4 * (ib % 2)));
+        sh |= (uint16_t)((u >> 4) << (2 * ib));
+        for (int j = 0; j < 16; j++) {
+            int lo = (j * 5 + ib) % 16, hi = (j * 3 + 2 * ib + 1) % 16;
+            xs[8 + 16 * ib + j] = (uint8_t)(lo | hi << 4);
+            want[32 * ib + j] = 0.03125f * (float)ls * (float)iq4_grid[lo];
+            want[32 * ib + j + 16] = 0.03125f * (float)ls * (float)iq4_grid[hi];
+        }
+    }
+    memcpy(xs + 2, &sh, 2);
+    CHECK(quant_dequant_row(GGML_TYPE_IQ4_XS, xs, got, 256) == KVB_OK);
+    check_row("IQ4_XS", got, want, 256);
 }
 
 static void test_dequant_float(void)
@@ -790,6 +903,10 @@ int main(int argc, char **argv)
     test_dequant_q8_0();
     test_dequant_q4_K();
     test_dequant_q6_K();
+    test_dequant_q5_K();
+    test_dequant_q2_K();
+    test_dequant_q3_K();
+    test_dequant_iq4();
     test_dequant_float();
     test_dequant_errors();
 

@@ -15,9 +15,11 @@
  * wider the group the better. Three kinds:
  *  - S8, 16 blocks: lane L is block L, step s its dword s (Q4_0, Q4_1, Q8_0);
  *  - S4, 8 blocks: lane L is half (L>>2)&1 of block 2*(L&3) + (L>>3), step s
- *    dword s of that half. The half-block lanes are what Q6_K's 16-element
- *    scales need; every other type (Q5_x, Q4_K) keeps it too, and the "wide"
- *    types use it for a remainder of 3 to 8 blocks;
+ *    dword s of that half. The half-block lanes are what the 16-element
+ *    scales (and Q2_K's mins) of Q2_K, Q3_K and Q6_K need; every other type
+ *    (Q5_x, IQ4_NL, the other K-quants, IQ4_XS: one 256-element super-block
+ *    per group) keeps it too, and the "wide" types use it for a remainder of
+ *    3 to 8 blocks;
  *  - S1, 1 or 2 blocks in natural order: lane L is dword L&7 of block L>>3.
  * A "wide" row (Q4_0, Q4_1, Q8_0) is S8 groups, then at most two S4 groups,
  * then at most one S1 group: n_embd 576 = 18 blocks is one S8 and one S1,
@@ -26,9 +28,9 @@
  * the other.
  *
  * vpdpbusd wants unsigned weights, so signed types are read with their
- * stored offset (nibble = q + 8, q + 16, q + 32; Q8_0 as q ^ 0x80 = q + 128)
- * and offset * (the input's lane sums) is removed exactly in the integer
- * start value.
+ * stored offset (nibble = q + 8, q + 16, q + 32; Q3_K as q + 4; Q8_0 as
+ * q ^ 0x80 = q + 128; the IQ4 grid looked up as value + 128) and offset *
+ * (the input's lane sums) is removed exactly in the integer start value.
  *
  * Two paths, one arithmetic:
  *  - few tokens (decode, n_tok <= FUSED_T): each weight group is unpacked in
