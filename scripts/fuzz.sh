@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (build-fuzz/, clang, library and harness
 # instrumented, ASan + UBSan) and runs each tests/fuzz/fuzz_*.c for a bounded
-# time, printing what it reached.
-#   scripts/fuzz.sh [SECONDS]    seconds per target (default 60)
+# time, one after the other, printing what it reached. Every file matching
+# the glob is a target, so one added there is fuzzed with no change here.
+#   scripts/fuzz.sh [SECONDS] [NAME...]   seconds per target (default 60); the
+#                                          targets named (grammar, regex, ...), else all
+# The release check (.ci/run --release) runs all of them.
 #
 # Each target starts from its saved corpus (tests/fuzz/corpus/NAME, read
 # only) plus a working corpus of its own in build-fuzz/fuzz-corpus/NAME that
@@ -16,17 +19,25 @@ cd "$(dirname "$0")/.."
 
 secs=${1:-60}
 if ! [[ "$secs" =~ ^[0-9]+$ ]] || [ "$secs" -lt 1 ]; then
-  echo "usage: scripts/fuzz.sh [SECONDS]   (a whole number of seconds per target, default 60)" >&2
+  echo "usage: scripts/fuzz.sh [SECONDS] [NAME...]   (a whole number of seconds per target, default 60)" >&2
   exit 2
 fi
+shift || true
+only=("$@")
 command -v clang >/dev/null || { echo "scripts/fuzz.sh: clang not found (scripts/setup.sh --test installs it)" >&2; exit 1; }
 
 targets=()
 for src in tests/fuzz/fuzz_*.c; do
   [ -e "$src" ] || continue
-  targets+=("$(basename "$src" .c)")
+  t=$(basename "$src" .c)
+  if [ ${#only[@]} -gt 0 ]; then
+    keep=0
+    for o in "${only[@]}"; do [ "fuzz_${o#fuzz_}" = "$t" ] && keep=1; done
+    [ $keep = 1 ] || continue
+  fi
+  targets+=("$t")
 done
-[ ${#targets[@]} -gt 0 ] || { echo "scripts/fuzz.sh: no tests/fuzz/fuzz_*.c" >&2; exit 1; }
+[ ${#targets[@]} -gt 0 ] || { echo "scripts/fuzz.sh: no tests/fuzz/fuzz_*.c${only[*]:+ named ${only[*]}}" >&2; exit 1; }
 
 CC=clang cmake -S . -B build-fuzz -DKVBATCH_FUZZ=ON -DKVBATCH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}"
@@ -70,7 +81,7 @@ for t in "${targets[@]}"; do
   cov=$(sed -nE 's/.* cov: ([0-9]+).*/\1/p' <<<"$last")
   ft=$(sed -nE 's/.* ft: ([0-9]+).*/\1/p' <<<"$last")
   corp=$(sed -nE 's/.* corp: ([0-9]+)\/.*/\1/p' <<<"$last")
-  line="$t: ${runs:-?} runs, coverage ${cov:-?} edges, ${ft:-?} features, corpus ${corp:-?} inputs"
+  line="$t: $secs s, ${runs:-?} runs, coverage ${cov:-?} edges, ${ft:-?} features, corpus ${corp:-?} inputs"
   if [ $rc -ne 0 ]; then
     status=1
     line="$line; FAILED (exit $rc): $(ls "$arts" | head -n 3 | tr '\n' ' ')see $log"

@@ -654,7 +654,6 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: %s\n", err.msg);
         return false;
     }
-    if (!o->no_cache) open_store(r);
     r->n_slots = o->lookahead > 0 ? o->lookahead : (r->max_batch * 4 > 256 ? r->max_batch * 4 : 256);
     r->slots = kvb_calloc((size_t)r->n_slots, sizeof *r->slots);
     if (!r->slots) {
@@ -668,6 +667,10 @@ static bool setup(struct runner *r)
             r->journal = false;
         }
     }
+    /* After the journal: the store's fault handler (pstore_guard.c) goes
+     * on top of the journal's, so that a fault of a cache read the store
+     * turns into a miss is not first recorded as a crash. */
+    if (!o->no_cache) open_store(r);
     if (!open_output(r)) return false;
 
     char mpath[4096];

@@ -502,7 +502,7 @@ static bool repeat(struct gp *p, uint32_t rule, struct gp_vec *seq, uint32_t sta
     const uint32_t len = seq->n - start;
     struct grammar_elem *prev = kvb_malloc(sizeof *prev * (len ? len : 1));
     if (!prev) return gp_nomem(p);
-    memcpy(prev, seq->e + start, sizeof *prev * len);
+    if (len) memcpy(prev, seq->e + start, sizeof *prev * len); /* an empty item ("" ?) has no elements at all */
     bool ok = true;
     if (min == 0) {
         seq->n = start;

@@ -116,6 +116,8 @@ struct pstore_stats {
                                                     parent no longer stored) */
     uint64_t damaged;                       /* values found bad and removed (loads, verify) */
     uint64_t evicted;                       /* values removed by the size cap */
+    uint64_t map_faults;                    /* reads of the file that faulted (it was changed under this
+                                                    process): the store is off after the first */
     bool writing_disabled;                  /* after map-full / disk-full */
     bool set_aside;                         /* open found the file damaged and moved it aside */
     bool checked;                           /* the open-time structural check ran (not: another LMDB
