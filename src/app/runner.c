@@ -156,9 +156,11 @@ static void on_finish(struct runner *r, const struct sched_seq_info *info, enum 
     if (why != SCHED_FINISH_ERROR && (info->user_id % JOB_MAX_CHOICES) % (uint64_t)s->req.n == 0 &&
         runner_keep_scores(c, info) != KVB_OK)
         fail_slot(s, "out of memory while keeping the prompt's scores");
-    if (!c->cut_at_stop && !s->failed &&
-        tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK)
-        fail_slot(s, "out of memory while decoding the output");
+    /* The bytes held back for a character the output ended inside of (cut
+     * by max_tokens, or ended by the model mid-character) are not flushed
+     * as U+FFFD: the text ends at the last whole character, as OpenAI's API
+     * and vLLM end it. The token ids and logprobs still carry every byte. */
+    tok_stream_init(&c->ts, r->tok);
     if (++s->n_done < s->n_choices) return;
     if (s->failed) {
         struct job_error e;
