@@ -106,7 +106,9 @@ int32_t grammar_vocab_eog(const struct grammar_vocab *v); /* the first end-of-ge
 
 struct grammar_matcher;
 
-/* v may be NULL for byte-only use (grammar_matcher_feed; no token calls). */
+/* v may be NULL for byte-only use (grammar_matcher_feed; no token calls).
+ * KVB_ERR_NOMEM; KVB_ERR_RANGE when the start state is past the recogniser's
+ * limits (never for a grammar grammar_compile accepted: it checks that). */
 enum kvb_status grammar_matcher_create(const struct grammar *g, const struct grammar_vocab *v,
                                        struct grammar_matcher **out);
 void grammar_matcher_free(struct grammar_matcher *m); /* accepts NULL */
