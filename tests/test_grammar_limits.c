@@ -17,13 +17,20 @@
  *     refused; alternatives that can never end are dropped, so no prefix
  *     the grammar accepts is a dead end;
  *   - 30,000 different character classes compile (their sets are hashed);
- *     elements past GRAMMAR_MAX_ELEMS are refused. */
+ *     elements past GRAMMAR_MAX_ELEMS are refused;
+ *   - every allocation of a constraint's compile failing in turn (schema,
+ *     regex, choice to GBNF; GBNF to grammar; the matcher's start): each
+ *     ends in KVB_ERR_NOMEM or succeeds, never a crash, a leak (ASan) or
+ *     another error, so a request out of memory is a 500 line and no more. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/buf.h"
 #include "engine/grammar.h"
+#include "engine/grammar_regex.h"
+#include "engine/grammar_schema.h"
 #include "support/testutil.h"
 
 static enum kvb_status compile_buf(const struct kvb_buf *b, struct grammar **g, char *msg, size_t cap)
@@ -223,6 +230,57 @@ static void test_sizes(void)
     printf("sizes: many classes compile, past GRAMMAR_MAX_ELEMS is refused\n");
 }
 
+/* One compile with the Nth allocation failing: KVB_OK or KVB_ERR_NOMEM only.
+ * Returns whether it got through. */
+static bool compile_failing(int form, const char *text, long n)
+{
+    struct kvb_buf b = {0};
+    char msg[300] = "", path[256] = "";
+    kvb_alloc_fail_after(n);
+    enum kvb_status st = form == 0
+                             ? gschema_to_gbnf(text, strlen(text), "schema", &b, path, sizeof path, msg, sizeof msg)
+                         : form == 1 ? gregex_to_gbnf(text, strlen(text), GREGEX_WHOLE, "root", &b, msg, sizeof msg)
+                         : form == 2 ? grammar_choice_gbnf(text, strlen(text), &b, msg, sizeof msg)
+                                     : kvb_buf_reserve(&b, strlen(text) + 1);
+    if (form == 3 && st == KVB_OK) {
+        memcpy(b.data, text, strlen(text) + 1);
+        b.len = strlen(text);
+    }
+    struct grammar *g = NULL;
+    if (st == KVB_OK) st = grammar_compile(b.data, b.len, &g, msg, sizeof msg);
+    struct grammar_matcher *m = NULL;
+    if (st == KVB_OK) st = grammar_matcher_create(g, NULL, &m);
+    if (st == KVB_OK && !grammar_matcher_feed(m, "{", 1) && form == 0)
+        st = KVB_ERR_NOMEM; /* a refusal for lack of memory */
+    kvb_alloc_fail_after(-1);
+    CHECK_MSG(st == KVB_OK || st == KVB_ERR_NOMEM, "form %d, allocation %ld failing: status %d (%s)", form, n, (int)st,
+              msg);
+    grammar_matcher_free(m);
+    grammar_free(g);
+    kvb_buf_free(&b);
+    return st == KVB_OK;
+}
+
+static void test_alloc_failures(void)
+{
+    static const char *const texts[] = {
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":900},"
+        "\"b\":{\"type\":\"string\",\"pattern\":\"^[a-z]{2,5}$\"},\"c\":{\"enum\":[1,\"x\",[true]]}},"
+        "\"required\":[\"a\"]}",
+        "(ab|c[0-9]{2,4})+x?",
+        "[\"yes\",\"no\",\"caf\\u00e9\"]",
+        "root ::= item (\",\" item)*\nitem ::= [a-z\\u00e0-\\u00ff]+ | \"(\" root \")\" | \"x\"{2,5}\n",
+    };
+    int total = 0;
+    for (int form = 0; form < 4; form++) {
+        long n = 0;
+        while (!compile_failing(form, texts[form], n) && n < 100000) n++;
+        CHECK_MSG(n < 100000, "form %d never compiled", form);
+        total += (int)n;
+    }
+    printf("allocation failures: %d failing allocations, each out of memory and nothing else\n", total);
+}
+
 int main(void)
 {
     test_nesting();
@@ -231,5 +289,6 @@ int main(void)
     test_long_chain();
     test_productive();
     test_sizes();
+    test_alloc_failures();
     return tu_finish();
 }
