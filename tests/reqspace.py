@@ -406,8 +406,9 @@ class Gen:
         pl = body.get("prompt_logprobs")
         info["prompt_logprobs"] = pl if isinstance(pl, int) and 0 <= pl <= 20 else None
         info["ignore_eos"] = body.get("ignore_eos") is True and not body.get("stop") and not body.get("stop_token_ids")
-        # a stop string or an echoed prompt leaves the text something other than the constrained output
-        if body.get("stop") or body.get("stop_token_ids") or info.get("echo"):
+        # a stop string, an echoed prompt or the end-of-text token's own text (include_stop_str_in_output)
+        # leaves the text something other than the constrained output
+        if body.get("stop") or body.get("stop_token_ids") or info.get("echo") or body.get("include_stop_str_in_output"):
             info.pop("choice", None)
             info.pop("regex", None)
 
