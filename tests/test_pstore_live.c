@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -265,8 +266,10 @@ static void foreign_fault(const char *dir, int order, int *sig, int *marks)
         if (pstore_open(dir, &o, &ps, NULL) != KVB_OK) _exit(3);
         if (order == 2) install_journal_like();
         (void)pstore_contains(ps, &CH[0].keys[0]); /* a region's entry: puts the store's handler back on top */
-        volatile int *null = NULL;
-        *null = 1;
+        /* a real fault, which no sanitizer reports first: a page with no access */
+        volatile int *page = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if ((void *)page == MAP_FAILED) _exit(4);
+        *page = 1;
         _exit(0);
     }
     close(p[1]);
