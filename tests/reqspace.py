@@ -398,6 +398,8 @@ class Gen:
         bo = body.get("best_of")
         if isinstance(bo, int) and isinstance(n, int) and bo > n:
             bad.append("best_of")
+        elif "best_of" in bad and isinstance(bo, int) and isinstance(n, int) and 1 <= bo <= n <= 16:
+            bad.remove("best_of")  # the "bad" value 5 is allowed beside n >= 5 (best_of at most n)
 
         info["n"] = n if isinstance(n, int) and 1 <= n <= 16 else 1
         info["logprobs"] = body.get("logprobs") is not None and body.get("logprobs") is not False
