@@ -283,7 +283,18 @@ enum kvb_status admit_constraint(const struct job_request *q, struct grammar **o
     if (q->constraint == JOB_CONSTRAINT_NONE) return KVB_OK;
     char param[sizeof e->param] = "", msg[320] = "";
     struct kvb_buf g = {0};
-    enum kvb_status st = constraint_gbnf(q, &g, param, sizeof param, msg, sizeof msg);
+    /* The budget of the text itself, before any work on it: the compilers
+     * hold what they read several times over (a regex as code points, a
+     * schema as JSON tokens). */
+    const size_t text_len =
+        q->constraint == JOB_CONSTRAINT_JSON ? (q->json_schema ? q->json_schema_len : 0) : q->constraint_len;
+    enum kvb_status st = KVB_OK;
+    if (text_len > GRAMMAR_MAX_TEXT) {
+        snprintf(msg, sizeof msg, "the constraint is %zu bytes; at most %u are allowed", text_len,
+                 (unsigned)GRAMMAR_MAX_TEXT);
+        st = KVB_ERR_FORMAT;
+    }
+    if (st == KVB_OK) st = constraint_gbnf(q, &g, param, sizeof param, msg, sizeof msg);
     if (st == KVB_OK) {
         char cmsg[300] = "";
         st = grammar_compile(g.data, g.len, out, cmsg, sizeof cmsg);

@@ -156,9 +156,11 @@ static void on_finish(struct runner *r, const struct sched_seq_info *info, enum 
     if (why != SCHED_FINISH_ERROR && (info->user_id % JOB_MAX_CHOICES) % (uint64_t)s->req.n == 0 &&
         runner_keep_scores(c, info) != KVB_OK)
         fail_slot(s, "out of memory while keeping the prompt's scores");
-    if (!c->cut_at_stop && !s->failed &&
-        tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK)
-        fail_slot(s, "out of memory while decoding the output");
+    /* The bytes held back for a character the output ended inside of (cut
+     * by max_tokens, or ended by the model mid-character) are not flushed
+     * as U+FFFD: the text ends at the last whole character, as OpenAI's API
+     * and vLLM end it. The token ids and logprobs still carry every byte. */
+    tok_stream_init(&c->ts, r->tok);
     if (++s->n_done < s->n_choices) return;
     if (s->failed) {
         struct job_error e;
@@ -247,7 +249,12 @@ static bool refuse(struct runner *r, struct job_request *q, const struct job_err
 }
 
 /* Submits every choice of a prepared slot to the scheduler, then frees the
- * prompts' token ids (the scheduler copies them). False on a fatal error. */
+ * prompts' token ids (the scheduler copies them). A choice the scheduler
+ * cannot take (out of memory for its sequence or sampler) fails its line,
+ * not the job: with none queued the line is written as a 500 error now;
+ * otherwise the choices queued end at their first token and the line is
+ * written as a 500 error when the last of them finishes. Always true (the
+ * job goes on); kept a bool for its callers' loop. */
 static bool submit_slot(struct runner *r, struct slot *s)
 {
     const struct job_request *q = &s->req;
@@ -260,10 +267,21 @@ static bool submit_slot(struct runner *r, struct slot *s)
         uint64_t uid = (uint64_t)(s - r->slots) * JOB_MAX_CHOICES + (uint64_t)i;
         struct kvb_err err = {{0}};
         const unsigned flags = (q->logprobs ? SCHED_WANT_LOGITS : 0) | (job_scores_prompt(q) ? SCHED_SCORE_PROMPT : 0);
-        if (sched_submit(r->sched, uid, p->ids, p->n, q->max_tokens, &sp, flags, &err) != KVB_OK) {
-            /* Only out of memory can get here (the context was checked). */
-            fprintf(stderr, "\nkvbatch run: cannot queue '%s': %s\n", q->custom_id, err.msg);
-            return false;
+        const bool inject = test_crash_is(r, q, TEST_CRASH_QUEUE) && i == (s->n_choices > 1 ? 1 : 0);
+        if (inject) kvb_errf(&err, KVB_ERR_NOMEM, "out of memory (injected by KVBATCH_TEST_CRASH)");
+        if (inject || sched_submit(r->sched, uid, p->ids, p->n, q->max_tokens, &sp, flags, &err) != KVB_OK) {
+            char why[sizeof s->fail_msg];
+            snprintf(why, sizeof why, "cannot queue the request: %.280s", err.msg);
+            fail_slot(s, why);
+            s->n_choices = i; /* the ones queued; those after i hold nothing yet */
+            if (i == 0) {
+                struct job_error e;
+                job_error_setf(&e, JOB_ERR_SERVER, q->line_no, NULL, "%s", s->fail_msg);
+                runner_emit_error(r, q, &e, 500);
+                runner_free_slot(r, s);
+                return true;
+            }
+            break;
         }
     }
     for (int32_t k = 0; k < s->plan.n_prompts; k++) {
@@ -638,7 +656,6 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: %s\n", err.msg);
         return false;
     }
-    if (!o->no_cache) open_store(r);
     r->n_slots = o->lookahead > 0 ? o->lookahead : (r->max_batch * 4 > 256 ? r->max_batch * 4 : 256);
     r->slots = kvb_calloc((size_t)r->n_slots, sizeof *r->slots);
     if (!r->slots) {
@@ -652,6 +669,10 @@ static bool setup(struct runner *r)
             r->journal = false;
         }
     }
+    /* After the journal: the store's fault handler (pstore_guard.c) goes
+     * on top of the journal's, so that a fault of a cache read the store
+     * turns into a miss is not first recorded as a crash. */
+    if (!o->no_cache) open_store(r);
     if (!open_output(r)) return false;
 
     char mpath[4096];
@@ -720,8 +741,9 @@ static void teardown(struct runner *r)
     metrics_close(r->db);
 }
 
-/* The clocks, and the test hook KVBATCH_TEST_CRASH=ID:token|step (a request
- * that crashes the process, for the crash journal's tests). */
+/* The clocks, and the test hook KVBATCH_TEST_CRASH=ID:token|step|queue (a
+ * request that crashes the process, for the crash journal's tests, or whose
+ * queueing fails). */
 static void runner_start(struct runner *r, const struct run_opts *o)
 {
     memset(r, 0, sizeof *r);
@@ -734,9 +756,10 @@ static void runner_start(struct runner *r, const struct run_opts *o)
     const char *tc = getenv("KVBATCH_TEST_CRASH");
     const char *colon = tc ? strrchr(tc, ':') : NULL;
     if (colon) {
-        r->test_crash = !strcmp(colon + 1, "token")  ? TEST_CRASH_TOKEN
-                        : !strcmp(colon + 1, "step") ? TEST_CRASH_STEP
-                                                     : TEST_CRASH_NONE;
+        r->test_crash = !strcmp(colon + 1, "token")   ? TEST_CRASH_TOKEN
+                        : !strcmp(colon + 1, "step")  ? TEST_CRASH_STEP
+                        : !strcmp(colon + 1, "queue") ? TEST_CRASH_QUEUE
+                                                      : TEST_CRASH_NONE;
         r->test_crash_id = tc;
         r->test_crash_id_len = (size_t)(colon - tc);
     }
