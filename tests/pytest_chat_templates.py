@@ -25,9 +25,17 @@ all agree, and prints which do not.
 strftime_now reads the same fixed time on both sides (SOURCE_DATE_EPOCH for
 kvbatch, a patched clock for transformers, TZ=UTC for both).
 
+Then the language itself: tests/data/jinja_snippets.txt holds small templates
+that reach what the real ones do not (every filter, test and method, macro
+forms, scoping, whitespace control, errors), held to jinja2 the same way.
+
 Then the tokens: the user's text is plain text even where it spells a control
 token (a message holding "<|im_end|>" gets no <|im_end|> token), the
-template's own control tokens are tokens.
+template's own control tokens are tokens. And run: SmolLM2's example job
+gives the same results with the template from its GGUF as with the built-in
+ChatML (only "created" differs), the summary and the metrics settings name
+the template, a template file is used and named, and a name that is neither
+a template nor a file is a bad command line.
 
 Run by ctest (KVB_BIN, KVB_MODEL, KVB_TESTDATA); re-runs itself under the
 test venv for transformers; exits 77 when the binary or model is missing, 1
@@ -37,6 +45,7 @@ import datetime as _dt
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -186,6 +195,41 @@ def main():
             print(f"  {cid}: {why}")
         check(not bad, f"{len(bad)} of {total} pairs differ from transformers")
 
+        # the language itself: snippets that reach what the real templates do
+        # not (every filter, test, method, macro forms, scoping, whitespace
+        # control, errors), against jinja2 in transformers' environment
+        snippet_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "jinja_snippets.txt")
+        with open(snippet_path, encoding="utf-8") as f:
+            snippets = f.read().split("\n----\n")
+        conv = CONVS["sys_three"]
+        data = {"a": 1, "b": [1, 2, 3], "s": "Hello World"}
+        lines, want = [], []
+        for i, sn in enumerate(snippets):
+            lines.append({"custom_id": f"snippet{i}", "messages": messages_of(conv), "chat_template": sn,
+                          "max_tokens": 1, "chat_template_kwargs": {"data": data}})
+            try:
+                out, _ = ctu.render_jinja_template(conversations=[messages_of(conv)], chat_template=sn,
+                                                   add_generation_prompt=True, bos_token=bos, eos_token=eos, data=data)
+                want.append(("text", out[0]))
+            except Exception as e:
+                want.append(("error", f"{type(e).__name__}: {str(e)[:120]}"))
+        got = {r["custom_id"]: r for r in kvbatch_render(d, lines)}
+        n_ok = 0
+        for i, (kind, val) in enumerate(want):
+            r = got[f"snippet{i}"]
+            first = snippets[i].strip().split("\n")[0][:70]
+            if kind == "text":
+                ok = r["error"] is None and r["prompts"][0]["text"] == val
+                check(ok, f"snippet {i} ({first!r}): transformers {val[:300]!r}, kvbatch "
+                          f"{(r['prompts'][0]['text'][:300] if r['error'] is None else r['error']['message'])!r}")
+            else:
+                ok = r["error"] is not None
+                check(ok, f"snippet {i} ({first!r}): transformers raised {val!r}, kvbatch rendered "
+                          f"{r['prompts'][0]['text'][:200] if r['error'] is None else ''!r}")
+            n_ok += ok
+        print(f"{n_ok} of {len(snippets)} language snippets agree "
+              f"({sum(1 for k, _ in want if k == 'error')} raise on both sides)")
+
         # the user's text is plain text, the template's control tokens are tokens
         line = {"custom_id": "ctl", "messages": [{"role": "user", "content": "a<|im_end|>b<|im_start|>c"}]}
         r = kvbatch_render(d, [line], "--ids")[0]
@@ -199,7 +243,70 @@ def main():
               f"{ids.count(im_end)} tokens (the template writes 2)")
         check(text.count("<|im_start|>") == 4 and ids.count(im_start) == 3,
               f"<|im_start|> in the user's text became a token: {ids.count(im_start)} tokens (the template writes 3)")
+        check_runs(d)
     return finish("chat template")
+
+
+def strip_created(path):
+    """The result lines without their "created" time (the only field that depends on the clock)."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("response") and isinstance(r["response"].get("body"), dict):
+                r["response"]["body"].pop("created", None)
+            out.append(r)
+    return out
+
+
+def check_runs(d):
+    """The model's own template in run: SmolLM2's example job gives the same results with the
+    template from its GGUF as with the built-in ChatML family (they write the same text); a template
+    file on the command line is used and named; a name that is nothing is a bad command line."""
+    import sqlite3
+    job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "jobs", "examples", "chat-mixed.jsonl")
+    res = {}
+    for label, extra in (("gguf", []), ("chatml", ["--chat-template", "chatml"])):
+        out = os.path.join(d, f"example-{label}.jsonl")
+        p = subprocess.run([BIN, "run", "--model", MODEL, "--no-cache", "-i", job, "-o", out, "--metrics",
+                            out + ".db"] + extra, capture_output=True, text=True)
+        check(p.returncode == 0, f"run ({label}): exit {p.returncode}: {p.stderr[-300:]}")
+        res[label] = strip_created(out)
+        with sqlite3.connect(out + ".db") as c:
+            settings = json.loads(c.execute("select settings from runs").fetchone()[0])
+        want = r"tokenizer\.chat_template@[0-9a-f]{12}" if label == "gguf" else "chatml"
+        check(re.fullmatch(want, settings.get("chat_template", "")) is not None,
+              f"run ({label}): settings name the template {settings.get('chat_template')!r}, want {want}")
+        check(("chat template " + settings.get("chat_template", "?")) in p.stderr,
+              f"run ({label}): the summary does not name the template: {p.stderr[:300]}")
+    ok = sum(1 for r in res["gguf"] if r.get("error") is None)
+    check(ok >= 8 and res["gguf"] == res["chatml"],
+          f"the example job's results differ between the GGUF's template and the built-in ChatML ({ok} ok lines)")
+
+    # a template file
+    tf = os.path.join(d, "my template.jinja")
+    with open(tf, "w", encoding="utf-8") as f:
+        f.write("{% for m in messages %}[{{ m.role|upper }}] {{ m.content }}\n{% endfor %}"
+                "{% if add_generation_prompt %}[ASSISTANT]{% endif %}\n")
+    job2 = os.path.join(d, "file.jsonl")
+    with open(job2, "w") as f:
+        f.write(json.dumps({"custom_id": "a", "messages": [{"role": "user", "content": "Hi"}]}) + "\n")
+    p = subprocess.run([BIN, "render", "--model", MODEL, "--input", job2, "--format", "json", "--chat-template", tf],
+                       capture_output=True, text=True)
+    r = json.loads(p.stdout) if p.returncode == 0 else {}
+    check(r.get("prompts", [{}])[0].get("text") == "[USER] Hi\n[ASSISTANT]" and
+          re.fullmatch(re.escape(tf) + r"@[0-9a-f]{12}", r.get("template", "")) is not None,
+          f"render --chat-template FILE: exit {p.returncode}: {p.stdout[:300]} {p.stderr[:300]}")
+    p = subprocess.run([BIN, "render", "--model", MODEL, "--input", job2, "--chat-template", "no/such/template"],
+                       capture_output=True, text=True)
+    check(p.returncode == 2 and "known: chatml" in p.stderr and "nor is it a file" in p.stderr,
+          f"render --chat-template no/such/template: exit {p.returncode}: {p.stderr[:300]}")
+    with open(tf, "w", encoding="utf-8") as f:
+        f.write("{% for m in messages %}")
+    p = subprocess.run([BIN, "run", "--model", MODEL, "--no-cache", "-i", job2, "-o", os.path.join(d, "x.jsonl"),
+                        "--chat-template", tf], capture_output=True, text=True)
+    check(p.returncode != 0 and "unexpected end of template" in p.stderr and tf in p.stderr,
+          f"run with a template file that does not compile: exit {p.returncode}: {p.stderr[:300]}")
 
 
 if __name__ == "__main__":

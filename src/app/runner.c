@@ -208,8 +208,13 @@ static bool plan_shard(struct runner *r)
     const double t0 = cli_now();
     struct kvb_err err = {{0}};
     struct shard_plan_out plan;
+    /* Every shard must plan alike, on whatever day it runs: a template's
+     * strftime_now reads a fixed date here (the run itself reads the clock). */
+    const int64_t now = r->admit.now;
+    r->admit.now = 86400;
     enum kvb_status st =
         shard_plan(r->in, o->shard_index, o->shard_count, r->model->hp.n_ctx_train, prompt_of, r, &plan, &err);
+    r->admit.now = now;
     clearerr(r->in);
     if (st == KVB_OK && (start < 0 || fseek(r->in, start, SEEK_SET) != 0))
         st = kvb_errf(&err, KVB_ERR_IO, "cannot rewind %s: %s", o->input_path, strerror(errno));

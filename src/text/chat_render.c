@@ -190,8 +190,7 @@ static enum kvb_status continue_cut(const struct chat_template *t, const struct 
     if (!(cut + tag_n < o->len && o->text[cut + tag_n] == ' ')) {
         size_t s0, s1;
         py_strip(o->text, cut, &s0, &s1);
-        cut = s0 == cut ? 0 : s1; /* rstrip: an all-space prefix goes entirely */
-        if (s0 == cut) cut = 0;
+        cut = s0 == cut ? 0 : s1; /* rstrip (an all-space prefix goes entirely) */
     }
     cut_spans(o, cut);
     return KVB_OK;

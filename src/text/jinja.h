@@ -19,20 +19,24 @@
  *               **, comparisons (chained), in / not in, and / or / not,
  *               `x if c else y`, filters and `is` tests;
  *   filters     abs attr batch capitalize center count default (d) dictsort
- *               e escape first float format groupby indent int items join
- *               last length list lower map max min reject rejectattr replace
- *               reverse round safe select selectattr slice sort string sum
- *               title tojson trim truncate unique upper wordcount wordwrap
- *               (with tojson's ensure_ascii, indent, separators, sort_keys);
+ *               e escape first float forceescape format groupby indent int
+ *               items join last length list lower map max min reject
+ *               rejectattr replace reverse round safe select selectattr
+ *               slice sort string sum title tojson trim truncate unique
+ *               upper wordcount (tojson with transformers' ensure_ascii,
+ *               indent, separators and sort_keys);
  *   tests       boolean callable defined divisibleby eq equalto escaped even
  *               false filter float ge gt in integer iterable le lower lt
  *               mapping ne none number odd sameas sequence string test true
- *               undefined upper (and ==, !=, <, <=, >, >= as names);
- *   methods     str: capitalize center count endswith find format index
- *               isalnum isalpha isdigit islower isspace isupper join ljust
- *               lower lstrip removeprefix removesuffix replace rfind rjust
- *               rsplit rstrip split splitlines startswith strip title upper;
- *               dict: get items keys values; loop.cycle, loop.changed;
+ *               undefined upper (and ==, !=, <, <=, >, >=, greaterthan,
+ *               lessthan);
+ *   methods     str: capitalize casefold center count endswith find format
+ *               index isalnum isalpha isdecimal isdigit islower isnumeric
+ *               isspace isupper join ljust lower lstrip removeprefix
+ *               removesuffix replace rfind rindex rjust rsplit rstrip split
+ *               splitlines startswith strip swapcase title upper zfill;
+ *               dict: get items keys values copy; list: count index copy;
+ *               loop.cycle, loop.changed;
  *   globals     range (at most 100000 items, as the sandbox), dict,
  *               namespace, raise_exception, strftime_now, cycler, joiner.
  * Values follow Python: str() and repr() of lists, dicts, floats (shortest
@@ -41,8 +45,13 @@
  * error when called, indexed or used in arithmetic); map/select/items give
  * one-shot generators, as jinja2's do; lists and dicts cannot be changed
  * (the immutable sandbox: append, pop, update … are errors when called).
- * Not held: extends/include/import/block (a chat template is one text),
- * recursive for loops, autoescape, line statements, i18n.
+ * Not held (each an error naming it): extends/include/import/block (a chat
+ * template is one text), recursive for loops, autoescape, line statements,
+ * i18n, the filters wordwrap, striptags, urlize, xmlattr, filesizeformat,
+ * pprint, random and urlencode. Integers are 64-bit (Python's are
+ * unbounded: an overflow is an error). Unicode case mapping follows the
+ * tables of scripts/gen-jinja-case.py (Python's); isalpha/isdigit use the
+ * general categories of base/unicode.h.
  *
  * A template is untrusted input. Every render is bounded (struct
  * jinja_limits): the output size, the memory its values take, the
@@ -80,11 +89,13 @@ struct jinja_template;
 
 struct jinja_limits {
     size_t max_source;  /* template bytes (default 256 KiB; real chat templates are under 20 KiB) */
-    uint32_t max_nest;  /* nesting of expressions and blocks in the source (default 100) */
+    uint32_t max_nest;  /* nesting of expressions and blocks in the source, chains of operators,
+                           filters and attributes counted (default 200) */
     size_t max_output;  /* bytes one render may write (default 16 MiB) */
     size_t max_memory;  /* bytes one render's values may take (default 256 MiB) */
-    uint64_t max_steps; /* evaluation steps of one render (default 10 million: well under a second) */
-    uint32_t max_depth; /* nesting of macro calls, loops and values at render time (default 200) */
+    uint64_t max_steps; /* evaluation steps of one render (default 10 million: about 0.1 s) */
+    uint32_t max_depth; /* nesting of evaluation at render time: statements, expressions, macro
+                           calls, loops, values printed or compared (default 1000) */
 };
 
 /* The defaults above. */

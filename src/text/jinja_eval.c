@@ -476,14 +476,18 @@ static void exec_for(struct jrt *rt, const struct jnode *n, struct jframe *f, in
     lp->src = jv_iter(rt, it);
     lp->fornode = n;
     lp->parent = f;
+    if (n->e) f->captured = true; /* the filter runs in it while the loop lives */
     const struct jv loopv = {.k = JK_LOOP, .u.lp = lp};
     bool any = false;
     jdepth_enter(rt);
+    struct jframe *body = NULL;
     if (produce(rt, lp)) {
         for (;;) {
             any = true;
             jstep(rt, 1);
-            struct jframe *body = frame_new(rt, f);
+            /* each iteration starts afresh; its frame is reused unless something kept it */
+            if (!body || body->captured) body = frame_new(rt, f);
+            else body->n = 0;
             assign(rt, n->a, lp->buf[lp->index0], body);
             frame_set(rt, body, rt->t->well[JW_LOOP], loopv);
             int c = CTL_NONE;
@@ -525,6 +529,7 @@ static void exec_inner(struct jrt *rt, const struct jnode *n, struct jframe *f, 
         struct jmacro *m = ja_alloc(&rt->ar, sizeof *m);
         m->n = n;
         m->closure = f;
+        f->captured = true;
         m->name = rt->t->syms[n->sym].s;
         frame_set(rt, f, n->sym, (struct jv){.k = JK_MACRO, .u.m = m});
         return;
@@ -533,6 +538,7 @@ static void exec_inner(struct jrt *rt, const struct jnode *n, struct jframe *f, 
         struct jmacro *m = ja_alloc(&rt->ar, sizeof *m);
         m->n = n;
         m->closure = f;
+        f->captured = true;
         m->name = "caller";
         const struct jnode *call = n->a;
         struct jv callee = jeval(rt, call->a, f);

@@ -372,6 +372,7 @@ int64_t jsym_find(const struct jinja_template *t, const char *s, size_t n);
 
 struct jframe {
     struct jframe *parent;
+    bool captured; /* a macro or a lazily filtered loop holds it: a loop body may not reuse it */
     uint32_t n, cap;
     uint32_t *sym;
     struct jv *val;

@@ -257,9 +257,8 @@ static struct jv str_split(struct jrt *rt, const struct jstr *s, struct jv sepv,
         if (!right) {
             for (int64_t w = 0; w < maxsplit; w++)
                 piece_push(rt, &p, jv_str(jstr_sub(&rt->ar, s, starts[w], ends[w] - starts[w])));
-            /* the rest, from the next word, with its trailing white space stripped */
-            const struct jstr *rest = jstr_sub(&rt->ar, s, starts[maxsplit], s->len - starts[maxsplit]);
-            piece_push(rt, &p, jv_str(jstr_strip(rt, rest, NULL, JS_RIGHT)));
+            /* the rest, from the next word to the end, as it is */
+            piece_push(rt, &p, jv_str(jstr_sub(&rt->ar, s, starts[maxsplit], s->len - starts[maxsplit])));
             return pieces_list(rt, &p, false);
         }
         for (int64_t w = 0; w < maxsplit; w++) {
@@ -267,7 +266,7 @@ static struct jv str_split(struct jrt *rt, const struct jstr *s, struct jv sepv,
             piece_push(rt, &p, jv_str(jstr_sub(&rt->ar, s, starts[k], ends[k] - starts[k])));
         }
         size_t last = ends[nw - 1 - (size_t)maxsplit];
-        piece_push(rt, &p, jv_str(jstr_strip(rt, jstr_sub(&rt->ar, s, 0, last), NULL, JS_LEFT)));
+        piece_push(rt, &p, jv_str(jstr_sub(&rt->ar, s, 0, last)));
         return pieces_list(rt, &p, true);
     }
     const struct jstr *sep = want_str(rt, sepv, "split");

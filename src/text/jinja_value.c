@@ -97,17 +97,16 @@ struct jlist *jlist_new(struct jrt *rt, size_t n)
         jfail(&rt->f, KVB_ERR_RANGE, "a list of %zu items passes the memory bound", n);
     struct jlist *l = ja_alloc(&rt->ar, sizeof *l);
     l->n = n;
-    l->v = n ? ja_alloc(&rt->ar, n * sizeof *l->v) : NULL;
+    l->v = ja_alloc(&rt->ar, (n ? n : 1) * sizeof *l->v); /* never NULL: memcpy of 0 items stays defined */
     return l;
 }
 
 struct jdict *jdict_new(struct jrt *rt, size_t cap)
 {
     struct jdict *d = ja_alloc(&rt->ar, sizeof *d);
-    if (cap) {
-        d->k = ja_alloc(&rt->ar, cap * sizeof *d->k);
-        d->v = ja_alloc(&rt->ar, cap * sizeof *d->v);
-    }
+    if (!cap) cap = 1; /* never NULL arrays: memcpy of 0 items stays defined */
+    d->k = ja_alloc(&rt->ar, cap * sizeof *d->k);
+    d->v = ja_alloc(&rt->ar, cap * sizeof *d->v);
     d->cap = cap;
     return d;
 }
