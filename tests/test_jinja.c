@@ -56,8 +56,8 @@ static enum kvb_status render(const char *src, size_t len, const char *vars, cha
     enum kvb_status st = jinja_compile(src, len, "t", NULL, &t, err);
     if (st != KVB_OK) return st;
     struct jinja_strvar sv[] = {{"bos_token", "<s>"}, {"eos_token", "</s>"}};
-    struct jinja_input in = {.strs = sv, .n_strs = 2, .user_json = vars, .user_json_len = vars ? strlen(vars) : 0,
-                             .now = 1741356309};
+    struct jinja_input in = {
+        .strs = sv, .n_strs = 2, .user_json = vars, .user_json_len = vars ? strlen(vars) : 0, .now = 1741356309};
     struct jinja_output o;
     st = jinja_render(t, &in, NULL, &o, err);
     jinja_free(t);
@@ -113,9 +113,12 @@ static void test_hostile(void)
     /* and the other ways a template could grow without end */
     const char *out_bomb = "{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s }}{% endfor %}";
     expect_bounded("output bomb", out_bomb, strlen(out_bomb), KVB_ERR_RANGE, "the output passed");
-    const char *mem_bomb = "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+    const char *str_bomb = "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
                            "{% endfor %}{{ ns.s|length }}";
-    expect_bounded("doubling string", mem_bomb, strlen(mem_bomb), KVB_ERR_RANGE, "memory bound");
+    expect_bounded("doubling string", str_bomb, strlen(str_bomb), KVB_ERR_RANGE, "evaluation steps");
+    const char *mem_bomb = "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l * 2 %}"
+                           "{% endfor %}{{ ns.l|length }}";
+    expect_bounded("doubling list", mem_bomb, strlen(mem_bomb), KVB_ERR_RANGE, "memory bound");
     const char *repeat = "{{ 'x' * 100000000000 }}";
     expect_bounded("repeated string", repeat, strlen(repeat), KVB_ERR_RANGE, "memory bound");
     const char *range = "{% for i in range(1000000000) %}{% endfor %}";
@@ -259,8 +262,8 @@ static void test_chat_render(void)
     /* a built-in family: no variables to give, BOS left to the tokenizer */
     struct chat_template c;
     CHECK(chat_template_from_name("chatml", &c, &err) == KVB_OK && !chat_template_writes_bos(&c));
-    in = (struct chat_input){.msgs = msgs, .n = 1, .add_generation_prompt = true, .kwargs_json = kw,
-                             .kwargs_len = sizeof kw - 1};
+    in = (struct chat_input){
+        .msgs = msgs, .n = 1, .add_generation_prompt = true, .kwargs_json = kw, .kwargs_len = sizeof kw - 1};
     CHECK(chat_render(&c, &in, &o, &err) == KVB_ERR_UNSUPPORTED);
     in.kwargs_json = "{ }";
     in.kwargs_len = 3;

@@ -106,6 +106,8 @@ enum kvb_status jinja_render(const struct jinja_template *t, const struct jinja_
     rt->f.name = t->name;
     rt->ar.f = &rt->f;
     rt->ar.limit = L.max_memory;
+    rt->ar.steps = &rt->steps;
+    rt->ar.max_steps = L.max_steps;
     int code = setjmp(rt->f.jb);
     if (code) {
         if (rt->json) json_free(rt->json);

@@ -37,6 +37,8 @@ struct jarena {
     size_t total; /* bytes taken from the allocator */
     size_t limit; /* total may not pass this */
     struct jfail *f;
+    uint64_t *steps;    /* a render's step count (NULL when compiling): building strings costs steps, */
+    uint64_t max_steps; /* one per append and one per 4 bytes, so no string work escapes the bound */
 };
 
 void *ja_alloc(struct jarena *a, size_t n); /* zeroed, 16-aligned; fails through a->f */
@@ -400,6 +402,9 @@ static inline void jstep(struct jrt *rt, uint64_t n)
         jfail(&rt->f, KVB_ERR_RANGE, "the template ran past %llu evaluation steps (a loop that does not end?)",
               (unsigned long long)rt->lim->max_steps);
 }
+
+/* Counts the steps of walking n bytes of a string (one per 32). */
+static inline void jstep_bytes(struct jrt *rt, size_t n) { jstep(rt, n / 32); }
 
 void jdepth_enter(struct jrt *rt);
 static inline void jdepth_leave(struct jrt *rt) { rt->depth--; }

@@ -67,6 +67,7 @@ static bool in_chars(const struct jstr *chars, uint32_t c)
 
 const struct jstr *jstr_strip(struct jrt *rt, const struct jstr *s, const struct jstr *chars, enum jstrip how)
 {
+    jstep_bytes(rt, s->len * (chars ? 1 + chars->len : 1));
     size_t a = 0, e = s->len;
     if (how != JS_RIGHT)
         while (a < e) {
@@ -142,6 +143,7 @@ const struct jstr *jstr_case(struct jrt *rt, const struct jstr *s, enum jcasefn 
 const struct jstr *jstr_replace(struct jrt *rt, const struct jstr *s, const struct jstr *old, const struct jstr *new_,
                                 int64_t count)
 {
+    jstep_bytes(rt, s->len);
     struct jsb b;
     jsb_init(&b, &rt->ar);
     int64_t done = 0;
@@ -181,6 +183,7 @@ const struct jstr *jstr_replace(struct jrt *rt, const struct jstr *s, const stru
 
 struct jlist *jstr_splitlines(struct jrt *rt, const struct jstr *s, bool keepends)
 {
+    jstep_bytes(rt, s->len);
     struct jv *items = NULL;
     size_t n = 0, cap = 0, start = 0;
     for (size_t i = 0; i < s->len;) {
@@ -230,6 +233,7 @@ static struct jv pieces_list(struct jrt *rt, struct pieces *p, bool reverse)
 /* str.split / str.rsplit */
 static struct jv str_split(struct jrt *rt, const struct jstr *s, struct jv sepv, int64_t maxsplit, bool right)
 {
+    jstep_bytes(rt, s->len);
     struct pieces p = {0};
     if (!jgiven(sepv) || sepv.k == JK_NONE) {
         /* runs of white space; none at the ends */
@@ -307,6 +311,7 @@ static struct jv str_split(struct jrt *rt, const struct jstr *s, struct jv sepv,
 /* Byte range [*a, *e) of code points [start, end) of s (Python's slice rules). */
 static void cp_range(struct jrt *rt, const struct jstr *s, struct jv start, struct jv end, size_t *a, size_t *e)
 {
+    jstep_bytes(rt, s->len);
     int64_t n = (int64_t)ju_cplen(s->s, s->len), lo = 0, hi = n;
     if (jgiven(start) && start.k != JK_NONE) lo = jv_to_int(rt, start, "slice");
     if (jgiven(end) && end.k != JK_NONE) hi = jv_to_int(rt, end, "slice");
@@ -382,8 +387,9 @@ static struct jv str_pad(struct jrt *rt, const struct jstr *s, struct jv *arg, i
     return jv_str(jsb_finish(&b));
 }
 
-static struct jv str_pred(const struct jstr *s, const char *name)
+static struct jv str_pred(struct jrt *rt, const struct jstr *s, const char *name)
 {
+    jstep_bytes(rt, s->len * 4);
     if (s->len == 0) return jv_bool(false);
     bool all = true, any_cased = false;
     for (size_t i = 0; i < s->len && all;) {
@@ -798,7 +804,7 @@ static struct jv str_method(struct jrt *rt, const char *m, const struct jstr *s,
         return jv_str(s);
     }
     jbind(rt, m, a, NULL, 0, NULL);
-    return str_pred(s, m);
+    return str_pred(rt, s, m);
 }
 
 static struct jv dict_method(struct jrt *rt, const char *m, struct jdict *d, const struct jargs *a)

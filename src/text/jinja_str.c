@@ -187,8 +187,19 @@ void jsb_init(struct jsb *b, struct jarena *ar)
     b->ar = ar;
 }
 
+/* The steps of appending n bytes (see struct jarena). */
+static void charge(struct jarena *a, size_t n)
+{
+    if (!a->steps) return;
+    *a->steps += 1 + n / 4;
+    if (*a->steps > a->max_steps)
+        jfail(a->f, KVB_ERR_RANGE, "the template ran past %llu evaluation steps (a loop that does not end?)",
+              (unsigned long long)a->max_steps);
+}
+
 static void jsb_grow(struct jsb *b, size_t n)
 {
+    charge(b->ar, n);
     if (b->len + n < b->len) jfail(b->ar->f, KVB_ERR_RANGE, "a string is too long");
     if (b->limit && b->len + n > b->limit)
         jfail(b->ar->f, KVB_ERR_RANGE, "%s passed %zu bytes", b->what ? b->what : "a string", b->limit);

@@ -95,6 +95,7 @@ struct jlist *jlist_new(struct jrt *rt, size_t n)
 {
     if (n > rt->lim->max_memory / sizeof(struct jv))
         jfail(&rt->f, KVB_ERR_RANGE, "a list of %zu items passes the memory bound", n);
+    jstep(rt, n / 8); /* filling it costs */
     struct jlist *l = ja_alloc(&rt->ar, sizeof *l);
     l->n = n;
     l->v = ja_alloc(&rt->ar, (n ? n : 1) * sizeof *l->v); /* never NULL: memcpy of 0 items stays defined */
@@ -204,7 +205,7 @@ bool jv_eq(struct jrt *rt, struct jv a, struct jv b)
     switch (a.k) {
     case JK_UNDEF:
     case JK_NONE: return true;
-    case JK_STR: return jstr_eq(a.u.s, b.u.s);
+    case JK_STR: jstep(rt, a.u.s->len / 256); return jstr_eq(a.u.s, b.u.s);
     case JK_LIST: {
         if (a.sub == JL_GEN || a.sub == JL_REVERSED || b.sub == JL_GEN || b.sub == JL_REVERSED) return a.u.l == b.u.l;
         if (a.sub != b.sub) return false;
@@ -243,7 +244,10 @@ int jv_cmp(struct jrt *rt, struct jv a, struct jv b, const char *op)
         double x = num_f(a), y = num_f(b);
         return x < y ? -1 : x > y ? 1 : 0; /* NaN compares as neither: 0 */
     }
-    if (a.k == JK_STR && b.k == JK_STR) return jstr_cmp(a.u.s, b.u.s);
+    if (a.k == JK_STR && b.k == JK_STR) {
+        jstep(rt, (a.u.s->len < b.u.s->len ? a.u.s->len : b.u.s->len) / 256);
+        return jstr_cmp(a.u.s, b.u.s);
+    }
     if (a.k == JK_LIST && b.k == JK_LIST && a.sub == b.sub && (a.sub == JL_LIST || a.sub == JL_TUPLE)) {
         jdepth_enter(rt);
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
@@ -389,7 +393,7 @@ int64_t jv_len(struct jrt *rt, struct jv v)
 {
     switch (v.k) {
     case JK_UNDEF: return 0;
-    case JK_STR: return (int64_t)ju_cplen(v.u.s->s, v.u.s->len);
+    case JK_STR: jstep_bytes(rt, v.u.s->len); return (int64_t)ju_cplen(v.u.s->s, v.u.s->len);
     case JK_LIST:
         if (v.sub == JL_GEN || v.sub == JL_REVERSED) break;
         return (int64_t)v.u.l->n;
@@ -403,6 +407,7 @@ int64_t jv_len(struct jrt *rt, struct jv v)
 
 static struct jlist *str_chars(struct jrt *rt, const struct jstr *s)
 {
+    jstep_bytes(rt, s->len * 8); /* a value per character */
     size_t n = ju_cplen(s->s, s->len);
     struct jlist *l = jlist_new(rt, n);
     size_t i = 0;
@@ -487,6 +492,7 @@ struct jv jv_getitem(struct jrt *rt, struct jv obj, struct jv key)
     case JK_STR:
         if (int_key) {
             const struct jstr *s = obj.u.s;
+            jstep_bytes(rt, s->len);
             size_t n = ju_cplen(s->s, s->len);
             if (norm_index(num_i(key), n, &at)) {
                 size_t a = ju_offset(s->s, s->len, at), e = a;
@@ -522,6 +528,7 @@ struct jv jv_slice(struct jrt *rt, struct jv obj, struct jv start, struct jv sto
     const struct jstr *s = NULL;
     if (obj.k == JK_STR) {
         s = obj.u.s;
+        jstep_bytes(rt, s->len);
         n = ju_cplen(s->s, s->len);
     } else if (obj.k == JK_LIST && (obj.sub == JL_LIST || obj.sub == JL_TUPLE)) {
         n = obj.u.l->n;

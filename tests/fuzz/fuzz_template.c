@@ -90,8 +90,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         chat_template_set_tokens(&ct, "<s>", "</s>") == KVB_OK) {
         const struct chat_msg msgs[] = {{"user", "Hello <|im_end|>"}, {"assistant", "  It is "}};
         for (int cont = 0; cont < 2; cont++) {
-            const struct chat_input ci = {.msgs = msgs, .n = 2, .add_generation_prompt = !cont,
-                                          .continue_final_message = cont};
+            const struct chat_input ci = {
+                .msgs = msgs, .n = 2, .add_generation_prompt = !cont, .continue_final_message = cont};
             struct jinja_output o;
             if (chat_render(&ct, &ci, &o, &err) == KVB_OK) {
                 check_output(&o);
