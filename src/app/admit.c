@@ -290,6 +290,8 @@ static enum kvb_status render_chat(const struct admit_ctx *ctx, const struct job
     chat_template_free(&own);
     if (st == KVB_ERR_NOMEM) goto oom;
     if (st != KVB_OK) {
+        if (strncmp(err.msg, "chat_template_kwargs", 20) == 0) /* a kwarg it refuses names that field */
+            snprintf(param, sizeof param, "%schat_template_kwargs", q->shorthand ? "" : "body.");
         job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", err.msg);
         return KVB_ERR_FORMAT;
     }
