@@ -20,6 +20,7 @@ static struct jframe *frame_new(struct jrt *rt, struct jframe *parent)
 
 static void frame_set(struct jrt *rt, struct jframe *f, uint32_t sym, struct jv v)
 {
+    jstep(rt, f->n / 16); /* the scan costs */
     for (uint32_t i = 0; i < f->n; i++)
         if (f->sym[i] == sym) {
             f->val[i] = v;

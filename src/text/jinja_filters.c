@@ -150,7 +150,12 @@ static struct jv attr_path(struct jrt *rt, struct jv item, struct jv attr, struc
         /* an all-digit part is an index */
         bool digits = part->len > 0;
         for (size_t k = 0; k < part->len; k++) digits = digits && part->s[k] >= '0' && part->s[k] <= '9';
-        if (digits && part->len < 18) key = jv_int(strtoll(part->s, NULL, 10));
+        if (digits && part->len < 18) {
+            char num[20];
+            memcpy(num, part->s, part->len);
+            num[part->len] = '\0';
+            key = jv_int(strtoll(num, NULL, 10));
+        }
         item = jv_getitem(rt, item, key);
         if (jgiven(dflt) && dflt.k != JK_NONE && item.k == JK_UNDEF) item = dflt;
         start = i + 1;

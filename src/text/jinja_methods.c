@@ -442,19 +442,22 @@ static void format_value(struct jrt *rt, struct jsb *b, struct jv v, const struc
     int64_t width = -1, prec = -1;
     size_t i0 = 0;
     uint32_t c0 = ju_decode(p, spec->len, &i0);
-    if (p + i0 < end && strchr("<>=^", p[i0])) {
+    if (p + i0 < end && p[i0] && strchr("<>=^", p[i0])) {
         fill = c0;
         align = p[i0];
         p += i0 + 1;
-    } else if (strchr("<>=^", *p)) {
+    } else if (*p && strchr("<>=^", *p)) {
         align = *p++;
     }
-    if (p < end && strchr("+- ", *p)) sign = *p++;
+    if (p < end && *p && strchr("+- ", *p)) sign = *p++;
     if (p < end && *p == '0') {
         zero = true;
         p++;
     }
-    while (p < end && *p >= '0' && *p <= '9') width = (width < 0 ? 0 : width * 10) + (*p++ - '0');
+    while (p < end && *p >= '0' && *p <= '9') {
+        width = (width < 0 ? 0 : width * 10) + (*p++ - '0');
+        if (width > 100000) jfail(&rt->f, KVB_ERR_FORMAT, "a format width over 100000 is not supported");
+    }
     if (p < end && *p == ',') {
         comma = true;
         p++;
@@ -462,14 +465,17 @@ static void format_value(struct jrt *rt, struct jsb *b, struct jv v, const struc
     if (p < end && *p == '.') {
         p++;
         prec = 0;
-        while (p < end && *p >= '0' && *p <= '9') prec = prec * 10 + (*p++ - '0');
+        while (p < end && *p >= '0' && *p <= '9') {
+            prec = prec * 10 + (*p++ - '0');
+            if (prec > 300) jfail(&rt->f, KVB_ERR_FORMAT, "a format precision over 300 is not supported");
+        }
     }
     if (p < end) type = *p++;
-    if (p != end || width > 100000 || prec > 1000)
+    if (p != end || width > 100000 || prec > 300)
         jfail(&rt->f, KVB_ERR_FORMAT, "invalid or unsupported format specifier");
     struct jsb body;
     jsb_init(&body, &rt->ar);
-    char tmp[1200];
+    char tmp[1024]; /* %.300f of 1e308: 610 bytes */
     if (v.k == JK_STR) {
         if (type && type != 's')
             jfail(&rt->f, KVB_ERR_FORMAT, "unknown format code '%c' for object of type 'str'", type);
@@ -516,7 +522,8 @@ static void format_value(struct jrt *rt, struct jsb *b, struct jv v, const struc
                 jsb_puts(&body, tmp);
             } else {
                 char t = type ? type : 'g';
-                if (!strchr("eEfFgG%", t)) jfail(&rt->f, KVB_ERR_FORMAT, "unknown format code '%c' for a number", t);
+                if (!t || !strchr("eEfFgG%", t))
+                    jfail(&rt->f, KVB_ERR_FORMAT, "unknown format code '%c' for a number", t);
                 double x = t == '%' ? d * 100 : d;
                 char cf[16];
                 snprintf(cf, sizeof cf, "%%%s.%d%c",

@@ -777,11 +777,17 @@ static struct jv str_mod(struct jrt *rt, const struct jstr *fmt, struct jv args)
         }
         char spec[32];
         size_t k = 0;
-        while (i < fmt->len && strchr("-+ #0123456789.", fmt->s[i]) && k + 2 < sizeof spec) spec[k++] = fmt->s[i++];
+        while (i < fmt->len && fmt->s[i] && strchr("-+ #0123456789.", fmt->s[i]) && k + 2 < sizeof spec)
+            spec[k++] = fmt->s[i++];
         if (i >= fmt->len) jfail(&rt->f, KVB_ERR_FORMAT, "incomplete format");
         const char conv = fmt->s[i];
         spec[k] = '\0';
-        char cf[48], out[128];
+        for (size_t d = 0, num = 0; d <= k; d++) { /* widths and precisions stay small */
+            if (d < k && spec[d] >= '0' && spec[d] <= '9') num = num * 10 + (size_t)(spec[d] - '0');
+            else num = 0;
+            if (num > 100) jfail(&rt->f, KVB_ERR_FORMAT, "a format width or precision over 100 is not supported");
+        }
+        char cf[48], out[512];
         if (conv == 's' || conv == 'r') {
             if (k) jfail(&rt->f, KVB_ERR_FORMAT, "format flags with %%%c are not supported", conv);
             if (conv == 's') jv_str_to(rt, &b, v);
