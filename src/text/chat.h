@@ -89,6 +89,10 @@ enum kvb_status chat_template_from_name(const char *name, struct chat_template *
  * for a template over the size bound. */
 enum kvb_status chat_template_from_text(const char *text, size_t len, const char *source, struct chat_template *out,
                                         struct kvb_err *err);
+/* The same with the bounds its renders keep (NULL: jinja's defaults). */
+enum kvb_status chat_template_from_text_limited(const char *text, size_t len, const char *source,
+                                                const struct jinja_limits *lim, struct chat_template *out,
+                                                struct kvb_err *err);
 /* The strings the template sees as bos_token and eos_token (copied; NULL:
  * undefined). KVB_ERR_NOMEM. */
 enum kvb_status chat_template_set_tokens(struct chat_template *t, const char *bos, const char *eos);

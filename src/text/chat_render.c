@@ -12,13 +12,20 @@
 #include "text/chat.h"
 #include "text/chat_internal.h"
 
-enum kvb_status chat_template_from_text(const char *text, size_t len, const char *source, struct chat_template *out,
-                                        struct kvb_err *err)
+enum kvb_status chat_template_from_text_limited(const char *text, size_t len, const char *source,
+                                                const struct jinja_limits *lim, struct chat_template *out,
+                                                struct kvb_err *err)
 {
     memset(out, 0, sizeof *out);
     snprintf(out->source, sizeof out->source, "%s", source ? source : "template");
     chat_text_hash(text, len, out->hash);
-    return jinja_compile(text, len, out->source, NULL, &out->jinja, err);
+    return jinja_compile(text, len, out->source, lim, &out->jinja, err);
+}
+
+enum kvb_status chat_template_from_text(const char *text, size_t len, const char *source, struct chat_template *out,
+                                        struct kvb_err *err)
+{
+    return chat_template_from_text_limited(text, len, source, NULL, out, err);
 }
 
 void chat_text_hash(const char *text, size_t len, char out[17])

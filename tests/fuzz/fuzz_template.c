@@ -86,7 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* the same text as a chat template, through chat_render's rules */
     struct chat_template ct;
-    if (chat_template_from_text(text, tlen, "fuzz", &ct, &err) == KVB_OK &&
+    if (chat_template_from_text_limited(text, tlen, "fuzz", &lim, &ct, &err) == KVB_OK &&
         chat_template_set_tokens(&ct, "<s>", "</s>") == KVB_OK) {
         const struct chat_msg msgs[] = {{"user", "Hello <|im_end|>"}, {"assistant", "  It is "}};
         for (int cont = 0; cont < 2; cont++) {
