@@ -80,33 +80,13 @@ static bool put(struct kvb_buf *b, const char *s, size_t n)
 
 static bool puts_(struct kvb_buf *b, const char *s) { return put(b, s, strlen(s)); }
 
-/* The template's variables as a JSON object: messages (the final content
- * tagged when continued), add_generation_prompt, tools and documents as
- * null, then the kwargs' members. */
+/* The template's variables besides the messages, as a JSON object:
+ * add_generation_prompt, tools and documents as null, then the kwargs'
+ * members. */
 static enum kvb_status vars_json(const struct chat_input *in, struct kvb_buf *b, struct kvb_err *err)
 {
-    bool ok = puts_(b, "{\"messages\":[");
-    for (size_t i = 0; i < in->n && ok; i++) {
-        const struct chat_msg *m = &in->msgs[i];
-        if (!m->role || !m->content)
-            return kvb_errf(err, KVB_ERR_INVALID_ARG, "message %zu: role or content missing", i);
-        ok = (i == 0 || puts_(b, ",")) && puts_(b, "{\"role\":") &&
-             json_put_string(b, m->role, strlen(m->role)) == KVB_OK && puts_(b, ",\"content\":");
-        if (!ok) break;
-        if (in->continue_final_message && i + 1 == in->n) {
-            const size_t cl = strlen(m->content);
-            char *c = kvb_malloc(cl + sizeof TAG);
-            if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
-            memcpy(c, m->content, cl);
-            memcpy(c + cl, TAG, sizeof TAG);
-            ok = json_put_string(b, c, cl + sizeof TAG - 1) == KVB_OK;
-            kvb_free(c);
-        } else {
-            ok = json_put_string(b, m->content, strlen(m->content)) == KVB_OK;
-        }
-        ok = ok && puts_(b, "}");
-    }
-    ok = ok && puts_(b, "],\"add_generation_prompt\":") && puts_(b, in->add_generation_prompt ? "true" : "false") &&
+    bool ok = puts_(b, "{");
+    ok = ok && puts_(b, "\"add_generation_prompt\":") && puts_(b, in->add_generation_prompt ? "true" : "false") &&
          puts_(b, ",\"tools\":null,\"documents\":null");
     if (!ok) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     if (in->kwargs_json) {
@@ -238,18 +218,50 @@ enum kvb_status chat_render(const struct chat_template *t, const struct chat_inp
     }
     struct kvb_buf vars = {0};
     enum kvb_status st = vars_json(in, &vars, err);
+    /* the messages, read in place; a continued final one carries the tag */
+    struct jinja_msg *msgs = st == KVB_OK ? kvb_calloc(in->n ? in->n : 1, sizeof *msgs) : NULL;
+    char *tagged = NULL;
+    if (st == KVB_OK && !msgs) st = kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; st == KVB_OK && i < in->n; i++) {
+        const struct chat_msg *m = &in->msgs[i];
+        if (!m->role || !m->content) {
+            st = kvb_errf(err, KVB_ERR_INVALID_ARG, "message %zu: role or content missing", i);
+            break;
+        }
+        msgs[i] = (struct jinja_msg){m->role, m->content, strlen(m->content)};
+        if (in->continue_final_message && i + 1 == in->n) {
+            tagged = kvb_malloc(msgs[i].content_len + sizeof TAG);
+            if (!tagged) {
+                st = kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+                break;
+            }
+            memcpy(tagged, m->content, msgs[i].content_len);
+            memcpy(tagged + msgs[i].content_len, TAG, sizeof TAG);
+            msgs[i].content = tagged;
+            msgs[i].content_len += sizeof TAG - 1;
+        }
+    }
     if (st != KVB_OK) {
         kvb_buf_free(&vars);
+        kvb_free(msgs);
+        kvb_free(tagged);
         return st;
     }
     struct jinja_strvar sv[2];
     size_t nsv = 0;
     if (t->bos_token) sv[nsv++] = (struct jinja_strvar){"bos_token", t->bos_token};
     if (t->eos_token) sv[nsv++] = (struct jinja_strvar){"eos_token", t->eos_token};
-    const struct jinja_input ji = {
-        .strs = sv, .n_strs = nsv, .user_json = vars.data, .user_json_len = vars.len, .now = in->now};
+    const struct jinja_input ji = {.strs = sv,
+                                   .n_strs = nsv,
+                                   .msgs = msgs,
+                                   .n_msgs = in->n,
+                                   .user_json = vars.data,
+                                   .user_json_len = vars.len,
+                                   .now = in->now};
     st = jinja_render(t->jinja, &ji, NULL, out, err);
     kvb_buf_free(&vars);
+    kvb_free(msgs);
+    kvb_free(tagged);
     if (st != KVB_OK) return st;
     if (in->continue_final_message && (st = continue_cut(t, in, out, err)) != KVB_OK) jinja_output_free(out);
     return st;

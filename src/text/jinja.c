@@ -97,7 +97,14 @@ enum kvb_status jinja_render(const struct jinja_template *t, const struct jinja_
 {
     memset(out, 0, sizeof *out);
     if (!t) return kvb_errf(err, KVB_ERR_INVALID_ARG, "jinja_render: no template");
-    const struct jinja_limits L = lim ? *lim : t->lim;
+    struct jinja_limits L = lim ? *lim : t->lim;
+    if (in) { /* the bounds grow with the input (jinja.h) */
+        size_t bytes = in->user_json_len;
+        for (size_t i = 0; i < in->n_msgs; i++) bytes += in->msgs[i].content_len;
+        L.max_output += 2 * bytes;
+        L.max_memory += 4 * bytes;
+        L.max_steps += bytes;
+    }
     struct jrt *rt = kvb_calloc(1, sizeof *rt);
     if (!rt) return kvb_errf(err, KVB_ERR_NOMEM, "template %s: out of memory", t->name);
     rt->t = t;
@@ -111,6 +118,7 @@ enum kvb_status jinja_render(const struct jinja_template *t, const struct jinja_
     int code = setjmp(rt->f.jb);
     if (code) {
         if (rt->json) json_free(rt->json);
+        kvb_free(rt->out_heap);
         ja_free_all(&rt->ar);
         kvb_free(rt);
         return (enum kvb_status)code;
@@ -121,6 +129,29 @@ enum kvb_status jinja_render(const struct jinja_template *t, const struct jinja_
             if (in->strs[i].name && in->strs[i].value)
                 set_var(rt, in->strs[i].name, strlen(in->strs[i].name),
                         jv_str(jstr_new(&rt->ar, in->strs[i].value, strlen(in->strs[i].value), false)));
+        if (in->msgs) {
+            struct jlist *l = jlist_new(rt, in->n_msgs);
+            for (size_t i = 0; i < in->n_msgs; i++) {
+                const struct jinja_msg *m = &in->msgs[i];
+                if (m->content_len > UINT32_MAX / 2)
+                    jfail(&rt->f, KVB_ERR_RANGE, "a message of %zu bytes is too long", m->content_len);
+                struct jdict *d = jdict_new(rt, 2);
+                jdict_set(rt, d, jv_str(jstr_lit(&rt->ar, "role")),
+                          jv_str(jstr_new(&rt->ar, m->role, strlen(m->role), true)));
+                struct jstr *c = ja_alloc(&rt->ar, sizeof *c); /* the caller's bytes, in place */
+                c->s = m->content;
+                c->len = (uint32_t)m->content_len;
+                if (m->content_len) {
+                    struct jsp *sp = ja_alloc(&rt->ar, sizeof *sp);
+                    sp->b = (uint32_t)m->content_len;
+                    c->sp = sp;
+                    c->nsp = 1;
+                }
+                jdict_set(rt, d, jv_str(jstr_lit(&rt->ar, "content")), jv_str(c));
+                l->v[i] = jv_dict(d, JD_DICT);
+            }
+            set_var(rt, "messages", 8, jv_list(l, JL_LIST));
+        }
         if (in->user_json) {
             struct jv vars = jv_from_json(rt, in->user_json, in->user_json_len, true, "the template's variables");
             if (vars.k != JK_DICT) jfail(&rt->f, KVB_ERR_INVALID_ARG, "the template's variables are not a JSON object");
@@ -129,21 +160,21 @@ enum kvb_status jinja_render(const struct jinja_template *t, const struct jinja_
         }
         rt->now = in->now;
     }
+    /* the output grows on the heap (realloc, not the arena's doubling
+     * copies) and is handed over as it is */
     struct jsb b;
     jsb_init(&b, &rt->ar);
     b.limit = L.max_output;
     b.what = "the output";
+    b.heap = &rt->out_heap;
     rt->out = &b;
     jexec_root(rt);
     rt->f.line = 0;
-    char *text = kvb_malloc(b.len + 1);
+    if (!b.p) jsb_reserve(&b, 0); /* an empty output still gets a buffer for its NUL */
     struct jinja_span *sp = b.nsp ? kvb_calloc(b.nsp, sizeof *sp) : NULL;
-    if (!text || (b.nsp && !sp)) {
-        kvb_free(text);
-        kvb_free(sp);
-        jfail(&rt->f, KVB_ERR_NOMEM, "out of memory");
-    }
-    if (b.len) memcpy(text, b.p, b.len);
+    if (b.nsp && !sp) jfail(&rt->f, KVB_ERR_NOMEM, "out of memory");
+    char *text = b.p;
+    rt->out_heap = NULL;
     text[b.len] = '\0';
     for (size_t i = 0; i < b.nsp; i++) sp[i] = (struct jinja_span){b.sp[i].a, b.sp[i].b - b.sp[i].a};
     out->text = text;

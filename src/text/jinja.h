@@ -118,9 +118,22 @@ struct jinja_strvar {
     const char *value; /* NUL-terminated */
 };
 
+/* A chat message, given without a copy: its strings are read in place
+ * while the render runs. */
+struct jinja_msg {
+    const char *role;
+    const char *content;
+    size_t content_len;
+};
+
 struct jinja_input {
     const struct jinja_strvar *strs; /* (n_strs) set first */
     size_t n_strs;
+    /* The variable "messages": a list of {"role", "content"} dicts (user
+     * text), built over the caller's strings (a message of megabytes is
+     * not copied to be rendered). NULL: none (or given in user_json). */
+    const struct jinja_msg *msgs;
+    size_t n_msgs;
     /* A JSON object whose members are variables (they replace strs of the
      * same name): messages, add_generation_prompt, tools, request kwargs.
      * Its strings (keys included) are user text. NULL: none. */
@@ -141,8 +154,12 @@ struct jinja_output {
     size_t n_user;
 };
 
-/* Renders t with in's variables within lim (NULL: the defaults). On error
- * out holds nothing to free. */
+/* Renders t with in's variables within lim (NULL: the template's). The
+ * output, memory and step bounds grow with the input, so that a message of
+ * megabytes renders where a template would refuse to amplify a small one:
+ * the output by twice the input's bytes, the memory by four times, the
+ * steps by one per byte (four copies of it built). On error out holds
+ * nothing to free. */
 enum kvb_status jinja_render(const struct jinja_template *t, const struct jinja_input *in,
                              const struct jinja_limits *lim, struct jinja_output *out, struct kvb_err *err);
 void jinja_output_free(struct jinja_output *o); /* accepts a zeroed one */

@@ -352,6 +352,39 @@ static bool compare(struct jrt *rt, enum jop op, struct jv a, struct jv b)
     }
 }
 
+/* a + b + c + …: the operands left to right, then, when they are all plain
+ * strings (the common case: '<|im_start|>' + role + '\n' + content + …),
+ * one string built once rather than one copy per "+" (a message of
+ * megabytes would be copied at each); otherwise Python's additions in
+ * order. */
+static struct jv eval_add_chain(struct jrt *rt, const struct jnode *n, struct jframe *f)
+{
+    uint32_t k = 1;
+    for (const struct jnode *x = n; x->kind == JN_BIN && x->op == JO_ADD; x = x->a) k++;
+    struct jv *ops = ja_alloc(&rt->ar, k * sizeof *ops);
+    const struct jnode **rights = ja_alloc(&rt->ar, k * sizeof *rights);
+    const struct jnode *x = n;
+    for (uint32_t i = k - 1; i > 0; i--, x = x->a) rights[i] = x->b;
+    ops[0] = jeval(rt, x, f); /* the leftmost operand */
+    for (uint32_t i = 1; i < k; i++) ops[i] = jeval(rt, rights[i], f);
+    bool plain = true;
+    size_t total = 0;
+    for (uint32_t i = 0; i < k && plain; i++) {
+        plain = ops[i].k == JK_STR && !ops[i].u.s->markup;
+        if (plain) total += ops[i].u.s->len;
+    }
+    if (!plain) {
+        struct jv acc = ops[0];
+        for (uint32_t i = 1; i < k; i++) acc = jv_binop(rt, JO_ADD, acc, ops[i]);
+        return acc;
+    }
+    struct jsb b;
+    jsb_init(&b, &rt->ar);
+    jsb_reserve(&b, total);
+    for (uint32_t i = 0; i < k; i++) jsb_put_str(&b, ops[i].u.s);
+    return jv_str(jsb_finish(&b));
+}
+
 static struct jv eval_inner(struct jrt *rt, const struct jnode *n, struct jframe *f)
 {
     switch (n->kind) {
@@ -416,6 +449,7 @@ static struct jv eval_inner(struct jrt *rt, const struct jnode *n, struct jframe
         return jv_truthy(rt, a) ? a : jeval(rt, n->b, f);
     }
     case JN_BIN: {
+        if (n->op == JO_ADD && n->a->kind == JN_BIN && n->a->op == JO_ADD) return eval_add_chain(rt, n, f);
         struct jv a = jeval(rt, n->a, f);
         return jv_binop(rt, (enum jop)n->op, a, jeval(rt, n->b, f));
     }

@@ -73,6 +73,7 @@ struct jsb {
     size_t nsp, capsp;
     size_t limit;     /* len may not pass it (0: none) */
     const char *what; /* names the limit in its error */
+    char **heap;      /* non-NULL: p lives on the heap (kvb_realloc) and *heap tracks it for the unwinding */
 };
 
 void jsb_init(struct jsb *b, struct jarena *ar);
@@ -84,6 +85,7 @@ void jsb_printf(struct jsb *b, const char *fmt, ...) __attribute__((format(print
 void jsb_put_slice(struct jsb *b, const struct jstr *s, size_t off, size_t n);
 void jsb_put_str(struct jsb *b, const struct jstr *s);
 const struct jstr *jsb_finish(struct jsb *b); /* the builder may be reused after */
+void jsb_reserve(struct jsb *b, size_t n);    /* room for n more bytes (exactly, when it is empty) */
 
 const struct jstr *jstr_new(struct jarena *ar, const char *s, size_t n, bool user); /* copies */
 const struct jstr *jstr_lit(struct jarena *ar, const char *s);                      /* borrows s */
@@ -391,6 +393,7 @@ struct jrt {
     struct jsb *out; /* where output goes now */
     int64_t now;
     struct json_doc *json;  /* a JSON document being read (freed when a failure unwinds) */
+    char *out_heap;         /* the output's buffer (freed when a failure unwinds) */
     struct jv filter_input; /* a filter block's body, for its innermost filter */
 };
 
@@ -447,7 +450,7 @@ struct jv jv_from_json(struct jrt *rt, const char *s, size_t n, bool user, const
 struct jv jv_binop(struct jrt *rt, enum jop op, struct jv a, struct jv b);
 bool jv_in(struct jrt *rt, struct jv item, struct jv container);
 
-/* jinja_call.c: filters, tests, methods, globals. */
+/* jinja_filters.c (filters, tests) and jinja_methods.c (methods, globals). */
 struct jargs {
     struct jv *pos;
     size_t npos;

@@ -205,12 +205,35 @@ static void jsb_grow(struct jsb *b, size_t n)
         jfail(b->ar->f, KVB_ERR_RANGE, "%s passed %zu bytes", b->what ? b->what : "a string", b->limit);
     if (b->len + n > UINT32_MAX / 2) jfail(b->ar->f, KVB_ERR_RANGE, "a string passed 2 GiB");
     if (b->len + n + 1 <= b->cap) return;
+    const size_t need = b->len + n + 1;
     size_t cap = b->cap ? b->cap * 2 : 64;
-    while (cap < b->len + n + 1) cap *= 2;
+    if (!b->len && need > cap) cap = need + 16; /* a first piece that is big: just it */
+    while (cap < need) cap *= 2;
+    if (b->heap) {
+        if (b->ar->total + cap > b->ar->limit)
+            jfail(b->ar->f, KVB_ERR_RANGE, "the template's values passed the memory bound of %zu MiB",
+                  b->ar->limit >> 20);
+        char *p = kvb_realloc(b->p, cap);
+        if (!p) jfail(b->ar->f, KVB_ERR_NOMEM, "out of memory");
+        b->p = *b->heap = p;
+        b->cap = cap;
+        return;
+    }
     char *p = ja_alloc(b->ar, cap);
     if (b->len) memcpy(p, b->p, b->len);
     b->p = p;
     b->cap = cap;
+}
+
+void jsb_reserve(struct jsb *b, size_t n)
+{
+    if (b->len + n + 1 <= b->cap) return;
+    if (!b->len && !b->heap) { /* exactly what is asked for */
+        b->p = ja_alloc(b->ar, n + 1);
+        b->cap = n + 1;
+        return;
+    }
+    jsb_grow(b, n);
 }
 
 static void add_span(struct jsb *b, size_t a, size_t e)
