@@ -339,7 +339,7 @@ def test_fields(d):
               "add_generation_prompt": False, "continue_final_message": True},
              comp("cont-ids", text=None, prompt=tokenize(cont_text, special=True), max_tokens=10),
              {"custom_id": "nogen", "messages": cont_msgs, "max_tokens": 4, "add_generation_prompt": False},
-             chat("unknown", q, chat_template="{{ messages }}"),
+             chat("unknown", q, truncate_prompt_tokens=5),
              chat("misspelt", q, max_token=3),
              chat("ignored", q, stream=True, user="u", metadata={"a": "b"})]
     res = results(d, "fields3", lines)
@@ -351,7 +351,7 @@ def test_fields(d):
             check(x["usage"]["prompt_tokens"] == y["usage"]["prompt_tokens"] and text_of(x) == text_of(y),
                   f"{a}: not rendered as the template does: {x['usage']} {text_of(x)!r} vs {y['usage']} {text_of(y)!r}")
     body(res, "nogen")
-    for cid, field in (("unknown", "chat_template"), ("misspelt", "max_token")):
+    for cid, field in (("unknown", "truncate_prompt_tokens"), ("misspelt", "max_token")):
         e = res[cid]
         check(e["error"] and e["error"]["code"] == "unsupported_field" and e["error"]["param"] == field and
               field in e["error"]["message"], f"{cid}: not refused by name: {e['error']}")

@@ -377,7 +377,7 @@ class Gen:
         if r.random() < 0.03:
             body["model"] = r.choice(["SmolLM2", "gpt-4o-mini"])
         if r.random() < self.pbad:
-            body[r.choice(["max_token", "guided_json", "chat_template", "best", "truncate_prompt_tokens"])] = 1
+            body[r.choice(["max_token", "guided_json", "guided_decoding_backend", "best", "truncate_prompt_tokens"])] = 1
             bad.append("unknown field")
         if not chat and r.random() < self.pbad / 3:
             body["messages"] = [{"role": "user", "content": "x"}]  # the other endpoint's field

@@ -26,6 +26,7 @@
 #include "backend/backend.h"
 #include "base/alloc.h"
 #include "base/crashlog.h"
+#include "base/json.h"
 #include "engine/grammar.h"
 #include "engine/scheduler.h"
 #include "jobs/job.h"
@@ -209,8 +210,13 @@ static bool plan_shard(struct runner *r)
     const double t0 = cli_now();
     struct kvb_err err = {{0}};
     struct shard_plan_out plan;
+    /* Every shard must plan alike, on whatever day it runs: a template's
+     * strftime_now reads a fixed date here (the run itself reads the clock). */
+    const int64_t now = r->admit.now;
+    r->admit.now = 86400;
     enum kvb_status st =
         shard_plan(r->in, o->shard_index, o->shard_count, r->model->hp.n_ctx_train, prompt_of, r, &plan, &err);
+    r->admit.now = now;
     clearerr(r->in);
     if (st == KVB_OK && (start < 0 || fseek(r->in, start, SEEK_SET) != 0))
         st = kvb_errf(&err, KVB_ERR_IO, "cannot rewind %s: %s", o->input_path, strerror(errno));
@@ -618,8 +624,8 @@ static bool setup(struct runner *r)
     }
     /* A model without a usable template can still run completion lines;
      * chat lines then fail one by one with its message. */
-    if (admit_template_choose(r->model, o->chat_template, &r->tmpl, &r->have_tmpl, r->tmpl_error, sizeof r->tmpl_error,
-                              &err) != KVB_OK) {
+    if (admit_template_choose(r->model, r->tok, o->chat_template, &r->tmpl, &r->have_tmpl, r->tmpl_error,
+                              sizeof r->tmpl_error, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: --chat-template: %s\n", err.msg);
         return false;
     }
@@ -631,6 +637,8 @@ static bool setup(struct runner *r)
         return false;
     }
     r->admit.cancel = &stop_signal;
+    r->admit.now = admit_clock(); /* one date for every line of the run (strftime_now) */
+    chat_template_describe(r->have_tmpl ? &r->tmpl : NULL, r->tmpl_label, sizeof r->tmpl_label);
     if (o->shard_count > 1 && !plan_shard(r)) return false;
     struct be_select_opts bo = {.device = o->device,
                                 .n_threads = o->n_threads,
@@ -683,7 +691,7 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: cannot open the metrics database: %s\n", err.msg);
         return false;
     }
-    char settings[512];
+    char settings[1024];
     snprintf(settings, sizeof settings,
              "{\"threads\":%d,\"max_batch\":%d,\"max_step_tokens\":%d,\"kv_mem\":%llu,\"block_size\":%d,"
              "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\",\"shard\":\"%d/%d\","
@@ -692,6 +700,14 @@ static bool setup(struct runner *r)
              (unsigned long long)((uint64_t)r->be->n_blocks * (uint64_t)r->be->block_bytes), o->block_size, r->n_ctx,
              r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be), o->shard_index,
              o->shard_count > 1 ? o->shard_count : 1, (unsigned long long)r->plan_hash, kv_type_name(r->be->kv_type));
+    { /* the chat template used (a path may hold any byte: JSON-escaped) */
+        struct kvb_buf lb = {0};
+        size_t at = strlen(settings);
+        if (at > 0 && json_put_string(&lb, r->tmpl_label, strlen(r->tmpl_label)) == KVB_OK &&
+            at + lb.len + 20 < sizeof settings)
+            snprintf(settings + at - 1, sizeof settings - at + 1, ",\"chat_template\":%.*s}", (int)lb.len, lb.data);
+        kvb_buf_free(&lb);
+    }
     struct metrics_run_info ri = {.job_file = o->input_path,
                                   .output_file = o->output_path,
                                   .model = o->model_path,
@@ -709,9 +725,11 @@ static bool setup(struct runner *r)
     if (!o->resume) crashlog_restart(); /* a fresh job: what earlier runs recorded is of no use now */
     if (!o->quiet)
         fprintf(stderr,
-                "kvbatch run: %s on %s (%s kernels, %d threads), %d %s KV blocks of %d tokens, batch %d, run %lld\n",
+                "kvbatch run: %s on %s (%s kernels, %d threads), %d %s KV blocks of %d tokens, batch %d, run %lld\n"
+                "kvbatch run: chat template %s\n",
                 r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
-                kv_type_name(r->be->kv_type), o->block_size, r->max_batch, (long long)r->run_id);
+                kv_type_name(r->be->kv_type), o->block_size, r->max_batch, (long long)r->run_id,
+                r->have_tmpl ? r->tmpl_label : r->tmpl_error);
     return true;
 }
 

@@ -97,6 +97,7 @@ struct runner {
     struct chat_template tmpl;
     bool have_tmpl;
     char tmpl_error[sizeof(struct kvb_err)];
+    char tmpl_label[256]; /* chat_template_describe's name for it (settings, summary) */
     struct backend *be;
     struct sched *sched;
     struct slot *slots;
