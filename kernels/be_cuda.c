@@ -899,6 +899,14 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
                         "(head_dim <= %d, whole groups)",
                         hp->head_dim, hp->n_head, hp->n_head_kv, KCU_ATTN_MAX_HEAD_DIM);
     KVB_FORWARD_IF_ERROR(kv_type_check(o->kv_type, hp->head_dim, err));
+    const struct model_ops *mo = &m->ops;
+    bool post = false;
+    for (int l = 0; l < hp->n_layer; l++) post = post || m->layers[l].post_attn_norm || m->layers[l].post_ffn_norm;
+    if (mo->act != MODEL_ACT_SILU || mo->embd_scale != 1.0f || mo->attn_softcap > 0 || mo->final_softcap > 0 ||
+        mo->n_swa > 0 || post)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "CUDA backend: this model's layer (GeGLU, scaled embeddings, soft-caps, sliding window or "
+                        "post-norms) is computed on the CPU only so far (--device cpu)");
 
     struct cuda_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");

@@ -623,7 +623,7 @@ static void paged_ref_attn(const struct paged_case *pc, const struct paged_step 
                 .block_size = bs,
                 .table = table,
             };
-            attn_head(o, q, pc->hd, &view, st->tok_pos[t] + 1, scale, scores);
+            attn_head(o, q, pc->hd, &view, 0, st->tok_pos[t] + 1, scale, scores);
         }
     if (pc->kv == KV_F16) {
         char name[128];

@@ -43,6 +43,7 @@ struct cpu_be {
     int64_t k_head_words, v_head_words; /* words of one KV head's part of a K row, a V row */
     int64_t layer_words;                /* words of one layer's part of a block: bs K rows, bs V rows */
     float *inv_freq;                    /* (rope_dim / 2) */
+    float *inv_freq_swa;                /* (rope_dim / 2) the windowed layers' (model_rope_freqs_swa) */
     bool simd;                          /* AVX2 attention/activation kernels (else the scalar reference) */
     bool avx512;                        /* attention inner loops in AVX-512 (same results, twice the lanes) */
 
@@ -71,6 +72,7 @@ static void cpu_free(struct backend *be)
     tpool_free(c->pool);
     kvb_free(c->kv);
     kvb_free(c->inv_freq);
+    kvb_free(c->inv_freq_swa);
     float *bufs[] = {c->x, c->q, c->k, c->v, c->att, c->tmp, c->gate, c->up, c->out_rows, c->scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvb_free(bufs[i]);
     kvb_free(c->tok_pos);
@@ -182,6 +184,7 @@ static void attn_worker(void *arg, int ith, int nth)
     const struct model_hparams *hp = &c->m->hp;
     const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     const float scale = c->m->ops.attn_scale;
+    const int32_t window = c->m->layers[j->layer].swa ? c->m->ops.n_swa : 0;
     float *scratch = c->scores + (int64_t)ith * c->cap_scores;
     const int64_t bs = c->be.block_size;
     /* Items are taken first come, first served: under causal prefill later
@@ -199,13 +202,15 @@ static void attn_worker(void *arg, int ith, int nth)
             .v_row_stride = c->v_row_words,
             .block_size = (int32_t)bs,
             .type = c->be.kv_type,
+            .softcap = c->m->ops.attn_softcap,
         };
         struct attn_tile_tok toks[ATTN_TILE];
         for (int64_t i = lo; i < hi; i++) {
             const int64_t t = c->tile_order[i];
             const int64_t off = t * hp->n_head * hd + (int64_t)g * group * hd;
+            const int32_t p_lo = window > 0 && c->tok_pos[t] + 1 > window ? c->tok_pos[t] + 1 - window : 0;
             toks[i - lo] = (struct attn_tile_tok){c->q + off, c->att + off, j->batch->seqs[c->tok_seq[t]].block_table,
-                                                  c->tok_pos[t] + 1};
+                                                  c->tok_pos[t] + 1, p_lo};
         }
         if (c->avx512) {
             attn_tile_avx512(toks, (int32_t)(hi - lo), group, hd, &view, scale, scratch);
@@ -218,8 +223,8 @@ static void attn_worker(void *arg, int ith, int nth)
         for (int64_t i = 0; i < hi - lo; i++) {
             view.table = toks[i].table;
             for (int32_t h = 0; h < group; h++)
-                attn_head(toks[i].out + (int64_t)h * hd, toks[i].q + (int64_t)h * hd, hd, &view, toks[i].n_pos, scale,
-                          scratch);
+                attn_head(toks[i].out + (int64_t)h * hd, toks[i].q + (int64_t)h * hd, hd, &view, toks[i].p_lo,
+                          toks[i].n_pos, scale, scratch);
         }
     }
 }
@@ -243,27 +248,36 @@ static void attn_run(struct cpu_be *c, const struct be_batch *batch, int layer, 
 #define PAR_PREP_MIN_TOK 8
 
 /* The input of Q/K/V or gate/up for token t: first the pending residual
- * (add: the previous product's rows, or NULL), then RMSNorm. Runs on the
- * matmul's threads (mm_set_input_fn); token t's residual row is its own. */
+ * (add: the previous product's rows, or NULL; RMSNormed with `post` first
+ * when the layer has a post-attention / post-FFN norm), then RMSNorm. Runs
+ * on the matmul's threads (mm_set_input_fn); token t's rows are its own. */
 struct norm_in {
     struct cpu_be *c;
     const float *norm; /* (e) */
-    const float *add;  /* (n_tok, e) or NULL */
+    float *add;        /* (n_tok, e) or NULL */
+    const float *post; /* (e) or NULL */
     int32_t e;
     float eps;
 };
+
+/* x[t] += add[t], normalised by post first when there is one. */
+static void add_residual(float *xt, float *add_t, const float *post, int32_t e, float eps)
+{
+    if (post) attn_rmsnorm(add_t, add_t, post, e, eps);
+    for (int32_t i = 0; i < e; i++) xt[i] += add_t[i];
+}
 
 static void make_norm_row(void *arg, int64_t t, float *dst)
 {
     const struct norm_in *a = arg;
     float *xt = a->c->x + t * a->e;
-    if (a->add)
-        for (int32_t i = 0; i < a->e; i++) xt[i] += a->add[t * a->e + i];
+    if (a->add) add_residual(xt, a->add + t * a->e, a->post, a->e, a->eps);
     attn_rmsnorm(dst, xt, a->norm, a->e, a->eps);
 }
 
-/* The input of the down projection for token t: SwiGLU of its gate and up
- * rows (element by element, so a row alone gives the same bits). */
+/* The input of the down projection for token t: the gate's activation
+ * times up (SwiGLU or GeGLU: model_ops.act), element by element, so a row
+ * alone gives the same bits. */
 struct swiglu_in {
     struct cpu_be *c;
     int64_t n_ff;
@@ -274,8 +288,13 @@ static void make_swiglu_row(void *arg, int64_t t, float *dst)
     const struct swiglu_in *a = arg;
     float *g = a->c->gate + t * a->n_ff;
     const float *u = a->c->up + t * a->n_ff;
-    if (a->c->simd) attn_swiglu_avx2(g, u, a->n_ff);
-    else attn_swiglu(g, u, a->n_ff);
+    if (a->c->m->ops.act == MODEL_ACT_GELU_TANH) {
+        if (a->c->simd) attn_geglu_avx2(g, u, a->n_ff);
+        else attn_geglu(g, u, a->n_ff);
+    } else {
+        if (a->c->simd) attn_swiglu_avx2(g, u, a->n_ff);
+        else attn_swiglu(g, u, a->n_ff);
+    }
     memcpy(dst, g, sizeof(float) * (size_t)a->n_ff);
 }
 
@@ -308,9 +327,11 @@ static void prep_tokens(const struct prep_job *j, int64_t t0, int64_t t1)
             for (int32_t h = 0; h < hp->n_head_kv; h++)
                 attn_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int32_t)hd, hp->rms_eps);
         }
-        attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq, c->m->rope.mscale);
-        attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq,
-                  c->m->rope.mscale);
+        /* Windowed layers rotate with their own, unscaled frequencies. */
+        const float *inv_freq = L->swa ? c->inv_freq_swa : c->inv_freq;
+        const float mscale = L->swa ? 1.0f : c->m->rope.mscale;
+        attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], inv_freq, mscale);
+        attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], inv_freq, mscale);
         const struct be_seq *s = &j->batch->seqs[c->tok_seq[t]];
         const int32_t p = c->tok_pos[t];
         uint16_t *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_elems;
@@ -365,14 +386,17 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         for (int32_t j = 0; j < s->n_tokens; j++, t++) {
             c->tok_pos[t] = s->pos + j;
             c->tok_seq[t] = i;
-            KVB_FORWARD_IF_ERROR(model_embed(m, s->tokens[j], c->x + t * e));
+            float *xt = c->x + t * e;
+            KVB_FORWARD_IF_ERROR(model_embed(m, s->tokens[j], xt));
+            if (m->ops.embd_scale != 1.0f)
+                for (int64_t k = 0; k < e; k++) xt[k] *= m->ops.embd_scale;
         }
     }
 
     if (plan_tiles(c, batch, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
 
     struct prep_job prep = {c, batch, NULL, 0};
-    struct norm_in nin = {c, NULL, NULL, (int32_t)e, hp->rms_eps};
+    struct norm_in nin = {c, NULL, NULL, NULL, (int32_t)e, hp->rms_eps};
     struct swiglu_in sin = {c, hp->n_ff};
     for (int l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
@@ -381,6 +405,7 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
          * as each token's normalised row is made for Q, K and V. */
         nin.norm = L->attn_norm;
         nin.add = l > 0 ? c->tmp : NULL;
+        nin.post = l > 0 ? m->layers[l - 1].post_ffn_norm : NULL;
         KVB_FORWARD_IF_ERROR(mm_set_input_fn(c->mm, e, n_tok, make_norm_row, &nin));
         /* Q, K and V in one pool run: fewer thread hand-offs per token. */
         const struct mm_weight *qkv_w[3] = {&W->wq, &W->wk, &W->wv};
@@ -395,6 +420,7 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
 
         nin.norm = L->ffn_norm;
         nin.add = c->tmp;
+        nin.post = L->post_attn_norm;
         KVB_FORWARD_IF_ERROR(mm_set_input_fn(c->mm, e, n_tok, make_norm_row, &nin));
         const struct mm_weight *gu_w[2] = {&W->w_gate, &W->w_up};
         float *const gu_y[2] = {c->gate, c->up};
@@ -402,7 +428,8 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         KVB_FORWARD_IF_ERROR(mm_set_input_fn(c->mm, hp->n_ff, n_tok, make_swiglu_row, &sin));
         KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &W->w_down, c->tmp));
     }
-    for (int64_t i = 0; i < n_tok * e; i++) c->x[i] += c->tmp[i];
+    const float *last_post = m->layers[hp->n_layer - 1].post_ffn_norm;
+    for (int64_t i = 0; i < n_tok; i++) add_residual(c->x + i * e, c->tmp + i * e, last_post, (int32_t)e, hp->rms_eps);
 
     /* Final norm and output head, only for the rows whose logits are wanted. */
     int64_t r = 0;
@@ -415,6 +442,9 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         }
     }
     if (n_out > 0) KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &c->output, c->out_rows, n_out, logits));
+    const float cap = m->ops.final_softcap;
+    if (cap > 0)
+        for (int64_t i = 0; i < n_out * hp->n_vocab; i++) logits[i] = attn_softcap_ref(logits[i], cap);
     return KVB_OK;
 }
 
@@ -530,12 +560,14 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     size_t kv_bytes = (size_t)c->be.block_bytes * (size_t)opts->n_blocks;
     c->kv = kvb_aligned_alloc(64, kv_bytes);
     c->inv_freq = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));
-    if (!c->kv || !c->inv_freq) {
+    c->inv_freq_swa = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));
+    if (!c->kv || !c->inv_freq || !c->inv_freq_swa) {
         cpu_free(&c->be);
         return kvb_errf(err, KVB_ERR_NOMEM, "cannot allocate %zu MiB of KV cache (lower --kv-mem or the context)",
                         kv_bytes >> 20);
     }
     model_rope_freqs(m, c->inv_freq);
+    model_rope_freqs_swa(m, c->inv_freq_swa);
     *out = &c->be;
     return KVB_OK;
 }

@@ -33,6 +33,26 @@ enum kvb_status model_check(const struct model *m, const struct gguf_tensor *con
 enum kvb_status model_opt_f32(const struct model *m, const char *suffix, float dflt, bool *given, float *out,
                               struct kvb_err *err);
 
+/* Sliding-window attention as `<arch>.attention.sliding_window` (the
+ * window, dflt_window when absent: 0 for none) and
+ * `<arch>.attention.sliding_window_pattern` (a period n: layer l is
+ * windowed unless l % n == n - 1, llama.cpp's set_swa_pattern and
+ * transformers' layer_types; or one bool per layer) describe it; dflt_period
+ * stands for an absent pattern. Sets m->ops.n_swa and the layers' swa flags;
+ * a window that covers the whole context is kept (it costs nothing and
+ * changes nothing). Values that cannot be right are KVB_ERR_FORMAT naming
+ * the key. */
+enum kvb_status model_read_swa(struct model *m, uint32_t dflt_window, uint32_t dflt_period, struct kvb_err *err);
+
+/* A soft-cap key (`<arch>.<suffix>`, absent: 0 = none) into *out;
+ * negative or non-finite is KVB_ERR_FORMAT naming it. */
+enum kvb_status model_read_softcap(const struct model *m, const char *suffix, float *out, struct kvb_err *err);
+
+/* Gemma's query scale as llama.cpp computes it (arch_gemma3.c): the
+ * 1/sqrt(query_pre_attn_scalar) of the released configs, which is
+ * hidden / heads for the 27B model (n_layer_27b layers), else head_dim. */
+float gemma_attn_scale(const struct model *m, int32_t n_layer_27b);
+
 /* "value" of a scalar metadata entry for messages: 42, 0.5, true, "yarn". */
 void model_value_str(const struct gguf_value *v, char *buf, size_t size);
 
