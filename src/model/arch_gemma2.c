@@ -19,8 +19,11 @@
 #include "model/model_internal.h"
 
 static const char *const keys[] = {
-    "attention.sliding_window", "attention.sliding_window_pattern", "attn_logit_softcapping",
-    "final_logit_softcapping",  NULL,
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    NULL,
 };
 
 static enum kvb_status read_gemma2(struct model *m, struct kvb_err *err)
