@@ -53,6 +53,22 @@ enum kvb_status model_read_softcap(const struct model *m, const char *suffix, fl
  * hidden / heads for the 27B model (n_layer_27b layers), else head_dim. */
 float gemma_attn_scale(const struct model *m, int32_t n_layer_27b);
 
+/* Every reason a file is refused, for model_survey: each one to `each`,
+ * counted in n. */
+struct model_reasons {
+    void (*each)(void *arg, const char *why);
+    void *arg;
+    int n;
+};
+void model_reason_add(struct model_reasons *r, const char *why);
+
+/* model_check_keys' key loop and model_check, reporting every refused key,
+ * vocabulary mismatch and unbound tensor to r and going on (KVB_OK unless
+ * something other than a refusal failed). */
+enum kvb_status model_check_keys_all(const struct model *m, struct model_reasons *r, struct kvb_err *err);
+enum kvb_status model_check_tensors_all(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
+                                        struct model_reasons *r, struct kvb_err *err);
+
 /* "value" of a scalar metadata entry for messages: 42, 0.5, true, "yarn". */
 void model_value_str(const struct gguf_value *v, char *buf, size_t size);
 
