@@ -93,8 +93,9 @@ static void print_rope(const struct model *m)
 {
     const struct model_hparams *hp = &m->hp;
     const struct model_rope *r = &m->rope;
-    printf("RoPE:          %s pairs, %d of %d head dims, base %g", hp->rope == ROPE_NEOX ? "NeoX (rotate-half)" : "adjacent",
-           hp->rope_dim, hp->head_dim, (double)hp->rope_base);
+    printf("RoPE:          %s pairs, %d of %d head dims, base %g",
+           hp->rope == ROPE_NEOX ? "NeoX (rotate-half)" : "adjacent", hp->rope_dim, hp->head_dim,
+           (double)hp->rope_base);
     if (r->type == ROPE_SCALING_LINEAR) printf(", linear scaling x%g", (double)r->factor);
     if (r->type == ROPE_SCALING_YARN)
         printf(", yarn x%g over %d (betas %g/%g)", (double)r->factor, r->orig_ctx, (double)r->beta_fast,
