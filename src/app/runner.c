@@ -832,6 +832,17 @@ static void print_summary(const struct runner *r, enum metrics_run_status status
             (long long)r->tot.requests_failed, (long long)r->skipped, (long long)r->tot.prompt_tokens,
             (long long)r->tot.cached_tokens_run, (long long)r->tot.cached_tokens_store, (long long)st->prefill_computed,
             (long long)r->tot.completion_tokens, r->tot.wall_seconds);
+    if (r->be->window > 0 && st->seq_kv_peak > 0) { /* sliding-window layers: what a sequence really holds */
+        const struct backend *be = r->be;
+        const int64_t full = (int64_t)(st->seq_kv_peak_tokens + be->block_size - 1) / be->block_size * be->block_bytes;
+        int32_t n_swa = 0;
+        for (int32_t l = 0; l < r->model->hp.n_layer; l++) n_swa += r->model->layers[l].swa;
+        fprintf(stderr,
+                "kvbatch run: KV per sequence: at most %.1f MiB held, at %d tokens (%.1f MiB on every layer): its "
+                "%d windowed layers of %d hold a %d-position window and a step, not the whole sequence\n",
+                (double)st->seq_kv_peak / (1024.0 * 1024.0), st->seq_kv_peak_tokens, (double)full / (1024.0 * 1024.0),
+                n_swa, r->model->hp.n_layer, be->window);
+    }
     if (r->ps) {
         fprintf(stderr,
                 "kvbatch run: cache: %lld prompt tokens restored in %.3f s (%.0f tok/s), %llu KiB read; "
