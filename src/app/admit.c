@@ -117,7 +117,7 @@ enum kvb_status admit_template_choose(const struct model *m, const struct tok *t
     } else {
         *have = true;
     }
-    if (*have && out->jinja) {
+    if (*have && out->jinja && tok) {
         char *bos = token_text(tok, tok_bos(tok)), *eos = token_text(tok, tok_eos(tok));
         st = chat_template_set_tokens(out, bos, eos);
         kvb_free(bos);

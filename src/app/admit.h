@@ -56,7 +56,7 @@ struct admit_ctx {
  * built-in family, one of the model's named templates
  * tokenizer.chat_template.NAME, or a Jinja file), else the model's own
  * tokenizer.chat_template; a Jinja template gets the vocabulary's BOS and
- * EOS text. KVB_OK with *have true and *out filled (free it with
+ * EOS text (none when tok is NULL: kvbatch info on a refused tokenizer). KVB_OK with *have true and *out filled (free it with
  * chat_template_free), or with *have false and why (why_cap bytes,
  * NUL-terminated) saying why there is none (the model has no template, or
  * its template does not compile): completion lines still run, chat lines
