@@ -6,6 +6,8 @@ Files are written with gguf-py (the writer llama.cpp's converter uses):
   - a gemma3 file as the converter writes it (tests/hfref_gguf.py, 6 layers,
     window 64): info names the architecture, the window on 5 of 6 layers with
     layer 5 global, GeGLU, post-norms, the embedding scale sqrt(128), exit 0;
+  - a llama file whose matrices are Q5_K, Q3_K, Q2_K, IQ4_NL and IQ4_XS: each
+    named in the weight-type mix with its count and size, exit 0;
   - a llama file with four faults at once (an unknown key, a soft-cap key
     llama does not compute, a tensor nobody reads, a weight type kvbatch has
     no kernels for): info lists all four, exit 1, where `kvbatch generate`
@@ -85,10 +87,44 @@ def faulty_file(path, arch):
     w.add_tensor("blk.0.attn_norm.weight", f32(256))
     for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"):
         w.add_tensor("blk.0.%s.weight" % n, f32(256, 256))
-    # ffn_down as Q2_K: 256 x 256 = 256 rows of one 84-byte block
-    w.add_tensor("blk.0.ffn_down.weight", np.zeros((256, 84), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
+    # ffn_down as IQ2_XXS: 256 x 256 = 256 rows of one 66-byte block
+    w.add_tensor("blk.0.ffn_down.weight", np.zeros((256, 66), np.uint8),
+                 raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
     w.add_tensor("blk.0.ffn_norm.weight", f32(256))
     w.add_tensor("blk.0.bogus.weight", f32(256))  # nobody reads it
+    hfref_gguf._write_vocab(w, n_vocab)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# Bytes per 256-element row of the weight types downloaded files carry.
+TYPED_ROWS = (("attn_q", "Q5_K", 176), ("attn_k", "Q3_K", 110), ("attn_v", "Q2_K", 84),
+              ("attn_output", "IQ4_NL", 144), ("ffn_gate", "IQ4_XS", 136))
+
+
+def typed_file(path):
+    """A llama file whose matrices are Q5_K, Q3_K, Q2_K, IQ4_NL and IQ4_XS
+    (zero blocks: info reads no values)."""
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(256)
+    w.add_feed_forward_length(256)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    n_vocab = hfref_gguf.vocab_size()
+    f32 = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    w.add_tensor("token_embd.weight", f32(n_vocab, 256))
+    w.add_tensor("output_norm.weight", f32(256))
+    w.add_tensor("blk.0.attn_norm.weight", f32(256))
+    w.add_tensor("blk.0.ffn_norm.weight", f32(256))
+    w.add_tensor("blk.0.ffn_up.weight", f32(256, 256))
+    w.add_tensor("blk.0.ffn_down.weight", f32(256, 256))
+    for n, t, row in TYPED_ROWS:
+        w.add_tensor("blk.0.%s.weight" % n, np.zeros((256, row), np.uint8), raw_dtype=gguf.GGMLQuantizationType[t])
     hfref_gguf._write_vocab(w, n_vocab)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -117,13 +153,21 @@ def main():
         check(rc == 0 and "chat template: gemma (named on the command line)" in out,
               "gemma3 --chat-template gemma: %r" % out[-200:])
 
+        typed = os.path.join(tmp, "typed.gguf")
+        typed_file(typed)
+        rc, out, err = run(kvb, "info", typed)
+        print(out)
+        check(rc == 0, "K/IQ4 types: exit %d (%s)" % (rc, err.strip()))
+        for _, t, row in TYPED_ROWS:
+            check(" %s x1 (%.1f MiB)" % (t, 256 * row / 1048576.0) in out, "K/IQ4 types: %s not in the mix" % t)
+
         bad = os.path.join(tmp, "bad.gguf")
         faulty_file(bad, "llama")
         rc, out, _ = run(kvb, "info", bad)
         print(out)
         check(rc == 1, "faulty llama: exit %d, want 1" % rc)
         for what in ("'llama.frobnication' = 3", "'llama.final_logit_softcapping' = 30", "'blk.0.bogus.weight'",
-                     "1 tensor of type Q2_K"):
+                     "1 tensor of type IQ2_XXS"):
             check(what in out, "faulty llama: %s not among the reasons" % what)
         rc, _, err = run(kvb, "generate", "--model", bad, "--prompt", "x", "--max-tokens", "1")
         check(rc != 0 and err.count("\n") <= 2, "generate on the faulty file: rc %d, %r" % (rc, err))
@@ -132,7 +176,7 @@ def main():
         faulty_file(other, "phi3")
         rc, out, _ = run(kvb, "info", other)
         print(out)
-        check(rc == 1 and "architecture 'phi3' is not supported" in out and "type Q2_K" in out,
+        check(rc == 1 and "architecture 'phi3' is not supported" in out and "type IQ2_XXS" in out,
               "phi3: %r" % out)
         rc, out, err = run(kvb, "info", os.path.join(tmp, "missing.gguf"))
         check(rc == 1 and "missing.gguf" in out + err, "missing file: rc %d" % rc)

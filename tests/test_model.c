@@ -190,8 +190,9 @@ int main(void)
     snprintf(dir, sizeof dir, "/tmp/kvb-test-model-XXXXXX");
     if (!mkdtemp(dir)) tu_skip("cannot make a temporary directory");
     struct synth_opts so;
-    const enum ggml_type types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
-                                    GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
+    const enum ggml_type types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_Q8_0,   GGML_TYPE_Q4_0,
+                                    GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K,   GGML_TYPE_Q6_K,
+                                    GGML_TYPE_Q5_K, GGML_TYPE_Q3_K, GGML_TYPE_Q2_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         synth_opts_default(&so);
         so.n_embd = 256; /* K-quants need rows of 256 */

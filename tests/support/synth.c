@@ -101,6 +101,27 @@ static enum kvb_status fill_tensor(uint8_t *dst, enum ggml_type type, int64_t n_
             break;
         }
         case GGML_TYPE_Q6_K: put_half(p + 208, sigma / (18.5f * 64.0f)); break;
+        case GGML_TYPE_Q5_K: {
+            /* Q4_K's form with q in 0..31. */
+            float d = sigma / (32.0f * 9.2f);
+            put_half(p, d);
+            put_half(p + 2, d * 15.5f);
+            break;
+        }
+        /* w = d * (sc - 32) * (q - 4), sc 6-bit, q 0..7. */
+        case GGML_TYPE_Q3_K: put_half(p + 108, sigma / (18.5f * 2.35f)); break;
+        case GGML_TYPE_Q2_K: {
+            /* w = d * sc * q - dmin * m, sc and m 0..15, q 0..3: dmin = 1.5 d
+             * centres it (sc and m have the same mean). */
+            float d = sigma / 14.0f;
+            put_half(p + 80, d);
+            put_half(p + 82, d * 1.5f);
+            break;
+        }
+        /* w = d * grid[q], the grid's 16 values from -127 to 113 (rms 67);
+         * IQ4_XS times (sc - 32) per 32 elements, sc 6-bit. */
+        case GGML_TYPE_IQ4_NL: put_half(p, sigma / 67.0f); break;
+        case GGML_TYPE_IQ4_XS: put_half(p, sigma / (18.5f * 67.0f)); break;
         default: return KVB_ERR_UNSUPPORTED;
         }
     }
