@@ -21,9 +21,9 @@ if [ "${1:-}" = llama ]; then
   exec python3 "$root/bench/bench_types_llama.py" "$LLAMA_CPP_BIN" "$out/kvbatch" "${2:-1}" "${3:-3}"
 fi
 if [ "${1:-}" = types ]; then
-  impl=${2:-auto}
+  impl=${2:-auto} threads=${3:-2} secs=${4:-4} # before set -- replaces the arguments
   if [ "$impl" = all ]; then set -- avx512 avx2; else set -- "$impl"; fi
-  for i in "$@"; do "$out/bench_matmul" types "$i" "${3:-2}" "${4:-4}" || true; echo; done
+  for i in "$@"; do "$out/bench_matmul" types "$i" "$threads" "$secs" || true; echo; done
   exit 0
 fi
 impl=${1:-auto}
