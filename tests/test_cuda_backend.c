@@ -34,7 +34,8 @@
  *    of the quantized size, and deterministic mode bit-identical alone and
  *    mixed; against the CPU backend's own q8 / q4 (and on its blocks) when
  *    that backend takes the type.
- * Models: synthetic llama (Q8_0; Q4_K with an untied head), qwen2 (QKV
+ * Models: synthetic llama (Q8_0; Q4_K with an untied head; Q5_K, Q2_K,
+ * IQ4_NL, IQ4_XS and Q3_K layers with a Q3_K embedding and head), qwen2 (QKV
  * bias, NeoX RoPE), qwen3 (QK norm), gemma3 (post-norms, GeGLU, scaled
  * embeddings, head_dim 256, a sliding window of 24 on 5 of 6 layers with
  * their own RoPE base) and gemma2 (soft-caps, a window of 20 on every other
@@ -1045,6 +1046,21 @@ int main(void)
     so.tied_output = 0;
     so.seed = 7;
     check_synth(dir, "llama-q4_k", &so, true, false);
+
+    /* The K and IQ4 types downloaded files carry, one per layer (the
+     * backend dequantizes every type on the host with quant_dequant_row,
+     * so this holds that path and the upload of their rows), the
+     * embedding and untied head Q3_K. */
+    {
+        static const enum ggml_type kq[5] = {GGML_TYPE_Q5_K, GGML_TYPE_Q2_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
+                                             GGML_TYPE_Q3_K};
+        so.n_layer = 5;
+        so.layer_types = kq;
+        so.n_layer_types = 5;
+        so.embd_type = GGML_TYPE_Q3_K;
+        so.seed = 8;
+        check_synth(dir, "llama-k-iq4", &so, true, false);
+    }
 
     synth_opts_default(&so);
     so.n_embd = 256;
