@@ -630,6 +630,7 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
     for (int l = 0; l < hp->n_layer && !s->what; l++) {
         const struct cu_layer *L = &c->layers[l];
         const bool swa = c->m->layers[l].swa;
+        const bool own_rope = swa && !mo->swa_same_rope; /* the windowed layers' own frequencies (not phi3) */
         float *q = c->qkv, *k = c->qkv + qd, *v = c->qkv + qd + kvd; /* rows of qkvd floats */
         step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, NULL, nt, ne, L->attn_norm, eps, cs), "attention norm");
         step_gemm(s, c->qkv, c->xb, L->wqkv, n_tok, e, qkvd, false, "QKV projection");
@@ -639,8 +640,8 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
             step_cu(s, kcu_rmsnorm(k, qkvd, k, qkvd, NULL, nt, nkv, h, L->k_norm, eps, cs), "K norm");
         }
         step_cu(s,
-                kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, swa ? c->inv_freq_swa : c->inv_freq,
-                         swa ? 1.0f : c->m->rope.mscale, cs),
+                kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, own_rope ? c->inv_freq_swa : c->inv_freq,
+                         own_rope ? 1.0f : c->m->rope.mscale, cs),
                 "RoPE");
         /* All of the step's K/V go in before attention reads any, so the
          * tokens of one prefill chunk see each other causally. */
@@ -974,6 +975,18 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
                         "(head_dim <= %d, whole groups)",
                         hp->head_dim, hp->n_head, hp->n_head_kv, KCU_ATTN_MAX_HEAD_DIM);
     KVB_FORWARD_IF_ERROR(kv_type_check(o->kv_type, hp->head_dim, err));
+    const struct model_ops *mo = &m->ops;
+    /* granite's residual and logit scales and olmo2's norm placement are
+     * computed on the CPU only so far. phi3 runs: its fused tensors are row
+     * ranges (stacked as three matrices are), its partial RoPE and LongRoPE
+     * are kcu_rope's rope_dim and model_rope_freqs' frequencies. */
+    bool no_pre = false;
+    for (int l = 0; l < hp->n_layer; l++) no_pre = no_pre || !m->layers[l].attn_norm || !m->layers[l].ffn_norm;
+    if (mo->resid_scale != 0.0f || mo->logit_div != 0.0f || mo->qk_norm_whole || no_pre)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "CUDA backend: this model's layer (residual or logit scaling, norms after attention and FFN "
+                        "only, Q/K norms over the whole projection) is computed on the CPU only so far "
+                        "(--device cpu)");
 
     struct cuda_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");

@@ -38,7 +38,9 @@
  * bias, NeoX RoPE), qwen3 (QK norm), gemma3 (post-norms, GeGLU, scaled
  * embeddings, head_dim 256, a sliding window of 24 on 5 of 6 layers with
  * their own RoPE base) and gemma2 (soft-caps, a window of 20 on every other
- * layer), n_embd 256, written with synth.h;
+ * layer), phi3 (fused QKV and gate-up, partial rotary, LongRoPE,
+ * a window of 20 on every layer rotating as the others), n_embd 256,
+ * written with synth.h;
  * a 4-layer synthetic of SmolLM2's width and heads with mixed weight types;
  * and the real SmolLM2 when $KVB_MODEL exists.
  *
@@ -956,6 +958,10 @@ static void check_synth(const char *dir, const char *label, const struct synth_o
         return;
     }
     struct model *mf = load_f32_copy(path, path32);
+    /* The run's context: LongRoPE's long set when a model has one whose
+     * original context is shorter (phi3 below). */
+    model_set_ctx(m, POOL * BS);
+    if (mf) model_set_ctx(mf, POOL * BS);
     int32_t a[LEN_A], b[LEN_B], prompt[24];
     text_tokens(a, LEN_A, TEXT_A);
     text_tokens(b, LEN_B, TEXT_B);
@@ -1080,6 +1086,21 @@ int main(void)
     so.final_softcap = 3.0f;
     so.seed = 6;
     check_synth(dir, "gemma2-q8_0", &so, true, false);
+    /* phi3: fused attn_qkv and gate-up ffn_up (row ranges of one tensor),
+     * rotary on 48 of 64 dims, LongRoPE's long factors and attention
+     * factor (an original context of 32 under the test's 192), every layer
+     * windowed. */
+    synth_opts_default(&so);
+    so.n_embd = 256;
+    so.n_head = 4;
+    so.n_head_kv = 2;
+    so.n_ff = 512;
+    so.arch = "phi3";
+    so.n_swa = 20;
+    so.rope_dim = 48;
+    so.longrope_orig = 32;
+    so.seed = 8;
+    check_synth(dir, "phi3-q8_0", &so, true, false);
     /* SmolLM2's width and heads (576 wide, 9 query / 3 KV heads, FFN 1536:
      * an odd head count, a width that is no multiple of 256) with a
      * different weight type per layer, as quantized files have. Four layers
