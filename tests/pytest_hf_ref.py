@@ -50,7 +50,8 @@ case an original context of 2048, run with --ctx 2048: both compare 2,048
 positions computed with the set transformers uses for them.
 
 KVB_HFREF_BREAK=noscale writes the scaled cases' GGUFs without their scaling
-(keys, rope_freqs), nopermute skips llama's Q/K permutation, theta writes a
+(keys, rope_freqs, Phi-3's LongRoPE factors), nopermute skips llama's and
+granite's Q/K permutation, theta writes a
 rope base 1% off, nonormshift writes Gemma's norms without the 1 the
 converter adds: each must make the test FAIL. KVB_HFREF_CASES=a,b runs only
 those cases.
