@@ -308,8 +308,12 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
     q->tokens = kvb_malloc(sizeof(int32_t) * (size_t)cap);
     q->cap_blocks = (int32_t)((cap + s->B - 1) / s->B);
     q->blocks = kvb_malloc(sizeof(int32_t) * (size_t)q->cap_blocks);
-    if (!q->tokens || !q->blocks || sampler_create(sp, s->n_vocab, &q->smp) != KVB_OK || push_waiting(s, q) != KVB_OK) {
+    /* the sampler's own refusal (a constraint its recogniser cannot start) is said as such, not as memory */
+    const enum kvb_status sst = q->tokens && q->blocks ? sampler_create(sp, s->n_vocab, &q->smp) : KVB_ERR_NOMEM;
+    if (sst != KVB_OK || push_waiting(s, q) != KVB_OK) {
         seq_free(q);
+        if (sst != KVB_OK && sst != KVB_ERR_NOMEM)
+            return kvb_errf(err, sst, "the sampler could not start: %s", kvb_strerror(sst));
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     }
     memcpy(q->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
