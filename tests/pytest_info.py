@@ -116,7 +116,8 @@ def arch_files(tmp):
     out.append(("phi3", path, ["architecture:  phi3", "24 of 32 head dims",
                                "LongRoPE factors (the short set for a context of up to 1024",
                                "attention factor 1.09545", "sliding window of 2047 positions on 2 of 2 layers",
-                               "windowed layers rotate as the others"]))
+                               "windowed layers rotate as the others",
+                               "Q, K and V from one attn_qkv; gate and up from one ffn_up"]))
     hp = dict(num_hidden_layers=2, max_position_embeddings=4096, hidden_size=128, intermediate_size=256,
               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=n_vocab,
               tie_word_embeddings=True, embedding_multiplier=12.0, attention_multiplier=0.015625,

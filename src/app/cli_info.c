@@ -123,6 +123,13 @@ static void print_layer(const struct model *m)
     if (o->logit_div != 0.0f) printf("; logits / %g", (double)o->logit_div);
     if (o->final_softcap > 0) printf("; logits soft-capped at %g", (double)o->final_softcap);
     printf("; output head %s\n", m->tied_output ? "tied to the embeddings" : "its own");
+    /* The converter's fused layout (phi3), read as row ranges of one tensor. */
+    const bool fused_qkv = gguf_find_tensor(m->gguf, "blk.0.attn_qkv.weight") != NULL;
+    const bool fused_gu = m->arch && m->arch->fused_gate_up;
+    if (fused_qkv || fused_gu)
+        printf("tensors:       %s%s%s (row ranges of one tensor, no copy)\n",
+               fused_qkv ? "Q, K and V from one attn_qkv" : "", fused_qkv && fused_gu ? "; " : "",
+               fused_gu ? "gate and up from one ffn_up (gate rows first)" : "");
 }
 
 static void print_text(const struct model *m, const char *template_name)
