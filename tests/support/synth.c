@@ -212,6 +212,10 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
                             s > 1 ? (float)sqrt(1 + log(s) / log((double)o->longrope_orig)) : 1.0f);
     }
     if (phi3) gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)o->n_swa);
+    if (olmo2 && o->n_swa > 0) { /* OLMo 3: every fourth layer global (no pattern key), its own RoPE base */
+        gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)o->n_swa);
+        gguf_writer_add_f32(w, KEY("rope.freq_base_swa"), 1000.0f);
+    }
     if (!strcmp(a, "granite")) { /* Granite 3.x's values, the attention scale 1/head_dim */
         gguf_writer_add_f32(w, KEY("embedding_scale"), 12.0f);
         gguf_writer_add_f32(w, KEY("attention.scale"), 1.0f / (float)hd);

@@ -33,8 +33,10 @@ struct synth_opts {
     const enum ggml_type *layer_types;
     int n_layer_types;
     uint64_t seed;
-    /* gemma2 / gemma3 / phi3: the sliding window (0: gemma3 and phi3 none,
-     * gemma2 the loader's 4096) and soft-caps (0: keys not written). */
+    /* gemma2 / gemma3 / phi3 / olmo2: the sliding window (0: gemma3, phi3
+     * and olmo2 none, gemma2 the loader's 4096; olmo2 with one is OLMo 3:
+     * three layers of four windowed, on RoPE base 1000) and soft-caps (0:
+     * keys not written). */
     int32_t n_swa;
     float attn_softcap, final_softcap;
     int32_t rope_dim;      /* phi3: dims rotated per head (partial rotary); 0: head_dim */
