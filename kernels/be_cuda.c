@@ -6,14 +6,16 @@
  * The step mirrors be_cpu.c operation for operation, reading the same
  * fields of struct model (model_ops and the layers'; never the
  * architecture's name): embedding (scaled when model_ops says); per layer
- * RMSNorm, Q|K|V projection (+ bias, per-head Q/K norm when the layer has
- * them), RoPE (the windowed layers' own frequencies), K/V stored into their
- * slots (fp16, or quantized to q8 / q4 by the store kernel itself), paged
- * attention over the stored rows (windowed, soft-capped), output projection
- * + residual (through the post-attention norm when the layer has one),
- * RMSNorm, gate|up projection, SwiGLU or GeGLU, down projection + residual
- * (through the post-FFN norm); then final norm, output head and final
- * soft-cap for the rows whose logits are wanted. Q, K and V are one stacked weight [wq; wk; wv] and gate and up one
+ * RMSNorm (none when the layer has no pre-norm: olmo2), Q|K|V projection
+ * (+ bias, Q/K norm per head or over the whole Q and K when the layer has
+ * them), RoPE (the windowed layers' own frequencies), K/V stored into
+ * their slots (fp16, or quantized to q8 / q4 by the store kernel itself),
+ * paged attention over the stored rows (windowed, soft-capped), output
+ * projection + residual (through the post-attention norm when the layer has
+ * one, times model_ops.resid_scale when set: granite), RMSNorm, gate|up
+ * projection, SwiGLU or GeGLU, down projection + residual (likewise); then
+ * final norm, output head, logit divisor and final soft-cap for the rows
+ * whose logits are wanted. Q, K and V are one stacked weight [wq; wk; wv] and gate and up one
  * [w_gate; w_up], so each is a single GEMM whose output row holds the parts
  * side by side; the kernels read the parts through row strides.
  *
@@ -44,12 +46,12 @@ _Static_assert(KCU_KV_GROUP == KV_QGROUP && KCU_KV_Q8_BYTES == sizeof(struct kvq
 
 /* One layer's weights on the device. */
 struct cu_layer {
-    float *attn_norm, *ffn_norm; /* (n_embd) */
+    float *attn_norm, *ffn_norm; /* (n_embd), or NULL: no pre-norm (olmo2) */
     uint16_t *wqkv;              /* (q_dim + 2*kv_dim, n_embd) bf16: wq rows, then wk, then wv */
     float *bqkv;                 /* (q_dim + 2*kv_dim) qwen2 bias, or NULL */
-    float *q_norm, *k_norm;      /* (head_dim) qwen3, or NULL */
-    float *post_attn_norm;       /* (n_embd) gemma, or NULL */
-    float *post_ffn_norm;        /* (n_embd) gemma, or NULL */
+    float *q_norm, *k_norm;      /* (head_dim) qwen3, gemma3; (q_dim), (kv_dim) olmo2; or NULL */
+    float *post_attn_norm;       /* (n_embd) gemma, olmo2, or NULL */
+    float *post_ffn_norm;        /* (n_embd) gemma, olmo2, or NULL */
     uint16_t *wo;                /* (n_embd, q_dim) bf16 */
     uint16_t *wgu;               /* (2*n_ff, n_embd) bf16: w_gate rows, then w_up */
     uint16_t *wdown;             /* (n_embd, n_ff) bf16 */
@@ -224,10 +226,12 @@ int64_t be_cuda_weight_bytes(const struct model *m)
     const struct model_hparams *hp = &m->hp;
     const int64_t e = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
     const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;
-    int64_t per_layer = 2 * ((qd + 2 * kvd) * e + e * qd + 2 * f * e + e * f) + 4 * (2 * e);
+    int64_t per_layer = 2 * ((qd + 2 * kvd) * e + e * qd + 2 * f * e + e * f);
     const struct model_layer *L = &m->layers[0];
+    if (L->attn_norm) per_layer += 4 * e;
+    if (L->ffn_norm) per_layer += 4 * e;
     if (L->bq) per_layer += 4 * (qd + 2 * kvd);
-    if (L->q_norm) per_layer += 4 * 2 * (int64_t)hp->head_dim;
+    if (L->q_norm) per_layer += m->ops.qk_norm_whole ? 4 * (qd + kvd) : 4 * 2 * (int64_t)hp->head_dim;
     if (L->post_attn_norm) per_layer += 4 * e;
     if (L->post_ffn_norm) per_layer += 4 * e;
     int64_t total = per_layer * hp->n_layer + 2 * (int64_t)hp->n_vocab * e + 4 * e;
@@ -389,8 +393,8 @@ static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, str
         const int64_t wd_out[1] = {e};
         KVB_FORWARD_IF_ERROR(upload_stacked(u, &D->wdown, wd, 1, f, wd_out, name, err));
         snprintf(name, sizeof name, "layer %d norms and biases", l);
-        KVB_FORWARD_IF_ERROR(upload_f32(&D->attn_norm, L->attn_norm, e, name, err));
-        KVB_FORWARD_IF_ERROR(upload_f32(&D->ffn_norm, L->ffn_norm, e, name, err));
+        if (L->attn_norm) KVB_FORWARD_IF_ERROR(upload_f32(&D->attn_norm, L->attn_norm, e, name, err));
+        if (L->ffn_norm) KVB_FORWARD_IF_ERROR(upload_f32(&D->ffn_norm, L->ffn_norm, e, name, err));
         if (L->bq) {
             KVB_FORWARD_IF_ERROR(dev_alloc(&D->bqkv, c->qkv_dim * 4, name, err));
             KVB_FORWARD_IF_ERROR(
@@ -400,9 +404,10 @@ static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, str
             KVB_FORWARD_IF_ERROR(
                 cu_check(cudaMemcpy(D->bqkv + qd + kvd, L->bv, (size_t)kvd * 4, cudaMemcpyHostToDevice), err, name));
         }
-        if (L->q_norm) {
-            KVB_FORWARD_IF_ERROR(upload_f32(&D->q_norm, L->q_norm, hp->head_dim, name, err));
-            KVB_FORWARD_IF_ERROR(upload_f32(&D->k_norm, L->k_norm, hp->head_dim, name, err));
+        if (L->q_norm) { /* per head, or over the whole rows (olmo2) */
+            const bool whole = m->ops.qk_norm_whole;
+            KVB_FORWARD_IF_ERROR(upload_f32(&D->q_norm, L->q_norm, whole ? qd : hp->head_dim, name, err));
+            KVB_FORWARD_IF_ERROR(upload_f32(&D->k_norm, L->k_norm, whole ? kvd : hp->head_dim, name, err));
         }
         if (L->post_attn_norm) KVB_FORWARD_IF_ERROR(upload_f32(&D->post_attn_norm, L->post_attn_norm, e, name, err));
         if (L->post_ffn_norm) KVB_FORWARD_IF_ERROR(upload_f32(&D->post_ffn_norm, L->post_ffn_norm, e, name, err));
@@ -588,6 +593,49 @@ static void layout_of(const struct step_shape *sh, int32_t n_groups, int64_t n_t
     o->end = o->blocks + n_groups * n_tab;
 }
 
+/* The input of a layer's Q|K|V or gate|up GEMM, bf16 in xb: the residual
+ * stream RMSNormed by w, or as it is when the layer has no pre-norm
+ * (olmo2). */
+static void pre_norm(struct step *s, const float *w, int64_t n_tok, const char *what)
+{
+    struct cuda_be *c = s->c;
+    const struct model_hparams *hp = &c->m->hp;
+    if (w)
+        step_cu(s,
+                kcu_rmsnorm_bf16(c->xb, hp->n_embd, c->x, hp->n_embd, NULL, (int32_t)n_tok, hp->n_embd, w, hp->rms_eps,
+                                 c->stream),
+                what);
+    else step_cu(s, kcu_f32_to_bf16(c->xb, c->x, n_tok * hp->n_embd, c->stream), what);
+}
+
+/* x += post(xb · wᵀ) * resid_scale, as be_cpu.c's add_residual: the output
+ * or down projection joining the residual stream, through the layer's
+ * post-norm when it has one (gemma, olmo2) and times model_ops.resid_scale
+ * when that is set (granite). Plain llama folds the add into the GEMM. */
+static void join_residual(struct step *s, const uint16_t *w, int64_t n_tok, int64_t n_in, const float *post,
+                          const char *what, const char *what_post)
+{
+    struct cuda_be *c = s->c;
+    const struct model_hparams *hp = &c->m->hp;
+    const int64_t e = hp->n_embd;
+    const float rs = c->m->ops.resid_scale;
+    if (!post && rs == 0.0f) {
+        step_gemm(s, c->x, c->xb, w, n_tok, n_in, e, true, what);
+        return;
+    }
+    step_gemm(s, c->proj, c->xb, w, n_tok, n_in, e, false, what);
+    if (rs == 0.0f) {
+        step_cu(s, kcu_rmsnorm_add(c->x, c->proj, (int32_t)n_tok, (int32_t)e, post, hp->rms_eps, c->stream), what_post);
+        return;
+    }
+    if (post)
+        step_cu(s,
+                kcu_rmsnorm(c->proj, e, c->proj, e, NULL, (int32_t)n_tok, 1, (int32_t)e, post, hp->rms_eps, c->stream),
+                what_post);
+    step_cu(s, kcu_scale(c->proj, n_tok * e, rs, c->stream), "residual scale");
+    step_cu(s, kcu_add(c->x, c->proj, n_tok * e, c->stream), "residual add");
+}
+
 /* Enqueues the step's device work — embedding to output head and greedy
  * choices — for a step of this shape whose indices are in d_idx. Reads
  * nothing from the host: what it enqueues can be captured once and
@@ -621,26 +669,32 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
     pg.softcap = mo->attn_softcap;
     cudaStream_t cs = c->stream;
 
-    /* Ten launches per layer: norms, SwiGLU and attention write the next
-     * GEMM's bf16 input themselves, the residual adds ride in the output
-     * and down projections (beta = 1), and Q and K (adjacent in each fused
-     * row) are rotated by one RoPE launch. */
+    /* Ten launches per layer for the llama layer: norms, SwiGLU and
+     * attention write the next GEMM's bf16 input themselves, the residual
+     * adds ride in the output and down projections (beta = 1), and Q and K
+     * (adjacent in each fused row) are rotated by one RoPE launch. A
+     * post-norm or a residual scale takes the add out of the GEMM
+     * (join_residual). */
     step_cu(s, kcu_embed(c->x, c->tok_embd, c->d_idx + lo.tok, nt, ne, cs), "embedding");
     if (mo->embd_scale != 1.0f) step_cu(s, kcu_scale(c->x, n_tok * e, mo->embd_scale, cs), "embedding scale");
     for (int l = 0; l < hp->n_layer && !s->what; l++) {
         const struct cu_layer *L = &c->layers[l];
         const bool swa = c->m->layers[l].swa;
+        const bool own_rope = swa && !mo->swa_same_rope; /* the windowed layers' own frequencies (not phi3) */
         float *q = c->qkv, *k = c->qkv + qd, *v = c->qkv + qd + kvd; /* rows of qkvd floats */
-        step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, NULL, nt, ne, L->attn_norm, eps, cs), "attention norm");
+        pre_norm(s, L->attn_norm, n_tok, "attention norm");
         step_gemm(s, c->qkv, c->xb, L->wqkv, n_tok, e, qkvd, false, "QKV projection");
         if (L->bqkv) step_cu(s, kcu_add_bias(c->qkv, qkvd, L->bqkv, nt, (int32_t)qkvd, cs), "QKV bias");
-        if (L->q_norm) {
+        if (L->q_norm && mo->qk_norm_whole) { /* olmo2: over all of Q, all of K */
+            step_cu(s, kcu_rmsnorm(q, qkvd, q, qkvd, NULL, nt, 1, (int32_t)qd, L->q_norm, eps, cs), "Q norm");
+            step_cu(s, kcu_rmsnorm(k, qkvd, k, qkvd, NULL, nt, 1, (int32_t)kvd, L->k_norm, eps, cs), "K norm");
+        } else if (L->q_norm) {
             step_cu(s, kcu_rmsnorm(q, qkvd, q, qkvd, NULL, nt, nh, h, L->q_norm, eps, cs), "Q norm");
             step_cu(s, kcu_rmsnorm(k, qkvd, k, qkvd, NULL, nt, nkv, h, L->k_norm, eps, cs), "K norm");
         }
         step_cu(s,
-                kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, swa ? c->inv_freq_swa : c->inv_freq,
-                         swa ? 1.0f : c->m->rope.mscale, cs),
+                kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, own_rope ? c->inv_freq_swa : c->inv_freq,
+                         own_rope ? 1.0f : c->m->rope.mscale, cs),
                 "RoPE");
         /* All of the step's K/V go in before attention reads any, so the
          * tokens of one prefill chunk see each other causally. */
@@ -654,28 +708,23 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
                 kcu_attn_tc_bf16(c->xb, q, qkvd, &pg, c->d_idx + lo.tiles, (int32_t)sh->n_tiles, nh, nkv, h, scale, cs),
                 "attention");
         else step_cu(s, kcu_attn_bf16(c->xb, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
-        if (L->post_attn_norm) {
-            step_gemm(s, c->proj, c->xb, L->wo, n_tok, qd, e, false, "output projection");
-            step_cu(s, kcu_rmsnorm_add(c->x, c->proj, nt, ne, L->post_attn_norm, eps, cs), "post-attention norm");
-        } else {
-            step_gemm(s, c->x, c->xb, L->wo, n_tok, qd, e, true, "output projection");
-        }
+        join_residual(s, L->wo, n_tok, qd, L->post_attn_norm, "output projection", "post-attention norm");
 
-        step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, NULL, nt, ne, L->ffn_norm, eps, cs), "FFN norm");
+        pre_norm(s, L->ffn_norm, n_tok, "FFN norm");
         step_gemm(s, c->gu, c->xb, L->wgu, n_tok, e, 2 * f, false, "gate/up projection");
         if (mo->act == MODEL_ACT_GELU_TANH) step_cu(s, kcu_geglu_bf16(c->xb, c->gu, nt, (int32_t)f, cs), "GeGLU");
         else step_cu(s, kcu_swiglu_bf16(c->xb, c->gu, nt, (int32_t)f, cs), "SwiGLU");
-        if (L->post_ffn_norm) {
-            step_gemm(s, c->proj, c->xb, L->wdown, n_tok, f, e, false, "down projection");
-            step_cu(s, kcu_rmsnorm_add(c->x, c->proj, nt, ne, L->post_ffn_norm, eps, cs), "post-FFN norm");
-        } else {
-            step_gemm(s, c->x, c->xb, L->wdown, n_tok, f, e, true, "down projection");
-        }
+        join_residual(s, L->wdown, n_tok, f, L->post_ffn_norm, "down projection", "post-FFN norm");
     }
     if (n_out > 0 && !s->what) {
         step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, d_rows, (int32_t)n_out, ne, c->output_norm, eps, cs),
                 "output norm");
         step_gemm(s, c->logits, c->xb, c->output, n_out, e, hp->n_vocab, false, "output head");
+        /* granite's logits_scaling: times the reciprocal, which differs from
+         * be_cpu.c's division by at most an ulp, far below the bf16 rounding
+         * of the head's weights and input. */
+        if (mo->logit_div != 0.0f)
+            step_cu(s, kcu_scale(c->logits, n_out * hp->n_vocab, 1.0f / mo->logit_div, cs), "logit scale");
         if (mo->final_softcap > 0)
             step_cu(s, kcu_softcap(c->logits, hp->n_vocab, (int32_t)n_out, hp->n_vocab, mo->final_softcap, cs),
                     "final soft-cap");
@@ -974,7 +1023,6 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
                         "(head_dim <= %d, whole groups)",
                         hp->head_dim, hp->n_head, hp->n_head_kv, KCU_ATTN_MAX_HEAD_DIM);
     KVB_FORWARD_IF_ERROR(kv_type_check(o->kv_type, hp->head_dim, err));
-
     struct cuda_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     c->m = m;

@@ -1,7 +1,8 @@
 """hfref_gguf.py — writes a GGUF from a Hugging Face config and state dict the
 way llama.cpp's convert_hf_to_gguf.py does, for the architectures kvbatch runs
 (LlamaForCausalLM → llama, Qwen2ForCausalLM → qwen2, Qwen3ForCausalLM → qwen3,
-Gemma2ForCausalLM → gemma2, Gemma3ForCausalLM → gemma3).
+Gemma2ForCausalLM → gemma2, Gemma3ForCausalLM → gemma3, Phi3ForCausalLM → phi3,
+GraniteForCausalLM → granite, Olmo2ForCausalLM and Olmo3ForCausalLM → olmo2).
 
 It is the converter's behaviour for these configs, written out step by step so
 that tests/pytest_hf_ref.py can put one set of random weights both into a
@@ -33,7 +34,23 @@ loader:
     window, and final_logit_softcapping only when the config has one. Neither
     writes query_pre_attn_scalar or the layer pattern: the test's configs keep
     transformers' defaults for those (head_dim; every 6th layer global for
-    gemma3, every 2nd for gemma2), which is what llama.cpp and kvbatch assume.
+    gemma3, every 2nd for gemma2), which is what llama.cpp and kvbatch assume;
+  - phi3 (conversion/phi.py, Phi3MiniModel, which does not call TextModel's
+    set_gguf_parameters): its own key set (the context, the original context,
+    rope.dimension_count = int(partial_rotary_factor * hidden) // heads, the
+    sliding window, 0 when the config has none), the fused qkv_proj and
+    gate_up_proj as attn_qkv and ffn_up, and for LongRoPE the factor tensors
+    rope_factors_long/short.weight and the attention factor
+    sqrt(1 + ln(s) / ln(orig)), s = max / original positions, as
+    rope.scaling.attn_factor (generate_extra_tensors);
+  - granite (conversion/granite.py, GraniteModel, a LlamaModel): llama's keys
+    and Q/K permutation, head_dim dropped from the config, and the four
+    multipliers as attention.scale, embedding_scale, residual_scale and
+    logit_scale, each only when non-zero;
+  - olmo2 (conversion/olmo.py, Olmo2Model, a TextModel; Olmo3ForCausalLM is
+    written by the same class): TextModel's keys, and for a config with a
+    sliding_window the window and the pattern from layer_types (freq_base_swa
+    from the sliding layers' rope_theta, TextModel).
 The tokenizer is the one thing not taken from a Hugging Face checkpoint (there is
 none): a small byte-level BPE vocabulary (256 byte tokens, a few merges, a few
 control tokens) in the layout _set_vocab_gpt2 writes (Gemma3Model's choice
@@ -50,7 +67,10 @@ import gguf
 logging.getLogger("gguf.gguf_writer").setLevel(logging.ERROR)
 
 ARCHS = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
-         "gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+         "gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
+         "granite": gguf.MODEL_ARCH.GRANITE, "olmo2": gguf.MODEL_ARCH.OLMO2,
+         "olmo3": gguf.MODEL_ARCH.OLMO2}  # Olmo3ForCausalLM is converted as olmo2
+LLAMA_LIKE = ("llama", "granite")  # LlamaModel's converter: Q/K permuted, vocab_size and rope dims written
 GEMMA = ("gemma2", "gemma3")
 MERGE_LETTERS = "etaoinsh"
 N_CONTROL = 8
@@ -153,6 +173,68 @@ def _write_params_gemma3(w, hp, ftype, scaling):
     w.add_head_count_kv(hp.get("num_key_value_heads", 4))
 
 
+def phi3_rope(hp):
+    """Phi3MiniModel's reading of the config: (rope dims, original context,
+    LongRoPE parameters or None)."""
+    rp = rope_parameters(hp)
+    orig = rp.get("original_max_position_embeddings", hp.get("original_max_position_embeddings"))
+    rot_pct = rp.get("partial_rotary_factor", hp.get("partial_rotary_factor", 1.0))
+    rope_dims = int(rot_pct * hp["hidden_size"]) // hp["num_attention_heads"]
+    return rope_dims, orig, (rp if rp.get("long_factor") else None)
+
+
+def _write_params_phi3(w, hp, ftype):
+    """Phi3MiniModel.set_gguf_parameters (it does not call TextModel's), and
+    the attention factor of generate_extra_tensors."""
+    rope_dims, orig, longrope = phi3_rope(hp)
+    max_pos = hp["max_position_embeddings"]
+    w.add_context_length(max_pos)
+    w.add_rope_scaling_orig_ctx_len(orig)
+    w.add_embedding_length(hp["hidden_size"])
+    w.add_feed_forward_length(hp["intermediate_size"])
+    w.add_block_count(hp["num_hidden_layers"])
+    w.add_head_count(hp["num_attention_heads"])
+    w.add_head_count_kv(hp["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    w.add_rope_dimension_count(rope_dims)
+    w.add_rope_freq_base(rope_parameters(hp)["rope_theta"])
+    w.add_file_type(ftype)
+    w.add_sliding_window(hp.get("sliding_window") or 0)
+    if longrope is not None:
+        scale = max_pos / orig
+        if longrope.get("rope_type", "").lower() not in ("su", "longrope"):
+            raise ValueError("phi3 rope_type %r: not one this writer does" % longrope.get("rope_type"))
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+
+
+def _write_params_granite(w, hp, ftype, scaling):
+    """GraniteModel.set_gguf_parameters: LlamaModel's without head_dim, then
+    the multipliers that are non-zero."""
+    hp = {k: v for k, v in hp.items() if k != "head_dim"}
+    _write_params(w, "granite", hp, ftype, scaling)
+    if hp.get("attention_multiplier"):
+        w.add_attention_scale(hp["attention_multiplier"])
+    if hp.get("embedding_multiplier"):
+        w.add_embedding_scale(hp["embedding_multiplier"])
+    if hp.get("residual_multiplier"):
+        w.add_residual_scale(hp["residual_multiplier"])
+    if hp.get("logits_scaling"):
+        w.add_logit_scale(hp["logits_scaling"])
+
+
+def _write_params_olmo2(w, arch, hp, ftype, scaling):
+    """Olmo2Model.set_gguf_parameters: TextModel's, and the window with its
+    pattern when the config has a sliding_window (OLMo 3)."""
+    _write_params(w, arch, hp, ftype, scaling)
+    if "sliding_window" in hp:
+        w.add_sliding_window(hp["sliding_window"])
+        if "layer_types" in hp:
+            pattern = [t == "sliding_attention" for t in hp["layer_types"]]
+        else:
+            pattern = [(i + 1) % 4 != 0 for i in range(hp["num_hidden_layers"])]
+        w.add_sliding_window_pattern(pattern)
+
+
 def _write_params(w, arch, hp, ftype, scaling):
     """TextModel.set_gguf_parameters (+ LlamaModel's additions). scaling=False
     leaves out the rope scaling keys (the test's deliberately broken files)."""
@@ -195,7 +277,7 @@ def _write_params(w, arch, hp, ftype, scaling):
         w.add_key_length(hp["head_dim"])
         w.add_value_length(hp["head_dim"])
     w.add_file_type(ftype)
-    if arch == "llama":
+    if arch in LLAMA_LIKE:
         w.add_vocab_size(hp["vocab_size"])
         w.add_rope_dimension_count(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
 
@@ -235,8 +317,14 @@ def write_gguf(path, arch, hp, state, f16=False, scaling=True, permute_qk=True, 
     tensors = []
     rp = rope_parameters(hp)
     gemma = arch in GEMMA
-    if arch == "llama" and str(rp.get("rope_type", "")).lower() == "llama3" and scaling:
+    if arch in LLAMA_LIKE and str(rp.get("rope_type", "")).lower() == "llama3" and scaling:
         tensors.append((gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", llama3_rope_factors(hp, rp)))
+    if arch == "phi3" and phi3_rope(hp)[2] is not None and scaling:
+        # Phi3MiniModel.generate_extra_tensors (noscale: the file without them must fail the test)
+        tensors.append((gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FACTORS_LONG] + ".weight",
+                        np.array(rp["long_factor"], dtype=np.float32)))
+        tensors.append((gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT] + ".weight",
+                        np.array(rp["short_factor"], dtype=np.float32)))
     for hf_name, data in state.items():
         if hf_name.endswith(".rotary_emb.inv_freq"):
             continue
@@ -245,7 +333,7 @@ def write_gguf(path, arch, hp, state, f16=False, scaling=True, permute_qk=True, 
         data = np.asarray(data, dtype=np.float32)
         if gemma and norm_shift and hf_name.endswith("norm.weight"):
             data = data + np.float32(1.0)  # in float32, as torch adds it to the f32 checkpoint
-        if arch == "llama" and permute_qk:
+        if arch in LLAMA_LIKE and permute_qk:
             if hf_name.endswith(("q_proj.weight", "q_proj.bias")):
                 data = permute(data, n_head, n_head)
             if hf_name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -265,6 +353,12 @@ def write_gguf(path, arch, hp, state, f16=False, scaling=True, permute_qk=True, 
         _write_params_gemma2(w, hp, ftype)
     elif arch == "gemma3":
         _write_params_gemma3(w, hp, ftype, scaling)
+    elif arch == "phi3":
+        _write_params_phi3(w, hp, ftype)
+    elif arch == "granite":
+        _write_params_granite(w, hp, ftype, scaling)
+    elif arch in ("olmo2", "olmo3"):
+        _write_params_olmo2(w, "olmo2", hp, ftype, scaling)
     else:
         _write_params(w, arch, hp, ftype, scaling)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)

@@ -5,11 +5,13 @@ understanding as the engine and shares its blind spots).
 
 For each case below: random weights go into a transformers model built from its
 Config class (LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
-Gemma2ForCausalLM / Gemma3ForCausalLM, float32, eager attention, CPU) and,
+Gemma2ForCausalLM / Gemma3ForCausalLM / Phi3ForCausalLM / GraniteForCausalLM /
+Olmo2ForCausalLM / Olmo3ForCausalLM, float32, eager attention, CPU) and,
 through tests/hfref_gguf.py, into a GGUF written as llama.cpp's
 convert_hf_to_gguf.py writes one for that config (the Q/K row permutation for
-llama, rope_freqs for "llama3", the rope scaling keys for "linear" and "yarn",
-Gemma's norms with 1 added and its soft-cap, window and RoPE keys). transformers' own GGUF loader is not used: it drops rope
+llama and granite, rope_freqs for "llama3", the rope scaling keys for "linear"
+and "yarn", Gemma's norms with 1 added and its soft-cap, window and RoPE keys,
+Phi-3's fused tensors and LongRoPE factors, Granite's multipliers). transformers' own GGUF loader is not used: it drops rope
 scaling, so a reference loaded through it would agree with an engine that does.
 A prompt of 2,048 random token ids goes through both (`kvbatch logits
 --prompt-ids`), and the logits are compared at every position 0-2047: max abs
@@ -38,12 +40,22 @@ global (no sliding window), with the other query-scale rule (hidden / heads)
 where that differs, for gemma3 with the windowed layers on the global RoPE
 base, and for gemma2 without each soft-cap, must differ by more than 10 x the
 bar, and the reference with its window one position shorter or longer by more
-than 3 x (so an engine off by one at the window's edge fails); windowed cases
-report top-1 agreement separately for the positions past the window (where the
-window changes what is seen).
+than 3 x (so an engine off by one at the window's edge fails); likewise the
+windows of Phi-3 and OLMo 3. Windowed cases report top-1 agreement separately
+for the positions past the window (where the window changes what is seen).
+Phi-3 LongRoPE cases check the reference with the other factor set and
+without the attention factor, Granite cases without each multiplier.
+
+LongRoPE: transformers computes a forward pass with the long factors when the
+sequence is longer than original_max_position_embeddings, else the short
+ones; kvbatch by its run's context (model_set_ctx). So the long case has an
+original context of 1024 under kvbatch's default context (4096), and the short
+case an original context of 2048, run with --ctx 2048: both compare 2,048
+positions computed with the set transformers uses for them.
 
 KVB_HFREF_BREAK=noscale writes the scaled cases' GGUFs without their scaling
-(keys, rope_freqs), nopermute skips llama's Q/K permutation, theta writes a
+(keys, rope_freqs, Phi-3's LongRoPE factors), nopermute skips llama's and
+granite's Q/K permutation, theta writes a
 rope base 1% off, nonormshift writes Gemma's norms without the 1 the
 converter adds: each must make the test FAIL. KVB_HFREF_CASES=a,b runs only
 those cases.
@@ -54,6 +66,7 @@ scripts/setup.sh) when the python running it lacks them, and skips (77) when
 there is none. Exit 0 pass, 1 fail, 77 skip.
 """
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -127,7 +140,36 @@ def gemma2_cfg(**kw):
     return cfg
 
 
-# name, arch, config overrides, F16 weights
+def phi3_cfg(**kw):
+    """Phi3Config with the test's widths; no window and no LongRoPE unless given."""
+    cfg = dict(vocab_size=0, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=4, max_position_embeddings=2 * N_TOK, original_max_position_embeddings=2 * N_TOK,
+               rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None, pad_token_id=None,
+               bos_token_id=None, eos_token_id=None, rope_parameters=rope(10000.0, rope_type="default"))
+    cfg.update(kw)
+    return cfg
+
+
+def longrope(theta, orig, n_pairs, seed, **kw):
+    """LongRoPE parameters shaped like Phi-3.5's: short factors near 1, long
+    ones rising from 1 to ~40 over the pairs (slow frequencies stretched most)."""
+    rng = random.Random(seed)  # not numpy: the cases are built before the venv's python takes over
+    short = [round(1.0 + 0.3 * rng.random(), 4) for _ in range(n_pairs)]
+    long_ = [round(40.0 ** (i / (n_pairs - 1)) * (1.0 + 0.1 * rng.random()), 4) for i in range(n_pairs)]
+    return dict(rope_theta=theta, rope_type="longrope", short_factor=short, long_factor=long_,
+                original_max_position_embeddings=orig, **kw)
+
+
+def granite_cfg(**kw):
+    """GraniteConfig with Granite 3.x's multipliers (embedding 12, residual
+    0.22, logits 8; attention 1/head_dim in the real models, 1/16 here)."""
+    cfg = base_cfg(num_key_value_heads=2, tie_word_embeddings=True, embedding_multiplier=12.0,
+                   attention_multiplier=1.0 / 16, residual_multiplier=0.22, logits_scaling=8.0)
+    cfg.update(kw)
+    return cfg
+
+
+# name, arch, config overrides, F16 weights[, extra kvbatch logits arguments]
 CASES = [
     ("llama-mha", "llama", base_cfg(), False),
     ("llama-gqa", "llama", base_cfg(num_attention_heads=8, num_key_value_heads=2, head_dim=16), False),
@@ -186,6 +228,43 @@ CASES = [
     ("gemma2-softcap-strong", "gemma2", gemma2_cfg(num_key_value_heads=1, head_dim=128, query_pre_attn_scalar=128,
                                                    sliding_window=200, attn_logit_softcapping=4.0,
                                                    final_logit_softcapping=2.5), True),
+    # Phi-3-mini-4k in miniature: fused QKV / gate-up, every layer windowed (its 2047 of 4096; 1000 here)
+    ("phi3-mini-4k-shape", "phi3", phi3_cfg(sliding_window=1000), False),
+    # Phi-3.5-mini's LongRoPE past the original context (1024 of 4096: the long factors, attention factor
+    # sqrt(1 + ln 4 / ln 1024)), its window of 262144 (wider than the context), GQA
+    ("phi3-longrope-long", "phi3", phi3_cfg(num_key_value_heads=2, original_max_position_embeddings=1024,
+                                            max_position_embeddings=4096, sliding_window=262144,
+                                            rope_parameters=longrope(10000.0, 1024, 16, 1)), False),
+    # the same within the original context (2048 of 8192, run with --ctx 2048): the short factors
+    ("phi3-longrope-short", "phi3", phi3_cfg(num_key_value_heads=2, original_max_position_embeddings=2048,
+                                             max_position_embeddings=8192,
+                                             rope_parameters=longrope(10000.0, 2048, 16, 2)), False,
+     ["--ctx", "2048"]),
+    # Phi-4-mini's shape in miniature: partial rotary 0.75 (24 of 32 dims), LongRoPE (long), 8 heads over 2,
+    # tied embeddings, F16 weights
+    ("phi4-mini-shape", "phi3", phi3_cfg(hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
+                                         tie_word_embeddings=True, original_max_position_embeddings=1024,
+                                         max_position_embeddings=4096,
+                                         rope_parameters=longrope(10000.0, 1024, 12, 3,
+                                                                  partial_rotary_factor=0.75)), True),
+    # Granite 3.x's multipliers, tied embeddings
+    ("granite-3-shape", "granite", granite_cfg(), False),
+    # other multipliers, an untied head, 8 heads over 2, F16 weights
+    ("granite-untied-f16", "granite", granite_cfg(num_attention_heads=8, tie_word_embeddings=False,
+                                                  embedding_multiplier=6.0, attention_multiplier=0.1,
+                                                  residual_multiplier=0.5, logits_scaling=3.0), True),
+    # OLMo 2: norms after attention and FFN only, Q/K norms over the whole projection
+    ("olmo2-shape", "olmo2", base_cfg(rms_norm_eps=1e-6, rope_parameters=rope(500000.0, rope_type="default")),
+     False),
+    ("olmo2-gqa-tied-f16", "olmo2", base_cfg(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
+                                             rms_norm_eps=1e-6), True),
+    # OLMo 3 (converted as olmo2): windows of 300 on three layers of four, their own RoPE base, yarn on the
+    # global layers only
+    ("olmo3-window", "olmo3", base_cfg(
+        num_hidden_layers=4, num_key_value_heads=2, rms_norm_eps=1e-6, sliding_window=300,
+        rope_parameters={"full_attention": rope(500000.0, rope_type="yarn", factor=4.0,
+                                                original_max_position_embeddings=512),
+                         "sliding_attention": rope(10000.0, rope_type="default")}), False),
 ]
 
 
@@ -216,13 +295,17 @@ def variants(arch, cfg):
     out = []
     if scaled(cfg):
         out.append(("no rope scaling", unscaled(cfg), SENSITIVITY))
-    if arch in ("gemma2", "gemma3"):
-        w = cfg["sliding_window"]
+    w = window_of(arch, cfg)
+    if arch in ("gemma2", "gemma3", "olmo3"):
         out.append(("no window", dict(cfg, layer_types=["full_attention"] * cfg["num_hidden_layers"]), SENSITIVITY))
+    if arch == "phi3" and w:
+        out.append(("no window", dict(cfg, sliding_window=None), SENSITIVITY))
+    if w:
         # transformers' window holds the position itself and the w - 1 before it (kv > q - w): an engine
         # one off either way must fail
         out.append(("window %d (one short)" % (w - 1), dict(cfg, sliding_window=w - 1), EDGE_SENSITIVITY))
         out.append(("window %d (one long)" % (w + 1), dict(cfg, sliding_window=w + 1), EDGE_SENSITIVITY))
+    if arch in ("gemma2", "gemma3"):
         # the query scale is 1/sqrt(query_pre_attn_scalar), which the GGUF does not carry: the other rule
         # (hidden / heads, Gemma 2 27B's) must show
         alt = cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -236,7 +319,26 @@ def variants(arch, cfg):
     if arch == "gemma2":
         out.append(("no attn softcap", dict(cfg, attn_logit_softcapping=None), SENSITIVITY))
         out.append(("no final softcap", dict(cfg, final_logit_softcapping=None), SENSITIVITY))
+    rp = full_rope(cfg)
+    if arch == "phi3" and rp.get("rope_type") == "longrope":
+        # the other factor set: what a run choosing the wrong one computes
+        used, other = ("long_factor", "short_factor") if N_TOK > rp["original_max_position_embeddings"] \
+            else ("short_factor", "long_factor")
+        out.append(("the %s" % other.replace("_", " "), dict(cfg, rope_parameters=dict(rp, **{used: rp[other]})),
+                    SENSITIVITY))
+        out.append(("no attention factor", dict(cfg, rope_parameters=dict(rp, attention_factor=1.0)), SENSITIVITY))
+    if arch == "granite":
+        hd = cfg["hidden_size"] // cfg["num_attention_heads"]
+        for k, neutral in (("embedding_multiplier", 1.0), ("attention_multiplier", hd ** -0.5),
+                           ("residual_multiplier", 1.0), ("logits_scaling", 1.0)):
+            out.append(("neutral %s" % k, dict(cfg, **{k: neutral}), SENSITIVITY))
     return out
+
+
+def window_of(arch, cfg):
+    """The sliding window when the prompt runs past it, else None."""
+    win = cfg.get("sliding_window") if arch in ("gemma2", "gemma3", "phi3", "olmo3") else None
+    return win if win and win < N_TOK else None
 
 
 def random_state(np, model, seed):
@@ -244,7 +346,13 @@ def random_state(np, model, seed):
     peaked (score std ~3: RoPE errors show) and activations stay O(1)."""
     rng = np.random.default_rng(seed)
     out = {}
-    gemma = model.config.model_type.startswith("gemma")
+    c = model.config
+    gemma = c.model_type.startswith("gemma")
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    q_rows, kv_rows = c.num_attention_heads * hd, c.num_key_value_heads * hd
+    # Q/K scaled so that the scores' spread is the same whatever the query scale (Granite's attention_multiplier
+    # is 4-8 x below 1/sqrt(head_dim)): peaked attention, where RoPE errors show
+    qk_gain = 1.7 * (hd ** -0.5 / getattr(c, "attention_multiplier", hd ** -0.5)) ** 0.5
     for name, t in model.state_dict().items():
         shape = tuple(t.shape)
         if name.endswith("norm.weight"):
@@ -260,9 +368,11 @@ def random_state(np, model, seed):
             gain = 2.0 / np.sqrt(shape[1]) if tied else 1.0 / np.sqrt(shape[1]) if gemma else 1.0
             out[name] = (gain * rng.standard_normal(shape)).astype(np.float32)
         else:
-            gain = 1.7 if name.endswith(("q_proj.weight", "k_proj.weight")) else \
+            gain = qk_gain if name.endswith(("q_proj.weight", "k_proj.weight")) else \
                 2.0 if name == "lm_head.weight" else 1.0
             out[name] = (gain / np.sqrt(shape[1]) * rng.standard_normal(shape)).astype(np.float32)
+            if name.endswith("qkv_proj.weight"):  # phi3's fused Q, K, V: Q and K rows as q_proj/k_proj
+                out[name][:q_rows + kv_rows] *= np.float32(qk_gain)
     if model.config.tie_word_embeddings and "lm_head.weight" in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
@@ -310,7 +420,11 @@ def main():
                "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
                "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
                "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
-               "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM)}
+               "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+               "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+               "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
+               "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM),
+               "olmo3": (transformers.Olmo3Config, transformers.Olmo3ForCausalLM)}
     n_vocab = hfref_gguf.vocab_size()
     failures, table = [], []
 
@@ -336,9 +450,10 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="kvb_hfref_") as tmp:
         out = os.path.join(tmp, "logits.f32")
-        for ci, (name, arch, cfg, f16) in enumerate(CASES):
+        for ci, (name, arch, cfg, f16, *extra) in enumerate(CASES):
             if only and name not in only:
                 continue
+            extra = extra[0] if extra else []
             t0 = time.time()
             cfg = dict(cfg, vocab_size=n_vocab, rope_parameters=dict(cfg["rope_parameters"]))
             for k in ("full_attention", "sliding_attention"):
@@ -379,10 +494,11 @@ def main():
                     failures.append("%s: the reference with %s is only %.3g from it (must exceed %.3g): "
                                     "this case cannot tell them apart" % (name, what, ds, bars * tol_d))
             sens = "%.3g" % min(sens) if sens else ""  # > 1: every variant far enough
-            win = cfg.get("sliding_window") if arch in ("gemma2", "gemma3") else None
+            win = window_of(arch, cfg)
             try:
                 p = subprocess.run([kvb, "logits", "--model", path, "--prompt-ids", " ".join(map(str, ids)),
-                                    "--out", out, "--threads", "2"], capture_output=True, text=True, timeout=300)
+                                    "--out", out, "--threads", "2"] + extra, capture_output=True, text=True,
+                               timeout=300)
                 if p.returncode != 0:
                     raise RuntimeError("kvbatch logits exited %d: %s" % (p.returncode, p.stderr.strip()[-300:]))
                 if [int(t) for t in p.stdout.split()] != ids:

@@ -12,6 +12,10 @@ Files are written with gguf-py (the writer llama.cpp's converter uses):
     llama does not compute, a tensor nobody reads, a weight type kvbatch has
     no kernels for): info lists all four, exit 1, where `kvbatch generate`
     stops at the first;
+  - a phi3 file (Phi-4-mini-like: partial rotary, LongRoPE, a 2047 window), a
+    granite file (its multipliers) and an olmo2 file (post-norms only, Q/K
+    norms over the whole projection) as the converter writes them: info says
+    what each computes;
   - a file of an architecture kvbatch does not run: the architecture and the
     unsupported weight type are both named.
 Needs numpy and gguf (skips, 77, without them). Exit 0 pass, 1 fail, 77 skip.
@@ -66,6 +70,72 @@ def gemma3_file(path):
                        ("self_attn.q_norm.weight", 64), ("self_attn.k_norm.weight", 64)):
             st[p + n] = np.zeros(dim, np.float32)
     hfref_gguf.write_gguf(path, "gemma3", hp, st, name="info-gemma3")
+
+
+def small_state(arch, n_layer, hidden, n_head, n_kv, ff, rng):
+    """Random weights named as transformers names them for arch."""
+    n_vocab = hfref_gguf.vocab_size()
+    hd = hidden // n_head
+    st = {"model.embed_tokens.weight": rng.standard_normal((n_vocab, hidden)).astype(np.float32),
+          "model.norm.weight": np.ones(hidden, np.float32),
+          "lm_head.weight": rng.standard_normal((n_vocab, hidden)).astype(np.float32)}
+    mats = [("self_attn.o_proj.weight", (hidden, n_head * hd)), ("mlp.down_proj.weight", (hidden, ff))]
+    norms = [("post_attention_layernorm.weight", hidden)]
+    if arch == "phi3":
+        mats += [("self_attn.qkv_proj.weight", ((n_head + 2 * n_kv) * hd, hidden)),
+                 ("mlp.gate_up_proj.weight", (2 * ff, hidden))]
+    else:
+        mats += [("self_attn.q_proj.weight", (n_head * hd, hidden)), ("self_attn.k_proj.weight", (n_kv * hd, hidden)),
+                 ("self_attn.v_proj.weight", (n_kv * hd, hidden)), ("mlp.gate_proj.weight", (ff, hidden)),
+                 ("mlp.up_proj.weight", (ff, hidden))]
+    if arch == "olmo2":
+        norms += [("post_feedforward_layernorm.weight", hidden), ("self_attn.q_norm.weight", n_head * hd),
+                  ("self_attn.k_norm.weight", n_kv * hd)]
+    else:
+        norms += [("input_layernorm.weight", hidden)]
+    for i in range(n_layer):
+        p = "model.layers.%d." % i
+        for n, shape in mats:
+            st[p + n] = (0.05 * rng.standard_normal(shape)).astype(np.float32)
+        for n, dim in norms:
+            st[p + n] = np.ones(dim, np.float32)
+    return st
+
+
+def arch_files(tmp):
+    """(arch, path, what info must say) for a phi3, a granite and an olmo2 file."""
+    n_vocab = hfref_gguf.vocab_size()
+    rng = np.random.default_rng(2)
+    out = []
+    hp = dict(num_hidden_layers=2, max_position_embeddings=4096, original_max_position_embeddings=1024,
+              hidden_size=256, intermediate_size=256, num_attention_heads=8, num_key_value_heads=2,
+              rms_norm_eps=1e-5, vocab_size=n_vocab, sliding_window=2047, tie_word_embeddings=False,
+              rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                               "original_max_position_embeddings": 1024,
+                               "short_factor": [1.0] * 12, "long_factor": [4.0] * 12})
+    path = os.path.join(tmp, "phi3.gguf")
+    hfref_gguf.write_gguf(path, "phi3", hp, small_state("phi3", 2, 256, 8, 2, 256, rng), name="info-phi3")
+    out.append(("phi3", path, ["architecture:  phi3", "24 of 32 head dims",
+                               "LongRoPE factors (the short set for a context of up to 1024",
+                               "attention factor 1.09545", "sliding window of 2047 positions on 2 of 2 layers",
+                               "windowed layers rotate as the others",
+                               "Q, K and V from one attn_qkv; gate and up from one ffn_up"]))
+    hp = dict(num_hidden_layers=2, max_position_embeddings=4096, hidden_size=128, intermediate_size=256,
+              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=n_vocab,
+              tie_word_embeddings=True, embedding_multiplier=12.0, attention_multiplier=0.015625,
+              residual_multiplier=0.22, logits_scaling=8.0, rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    path = os.path.join(tmp, "granite.gguf")
+    hfref_gguf.write_gguf(path, "granite", hp, small_state("granite", 2, 128, 4, 2, 256, rng), name="info-granite")
+    out.append(("granite", path, ["architecture:  granite", "embeddings x12; scores x0.015625",
+                                  "residual branches x0.22", "logits / 8", "output head tied"]))
+    hp = dict(num_hidden_layers=2, max_position_embeddings=4096, hidden_size=128, intermediate_size=256,
+              num_attention_heads=4, num_key_value_heads=4, rms_norm_eps=1e-6, vocab_size=n_vocab,
+              tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    path = os.path.join(tmp, "olmo2.gguf")
+    hfref_gguf.write_gguf(path, "olmo2", hp, small_state("olmo2", 2, 128, 4, 4, 256, rng), name="info-olmo2")
+    out.append(("olmo2", path, ["architecture:  olmo2", "after attention and FFN only (no pre-norms)",
+                                "whole-projection Q/K norms yes", "NeoX"]))
+    return out
 
 
 def faulty_file(path, arch):
@@ -172,12 +242,19 @@ def main():
         rc, _, err = run(kvb, "generate", "--model", bad, "--prompt", "x", "--max-tokens", "1")
         check(rc != 0 and err.count("\n") <= 2, "generate on the faulty file: rc %d, %r" % (rc, err))
 
+        for arch, path, wants in arch_files(tmp):
+            rc, out, err = run(kvb, "info", path)
+            print(out)
+            check(rc == 0, "%s: exit %d (%s)" % (arch, rc, (out + err).strip()[-300:]))
+            for want in wants:
+                check(want in out, "%s: %r not in what info says" % (arch, want))
+
         other = os.path.join(tmp, "other.gguf")
-        faulty_file(other, "phi3")
+        faulty_file(other, "phi2")
         rc, out, _ = run(kvb, "info", other)
         print(out)
-        check(rc == 1 and "architecture 'phi3' is not supported" in out and "type IQ2_XXS" in out,
-              "phi3: %r" % out)
+        check(rc == 1 and "architecture 'phi2' is not supported" in out and "type IQ2_XXS" in out,
+              "phi2: %r" % out)
         rc, out, err = run(kvb, "info", os.path.join(tmp, "missing.gguf"))
         check(rc == 1 and "missing.gguf" in out + err, "missing file: rc %d" % rc)
     if failures:

@@ -270,6 +270,10 @@ static void test_rope_scalings(void)
     test_rope_scaled(5, 6, 128, 128, 1, 2047, &yarn, "yarn");
     test_rope_scaled(5, 6, 64, 64, 0, 2047, &yarn, "yarn");
     test_rope_scaled(5, 6, 128, 128, 0, 30000, &llama3, "llama3");
+    /* Phi-4-mini: LongRoPE's factors and attention factor on 96 of 128 dims */
+    const struct model_rope longrope = {
+        .type = ROPE_SCALING_NONE, .factor = 1.0f, .mscale = 1.1902f, .freq_factors = factors};
+    test_rope_scaled(5, 6, 128, 96, 1, 30000, &longrope, "longrope partial");
 }
 
 /* ---- elementwise ----------------------------------------------------------------------------- */
@@ -1158,6 +1162,7 @@ int main(void)
     test_rmsnorm(9, 1, 576, 576, true, false);                /* output-row gather */
     test_rmsnorm(6, 8, 64, 8 * 64 + 2 * 2 * 64, false, true); /* qwen3 Q norm in the fused row */
     test_rmsnorm(6, 2, 128, 4 * 128 + 2 * 2 * 128, false, true);
+    test_rmsnorm(6, 1, 512, 512 + 2 * 256, false, true); /* olmo2's Q norm over the whole projection */
 
     test_rope(5, 4, 64, 64, 0, 40);
     test_rope(9, 8, 64, 64, 1, 2000);

@@ -1,6 +1,7 @@
 /* test_model.c — the model loader and the CPU forward pass on synthetic
  * models (src/synth.h), so every weight type, a per-layer mix of types, and
- * the qwen2/qwen3 variants run through the whole forward pass:
+ * the qwen2/qwen3/phi3/granite/olmo2 variants run through the whole forward
+ * pass:
  *  - SIMD and scalar paths agree (quantization-noise tolerance) for each;
  *  - chunked prefill is bit-identical to one-shot prefill for each;
  *  - damaged models are refused with a message naming the problem
@@ -223,6 +224,27 @@ int main(void)
     so.head_dim = 32;
     so.n_head = 4;
     check_model("qwen3", &so);
+    /* phi3's fused QKV and gate-up as row ranges of quantized tensors, a
+     * partial rotary embedding and LongRoPE; granite's multipliers; olmo2's
+     * post-norms and whole-row Q/K norms. */
+    synth_opts_default(&so);
+    so.arch = "phi3";
+    so.n_embd = 256;
+    so.n_ff = 512;
+    so.matrix_type = GGML_TYPE_Q4_K;
+    so.rope_dim = 48;
+    so.longrope_orig = 64;
+    check_model("phi3", &so);
+    synth_opts_default(&so);
+    so.arch = "granite";
+    so.tied_output = 0;
+    check_model("granite", &so);
+    synth_opts_default(&so);
+    so.arch = "olmo2";
+    so.n_embd = 256;
+    so.n_ff = 256;
+    so.matrix_type = GGML_TYPE_Q6_K;
+    check_model("olmo2", &so);
 
     test_damaged();
     test_tokenizer_of_synth();

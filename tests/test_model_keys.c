@@ -5,7 +5,9 @@
  * message naming the key and its value; metadata that contradicts itself
  * is refused naming the key; the value that leaves the arithmetic alone is
  * accepted and gives the very same logits; the RoPE scalings kvbatch
- * computes load with the parameters the file gives. */
+ * computes load with the parameters the file gives. phi3, granite and olmo2
+ * files: what each requires and refuses, and LongRoPE's factor set and
+ * fingerprint following the run's context (model_set_ctx). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -422,6 +424,129 @@ static void test_neutral_and_scaled(void)
     kvb_free(ref);
 }
 
+/* The logits of `m` (loaded) over 24 tokens, on a fresh CPU backend. */
+static float *logits_model(const struct model *m)
+{
+    struct be_cpu_opts o = {.n_threads = 2, .block_size = 16, .n_blocks = 8, .impl = MM_IMPL_AUTO};
+    struct backend *be = NULL;
+    struct kvb_err err = {{0}};
+    CHECK_MSG(be_cpu_create(m, &o, &be, &err) == KVB_OK, "%s", err.msg);
+    enum { N = 24 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (i * 53 + 7) % m->hp.n_vocab;
+    float *out = kvb_malloc(sizeof(float) * (size_t)m->hp.n_vocab * N);
+    struct gen_ctx *g = NULL;
+    CHECK(gen_create(m, be, 128, 512, &g, &err) == KVB_OK);
+    CHECK_MSG(gen_feed(g, ids, N, out, &err) == KVB_OK, "%s", err.msg);
+    gen_free(g);
+    be_free(be);
+    return out;
+}
+
+/* phi3 (arch_phi3.c): partial rotary loads; LongRoPE's set follows the
+ * run's context (model_set_ctx) and so does the fingerprint; its keys and
+ * tensors are refused when they contradict each other. */
+static void test_phi3(void)
+{
+    struct synth_opts so;
+    synth_opts_default(&so); /* 4 heads of 16 over 2 */
+    so.arch = "phi3";
+    so.rope_dim = 8;
+    so.longrope_orig = 64;
+    so.n_ctx = 1024;
+    struct kvb_err err = {{0}};
+    CHECK_MSG(synth_model_write(good, &so, &err) == KVB_OK, "%s", err.msg);
+    struct model *m = NULL;
+    CHECK_MSG(model_load(good, &m, &err) == KVB_OK, "phi3: %s", err.msg);
+    if (!m) return;
+    const size_t n = (size_t)m->hp.n_vocab * 24;
+    char fp_short[33], fp_long[33];
+    memcpy(fp_short, m->fingerprint, sizeof fp_short);
+    CHECK(m->rope.freq_factors == m->rope.factors_short && m->hp.rope_dim == 8 && m->hp.head_dim == 16);
+    model_set_ctx(m, 64); /* within the original context: still short */
+    CHECK(!strcmp(m->fingerprint, fp_short) && m->rope.freq_factors == m->rope.factors_short);
+    float *s1 = logits_model(m);
+    model_set_ctx(m, 65);
+    memcpy(fp_long, m->fingerprint, sizeof fp_long);
+    CHECK_MSG(strcmp(fp_long, fp_short) != 0, "the long set keeps the short set's fingerprint");
+    CHECK(m->rope.freq_factors == m->rope.factors_long);
+    float *l1 = logits_model(m);
+    model_set_ctx(m, 4096);
+    CHECK(!strcmp(m->fingerprint, fp_long));
+    model_set_ctx(m, 32);
+    CHECK(!strcmp(m->fingerprint, fp_short));
+    float *s2 = logits_model(m);
+    CHECK_MSG(memcmp(s1, s2, n * sizeof(float)) == 0, "phi3: short-set logits differ after a round trip");
+    CHECK_MSG(memcmp(s1, l1, n * sizeof(float)) != 0, "phi3: the long factors change nothing");
+    kvb_free(s1);
+    kvb_free(s2);
+    kvb_free(l1);
+    model_free(m);
+    CHECK_MSG(!strcmp(fingerprint_of(good), fp_short), "phi3: a load gives another fingerprint");
+
+    refused(
+        &(struct edit){.key = {"phi3.rope.scaling.type", "phi3.rope.scaling.factor"}, .val = {STR("linear"), F32(2)}},
+        KVB_ERR_UNSUPPORTED, "phi3.rope.scaling.type", NULL);
+    refused(&(struct edit){.drop = "phi3.rope.scaling.original_context_length"}, KVB_ERR_FORMAT,
+            "phi3.rope.scaling.original_context_length", NULL);
+    refused(&(struct edit){.drop_tensors = "rope_factors_short"}, KVB_ERR_FORMAT, "rope_factors_short.weight",
+            "not the other");
+    refused(&(struct edit){.poke_tensor = "rope_factors_long.weight", .poke_value = -1}, KVB_ERR_FORMAT,
+            "rope_factors_long.weight", "positive");
+    refused(&(struct edit){.key = {"phi3.attention.sliding_window_pattern"}, .val = {U32(2)}}, KVB_ERR_UNSUPPORTED,
+            "phi3.attention.sliding_window_pattern", NULL);
+    refused(&(struct edit){.add_tensor = "rope_freqs.weight", .add_n = 4, .add_fill = 1}, KVB_ERR_FORMAT,
+            "rope_freqs.weight", "LongRoPE");
+    /* Without attn_qkv the three matrices are looked for. */
+    refused(&(struct edit){.drop_tensors = "attn_qkv"}, KVB_ERR_FORMAT, "blk.0.attn_q.weight", NULL);
+}
+
+/* granite (arch_granite.c) and olmo2 (arch_olmo2.c): what they require and
+ * refuse; a partial rotary embedding stays refused where the architecture
+ * defines none. */
+static void test_granite_olmo2(void)
+{
+    struct synth_opts so;
+    synth_opts_default(&so);
+    so.arch = "granite";
+    struct kvb_err err = {{0}};
+    CHECK_MSG(synth_model_write(good, &so, &err) == KVB_OK, "%s", err.msg);
+    struct model *m = NULL;
+    CHECK_MSG(model_load(good, &m, &err) == KVB_OK, "granite: %s", err.msg);
+    if (m)
+        CHECK(m->ops.embd_scale == 12.0f && m->ops.attn_scale == 1.0f / 16 && m->ops.resid_scale == 0.22f &&
+              m->ops.logit_div == 8.0f);
+    model_free(m);
+    refused(&(struct edit){.drop = "granite.logit_scale"}, KVB_ERR_FORMAT, "granite.logit_scale", "missing");
+    refused(&(struct edit){.key = {"granite.logit_scale"}, .val = {F32(0)}}, KVB_ERR_FORMAT, "granite.logit_scale",
+            NULL);
+    refused(&(struct edit){.key = {"granite.rope.scaling.finetuned"}, .val = {BOOL(false)}}, KVB_ERR_UNSUPPORTED,
+            "granite.rope.scaling.finetuned", NULL);
+    refused(&(struct edit){.key = {"granite.final_logit_softcapping"}, .val = {F32(30)}}, KVB_ERR_UNSUPPORTED,
+            "granite.final_logit_softcapping", NULL);
+    refused(&(struct edit){.key = {"granite.rope.dimension_count"}, .val = {U32(8)}}, KVB_ERR_UNSUPPORTED,
+            "granite.rope.dimension_count", "partial");
+
+    synth_opts_default(&so);
+    so.arch = "olmo2";
+    CHECK_MSG(synth_model_write(good, &so, &err) == KVB_OK, "%s", err.msg);
+    m = NULL;
+    CHECK_MSG(model_load(good, &m, &err) == KVB_OK, "olmo2: %s", err.msg);
+    if (m) CHECK(m->ops.qk_norm_whole && !m->layers[0].attn_norm && !m->layers[1].ffn_norm);
+    model_free(m);
+    refused(&(struct edit){.add_tensor = "blk.0.attn_norm.weight", .add_n = 64, .add_fill = 1}, KVB_ERR_UNSUPPORTED,
+            "blk.0.attn_norm.weight", NULL);
+    refused(&(struct edit){.drop_tensors = "blk.1.post_ffw_norm"}, KVB_ERR_FORMAT, "blk.1.post_ffw_norm.weight", NULL);
+    refused(&(struct edit){.add_tensor = "blk.0.attn_q.bias", .add_n = 64}, KVB_ERR_UNSUPPORTED, "blk.0.attn_q.bias",
+            NULL);
+    /* OLMo 3's window: without a pattern every fourth layer is global (llama.cpp's load_swa_pattern(4)). */
+    rewrite(good, bad, &(struct edit){.key = {"olmo2.attention.sliding_window"}, .val = {U32(16)}});
+    m = NULL;
+    CHECK_MSG(model_load(bad, &m, &err) == KVB_OK, "olmo2 with a window: %s", err.msg);
+    if (m) CHECK(m->ops.n_swa == 16 && m->layers[0].swa && m->layers[1].swa && !m->ops.swa_same_rope);
+    model_free(m);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/kvb-test-keys-XXXXXX");
@@ -436,6 +561,8 @@ int main(void)
     test_refused_keys();
     test_inconsistent();
     test_neutral_and_scaled();
+    test_phi3();
+    test_granite_olmo2();
     printf("%d files refused, each naming its key or tensor\n", n_refused);
     unlink(good);
     unlink(bad);

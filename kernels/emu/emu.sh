@@ -9,7 +9,8 @@
 #
 #   kernels/emu/emu.sh [BUILD_DIR]     (default: build-emu; needs python3, g++,
 #                                       the CUDA headers in $CUDA_HOME/include)
-# Set KVB_MODEL to a GGUF to include the real-model comparison (slow here).
+# Set KVB_MODEL to a GGUF to include the real-model comparison (slow here);
+# KVB_CUDA_CASES=label,label runs only those synthetic models of test_cuda_backend.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bdir=${1:-$root/build-emu}

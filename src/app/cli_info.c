@@ -86,7 +86,8 @@ static void print_window(const struct model *m)
     for (int l = 0; l < hp->n_layer; l++)
         if (!m->layers[l].swa) printf(" %d", l);
     if (n_swa == hp->n_layer) printf(" none");
-    printf("\n               windowed layers' RoPE base %g, unscaled\n", (double)m->ops.rope_base_swa);
+    if (m->ops.swa_same_rope) printf("\n               windowed layers rotate as the others\n");
+    else printf("\n               windowed layers' RoPE base %g, unscaled\n", (double)m->ops.rope_base_swa);
 }
 
 static void print_rope(const struct model *m)
@@ -100,7 +101,9 @@ static void print_rope(const struct model *m)
     if (r->type == ROPE_SCALING_YARN)
         printf(", yarn x%g over %d (betas %g/%g)", (double)r->factor, r->orig_ctx, (double)r->beta_fast,
                (double)r->beta_slow);
-    if (r->freq_factors) printf(", per-frequency factors (rope_freqs)");
+    if (r->factors_long)
+        printf(", LongRoPE factors (the short set for a context of up to %d, the long set past it)", r->orig_ctx);
+    else if (r->freq_factors) printf(", per-frequency factors (rope_freqs)");
     if (r->mscale != 1.0f) printf(", attention factor %g", (double)r->mscale);
     printf("\n");
 }
@@ -109,14 +112,24 @@ static void print_layer(const struct model *m)
 {
     const struct model_layer *L = &m->layers[0];
     const struct model_ops *o = &m->ops;
-    printf("layer:         RMSNorm (eps %g) before attention and FFN%s; %s FFN; Q/K/V biases %s; "
-           "per-head Q/K norms %s\n",
-           (double)m->hp.rms_eps, L->post_attn_norm ? ", and after each (post-norms)" : "",
-           o->act == MODEL_ACT_GELU_TANH ? "GeGLU (tanh GELU)" : "SwiGLU", yes(L->bq != NULL), yes(L->q_norm != NULL));
+    const char *norms = L->attn_norm ? "before attention and FFN" : "after attention and FFN only (no pre-norms)";
+    printf("layer:         RMSNorm (eps %g) %s%s; %s FFN; Q/K/V biases %s; %s Q/K norms %s\n", (double)m->hp.rms_eps,
+           norms, L->attn_norm && L->post_attn_norm ? ", and after each (post-norms)" : "",
+           o->act == MODEL_ACT_GELU_TANH ? "GeGLU (tanh GELU)" : "SwiGLU", yes(L->bq != NULL),
+           o->qk_norm_whole ? "whole-projection" : "per-head", yes(L->q_norm != NULL));
     printf("scales:        embeddings x%g; scores x%g", (double)o->embd_scale, (double)o->attn_scale);
     if (o->attn_softcap > 0) printf(", soft-capped at %g", (double)o->attn_softcap);
+    if (o->resid_scale != 0.0f) printf("; residual branches x%g", (double)o->resid_scale);
+    if (o->logit_div != 0.0f) printf("; logits / %g", (double)o->logit_div);
     if (o->final_softcap > 0) printf("; logits soft-capped at %g", (double)o->final_softcap);
     printf("; output head %s\n", m->tied_output ? "tied to the embeddings" : "its own");
+    /* The converter's fused layout (phi3), read as row ranges of one tensor. */
+    const bool fused_qkv = gguf_find_tensor(m->gguf, "blk.0.attn_qkv.weight") != NULL;
+    const bool fused_gu = m->arch && m->arch->fused_gate_up;
+    if (fused_qkv || fused_gu)
+        printf("tensors:       %s%s%s (row ranges of one tensor, no copy)\n",
+               fused_qkv ? "Q, K and V from one attn_qkv" : "", fused_qkv && fused_gu ? "; " : "",
+               fused_gu ? "gate and up from one ffn_up (gate rows first)" : "");
 }
 
 static void print_text(const struct model *m, const char *template_name)

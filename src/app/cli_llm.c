@@ -34,6 +34,7 @@ bool cli_llm_open(const struct cli_llm_opts *o, struct cli_llm *l)
         fprintf(stderr, "kvbatch: warning: context %d is longer than the model was trained for (%d%s)\n", n_ctx,
                 l->model->n_ctx_max, l->model->n_ctx_max > l->model->hp.n_ctx_train ? ", with its RoPE scaling" : "");
     l->n_ctx = n_ctx;
+    model_set_ctx(l->model, n_ctx);
     struct be_select_opts bo = {.device = o->device,
                                 .n_threads = o->n_threads,
                                 .block_size = 16,

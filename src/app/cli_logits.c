@@ -27,6 +27,8 @@ static void usage(FILE *f)
                "      --prompt-ids LIST  the prompt as token ids (\"1 2 3\"), taken as they are: no BOS\n"
                "  -o, --out FILE         where to write the logits\n"
                "  -t, --threads N        worker threads (default: all cores)\n"
+               "  -c, --ctx N            context of the run (default min(trained context, 4096)): the\n"
+               "                         longest prompt, and what LongRoPE's factor set follows\n"
                "      --batch N          most tokens per forward pass (default 512)\n"
                "      --device DEV       auto | cpu | cuda | cuda:N (default auto)\n"
                "      --kv-type T        KV cache rows: f16 | q8 | q4 (default f16; q4: 4-bit V, 8-bit K)\n"
@@ -62,6 +64,10 @@ int cli_logits(int argc, char **argv)
             CLI_VAL();
             if (!cli_parse_i64(a, val, 1, 1024, &v)) return CLI_EXIT_USAGE;
             lo.n_threads = (int)v;
+        } else if (!strcmp(a, "-c") || cli_opt_is(a, "--ctx")) {
+            CLI_VAL();
+            if (!cli_parse_i64(a, val, 2, 1 << 20, &v)) return CLI_EXIT_USAGE;
+            lo.n_ctx = (int32_t)v;
         } else if (cli_opt_is(a, "--batch")) {
             CLI_VAL();
             if (!cli_parse_i64(a, val, 1, 1 << 16, &batch)) return CLI_EXIT_USAGE;

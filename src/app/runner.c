@@ -630,6 +630,7 @@ static bool setup(struct runner *r)
         return false;
     }
     r->n_ctx = admit_n_ctx(r->model, o->n_ctx);
+    model_set_ctx(r->model, r->n_ctx); /* before anything reads the fingerprint or computes */
     journal_read(r);
     if (admit_ctx_init(&r->admit, r->tok, r->have_tmpl ? &r->tmpl : NULL, r->tmpl_error, r->model->hp.n_vocab,
                        r->n_ctx) != KVB_OK) {

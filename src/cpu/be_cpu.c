@@ -265,21 +265,27 @@ static void attn_run(struct cpu_be *c, const struct be_batch *batch, int layer, 
 
 /* The input of Q/K/V or gate/up for token t: first the pending residual
  * (add: the previous product's rows, or NULL; RMSNormed with `post` first
- * when the layer has a post-attention / post-FFN norm), then RMSNorm. Runs
- * on the matmul's threads (mm_set_input_fn); token t's rows are its own. */
+ * when the layer has a post-attention / post-FFN norm, then times the
+ * residual scale when the model has one), then RMSNorm (or the row as it
+ * is, for a layer without pre-norms). Runs on the matmul's threads
+ * (mm_set_input_fn); token t's rows are its own. */
 struct norm_in {
     struct cpu_be *c;
-    const float *norm; /* (e) */
+    const float *norm; /* (e), or NULL: no pre-norm */
     float *add;        /* (n_tok, e) or NULL */
     const float *post; /* (e) or NULL */
     int32_t e;
     float eps;
+    float scale; /* model_ops.resid_scale (0: none) */
 };
 
-/* x[t] += add[t], normalised by post first when there is one. */
-static void add_residual(float *xt, float *add_t, const float *post, int32_t e, float eps)
+/* x[t] += add[t], normalised by post first when there is one and scaled
+ * when scale is not 0: transformers' residual + post(out) * multiplier. */
+static void add_residual(float *xt, float *add_t, const float *post, float scale, int32_t e, float eps)
 {
     if (post) attn_rmsnorm(add_t, add_t, post, e, eps);
+    if (scale != 0.0f)
+        for (int32_t i = 0; i < e; i++) add_t[i] *= scale;
     for (int32_t i = 0; i < e; i++) xt[i] += add_t[i];
 }
 
@@ -287,8 +293,9 @@ static void make_norm_row(void *arg, int64_t t, float *dst)
 {
     const struct norm_in *a = arg;
     float *xt = a->c->x + t * a->e;
-    if (a->add) add_residual(xt, a->add + t * a->e, a->post, a->e, a->eps);
-    attn_rmsnorm(dst, xt, a->norm, a->e, a->eps);
+    if (a->add) add_residual(xt, a->add + t * a->e, a->post, a->scale, a->e, a->eps);
+    if (a->norm) attn_rmsnorm(dst, xt, a->norm, a->e, a->eps);
+    else memcpy(dst, xt, sizeof(float) * (size_t)a->e);
 }
 
 /* The input of the down projection for token t: the gate's activation
@@ -337,15 +344,20 @@ static void prep_tokens(const struct prep_job *j, int64_t t0, int64_t t1)
             for (int64_t i = 0; i < kvd; i++) kt[i] += L->bk[i];
             for (int64_t i = 0; i < kvd; i++) vt[i] += L->bv[i];
         }
-        if (L->q_norm) {
+        if (L->q_norm && c->m->ops.qk_norm_whole) {
+            attn_rmsnorm(qt, qt, L->q_norm, (int32_t)qd, hp->rms_eps);
+            attn_rmsnorm(kt, kt, L->k_norm, (int32_t)kvd, hp->rms_eps);
+        } else if (L->q_norm) {
             for (int32_t h = 0; h < hp->n_head; h++)
                 attn_rmsnorm(qt + h * hd, qt + h * hd, L->q_norm, (int32_t)hd, hp->rms_eps);
             for (int32_t h = 0; h < hp->n_head_kv; h++)
                 attn_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int32_t)hd, hp->rms_eps);
         }
-        /* Windowed layers rotate with their own, unscaled frequencies. */
-        const float *inv_freq = L->swa ? c->inv_freq_swa : c->inv_freq;
-        const float mscale = L->swa ? 1.0f : c->m->rope.mscale;
+        /* Windowed layers rotate with their own, unscaled frequencies
+         * (unless the model rotates every layer alike). */
+        const bool own = L->swa && !c->m->ops.swa_same_rope;
+        const float *inv_freq = own ? c->inv_freq_swa : c->inv_freq;
+        const float mscale = own ? 1.0f : c->m->rope.mscale;
         attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], inv_freq, mscale);
         attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], inv_freq, mscale);
         const int32_t p = c->tok_pos[t];
@@ -445,7 +457,7 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
 
     struct prep_job prep = {c, batch, NULL, 0};
-    struct norm_in nin = {c, NULL, NULL, NULL, (int32_t)e, hp->rms_eps};
+    struct norm_in nin = {c, NULL, NULL, NULL, (int32_t)e, hp->rms_eps, m->ops.resid_scale};
     struct swiglu_in sin = {c, hp->n_ff};
     for (int l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
@@ -478,7 +490,8 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &W->w_down, c->tmp));
     }
     const float *last_post = m->layers[hp->n_layer - 1].post_ffn_norm;
-    for (int64_t i = 0; i < n_tok; i++) add_residual(c->x + i * e, c->tmp + i * e, last_post, (int32_t)e, hp->rms_eps);
+    for (int64_t i = 0; i < n_tok; i++)
+        add_residual(c->x + i * e, c->tmp + i * e, last_post, m->ops.resid_scale, (int32_t)e, hp->rms_eps);
 
     /* Final norm and output head, only for the rows whose logits are wanted. */
     int64_t r = 0;
@@ -491,6 +504,9 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         }
     }
     if (n_out > 0) KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &c->output, c->out_rows, n_out, logits));
+    const float div = m->ops.logit_div;
+    if (div != 0.0f)
+        for (int64_t i = 0; i < n_out * hp->n_vocab; i++) logits[i] /= div;
     const float cap = m->ops.final_softcap;
     if (cap > 0)
         for (int64_t i = 0; i < n_out * hp->n_vocab; i++) logits[i] = attn_softcap_ref(logits[i], cap);

@@ -44,6 +44,17 @@ struct arch_desc {
     enum arch_need post_norms; /* blk.N.post_attention_norm / post_ffw_norm: RMSNorm of the
                                   attention and FFN outputs before the residual add */
     enum arch_need output;     /* output.weight (absent or optional: tied to token_embd) */
+    /* Layouts and variations beyond the llama layer; zero (false, ARCH_ABSENT) as llama. */
+    enum arch_need fused_qkv; /* blk.N.attn_qkv.weight: Q, K, V rows in one matrix (phi3);
+                                  optional: attn_q/k/v when the file has no attn_qkv */
+    bool fused_gate_up;       /* blk.N.ffn_up.weight holds the gate rows, then the up rows
+                                  (2 n_ff), and there is no ffn_gate (phi3) */
+    bool partial_rope;        /* rope.dimension_count may be below the head size: RoPE
+                                  rotates the first dims only (phi3's partial_rotary_factor) */
+    enum arch_need longrope;  /* rope_factors_long/short.weight (LongRoPE: model_set_ctx) */
+    bool no_pre_norms;        /* no attn_norm / ffn_norm: attention and FFN read the residual
+                                  stream unnormalised (olmo2, with post_norms) */
+    bool qk_norm_whole;       /* the Q/K norms span the whole projection (olmo2), not a head */
     /* Keys `<name>.<suffix>` that `read` reads, beyond the common ones
      * (model_check.c's table): NULL-terminated, or NULL. */
     const char *const *keys;
@@ -60,5 +71,6 @@ const char *arch_names(void);
 
 /* The descriptions, one per arch_<name>.c. */
 extern const struct arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_gemma2, arch_gemma3;
+extern const struct arch_desc arch_phi3, arch_granite, arch_olmo2;
 
 #endif

@@ -159,10 +159,10 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
                         "model key '%s.attention.value_length' = %d differs from the key length %d, which kvbatch "
                         "does not compute",
                         a, v_len, hp->head_dim);
-    /* Partial rotary embedding: no architecture kvbatch runs defines one
-     * (transformers rotates the whole head), so a shorter count is a file
-     * kvbatch would compute differently from its authors. */
-    if (hp->rope_dim != hp->head_dim)
+    /* Partial rotary embedding: only where the architecture defines one
+     * (phi3); elsewhere transformers rotates the whole head, so a shorter
+     * count is a file kvbatch would compute differently from its authors. */
+    if (hp->rope_dim != hp->head_dim && !m->arch->partial_rope)
         return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                         "model key '%s.rope.dimension_count' = %d: a partial rotary embedding (head size %d) is not "
                         "computed by kvbatch",
@@ -183,9 +183,92 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
         .embd_scale = 1.0f,
         .attn_scale = 1.0f / sqrtf((float)hp->head_dim), /* the backends' expression, as it always was */
         .rope_base_swa = hp->rope_base,
+        .qk_norm_whole = m->arch->qk_norm_whole,
     };
     m->layers = kvb_calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    return KVB_OK;
+}
+
+/* Rows [r0, r0 + n) of w, as a matrix of their own: how a fused tensor
+ * (attn_qkv, phi3's gate-up ffn_up) becomes the layer's matrices. Rows of
+ * every type are whole blocks, so a row range is a contiguous span. */
+static struct mm_weight row_view(const struct mm_weight *w, int64_t r0, int64_t n)
+{
+    struct mm_weight v = *w;
+    v.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    v.n_out = n;
+    return v;
+}
+
+/* Layer l's Q, K and V: three tensors, or one attn_qkv where the
+ * architecture writes it. */
+static enum kvb_status bind_qkv(struct model *m, int l, struct model_layer *L, struct kvb_err *err)
+{
+    const struct model_hparams *hp = &m->hp;
+    const int64_t e = hp->n_embd, q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    char nm[96];
+    snprintf(nm, sizeof nm, "blk.%d.attn_qkv.weight", l);
+    if (m->arch->fused_qkv != ARCH_ABSENT &&
+        (m->arch->fused_qkv == ARCH_REQUIRED || gguf_find_tensor(m->gguf, nm) != NULL)) {
+        struct mm_weight w;
+        KVB_FORWARD_IF_ERROR(bind_matrix(m, nm, e, q + 2 * kv, true, &w, err));
+        L->wq = row_view(&w, 0, q);
+        L->wk = row_view(&w, q, kv);
+        L->wv = row_view(&w, q + kv, kv);
+        return KVB_OK;
+    }
+    snprintf(nm, sizeof nm, "blk.%d.attn_q.weight", l);
+    KVB_FORWARD_IF_ERROR(bind_matrix(m, nm, e, q, true, &L->wq, err));
+    snprintf(nm, sizeof nm, "blk.%d.attn_k.weight", l);
+    KVB_FORWARD_IF_ERROR(bind_matrix(m, nm, e, kv, true, &L->wk, err));
+    snprintf(nm, sizeof nm, "blk.%d.attn_v.weight", l);
+    return bind_matrix(m, nm, e, kv, true, &L->wv, err);
+}
+
+/* Layer l's gate and up projections: two tensors, or (fused_gate_up) the
+ * gate rows and then the up rows of ffn_up, as transformers' gate_up_proj
+ * chunks them. */
+static enum kvb_status bind_gate_up(struct model *m, int l, struct model_layer *L, struct kvb_err *err)
+{
+    const struct model_hparams *hp = &m->hp;
+    char nm[96];
+    snprintf(nm, sizeof nm, "blk.%d.ffn_up.weight", l);
+    if (m->arch->fused_gate_up) {
+        struct mm_weight w;
+        KVB_FORWARD_IF_ERROR(bind_matrix(m, nm, hp->n_embd, 2 * (int64_t)hp->n_ff, true, &w, err));
+        L->w_gate = row_view(&w, 0, hp->n_ff);
+        L->w_up = row_view(&w, hp->n_ff, hp->n_ff);
+        return KVB_OK;
+    }
+    char gn[96];
+    snprintf(gn, sizeof gn, "blk.%d.ffn_gate.weight", l);
+    KVB_FORWARD_IF_ERROR(bind_matrix(m, gn, hp->n_embd, hp->n_ff, true, &L->w_gate, err));
+    return bind_matrix(m, nm, hp->n_embd, hp->n_ff, true, &L->w_up, err);
+}
+
+/* LongRoPE's two factor sets (one tensor each for every layer, as the
+ * converter writes them); the short one until model_set_ctx says. */
+static enum kvb_status bind_longrope(struct model *m, struct kvb_err *err)
+{
+    struct model_rope *r = &m->rope;
+    const int32_t half = m->hp.rope_dim / 2;
+    const bool req = m->arch->longrope == ARCH_REQUIRED;
+    KVB_FORWARD_IF_ERROR(bind_vector(m, "rope_factors_long.weight", half, req, &r->factors_long, err));
+    KVB_FORWARD_IF_ERROR(bind_vector(m, "rope_factors_short.weight", half, req, &r->factors_short, err));
+    if ((r->factors_long != NULL) != (r->factors_short != NULL))
+        return kvb_errf(err, KVB_ERR_FORMAT,
+                        "model has one of 'rope_factors_long.weight' and "
+                        "'rope_factors_short.weight' but not the other");
+    if (!r->factors_long) return KVB_OK;
+    if (r->freq_factors)
+        return kvb_errf(err, KVB_ERR_FORMAT, "model has both 'rope_freqs.weight' and LongRoPE factors");
+    char key[128];
+    if (r->orig_ctx < 1)
+        return kvb_errf(err, KVB_ERR_FORMAT, "LongRoPE factors need '%s', which the file does not have",
+                        model_key(m, "rope.scaling.original_context_length", key, sizeof key));
+    r->freq_factors = r->factors_short;
+    r->long_factors = false;
     return KVB_OK;
 }
 
@@ -210,12 +293,11 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
         struct model_layer *L = &m->layers[l];
         char nm[96];
 #define NAME(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_norm.weight"), e, true, &L->attn_norm, err));
-        KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_q.weight"), e, q, true, &L->wq, err));
-        KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_k.weight"), e, kv, true, &L->wk, err));
-        KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_v.weight"), e, kv, true, &L->wv, err));
-        KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_output.weight"), q, e, true, &L->wo, err));
         const struct arch_desc *d = m->arch;
+        if (!d->no_pre_norms)
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_norm.weight"), e, true, &L->attn_norm, err));
+        KVB_FORWARD_IF_ERROR(bind_qkv(m, l, L, err));
+        KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_output.weight"), q, e, true, &L->wo, err));
         if (d->qkv_bias != ARCH_ABSENT) {
             bool req = d->qkv_bias == ARCH_REQUIRED;
             KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q.bias"), q, req, &L->bq, err));
@@ -227,8 +309,9 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
         }
         if (d->qk_norm != ARCH_ABSENT) {
             bool req = d->qk_norm == ARCH_REQUIRED;
-            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, req, &L->q_norm, err));
-            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, req, &L->k_norm, err));
+            const int64_t qn = d->qk_norm_whole ? q : hp->head_dim, kn = d->qk_norm_whole ? kv : hp->head_dim;
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q_norm.weight"), qn, req, &L->q_norm, err));
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_k_norm.weight"), kn, req, &L->k_norm, err));
             if ((L->q_norm != NULL) != (L->k_norm != NULL))
                 return kvb_errf(err, KVB_ERR_FORMAT, "layer %d has one of the Q/K norms but not the other", l);
         }
@@ -237,22 +320,26 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
             KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("post_attention_norm.weight"), e, req, &L->post_attn_norm, err));
             KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("post_ffw_norm.weight"), e, req, &L->post_ffn_norm, err));
         }
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("ffn_norm.weight"), e, true, &L->ffn_norm, err));
-        KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_gate.weight"), e, hp->n_ff, true, &L->w_gate, err));
-        KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_up.weight"), e, hp->n_ff, true, &L->w_up, err));
+        if (!d->no_pre_norms) KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("ffn_norm.weight"), e, true, &L->ffn_norm, err));
+        KVB_FORWARD_IF_ERROR(bind_gate_up(m, l, L, err));
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_down.weight"), hp->n_ff, e, true, &L->w_down, err));
 #undef NAME
     }
-    return bind_vector(m, "rope_freqs.weight", hp->rope_dim / 2, false, &m->rope.freq_factors, err);
+    KVB_FORWARD_IF_ERROR(bind_vector(m, "rope_freqs.weight", hp->rope_dim / 2, false, &m->rope.freq_factors, err));
+    return m->arch->longrope != ARCH_ABSENT ? bind_longrope(m, err) : KVB_OK;
 }
 
-static enum kvb_status check_freq_factors(const struct model *m, struct kvb_err *err)
+/* One set of per-frequency divisors (name: its tensor), as model_rope_freqs
+ * would apply it. */
+static enum kvb_status check_factor_set(const struct model *mm, const float *ff, const char *name, struct kvb_err *err)
 {
-    const float *ff = m->rope.freq_factors;
+    struct model view = *mm; /* the model computing with this set */
+    view.rope.freq_factors = ff;
+    const struct model *m = &view;
     const int32_t half = m->hp.rope_dim / 2;
     for (int32_t i = 0; ff && i < half; i++)
         if (!(ff[i] > 0))
-            return kvb_errf(err, KVB_ERR_FORMAT, "tensor 'rope_freqs.weight' holds %g at %d; factors must be positive",
+            return kvb_errf(err, KVB_ERR_FORMAT, "tensor '%s' holds %g at %d; factors must be positive", name,
                             (double)ff[i], i);
     /* Each parameter can be positive and finite and their quotient not (a
      * factor of 1e-39 divides a frequency of 1 into inf): every angle, and
@@ -272,8 +359,7 @@ static enum kvb_status check_freq_factors(const struct model *m, struct kvb_err 
                              : "rope.scale_linear";
         if (ff && isfinite(unfactored[i]))
             return kvb_errf(err, KVB_ERR_FORMAT,
-                            "tensor 'rope_freqs.weight' holds %g at %d, which gives that rotary pair a frequency "
-                            "of %g",
+                            "tensor '%s' holds %g at %d, which gives that rotary pair a frequency of %g", name,
                             (double)ff[i], i, (double)inv_freq[i]);
         if (m->rope.type == ROPE_SCALING_NONE)
             return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %g gives rotary pair %d a frequency of %g",
@@ -284,6 +370,14 @@ static enum kvb_status check_freq_factors(const struct model *m, struct kvb_err 
                         model_key(m, fk, key2, sizeof key2), (double)m->rope.factor, i, (double)inv_freq[i]);
     }
     return KVB_OK;
+}
+
+static enum kvb_status check_freq_factors(const struct model *m, struct kvb_err *err)
+{
+    const struct model_rope *r = &m->rope;
+    if (!r->factors_long) return check_factor_set(m, r->freq_factors, "rope_freqs.weight", err);
+    KVB_FORWARD_IF_ERROR(check_factor_set(m, r->factors_short, "rope_factors_short.weight", err));
+    return check_factor_set(m, r->factors_long, "rope_factors_long.weight", err);
 }
 
 /* Identity of the weights, independent of the file's path and metadata
@@ -325,6 +419,14 @@ static enum kvb_status compute_fingerprint(struct model *m)
             XXH3_128bits_update(st, &w, 1);
         }
     }
+    /* The variations added with phi3, granite and olmo2, likewise only when
+     * set (the architectures before them keep their fingerprints). */
+    if (o->resid_scale != 0.0f || o->logit_div != 0.0f || o->qk_norm_whole || o->swa_same_rope) {
+        const float fv2[2] = {o->resid_scale, o->logit_div};
+        const uint8_t bv[2] = {o->qk_norm_whole, o->swa_same_rope};
+        XXH3_128bits_update(st, fv2, sizeof fv2);
+        XXH3_128bits_update(st, bv, sizeof bv);
+    }
     for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         XXH3_128bits_update(st, t->name.ptr, (size_t)t->name.len);
@@ -338,6 +440,7 @@ static enum kvb_status compute_fingerprint(struct model *m)
     XXH3_freeState(st);
     snprintf(m->fingerprint, sizeof m->fingerprint, "%016llx%016llx", (unsigned long long)h.high64,
              (unsigned long long)h.low64);
+    memcpy(m->fingerprint_file, m->fingerprint, sizeof m->fingerprint);
     return KVB_OK;
 }
 
@@ -448,6 +551,27 @@ int model_survey(const char *path, void (*each)(void *arg, const char *why), voi
     survey_types(m, &r);
     model_free(m);
     return r.n;
+}
+
+void model_set_ctx(struct model *m, int32_t n_ctx)
+{
+    struct model_rope *r = &m->rope;
+    if (!r->factors_long) return;
+    const bool want_long = n_ctx > r->orig_ctx;
+    if (want_long == r->long_factors) return;
+    r->long_factors = want_long;
+    r->freq_factors = want_long ? r->factors_long : r->factors_short;
+    /* The file's fingerprint is the short set's (what a load gives); the
+     * long set's is derived from it, so both are stable and distinct. */
+    if (!want_long) {
+        memcpy(m->fingerprint, m->fingerprint_file, sizeof m->fingerprint);
+        return;
+    }
+    char buf[64];
+    const int n = snprintf(buf, sizeof buf, "%s+longrope-long", m->fingerprint_file);
+    XXH128_hash_t h = XXH3_128bits(buf, (size_t)n);
+    snprintf(m->fingerprint, sizeof m->fingerprint, "%016llx%016llx", (unsigned long long)h.high64,
+             (unsigned long long)h.low64);
 }
 
 void model_free(struct model *m)

@@ -47,11 +47,16 @@ enum rope_scaling {
 struct model_rope {
     enum rope_scaling type;
     float factor;               /* context extension factor (linear, yarn); 1 when none */
-    int32_t orig_ctx;           /* yarn: the context before extension */
+    int32_t orig_ctx;           /* yarn, LongRoPE: the context before extension */
     float beta_fast, beta_slow; /* yarn: ramp bounds, in rotations over orig_ctx */
     float mscale;               /* multiplies cos and sin (yarn's attention factor); 1 otherwise */
     const float *freq_factors;  /* (rope_dim/2) divisors of each pair's frequency (Llama 3.1's
-                                  rope_freqs.weight), or NULL */
+                                  rope_freqs.weight; LongRoPE's set in use), or NULL */
+    /* LongRoPE (phi3): rope_factors_long/short.weight, (rope_dim/2) divisors each, and
+       orig_ctx the context they were trained around. freq_factors is the short set unless
+       model_set_ctx chose the long one (long_factors). NULL when the file has none. */
+    const float *factors_long, *factors_short;
+    bool long_factors;
 };
 
 struct model_hparams {
@@ -84,18 +89,30 @@ struct model_ops {
     int32_t n_swa;       /* > 0: a windowed layer (model_layer.swa) attends at position p to the
                             positions p - n_swa < q <= p only */
     float rope_base_swa; /* RoPE base of the windowed layers, which take no RoPE scaling */
+    float resid_scale;   /* != 0: attention and FFN outputs are multiplied by it before the
+                            residual add (granite's residual_multiplier); 0: as llama (x1) */
+    float logit_div;     /* != 0: logits are divided by it (the `logit_scale` key: granite's
+                            logits_scaling), before any soft-cap; 0: as llama */
+    bool qk_norm_whole;  /* q_norm / k_norm RMSNorm the whole Q (n_head*head_dim) and K
+                            (n_head_kv*head_dim) rows, not each head (olmo2) */
+    bool swa_same_rope;  /* windowed layers rotate as the global ones (phi3: one RoPE for all
+                            layers); false: with rope_base_swa, unscaled (gemma3, olmo3) */
 };
 
 struct model_layer {
     bool swa;                        /* attends through the sliding window (model_ops.n_swa) */
-    const float *attn_norm;          /* (n_embd) */
+    const float *attn_norm;          /* (n_embd), or NULL: attention reads the residual stream as
+                                        it is (olmo2, which norms only after) */
     struct mm_weight wq, wk, wv, wo; /* (n_head*hd, n_embd) (n_head_kv*hd, n_embd) x2, (n_embd, n_head*hd) */
     const float *bq, *bk, *bv;       /* Q/K/V biases (q_dim, kv_dim, kv_dim) or NULL */
-    const float *q_norm, *k_norm;    /* RMSNorm of each Q / K head (head_dim) or NULL */
+    const float *q_norm, *k_norm;    /* RMSNorm of each Q / K head (head_dim), or of the whole
+                                        rows (q_dim, kv_dim: model_ops.qk_norm_whole), or NULL */
     const float *post_attn_norm;     /* (n_embd) RMSNorm of the attention output before the
                                         residual add, or NULL */
-    const float *ffn_norm;           /* (n_embd) */
-    struct mm_weight w_gate, w_up;   /* (n_ff, n_embd) */
+    const float *ffn_norm;           /* (n_embd), or NULL as attn_norm */
+    struct mm_weight w_gate, w_up;   /* (n_ff, n_embd); rows of one fused tensor when the file
+                                        has one (phi3's ffn_up: gate rows, then up rows), as
+                                        wq/wk/wv may be (attn_qkv) */
     struct mm_weight w_down;         /* (n_embd, n_ff) */
     const float *post_ffn_norm;      /* (n_embd) RMSNorm of the FFN output before the residual
                                         add, or NULL */
@@ -117,7 +134,9 @@ struct model {
     uint64_t weight_bytes;      /* bytes of all tensors, for reports */
     char name[128];             /* general.name or the file's base name */
     char fingerprint[33];       /* 128-bit hex identity of the weights: hash of every tensor's
-                                    name, type, shape and bytes, plus the hyperparameters */
+                                    name, type, shape and bytes, plus the hyperparameters
+                                    (and the LongRoPE set model_set_ctx chose) */
+    char fingerprint_file[33];  /* the fingerprint as loaded, before model_set_ctx */
     void **owned;               /* f32 conversions owned by the model */
     int n_owned;
     struct model_load_state *load; /* model_load's own, NULL once loaded */
@@ -146,6 +165,18 @@ void model_rope_freqs(const struct model *m, float *inv_freq);
 /* The same for the windowed layers: base ops.rope_base_swa, no scaling
  * (mscale 1), as transformers' per-layer-type RoPE computes them. */
 void model_rope_freqs_swa(const struct model *m, float *inv_freq);
+
+/* Fixes what a run computes that depends on the longest sequence it holds
+ * (n_ctx positions), before any backend is created for the model: LongRoPE's
+ * factor set (phi3), the long one when n_ctx exceeds the original context
+ * (rope.scaling.original_context_length), else the short one — as
+ * llama.cpp chooses by its context, and as transformers computes every
+ * sequence no longer than the original context (short) and every sequence
+ * longer than it (long: transformers decides by the sequence's own length,
+ * which a run sharing post-RoPE KV blocks across sequences cannot). The
+ * fingerprint then says which set (the persistent cache must not mix them).
+ * A model without LongRoPE is left as it is. */
+void model_set_ctx(struct model *m, int32_t n_ctx);
 
 /* Dequantizes the embedding row of `token` into out (n_embd floats). */
 enum kvb_status model_embed(const struct model *m, int32_t token, float *out);

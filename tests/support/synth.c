@@ -216,7 +216,8 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
     gguf_writer_add_u32(w, KEY("attention.head_count"), (uint32_t)o->n_head);
     gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)o->n_head_kv);
     gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)hd);
-    gguf_writer_add_u32(w, KEY("rope.dimension_count"), (uint32_t)hd);
+    const int32_t rope_dim = o->rope_dim > 0 ? o->rope_dim : hd;
+    gguf_writer_add_u32(w, KEY("rope.dimension_count"), (uint32_t)rope_dim);
     gguf_writer_add_f32(w, KEY("rope.freq_base"), 10000.0f);
     gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
     const bool gemma2 = !strcmp(a, "gemma2"), gemma3 = !strcmp(a, "gemma3");
@@ -224,9 +225,39 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
     if (gemma2 && o->attn_softcap > 0) gguf_writer_add_f32(w, KEY("attn_logit_softcapping"), o->attn_softcap);
     if ((gemma2 || gemma3) && o->final_softcap > 0)
         gguf_writer_add_f32(w, KEY("final_logit_softcapping"), o->final_softcap);
+    const bool phi3 = !strcmp(a, "phi3"), olmo2 = !strcmp(a, "olmo2");
+    if (phi3 && o->longrope_orig > 0) {
+        const double s = (double)(o->n_ctx > 0 ? o->n_ctx : 2048) / o->longrope_orig;
+        gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)o->longrope_orig);
+        gguf_writer_add_f32(w, KEY("rope.scaling.attn_factor"),
+                            s > 1 ? (float)sqrt(1 + log(s) / log((double)o->longrope_orig)) : 1.0f);
+    }
+    if (phi3) gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)o->n_swa);
+    if (olmo2 && o->n_swa > 0) { /* OLMo 3: every fourth layer global (no pattern key), its own RoPE base */
+        gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)o->n_swa);
+        gguf_writer_add_f32(w, KEY("rope.freq_base_swa"), 1000.0f);
+    }
+    if (!strcmp(a, "granite")) { /* Granite 3.x's values, the attention scale 1/head_dim */
+        gguf_writer_add_f32(w, KEY("embedding_scale"), 12.0f);
+        gguf_writer_add_f32(w, KEY("attention.scale"), 1.0f / (float)hd);
+        gguf_writer_add_f32(w, KEY("residual_scale"), 0.22f);
+        gguf_writer_add_f32(w, KEY("logit_scale"), 8.0f);
+    }
 #undef KEY
     enum kvb_status st = add_vocab(w);
     const bool bias = !strcmp(a, "qwen2"), qk_norm = !strcmp(a, "qwen3") || gemma3, post = gemma2 || gemma3;
+    if (st == KVB_OK && phi3 && o->longrope_orig > 0) {
+        /* short factors near 1, long ones rising to ~30, as Phi-3.5's do */
+        const int64_t half = rope_dim / 2;
+        st = add_tensor(w, "rope_factors_short.weight", GGML_TYPE_F32, half, 1, 0.1f, 1.2f, &r, err);
+        uint64_t ne[1] = {(uint64_t)half};
+        void *data = NULL;
+        if (st == KVB_OK) st = gguf_writer_add_tensor(w, "rope_factors_long.weight", GGML_TYPE_F32, 1, ne, NULL, &data);
+        for (int64_t i = 0; st == KVB_OK && i < half; i++) {
+            const float f = (float)pow(30.0, (double)i / (double)(half > 1 ? half - 1 : 1));
+            memcpy((char *)data + 4 * i, &f, 4);
+        }
+    }
     if (st == KVB_OK) st = add_tensor(w, "token_embd.weight", o->embd_type, e, n_vocab, 1.0f, 0, &r, err);
     if (st == KVB_OK) st = add_tensor(w, "output_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f, &r, err);
     if (st == KVB_OK && !o->tied_output && !gemma2) /* gemma2's output is always the embedding */
@@ -239,10 +270,14 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
 #define T(name, type, nin, nrows, sigma, mean)                                                                         \
     if (st == KVB_OK)                                                                                                  \
     st = (snprintf(nm, sizeof nm, "blk.%d." name, l), add_tensor(w, nm, type, nin, nrows, sigma, mean, &r, err))
-        T("attn_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
-        T("attn_q.weight", mt, e, q, si, 0);
-        T("attn_k.weight", mt, e, kv, si, 0);
-        T("attn_v.weight", mt, e, kv, si, 0);
+        if (!olmo2) T("attn_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
+        if (phi3) {
+            T("attn_qkv.weight", mt, e, q + 2 * kv, si, 0);
+        } else {
+            T("attn_q.weight", mt, e, q, si, 0);
+            T("attn_k.weight", mt, e, kv, si, 0);
+            T("attn_v.weight", mt, e, kv, si, 0);
+        }
         T("attn_output.weight", mt, q, e, sq, 0);
         if (bias) {
             T("attn_q.bias", GGML_TYPE_F32, q, 1, 0.1f, 0);
@@ -253,13 +288,22 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
             T("attn_q_norm.weight", o->norm_type, hd, 1, 0.1f, 1.0f);
             T("attn_k_norm.weight", o->norm_type, hd, 1, 0.1f, 1.0f);
         }
-        if (post) {
+        if (post || olmo2) {
             T("post_attention_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
             T("post_ffw_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
         }
-        T("ffn_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
-        T("ffn_gate.weight", mt, e, o->n_ff, si, 0);
-        T("ffn_up.weight", mt, e, o->n_ff, si, 0);
+        if (olmo2) {
+            T("attn_q_norm.weight", o->norm_type, q, 1, 0.1f, 1.0f);
+            T("attn_k_norm.weight", o->norm_type, kv, 1, 0.1f, 1.0f);
+        } else {
+            T("ffn_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
+        }
+        if (phi3) {
+            T("ffn_up.weight", mt, e, 2 * o->n_ff, si, 0);
+        } else {
+            T("ffn_gate.weight", mt, e, o->n_ff, si, 0);
+            T("ffn_up.weight", mt, e, o->n_ff, si, 0);
+        }
         T("ffn_down.weight", mt, o->n_ff, e, sf, 0);
 #undef T
     }

@@ -18,7 +18,9 @@
 #include "base/status.h"
 
 struct synth_opts {
-    const char *arch; /* "llama" (default), "qwen2", "qwen3", "gemma2", "gemma3" */
+    const char *arch; /* "llama" (default), "qwen2", "qwen3", "gemma2", "gemma3", "phi3" (fused attn_qkv
+                         and gate-up ffn_up), "granite" (its four multipliers), "olmo2" (post-norms only,
+                         whole-row Q/K norms) */
     int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim; /* head_dim 0: n_embd / n_head */
     int32_t n_ctx;                                              /* context_length written (default 2048) */
     enum ggml_type matrix_type;                                 /* type of the attention/FFN matrices */
@@ -31,10 +33,15 @@ struct synth_opts {
     const enum ggml_type *layer_types;
     int n_layer_types;
     uint64_t seed;
-    /* gemma2 / gemma3: the sliding window (0: gemma3 none, gemma2 the
-     * loader's 4096) and soft-caps (0: keys not written). */
+    /* gemma2 / gemma3 / phi3 / olmo2: the sliding window (0: gemma3, phi3
+     * and olmo2 none, gemma2 the loader's 4096; olmo2 with one is OLMo 3:
+     * three layers of four windowed, on RoPE base 1000) and soft-caps (0:
+     * keys not written). */
     int32_t n_swa;
     float attn_softcap, final_softcap;
+    int32_t rope_dim;      /* phi3: dims rotated per head (partial rotary); 0: head_dim */
+    int32_t longrope_orig; /* phi3: > 0 writes LongRoPE factors and attention factor around this
+                               original context (context_length n_ctx) */
 };
 
 /* Fills o with a tiny default: 2 layers, 64 wide, 4 heads / 2 KV heads,
