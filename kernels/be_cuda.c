@@ -907,6 +907,10 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
         return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                         "CUDA backend: this model's layer (GeGLU, scaled embeddings, soft-caps, sliding window or "
                         "post-norms) is computed on the CPU only so far (--device cpu)");
+    if (mo->moe.n_expert > 0 || mo->qk_norm_whole)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "CUDA backend: this model's layer (%s) is computed on the CPU only so far (--device cpu)",
+                        mo->moe.n_expert > 0 ? "a mixture of experts" : "Q/K norms over the whole projection");
 
     struct cuda_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");

@@ -93,8 +93,9 @@ static void print_rope(const struct model *m)
 {
     const struct model_hparams *hp = &m->hp;
     const struct model_rope *r = &m->rope;
-    printf("RoPE:          %s pairs, %d of %d head dims, base %g", hp->rope == ROPE_NEOX ? "NeoX (rotate-half)" : "adjacent",
-           hp->rope_dim, hp->head_dim, (double)hp->rope_base);
+    printf("RoPE:          %s pairs, %d of %d head dims, base %g",
+           hp->rope == ROPE_NEOX ? "NeoX (rotate-half)" : "adjacent", hp->rope_dim, hp->head_dim,
+           (double)hp->rope_base);
     if (r->type == ROPE_SCALING_LINEAR) printf(", linear scaling x%g", (double)r->factor);
     if (r->type == ROPE_SCALING_YARN)
         printf(", yarn x%g over %d (betas %g/%g)", (double)r->factor, r->orig_ctx, (double)r->beta_fast,
@@ -111,7 +112,22 @@ static void print_layer(const struct model *m)
     printf("layer:         RMSNorm (eps %g) before attention and FFN%s; %s FFN; Q/K/V biases %s; "
            "per-head Q/K norms %s\n",
            (double)m->hp.rms_eps, L->post_attn_norm ? ", and after each (post-norms)" : "",
-           o->act == MODEL_ACT_GELU_TANH ? "GeGLU (tanh GELU)" : "SwiGLU", yes(L->bq != NULL), yes(L->q_norm != NULL));
+           o->act == MODEL_ACT_GELU_TANH ? "GeGLU (tanh GELU)" : "SwiGLU", yes(L->bq != NULL),
+           yes(L->q_norm != NULL && !o->qk_norm_whole));
+    if (o->qk_norm_whole) printf("               Q/K norms over the whole Q and K projections\n");
+    const struct model_moe *mo = &o->moe;
+    if (mo->n_expert > 0) {
+        uint64_t per = 0; /* bytes of one expert's three matrices: what a token reads per choice */
+        const struct mm_weight *w[3] = {&L->w_gate_exps, &L->w_up_exps, &L->w_down_exps};
+        for (int i = 0; i < 3; i++) per += (uint64_t)w[i]->row_bytes * (uint64_t)w[i]->n_out / (uint64_t)mo->n_expert;
+        printf("experts:       %d per MoE layer (every layer), %d per token, each FFN %d (%.2f MiB); routing: "
+               "softmax, top %d, %s\n",
+               mo->n_expert, mo->n_expert_used, mo->n_ff_exp, (double)per / (1024.0 * 1024.0), mo->n_expert_used,
+               mo->norm_topk ? "renormalised to sum 1" : "not renormalised");
+        if (mo->n_ff_shexp > 0)
+            printf("               and a shared expert (FFN %d) every token runs, times sigmoid(its gate)\n",
+                   mo->n_ff_shexp);
+    }
     printf("scales:        embeddings x%g; scores x%g", (double)o->embd_scale, (double)o->attn_scale);
     if (o->attn_softcap > 0) printf(", soft-capped at %g", (double)o->attn_softcap);
     if (o->final_softcap > 0) printf("; logits soft-capped at %g", (double)o->final_softcap);
@@ -196,7 +212,8 @@ int cli_info(int argc, char **argv)
     printf("name:          %s\n", m->name);
     printf("architecture:  %s\n", m->arch->name);
     printf("sizes:         %d layers, hidden %d, FFN %d, %d query / %d KV heads of %d, vocabulary %d\n", hp->n_layer,
-           hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_vocab);
+           hp->n_embd, m->ops.moe.n_expert > 0 ? m->ops.moe.n_ff_exp : hp->n_ff, hp->n_head, hp->n_head_kv,
+           hp->head_dim, hp->n_vocab);
     print_types(m);
     printf("context:       %d trained", hp->n_ctx_train);
     if (m->n_ctx_max != hp->n_ctx_train) printf(", %d with its RoPE scaling", m->n_ctx_max);

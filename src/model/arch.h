@@ -44,6 +44,18 @@ struct arch_desc {
     enum arch_need post_norms; /* blk.N.post_attention_norm / post_ffw_norm: RMSNorm of the
                                   attention and FFN outputs before the residual add */
     enum arch_need output;     /* output.weight (absent or optional: tied to token_embd) */
+    bool qk_norm_whole;        /* qk_norm's weights span the whole Q and K projections */
+    /* Mixture of experts (model.h, struct model_moe; read by model_moe.c):
+     * absent (a dense model), optional (MoE when `expert_count` > 0) or
+     * required. moe_norm_topk: whether the architecture renormalises the
+     * top-k routing weights; moe_ff_key: whether an expert's inner size is
+     * `expert_feed_forward_length` (else `feed_forward_length`);
+     * moe_shared: a shared expert in every MoE layer (required), its size
+     * `expert_shared_feed_forward_length`. */
+    enum arch_need moe;
+    bool moe_norm_topk;
+    bool moe_ff_key;
+    bool moe_shared;
     /* Keys `<name>.<suffix>` that `read` reads, beyond the common ones
      * (model_check.c's table): NULL-terminated, or NULL. */
     const char *const *keys;
@@ -59,6 +71,7 @@ const struct arch_desc *arch_find(const char *name, size_t len);
 const char *arch_names(void);
 
 /* The descriptions, one per arch_<name>.c. */
-extern const struct arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_gemma2, arch_gemma3;
+extern const struct arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_gemma2, arch_gemma3, arch_qwen3moe, arch_olmoe,
+    arch_qwen2moe;
 
 #endif
