@@ -1077,6 +1077,30 @@ int main(void)
         check_synth(dir, "smollm2-width", &so, true, false);
     }
 
+    /* A mixture of experts is computed on the CPU only so far: the CUDA
+     * backend refuses it by name rather than run its dense FFN path. */
+    {
+        synth_opts_default(&so);
+        so.arch = "qwen3moe";
+        so.n_expert = 8;
+        so.n_expert_used = 2;
+        so.n_ff_exp = 64;
+        char path[512];
+        snprintf(path, sizeof path, "%s/moe.gguf", dir);
+        struct kvb_err err = {{0}};
+        struct model *m = NULL;
+        CHECK_MSG(synth_model_write(path, &so, &err) == KVB_OK && model_load(path, &m, &err) == KVB_OK, "%s", err.msg);
+        if (m) {
+            struct be_cuda_opts o = {.device = 0, .block_size = BS, .n_blocks = POOL};
+            struct backend *be = NULL;
+            CHECK(be_cuda_create(m, &o, &be, &err) == KVB_ERR_UNSUPPORTED && !be);
+            CHECK_MSG(strstr(err.msg, "mixture of experts") != NULL, "message: %s", err.msg);
+            printf("qwen3moe on CUDA: %s\n", err.msg);
+        }
+        model_free(m);
+        unlink(path);
+    }
+
     const char *real = tu_env("KVB_MODEL");
     if (real && access(real, R_OK) == 0) check_real(dir, real);
     else printf("real model: %s not present, skipped\n", real ? real : "$KVB_MODEL");
