@@ -35,7 +35,10 @@
  *    mixed; against the CPU backend's own q8 / q4 (and on its blocks) when
  *    that backend takes the type.
  * Models: synthetic llama (Q8_0; Q4_K with an untied head), qwen2 (QKV
- * bias, NeoX RoPE) and qwen3 (QK norm), n_embd 256, written with synth.h;
+ * bias, NeoX RoPE), qwen3 (QK norm), gemma3 (post-norms, GeGLU, scaled
+ * embeddings, head_dim 256, a sliding window of 24 on 5 of 6 layers with
+ * their own RoPE base) and gemma2 (soft-caps, a window of 20 on every other
+ * layer), n_embd 256, written with synth.h;
  * a 4-layer synthetic of SmolLM2's width and heads with mixed weight types;
  * and the real SmolLM2 when $KVB_MODEL exists.
  *
@@ -1017,6 +1020,38 @@ int main(void)
         CHECK(be == NULL);
         printf("be_cuda_create(device 999): %s\n", err.msg);
     }
+    /* A mixture of experts is computed on the CPU only so far: the CUDA
+     * backend refuses it naming the architecture, before it looks for a
+     * device (so this holds on a machine without one too), rather than run
+     * its dense FFN path. Mixtral is llama with experts. */
+    {
+        char mdir[] = "/tmp/kvb_cuda_moe_XXXXXX";
+        CHECK(mkdtemp(mdir) != NULL);
+        const char *archs[] = {"qwen3moe", "llama", "olmoe"};
+        for (size_t i = 0; i < sizeof archs / sizeof *archs; i++) {
+            struct synth_opts mo;
+            synth_opts_default(&mo);
+            mo.arch = archs[i];
+            mo.n_expert = 8;
+            mo.n_expert_used = 2;
+            char path[512];
+            snprintf(path, sizeof path, "%s/moe.gguf", mdir);
+            struct kvb_err err = {{0}};
+            struct model *m = NULL;
+            CHECK_MSG(synth_model_write(path, &mo, &err) == KVB_OK && model_load(path, &m, &err) == KVB_OK, "%s: %s",
+                      archs[i], err.msg);
+            if (m) {
+                struct be_cuda_opts o = {.device = 0, .block_size = BS, .n_blocks = POOL};
+                struct backend *be = NULL;
+                CHECK(be_cuda_create(m, &o, &be, &err) == KVB_ERR_UNSUPPORTED && !be);
+                CHECK_MSG(strstr(err.msg, "mixture of experts") && strstr(err.msg, archs[i]), "message: %s", err.msg);
+                printf("%s with experts on CUDA: %s\n", archs[i], err.msg);
+            }
+            model_free(m);
+            unlink(path);
+        }
+        rmdir(mdir);
+    }
     char why[256];
     if (!be_cuda_available(0, why, sizeof why)) {
         if (tu_failures) return tu_finish();
@@ -1056,6 +1091,27 @@ int main(void)
     so.head_dim = 64; /* 8 heads of 64 over a 256-wide stream, as qwen3 allows */
     so.seed = 4;
     check_synth(dir, "qwen3-q8_0", &so, true, false);
+    /* Gemma: windows shorter than the test's sequences, so that they bind. */
+    synth_opts_default(&so);
+    so.n_embd = 256;
+    so.n_head = 4;
+    so.n_head_kv = 1;
+    so.head_dim = 256;
+    so.n_ff = 512;
+    so.n_layer = 6;
+    so.arch = "gemma3";
+    so.n_swa = 24;
+    so.seed = 5;
+    check_synth(dir, "gemma3-q8_0", &so, true, false);
+    so.arch = "gemma2";
+    so.n_layer = 2;
+    so.n_head_kv = 2;
+    so.head_dim = 128;
+    so.n_swa = 20;
+    so.attn_softcap = 5.0f;
+    so.final_softcap = 3.0f;
+    so.seed = 6;
+    check_synth(dir, "gemma2-q8_0", &so, true, false);
     /* SmolLM2's width and heads (576 wide, 9 query / 3 KV heads, FFN 1536:
      * an odd head count, a width that is no multiple of 256) with a
      * different weight type per layer, as quantized files have. Four layers
@@ -1075,30 +1131,6 @@ int main(void)
         so.n_layer_types = 3;
         so.seed = 11;
         check_synth(dir, "smollm2-width", &so, true, false);
-    }
-
-    /* A mixture of experts is computed on the CPU only so far: the CUDA
-     * backend refuses it by name rather than run its dense FFN path. */
-    {
-        synth_opts_default(&so);
-        so.arch = "qwen3moe";
-        so.n_expert = 8;
-        so.n_expert_used = 2;
-        so.n_ff_exp = 64;
-        char path[512];
-        snprintf(path, sizeof path, "%s/moe.gguf", dir);
-        struct kvb_err err = {{0}};
-        struct model *m = NULL;
-        CHECK_MSG(synth_model_write(path, &so, &err) == KVB_OK && model_load(path, &m, &err) == KVB_OK, "%s", err.msg);
-        if (m) {
-            struct be_cuda_opts o = {.device = 0, .block_size = BS, .n_blocks = POOL};
-            struct backend *be = NULL;
-            CHECK(be_cuda_create(m, &o, &be, &err) == KVB_ERR_UNSUPPORTED && !be);
-            CHECK_MSG(strstr(err.msg, "mixture of experts") != NULL, "message: %s", err.msg);
-            printf("qwen3moe on CUDA: %s\n", err.msg);
-        }
-        model_free(m);
-        unlink(path);
     }
 
     const char *real = tu_env("KVB_MODEL");

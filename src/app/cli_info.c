@@ -145,12 +145,14 @@ static void print_text(const struct model *m, const char *template_name)
     } else {
         printf("tokenizer:     '%.*s', %d tokens, BOS %d (%s), EOS %d\n", (int)tm.len, tm.ptr, tok_n_vocab(t),
                tok_bos(t), tok_wants_bos(t) ? "added" : "not added", tok_eos(t));
-        tok_free(t);
     }
     struct chat_template tmpl;
     bool have = false;
     char why[256];
-    if (admit_template_choose(m, template_name, &tmpl, &have, why, sizeof why, &err) != KVB_OK) {
+    /* a template's special tokens are read through the tokenizer (none when it was refused) */
+    enum kvb_status st = admit_template_choose(m, t, template_name, &tmpl, &have, why, sizeof why, &err);
+    tok_free(t);
+    if (st != KVB_OK) {
         printf("chat template: %s\n", err.msg);
         return;
     }

@@ -3,11 +3,15 @@
  * is read once per step), attention read through per-sequence block tables, in tiles
  * of tokens that read shared KV blocks once (attn_tile_*.c).
  *
- * KV pool layout, per block: [layer][K | V][slot][n_head_kv * head_dim], each
+ * KV pool layout, per page: [layer][K | V][slot][n_head_kv * head_dim], each
  * row stored as the pool's KV type says (fp16, or q8/q4 groups, a q4 pool's
  * K rows at q8: backend/kvtype.h), quantized once when the token's K and V
- * are written. Keeping a block's K and V for all layers together makes one block one
- * contiguous span, which is what the persistent cache copies in and out. */
+ * are written. A page is a whole block — all layers, one contiguous span,
+ * which is what the persistent cache copies in and out — unless the model
+ * has sliding-window layers: then a block is one page per group of layers
+ * (backend.h's paging) and each step looks its pages up per group (c->map),
+ * so that attention and the K/V store of a layer read the pages of that
+ * layer's group. */
 #include "cpu/be_cpu.h"
 
 #include <math.h>
@@ -38,8 +42,13 @@ struct cpu_be {
     void **packed;       /* (n_packed) owned buffers behind lw and output */
     struct cpu_moe *moe; /* the experts of the MoE layers, or NULL */
     int n_packed;
-    uint16_t *kv;                       /* (n_blocks, block_elems) 2-byte words, rows stored as be.kv_type */
-    int64_t block_elems;                /* words of a block: n_layer * layer_words */
+    uint16_t *kv;             /* (n_pages, page_words) 2-byte words, rows stored as be.kv_type */
+    int64_t page_words;       /* words of a page: layers_per_group * layer_words */
+    int32_t *map;             /* (n_logical, n_groups) each block's pages; NULL with one group */
+    int32_t *lgroup, *lindex; /* (n_layer) each layer's group, its index in the group's page */
+    int32_t *gtab;            /* (n_groups, cap_tab) the step's tables of pages, per group */
+    int64_t cap_tab, n_tab;
+    int32_t *seq_tab;                   /* (cap_keys) each sequence's offset in a group's part of gtab */
     int64_t kv_dim;                     /* n_head_kv * head_dim (elements of a K or V row) */
     int64_t k_row_words, v_row_words;   /* words of a stored K row, V row (kv_row_bytes(kv_k_rows(t), kv_dim) / 2) */
     int64_t k_head_words, v_head_words; /* words of one KV head's part of a K row, a V row */
@@ -76,6 +85,11 @@ static void cpu_free(struct backend *be)
     kvb_free(c->kv);
     kvb_free(c->inv_freq);
     kvb_free(c->inv_freq_swa);
+    kvb_free(c->map);
+    kvb_free(c->lgroup);
+    kvb_free(c->lindex);
+    kvb_free(c->gtab);
+    kvb_free(c->seq_tab);
     float *bufs[] = {c->x, c->q, c->k, c->v, c->att, c->tmp, c->gate, c->up, c->out_rows, c->scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvb_free(bufs[i]);
     kvb_free(c->tok_pos);
@@ -188,6 +202,8 @@ static void attn_worker(void *arg, int ith, int nth)
     const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     const float scale = c->m->ops.attn_scale;
     const int32_t window = c->m->layers[j->layer].swa ? c->m->ops.n_swa : 0;
+    const int64_t lw = (int64_t)c->lindex[j->layer] * c->layer_words;
+    const int32_t *gt = c->gtab + (int64_t)c->lgroup[j->layer] * c->n_tab;
     float *scratch = c->scores + (int64_t)ith * c->cap_scores;
     const int64_t bs = c->be.block_size;
     /* Items are taken first come, first served: under causal prefill later
@@ -198,9 +214,9 @@ static void attn_worker(void *arg, int ith, int nth)
         const int32_t g = (int32_t)(it % hp->n_head_kv);
         const int64_t lo = j->n_tok * tile / c->n_tiles, hi = j->n_tok * (tile + 1) / c->n_tiles;
         struct attn_kv_view view = {
-            .k_base = c->kv + (int64_t)j->layer * c->layer_words + (int64_t)g * c->k_head_words,
-            .v_base = c->kv + (int64_t)j->layer * c->layer_words + bs * c->k_row_words + (int64_t)g * c->v_head_words,
-            .block_stride = c->block_elems,
+            .k_base = c->kv + lw + (int64_t)g * c->k_head_words,
+            .v_base = c->kv + lw + bs * c->k_row_words + (int64_t)g * c->v_head_words,
+            .block_stride = c->page_words,
             .row_stride = c->k_row_words,
             .v_row_stride = c->v_row_words,
             .block_size = (int32_t)bs,
@@ -212,7 +228,7 @@ static void attn_worker(void *arg, int ith, int nth)
             const int64_t t = c->tile_order[i];
             const int64_t off = t * hp->n_head * hd + (int64_t)g * group * hd;
             const int32_t p_lo = window > 0 && c->tok_pos[t] + 1 > window ? c->tok_pos[t] + 1 - window : 0;
-            toks[i - lo] = (struct attn_tile_tok){c->q + off, c->att + off, j->batch->seqs[c->tok_seq[t]].block_table,
+            toks[i - lo] = (struct attn_tile_tok){c->q + off, c->att + off, gt + c->seq_tab[c->tok_seq[t]],
                                                   c->tok_pos[t] + 1, p_lo};
         }
         if (c->avx512) {
@@ -338,11 +354,11 @@ static void prep_tokens(const struct prep_job *j, int64_t t0, int64_t t1)
         const float mscale = L->swa ? 1.0f : c->m->rope.mscale;
         attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], inv_freq, mscale);
         attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], inv_freq, mscale);
-        const struct be_seq *s = &j->batch->seqs[c->tok_seq[t]];
         const int32_t p = c->tok_pos[t];
-        uint16_t *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_elems;
-        uint16_t *kd = blk + (int64_t)j->layer * c->layer_words + (p % bs) * c->k_row_words;
-        uint16_t *vd = blk + (int64_t)j->layer * c->layer_words + bs * c->k_row_words + (p % bs) * c->v_row_words;
+        const int32_t *gt = c->gtab + (int64_t)c->lgroup[j->layer] * c->n_tab + c->seq_tab[c->tok_seq[t]];
+        uint16_t *lay = c->kv + (int64_t)gt[p / bs] * c->page_words + (int64_t)c->lindex[j->layer] * c->layer_words;
+        uint16_t *kd = lay + (p % bs) * c->k_row_words;
+        uint16_t *vd = lay + bs * c->k_row_words + (p % bs) * c->v_row_words;
         /* The reference conversion itself (for f16, kvb_f32_to_fp16_n): a
          * row's bytes are a pure function of its values, whoever writes it. */
         kv_quantize_row(kv_k_rows(c->be.kv_type), kd, kt, kvd);
@@ -356,6 +372,38 @@ static void prep_worker(void *arg, int ith, int nth)
     int64_t n = 0;
     for (int32_t i = 0; i < j->batch->n_seqs; i++) n += j->batch->seqs[i].n_tokens;
     prep_tokens(j, n * ith / nth, n * (ith + 1) / nth);
+}
+
+/* Page of group g of block b. */
+static inline int32_t page_of(const struct cpu_be *c, int32_t b, int32_t g)
+{
+    return c->map ? c->map[(int64_t)b * c->be.n_groups + g] : b;
+}
+
+/* The step's page tables: for each group, each sequence's blocks' pages
+ * (with one group, the blocks themselves). */
+static enum kvb_status step_tables(struct cpu_be *c, const struct be_batch *batch, int64_t n_tab)
+{
+    const int32_t G = c->be.n_groups;
+    if (n_tab > c->cap_tab) {
+        int32_t *t = kvb_realloc(c->gtab, sizeof(int32_t) * (size_t)(n_tab * G));
+        if (!t) return KVB_ERR_NOMEM;
+        c->gtab = t;
+        c->cap_tab = n_tab;
+    }
+    int32_t *st = kvb_realloc(c->seq_tab, sizeof(int32_t) * (size_t)(batch->n_seqs ? batch->n_seqs : 1));
+    if (!st) return KVB_ERR_NOMEM;
+    c->seq_tab = st;
+    c->n_tab = n_tab;
+    int64_t off = 0;
+    for (int32_t i = 0; i < batch->n_seqs; i++) {
+        const struct be_seq *s = &batch->seqs[i];
+        c->seq_tab[i] = (int32_t)off;
+        for (int32_t g = 0; g < G; g++)
+            for (int32_t b = 0; b < s->n_blocks; b++) c->gtab[g * n_tab + off + b] = page_of(c, s->block_table[b], g);
+        off += s->n_blocks;
+    }
+    return KVB_OK;
 }
 
 static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *batch, float *logits, struct kvb_err *err)
@@ -399,7 +447,8 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         }
     }
 
-    if (plan_tiles(c, batch, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    if (plan_tiles(c, batch, n_tok) != KVB_OK || step_tables(c, batch, sh.n_tab) != KVB_OK)
+        return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
 
     struct prep_job prep = {c, batch, NULL, 0};
     struct norm_in nin = {c, NULL, NULL, NULL, (int32_t)e, hp->rms_eps};
@@ -463,20 +512,36 @@ static void cpu_host_parallel(struct backend *be, void (*fn)(void *arg, int ith,
     tpool_run(((struct cpu_be *)be)->pool, fn, arg);
 }
 
+/* A block's pages in group order, out of (to_pool false) or into the pool. */
+static enum kvb_status block_copy(struct cpu_be *c, int32_t block, void *host, bool to_pool)
+{
+    if (block < 0 || block >= c->be.n_logical) return KVB_ERR_INVALID_ARG;
+    for (int32_t g = 0; g < c->be.n_groups; g++)
+        if (page_of(c, block, g) < 0) return KVB_ERR_INVALID_ARG;
+    for (int32_t g = 0; g < c->be.n_groups; g++) {
+        uint16_t *page = c->kv + (int64_t)page_of(c, block, g) * c->page_words;
+        char *h = (char *)host + (size_t)g * (size_t)c->be.page_bytes;
+        if (to_pool) memcpy(page, h, (size_t)c->be.page_bytes);
+        else memcpy(h, page, (size_t)c->be.page_bytes);
+    }
+    return KVB_OK;
+}
+
 static enum kvb_status cpu_block_read(struct backend *be, int32_t block, void *dst)
 {
-    struct cpu_be *c = (struct cpu_be *)be;
-    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
-    memcpy(dst, c->kv + (int64_t)block * c->block_elems, (size_t)be->block_bytes);
-    return KVB_OK;
+    return block_copy((struct cpu_be *)be, block, dst, false);
 }
 
 static enum kvb_status cpu_block_write(struct backend *be, int32_t block, const void *src)
 {
+    return block_copy((struct cpu_be *)be, block, (void *)src, true);
+}
+
+static void cpu_kv_map(struct backend *be, int32_t block, const int32_t *pages)
+{
     struct cpu_be *c = (struct cpu_be *)be;
-    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
-    memcpy(c->kv + (int64_t)block * c->block_elems, src, (size_t)be->block_bytes);
-    return KVB_OK;
+    if (!c->map || block < 0 || block >= be->n_logical) return;
+    memcpy(c->map + (int64_t)block * be->n_groups, pages, sizeof(int32_t) * (size_t)be->n_groups);
 }
 
 /* One weight into the form the kernels read; a new buffer is kept, and the
@@ -546,7 +611,9 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     c->simd = opts->impl != MM_IMPL_SCALAR && attn_have_avx2();
     c->avx512 = c->simd && opts->impl != MM_IMPL_AVX2 && attn_have_avx512();
     c->be.block_bytes = be_block_bytes(m, opts->block_size, opts->kv_type);
-    c->block_elems = c->be.block_bytes / 2;
+    be_paging_init(&c->be, m, opts->n_blocks, opts->kv_type);
+    c->be.kv_map = cpu_kv_map;
+    c->page_words = c->be.page_bytes / 2;
     c->k_row_words = kv_row_bytes(kv_k_rows(opts->kv_type), c->kv_dim) / 2;
     c->v_row_words = kv_row_bytes(kv_v_rows(opts->kv_type), c->kv_dim) / 2;
     c->k_head_words = kv_row_bytes(kv_k_rows(opts->kv_type), hp->head_dim) / 2;
@@ -580,6 +647,23 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     }
     size_t kv_bytes = (size_t)c->be.block_bytes * (size_t)opts->n_blocks;
     c->kv = kvb_aligned_alloc(64, kv_bytes);
+    struct be_kv_layout lo;
+    be_kv_layout(m, opts->block_size, opts->kv_type, &lo);
+    c->lgroup = kvb_malloc(sizeof(int32_t) * (size_t)hp->n_layer);
+    c->lindex = kvb_malloc(sizeof(int32_t) * (size_t)hp->n_layer);
+    bool map_ok = true;
+    if (lo.n_groups > 1) {
+        c->map = kvb_malloc(sizeof(int32_t) * (size_t)c->be.n_logical * (size_t)lo.n_groups);
+        map_ok = c->map != NULL;
+        for (int64_t i = 0; map_ok && i < (int64_t)c->be.n_logical * lo.n_groups; i++)
+            c->map[i] = i < (int64_t)c->be.n_pages ? (int32_t)i : -1;
+    }
+    for (int32_t l = 0; c->lgroup && c->lindex && l < hp->n_layer; l++)
+        be_layer_group(m, &lo, l, &c->lgroup[l], &c->lindex[l]);
+    if (!c->lgroup || !c->lindex || !map_ok) {
+        cpu_free(&c->be);
+        return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    }
     c->inv_freq = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));
     c->inv_freq_swa = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));
     if (!c->kv || !c->inv_freq || !c->inv_freq_swa) {

@@ -218,13 +218,20 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
         if (qwen2moe && o->n_ff_shexp > 0)
             gguf_writer_add_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)ff_sh);
     }
+    const bool gemma2 = !strcmp(a, "gemma2"), gemma3 = !strcmp(a, "gemma3");
+    if ((gemma2 || gemma3) && o->n_swa > 0) gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)o->n_swa);
+    if (gemma2 && o->attn_softcap > 0) gguf_writer_add_f32(w, KEY("attn_logit_softcapping"), o->attn_softcap);
+    if ((gemma2 || gemma3) && o->final_softcap > 0)
+        gguf_writer_add_f32(w, KEY("final_logit_softcapping"), o->final_softcap);
     if (o->extra_keys) o->extra_keys(w, a);
 #undef KEY
     enum kvb_status st = add_vocab(w);
-    const bool bias = !strcmp(a, "qwen2") || qwen2moe, qk_norm = !strcmp(a, "qwen3") || qwen3moe;
+    const bool bias = !strcmp(a, "qwen2") || qwen2moe;
+    const bool qk_norm = !strcmp(a, "qwen3") || qwen3moe || gemma3, post = gemma2 || gemma3;
     if (st == KVB_OK) st = add_tensor(w, "token_embd.weight", o->embd_type, e, n_vocab, 1.0f, 0, &r, err);
     if (st == KVB_OK) st = add_tensor(w, "output_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f, &r, err);
-    if (st == KVB_OK && (!o->tied_output || olmoe || qwen2moe))
+    /* gemma2's output is always the embedding; olmoe and qwen2moe write their own */
+    if (st == KVB_OK && ((!o->tied_output && !gemma2) || olmoe || qwen2moe))
         st = add_tensor(w, "output.weight", o->embd_type, e, n_vocab, 1.0f / sqrtf((float)e), 0, &r, err);
     for (int l = 0; l < o->n_layer && st == KVB_OK; l++) {
         enum ggml_type mt =
@@ -251,6 +258,10 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
         if (olmoe) { /* over the whole projections */
             T("attn_q_norm.weight", o->norm_type, q, 1, 0.1f, 1.0f);
             T("attn_k_norm.weight", o->norm_type, kv, 1, 0.1f, 1.0f);
+        }
+        if (post) {
+            T("post_attention_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
+            T("post_ffw_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
         }
         T("ffn_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
         if (!moe) {
