@@ -1034,6 +1034,7 @@ int main(void)
             mo.arch = archs[i];
             mo.n_expert = 8;
             mo.n_expert_used = 2;
+            if (i == 0) mo.n_ff_exp = 64; /* qwen3moe writes expert_feed_forward_length */
             char path[512];
             snprintf(path, sizeof path, "%s/moe.gguf", mdir);
             struct kvb_err err = {{0}};
