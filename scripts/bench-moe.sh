@@ -4,7 +4,8 @@
 # into ~/.cache/kvbatch/bench once), decode tokens/s at batch 1 and at batch 32,
 # kvbatch beside llama.cpp on the same file, runs interleaved (the machine is
 # shared: a slow spell should land on both). A benchmark, not a test.
-#   [LLAMA_CPP_BIN=DIR] [N_LAYERS=12] [REPS=2] [N_GEN=64] [BATCH=32] [THREAD_SET="1 2"] scripts/bench-moe.sh
+#   [LLAMA_CPP_BIN=DIR] [N_LAYERS=12] [REPS=2] [N_GEN=64] [BATCH=32] [THREAD_SET="1 2"]
+#   [N_CPU=32] [CPU_REPS=2] scripts/bench-moe.sh
 # N_LAYERS: the model's 48 layers are ~17 GB at Q4_K; the default 12 (4.2 GB)
 # leaves a shared 24 GiB machine its memory (per-layer work is the same, so
 # tokens/s scale as 1/layers). LLAMA_CPP_BIN: a directory with llama-bench and
@@ -22,6 +23,11 @@
 # keeps its best: on an oversubscribed machine llama.cpp's spinning threads
 # can run several times slower on 2 threads than on 1 (seen here: 8.6 vs 61
 # tok/s), and a figure that measures that says nothing about either tool.
+# Then decode tokens per CPU-second on one thread (scripts/moe-bench-cpu.py:
+# the CPU time of 1 + N_CPU tokens less that of 1 token, least of CPU_REPS):
+# on a loaded machine the wall-clock rates swing several-fold between runs,
+# the CPU time charged for a step much less, so that ratio is the one to read
+# there. CPU_REPS=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREAD_SET=${THREAD_SET:-$( (echo 1; nproc) | sort -un | tr '\n' ' ')}
@@ -136,3 +142,21 @@ print("%-9s %12.2f %12s %8s" % ("batch " + b, kbn, "%.2f" % lbn if lbn else "-",
 print("tokens/s of the whole step (batch %s: summed over the sequences), each tool at its best thread count;"
       " goal: kvbatch >= 1.2x llama.cpp" % b)
 PY
+CPU_REPS=${CPU_REPS:-2}
+N_CPU=${N_CPU:-32}
+if [ "$CPU_REPS" -gt 0 ]; then
+  echo "decode tokens per CPU-second, 1 thread ($N_CPU tokens after the first, least CPU time of $CPU_REPS, interleaved):"
+  for b in 1 "$B"; do
+    "$PY" scripts/moe-bench-cpu.py "$BIN" "$MODEL" "${LL:--}" "$b" "$N_CPU" "$ids" "$CPU_REPS"
+  done | "$PY" -c '
+import sys
+r = {}
+for line in sys.stdin:
+    name, b, v = line.split()
+    r.setdefault(b, {})[name] = float(v)
+print("%-9s %12s %12s %8s" % ("decode", "kvbatch", "llama.cpp", "ratio"))
+for b, v in r.items():
+    k, l = v.get("kvbatch", 0), v.get("llama.cpp", 0)
+    print("%-9s %12.2f %12s %8s" % ("batch " + b, k, "%.2f" % l if l else "-", "%.2fx" % (k / l) if l else "-"))
+print("tokens per CPU-second of the decode steps on one thread; goal: kvbatch >= 1.2x llama.cpp")'
+fi
