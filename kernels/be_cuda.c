@@ -36,6 +36,7 @@
 #include "base/dtype.h"
 #include "base/tpool.h"
 #include "kernels/kernels.h"
+#include "model/arch.h"
 #include "model/quant.h"
 
 /* kernels.h numbers the KV types without including backend/kvtype.h. */
@@ -1013,6 +1014,14 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     if (o->block_size <= 0 || o->n_blocks <= 0)
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "block size %d and block count %d must be positive", o->block_size,
                         o->n_blocks);
+    /* Refused before the device is looked at: what the model needs does not
+     * depend on the machine, and the message should say so everywhere. */
+    const char *arch = m->arch ? m->arch->name : "this model";
+    if (m->ops.moe.n_expert > 0)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "CUDA backend: %s is a mixture of experts (%d experts, %d per token), computed on the CPU "
+                        "only so far (--device cpu)",
+                        arch, m->ops.moe.n_expert, m->ops.moe.n_expert_used);
     char why[256];
     if (!be_cuda_available(o->device, why, sizeof why))
         return kvb_errf(err, KVB_ERR_UNSUPPORTED, "no CUDA device: %s", why);

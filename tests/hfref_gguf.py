@@ -2,7 +2,9 @@
 way llama.cpp's convert_hf_to_gguf.py does, for the architectures kvbatch runs
 (LlamaForCausalLM → llama, Qwen2ForCausalLM → qwen2, Qwen3ForCausalLM → qwen3,
 Gemma2ForCausalLM → gemma2, Gemma3ForCausalLM → gemma3, Phi3ForCausalLM → phi3,
-GraniteForCausalLM → granite, Olmo2ForCausalLM and Olmo3ForCausalLM → olmo2).
+GraniteForCausalLM → granite, Olmo2ForCausalLM and Olmo3ForCausalLM → olmo2,
+MixtralForCausalLM → llama with experts, Qwen3MoeForCausalLM → qwen3moe,
+OlmoeForCausalLM → olmoe, Qwen2MoeForCausalLM → qwen2moe).
 
 It is the converter's behaviour for these configs, written out step by step so
 that tests/pytest_hf_ref.py can put one set of random weights both into a
@@ -50,7 +52,21 @@ loader:
   - olmo2 (conversion/olmo.py, Olmo2Model, a TextModel; Olmo3ForCausalLM is
     written by the same class): TextModel's keys, and for a config with a
     sliding_window the window and the pattern from layer_types (freq_base_swa
-    from the sliding layers' rope_theta, TextModel).
+    from the sliding layers' rope_theta, TextModel);
+  - mixtures of experts (LlamaModel for Mixtral, Qwen2MoeModel/Qwen3MoeModel,
+    OlmoeModel): `expert_count` and `expert_used_count` (TextModel, from
+    num_local_experts / num_experts and num_experts_per_tok), qwen2moe's and
+    qwen3moe's `expert_feed_forward_length` (moe_intermediate_size), qwen2moe's
+    `expert_shared_feed_forward_length` (shared_expert_intermediate_size) and
+    its shared expert (mlp.shared_expert.* → ffn_*_shexp; the gate
+    mlp.shared_expert_gate → ffn_gate_inp_shexp, always F32), olmoe's RMS epsilon
+    written as 1e-5 whatever the config says (OlmoeModel); the experts
+    stacked into blk.N.ffn_{gate,up,down}_exps (n_expert, rows, cols) — the
+    converter stacks the checkpoint's per-expert matrices, or splits a fused
+    gate_up_proj into its gate half and its up half (Qwen2MoeModel), which is
+    the layout transformers' model keeps (gate_up_proj, act(first half) *
+    second half); the router (mlp.gate → ffn_gate_inp) always F32. Neither
+    norm_topk_prob nor mlp_only_layers / decoder_sparse_step is written.
 The tokenizer is the one thing not taken from a Hugging Face checkpoint (there is
 none): a small byte-level BPE vocabulary (256 byte tokens, a few merges, a few
 control tokens) in the layout _set_vocab_gpt2 writes (Gemma3Model's choice
@@ -69,8 +85,10 @@ logging.getLogger("gguf.gguf_writer").setLevel(logging.ERROR)
 ARCHS = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
          "gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3, "phi3": gguf.MODEL_ARCH.PHI3,
          "granite": gguf.MODEL_ARCH.GRANITE, "olmo2": gguf.MODEL_ARCH.OLMO2,
-         "olmo3": gguf.MODEL_ARCH.OLMO2}  # Olmo3ForCausalLM is converted as olmo2
-LLAMA_LIKE = ("llama", "granite")  # LlamaModel's converter: Q/K permuted, vocab_size and rope dims written
+         "olmo3": gguf.MODEL_ARCH.OLMO2,  # Olmo3ForCausalLM is converted as olmo2
+         "mixtral": gguf.MODEL_ARCH.LLAMA, "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "olmoe": gguf.MODEL_ARCH.OLMOE,
+         "qwen2moe": gguf.MODEL_ARCH.QWEN2MOE}
+LLAMA_LIKE = ("llama", "granite", "mixtral")  # LlamaModel's converter: Q/K permuted, vocab_size and rope dims written
 GEMMA = ("gemma2", "gemma3")
 MERGE_LETTERS = "etaoinsh"
 N_CONTROL = 8
@@ -277,6 +295,17 @@ def _write_params(w, arch, hp, ftype, scaling):
         w.add_key_length(hp["head_dim"])
         w.add_value_length(hp["head_dim"])
     w.add_file_type(ftype)
+    n_exp = next((hp[k] for k in ("num_local_experts", "num_experts") if hp.get(k) is not None), None)
+    if n_exp is not None:
+        w.add_expert_count(n_exp)
+    if hp.get("num_experts_per_tok") is not None:
+        w.add_expert_used_count(hp["num_experts_per_tok"])
+    if arch in ("qwen2moe", "qwen3moe") and hp.get("moe_intermediate_size") is not None:
+        w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
+    if arch == "qwen2moe" and hp.get("shared_expert_intermediate_size") is not None:
+        w.add_expert_shared_feed_forward_length(hp["shared_expert_intermediate_size"])
+    if arch == "olmoe":
+        w.add_layer_norm_rms_eps(1e-5)
     if arch in LLAMA_LIKE:
         w.add_vocab_size(hp["vocab_size"])
         w.add_rope_dimension_count(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
@@ -338,12 +367,21 @@ def write_gguf(path, arch, hp, state, f16=False, scaling=True, permute_qk=True, 
                 data = permute(data, n_head, n_head)
             if hf_name.endswith(("k_proj.weight", "k_proj.bias")):
                 data = permute(data, n_head, n_kv)
+        if hf_name.endswith(".mlp.experts.gate_up_proj"):  # (n_expert, 2 n_ff, n_embd): gate half, up half
+            bid = int(hf_name.split(".")[2])
+            half = data.shape[1] // 2
+            tensors.append(("blk.%d.ffn_gate_exps.weight" % bid, np.ascontiguousarray(data[:, :half])))
+            tensors.append(("blk.%d.ffn_up_exps.weight" % bid, np.ascontiguousarray(data[:, half:])))
+            continue
+        if hf_name.endswith(".mlp.experts.down_proj"):
+            hf_name += ".weight"  # Qwen2MoeModel maps it as the stacked down_proj.weight
         new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if new_name is None:
             raise ValueError("cannot map tensor %r" % hf_name)
         tensors.append((new_name, data))
     for new_name, data in tensors:
-        if data.ndim <= 1 or new_name.endswith("_norm.weight") or not f16:
+        if data.ndim <= 1 or new_name.endswith(("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")) \
+                or not f16:
             w.add_tensor(new_name, data.astype(np.float32), raw_dtype=gguf.GGMLQuantizationType.F32)
         else:
             w.add_tensor(new_name, data.astype(np.float16), raw_dtype=gguf.GGMLQuantizationType.F16)

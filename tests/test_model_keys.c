@@ -228,8 +228,9 @@ static void test_refused_keys(void)
             "llama.attention.causal", "false");
     refused(&(struct edit){.key = {"llama.use_parallel_residual"}, .val = {BOOL(true)}}, KVB_ERR_UNSUPPORTED,
             "llama.use_parallel_residual", "true");
-    refused(&(struct edit){.key = {"llama.expert_count"}, .val = {U32(8)}}, KVB_ERR_UNSUPPORTED, "llama.expert_count",
-            "= 8");
+    /* Experts without a count of experts per token: no routing to compute. */
+    refused(&(struct edit){.key = {"llama.expert_count"}, .val = {U32(8)}}, KVB_ERR_FORMAT, "llama.expert_used_count",
+            "llama.expert_count");
     refused(&(struct edit){.key = {"llama.attention.max_alibi_bias"}, .val = {F32(8)}}, KVB_ERR_UNSUPPORTED,
             "llama.attention.max_alibi_bias", "8");
     refused(&(struct edit){.key = {"llama.attention.clamp_kqv"}, .val = {F32(8)}}, KVB_ERR_UNSUPPORTED,
@@ -239,13 +240,13 @@ static void test_refused_keys(void)
     refused(&(struct edit){.key = {"llama.rope.freq_base_swa"}, .val = {F32(10000)}}, KVB_ERR_UNSUPPORTED,
             "llama.rope.freq_base_swa", "10000");
     refused(&(struct edit){.key = {"split.count"}, .val = {U32(3)}}, KVB_ERR_UNSUPPORTED, "split.count", "3");
-    /* A mixture of experts (Mixtral: llama.expert_count 8, expert tensors
-     * instead of blk.N.ffn_gate.weight) is refused by the key that says so,
-     * not by the dense tensor it lacks: keys are checked before weights. */
+    /* A mixture of experts (Mixtral: llama.expert_count 8) is computed from
+     * its experts' tensors: a file that says so and has only a dense FFN is
+     * refused naming the first expert tensor it lacks (the router). */
     refused(&(struct edit){.key = {"llama.expert_count", "llama.expert_used_count"},
                            .val = {U32(8), U32(2)},
                            .drop_tensors = "ffn_gate.weight"},
-            KVB_ERR_UNSUPPORTED, "llama.expert_count", "mixture of experts");
+            KVB_ERR_FORMAT, "blk.0.ffn_gate_inp.weight", "missing");
     /* Ollama's converter also writes the head size as attention.head_dim:
      * a value other than the key length is a head kvbatch does not compute. */
     refused(&(struct edit){.key = {"llama.attention.head_dim"}, .val = {U32(32)}}, KVB_ERR_UNSUPPORTED,

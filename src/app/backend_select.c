@@ -89,7 +89,12 @@ enum kvb_status be_select_create(const struct model *m, const struct be_select_o
                               .graphs = o->cuda_graphs,
                               .kv_type = o->kv_type};
     KVB_FORWARD_IF_ERROR(pool_blocks(m, o, kv, &go.n_blocks, err));
-    return be_cuda_create(m, &go, out, err);
+    enum kvb_status st = be_cuda_create(m, &go, out, err);
+    /* auto: a model the CUDA backend does not compute yet (a mixture of
+     * experts) runs on the CPU, as on a machine without a GPU; the run's
+     * settings name the backend it got. --device cuda keeps the refusal. */
+    if (st == KVB_ERR_UNSUPPORTED && !strcmp(d, "auto")) return create_cpu(m, o, out, err);
+    return st;
 #else
     if (!strcmp(d, "auto")) return create_cpu(m, o, out, err);
     return kvb_errf(err, KVB_ERR_UNSUPPORTED, "--device %s: this kvbatch was built without CUDA (use --device cpu)", d);

@@ -1,6 +1,7 @@
 /* backend_select.h — turns --device (and the KV memory budget) into a
  * backend: "cpu", "cuda" / "cuda:N" (when kvbatch was built with CUDA), or
- * "auto" (the default: CUDA device 0 when one is usable, else the CPU).
+ * "auto" (the default: CUDA device 0 when one is usable and the CUDA backend
+ * computes the model, else the CPU).
  * Prints nothing; errors come back in err with a hint for the fix. */
 #ifndef KVB_BACKEND_SELECT_H
 #define KVB_BACKEND_SELECT_H

@@ -117,6 +117,19 @@ static void print_layer(const struct model *m)
            norms, L->attn_norm && L->post_attn_norm ? ", and after each (post-norms)" : "",
            o->act == MODEL_ACT_GELU_TANH ? "GeGLU (tanh GELU)" : "SwiGLU", yes(L->bq != NULL),
            o->qk_norm_whole ? "whole-projection" : "per-head", yes(L->q_norm != NULL));
+    const struct model_moe *mo = &o->moe;
+    if (mo->n_expert > 0) {
+        uint64_t per = 0; /* bytes of one expert's three matrices: what a token reads per choice */
+        const struct mm_weight *w[3] = {&L->w_gate_exps, &L->w_up_exps, &L->w_down_exps};
+        for (int i = 0; i < 3; i++) per += (uint64_t)w[i]->row_bytes * (uint64_t)w[i]->n_out / (uint64_t)mo->n_expert;
+        printf("experts:       %d per MoE layer (every layer), %d per token, each FFN %d (%.2f MiB); routing: "
+               "softmax, top %d, %s\n",
+               mo->n_expert, mo->n_expert_used, mo->n_ff_exp, (double)per / (1024.0 * 1024.0), mo->n_expert_used,
+               mo->norm_topk ? "renormalised to sum 1" : "not renormalised");
+        if (mo->n_ff_shexp > 0)
+            printf("               and a shared expert (FFN %d) every token runs, times sigmoid(its gate)\n",
+                   mo->n_ff_shexp);
+    }
     printf("scales:        embeddings x%g; scores x%g", (double)o->embd_scale, (double)o->attn_scale);
     if (o->attn_softcap > 0) printf(", soft-capped at %g", (double)o->attn_softcap);
     if (o->resid_scale != 0.0f) printf("; residual branches x%g", (double)o->resid_scale);
@@ -212,7 +225,8 @@ int cli_info(int argc, char **argv)
     printf("name:          %s\n", m->name);
     printf("architecture:  %s\n", m->arch->name);
     printf("sizes:         %d layers, hidden %d, FFN %d, %d query / %d KV heads of %d, vocabulary %d\n", hp->n_layer,
-           hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_vocab);
+           hp->n_embd, m->ops.moe.n_expert > 0 ? m->ops.moe.n_ff_exp : hp->n_ff, hp->n_head, hp->n_head_kv,
+           hp->head_dim, hp->n_vocab);
     print_types(m);
     printf("context:       %d trained", hp->n_ctx_train);
     if (m->n_ctx_max != hp->n_ctx_train) printf(", %d with its RoPE scaling", m->n_ctx_max);

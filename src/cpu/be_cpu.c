@@ -23,6 +23,7 @@
 #include "base/dtype.h"
 #include "base/tpool.h"
 #include "cpu/attn.h"
+#include "cpu/moe.h"
 #include "model/model.h"
 
 /* A layer's matrices as the matmul kernels read them: packed copies where
@@ -38,7 +39,8 @@ struct cpu_be {
     struct mm_ctx *mm;
     struct cpu_layer_w *lw; /* (n_layer) */
     struct mm_weight output;
-    void **packed; /* (n_packed) owned buffers behind lw and output */
+    void **packed;       /* (n_packed) owned buffers behind lw and output */
+    struct cpu_moe *moe; /* the experts of the MoE layers, or NULL */
     int n_packed;
     uint16_t *kv;             /* (n_pages, page_words) 2-byte words, rows stored as be.kv_type */
     int64_t page_words;       /* words of a page: layers_per_group * layer_words */
@@ -74,6 +76,7 @@ static void cpu_free(struct backend *be)
 {
     struct cpu_be *c = (struct cpu_be *)be;
     if (!c) return;
+    cpu_moe_free(c->moe);
     for (int i = 0; i < c->n_packed; i++) kvb_free(c->packed[i]);
     kvb_free(c->packed);
     kvb_free(c->lw);
@@ -482,6 +485,10 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         nin.norm = L->ffn_norm;
         nin.add = c->tmp;
         nin.post = L->post_attn_norm;
+        if (L->moe) { /* the experts take the normalised rows as they are made */
+            KVB_FORWARD_IF_ERROR(cpu_moe_forward(c->moe, l, n_tok, make_norm_row, &nin, c->tmp, err));
+            continue;
+        }
         KVB_FORWARD_IF_ERROR(mm_set_input_fn(c->mm, e, n_tok, make_norm_row, &nin));
         const struct mm_weight *gu_w[2] = {&W->w_gate, &W->w_up};
         float *const gu_y[2] = {c->gate, c->up};
@@ -557,6 +564,10 @@ static void cpu_kv_map(struct backend *be, int32_t block, const int32_t *pages)
 static enum kvb_status pack_one(struct cpu_be *c, const struct mm_weight *w, struct mm_weight *out)
 {
     void *owned = NULL;
+    if (!w->data) { /* not bound: a MoE layer's dense FFN */
+        *out = *w;
+        return KVB_OK;
+    }
     KVB_FORWARD_IF_ERROR(mm_pack_weight(c->mm, w, out, &owned));
     if (owned) {
         c->packed[c->n_packed++] = owned;
@@ -639,6 +650,13 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
         cpu_free(&c->be);
         return kvb_errf(err, st, "cannot rearrange the weights for the %s kernels (out of memory)",
                         mm_ctx_impl_name(c->mm));
+    }
+    if (m->ops.moe.n_expert > 0) {
+        st = cpu_moe_create(m, c->mm, c->pool, c->simd, &c->moe, err);
+        if (st != KVB_OK) {
+            cpu_free(&c->be);
+            return st;
+        }
     }
     size_t kv_bytes = (size_t)c->be.block_bytes * (size_t)opts->n_blocks;
     c->kv = kvb_aligned_alloc(64, kv_bytes);

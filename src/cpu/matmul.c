@@ -105,6 +105,8 @@ void mm_ctx_free(struct mm_ctx *ctx)
 
 const char *mm_ctx_impl_name(const struct mm_ctx *ctx) { return ctx->k->name; }
 
+const struct mm_kernels *mm_ctx_kernels(const struct mm_ctx *ctx) { return ctx->k; }
+
 /* Grows an aligned buffer to at least `need` bytes (contents not kept). */
 static enum kvb_status grow(void **buf, size_t *cap, size_t need)
 {

@@ -58,6 +58,12 @@ extern const struct mm_kernels mm_kernels_scalar;
 extern const struct mm_kernels mm_kernels_avx2;   /* matmul_avx2.c: AVX2+FMA+F16C */
 extern const struct mm_kernels mm_kernels_avx512; /* matmul_avx512.c: AVX-512 F/BW/VL/VNNI */
 
+/* The implementation ctx resolved to, for code of this folder that runs the
+ * kernels over a split of its own (moe.c: many small products in one pool
+ * run); the determinism contract above is the kernels', so it holds there. */
+struct mm_ctx;
+const struct mm_kernels *mm_ctx_kernels(const struct mm_ctx *ctx);
+
 /* Whether a type's weights are read through the quantized input (true) or
  * the float copy (false). */
 static inline int mm_type_is_quantized(enum ggml_type t)

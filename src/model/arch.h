@@ -55,6 +55,17 @@ struct arch_desc {
     bool no_pre_norms;        /* no attn_norm / ffn_norm: attention and FFN read the residual
                                   stream unnormalised (olmo2, with post_norms) */
     bool qk_norm_whole;       /* the Q/K norms span the whole projection (olmo2), not a head */
+    /* Mixture of experts (model.h, struct model_moe; read by model_moe.c):
+     * absent (a dense model), optional (MoE when `expert_count` > 0) or
+     * required. moe_norm_topk: whether the architecture renormalises the
+     * top-k routing weights; moe_ff_key: whether an expert's inner size is
+     * `expert_feed_forward_length` (else `feed_forward_length`);
+     * moe_shared: a shared expert in every MoE layer (required), its size
+     * `expert_shared_feed_forward_length`. */
+    enum arch_need moe;
+    bool moe_norm_topk;
+    bool moe_ff_key;
+    bool moe_shared;
     /* Keys `<name>.<suffix>` that `read` reads, beyond the common ones
      * (model_check.c's table): NULL-terminated, or NULL. */
     const char *const *keys;
@@ -72,5 +83,6 @@ const char *arch_names(void);
 /* The descriptions, one per arch_<name>.c. */
 extern const struct arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_gemma2, arch_gemma3;
 extern const struct arch_desc arch_phi3, arch_granite, arch_olmo2;
+extern const struct arch_desc arch_qwen3moe, arch_olmoe, arch_qwen2moe;
 
 #endif

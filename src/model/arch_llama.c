@@ -6,7 +6,12 @@
  * rotates adjacent pairs (ROPE_NORM). Biases and per-head Q/K norms are
  * taken when a file has them (llama.cpp binds them optionally for llama);
  * the output head is tied to the embeddings when output.weight is absent.
- * RoPE scaling (linear, yarn, Llama 3's rope_freqs) is the common loader's. */
+ * RoPE scaling (linear, yarn, Llama 3's rope_freqs) is the common loader's.
+ *
+ * Mixtral is converted as "llama" with `expert_count` > 0: every layer's
+ * FFN is then a mixture of `feed_forward_length`-wide experts, routed by a
+ * softmax over the experts whose top `expert_used_count` are renormalised
+ * (transformers' MixtralSparseMoeBlock; model_moe.c). */
 #include "model/arch.h"
 
 const struct arch_desc arch_llama = {
@@ -17,4 +22,6 @@ const struct arch_desc arch_llama = {
     .qk_norm = ARCH_OPTIONAL,
     .post_norms = ARCH_ABSENT,
     .output = ARCH_OPTIONAL,
+    .moe = ARCH_OPTIONAL,
+    .moe_norm_topk = true,
 };

@@ -83,6 +83,37 @@ static enum kvb_status bind_matrix(struct model *m, const char *name, int64_t n_
     return KVB_OK;
 }
 
+/* The stacked matrices of n_expert experts, a 3-D tensor of shape
+ * (n_in, n_out, n_expert), as one matrix of n_expert * n_out rows. */
+static enum kvb_status bind_experts(struct model *m, const char *name, int64_t n_in, int64_t n_out, int64_t n_expert,
+                                    struct mm_weight *w, struct kvb_err *err)
+{
+    const struct gguf_tensor *t = gguf_find_tensor(m->gguf, name);
+    memset(w, 0, sizeof *w);
+    if (!t) return kvb_errf(err, KVB_ERR_FORMAT, "model is missing tensor '%s'", name);
+    if (t->ne[3] != 1 || (int64_t)t->ne[0] != n_in || (int64_t)t->ne[1] != n_out || (int64_t)t->ne[2] != n_expert)
+        return kvb_errf(err, KVB_ERR_FORMAT, "tensor '%s' has shape [%llu, %llu, %llu], expected [%lld, %lld, %lld]",
+                        name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                        (long long)n_in, (long long)n_out, (long long)n_expert);
+    if (!quant_type_supported(t->type) && !(m->load && m->load->survey)) {
+        const struct ggml_type_traits *tr = ggml_type_get_traits(t->type);
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kvbatch cannot compute with", name,
+                        tr ? tr->name : "?");
+    }
+    uint64_t rb;
+    if (!ggml_type_row_bytes(t->type, (uint64_t)n_in, &rb))
+        return kvb_errf(err, KVB_ERR_FORMAT, "tensor '%s': row of %lld is not whole blocks", name, (long long)n_in);
+    struct model_load_state *ls = m->load;
+    if (ls && ls->n_bound < ls->cap) ls->bound[ls->n_bound++] = t;
+    w->type = t->type;
+    w->n_in = n_in;
+    w->n_out = n_out * n_expert;
+    w->data = t->data;
+    w->row_bytes = (size_t)rb;
+    m->weight_bytes += t->n_bytes;
+    return KVB_OK;
+}
+
 /* A norm weight, bias or frequency factor that is NaN or infinite makes
  * every logit so; cheap to refuse at load, where the message can name it. */
 static enum kvb_status check_finite(const char *name, const float *v, int64_t n, struct kvb_err *err)
@@ -187,7 +218,7 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
     };
     m->layers = kvb_calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
-    return KVB_OK;
+    return model_read_moe(m, err);
 }
 
 /* Rows [r0, r0 + n) of w, as a matrix of their own: how a fused tensor
@@ -321,8 +352,26 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
             KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("post_ffw_norm.weight"), e, req, &L->post_ffn_norm, err));
         }
         if (!d->no_pre_norms) KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("ffn_norm.weight"), e, true, &L->ffn_norm, err));
-        KVB_FORWARD_IF_ERROR(bind_gate_up(m, l, L, err));
-        KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_down.weight"), hp->n_ff, e, true, &L->w_down, err));
+        const struct model_moe *moe = &m->ops.moe;
+        L->moe = moe->n_expert > 0;
+        if (L->moe) {
+            const int64_t ne = moe->n_expert, fe = moe->n_ff_exp;
+            KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_gate_inp.weight"), e, ne, true, &L->w_router, err));
+            KVB_FORWARD_IF_ERROR(bind_experts(m, NAME("ffn_gate_exps.weight"), e, fe, ne, &L->w_gate_exps, err));
+            KVB_FORWARD_IF_ERROR(bind_experts(m, NAME("ffn_up_exps.weight"), e, fe, ne, &L->w_up_exps, err));
+            KVB_FORWARD_IF_ERROR(bind_experts(m, NAME("ffn_down_exps.weight"), fe, e, ne, &L->w_down_exps, err));
+            if (moe->n_ff_shexp > 0) {
+                const int64_t fs = moe->n_ff_shexp;
+                KVB_FORWARD_IF_ERROR(
+                    bind_matrix(m, NAME("ffn_gate_inp_shexp.weight"), e, 1, true, &L->w_shexp_gate, err));
+                KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_gate_shexp.weight"), e, fs, true, &L->w_gate_shexp, err));
+                KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_up_shexp.weight"), e, fs, true, &L->w_up_shexp, err));
+                KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_down_shexp.weight"), fs, e, true, &L->w_down_shexp, err));
+            }
+        } else {
+            KVB_FORWARD_IF_ERROR(bind_gate_up(m, l, L, err));
+            KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_down.weight"), hp->n_ff, e, true, &L->w_down, err));
+        }
 #undef NAME
     }
     KVB_FORWARD_IF_ERROR(bind_vector(m, "rope_freqs.weight", hp->rope_dim / 2, false, &m->rope.freq_factors, err));
@@ -426,6 +475,13 @@ static enum kvb_status compute_fingerprint(struct model *m)
         const uint8_t bv[2] = {o->qk_norm_whole, o->swa_same_rope};
         XXH3_128bits_update(st, fv2, sizeof fv2);
         XXH3_128bits_update(st, bv, sizeof bv);
+    }
+    /* The experts' routing, likewise. */
+    const struct model_moe *moe = &o->moe;
+    if (moe->n_expert > 0) {
+        const int32_t mv[6] = {moe->n_expert,  moe->n_expert_used, moe->n_ff_exp,
+                               moe->norm_topk, o->qk_norm_whole,   moe->n_ff_shexp};
+        XXH3_128bits_update(st, mv, sizeof mv);
     }
     for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);

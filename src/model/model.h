@@ -74,29 +74,48 @@ struct model_hparams {
     enum rope_kind rope;
 };
 
+/* Mixture of experts: a MoE layer's FFN is n_expert SwiGLU experts (the
+ * model's activation), each n_ff_exp wide, of which each token runs the
+ * n_expert_used its router ranks highest. The router is a matrix of
+ * n_expert rows over the FFN input; its logits go through a softmax over
+ * all experts, the top n_expert_used probabilities are taken (ties: the
+ * lower expert id) and, when norm_topk, divided by their sum; the FFN's
+ * output is the sum of the chosen experts' outputs, each times its weight
+ * (model_moe.c says which architecture does what, and where that is
+ * written). */
+struct model_moe {
+    int32_t n_expert;      /* experts per MoE layer; 0: a dense model */
+    int32_t n_expert_used; /* k, 1 <= k <= n_expert */
+    int32_t n_ff_exp;      /* inner size of one expert */
+    bool norm_topk;        /* the k weights are renormalised to sum to 1 */
+    int32_t n_ff_shexp;    /* inner size of the shared expert, which every token runs and adds
+                              times sigmoid(its gate logit) (qwen2moe); 0: none */
+};
+
 /* What the forward pass computes beyond the llama layer, resolved at load
  * from the architecture's description (model/arch.h) and the file's keys;
  * the backends consult these fields and the per-layer ones in struct
  * model_layer, never the architecture's name. Zero is the llama layer for
  * every field but the two scales, which the loader always sets. */
 struct model_ops {
-    enum model_act act;  /* the FFN gate's activation */
-    float embd_scale;    /* token embeddings are multiplied by it (1: as stored) */
-    float attn_scale;    /* scores are q.k times this (1/sqrt(head_dim) unless the architecture
+    enum model_act act;   /* the FFN gate's activation */
+    float embd_scale;     /* token embeddings are multiplied by it (1: as stored) */
+    float attn_scale;     /* scores are q.k times this (1/sqrt(head_dim) unless the architecture
                             says otherwise) */
-    float attn_softcap;  /* > 0: each score s becomes c tanh(s / c) before the softmax */
-    float final_softcap; /* > 0: each logit likewise */
-    int32_t n_swa;       /* > 0: a windowed layer (model_layer.swa) attends at position p to the
+    float attn_softcap;   /* > 0: each score s becomes c tanh(s / c) before the softmax */
+    float final_softcap;  /* > 0: each logit likewise */
+    int32_t n_swa;        /* > 0: a windowed layer (model_layer.swa) attends at position p to the
                             positions p - n_swa < q <= p only */
-    float rope_base_swa; /* RoPE base of the windowed layers, which take no RoPE scaling */
-    float resid_scale;   /* != 0: attention and FFN outputs are multiplied by it before the
+    float rope_base_swa;  /* RoPE base of the windowed layers, which take no RoPE scaling */
+    float resid_scale;    /* != 0: attention and FFN outputs are multiplied by it before the
                             residual add (granite's residual_multiplier); 0: as llama (x1) */
-    float logit_div;     /* != 0: logits are divided by it (the `logit_scale` key: granite's
+    float logit_div;      /* != 0: logits are divided by it (the `logit_scale` key: granite's
                             logits_scaling), before any soft-cap; 0: as llama */
-    bool qk_norm_whole;  /* q_norm / k_norm RMSNorm the whole Q (n_head*head_dim) and K
+    bool qk_norm_whole;   /* q_norm / k_norm RMSNorm the whole Q (n_head*head_dim) and K
                             (n_head_kv*head_dim) rows, not each head (olmo2) */
-    bool swa_same_rope;  /* windowed layers rotate as the global ones (phi3: one RoPE for all
+    bool swa_same_rope;   /* windowed layers rotate as the global ones (phi3: one RoPE for all
                             layers); false: with rope_base_swa, unscaled (gemma3, olmo3) */
+    struct model_moe moe; /* the experts of the MoE layers (model_layer.moe); n_expert 0: none */
 };
 
 struct model_layer {
@@ -116,6 +135,17 @@ struct model_layer {
     struct mm_weight w_down;         /* (n_embd, n_ff) */
     const float *post_ffn_norm;      /* (n_embd) RMSNorm of the FFN output before the residual
                                         add, or NULL */
+
+    /* A mixture of experts (model_ops.moe), which w_gate, w_up and w_down
+     * are not bound in (data NULL). */
+    bool moe;                                  /* the FFN is these experts */
+    struct mm_weight w_router;                 /* (n_expert, n_embd) ffn_gate_inp: one logit per expert */
+    struct mm_weight w_gate_exps, w_up_exps;   /* (n_expert * n_ff_exp, n_embd): the experts' matrices
+                                                  stacked, expert e's rows from e * n_ff_exp */
+    struct mm_weight w_down_exps;              /* (n_expert * n_embd, n_ff_exp): expert e's from e * n_embd */
+    struct mm_weight w_shexp_gate;             /* (1, n_embd) ffn_gate_inp_shexp: the shared expert's gate */
+    struct mm_weight w_gate_shexp, w_up_shexp; /* (n_ff_shexp, n_embd) the shared expert, or unbound */
+    struct mm_weight w_down_shexp;             /* (n_embd, n_ff_shexp) */
 };
 
 struct model {

@@ -171,6 +171,7 @@ static enum kvb_status check_arch_key(const struct model *m, const char *key, co
         if (!strcmp(suffix, read_keys[i])) return KVB_OK;
     for (const char *const *k = m->arch && m->arch->keys ? m->arch->keys : NULL; k && *k; k++)
         if (!strcmp(suffix, *k)) return KVB_OK;
+    if (model_moe_key(m->arch, suffix)) return KVB_OK;
     char val[64];
     model_value_str(v, val, sizeof val);
     for (size_t i = 0; i < sizeof neutral_keys / sizeof neutral_keys[0]; i++) {

@@ -48,6 +48,15 @@ enum kvb_status model_read_swa(struct model *m, uint32_t dflt_window, uint32_t d
  * negative or non-finite is KVB_ERR_FORMAT naming it. */
 enum kvb_status model_read_softcap(const struct model *m, const char *suffix, float *out, struct kvb_err *err);
 
+/* Mixture of experts (model_moe.c): reads `<arch>.expert_*` into
+ * m->ops.moe as the description says (n_expert 0 for a dense model), after
+ * the common hyperparameters; a count out of range, or a routing key at a
+ * value the architecture does not compute, is refused naming the key. */
+enum kvb_status model_read_moe(struct model *m, struct kvb_err *err);
+/* Whether `<arch>.<suffix>` is a key model_read_moe reads for d. */
+struct arch_desc;
+bool model_moe_key(const struct arch_desc *d, const char *suffix);
+
 /* Gemma's query scale as llama.cpp computes it (arch_gemma3.c): the
  * 1/sqrt(query_pre_attn_scalar) of the released configs, which is
  * hidden / heads for the 27B model (n_layer_27b layers), else head_dim. */

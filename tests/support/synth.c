@@ -129,16 +129,24 @@ static enum kvb_status fill_tensor(uint8_t *dst, enum ggml_type type, int64_t n_
     return KVB_OK;
 }
 
+/* A tensor of n_mats matrices of n_rows x n_in (n_mats > 1: a 3-D stack). */
+static enum kvb_status add_tensor3(struct gguf_writer *w, const char *name, enum ggml_type type, int64_t n_in,
+                                   int64_t n_rows, int64_t n_mats, float sigma, float mean, struct rng *r,
+                                   struct kvb_err *err)
+{
+    uint64_t ne[3] = {(uint64_t)n_in, (uint64_t)n_rows, (uint64_t)n_mats};
+    void *data = NULL;
+    enum kvb_status st = gguf_writer_add_tensor(w, name, type, n_mats > 1 ? 3 : n_rows > 1 ? 2 : 1, ne, NULL, &data);
+    if (st != KVB_OK) return kvb_errf(err, st, "synth: cannot add tensor '%s'", name);
+    st = fill_tensor(data, type, n_in, n_rows * n_mats, sigma, mean, r);
+    if (st != KVB_OK) return kvb_errf(err, st, "synth: cannot fill '%s' of type %u", name, (unsigned)type);
+    return KVB_OK;
+}
+
 static enum kvb_status add_tensor(struct gguf_writer *w, const char *name, enum ggml_type type, int64_t n_in,
                                   int64_t n_rows, float sigma, float mean, struct rng *r, struct kvb_err *err)
 {
-    uint64_t ne[2] = {(uint64_t)n_in, (uint64_t)n_rows};
-    void *data = NULL;
-    enum kvb_status st = gguf_writer_add_tensor(w, name, type, n_rows > 1 ? 2 : 1, ne, NULL, &data);
-    if (st != KVB_OK) return kvb_errf(err, st, "synth: cannot add tensor '%s'", name);
-    st = fill_tensor(data, type, n_in, n_rows, sigma, mean, r);
-    if (st != KVB_OK) return kvb_errf(err, st, "synth: cannot fill '%s' of type %u", name, (unsigned)type);
-    return KVB_OK;
+    return add_tensor3(w, name, type, n_in, n_rows, 1, sigma, mean, r, err);
 }
 
 /* GPT-2's byte-level alphabet: printable bytes stand for themselves, the
@@ -220,6 +228,18 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
     gguf_writer_add_u32(w, KEY("rope.dimension_count"), (uint32_t)rope_dim);
     gguf_writer_add_f32(w, KEY("rope.freq_base"), 10000.0f);
     gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    const bool moe = o->n_expert > 0, qwen3moe = !strcmp(a, "qwen3moe"), olmoe = !strcmp(a, "olmoe");
+    const bool qwen2moe = !strcmp(a, "qwen2moe");
+    const int64_t ff_sh = o->n_ff_shexp > 0 ? o->n_ff_shexp : o->n_ff;
+    const int64_t ff_exp = o->n_ff_exp > 0 ? o->n_ff_exp : o->n_ff;
+    if (moe) {
+        gguf_writer_add_u32(w, KEY("expert_count"), (uint32_t)o->n_expert);
+        gguf_writer_add_u32(w, KEY("expert_used_count"), (uint32_t)o->n_expert_used);
+        if ((qwen3moe || qwen2moe) && o->n_ff_exp > 0)
+            gguf_writer_add_u32(w, KEY("expert_feed_forward_length"), (uint32_t)ff_exp);
+        if (qwen2moe && o->n_ff_shexp > 0)
+            gguf_writer_add_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)ff_sh);
+    }
     const bool gemma2 = !strcmp(a, "gemma2"), gemma3 = !strcmp(a, "gemma3");
     if ((gemma2 || gemma3) && o->n_swa > 0) gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)o->n_swa);
     if (gemma2 && o->attn_softcap > 0) gguf_writer_add_f32(w, KEY("attn_logit_softcapping"), o->attn_softcap);
@@ -243,9 +263,11 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
         gguf_writer_add_f32(w, KEY("residual_scale"), 0.22f);
         gguf_writer_add_f32(w, KEY("logit_scale"), 8.0f);
     }
+    if (o->extra_keys) o->extra_keys(w, a);
 #undef KEY
     enum kvb_status st = add_vocab(w);
-    const bool bias = !strcmp(a, "qwen2"), qk_norm = !strcmp(a, "qwen3") || gemma3, post = gemma2 || gemma3;
+    const bool bias = !strcmp(a, "qwen2") || qwen2moe;
+    const bool qk_norm = !strcmp(a, "qwen3") || qwen3moe || gemma3, post = gemma2 || gemma3;
     if (st == KVB_OK && phi3 && o->longrope_orig > 0) {
         /* short factors near 1, long ones rising to ~30, as Phi-3.5's do */
         const int64_t half = rope_dim / 2;
@@ -260,7 +282,8 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
     }
     if (st == KVB_OK) st = add_tensor(w, "token_embd.weight", o->embd_type, e, n_vocab, 1.0f, 0, &r, err);
     if (st == KVB_OK) st = add_tensor(w, "output_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f, &r, err);
-    if (st == KVB_OK && !o->tied_output && !gemma2) /* gemma2's output is always the embedding */
+    /* gemma2's output is always the embedding; olmoe and qwen2moe write their own */
+    if (st == KVB_OK && ((!o->tied_output && !gemma2) || olmoe || qwen2moe))
         st = add_tensor(w, "output.weight", o->embd_type, e, n_vocab, 1.0f / sqrtf((float)e), 0, &r, err);
     for (int l = 0; l < o->n_layer && st == KVB_OK; l++) {
         enum ggml_type mt =
@@ -288,24 +311,49 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
             T("attn_q_norm.weight", o->norm_type, hd, 1, 0.1f, 1.0f);
             T("attn_k_norm.weight", o->norm_type, hd, 1, 0.1f, 1.0f);
         }
+        if (olmoe || olmo2) { /* over the whole projections */
+            T("attn_q_norm.weight", o->norm_type, q, 1, 0.1f, 1.0f);
+            T("attn_k_norm.weight", o->norm_type, kv, 1, 0.1f, 1.0f);
+        }
         if (post || olmo2) {
             T("post_attention_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
             T("post_ffw_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
         }
-        if (olmo2) {
-            T("attn_q_norm.weight", o->norm_type, q, 1, 0.1f, 1.0f);
-            T("attn_k_norm.weight", o->norm_type, kv, 1, 0.1f, 1.0f);
-        } else {
-            T("ffn_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
+        if (!olmo2) T("ffn_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
+        if (!moe) {
+            if (phi3) {
+                T("ffn_up.weight", mt, e, 2 * o->n_ff, si, 0);
+            } else {
+                T("ffn_gate.weight", mt, e, o->n_ff, si, 0);
+                T("ffn_up.weight", mt, e, o->n_ff, si, 0);
+            }
+            T("ffn_down.weight", mt, o->n_ff, e, sf, 0);
         }
-        if (phi3) {
-            T("ffn_up.weight", mt, e, 2 * o->n_ff, si, 0);
-        } else {
-            T("ffn_gate.weight", mt, e, o->n_ff, si, 0);
-            T("ffn_up.weight", mt, e, o->n_ff, si, 0);
-        }
-        T("ffn_down.weight", mt, o->n_ff, e, sf, 0);
 #undef T
+#define T3(name, type, nin, nrows, sigma)                                                                              \
+    if (st == KVB_OK)                                                                                                  \
+    st = (snprintf(nm, sizeof nm, "blk.%d." name, l),                                                                  \
+          add_tensor3(w, nm, type, nin, nrows, o->n_expert, sigma, 0, &r, err))
+        if (moe) {
+            const float gain = o->router_gain > 0 ? o->router_gain : 1.0f, sfe = 1.0f / sqrtf((float)ff_exp);
+            T3("ffn_gate_exps.weight", mt, e, ff_exp, si);
+            T3("ffn_up_exps.weight", mt, e, ff_exp, si);
+            T3("ffn_down_exps.weight", o->down_type ? o->down_type : mt, ff_exp, e, sfe);
+            if (st == KVB_OK)
+                st = (snprintf(nm, sizeof nm, "blk.%d.ffn_gate_inp.weight", l),
+                      add_tensor(w, nm, GGML_TYPE_F32, e, o->n_expert, gain * si, 0, &r, err));
+        }
+        if (moe && qwen2moe) {
+#define T(name, type, nin, nrows, sigma)                                                                               \
+    if (st == KVB_OK)                                                                                                  \
+    st = (snprintf(nm, sizeof nm, "blk.%d." name, l), add_tensor(w, nm, type, nin, nrows, sigma, 0, &r, err))
+            T("ffn_gate_inp_shexp.weight", GGML_TYPE_F32, e, 1, si);
+            T("ffn_gate_shexp.weight", mt, e, ff_sh, si);
+            T("ffn_up_shexp.weight", mt, e, ff_sh, si);
+            T("ffn_down_shexp.weight", mt, ff_sh, e, 1.0f / sqrtf((float)ff_sh));
+#undef T
+        }
+#undef T3
     }
     if (st == KVB_OK) st = gguf_writer_write_file(w, path, err);
     gguf_writer_free(w);

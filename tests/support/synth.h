@@ -17,10 +17,12 @@
 #include "base/dtype.h"
 #include "base/status.h"
 
+struct gguf_writer;
+
 struct synth_opts {
     const char *arch; /* "llama" (default), "qwen2", "qwen3", "gemma2", "gemma3", "phi3" (fused attn_qkv
                          and gate-up ffn_up), "granite" (its four multipliers), "olmo2" (post-norms only,
-                         whole-row Q/K norms) */
+                         whole-row Q/K norms), "qwen3moe", "olmoe", "qwen2moe" */
     int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim; /* head_dim 0: n_embd / n_head */
     int32_t n_ctx;                                              /* context_length written (default 2048) */
     enum ggml_type matrix_type;                                 /* type of the attention/FFN matrices */
@@ -33,6 +35,18 @@ struct synth_opts {
     const enum ggml_type *layer_types;
     int n_layer_types;
     uint64_t seed;
+    /* A mixture of experts (required for qwen3moe and olmoe; llama with
+     * n_expert > 0 is Mixtral's layout): n_expert experts n_ff_exp wide (0:
+     * n_ff; only qwen3moe writes it, as expert_feed_forward_length, so
+     * another size makes the others' files wrong on purpose), n_expert_used
+     * per token, their stacked matrices of matrix_type (down_type, when
+     * nonzero, for ffn_down_exps: quantized files mix them), an F32 router;
+     * qwen2moe's shared expert n_ff_shexp wide (0: n_ff, the key unwritten). */
+    int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+    enum ggml_type down_type;
+    float router_gain; /* spread of the router's logits (0: 1) */
+    /* Called after the keys synth writes, to add others (a test's faults). */
+    void (*extra_keys)(struct gguf_writer *w, const char *arch);
     /* gemma2 / gemma3 / phi3 / olmo2: the sliding window (0: gemma3, phi3
      * and olmo2 none, gemma2 the loader's 4096; olmo2 with one is OLMo 3:
      * three layers of four windowed, on RoPE base 1000) and soft-caps (0:
