@@ -404,14 +404,19 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     }
     for (int64_t i = 0; i < n_tok * e; i++) c->x[i] += c->tmp[i];
 
-    /* Final norm and output head, only for the rows whose logits are wanted. */
-    int64_t r = 0;
+    /* Final norm and output head, only for the rows whose logits are wanted;
+     * hidden-state rows (pooling) are the same normalised rows, written
+     * out instead of going through the head. */
+    int64_t r = 0, hr = 0;
     t = 0;
     for (int32_t i = 0; i < batch->n_seqs; i++) {
         const struct be_seq *s = &batch->seqs[i];
         for (int32_t j = 0; j < s->n_tokens; j++, t++) {
-            bool want = s->logits == BE_LOGITS_ALL || (s->logits == BE_LOGITS_LAST && j == s->n_tokens - 1);
+            const bool last = j == s->n_tokens - 1;
+            bool want = s->logits == BE_LOGITS_ALL || (s->logits == BE_LOGITS_LAST && last);
             if (want) attn_rmsnorm(c->out_rows + (r++) * e, c->x + t * e, m->output_norm, (int32_t)e, hp->rms_eps);
+            bool hidden = s->logits == BE_HIDDEN_ALL || (s->logits == BE_HIDDEN_LAST && last);
+            if (hidden) attn_rmsnorm(batch->hidden + (hr++) * e, c->x + t * e, m->output_norm, (int32_t)e, hp->rms_eps);
         }
     }
     if (n_out > 0) KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &c->output, c->out_rows, n_out, logits));

@@ -187,6 +187,40 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
     if (!gguf_find(f, eps_key)) return kvb_errf(err, KVB_ERR_FORMAT, "model is missing required key '%s'", eps_key);
     KVB_FORWARD_IF_ERROR(model_opt_f32(m, "attention.layer_norm_rms_epsilon", 0.0f, NULL, &hp->rms_eps, err));
     hp->rope = m->arch == MODEL_ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
+    int32_t pooling;
+    KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "pooling_type", false, MODEL_POOL_NONE, &pooling, err));
+    if (pooling > MODEL_POOL_RANK)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "model key '%s.pooling_type' = %d is not a pooling kvbatch knows", a,
+                        pooling);
+    m->pooling = (enum model_pooling)pooling;
+    return KVB_OK;
+}
+
+/* A reranker's classification head (model.h), when the file has one. */
+static enum kvb_status bind_cls_head(struct model *m, struct kvb_err *err)
+{
+    const int64_t e = m->hp.n_embd;
+    KVB_FORWARD_IF_ERROR(bind_matrix(m, "cls.weight", e, e, false, &m->cls, err));
+    KVB_FORWARD_IF_ERROR(bind_vector(m, "cls.bias", e, false, &m->cls_b, err));
+    const struct gguf_tensor *co = gguf_find_tensor(m->gguf, "cls.output.weight");
+    if (co) {
+        if (co->ne[1] == 0 || co->ne[1] > 4096)
+            return kvb_errf(err, KVB_ERR_FORMAT, "tensor 'cls.output.weight' has %llu rows",
+                            (unsigned long long)co->ne[1]);
+        m->n_cls_out = (int32_t)co->ne[1];
+        KVB_FORWARD_IF_ERROR(bind_matrix(m, "cls.output.weight", e, m->n_cls_out, true, &m->cls_out, err));
+        KVB_FORWARD_IF_ERROR(bind_vector(m, "cls.output.bias", m->n_cls_out, false, &m->cls_out_b, err));
+    }
+    if ((m->cls.data || m->cls_b) && !co)
+        return kvb_errf(err, KVB_ERR_FORMAT, "model has tensor 'cls.weight' but no 'cls.output.weight'");
+    if (m->cls_b && !m->cls.data) return kvb_errf(err, KVB_ERR_FORMAT, "model has 'cls.bias' but no 'cls.weight'");
+    if (m->pooling == MODEL_POOL_RANK && !co) {
+        char key[128];
+        return kvb_errf(err, KVB_ERR_FORMAT,
+                        "model key '%s' = rank (a reranker) but the file has no classification head "
+                        "'cls.output.weight'",
+                        model_key(m, "pooling_type", key, sizeof key));
+    }
     return KVB_OK;
 }
 
@@ -229,7 +263,8 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_down.weight"), hp->n_ff, e, true, &L->w_down, err));
 #undef NAME
     }
-    return bind_vector(m, "rope_freqs.weight", hp->rope_dim / 2, false, &m->rope.freq_factors, err);
+    KVB_FORWARD_IF_ERROR(bind_vector(m, "rope_freqs.weight", hp->rope_dim / 2, false, &m->rope.freq_factors, err));
+    return bind_cls_head(m, err);
 }
 
 static enum kvb_status check_freq_factors(const struct model *m, struct kvb_err *err)

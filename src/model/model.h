@@ -47,6 +47,14 @@ struct model_rope {
                                   rope_freqs.weight), or NULL */
 };
 
+/* How the model pools its final hidden states into one vector per input
+ * (`<arch>.pooling_type`, numbered as llama.cpp and gguf-py number them):
+ * embedding models and rerankers. NONE: the file says nothing (a
+ * generative model; `run --pooling` may still pool it). RANK: a reranker,
+ * its pooled state (the last token's for a causal model, the first's for
+ * an encoder) goes through the classification head below. */
+enum model_pooling { MODEL_POOL_NONE = 0, MODEL_POOL_MEAN, MODEL_POOL_CLS, MODEL_POOL_LAST, MODEL_POOL_RANK };
+
 struct model_hparams {
     int32_t n_vocab;
     int32_t n_ctx_train; /* context length the model was trained for */
@@ -84,11 +92,22 @@ struct model {
     int32_t n_ctx_max;          /* longest context the model is computed for: n_ctx_train, or
                                     the extended context when the RoPE is scaled */
     struct model_layer *layers; /* (n_layer), owned */
-    uint64_t weight_bytes;      /* bytes of all tensors, for reports */
-    char name[128];             /* general.name or the file's base name */
-    char fingerprint[33];       /* 128-bit hex identity of the weights: hash of every tensor's
+    enum model_pooling pooling; /* `<arch>.pooling_type`; NONE when absent */
+    /* The classification head of a reranker (llama.cpp's graph for pooling
+     * RANK): x = tanh(cls·h + cls_b) when cls is there, then
+     * cls_out·x + cls_out_b. Each part optional (data NULL when absent);
+     * llama.cpp's converter writes a Qwen3-Reranker's as cls_out alone,
+     * the LM head's rows of "yes" and "no". */
+    struct mm_weight cls;     /* (n_embd, n_embd) */
+    const float *cls_b;       /* (n_embd) */
+    struct mm_weight cls_out; /* (n_cls_out, n_embd) */
+    const float *cls_out_b;   /* (n_cls_out) */
+    int32_t n_cls_out;        /* rows of cls_out; 0 without one */
+    uint64_t weight_bytes;    /* bytes of all tensors, for reports */
+    char name[128];           /* general.name or the file's base name */
+    char fingerprint[33];     /* 128-bit hex identity of the weights: hash of every tensor's
                                     name, type, shape and bytes, plus the hyperparameters */
-    void **owned;               /* f32 conversions owned by the model */
+    void **owned;             /* f32 conversions owned by the model */
     int n_owned;
     struct model_load_state *load; /* model_load's own, NULL once loaded */
 };
