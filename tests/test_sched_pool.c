@@ -158,7 +158,10 @@ static struct sched_stats run(const struct cfg *cfg, int rot, struct ctx *c)
         CHECK_MSG(memcmp(c->got[i], ref[p][i], sizeof(float) * (size_t)e) == 0,
                   "batch %d step %d blocks %d%s%s: request %d (%s pooling) differs from its one-pass reference",
                   cfg->max_batch, cfg->max_step, cfg->n_blocks, cfg->shuffle ? " shuffled" : "",
-                  cfg->mixed ? " mixed" : "", i, p == 0 ? "mean" : p == 1 ? "cls" : "last");
+                  cfg->mixed ? " mixed" : "", i,
+                  p == 0   ? "mean"
+                  : p == 1 ? "cls"
+                           : "last");
         kvb_free(c->got[i]);
     }
     for (int i = NREQ; cfg->mixed && i < NREQ + NGEN; i++) CHECK_EQ_INT(c->finished[i], 1);

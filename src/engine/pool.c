@@ -11,10 +11,7 @@
 
 static const char *const names[] = {"none", "mean", "cls", "last", "rank"};
 
-const char *pool_name(enum model_pooling p)
-{
-    return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?";
-}
+const char *pool_name(enum model_pooling p) { return (unsigned)p < sizeof names / sizeof names[0] ? names[p] : "?"; }
 
 bool pool_parse(const char *s, bool rank, enum model_pooling *out)
 {
@@ -35,11 +32,6 @@ void pool_normalize(float *v, int32_t n)
     for (int32_t i = 0; i < n; i++) v[i] = (float)(v[i] * inv);
 }
 
-void pool_truncate(float *v, int32_t n, bool normalized)
-{
-    if (normalized) pool_normalize(v, n);
-}
-
 /* y[r] = w[r]·x (+ b[r]) for the rows of w, each dequantized into row. */
 static enum kvb_status matvec(const struct mm_weight *w, const float *b, const float *x, float *row, double *y)
 {
@@ -52,7 +44,7 @@ static enum kvb_status matvec(const struct mm_weight *w, const float *b, const f
     return KVB_OK;
 }
 
-enum kvb_status pool_rank_score(const struct model *m, const float *h, float *score, struct kvb_err *err)
+enum kvb_status pool_rank_logit(const struct model *m, const float *h, float *logit, struct kvb_err *err)
 {
     const int64_t e = m->hp.n_embd;
     if (m->n_cls_out != 1 && m->n_cls_out != 2)
@@ -70,9 +62,8 @@ enum kvb_status pool_rank_score(const struct model *m, const float *h, float *sc
     }
     if (st == KVB_OK) st = matvec(&m->cls_out, m->cls_out_b, x, row, y);
     if (st == KVB_OK) {
-        /* one logit: sigmoid; two: softmax's first = sigmoid of the difference */
-        const double z = m->n_cls_out == 1 ? y[0] : y[0] - y[1];
-        *score = (float)(1.0 / (1.0 + exp(-z)));
+        /* two: softmax's first is the sigmoid of the difference */
+        *logit = (float)(m->n_cls_out == 1 ? y[0] : y[0] - y[1]);
     }
     kvb_free(row);
     kvb_free(x);
@@ -80,4 +71,17 @@ enum kvb_status pool_rank_score(const struct model *m, const float *h, float *sc
     if (st == KVB_ERR_NOMEM) return kvb_errf(err, st, "out of memory for the classification head");
     if (st != KVB_OK) return kvb_errf(err, st, "cannot read the classification head's weights");
     return KVB_OK;
+}
+
+float pool_sigmoid(float logit) { return (float)(1.0 / (1.0 + exp(-(double)logit))); }
+
+float pool_cosine(const float *a, const float *b, int32_t n)
+{
+    double ab = 0, aa = 0, bb = 0;
+    for (int32_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    return aa > 0 && bb > 0 ? (float)(ab / sqrt(aa * bb)) : 0.0f;
 }

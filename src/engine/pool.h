@@ -7,7 +7,7 @@
  * come out of the backend. This module is the arithmetic after it, the same
  * whichever backend computed the rows, and the names of the poolings.
  *
- * Nothing here allocates but pool_rank_score's scratch; nothing is kept. */
+ * Nothing here allocates but pool_rank_logit's scratch; nothing is kept. */
 #ifndef KVB_POOL_H
 #define KVB_POOL_H
 
@@ -25,21 +25,24 @@ bool pool_parse(const char *s, bool rank, enum model_pooling *out);
 
 /* Divides v by its L2 norm (computed in double); a zero vector stays as it
  * is. What OpenAI's embeddings are and what sentence-transformers'
- * Normalize() does. */
+ * Normalize() does; also what OpenAI's `dimensions` asks of the first n
+ * values of a normalised vector. */
 void pool_normalize(float *v, int32_t n);
 
-/* OpenAI's `dimensions`: keeps the first n of v's values and normalises
- * them again (a vector that was not normalised stays unnormalised, cut). */
-void pool_truncate(float *v, int32_t n, bool normalized);
+/* A reranker's logit from its pooled hidden state h (n_embd floats):
+ * x = tanh(cls·h + cls_b) when the model has cls, then z = cls_out·x +
+ * cls_out_b (model.h). One output (a cross-encoder): *logit = z0; two
+ * (llama.cpp's Qwen3-Reranker file, the LM head's rows of "yes" and
+ * "no"): *logit = z_yes - z_no, whose sigmoid is softmax(z)[0], the
+ * probability of "yes". Other counts: KVB_ERR_UNSUPPORTED. KVB_ERR_NOMEM. */
+enum kvb_status pool_rank_logit(const struct model *m, const float *h, float *logit, struct kvb_err *err);
 
-/* A reranker's score from its pooled hidden state h (n_embd floats):
- * x = tanh(cls·h + cls_b) when the model has cls, then the logits
- * z = cls_out·x + cls_out_b (model.h). One logit (a cross-encoder): the
- * score is sigmoid(z0), as vLLM's score and rerank endpoints return it
- * (sentence-transformers' CrossEncoder default for one label); two
- * (llama.cpp's Qwen3-Reranker file, rows "yes" and "no" of the LM head):
- * softmax(z)[0], the probability of "yes" — sigmoid(z_yes - z_no). Other
- * counts: KVB_ERR_UNSUPPORTED. KVB_ERR_NOMEM. */
-enum kvb_status pool_rank_score(const struct model *m, const float *h, float *score, struct kvb_err *err);
+/* The score vLLM's score and rerank endpoints return for a logit: its
+ * sigmoid (sentence-transformers' CrossEncoder default for one label). */
+float pool_sigmoid(float logit);
+
+/* Cosine similarity of a[0..n) and b[0..n) (0 when either is zero): the
+ * score of an embedding model's pair, as vLLM computes it. */
+float pool_cosine(const float *a, const float *b, int32_t n);
 
 #endif

@@ -27,6 +27,7 @@ int32_t tok_n_vocab(const struct tok *t) { return t->n_vocab; }
 int32_t tok_bos(const struct tok *t) { return t->bos; }
 int32_t tok_eos(const struct tok *t) { return t->eos; }
 bool tok_wants_bos(const struct tok *t) { return t->add_bos && t->bos >= 0; }
+bool tok_wants_eos(const struct tok *t) { return t->add_eos && t->eos >= 0; }
 
 bool tok_is_eog(const struct tok *t, int32_t id)
 {

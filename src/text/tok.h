@@ -36,6 +36,9 @@ int32_t tok_bos(const struct tok *t); /* -1 when none */
 int32_t tok_eos(const struct tok *t); /* -1 when none */
 /* Metadata's `tokenizer.ggml.add_bos_token` (or the model type's default). */
 bool tok_wants_bos(const struct tok *t);
+/* Metadata's `tokenizer.ggml.add_eos_token` (default false): an embedding
+ * model whose input ends in EOS (Qwen3-Embedding pools that token's state). */
+bool tok_wants_eos(const struct tok *t);
 /* End of generation: EOS, EOT, <|im_end|>, <|eot_id|>, <|end|> … as the vocab marks them. */
 bool tok_is_eog(const struct tok *t, int32_t id);
 /* Token id whose text is exactly `text` (any token type), or -1. */

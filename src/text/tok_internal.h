@@ -67,7 +67,7 @@ struct tok {
     int32_t *eog; /* sorted ids that end generation */
     size_t n_eog;
     int32_t bos, eos, unk; /* -1 when absent */
-    bool add_bos, add_space_prefix, ignore_merges;
+    bool add_bos, add_eos, add_space_prefix, ignore_merges;
     int32_t byte_tok[256]; /* SPM byte fallback: id of <0xNN> (or of the 1-byte token), -1 none */
     /* Bounds the encoders use to skip work (tok_load.c computes them): */
     uint32_t max_len;       /* longest token text, stored form (bytes) */

@@ -433,6 +433,7 @@ static enum kvb_status load(struct tok *t, const struct gguf_file *f, struct kvb
     if (t->kind == TOK_KIND_BPE) KVB_FORWARD_IF_ERROR(load_merges(t, f, err));
 
     t->add_bos = opt_bool(f, "tokenizer.ggml.add_bos_token", t->kind == TOK_KIND_SPM || (pre && pre->llama3));
+    t->add_eos = opt_bool(f, "tokenizer.ggml.add_eos_token", false);
     t->add_space_prefix = opt_bool(f, "tokenizer.ggml.add_space_prefix", t->kind == TOK_KIND_SPM);
     KVB_FORWARD_IF_ERROR(load_specials(t, f, err));
     return compute_bounds(t, err);
