@@ -598,7 +598,7 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
     };
     const int32_t nt = (int32_t)n_tok, ne = (int32_t)e, nh = hp->n_head, nkv = hp->n_head_kv, h = (int32_t)hd;
     const int neox = hp->rope == ROPE_NEOX;
-    const float eps = hp->rms_eps, scale = 1.0f / sqrtf((float)hd);
+    const float eps = hp->rms_eps, scale = c->m->ops.attn_scale;
     cudaStream_t cs = c->stream;
 
     /* Ten launches per layer: norms, SwiGLU and attention write the next

@@ -181,7 +181,7 @@ static void attn_worker(void *arg, int ith, int nth)
     struct cpu_be *c = j->c;
     const struct model_hparams *hp = &c->m->hp;
     const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = c->m->ops.attn_scale;
     float *scratch = c->scores + (int64_t)ith * c->cap_scores;
     const int64_t bs = c->be.block_size;
     /* Items are taken first come, first served: under causal prefill later

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "base/alloc.h"
+#include "model/arch.h"
 #include "model/model_internal.h"
 
 /* What model_load keeps while it binds: the tensors bound so far, so that
@@ -15,16 +16,6 @@ struct model_load_state {
     const struct gguf_tensor **bound;
     uint64_t n_bound, cap;
 };
-
-static const char *arch_key_prefix(enum model_arch a)
-{
-    switch (a) {
-    case MODEL_ARCH_LLAMA: return "llama";
-    case MODEL_ARCH_QWEN2: return "qwen2";
-    case MODEL_ARCH_QWEN3: return "qwen3";
-    }
-    return "llama";
-}
 
 static enum kvb_status get_hp_u32(const struct gguf_file *f, const char *arch, const char *suffix, bool required,
                                   uint32_t dflt, int32_t *out, struct kvb_err *err)
@@ -135,14 +126,11 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
     enum kvb_status st = gguf_get_str(f, "general.architecture", &arch, err);
     if (st == KVB_ERR_NOT_FOUND) return kvb_errf(err, KVB_ERR_FORMAT, "model has no 'general.architecture' key");
     KVB_FORWARD_IF_ERROR(st);
-    if (gguf_str_eq(arch, "llama")) m->arch = MODEL_ARCH_LLAMA;
-    else if (gguf_str_eq(arch, "qwen2")) m->arch = MODEL_ARCH_QWEN2;
-    else if (gguf_str_eq(arch, "qwen3")) m->arch = MODEL_ARCH_QWEN3;
-    else
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
-                        "architecture '%.*s' is not supported (kvbatch runs llama, qwen2, qwen3)",
-                        (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
-    const char *a = arch_key_prefix(m->arch);
+    m->arch = arch_find(arch.ptr, arch.len);
+    if (!m->arch)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (kvbatch runs %s)",
+                        (int)(arch.len > 64 ? 64 : arch.len), arch.ptr, arch_names());
+    const char *a = m->arch->name;
     struct model_hparams *hp = &m->hp;
     KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "embedding_length", true, 0, &hp->n_embd, err));
     KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "feed_forward_length", true, 0, &hp->n_ff, err));
@@ -170,7 +158,7 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
                         "model key '%s.attention.value_length' = %d differs from the key length %d, which kvbatch "
                         "does not compute",
                         a, v_len, hp->head_dim);
-    /* Partial rotary embedding: none of llama, qwen2, qwen3 defines one
+    /* Partial rotary embedding: no architecture kvbatch runs defines one
      * (transformers rotates the whole head), so a shorter count is a file
      * kvbatch would compute differently from its authors. */
     if (hp->rope_dim != hp->head_dim)
@@ -186,7 +174,17 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
     snprintf(eps_key, sizeof eps_key, "%s.attention.layer_norm_rms_epsilon", a);
     if (!gguf_find(f, eps_key)) return kvb_errf(err, KVB_ERR_FORMAT, "model is missing required key '%s'", eps_key);
     KVB_FORWARD_IF_ERROR(model_opt_f32(m, "attention.layer_norm_rms_epsilon", 0.0f, NULL, &hp->rms_eps, err));
-    hp->rope = m->arch == MODEL_ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
+    hp->rope = m->arch->rope;
+    /* What the description fixes; its read hook (after the weights' shapes
+     * are known, see model_load) sets what the file's keys decide. */
+    m->ops = (struct model_ops){
+        .act = m->arch->act,
+        .embd_scale = 1.0f,
+        .attn_scale = 1.0f / sqrtf((float)hp->head_dim), /* the backends' expression, as it always was */
+        .rope_base_swa = hp->rope_base,
+    };
+    m->layers = kvb_calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     int32_t pooling;
     KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "pooling_type", false, MODEL_POOL_NONE, &pooling, err));
     if (pooling > MODEL_POOL_RANK)
@@ -235,12 +233,12 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
     const int64_t e = hp->n_embd, q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
     KVB_FORWARD_IF_ERROR(bind_matrix(m, "token_embd.weight", e, hp->n_vocab, true, &m->tok_embd, err));
     KVB_FORWARD_IF_ERROR(bind_vector(m, "output_norm.weight", e, true, &m->output_norm, err));
-    KVB_FORWARD_IF_ERROR(bind_matrix(m, "output.weight", e, hp->n_vocab, false, &m->output, err));
+    if (m->arch->output != ARCH_ABSENT)
+        KVB_FORWARD_IF_ERROR(
+            bind_matrix(m, "output.weight", e, hp->n_vocab, m->arch->output == ARCH_REQUIRED, &m->output, err));
     m->tied_output = m->output.data == NULL;
     if (m->tied_output) m->output = m->tok_embd;
 
-    m->layers = kvb_calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->layers) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     for (int l = 0; l < hp->n_layer; l++) {
         struct model_layer *L = &m->layers[l];
         char nm[96];
@@ -250,13 +248,28 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_k.weight"), e, kv, true, &L->wk, err));
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_v.weight"), e, kv, true, &L->wv, err));
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_output.weight"), q, e, true, &L->wo, err));
-        bool bias = m->arch == MODEL_ARCH_QWEN2;
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q.bias"), q, bias, &L->bq, err));
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_k.bias"), kv, bias, &L->bk, err));
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_v.bias"), kv, bias, &L->bv, err));
-        bool qk_norm = m->arch == MODEL_ARCH_QWEN3;
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, qk_norm, &L->q_norm, err));
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, qk_norm, &L->k_norm, err));
+        const struct arch_desc *d = m->arch;
+        if (d->qkv_bias != ARCH_ABSENT) {
+            bool req = d->qkv_bias == ARCH_REQUIRED;
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q.bias"), q, req, &L->bq, err));
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_k.bias"), kv, req, &L->bk, err));
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_v.bias"), kv, req, &L->bv, err));
+            /* The backends add all three or none. */
+            if ((L->bq != NULL) != (L->bk != NULL) || (L->bq != NULL) != (L->bv != NULL))
+                return kvb_errf(err, KVB_ERR_FORMAT, "layer %d has some of the Q/K/V biases but not all three", l);
+        }
+        if (d->qk_norm != ARCH_ABSENT) {
+            bool req = d->qk_norm == ARCH_REQUIRED;
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, req, &L->q_norm, err));
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, req, &L->k_norm, err));
+            if ((L->q_norm != NULL) != (L->k_norm != NULL))
+                return kvb_errf(err, KVB_ERR_FORMAT, "layer %d has one of the Q/K norms but not the other", l);
+        }
+        if (d->post_norms != ARCH_ABSENT) {
+            bool req = d->post_norms == ARCH_REQUIRED;
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("post_attention_norm.weight"), e, req, &L->post_attn_norm, err));
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("post_ffw_norm.weight"), e, req, &L->post_ffn_norm, err));
+        }
         KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("ffn_norm.weight"), e, true, &L->ffn_norm, err));
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_gate.weight"), e, hp->n_ff, true, &L->w_gate, err));
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_up.weight"), e, hp->n_ff, true, &L->w_up, err));
@@ -327,6 +340,25 @@ static enum kvb_status compute_fingerprint(struct model *m)
         XXH3_128bits_update(st, &r->orig_ctx, sizeof r->orig_ctx);
         XXH3_128bits_update(st, fv, sizeof fv);
     }
+    /* Likewise what an architecture computes beyond the llama layer: hashed
+     * only when it does (the llama, qwen2 and qwen3 fingerprints stay as
+     * they were), field by field. */
+    const struct model_ops *o = &m->ops;
+    bool swa = false;
+    for (int l = 0; l < m->hp.n_layer; l++) swa = swa || m->layers[l].swa;
+    if (o->act != MODEL_ACT_SILU || o->embd_scale != 1.0f || o->attn_scale != 1.0f / sqrtf((float)m->hp.head_dim) ||
+        o->attn_softcap != 0.0f || o->final_softcap != 0.0f || o->n_swa != 0 || swa) {
+        const uint32_t act = (uint32_t)o->act;
+        const int32_t iv[1] = {o->n_swa};
+        const float fv[5] = {o->embd_scale, o->attn_scale, o->attn_softcap, o->final_softcap, o->rope_base_swa};
+        XXH3_128bits_update(st, &act, sizeof act);
+        XXH3_128bits_update(st, iv, sizeof iv);
+        XXH3_128bits_update(st, fv, sizeof fv);
+        for (int l = 0; l < m->hp.n_layer; l++) {
+            const uint8_t w = m->layers[l].swa;
+            XXH3_128bits_update(st, &w, 1);
+        }
+    }
     for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         XXH3_128bits_update(st, t->name.ptr, (size_t)t->name.len);
@@ -351,6 +383,7 @@ enum kvb_status model_load(const char *path, struct model **out, struct kvb_err 
     enum kvb_status st = gguf_open(path, &m->gguf, err);
     if (st == KVB_OK) st = load_hparams(m, err);
     if (st == KVB_OK) st = model_rope_load(m, err);
+    if (st == KVB_OK && m->arch->read) st = m->arch->read(m, err);
     if (st == KVB_OK) st = model_check_keys(m, err);
     if (st == KVB_OK) {
         ls.cap = gguf_n_tensors(m->gguf);

@@ -2,8 +2,9 @@
  * authors do (see model.h, model_load).
  *
  * An allowlist, not a denylist: each `<arch>.*` key is either read by the
- * loader, or named here with the one value that leaves the arithmetic of a
- * llama/qwen2/qwen3 forward pass alone (a logit scale of 1, no soft-capping,
+ * loader (the common keys below, or those the architecture's description
+ * lists: model/arch.h), or named here with the one value that leaves the
+ * arithmetic of the llama layer alone (a logit scale of 1, no soft-capping,
  * causal attention, a sliding window no shorter than the context...). Any
  * other key, or another value, fails the load naming both: a key written
  * for a variant kvbatch does not implement must not be silently ignored.
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "model/arch.h"
 #include "model/model_internal.h"
 
 /* Keys the loader reads (model.c, model_rope.c); their values are checked there. */
@@ -46,8 +48,8 @@ static const char *const read_keys[] = {
     "tensor_data_layout",
     /* A LayerNorm epsilon: convert_hf_to_gguf and Ollama's converter copy
      * one from a config that has layer_norm_eps/layer_norm_epsilon/
-     * norm_epsilon next to rms_norm_eps, but llama, qwen2 and qwen3 only
-     * normalize with RMSNorm (transformers reads rms_norm_eps, llama.cpp
+     * norm_epsilon next to rms_norm_eps, but every architecture kvbatch runs
+     * normalizes with RMSNorm only (transformers reads rms_norm_eps, llama.cpp
      * layer_norm_rms_epsilon), so it is never part of the arithmetic. */
     "attention.layer_norm_epsilon",
     /* How the final hidden states pool into one vector (model.h), and the
@@ -172,6 +174,8 @@ static enum kvb_status check_arch_key(const struct model *m, const char *key, co
     const char *suffix = strchr(key, '.') + 1;
     for (size_t i = 0; i < sizeof read_keys / sizeof read_keys[0]; i++)
         if (!strcmp(suffix, read_keys[i])) return KVB_OK;
+    for (const char *const *k = m->arch && m->arch->keys ? m->arch->keys : NULL; k && *k; k++)
+        if (!strcmp(suffix, *k)) return KVB_OK;
     char val[64];
     model_value_str(v, val, sizeof val);
     for (size_t i = 0; i < sizeof neutral_keys / sizeof neutral_keys[0]; i++) {
