@@ -12,12 +12,13 @@
 #include "jobs/job.h"
 #include "jobs/job_parse_internal.h"
 
-static const char *const embed_fields[] = {"input", "model", "encoding_format", "dimensions", "add_special_tokens",
-                                           "truncate_prompt_tokens"};
-static const char *const score_fields[] = {"text_1",     "text_2",         "model",   "truncate_prompt_tokens",
+static const char *const embed_fields[] = {
+    "input", "model", "encoding_format", "dimensions", "add_special_tokens", "truncate_prompt_tokens"};
+static const char *const score_fields[] = {"text_1",         "text_2",     "model",   "truncate_prompt_tokens",
                                            "use_activation", "activation", "softmax", "mm_processor_kwargs"};
-static const char *const rerank_fields[] = {"query",          "documents",  "top_n",   "model", "truncate_prompt_tokens",
-                                            "use_activation", "activation", "softmax", "mm_processor_kwargs"};
+static const char *const rerank_fields[] = {
+    "query",   "documents",          "top_n", "model", "truncate_prompt_tokens", "use_activation", "activation",
+    "softmax", "mm_processor_kwargs"};
 
 /* Refuses members of the body that the endpoint does not take. */
 static int check_fields(struct jp_ctx *c, int obj)
@@ -66,7 +67,10 @@ static int parse_texts(struct jp_ctx *c, int i, const char *name, bool one, bool
     const enum json_kind k = json_kind(c->j, i);
     const bool list = k == JSON_ARRAY;
     if (!(list && many) && !(k == JSON_STRING && one))
-        return jp_fail_type(c, path, one && many ? "a string or a list of strings" : one ? "a string" : "a list of strings");
+        return jp_fail_type(c, path,
+                            one && many ? "a string or a list of strings"
+                            : one       ? "a string"
+                                        : "a list of strings");
     const int cnt = list ? c->j->tok[i].size : 1;
     if (cnt == 0) return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' must not be empty", path);
     if (cnt > JOB_MAX_INPUTS)

@@ -46,8 +46,7 @@ static void test_embeddings(void)
     expect_err(EMB_PRE "\"input\":5}}", JOB_ERR_INVALID_TYPE, "body.input");
     expect_err(EMB_PRE "\"input\":[\"a\",[1]]}}", JOB_ERR_INVALID_TYPE, "body.input[1]");
     expect_err(EMB_PRE "\"input\":[1,-2]}}", JOB_ERR_INVALID_VALUE, "body.input[1]");
-    expect_err(EMB_PRE "\"input\":\"x\",\"encoding_format\":\"int8\"}}", JOB_ERR_INVALID_VALUE,
-               "body.encoding_format");
+    expect_err(EMB_PRE "\"input\":\"x\",\"encoding_format\":\"int8\"}}", JOB_ERR_INVALID_VALUE, "body.encoding_format");
     expect_err(EMB_PRE "\"input\":\"x\",\"encoding_format\":1}}", JOB_ERR_INVALID_TYPE, "body.encoding_format");
     expect_err(EMB_PRE "\"input\":\"x\",\"dimensions\":0}}", JOB_ERR_INVALID_VALUE, "body.dimensions");
     expect_err(EMB_PRE "\"input\":\"x\",\"dimensions\":1.5}}", JOB_ERR_INVALID_TYPE, "body.dimensions");
@@ -107,8 +106,8 @@ static void test_score_rerank(void)
     static const char *const routes[] = {"/rerank", "/v2/rerank"};
     for (int k = 0; k < 2; k++) {
         char line[256];
-        snprintf(line, sizeof line, "{\"custom_id\":\"r\",\"url\":\"%s\",\"body\":{\"query\":\"q\",\"documents\":[\"a\"]}}",
-                 routes[k]);
+        snprintf(line, sizeof line,
+                 "{\"custom_id\":\"r\",\"url\":\"%s\",\"body\":{\"query\":\"q\",\"documents\":[\"a\"]}}", routes[k]);
         parse_ok(line, &r);
         CHECK(r.url == JOB_URL_RERANK);
         job_request_free(&r);
@@ -154,7 +153,8 @@ static void test_output(void)
     CHECK(doc_str_is(&d, "response.body.data[1].object", "embedding"));
     CHECK(doc_num(&d, "response.body.data[1].index") == 1);
     CHECK(doc_str_is(&d, "response.body.model", "m"));
-    CHECK(doc_num(&d, "response.body.usage.prompt_tokens") == 7 && doc_num(&d, "response.body.usage.total_tokens") == 7);
+    CHECK(doc_num(&d, "response.body.usage.prompt_tokens") == 7 &&
+          doc_num(&d, "response.body.usage.total_tokens") == 7);
     CHECK(doc_at(&d, "response.body.usage.completion_tokens") < 0 && doc_at(&d, "response.body.id") < 0);
     /* every float comes back as the same float32 */
     for (int i = 0; i < 6; i++) {

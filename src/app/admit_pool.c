@@ -24,9 +24,8 @@ static enum kvb_status fail(struct job_error *e, const struct job_request *q, co
 }
 
 /* Token ids of text (flags for tok_encode), at most the context. */
-static enum kvb_status text_ids(const struct admit_ctx *ctx, const struct job_request *q, const char *text,
-                                size_t len, unsigned flags, const char *param, struct admit_prompt *out,
-                                struct job_error *e)
+static enum kvb_status text_ids(const struct admit_ctx *ctx, const struct job_request *q, const char *text, size_t len,
+                                unsigned flags, const char *param, struct admit_prompt *out, struct job_error *e)
 {
     const size_t max_ids = ctx->n_ctx > 0 ? (size_t)ctx->n_ctx : 0;
     const struct tok_limits lim = {.max_ids = max_ids, .cancel = ctx->cancel};
@@ -111,8 +110,11 @@ enum kvb_status admit_prepare_pooled(struct admit_ctx *ctx, const struct admit_p
     const bool pairs = q->url != JOB_URL_EMBEDDINGS && cfg->rank;
     *kind = pairs ? ADMIT_ITEM_PAIR : ADMIT_ITEM_EMBED;
     if (!pairs && !cfg->embed) {
-        item_param(q, q->url == JOB_URL_EMBEDDINGS ? "input" : q->url == JOB_URL_SCORE ? "text_1" : "query", 0, 1,
-                   param, sizeof param);
+        item_param(q,
+                   q->url == JOB_URL_EMBEDDINGS ? "input"
+                   : q->url == JOB_URL_SCORE    ? "text_1"
+                                                : "query",
+                   0, 1, param, sizeof param);
         return fail(e, q, JOB_ERR_INVALID_REQUEST, param, cfg->no_embed);
     }
     if (q->dimensions > cfg->n_embd) {

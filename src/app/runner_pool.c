@@ -110,8 +110,8 @@ bool runner_pool_submit(struct runner *r, struct slot *s)
             bool hit = false;
             pstore_result_key(space_of(r, s), p->ids, p->n, &key);
             struct kvb_err err = {{0}};
-            if (pstore_result_get(r->ps, space_of(r, s), &key, p->ids, p->n, s->vals + (int64_t)i * s->width,
-                                  s->width, &hit, &err) == KVB_OK &&
+            if (pstore_result_get(r->ps, space_of(r, s), &key, p->ids, p->n, s->vals + (int64_t)i * s->width, s->width,
+                                  &hit, &err) == KVB_OK &&
                 hit) {
                 cached_item(r, s, i, p->n);
                 continue;
@@ -181,8 +181,7 @@ void runner_pool_finish(struct runner *r, struct slot *s, const struct sched_seq
     c->restored_tokens = info->restored_tokens;
     if (why == SCHED_FINISH_ERROR || !info->pooled)
         fail(s, info->error ? info->error : "internal error: the pooled state was not returned");
-    else if (!s->failed)
-        item_result(r, s, i, info);
+    else if (!s->failed) item_result(r, s, i, info);
     if (++s->n_done < s->n_choices) return;
     emit(r, s);
 }
