@@ -138,6 +138,8 @@ static enum kvb_status encode(const struct tok *t, const char *text, size_t len,
             KVB_FORWARD_IF_ERROR(
                 tok_spm_encode(t, text + f->off, f->len, t->add_space_prefix && prev_special, lim, out));
             prev_special = false;
+        } else if (t->kind == TOK_KIND_WPM) {
+            KVB_FORWARD_IF_ERROR(tok_wpm_encode(t, text + f->off, f->len, lim, out));
         } else {
             KVB_FORWARD_IF_ERROR(tok_bpe_encode(t, text + f->off, f->len, lim, out));
         }

@@ -2,8 +2,11 @@
  *
  * Supported: byte-level BPE (`tokenizer.ggml.model` = "gpt2") with the
  * pre-tokenizer named by `tokenizer.ggml.pre` (default GPT-2 split, "smollm"/
- * "starcoder" digits-one-by-one, "llama-bpe"/"llama3", "qwen2", …) and
- * SentencePiece-style BPE ("llama") with byte fallback. Anything else is
+ * "starcoder" digits-one-by-one, "llama-bpe"/"llama3", "qwen2", …),
+ * SentencePiece-style BPE ("llama") with byte fallback, and BERT's WordPiece
+ * ("bert": BOS/EOS are its [CLS]/[SEP]; text is lowercased and loses its
+ * accents and white space, so decoding gives its words back, not the
+ * text). Anything else is
  * refused by tok_load with KVB_ERR_UNSUPPORTED naming the model/pre value.
  *
  * Ownership: tok_load copies everything it needs; the gguf file may be closed
