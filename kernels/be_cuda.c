@@ -921,6 +921,9 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
                         "(head_dim <= %d, whole groups)",
                         hp->head_dim, hp->n_head, hp->n_head_kv, KCU_ATTN_MAX_HEAD_DIM);
     KVB_FORWARD_IF_ERROR(kv_type_check(o->kv_type, hp->head_dim, err));
+    if (m->ops.encoder)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "CUDA backend: encoders (bert) are computed by the CPU backend only (run with --device cpu)");
 
     struct cuda_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");

@@ -153,6 +153,7 @@ struct admit_pool_cfg {
     bool rank;            /* score and rerank pairs go through the model's classification head; else
                              they are the cosine of the two texts' embeddings (vLLM's rule) */
     int32_t n_embd;       /* width of an embedding */
+    bool encoder_pairs;   /* a pair is BOS a EOS b EOS (BERT's [CLS] a [SEP] b [SEP]), not a then b */
 };
 
 /* What one sequence of a pooled line is. */

@@ -80,14 +80,49 @@ static enum kvb_status input_ids(const struct admit_ctx *ctx, const struct job_r
     return KVB_OK;
 }
 
+/* An encoder's pair, as a BERT tokenizer encodes one: a's ids with BOS and
+ * EOS ([CLS] a [SEP]), then b's with EOS (b [SEP]). */
+static enum kvb_status encoder_pair(const struct admit_ctx *ctx, const struct job_request *q,
+                                    const struct job_prompt *a, const struct job_prompt *b, unsigned flags,
+                                    const char *param, struct admit_prompt *out, struct job_error *e)
+{
+    struct admit_prompt pa, pb;
+    KVB_FORWARD_IF_ERROR(text_ids(ctx, q, a->text, a->text_len, flags, param, &pa, e));
+    enum kvb_status st = text_ids(ctx, q, b->text, b->text_len, flags & ~(unsigned)TOK_ADD_BOS, param, &pb, e);
+    if (st != KVB_OK) {
+        kvb_free(pa.ids);
+        return st;
+    }
+    if (ctx->n_ctx > 0 && pa.n + pb.n > ctx->n_ctx) {
+        job_error_setf(e, JOB_ERR_CONTEXT_LENGTH, q->line_no, param, "the pair has %d tokens; the context holds %d",
+                       pa.n + pb.n, ctx->n_ctx);
+        st = KVB_ERR_FORMAT;
+    }
+    int32_t *ids = st == KVB_OK ? kvb_malloc(sizeof *ids * (size_t)(pa.n + pb.n)) : NULL;
+    if (st == KVB_OK && !ids) {
+        job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory");
+        st = KVB_ERR_NOMEM;
+    }
+    if (st == KVB_OK) {
+        memcpy(ids, pa.ids, sizeof *ids * (size_t)pa.n);
+        memcpy(ids + pa.n, pb.ids, sizeof *ids * (size_t)pb.n);
+        *out = (struct admit_prompt){ids, pa.n + pb.n};
+    }
+    kvb_free(pa.ids);
+    kvb_free(pb.ids);
+    return st;
+}
+
 /* Pair k of a score or rerank line: one side's text followed by the other's. */
-static enum kvb_status pair_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k, unsigned flags,
-                                struct admit_prompt *out, struct job_error *e)
+static enum kvb_status pair_ids(const struct admit_ctx *ctx, const struct admit_pool_cfg *cfg,
+                                const struct job_request *q, int32_t k, unsigned flags, struct admit_prompt *out,
+                                struct job_error *e)
 {
     const struct job_prompt *a = &q->prompts[q->n_prompts == 1 ? 0 : k], *b = &q->docs[k];
     char param[64];
     item_param(q, q->url == JOB_URL_SCORE ? "text_2" : "documents", k, q->url == JOB_URL_RERANK ? 2 : q->n_docs, param,
                sizeof param);
+    if (cfg->encoder_pairs) return encoder_pair(ctx, q, a, b, flags, param, out, e);
     char *text = kvb_malloc(a->text_len + b->text_len + 1);
     if (!text) {
         job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory");
@@ -141,7 +176,7 @@ enum kvb_status admit_prepare_pooled(struct admit_ctx *ctx, const struct admit_p
     enum kvb_status st = KVB_OK;
     for (int32_t k = 0; k < n && st == KVB_OK; k++) {
         if (pairs) {
-            st = pair_ids(ctx, q, k, flags, &plan->prompts[k], e);
+            st = pair_ids(ctx, cfg, q, k, flags, &plan->prompts[k], e);
         } else if (q->url == JOB_URL_EMBEDDINGS) {
             st = input_ids(ctx, q, &q->prompts[k], "input", k, q->n_prompts, flags, &plan->prompts[k], e);
         } else { /* both sides of the pairs, text_1's (the query's) first */

@@ -307,6 +307,13 @@ static void crashed_error(const struct crashlog_line *b, uint64_t line_no, struc
 static bool generates(const struct runner *r, const struct job_request *q, struct job_error *e)
 {
     const struct model *m = r->model;
+    if (m->ops.encoder) {
+        job_error_setf(e, JOB_ERR_INVALID_REQUEST, q->line_no, "url",
+                       "this model is an encoder (bidirectional, no LM head): it takes /v1/embeddings, /v1/score and "
+                       "/v1/rerank lines, not %s",
+                       job_url_name(q->url));
+        return false;
+    }
     if (m->pooling != MODEL_POOL_RANK) return true;
     job_error_setf(e, JOB_ERR_INVALID_REQUEST, q->line_no, "url",
                    "this model is a reranker (its file's pooling_type is rank): it takes /v1/score and /v1/rerank "
@@ -662,8 +669,11 @@ static bool setup(struct runner *r)
     r->max_batch = o->max_batch > 0 ? o->max_batch : gpu ? 256 : 128;
     r->max_step = o->max_step_tokens > 0 ? o->max_step_tokens : gpu ? 4096 : 512;
     if (!runner_pool_setup(r)) return false;
-    struct sched_opts so = {
-        .max_batch = r->max_batch, .max_step_tokens = r->max_step, .n_ctx = r->n_ctx, .n_hidden = r->model->hp.n_embd};
+    struct sched_opts so = {.max_batch = r->max_batch,
+                            .max_step_tokens = r->max_step,
+                            .n_ctx = r->n_ctx,
+                            .n_hidden = r->model->hp.n_embd,
+                            .bidirectional = r->model->ops.encoder};
     struct sched_callbacks cb = {.user = r, .on_token = cb_token, .on_finish = cb_finish};
     if (sched_create(r->be, r->model->hp.n_vocab, &so, &cb, &r->sched, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: %s\n", err.msg);

@@ -38,12 +38,15 @@ bool runner_pool_setup(struct runner *r)
                        "pooling_type: a generative model): run with --pooling mean|cls|last (last for a decoder "
                        "embedder such as Qwen3-Embedding, mean for most others)");
     }
-    r->pair_flag = SCHED_POOL_LAST; /* a causal reranker reads its last token */
+    /* a causal reranker reads its last token, an encoder its first ([CLS]),
+     * as llama.cpp's rank pooling does */
+    r->pair_flag = m->ops.encoder ? SCHED_POOL_CLS : SCHED_POOL_LAST;
     r->pool_cfg = (struct admit_pool_cfg){
         .embed = r->embed_pool != MODEL_POOL_NONE,
         .no_embed = r->no_embed,
         .rank = m->n_cls_out > 0,
         .n_embd = m->hp.n_embd,
+        .encoder_pairs = m->ops.encoder,
     };
     if (!r->o->quiet && (r->o->pooling || m->pooling != MODEL_POOL_NONE))
         fprintf(stderr, "kvbatch run: pooling: embeddings %s%s%s\n",

@@ -19,6 +19,7 @@
 #include "base/dtype.h"
 #include "base/tpool.h"
 #include "cpu/attn.h"
+#include "cpu/enc_cpu.h"
 #include "model/model.h"
 
 /* A layer's matrices as the matmul kernels read them: packed copies where
@@ -55,15 +56,17 @@ struct cpu_be {
     int32_t cap_keys;
     int64_t n_tiles;
     int64_t cap_out;
-    float *out_rows;    /* normalised rows whose logits are wanted */
-    int64_t cap_scores; /* per thread */
-    float *scores;      /* (n_threads, cap_scores) */
+    float *out_rows;     /* normalised rows whose logits are wanted */
+    int64_t cap_scores;  /* per thread */
+    float *scores;       /* (n_threads, cap_scores) */
+    struct cpu_enc *enc; /* an encoder's forward pass (enc_cpu.c): no llama layer, no KV pool */
 };
 
 static void cpu_free(struct backend *be)
 {
     struct cpu_be *c = (struct cpu_be *)be;
     if (!c) return;
+    cpu_enc_free(c->enc);
     for (int i = 0; i < c->n_packed; i++) kvb_free(c->packed[i]);
     kvb_free(c->packed);
     kvb_free(c->lw);
@@ -340,6 +343,7 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     const int64_t bs = be->block_size;
     struct be_batch_shape sh;
     KVB_FORWARD_IF_ERROR(be_batch_check(be, hp->n_vocab, batch, &sh, err));
+    if (c->enc) return cpu_enc_forward(c->enc, batch, err);
     const int64_t n_tok = sh.n_tok, n_out = sh.n_out;
     const int32_t max_pos = sh.max_end;
     if (n_tok == 0) return KVB_OK;
@@ -431,7 +435,7 @@ static void cpu_host_parallel(struct backend *be, void (*fn)(void *arg, int ith,
 static enum kvb_status cpu_block_read(struct backend *be, int32_t block, void *dst)
 {
     struct cpu_be *c = (struct cpu_be *)be;
-    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
+    if (block < 0 || block >= be->n_blocks || !c->kv) return KVB_ERR_INVALID_ARG;
     memcpy(dst, c->kv + (int64_t)block * c->block_elems, (size_t)be->block_bytes);
     return KVB_OK;
 }
@@ -439,7 +443,7 @@ static enum kvb_status cpu_block_read(struct backend *be, int32_t block, void *d
 static enum kvb_status cpu_block_write(struct backend *be, int32_t block, const void *src)
 {
     struct cpu_be *c = (struct cpu_be *)be;
-    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
+    if (block < 0 || block >= be->n_blocks || !c->kv) return KVB_ERR_INVALID_ARG;
     memcpy(c->kv + (int64_t)block * c->block_elems, src, (size_t)be->block_bytes);
     return KVB_OK;
 }
@@ -526,6 +530,15 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     }
     c->be.kernels = mm_ctx_impl_name(c->mm);
     c->be.n_threads = tpool_size(c->pool);
+    if (m->ops.encoder) { /* its own pass, which keeps K and V to itself: no pool */
+        st = cpu_enc_create(m, c->pool, c->mm, &c->enc, err);
+        if (st != KVB_OK) {
+            cpu_free(&c->be);
+            return st;
+        }
+        *out = &c->be;
+        return KVB_OK;
+    }
     st = pack_weights(c);
     if (st != KVB_OK) {
         cpu_free(&c->be);

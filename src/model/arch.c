@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-static const struct arch_desc *const all[] = {&arch_llama, &arch_qwen2, &arch_qwen3};
+static const struct arch_desc *const all[] = {&arch_llama, &arch_qwen2, &arch_qwen3, &arch_bert};
 
 const struct arch_desc *arch_find(const char *name, size_t len)
 {
@@ -12,4 +12,4 @@ const struct arch_desc *arch_find(const char *name, size_t len)
     return NULL;
 }
 
-const char *arch_names(void) { return "llama, qwen2, qwen3"; }
+const char *arch_names(void) { return "llama, qwen2, qwen3, bert"; }

@@ -47,6 +47,12 @@ struct arch_desc {
     /* Keys `<name>.<suffix>` that `read` reads, beyond the common ones
      * (model_check.c's table): NULL-terminated, or NULL. */
     const char *const *keys;
+    /* An encoder (model_ops.encoder) with a layout of its own: bind binds
+     * all its tensors (model_internal.h's binders) instead of the llama
+     * layer's, after read; NULL: the llama layer. Its epsilon is
+     * `<name>.attention.layer_norm_epsilon`. */
+    bool encoder;
+    enum kvb_status (*bind)(struct model *m, struct kvb_err *err);
     /* Reads those keys into m->ops and the layers' flags, after the common
      * hyperparameters; NULL when there are none. Errors name the key. */
     enum kvb_status (*read)(struct model *m, struct kvb_err *err);
@@ -59,6 +65,6 @@ const struct arch_desc *arch_find(const char *name, size_t len);
 const char *arch_names(void);
 
 /* The descriptions, one per arch_<name>.c. */
-extern const struct arch_desc arch_llama, arch_qwen2, arch_qwen3;
+extern const struct arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_bert;
 
 #endif

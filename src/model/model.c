@@ -171,9 +171,10 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
      * no default the authors share (transformers' configs default to 1e-6,
      * kvbatch used to take 1e-5), and every converter writes it. */
     char eps_key[128];
-    snprintf(eps_key, sizeof eps_key, "%s.attention.layer_norm_rms_epsilon", a);
+    const char *eps_name = m->arch->encoder ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon";
+    snprintf(eps_key, sizeof eps_key, "%s.%s", a, eps_name);
     if (!gguf_find(f, eps_key)) return kvb_errf(err, KVB_ERR_FORMAT, "model is missing required key '%s'", eps_key);
-    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "attention.layer_norm_rms_epsilon", 0.0f, NULL, &hp->rms_eps, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, eps_name, 0.0f, NULL, m->arch->encoder ? &m->enc.ln_eps : &hp->rms_eps, err));
     hp->rope = m->arch->rope;
     /* What the description fixes; its read hook (after the weights' shapes
      * are known, see model_load) sets what the file's keys decide. */
@@ -182,6 +183,7 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
         .embd_scale = 1.0f,
         .attn_scale = 1.0f / sqrtf((float)hp->head_dim), /* the backends' expression, as it always was */
         .rope_base_swa = hp->rope_base,
+        .encoder = m->arch->encoder,
     };
     m->layers = kvb_calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
@@ -222,6 +224,18 @@ static enum kvb_status bind_cls_head(struct model *m, struct kvb_err *err)
     return KVB_OK;
 }
 
+enum kvb_status model_bind_matrix(struct model *m, const char *name, int64_t n_in, int64_t n_out, bool required,
+                                  struct mm_weight *w, struct kvb_err *err)
+{
+    return bind_matrix(m, name, n_in, n_out, required, w, err);
+}
+
+enum kvb_status model_bind_vector(struct model *m, const char *name, int64_t n, bool required, const float **out,
+                                  struct kvb_err *err)
+{
+    return bind_vector(m, name, n, required, out, err);
+}
+
 static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
 {
     struct model_hparams *hp = &m->hp;
@@ -230,6 +244,10 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
     if (emb->ne[1] == 0 || emb->ne[1] > INT32_MAX)
         return kvb_errf(err, KVB_ERR_FORMAT, "token_embd.weight has an implausible vocabulary size");
     hp->n_vocab = (int32_t)emb->ne[1];
+    if (m->arch->bind) { /* a layout of its own (an encoder) */
+        KVB_FORWARD_IF_ERROR(m->arch->bind(m, err));
+        return bind_cls_head(m, err);
+    }
     const int64_t e = hp->n_embd, q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
     KVB_FORWARD_IF_ERROR(bind_matrix(m, "token_embd.weight", e, hp->n_vocab, true, &m->tok_embd, err));
     KVB_FORWARD_IF_ERROR(bind_vector(m, "output_norm.weight", e, true, &m->output_norm, err));

@@ -26,8 +26,9 @@ struct arch_desc;
 
 /* The FFN's gate activation: down(act(gate(x)) * up(x)). */
 enum model_act {
-    MODEL_ACT_SILU = 0, /* x sigmoid(x): SwiGLU (llama, qwen) */
-    MODEL_ACT_GELU_TANH /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GeGLU (gemma) */
+    MODEL_ACT_SILU = 0,  /* x sigmoid(x): SwiGLU (llama, qwen) */
+    MODEL_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GeGLU (gemma) */
+    MODEL_ACT_GELU_ERF   /* 0.5 x (1 + erf(x / sqrt(2))): BERT's ungated FFN */
 };
 
 enum rope_kind {
@@ -92,6 +93,23 @@ struct model_ops {
     int32_t n_swa;       /* > 0: a windowed layer (model_layer.swa) attends at position p to the
                             positions p - n_swa < q <= p only */
     float rope_base_swa; /* RoPE base of the windowed layers, which take no RoPE scaling */
+    /* An encoder (bert): no llama layer at all — bidirectional attention
+     * over the whole sequence, learned absolute position and token-type
+     * embeddings, LayerNorm after each residual add, an ungated GELU FFN,
+     * biases everywhere, no RoPE and no output norm or head (struct
+     * model_encoder; the backends compute it apart from the llama layer). */
+    bool encoder;
+};
+
+/* An encoder's tensors beyond the per-layer ones (model_ops.encoder). */
+struct model_encoder {
+    struct mm_weight pos_embd;  /* (n_pos, n_embd): row p is position p's */
+    struct mm_weight type_embd; /* (n_types, n_embd), or data NULL */
+    int32_t n_pos, n_types;
+    const float *embd_norm, *embd_norm_b; /* (n_embd) LayerNorm of the summed embeddings */
+    float ln_eps;                         /* `<arch>.attention.layer_norm_epsilon` */
+    int32_t sep_token;                    /* positions after the first of these in a sequence are token type 1
+                          (a pair's second text, as a BERT tokenizer marks it); -1: all 0 */
 };
 
 struct model_layer {
@@ -107,6 +125,11 @@ struct model_layer {
     struct mm_weight w_down;         /* (n_embd, n_ff) */
     const float *post_ffn_norm;      /* (n_embd) RMSNorm of the FFN output before the residual
                                         add, or NULL */
+    /* encoder (bert) layers: biases of the output, up and down projections,
+     * and the LayerNorms after the attention's and the FFN's residual adds
+     * (weights and biases, n_embd each); NULL otherwise */
+    const float *bo, *b_up, *b_down;
+    const float *ln_attn, *ln_attn_b, *ln_out, *ln_out_b;
 };
 
 struct model {
@@ -122,6 +145,7 @@ struct model {
     int32_t n_ctx_max;          /* longest context the model is computed for: n_ctx_train, or
                                     the extended context when the RoPE is scaled */
     struct model_layer *layers; /* (n_layer), owned */
+    struct model_encoder enc;   /* ops.encoder only */
     enum model_pooling pooling; /* `<arch>.pooling_type`; NONE when absent */
     /* The classification head of a reranker (llama.cpp's graph for pooling
      * RANK): x = tanh(cls·h + cls_b) when cls is there, then
