@@ -120,7 +120,8 @@ def write_gguf(gguf, np, path, cfg, state, pooling=None, keep_pooler=False, f16=
             if new is None:
                 raise ValueError("cannot map %s" % name)
         a = np.asarray(data, dtype=np.float32)
-        if a.ndim == 1 or not f16:
+        # 1-D tensors, and positions and token types whatever the file type, stay F32 (the converter's rule)
+        if a.ndim == 1 or not f16 or new in ("position_embd.weight", "token_types.weight"):
             w.add_tensor(new, a, raw_dtype=gguf.GGMLQuantizationType.F32)
         else:
             w.add_tensor(new, a.astype(np.float16), raw_dtype=gguf.GGMLQuantizationType.F16)
@@ -178,8 +179,9 @@ def main():
             write_gguf(gguf, np, path, cfg, state, pooling=gguf.PoolingType.MEAN, f16=f16)
             ref_state = state
             if f16:  # transformers on the file's own numbers
-                ref_state = {k: (v.astype(np.float16).astype(np.float32) if v.ndim > 1 and "position_ids" not in k
-                                 else v) for k, v in state.items()}
+                ref_state = {k: (v.astype(np.float16).astype(np.float32)
+                                 if v.ndim > 1 and "position" not in k and "token_type" not in k else v)
+                             for k, v in state.items()}
                 m16 = transformers.BertModel(cfg).eval()
                 m16.load_state_dict({k: torch.from_numpy(v) for k, v in ref_state.items()}, strict=False)
                 with torch.no_grad():

@@ -18,6 +18,8 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "cpu/attn.h"
+#include "cpu/enc_attn.h"
 
 struct enc_layer_w {
     struct mm_weight wq, wk, wv, wo, w_up, w_down;
@@ -35,7 +37,8 @@ struct cpu_enc {
     float *x, *q, *k, *v, *att, *tmp, *up; /* (cap_tok, n_embd) each; up: (cap_tok, n_ff) */
     int32_t *tok_seq, *tok_pos;            /* (cap_tok) */
     int64_t cap_scores;
-    float *scores; /* (n_threads, cap_scores) one token's scores per thread */
+    float *scores; /* (n_threads, cap_scores) enc_attn's scratch per thread */
+    bool avx2;     /* enc_attn_avx2 (else the reference) */
 };
 
 void cpu_enc_free(struct cpu_enc *e)
@@ -72,6 +75,7 @@ enum kvb_status cpu_enc_create(const struct model *m, struct tpool *pool, struct
     e->m = m;
     e->pool = pool;
     e->mm = mm;
+    e->avx2 = strcmp(mm_ctx_impl_name(mm), "scalar") != 0 && attn_have_avx2();
     enum kvb_status st = KVB_OK;
     for (int l = 0; l < n_layer && st == KVB_OK; l++) {
         const struct model_layer *L = &m->layers[l];
@@ -112,9 +116,10 @@ static enum kvb_status ensure(struct cpu_enc *e, int64_t n_tok, int32_t max_len)
         e->tok_pos = p;
         e->cap_tok = n_tok;
     }
-    if (max_len > e->cap_scores) {
-        KVB_FORWARD_IF_ERROR(grow(&e->scores, (int64_t)max_len * tpool_size(e->pool)));
-        e->cap_scores = max_len;
+    const int64_t need = enc_attn_scratch_floats(max_len, hp->head_dim);
+    if (need > e->cap_scores) {
+        KVB_FORWARD_IF_ERROR(grow(&e->scores, need * tpool_size(e->pool)));
+        e->cap_scores = need;
     }
     return KVB_OK;
 }
@@ -134,8 +139,8 @@ static void layer_norm(float *y, const float *x, const float *w, const float *b,
 
 struct row_job {
     struct cpu_enc *e;
-    const float *bias;           /* the previous product's bias */
-    const float *ln_w, *ln_b;    /* the LayerNorm after the residual add; NULL: no add (layer 0) */
+    const float *bias;        /* the previous product's bias */
+    const float *ln_w, *ln_b; /* the LayerNorm after the residual add; NULL: no add (layer 0) */
     float eps;
 };
 
@@ -185,30 +190,13 @@ static void attn_worker(void *arg, int ith, int nth)
     const struct model_hparams *hp = &e->m->hp;
     const int64_t d = hp->n_embd, hd = hp->head_dim;
     const float scale = e->m->ops.attn_scale;
-    float *s = e->scores + (int64_t)ith * e->cap_scores;
+    float *scratch = e->scores + (int64_t)ith * e->cap_scores;
     for (int64_t it; (it = atomic_fetch_add(&j->next, 1)) < j->n_items;) {
         const int32_t seq = (int32_t)(it / hp->n_head), h = (int32_t)(it % hp->n_head);
-        const int64_t t0 = j->start[seq], n = j->batch->seqs[seq].n_tokens;
-        for (int64_t i = 0; i < n; i++) {
-            const float *qi = e->q + (t0 + i) * d + h * hd;
-            float mx = -INFINITY;
-            for (int64_t p = 0; p < n; p++) {
-                const float *kp = e->k + (t0 + p) * d + h * hd;
-                float dot = 0;
-                for (int64_t c = 0; c < hd; c++) dot += qi[c] * kp[c];
-                s[p] = dot * scale;
-                if (s[p] > mx) mx = s[p];
-            }
-            double sum = 0;
-            for (int64_t p = 0; p < n; p++) sum += s[p] = expf(s[p] - mx);
-            const float inv = (float)(1.0 / sum);
-            float *o = e->att + (t0 + i) * d + h * hd;
-            memset(o, 0, sizeof(float) * (size_t)hd);
-            for (int64_t p = 0; p < n; p++) {
-                const float w = s[p] * inv, *vp = e->v + (t0 + p) * d + h * hd;
-                for (int64_t c = 0; c < hd; c++) o[c] += w * vp[c];
-            }
-        }
+        const int64_t off = j->start[seq] * d + h * hd;
+        const int32_t n = j->batch->seqs[seq].n_tokens;
+        if (e->avx2) enc_attn_avx2(e->att + off, e->q + off, e->k + off, e->v + off, d, n, (int32_t)hd, scale, scratch);
+        else enc_attn(e->att + off, e->q + off, e->k + off, e->v + off, d, n, (int32_t)hd, scale, scratch);
     }
 }
 
@@ -266,7 +254,8 @@ static enum kvb_status embed(struct cpu_enc *e, const struct be_batch *batch, fl
             float *xt = e->x + t * d;
             const struct mm_weight *pe = &enc->pos_embd;
             KVB_FORWARD_IF_ERROR(model_embed(m, sq->tokens[j], xt));
-            KVB_FORWARD_IF_ERROR(quant_dequant_row(pe->type, (const char *)pe->data + (size_t)j * pe->row_bytes, row, d));
+            KVB_FORWARD_IF_ERROR(
+                quant_dequant_row(pe->type, (const char *)pe->data + (size_t)j * pe->row_bytes, row, d));
             for (int64_t i = 0; i < d; i++) xt[i] += row[i];
             if (enc->type_embd.data) {
                 const int32_t ty = type < enc->n_types ? type : enc->n_types - 1;

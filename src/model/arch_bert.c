@@ -57,14 +57,14 @@ static enum kvb_status bert_bind(struct model *m, struct kvb_err *err)
     const struct model_hparams *hp = &m->hp;
     struct model_encoder *enc = &m->enc;
     const int64_t e = hp->n_embd, q = (int64_t)hp->n_head * hp->head_dim;
-    if (q != e) return kvb_errf(err, KVB_ERR_FORMAT, "bert's heads (%d x %d) must make its width %d", hp->n_head,
-                                hp->head_dim, hp->n_embd);
+    if (q != e)
+        return kvb_errf(err, KVB_ERR_FORMAT, "bert's heads (%d x %d) must make its width %d", hp->n_head, hp->head_dim,
+                        hp->n_embd);
     KVB_FORWARD_IF_ERROR(model_bind_matrix(m, "token_embd.weight", e, hp->n_vocab, true, &m->tok_embd, err));
     enc->n_pos = hp->n_ctx_train;
     KVB_FORWARD_IF_ERROR(model_bind_matrix(m, "position_embd.weight", e, enc->n_pos, true, &enc->pos_embd, err));
     if (enc->n_types > 0)
-        KVB_FORWARD_IF_ERROR(
-            model_bind_matrix(m, "token_types.weight", e, enc->n_types, false, &enc->type_embd, err));
+        KVB_FORWARD_IF_ERROR(model_bind_matrix(m, "token_types.weight", e, enc->n_types, false, &enc->type_embd, err));
     KVB_FORWARD_IF_ERROR(model_bind_vector(m, "token_embd_norm.weight", e, true, &enc->embd_norm, err));
     KVB_FORWARD_IF_ERROR(model_bind_vector(m, "token_embd_norm.bias", e, true, &enc->embd_norm_b, err));
     for (int l = 0; l < hp->n_layer; l++) {

@@ -377,6 +377,11 @@ static enum kvb_status compute_fingerprint(struct model *m)
             XXH3_128bits_update(st, &w, 1);
         }
     }
+    if (o->encoder) { /* an encoder's metadata that changes its arithmetic */
+        const int32_t ev[2] = {m->enc.n_types, m->enc.sep_token};
+        XXH3_128bits_update(st, ev, sizeof ev);
+        XXH3_128bits_update(st, &m->enc.ln_eps, sizeof m->enc.ln_eps);
+    }
     for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         XXH3_128bits_update(st, t->name.ptr, (size_t)t->name.len);
