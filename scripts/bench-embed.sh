@@ -55,7 +55,7 @@ def tensor(w, name, shape, scale, vec=False):
     if vec:
         w.add_tensor(name, a, raw_dtype=QT.F32)
     elif wtype == "q8_0":
-        w.add_tensor(name, gguf.quants.quantize(a, QT.Q8_0), raw_shape=a.shape, raw_dtype=QT.Q8_0)
+        w.add_tensor(name, gguf.quants.quantize(a, QT.Q8_0), raw_dtype=QT.Q8_0)
     else:
         w.add_tensor(name, a.astype(np.float16), raw_dtype=QT.F16)
 

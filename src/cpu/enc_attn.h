@@ -20,7 +20,7 @@
 int64_t enc_attn_scratch_floats(int32_t n, int32_t head_dim);
 void enc_attn(float *out, const float *q, const float *k, const float *v, int64_t ld, int32_t n, int32_t head_dim,
               float scale, float *scratch);
-void enc_attn_avx2(float *out, const float *q, const float *k, const float *v, int64_t ld, int32_t n,
-                   int32_t head_dim, float scale, float *scratch);
+void enc_attn_avx2(float *out, const float *q, const float *k, const float *v, int64_t ld, int32_t n, int32_t head_dim,
+                   float scale, float *scratch);
 
 #endif

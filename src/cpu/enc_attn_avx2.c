@@ -10,12 +10,12 @@
 #include "base/simd_avx2.h"
 #include "cpu/enc_attn.h"
 
-void enc_attn_avx2(float *out, const float *q, const float *k, const float *v, int64_t ld, int32_t n,
-                   int32_t head_dim, float scale, float *scratch)
+void enc_attn_avx2(float *out, const float *q, const float *k, const float *v, int64_t ld, int32_t n, int32_t head_dim,
+                   float scale, float *scratch)
 {
     const int64_t n8 = ((int64_t)n + 7) & ~(int64_t)7;
     float *kt = (float *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31); /* (head_dim, n8) */
-    float *s = kt + n8 * head_dim;                                      /* (n8) */
+    float *s = kt + n8 * head_dim;                                     /* (n8) */
     for (int32_t c = 0; c < head_dim; c++) {
         float *row = kt + (int64_t)c * n8;
         for (int32_t p = 0; p < n; p++) row[p] = k[(int64_t)p * ld + c];
