@@ -3,7 +3,8 @@
 
 #include <string.h>
 
-static const struct arch_desc *const all[] = {&arch_llama, &arch_qwen2, &arch_qwen3, &arch_bert};
+static const struct arch_desc *const all[] = {&arch_llama,  &arch_qwen2,  &arch_qwen3,
+                                              &arch_gemma2, &arch_gemma3, &arch_bert};
 
 const struct arch_desc *arch_find(const char *name, size_t len)
 {
@@ -12,4 +13,4 @@ const struct arch_desc *arch_find(const char *name, size_t len)
     return NULL;
 }
 
-const char *arch_names(void) { return "llama, qwen2, qwen3, bert"; }
+const char *arch_names(void) { return "llama, qwen2, qwen3, gemma2, gemma3, bert"; }

@@ -65,6 +65,6 @@ const struct arch_desc *arch_find(const char *name, size_t len);
 const char *arch_names(void);
 
 /* The descriptions, one per arch_<name>.c. */
-extern const struct arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_bert;
+extern const struct arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_gemma2, arch_gemma3, arch_bert;
 
 #endif

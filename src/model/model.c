@@ -15,6 +15,7 @@
 struct model_load_state {
     const struct gguf_tensor **bound;
     uint64_t n_bound, cap;
+    bool survey; /* model_survey: a tensor's type is reported apart, not here */
 };
 
 static enum kvb_status get_hp_u32(const struct gguf_file *f, const char *arch, const char *suffix, bool required,
@@ -51,7 +52,7 @@ static enum kvb_status find_tensor(const struct model *m, const char *name, int6
         return kvb_errf(err, KVB_ERR_FORMAT, "tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
                         (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)ne0,
                         (long long)(ne1 ? ne1 : 1));
-    if (!quant_type_supported(t->type)) {
+    if (!quant_type_supported(t->type) && !(m->load && m->load->survey)) {
         const struct ggml_type_traits *tr = ggml_type_get_traits(t->type);
         return kvb_errf(err, KVB_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kvbatch cannot compute with", name,
                         tr ? tr->name : "?");
@@ -434,6 +435,77 @@ enum kvb_status model_load(const char *path, struct model **out, struct kvb_err 
     }
     *out = m;
     return KVB_OK;
+}
+
+/* The survey's last part: every tensor whose type kvbatch cannot compute
+ * with, one reason per type (how many, and the first). */
+static void survey_types(const struct model *m, struct model_reasons *r)
+{
+    const uint64_t n = gguf_n_tensors(m->gguf);
+    for (uint64_t i = 0; i < n; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
+        if (quant_type_supported(t->type)) continue;
+        bool seen = false;
+        for (uint64_t j = 0; j < i && !seen; j++) seen = gguf_tensor_at(m->gguf, j)->type == t->type;
+        if (seen) continue;
+        uint64_t count = 0;
+        for (uint64_t j = i; j < n; j++) count += gguf_tensor_at(m->gguf, j)->type == t->type;
+        const struct ggml_type_traits *tr = ggml_type_get_traits(t->type);
+        char why[256];
+        char tn[32];
+        if (tr) snprintf(tn, sizeof tn, "%s", tr->name);
+        else snprintf(tn, sizeof tn, "%u", (unsigned)t->type);
+        snprintf(why, sizeof why, "%llu tensor%s of type %s, which kvbatch cannot compute with (the first: '%.*s')",
+                 (unsigned long long)count, count == 1 ? "" : "s", tn, (int)(t->name.len > 96 ? 96 : t->name.len),
+                 t->name.ptr);
+        model_reason_add(r, why);
+    }
+}
+
+int model_survey(const char *path, void (*each)(void *arg, const char *why), void *arg, struct kvb_err *err)
+{
+    struct model_reasons r = {each, arg, 0};
+    struct model *m = kvb_calloc(1, sizeof *m);
+    if (!m) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory"), -1;
+    if (gguf_open(path, &m->gguf, err) != KVB_OK) {
+        kvb_free(m);
+        return -1;
+    }
+    struct kvb_err e = {{0}};
+    struct model_load_state ls = {.survey = true};
+    enum kvb_status st = load_hparams(m, &e);
+    if (st == KVB_OK) st = model_rope_load(m, &e);
+    if (st == KVB_OK && m->arch->read) st = m->arch->read(m, &e);
+    if (st != KVB_OK) model_reason_add(&r, e.msg);
+    /* The keys with what was read; the tensors only when the architecture
+     * and its shapes are known. */
+    if (m->arch && m->layers) {
+        if (st == KVB_OK) {
+            const struct model_hparams *hp = &m->hp;
+            if (hp->n_ctx_train < 2 || !isfinite(hp->rope_base) || hp->rope_base <= 0 || !isfinite(hp->rms_eps) ||
+                hp->rms_eps < 0) {
+                model_check_keys(m, &e); /* says which */
+                model_reason_add(&r, e.msg);
+            }
+        }
+        model_check_keys_all(m, &r, &e);
+        ls.cap = gguf_n_tensors(m->gguf);
+        ls.bound = kvb_calloc(ls.cap ? ls.cap : 1, sizeof *ls.bound);
+        m->load = &ls;
+        if (st == KVB_OK && ls.bound) {
+            if (load_weights(m, &e) != KVB_OK) {
+                model_reason_add(&r, e.msg);
+            } else {
+                if (check_freq_factors(m, &e) != KVB_OK) model_reason_add(&r, e.msg);
+                model_check_tensors_all(m, ls.bound, ls.n_bound, &r, &e);
+            }
+        }
+        m->load = NULL;
+        kvb_free(ls.bound);
+    }
+    survey_types(m, &r);
+    model_free(m);
+    return r.n;
 }
 
 void model_free(struct model *m)

@@ -174,6 +174,14 @@ struct model {
 enum kvb_status model_load(const char *path, struct model **out, struct kvb_err *err);
 void model_free(struct model *m); /* accepts NULL */
 
+/* Every reason model_load would refuse the file at `path` (where model_load
+ * stops at the first): the architecture, each key, each tensor, each weight
+ * type it cannot compute with, each as one line to each(arg, why). Checks
+ * that depend on an earlier one (the tensors on the shapes) are skipped when
+ * it failed. Returns the number of reasons (0: the file loads), or -1 when
+ * the file is not a readable GGUF (err says why). */
+int model_survey(const char *path, void (*each)(void *arg, const char *why), void *arg, struct kvb_err *err);
+
 /* The angle per position of each rotary pair, with the scaling applied:
  * fills inv_freq[0 .. rope_dim/2). Both backends rotate by
  * theta = (float)pos * inv_freq[i] and multiply cos/sin by m->rope.mscale. */

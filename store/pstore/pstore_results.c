@@ -331,9 +331,26 @@ enum kvb_status pstore_result_get(struct pstore *ps, const struct pstore_rspace 
             note_key(&r->touches, &r->n_touches, &r->cap_touches, key); /* written after the put: newer */
             return KVB_OK;
         }
+    if (atomic_load(&ps->broken)) { /* turned off after a fault (pstore_guard.c): a miss */
+        r->st.misses++;
+        return KVB_OK;
+    }
+    /* The value is read straight from the map: in a guarded region, so a
+     * file damaged under the run makes this a miss, not a crash. */
+    struct pstore_guard g;
+    pstore_guard_push(&g);
+    if (sigsetjmp(g.jb, 1)) {
+        pstore_guard_fault(ps, &g, "looking a result up");
+        *hit = false; /* vals may be half written: the caller computes them */
+        r->st.misses++;
+        return KVB_OK;
+    }
     MDB_txn *txn;
     int rc = pstore_txn_begin(ps, false, &txn);
-    if (rc) return pstore_lmdb_status(err, rc, "cache read");
+    if (rc) {
+        pstore_guard_pop(&g);
+        return pstore_lmdb_status(err, rc, "cache read");
+    }
     MDB_val k = {16, (void *)key->b}, v;
     rc = mdb_get(txn, r->db_val, &k, &v);
     if (rc == 0) {
@@ -345,6 +362,7 @@ enum kvb_status pstore_result_get(struct pstore *ps, const struct pstore_rspace 
         }
     }
     pstore_txn_abort(ps, txn);
+    pstore_guard_pop(&g);
     if (rc && rc != MDB_NOTFOUND) return pstore_lmdb_status(err, rc, "cache read");
     if (*hit) {
         r->st.hits++;
@@ -365,7 +383,7 @@ enum kvb_status pstore_result_put(struct pstore *ps, const struct pstore_rspace 
     if (n_tokens < 0 || n_tokens > PSTORE_RESULT_MAX_TOKENS || n_vals <= 0 || n_vals > PSTORE_RESULT_MAX_VALUES)
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "a result of %d values from %d tokens is beyond the store's limits",
                         n_vals, n_tokens);
-    if (r->writing_off) {
+    if (r->writing_off || atomic_load(&ps->broken)) {
         r->st.dropped++;
         return KVB_OK;
     }
@@ -428,8 +446,19 @@ enum kvb_status pstore_results_flush(struct pstore *ps, struct kvb_err *err)
 {
     struct pstore_results *r = ps ? ps->res : NULL;
     if (!r || (!r->n_held && !r->n_touches && !r->n_damaged)) return KVB_OK;
-    if (r->writing_off) {
+    if (r->writing_off || atomic_load(&ps->broken)) {
         r->st.dropped += (uint64_t)r->n_held;
+        drop_held(r);
+        return KVB_OK;
+    }
+    /* The write transaction reads the map (B-tree pages, old values): in a
+     * guarded region, as the writer's batches (pstore_writer.c). */
+    struct pstore_guard g;
+    pstore_guard_push(&g);
+    if (sigsetjmp(g.jb, 1)) {
+        pstore_guard_fault(ps, &g, "writing results");
+        r->st.dropped += (uint64_t)r->n_held;
+        r->writing_off = true;
         drop_held(r);
         return KVB_OK;
     }
@@ -441,6 +470,7 @@ enum kvb_status pstore_results_flush(struct pstore *ps, struct kvb_err *err)
         if (rc) pstore_txn_abort(ps, txn);
         else rc = pstore_txn_commit(ps, txn);
     }
+    pstore_guard_pop(&g);
     if (rc == 0) {
         r->st.written += written;
     } else {
