@@ -187,6 +187,11 @@ def main():
                 with torch.no_grad():
                     hs16 = [m16(torch.tensor([x])).last_hidden_state[0].double().numpy() for x in ids]
             ref_h = hs16 if f16 else hs
+            if not f16:  # `kvbatch info` says what an encoder computes, not the llama layer's parts
+                inf = subprocess.run([BIN, "info", path], capture_output=True, text=True)
+                check(inf.returncode == 0 and "bidirectional" in inf.stdout and "pooling:       mean" in inf.stdout
+                      and "LayerNorm (eps 1e-12)" in inf.stdout and "RoPE" not in inf.stdout
+                      and "RMSNorm" not in inf.stdout, f"kvbatch info on a bert file: {inf.stdout}{inf.stderr}")
             for pooling, extra in (("mean", []), ("cls", ["--pooling", "cls"])):
                 res = run_job(tmp, path, [{"custom_id": "e", "input": TEXTS},
                                           {"custom_id": "chat", "messages": [{"role": "user", "content": "hi"}]},
