@@ -13,8 +13,14 @@
  *   {"custom_id":"b","method":"POST","url":"/v1/completions","body":{"prompt":"…",…}}
  *   {"custom_id":"c","messages":[…],"temperature":0}      shorthand: fields at top level
  *   {"custom_id":"d","prompt":"…","max_tokens":16}
+ *   {"custom_id":"e","url":"/v1/embeddings","body":{"input":["…","…"],"dimensions":256}}
+ *   {"custom_id":"f","url":"/v1/rerank","body":{"query":"…","documents":["…","…"]}}
+ *   {"custom_id":"g","url":"/v1/score","body":{"text_1":"…","text_2":["…","…"]}}
  * In the batch form `method` and `url` may be omitted (then `url` is inferred
- * from the body: `messages` → chat, `prompt` → completion). Every field is
+ * from the body: `messages` → chat, `prompt` → completion, `input` →
+ * embeddings, `query` and `documents` → rerank, `text_1` and `text_2` →
+ * score). Embeddings are OpenAI's; rerank and score are vLLM's run-batch
+ * forms (its `/rerank`, `/v2/rerank`, `/score` spellings are read too). Every field is
  * either read (and does what OpenAI or vLLM says it does), ignored on purpose
  * because it means nothing offline (job_field_ignored), or refused by name
  * (JOB_ERR_UNSUPPORTED_FIELD): a field kvbatch silently dropped would change
@@ -57,10 +63,13 @@
 
 /* ---- limits ------------------------------------------------------------------ */
 
-#define JOB_MAX_STOP 8                           /* stop strings per request */
-#define JOB_MAX_N 16                             /* choices per prompt ("n") */
-#define JOB_MAX_PROMPTS 128                      /* prompts in one completion line (a list: one set of choices each) */
-#define JOB_MAX_CHOICES 128                      /* choices per line: prompts x n */
+#define JOB_MAX_STOP 8      /* stop strings per request */
+#define JOB_MAX_N 16        /* choices per prompt ("n") */
+#define JOB_MAX_PROMPTS 128 /* prompts in one completion line (a list: one set of choices each) */
+#define JOB_MAX_CHOICES 128 /* choices per line: prompts x n */
+#define JOB_MAX_INPUTS                                                                                                 \
+    2048                                         /* embeddings' inputs, rerank's documents, score's pairs per line
+                                                    (OpenAI's bound for embeddings) */
 #define JOB_MAX_STOP_TOKEN_IDS 256               /* stop_token_ids per request */
 #define JOB_MAX_TOP_LOGPROBS 20                  /* alternatives per token */
 #define JOB_MAX_LOGIT_BIAS 1024                  /* logit_bias entries per request */
@@ -101,7 +110,20 @@ void job_error_setf(struct job_error *e, const char *code, uint64_t line_no, con
 enum job_url {
     JOB_URL_CHAT = 0,   /* /v1/chat/completions */
     JOB_URL_COMPLETION, /* /v1/completions */
+    JOB_URL_EMBEDDINGS, /* /v1/embeddings */
+    JOB_URL_SCORE,      /* /v1/score (vLLM): a score per (text_1, text_2) pair */
+    JOB_URL_RERANK,     /* /v1/rerank (vLLM, Jina and Cohere's form): documents ordered by relevance to a query */
 };
+
+/* Whether a request pools the prompt into a vector (embeddings) or a
+ * score (rerank, score) rather than generating text. */
+static inline bool job_url_pooled(enum job_url u)
+{
+    return u == JOB_URL_EMBEDDINGS || u == JOB_URL_SCORE || u == JOB_URL_RERANK;
+}
+
+/* The url as written in output and errors: "/v1/embeddings", ... */
+const char *job_url_name(enum job_url u);
 
 enum job_role {
     JOB_ROLE_SYSTEM = 0,
@@ -195,8 +217,12 @@ struct job_request {
     char *chat_template_kwargs; /* chat: chat_template_kwargs, a JSON object as written, or NULL */
     size_t chat_template_kwargs_len;
     struct job_prompt *prompts; /* completion: (n_prompts) >= 1, from "prompt": a string, a list of
-                                   strings, a list of token ids, or a list of such lists; chat: NULL */
+                                   strings, a list of token ids, or a list of such lists; embeddings: the
+                                   same from "input"; score: text_1 (one, or one per text_2); rerank:
+                                   the query (one); chat: NULL */
     int32_t n_prompts;
+    struct job_prompt *docs; /* score: text_2, rerank: documents (n_docs >= 1, text); else NULL */
+    int32_t n_docs;
     char *prompt; /* completion: prompts[0].text (borrowed from it; NULL when token ids); chat: NULL */
     size_t prompt_len;
 
@@ -256,6 +282,13 @@ struct job_request {
                                  logprob null */
     int32_t prompt_logprobs; /* vLLM's "prompt_logprobs": k in [0, 20] alternatives per prompt token
                                  (both endpoints); -1 not asked (absent or null) */
+    /* embeddings, score, rerank */
+    bool base64;             /* embeddings: "encoding_format": "base64" (little-endian float32) */
+    int32_t dimensions;      /* embeddings: keep the first this many values (renormalised); 0 all */
+    bool add_special_tokens; /* default true: the tokenizer's BOS/EOS (a BERT's [CLS] and [SEP]) */
+    int32_t top_n;           /* rerank: the best this many results; 0 all */
+    bool use_activation;     /* score, rerank (vLLM): default true, the score is a probability
+                                (sigmoid); false: the raw logit */
 };
 
 /* Whether q asks for its prompt to be scored (echo with logprobs, or
@@ -402,6 +435,38 @@ struct job_result {
  * token, in each completion choice and at the top of a chat body.
  * KVB_ERR_NOMEM on allocation failure. */
 enum kvb_status job_format_result(struct kvb_buf *out, const struct job_result *r);
+
+/* The result of an embeddings, score or rerank line. */
+struct job_pool_result {
+    const char *custom_id;
+    size_t custom_id_len;
+    const char *custom_id_json; /* as job_result's */
+    size_t custom_id_json_len;
+    enum job_url url;              /* JOB_URL_EMBEDDINGS, _SCORE or _RERANK */
+    const char *model;             /* written as "model" */
+    int64_t created;               /* unix seconds (score) */
+    const float *values;           /* embeddings: (n_items, dim), row after row; score, rerank: (n_items) scores */
+    int32_t n_items, dim;          /* dim: embeddings only */
+    bool base64;                   /* embeddings: each vector as base64 of its little-endian float32 bytes */
+    const struct job_prompt *docs; /* rerank: the documents (n_items), echoed with their scores */
+    int32_t top_n;                 /* rerank: the best top_n (0: all) */
+    int64_t prompt_tokens, cached_tokens;
+};
+
+/* Appends one success line of a pooled request ending in "\n": the Batch
+ * envelope of job_format_result around
+ *   embeddings (OpenAI's CreateEmbeddingResponse): {"object":"list","data":
+ *     [{"object":"embedding","index":i,"embedding":[…] or "base64"}],"model":…,
+ *     "usage":{"prompt_tokens":…,"total_tokens":…}};
+ *   score (vLLM's ScoreResponse): {"id":"score-K","object":"list","created":…,
+ *     "model":…,"data":[{"index":i,"object":"score","score":…}],"usage":{…}};
+ *   rerank (vLLM's RerankResponse): {"id":"rerank-K","model":…,"usage":{…},
+ *     "results":[{"index":i,"document":{"text":…},"relevance_score":…}]},
+ *     results by decreasing score (ties: by index), the best top_n.
+ * Floats are written with 9 significant digits, which give back the same
+ * float32. A value that is not finite cannot be written in JSON: the caller
+ * makes such a line an error (KVB_ERR_INVALID_ARG here). KVB_ERR_NOMEM. */
+enum kvb_status job_format_pooled(struct kvb_buf *out, const struct job_pool_result *r);
 
 /* Appends one error line ending in "\n":
  *   {"id":"batch_req_K","custom_id":… or null,"response":{"status_code":400,

@@ -9,6 +9,7 @@
  * makes diffs against OpenAI or vLLM output easy to read. */
 #include "jobs/job.h"
 
+#include <math.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -375,5 +376,182 @@ enum kvb_status job_format_error_json(struct kvb_buf *out, const char *custom_id
     if (e->line_no) put_i64(&w, (int64_t)e->line_no);
     else puts_(&w, "null");
     puts_(&w, "}}\n");
+    return finish(&w);
+}
+
+/* ---- embeddings, scores, reranking ------------------------------------------------------ */
+
+/* A float that must be finite (the caller checked): 9 significant digits
+ * give back the same float32. */
+static void put_f32(struct w *w, float f)
+{
+    char t[40];
+    int n = snprintf(t, sizeof t, "%.9g", (double)f);
+    for (int k = 0; k < n; k++)
+        if (t[k] == ',') t[k] = '.';
+    put(w, t, (size_t)n);
+}
+
+/* Base64 (RFC 4648, padded) of the n floats' little-endian bytes, quoted. */
+static void put_b64_f32(struct w *w, const float *v, int32_t n)
+{
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const size_t nb = (size_t)n * 4, out = (nb + 2) / 3 * 4;
+    if (!reserve(w, out + 2)) return;
+    char *d = w->b->data + w->b->len;
+    *d++ = '"';
+    uint32_t acc = 0;
+    int have = 0;
+    for (size_t i = 0; i < nb; i++) {
+        uint32_t bits;
+        memcpy(&bits, &v[i / 4], 4);
+        acc = acc << 8 | ((bits >> (8 * (i % 4))) & 0xff); /* byte i%4 of the value, lowest first */
+        if (++have == 3) {
+            *d++ = tab[acc >> 18 & 63];
+            *d++ = tab[acc >> 12 & 63];
+            *d++ = tab[acc >> 6 & 63];
+            *d++ = tab[acc & 63];
+            acc = 0;
+            have = 0;
+        }
+    }
+    if (have == 1) {
+        acc <<= 16;
+        *d++ = tab[acc >> 18 & 63];
+        *d++ = tab[acc >> 12 & 63];
+        *d++ = '=';
+        *d++ = '=';
+    } else if (have == 2) {
+        acc <<= 8;
+        *d++ = tab[acc >> 18 & 63];
+        *d++ = tab[acc >> 12 & 63];
+        *d++ = tab[acc >> 6 & 63];
+        *d++ = '=';
+    }
+    *d++ = '"';
+    w->b->len = (size_t)(d - w->b->data);
+}
+
+/* vLLM's UsageInfo for score lines; rerank's has the two counts. */
+static void put_pool_usage(struct w *w, const struct job_pool_result *r)
+{
+    puts_(w, "\"usage\":{\"prompt_tokens\":");
+    put_i64(w, r->prompt_tokens);
+    puts_(w, ",\"total_tokens\":");
+    put_i64(w, r->prompt_tokens);
+    if (r->url == JOB_URL_SCORE) {
+        puts_(w, ",\"completion_tokens\":0,\"prompt_tokens_details\":{\"cached_tokens\":");
+        put_i64(w, r->cached_tokens);
+        puts_(w, "}");
+    }
+    puts_(w, "}");
+}
+
+static void put_embeddings(struct w *w, const struct job_pool_result *r)
+{
+    puts_(w, "{\"object\":\"list\",\"data\":[");
+    for (int32_t i = 0; i < r->n_items; i++) {
+        const float *v = r->values + (int64_t)i * r->dim;
+        puts_(w, i ? ",{\"object\":\"embedding\",\"index\":" : "{\"object\":\"embedding\",\"index\":");
+        put_i64(w, i);
+        puts_(w, ",\"embedding\":");
+        if (r->base64) {
+            put_b64_f32(w, v, r->dim);
+        } else {
+            puts_(w, "[");
+            for (int32_t k = 0; k < r->dim; k++) {
+                if (k) put(w, ",", 1);
+                put_f32(w, v[k]);
+            }
+            puts_(w, "]");
+        }
+        puts_(w, "}");
+    }
+    puts_(w, "],\"model\":");
+    put_cstr_or_null(w, r->model);
+    puts_(w, ",\"usage\":{\"prompt_tokens\":");
+    put_i64(w, r->prompt_tokens);
+    puts_(w, ",\"total_tokens\":");
+    put_i64(w, r->prompt_tokens);
+    puts_(w, "}}");
+}
+
+static void put_scores(struct w *w, const struct job_pool_result *r, const char *key)
+{
+    puts_(w, "{\"id\":\"score-");
+    puts_(w, key);
+    puts_(w, "\",\"object\":\"list\",\"created\":");
+    put_i64(w, r->created);
+    puts_(w, ",\"model\":");
+    put_cstr_or_null(w, r->model);
+    puts_(w, ",\"data\":[");
+    for (int32_t i = 0; i < r->n_items; i++) {
+        puts_(w, i ? ",{\"index\":" : "{\"index\":");
+        put_i64(w, i);
+        puts_(w, ",\"object\":\"score\",\"score\":");
+        put_f32(w, r->values[i]);
+        puts_(w, "}");
+    }
+    puts_(w, "],");
+    put_pool_usage(w, r);
+    puts_(w, "}");
+}
+
+static void put_rerank(struct w *w, const struct job_pool_result *r, const char *key, const int32_t *order)
+{
+    puts_(w, "{\"id\":\"rerank-");
+    puts_(w, key);
+    puts_(w, "\",\"model\":");
+    put_cstr_or_null(w, r->model);
+    puts_(w, ",");
+    put_pool_usage(w, r);
+    puts_(w, ",\"results\":[");
+    const int32_t n = r->top_n > 0 && r->top_n < r->n_items ? r->top_n : r->n_items;
+    for (int32_t k = 0; k < n; k++) {
+        const int32_t i = order[k];
+        puts_(w, k ? ",{\"index\":" : "{\"index\":");
+        put_i64(w, i);
+        puts_(w, ",\"document\":{\"text\":");
+        put_str(w, r->docs[i].text, r->docs[i].text_len);
+        puts_(w, "},\"relevance_score\":");
+        put_f32(w, r->values[i]);
+        puts_(w, "}");
+    }
+    puts_(w, "]}");
+}
+
+enum kvb_status job_format_pooled(struct kvb_buf *out, const struct job_pool_result *r)
+{
+    const int64_t nv = r->url == JOB_URL_EMBEDDINGS ? (int64_t)r->n_items * r->dim : r->n_items;
+    for (int64_t i = 0; i < nv; i++)
+        if (!isfinite(r->values[i])) return KVB_ERR_INVALID_ARG;
+    int32_t *order = NULL;
+    if (r->url == JOB_URL_RERANK) { /* by decreasing score, ties by index: an insertion sort is stable */
+        order = kvb_malloc(sizeof *order * (size_t)(r->n_items ? r->n_items : 1));
+        if (!order) return KVB_ERR_NOMEM;
+        for (int32_t i = 0; i < r->n_items; i++) {
+            int32_t k = i;
+            while (k > 0 && r->values[order[k - 1]] < r->values[i]) {
+                order[k] = order[k - 1];
+                k--;
+            }
+            order[k] = i;
+        }
+    }
+    struct w w = {.b = out, .start = out->len};
+    struct job_key key;
+    job_key_custom_id(r->custom_id, r->custom_id_len, &key);
+    puts_(&w, "{\"id\":\"batch_req_");
+    puts_(&w, key.hex);
+    puts_(&w, "\",\"custom_id\":");
+    put_custom_id(&w, r->custom_id, r->custom_id_len, r->custom_id_json, r->custom_id_json_len);
+    puts_(&w, ",\"response\":{\"status_code\":200,\"request_id\":\"req_");
+    puts_(&w, key.hex);
+    puts_(&w, "\",\"body\":");
+    if (r->url == JOB_URL_EMBEDDINGS) put_embeddings(&w, r);
+    else if (r->url == JOB_URL_SCORE) put_scores(&w, r, key.hex);
+    else put_rerank(&w, r, key.hex, order);
+    puts_(&w, "},\"error\":null}\n");
+    kvb_free(order);
     return finish(&w);
 }

@@ -58,6 +58,8 @@ void job_request_free(struct job_request *r)
         kvb_free(r->prompts[i].ids);
     }
     kvb_free(r->prompts);
+    for (int32_t i = 0; i < r->n_docs; i++) kvb_free(r->docs[i].text);
+    kvb_free(r->docs);
     kvb_free(r->stop_token_ids);
     for (int i = 0; i < r->n_stop; i++) kvb_free(r->stop[i]);
     kvb_free(r->logit_bias);
@@ -85,6 +87,8 @@ static void request_defaults(struct job_request *r, uint64_t line_no)
     r->n = 1;
     r->skip_special_tokens = true;
     r->add_generation_prompt = true;
+    r->add_special_tokens = true;
+    r->use_activation = true;
 }
 
 /* ---- parse context and error helpers ------------------------------------------ */
@@ -453,6 +457,43 @@ int jp_check_members(struct jp_ctx *c, int obj, const char *path, const char *co
 
 /* ---- the line ------------------------------------------------------------------------ */
 
+const char *job_url_name(enum job_url u)
+{
+    switch (u) {
+    case JOB_URL_CHAT: return "/v1/chat/completions";
+    case JOB_URL_COMPLETION: return "/v1/completions";
+    case JOB_URL_EMBEDDINGS: return "/v1/embeddings";
+    case JOB_URL_SCORE: return "/v1/score";
+    case JOB_URL_RERANK: return "/v1/rerank";
+    }
+    return "?";
+}
+
+/* The endpoint of url string token i; vLLM's run-batch also takes the
+ * score and rerank endpoints under their other routes. */
+static bool url_of(const struct json_doc *j, int i, enum job_url *out)
+{
+    static const struct {
+        const char *url;
+        enum job_url u;
+    } urls[] = {
+        {"/v1/chat/completions", JOB_URL_CHAT},
+        {"/v1/completions", JOB_URL_COMPLETION},
+        {"/v1/embeddings", JOB_URL_EMBEDDINGS},
+        {"/v1/score", JOB_URL_SCORE},
+        {"/score", JOB_URL_SCORE},
+        {"/v1/rerank", JOB_URL_RERANK},
+        {"/rerank", JOB_URL_RERANK},
+        {"/v2/rerank", JOB_URL_RERANK},
+    };
+    for (size_t k = 0; k < sizeof urls / sizeof urls[0]; k++)
+        if (json_str_eq(j, i, urls[k].url)) {
+            *out = urls[k].u;
+            return true;
+        }
+    return false;
+}
+
 static int parse_root(struct jp_ctx *c)
 {
     const struct json_doc *j = c->j;
@@ -489,15 +530,13 @@ static int parse_root(struct jp_ctx *c)
     i = jp_lookup(c, 0, "url");
     if (i >= 0) {
         if (json_kind(j, i) != JSON_STRING) return jp_fail_type(c, "url", "a string");
-        if (json_str_eq(j, i, "/v1/chat/completions")) {
-            r->url = JOB_URL_CHAT;
-        } else if (json_str_eq(j, i, "/v1/completions")) {
-            r->url = JOB_URL_COMPLETION;
-        } else {
+        if (!url_of(j, i, &r->url)) {
             char got[48];
             jp_excerpt(c, i, got, sizeof got);
             return jp_fail(c, JOB_ERR_INVALID_VALUE, "url",
-                           "field 'url' must be \"/v1/chat/completions\" or \"/v1/completions\" (got '%s')", got);
+                           "field 'url' must be \"/v1/chat/completions\", \"/v1/completions\", \"/v1/embeddings\", "
+                           "\"/v1/score\" or \"/v1/rerank\" (got '%s')",
+                           got);
         }
         url_given = true;
     }
@@ -521,18 +560,35 @@ static int parse_root(struct jp_ctx *c)
             return jp_fail(c, JOB_ERR_INVALID_REQUEST, path,
                            "both 'messages' and 'prompt' are given; set 'url' to choose chat or completion");
         }
-        if (msgs < 0 && prompt < 0) {
+        /* The pooled endpoints' own fields (score's text_1/text_2, rerank's
+         * query/documents, embeddings' input) say which one is meant. */
+        const bool input = jp_lookup(c, body, "input") >= 0,
+                   rerank = jp_lookup(c, body, "query") >= 0 || jp_lookup(c, body, "documents") >= 0,
+                   score = jp_lookup(c, body, "text_1") >= 0 || jp_lookup(c, body, "text_2") >= 0;
+        const int kinds = (msgs >= 0) + (prompt >= 0) + input + rerank + score;
+        if (kinds > 1) {
+            return jp_fail(c, JOB_ERR_INVALID_REQUEST, "url",
+                           "the body has the fields of more than one endpoint (%s%s%s%s%s); set 'url' to choose",
+                           msgs >= 0 ? " messages" : "", prompt >= 0 ? " prompt" : "", input ? " input" : "",
+                           rerank ? " query/documents" : "", score ? " text_1/text_2" : "");
+        }
+        if (kinds == 0) {
             jp_path_of(c, "messages", path);
             return jp_fail(c, JOB_ERR_MISSING_FIELD, path, "missing field '%smessages' or '%sprompt'", c->prefix,
                            c->prefix);
         }
-        r->url = msgs >= 0 ? JOB_URL_CHAT : JOB_URL_COMPLETION;
+        r->url = msgs >= 0     ? JOB_URL_CHAT
+                 : prompt >= 0 ? JOB_URL_COMPLETION
+                 : input       ? JOB_URL_EMBEDDINGS
+                 : rerank      ? JOB_URL_RERANK
+                               : JOB_URL_SCORE;
     }
     int rc;
     if (!r->shorthand) {
         static const char *const top[] = {"custom_id", "method", "url", "body"};
         if ((rc = jp_check_members(c, 0, "", top, 4))) return rc;
     }
+    if (job_url_pooled(r->url)) return jp_parse_pooled(c, body);
     if (r->url == JOB_URL_CHAT) {
         if (msgs < 0) {
             jp_path_of(c, "messages", path);
@@ -544,7 +600,7 @@ static int parse_root(struct jp_ctx *c)
             jp_path_of(c, "prompt", path);
             return jp_fail_missing(c, path);
         }
-        if ((rc = jp_parse_prompt(c, prompt))) return rc;
+        if ((rc = jp_parse_prompt(c, prompt, "prompt", JOB_MAX_PROMPTS))) return rc;
     }
     if ((rc = check_body_fields(c, body))) return rc;
 

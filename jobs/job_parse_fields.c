@@ -192,12 +192,13 @@ static int parse_ids(struct jp_ctx *c, int i, const char *path, struct job_promp
 
 /* prompt, as OpenAI's completions take it: a string, a list of strings, a
  * list of token ids, or a list of lists of token ids. Each prompt gets its
- * own n choices, written prompt by prompt. */
-int jp_parse_prompt(struct jp_ctx *c, int i)
+ * own n choices, written prompt by prompt. Embeddings' input has the same
+ * shape: field `name`, at most max_n of them. */
+int jp_parse_prompt(struct jp_ctx *c, int i, const char *name, int max_n)
 {
     struct job_request *r = c->r;
     char path[JP_PATH_MAX];
-    jp_path_of(c, "prompt", path);
+    jp_path_of(c, name, path);
     const char *what = "a string, a list of strings, a list of token ids or a list of lists of token ids";
     enum json_kind k = json_kind(c->j, i);
     int n = 1, first = i;
@@ -216,9 +217,9 @@ int jp_parse_prompt(struct jp_ctx *c, int i)
     } else if (k != JSON_STRING) {
         return jp_fail_type(c, path, what);
     }
-    if (n > JOB_MAX_PROMPTS)
-        return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' holds %d prompts; at most %d are allowed", path, n,
-                       JOB_MAX_PROMPTS);
+    if (n > max_n)
+        return jp_fail(c, JOB_ERR_INVALID_VALUE, path, "field '%s' holds %d %s; at most %d are allowed", path, n,
+                       strcmp(name, "prompt") ? "inputs" : "prompts", max_n);
     r->prompts = kvb_calloc((size_t)n, sizeof *r->prompts);
     if (!r->prompts) return jp_fail_nomem(c);
     enum json_kind want = list ? json_kind(c->j, first) : k;

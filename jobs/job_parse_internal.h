@@ -48,7 +48,10 @@ void jp_key_name(const struct jp_ctx *c, int k, char *buf, size_t cap);
 int jp_fail_unknown(struct jp_ctx *c, const char *path, const char *name, const char *extra);
 int jp_check_members(struct jp_ctx *c, int obj, const char *path, const char *const *names, size_t n);
 int jp_parse_messages(struct jp_ctx *c, int arr);
-int jp_parse_prompt(struct jp_ctx *c, int i);
+int jp_parse_prompt(struct jp_ctx *c, int i, const char *name, int max_n);
+/* job_parse_pool.c: the body of an embeddings, score or rerank line (its
+ * fields, checked against that endpoint's). */
+int jp_parse_pooled(struct jp_ctx *c, int body);
 int jp_parse_sampling(struct jp_ctx *c, int obj);
 int jp_parse_output_form(struct jp_ctx *c, int obj);
 /* job_parse_constraint.c: structured_outputs and guided_*; the claim of the

@@ -59,10 +59,11 @@ struct cu_layer {
 };
 
 /* What the device work of a step depends on besides the index values:
- * tokens, logits rows (greedy ones included), greedy rows, and attention
- * tiles (0 when the per-(token, head) kernel runs). */
+ * tokens, logits rows (greedy ones included), greedy rows, attention
+ * tiles (0 when the per-(token, head) kernel runs), and hidden-state rows
+ * (BE_HIDDEN_*). */
 struct step_shape {
-    int64_t n_tok, n_out, n_am, n_tiles;
+    int64_t n_tok, n_out, n_am, n_tiles, n_hid;
 };
 
 /* A step enqueues ~10 launches per layer; for small steps the host's
@@ -130,6 +131,7 @@ struct cuda_be {
     float *gu;     /* (cap_tok, 2*n_ff) */
     uint16_t *xb;  /* (cap_tok, max(n_embd, q_dim, n_ff)) bf16 GEMM input */
     float *logits; /* (cap_out, n_vocab) */
+    float *hidden; /* (cap_tok, n_embd) final-norm rows of BE_HIDDEN_* sequences, f32 */
     /* Step indices: tokens | positions | table offsets | output rows |
      * greedy rows | block tables, uploaded in one copy from pinned memory;
      * then the greedy choices, copied back into the same buffer. */
@@ -244,9 +246,9 @@ int64_t be_cuda_weight_bytes(const struct model *m)
 
 static void free_scratch(struct cuda_be *c)
 {
-    void *bufs[] = {c->x, c->proj, c->qkv, c->gu, c->xb, c->logits};
+    void *bufs[] = {c->x, c->proj, c->qkv, c->gu, c->xb, c->logits, c->hidden};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
-    c->x = c->proj = c->qkv = c->gu = c->logits = NULL;
+    c->x = c->proj = c->qkv = c->gu = c->logits = c->hidden = NULL;
     c->xb = NULL;
     c->cap_tok = c->cap_out = 0;
 }
@@ -460,6 +462,7 @@ static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_o
             {&c->gu, nt * 2 * f * 4},
             {&c->xb, (nt > no ? nt : no) * wide * 2},
             {&c->logits, no * hp->n_vocab * 4},
+            {&c->hidden, nt * e * 4},
         };
         int64_t total = 0;
         for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) total += b[i].bytes;
@@ -547,7 +550,10 @@ static void download_rows(struct step *s, const struct be_batch *batch, float *l
     int64_t dev = 0, host = 0, run_dev = 0, run_n = 0; /* next device row, next host row, pending run */
     for (int32_t i = 0; i <= batch->n_seqs; i++) {
         const struct be_seq *sq = i < batch->n_seqs ? &batch->seqs[i] : NULL;
-        const int64_t n = !sq ? 0 : sq->logits == BE_LOGITS_ALL ? sq->n_tokens : sq->logits == BE_LOGITS_NONE ? 0 : 1;
+        const int64_t n = !sq                                                              ? 0
+                          : sq->logits == BE_LOGITS_ALL                                    ? sq->n_tokens
+                          : sq->logits == BE_LOGITS_LAST || sq->logits == BE_LOGITS_ARGMAX ? 1
+                                                                                           : 0;
         const bool down = sq && (sq->logits == BE_LOGITS_ALL || sq->logits == BE_LOGITS_LAST);
         if (down && run_n > 0 && run_dev + run_n == dev) {
             run_n += n;
@@ -567,18 +573,19 @@ static void download_rows(struct step *s, const struct be_batch *batch, float *l
 
 /* Where a step's indices live in h_idx / d_idx (int32 entries):
  *   tokens | positions | table offsets | output rows | greedy rows |
- *   greedy choices | attention tiles (room for n_tok) | block tables
+ *   greedy choices | hidden rows | attention tiles (room for n_tok) |
+ *   block tables
  * With n_groups groups of layers (backend.h's paging) the table offsets
  * are n_groups arrays, one per group (token t's offset into that group's
  * tables), and the block tables n_groups of them, of pages, one after
- * another. Every offset but the end depends only on (n_tok, n_out, n_am)
- * and the backend's n_groups, so a captured graph's pointers hold for any
- * later step of the same shape; the block tables, whose length varies from
- * step to step, come last. The whole
+ * another. Every offset but the end depends only on (n_tok, n_out, n_am,
+ * n_hid) and the backend's n_groups, so a captured graph's pointers hold for
+ * any later step of the same shape; the block tables, whose length varies
+ * from step to step, come last. The whole
  * span is uploaded (the choices' part is overwritten on the device) and
  * the choices come back alone. */
 struct step_layout {
-    int64_t tok, pos, tab, rows, arows, amax, tiles, blocks, end;
+    int64_t tok, pos, tab, rows, arows, amax, hrows, tiles, blocks, end;
 };
 
 static void layout_of(const struct step_shape *sh, int32_t n_groups, int64_t n_tab, struct step_layout *o)
@@ -589,7 +596,8 @@ static void layout_of(const struct step_shape *sh, int32_t n_groups, int64_t n_t
     o->rows = (2 + n_groups) * sh->n_tok;
     o->arows = o->rows + sh->n_out;
     o->amax = o->arows + sh->n_am;
-    o->tiles = o->amax + sh->n_am;
+    o->hrows = o->amax + sh->n_am;
+    o->tiles = o->hrows + sh->n_hid;
     o->blocks = o->tiles + 2 * sh->n_tok;
     o->end = o->blocks + n_groups * n_tab;
 }
@@ -735,6 +743,13 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
                                hp->n_vocab, cs),
                     "greedy choice");
     }
+    /* Hidden-state rows (pooling): the final norm in f32, into `hidden`
+     * in sequence order, no head. */
+    if (sh->n_hid > 0 && !s->what)
+        step_cu(
+            s,
+            kcu_rmsnorm(c->hidden, e, c->x, e, c->d_idx + lo.hrows, (int32_t)sh->n_hid, 1, ne, c->output_norm, eps, cs),
+            "output norm (hidden states)");
 }
 
 /* ---- CUDA graphs ------------------------------------------------------------------------- */
@@ -798,7 +813,7 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     if (n_tok > 0x7fffffff / hp->n_head)
         return kvb_errf(err, KVB_ERR_RANGE, "a step of %lld tokens is too large", (long long)n_tok);
     KVB_FORWARD_IF_ERROR(cu_check(cudaSetDevice(c->device), err, "select device"));
-    struct step_shape ss = {n_tok, n_out, n_am, 0};
+    struct step_shape ss = {n_tok, n_out, n_am, 0, sh.n_hidden};
     struct step_layout lo;
     const int32_t G = be->n_groups;
     layout_of(&ss, G, n_tab, &lo);
@@ -808,9 +823,9 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
      * ones included; `arows` says which of them are greedy. */
     int32_t *tok = c->h_idx + lo.tok, *pos = c->h_idx + lo.pos, *tab = c->h_idx + lo.tab;
     int32_t *rows = c->h_idx + lo.rows, *arows = c->h_idx + lo.arows, *blocks = c->h_idx + lo.blocks;
-    int32_t *tiles = c->h_idx + lo.tiles;
+    int32_t *tiles = c->h_idx + lo.tiles, *hrows = c->h_idx + lo.hrows;
     const int32_t *h_amax = c->h_idx + lo.amax;
-    int64_t t = 0, r = 0, nb = 0, na = 0;
+    int64_t t = 0, r = 0, nb = 0, na = 0, nh = 0;
     for (int32_t i = 0; i < batch->n_seqs; i++) {
         const struct be_seq *sq = &batch->seqs[i];
         /* Tensor-core attention tiles: runs of the sequence's tokens. */
@@ -825,7 +840,10 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
             for (int32_t g = 0; g < G; g++) tab[g * n_tok + t] = (int32_t)(g * n_tab + nb);
             const bool last = j == sq->n_tokens - 1;
             if (sq->logits == BE_LOGITS_ARGMAX && last) arows[na++] = (int32_t)r;
-            if (sq->logits == BE_LOGITS_ALL || (sq->logits != BE_LOGITS_NONE && last)) rows[r++] = (int32_t)t;
+            if (sq->logits == BE_LOGITS_ALL ||
+                ((sq->logits == BE_LOGITS_LAST || sq->logits == BE_LOGITS_ARGMAX) && last))
+                rows[r++] = (int32_t)t;
+            if (sq->logits == BE_HIDDEN_ALL || (sq->logits == BE_HIDDEN_LAST && last)) hrows[nh++] = (int32_t)t;
         }
         if (!c->map) memcpy(blocks + nb, sq->block_table, sizeof(int32_t) * (size_t)sq->n_blocks);
         for (int32_t g = 0; c->map && g < G; g++) /* the pages of each group */
@@ -865,6 +883,10 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
         step_cu(&s, cudaMemcpyAsync((void *)h_amax, c->d_idx + lo.amax, (size_t)n_am * 4, cudaMemcpyDeviceToHost, cs),
                 "download greedy choices");
     if (n_out > 0 && !s.what) download_rows(&s, batch, logits);
+    if (nh > 0 && !s.what)
+        step_cu(&s,
+                cudaMemcpyAsync(batch->hidden, c->hidden, (size_t)(nh * hp->n_embd) * 4, cudaMemcpyDeviceToHost, cs),
+                "download hidden states");
     /* Always synchronise, failed or not: the pinned index buffer may only be
      * refilled once this step's copy of it is done. */
     step_cu(&s, cudaStreamSynchronize(cs), "step");
@@ -1032,6 +1054,10 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
                         "(head_dim <= %d, whole groups)",
                         hp->head_dim, hp->n_head, hp->n_head_kv, KCU_ATTN_MAX_HEAD_DIM);
     KVB_FORWARD_IF_ERROR(kv_type_check(o->kv_type, hp->head_dim, err));
+    if (m->ops.encoder)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "CUDA backend: encoders (bert) are computed by the CPU backend only (run with --device cpu)");
+
     struct cuda_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     c->m = m;

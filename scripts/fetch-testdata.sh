@@ -25,7 +25,7 @@ SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 SDIST="llama_cpp_python-$VERSION.tar.gz"
 # Vocabularies whose tokenizer kvbatch implements (model and pre-tokenizer);
 # test_tokenizer checks every one of them against its vectors.
-VOCABS="gpt-2 starcoder llama-spm phi-3 llama-bpe qwen2"
+VOCABS="gpt-2 starcoder llama-spm phi-3 llama-bpe qwen2 bert-bge"
 
 DEST="${KVBATCH_TESTDATA:-$HOME/.cache/kvbatch/testdata}"
 STAMP="$DEST/.llama-cpp-python-$VERSION"
@@ -92,7 +92,10 @@ PY
 }
 fetch_gemma3
 
-if [ -f "$STAMP" ]; then
+have_vocabs() { # every vocabulary of VOCABS extracted (the list grows: a stamp alone does not say)
+  for v in $VOCABS; do [ -f "$DEST/tokenizer/ggml-vocab-$v.gguf.out" ] || return 1; done
+}
+if [ -f "$STAMP" ] && have_vocabs; then
   echo "fetch-testdata: $DEST is present (llama-cpp-python $VERSION)"
   exit 0
 fi

@@ -23,6 +23,8 @@
  *    for come back bit-identical, in their places; through the scheduler,
  *    greedy requests give the same tokens whether their logits come back
  *    to the host (as logprobs need) or not, beside sampled requests;
+ *  - hidden-state rows (BE_HIDDEN_ALL / BE_HIDDEN_LAST, for pooling) beside
+ *    a logits row in one step: NMSE < 1e-3 against the CPU backend's;
  *  - CUDA graphs: decode steps replayed from captured graphs give the same
  *    logits and choices, bit for bit, as the same steps launched one by one
  *    (graphs are really used: counted), and the scheduler's tokens do not
@@ -121,7 +123,7 @@ static bool step1(struct backend *be, const int32_t *a, const int32_t *b, bool a
         {.tokens = a, .n_tokens = 37, .pos = 0, .block_table = TABLE_A, .n_blocks = 3, .logits = BE_LOGITS_ALL},
         {.tokens = b, .n_tokens = 21, .pos = 0, .block_table = TABLE_B, .n_blocks = 2, .logits = BE_LOGITS_LAST},
     };
-    struct be_batch batch = {s, alone ? 1 : 2, NULL};
+    struct be_batch batch = {s, alone ? 1 : 2, NULL, NULL};
     struct kvb_err err = {{0}};
     enum kvb_status st = be->forward(be, &batch, logits, &err);
     CHECK_MSG(st == KVB_OK, "%s step 1: %s", be->name, err.msg);
@@ -136,7 +138,7 @@ static bool step2(struct backend *be, const int32_t *a, const int32_t *b, bool a
         {.tokens = a + 37, .n_tokens = 1, .pos = 37, .block_table = TABLE_A, .n_blocks = 3, .logits = BE_LOGITS_LAST},
         {.tokens = b + 21, .n_tokens = 10, .pos = 21, .block_table = TABLE_B, .n_blocks = 2, .logits = BE_LOGITS_ALL},
     };
-    struct be_batch batch = {s, alone ? 1 : 2, NULL};
+    struct be_batch batch = {s, alone ? 1 : 2, NULL, NULL};
     struct kvb_err err = {{0}};
     enum kvb_status st = be->forward(be, &batch, logits, &err);
     CHECK_MSG(st == KVB_OK, "%s step 2: %s", be->name, err.msg);
@@ -426,7 +428,7 @@ static int three_step(struct backend *be, const int32_t *a, const int32_t *b, co
         s[i].logits = mode[i];
         rows += mode[i] == BE_LOGITS_ALL ? s[i].n_tokens : mode[i] == BE_LOGITS_LAST;
     }
-    struct be_batch batch = {s, 3, amax};
+    struct be_batch batch = {s, 3, amax, NULL};
     struct kvb_err err = {{0}};
     enum kvb_status st = be->forward(be, &batch, logits, &err);
     CHECK_MSG(st == KVB_OK, "%s three-sequence step: %s", be->name, err.msg);
@@ -531,7 +533,7 @@ static void check_graphs(const char *label, const struct model *m, const int32_t
                                         .n_blocks = nblk[i],
                                         .logits = i == 1 ? BE_LOGITS_LAST : BE_LOGITS_ARGMAX};
             }
-            struct be_batch batch = {sq, 3, amax[g][k]};
+            struct be_batch batch = {sq, 3, amax[g][k], NULL};
             struct kvb_err err = {{0}};
             CHECK_MSG(be[g]->forward(be[g], &batch, lg[g], &err) == KVB_OK, "%s graphs %s: %s", label, g ? "on" : "off",
                       err.msg);
@@ -825,6 +827,39 @@ static void check_kv_types(const char *label, const struct model *m, const int32
     kvb_free(lx);
 }
 
+/* Hidden-state rows (BE_HIDDEN_*, what pooling reads) beside a logits row
+ * in one step: A's 37 prefill rows (BE_HIDDEN_ALL), B's last logits
+ * (BE_LOGITS_LAST) and the last of 20 tokens of A from position 5
+ * (BE_HIDDEN_LAST): every hidden row against the CPU backend's (NMSE <
+ * 1e-3, as logits), and B's logits row in its place. */
+static void check_hidden(const char *label, const struct model *m, const int32_t *a, const int32_t *b)
+{
+    static const int32_t table_c[2] = {1, 3};
+    const int32_t e = m->hp.n_embd, nv = m->hp.n_vocab;
+    float *hc = kvb_malloc(sizeof(float) * (size_t)e * 38), *hg = kvb_malloc(sizeof(float) * (size_t)e * 38);
+    float *lc = kvb_malloc(sizeof(float) * (size_t)nv), *lg = kvb_malloc(sizeof(float) * (size_t)nv);
+    struct backend *cpu = make_be(m, false, false), *gpu = make_be(m, true, false);
+    struct be_seq s[3] = {
+        {.tokens = a, .n_tokens = 37, .pos = 0, .block_table = TABLE_A, .n_blocks = 3, .logits = BE_HIDDEN_ALL},
+        {.tokens = b, .n_tokens = 21, .pos = 0, .block_table = TABLE_B, .n_blocks = 2, .logits = BE_LOGITS_LAST},
+        {.tokens = a + 5, .n_tokens = 20, .pos = 0, .block_table = table_c, .n_blocks = 2, .logits = BE_HIDDEN_LAST},
+    };
+    struct kvb_err err = {{0}};
+    if (cpu && gpu && hc && hg && lc && lg) {
+        struct be_batch bc = {s, 3, NULL, hc}, bg = {s, 3, NULL, hg};
+        CHECK_MSG(cpu->forward(cpu, &bc, lc, &err) == KVB_OK, "cpu hidden step: %s", err.msg);
+        CHECK_MSG(gpu->forward(gpu, &bg, lg, &err) == KVB_OK, "cuda hidden step: %s", err.msg);
+        compare_rows(label, "hidden rows: 37 (all) + 1 (last)", hg, hc, 38, e, false);
+        compare_rows(label, "logits row beside hidden rows", lg, lc, 1, nv, false);
+    }
+    be_free(cpu);
+    be_free(gpu);
+    kvb_free(hc);
+    kvb_free(hg);
+    kvb_free(lc);
+    kvb_free(lg);
+}
+
 /* plumbing: also the greedy-choice checks, which test the backend's
  * bookkeeping rather than the model's arithmetic (one synthetic model and
  * the real one are enough; each costs minutes on the emulated device). */
@@ -846,6 +881,7 @@ static void check_model(const char *label, const struct model *m, const struct m
     compare_rows(label, "step 2: decode 1 + chunk 10 (all)", lg + 38 * (int64_t)nv, lc + 38 * (int64_t)nv, 11, nv,
                  false);
     compare_rows(label, "both steps", lg, lc, 49, nv, top1_vs_cpu);
+    check_hidden(label, m, a, b);
     /* The other attention kernel (f32 where tensor cores take the heads). */
     {
         attn_warp = true;

@@ -163,7 +163,7 @@ static void test_chunking_and_batching_exact(void)
          .n_blocks = 16,
          .logits = BE_LOGITS_ALL},
     };
-    struct be_batch b = {seqs, 2, NULL};
+    struct be_batch b = {seqs, 2, NULL, NULL};
     float *out = kvb_malloc(sizeof(float) * (size_t)nv * (n + 1));
     struct kvb_err err = {{0}};
     CHECK_MSG(be3->forward(be3, &b, out, &err) == KVB_OK, "%s", err.msg);
@@ -173,7 +173,7 @@ static void test_chunking_and_batching_exact(void)
     CHECK(!be3->argmax);
     int32_t amax[2] = {-7, -7};
     seqs[0].logits = BE_LOGITS_ARGMAX;
-    struct be_batch ba = {seqs, 2, amax};
+    struct be_batch ba = {seqs, 2, amax, NULL};
     CHECK(be3->forward(be3, &ba, out, &err) == KVB_ERR_INVALID_ARG);
     CHECK_MSG(strstr(err.msg, "sequence 0") != NULL, "%s", err.msg);
     CHECK(amax[0] == -7);

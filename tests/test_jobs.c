@@ -80,8 +80,9 @@ static void test_bad_shape(void)
     expect_err("{\"custom_id\":\"a\",\"method\":\"GET\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"x\"}}",
                JOB_ERR_INVALID_VALUE, "method");
     expect_err("{\"custom_id\":\"a\",\"method\":1,\"body\":{\"prompt\":\"x\"}}", JOB_ERR_INVALID_TYPE, "method");
-    expect_err("{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":{\"input\":\"x\"}}",
-               JOB_ERR_INVALID_VALUE, "url");
+    expect_err(
+        "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/images/generations\",\"body\":{\"prompt\":\"x\"}}",
+        JOB_ERR_INVALID_VALUE, "url");
     expect_err("{\"custom_id\":\"a\",\"url\":\"v1/completions\",\"body\":{\"prompt\":\"x\"}}", JOB_ERR_INVALID_VALUE,
                "url");
     {

@@ -294,7 +294,7 @@ static void check_batching(const char *label, const struct model *m)
         {.tokens = ids, .n_tokens = 48, .pos = 0, .block_table = tab_a, .n_blocks = 16, .logits = BE_LOGITS_ALL},
         {.tokens = third, .n_tokens = 5, .pos = 0, .block_table = tab_c, .n_blocks = 16, .logits = BE_LOGITS_LAST},
     };
-    struct be_batch b = {seqs, 3, NULL};
+    struct be_batch b = {seqs, 3, NULL, NULL};
     float *out = kvb_malloc(sizeof(float) * (size_t)(nv * 50));
     struct kvb_err err = {{0}};
     CHECK_MSG(be3->forward(be3, &b, out, &err) == KVB_OK, "%s", err.msg);
@@ -308,9 +308,9 @@ static void check_batching(const char *label, const struct model *m)
         {.tokens = &next, .n_tokens = 1, .pos = 48, .block_table = tab_a, .n_blocks = 16, .logits = BE_LOGITS_LAST},
         {.tokens = &next, .n_tokens = 1, .pos = 5, .block_table = tab_c, .n_blocks = 16, .logits = BE_LOGITS_LAST},
     };
-    struct be_batch db = {dec, 3, NULL};
+    struct be_batch db = {dec, 3, NULL, NULL};
     CHECK_MSG(be3->forward(be3, &db, out, &err) == KVB_OK, "%s", err.msg);
-    struct be_batch one = {&dec[1], 1, NULL};
+    struct be_batch one = {&dec[1], 1, NULL, NULL};
     CHECK_MSG(be3->forward(be3, &one, out + 3 * nv, &err) == KVB_OK, "%s", err.msg);
     CHECK_MSG(memcmp(out + nv, out + 3 * nv, sizeof(float) * (size_t)nv) == 0,
               "%s: a decode step's logits depend on the batch", label);

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "store/pstore/pstore.h"
+#include "store/pstore/pstore_results.h"
 #include "support/testutil.h"
 
 #define NBLK 4
@@ -95,8 +96,54 @@ static struct chain CH[N_CH], FRESH[2];
 enum damage { TRUNC_TWO_PAGES, TRUNC_EMPTY, ZERO_META, OVERWRITE_ROOT, N_DAMAGE };
 static const char *const damage_name[] = {"truncated to two pages", "truncated to nothing", "meta pages zeroed",
                                           "main root page overwritten"};
-enum op { OP_LOAD, OP_CONTAINS, OP_WRITE, N_OP };
-static const char *const op_name[] = {"load", "lookup", "write"};
+enum op { OP_LOAD, OP_CONTAINS, OP_WRITE, OP_RESULTS, N_OP };
+static const char *const op_name[] = {"load", "lookup", "write", "results"};
+
+/* Results (pstore_results.h): N_RES vectors of RES_DIM floats, each from 40
+ * tokens of its own; seed s makes result i's tokens and values. */
+#define N_RES 300
+#define RES_DIM 256
+static void result_make(int i, int32_t *tok, float *v)
+{
+    uint64_t s = 5000 + (uint64_t)i;
+    for (int k = 0; k < 40; k++) tok[k] = (int32_t)(next(&s) % 50000);
+    for (int k = 0; k < RES_DIM; k++) v[k] = (float)(int64_t)(next(&s) % 2001 - 1000) / 1000.0f;
+}
+
+/* Gets every result: -1 when one came back with other values than stored,
+ * else how many hit. */
+static int results_get(struct pstore *ps, const struct pstore_rspace *sp)
+{
+    int hits = 0;
+    for (int i = 0; i < N_RES; i++) {
+        int32_t tok[40];
+        float want[RES_DIM], got[RES_DIM];
+        result_make(i, tok, want);
+        struct pstore_key key;
+        pstore_result_key(sp, tok, 40, &key);
+        bool hit = false;
+        struct kvb_err err = {{0}};
+        if (pstore_result_get(ps, sp, &key, tok, 40, got, RES_DIM, &hit, &err) != KVB_OK) continue; /* a miss */
+        if (hit && memcmp(got, want, sizeof want)) return -1;
+        hits += hit;
+    }
+    return hits;
+}
+
+static void results_put(struct pstore *ps, const struct pstore_rspace *sp, int from, int to)
+{
+    for (int i = from; i < to; i++) {
+        int32_t tok[40];
+        float v[RES_DIM];
+        result_make(i, tok, v);
+        struct pstore_key key;
+        pstore_result_key(sp, tok, 40, &key);
+        struct kvb_err err = {{0}};
+        (void)pstore_result_put(ps, sp, &key, tok, 40, v, RES_DIM, &err);
+    }
+    struct kvb_err err = {{0}};
+    (void)pstore_results_flush(ps, &err);
+}
 
 /* The newer meta page's main-database root (LMDB 0.9, 64-bit). */
 static uint64_t main_root(int fd)
@@ -152,9 +199,14 @@ static int child_case(const char *dir, enum damage d, enum op op)
     if (pstore_open(dir, &o, &ps, &err) != KVB_OK) return fprintf(stderr, "open: %s\n", err.msg), 1;
     for (int i = 0; i < N_CH; i++) chain_put(ps, &CH[i]);
     pstore_flush(ps);
+    struct pstore_rspace sp;
+    const uint32_t params = 7;
+    if (pstore_rspace_init(&sp, FP_A, &params, sizeof params, &err) != KVB_OK) return 1;
+    results_put(ps, &sp, 0, N_RES / 2);
     int bad = 0;
     for (int i = 0; i < N_CH; i++)
         if (chain_load(ps, &CH[i]) != NBLK) bad = 1; /* all there before the damage */
+    if (results_get(ps, &sp) != N_RES / 2) bad = 1;
     damage(dir, d);
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < N_CH; i++) {
@@ -164,6 +216,10 @@ static int child_case(const char *dir, enum damage d, enum op op)
         if (op == OP_WRITE) {
             chain_put(ps, &FRESH[round]);
             pstore_flush(ps);
+        }
+        if (op == OP_RESULTS) {
+            if (results_get(ps, &sp) < 0) bad = 1; /* wrong values: never */
+            results_put(ps, &sp, N_RES / 2, N_RES);
         }
     }
     struct pstore_stats st;
@@ -183,6 +239,7 @@ static int child_case(const char *dir, enum damage d, enum op op)
         pstore_flush(ps);
         pstore_get_stats(ps, &st);
         if (st.blocks_dropped < dropped + NBLK) bad = 1;
+        if (results_get(ps, &sp) != 0) bad = 1;
     }
     pstore_close(ps);
     return bad;
@@ -223,7 +280,8 @@ static void test_damage_under_use(const char *base)
             rm_rf(dir);
             n++;
         }
-    printf("damage under use: %d cases (4 kinds of damage x load, lookup, write), no crash, no wrong bytes\n", n);
+    printf("damage under use: %d cases (4 kinds of damage x load, lookup, write, results), no crash, no wrong bytes\n",
+           n);
 }
 
 /* ---- faults that are not the store's ----------------------------------------- */

@@ -112,12 +112,14 @@ static enum kvb_status wrap_forward(struct backend *be, const struct be_batch *b
         w->seqs[i] = b->seqs[i];
         if (w->seqs[i].logits == BE_LOGITS_ARGMAX) w->seqs[i].logits = BE_LOGITS_LAST;
     }
-    struct be_batch inner = {w->seqs, b->n_seqs, NULL};
+    struct be_batch inner = {w->seqs, b->n_seqs, NULL, b->hidden};
     KVB_FORWARD_IF_ERROR(w->inner->forward(w->inner, &inner, w->buf, err));
     int64_t r = 0, host = 0;
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const struct be_seq *q = &b->seqs[i];
-        const int64_t n = q->logits == BE_LOGITS_ALL ? q->n_tokens : q->logits == BE_LOGITS_NONE ? 0 : 1;
+        const int64_t n = q->logits == BE_LOGITS_ALL                                     ? q->n_tokens
+                          : q->logits == BE_LOGITS_LAST || q->logits == BE_LOGITS_ARGMAX ? 1
+                                                                                         : 0;
         if (w->poison && n == 1 && q->pos + q->n_tokens == (int32_t)n_prompts[POISONED] + 2) {
             float *row = w->buf + r * nv;
             if (w->poison == 1)

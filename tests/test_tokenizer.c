@@ -94,6 +94,9 @@ static void check_vectors(const char *dir, const char *name)
     if (!inp || !outs || !t) goto done;
 
     size_t n_total = 0, n_pass = 0, n_rt = 0, n_rt_pass = 0;
+    /* WordPiece (bert) lowercases, strips accents and drops white space:
+     * decoding cannot give the input back, only its words */
+    const bool lossy = strstr(name, "-bert") != NULL;
     const char *p = inp, *end = inp + inp_len, *line = outs, *lend = outs + out_len;
     clock_t t0 = clock();
     for (;;) {
@@ -119,7 +122,7 @@ static void check_vectors(const char *dir, const char *name)
         /* decode(encode(x)) == x (all vectors are valid UTF-8) */
         char *back = NULL;
         size_t back_len = 0;
-        if (got && tok_decode(t, got, n_got, &back, &back_len) == KVB_OK) {
+        if (!lossy && got && tok_decode(t, got, n_got, &back, &back_len) == KVB_OK) {
             n_rt++;
             if (back_len == len && memcmp(back, p, len) == 0) {
                 n_rt_pass++;
@@ -140,7 +143,7 @@ static void check_vectors(const char *dir, const char *name)
     printf("%-28s %zu/%zu vectors exact, %zu/%zu round-trip (%.1f ms)\n", name, n_pass, n_total, n_rt_pass, n_rt, ms);
     CHECK(n_total > 0);
     CHECK_EQ_INT(n_pass, n_total);
-    CHECK_EQ_INT(n_rt_pass, n_total);
+    if (!lossy) CHECK_EQ_INT(n_rt_pass, n_total);
 done:
     tok_free(t);
     free(inp);
@@ -525,7 +528,7 @@ static void check_refusals(void)
     static const struct {
         const char *model, *pre, *expect;
     } k_cases[] = {
-        {"bert", NULL, "bert"},
+        {"ugm", NULL, "ugm"},
         {"t5", NULL, "t5"},
         {"rwkv", NULL, "rwkv"},
         {"gpt2", "tekken-like", "tekken-like"},
@@ -572,12 +575,13 @@ int main(void)
     }
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tokenizer", td);
-    /* The vocabularies this tokenizer handles, named rather than listed from
-     * the directory: the test data cache is shared by every checkout on the
-     * machine, and a newer one may have added vocabularies this one refuses. */
+    /* The vocabularies this tokenizer handles (fetch-testdata.sh's VOCABS),
+     * named rather than listed from the directory: the test data cache is
+     * shared by every checkout on the machine, and a newer one may have
+     * added vocabularies this one refuses. */
     static const char *const k_vocabs[] = {
-        "ggml-vocab-gpt-2.gguf", "ggml-vocab-starcoder.gguf", "ggml-vocab-llama-spm.gguf",
-        "ggml-vocab-phi-3.gguf", "ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf",
+        "ggml-vocab-gpt-2.gguf",     "ggml-vocab-starcoder.gguf", "ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf",
+        "ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf",     "ggml-vocab-bert-bge.gguf",
     };
     for (size_t i = 0; i < sizeof k_vocabs / sizeof k_vocabs[0]; i++) {
         char path[1600];

@@ -200,7 +200,7 @@ static int run_mode(const struct model *m, bool det, enum kv_type kt, int32_t ct
     {
         struct bench_batch b;
         batch_make(&b, pf_seqs, pf_len, 0, per_seq_pf, hp->n_vocab);
-        struct be_batch bb = {b.seqs, pf_seqs, NULL};
+        struct be_batch bb = {b.seqs, pf_seqs, NULL, NULL};
         const double dt = time_steps(be, &bb, 1, 3, logits, &failed);
         const double toks = (double)pf_seqs * pf_len;
         /* attention: q·k and p·v over the causal triangle, per layer and head */
@@ -226,7 +226,7 @@ static int run_mode(const struct model *m, bool det, enum kv_type kt, int32_t ct
         struct bench_batch b;
         batch_make(&b, n, 1, ctx, per_seq_dec, hp->n_vocab);
         for (int32_t i = 0; i < n; i++) b.seqs[i].logits = BE_LOGITS_ARGMAX;
-        struct be_batch bb = {b.seqs, n, amax};
+        struct be_batch bb = {b.seqs, n, amax, NULL};
         const double dt = time_steps(be, &bb, graphs ? 2 : 1, steps, logits, &failed);
         const char *off = NULL;
         const int64_t launches = be_cuda_graph_launches(be, &off);

@@ -165,6 +165,38 @@ enum kvb_status admit_prompt_text(const struct admit_ctx *ctx, const struct job_
                                   struct admit_text *out, struct job_error *e);
 void admit_text_free(struct admit_text *t); /* accepts a zeroed one */
 
+/* ---- pooled lines: embeddings, score, rerank (admit_pool.c) ---------------------- */
+
+/* What the run can pool (runner_pool.c decides it from the model and the
+ * options). */
+struct admit_pool_cfg {
+    bool embed;           /* embeddings can be made: a pooling is known */
+    const char *no_embed; /* when not: why, and which option to give (NUL-terminated) */
+    bool rank;            /* score and rerank pairs go through the model's classification head; else
+                             they are the cosine of the two texts' embeddings (vLLM's rule) */
+    int32_t n_embd;       /* width of an embedding */
+    bool encoder_pairs;   /* a pair is BOS a EOS b EOS (BERT's [CLS] a [SEP] b [SEP]), not a then b */
+};
+
+/* What one sequence of a pooled line is. */
+enum admit_item { ADMIT_ITEM_EMBED = 0, ADMIT_ITEM_PAIR };
+
+/* Prepares a pooled line (job_url_pooled): plan->prompts are its sequences
+ * and plan->n_choices their count — embeddings: one per input; score and
+ * rerank with a classification head: one per pair (text_1 and text_2, or
+ * the query and a document, tokenized as one text: vLLM's prompt for a
+ * causal reranker, the query's text followed by the document's); without
+ * one: the texts of both sides, each embedded, text_1's first. *kind says
+ * which. Text is tokenized with the tokenizer's BOS and EOS (unless
+ * add_special_tokens is false; token ids are used as given), a pair with
+ * control tokens read as such (a reranker's template is written in them).
+ * Errors as admit_prepare: a field the model cannot serve (embeddings
+ * without a pooling, dimensions above the width) names the field and the
+ * option that would. */
+enum kvb_status admit_prepare_pooled(struct admit_ctx *ctx, const struct admit_pool_cfg *cfg,
+                                     const struct job_request *q, struct admit_plan *plan, enum admit_item *kind,
+                                     struct job_error *e);
+
 /* Whether token is one of q's stop_token_ids. */
 bool admit_is_stop_token(const struct job_request *q, int32_t token);
 

@@ -145,6 +145,31 @@ static void print_layer(const struct model *m)
                fused_gu ? "gate and up from one ffn_up (gate rows first)" : "");
 }
 
+/* An encoder (bert) has none of the llama layer's parts: what it computes
+ * instead (model_ops.encoder). */
+static void print_encoder(const struct model *m)
+{
+    const struct model_encoder *e = &m->enc;
+    printf("positions:     learned absolute embeddings (%d positions)%s\n", e->n_pos,
+           e->type_embd.data ? ", token-type embeddings (type 1 after the first separator)" : "");
+    printf("attention:     bidirectional over each whole input (an encoder: no KV cache, no prefix sharing)\n");
+    printf("layer:         LayerNorm (eps %g) of the embeddings and after the attention's and the FFN's residual "
+           "adds; GELU FFN (ungated); biases on every projection\n",
+           (double)e->ln_eps);
+    printf("scales:        scores x%g\n", (double)m->ops.attn_scale);
+}
+
+static void print_pooling(const struct model *m)
+{
+    static const char *const name[] = {"none (a generative model; run --pooling mean|cls|last pools it)", "mean",
+                                       "cls (the first token)", "last (the last token)", "rank (a reranker)"};
+    printf("pooling:       %s", name[m->pooling]);
+    if (m->n_cls_out > 0)
+        printf("; classification head of %d output%s%s", m->n_cls_out, m->n_cls_out > 1 ? "s" : "",
+               m->cls.data ? " after a tanh pooler" : "");
+    printf("\n");
+}
+
 static void print_text(const struct model *m, const char *template_name)
 {
     struct tok *t = NULL;
@@ -229,11 +254,16 @@ int cli_info(int argc, char **argv)
            hp->head_dim, hp->n_vocab);
     print_types(m);
     printf("context:       %d trained", hp->n_ctx_train);
-    if (m->n_ctx_max != hp->n_ctx_train) printf(", %d with its RoPE scaling", m->n_ctx_max);
+    if (m->n_ctx_max != hp->n_ctx_train && !m->ops.encoder) printf(", %d with its RoPE scaling", m->n_ctx_max);
     printf("\n");
-    print_rope(m);
-    print_window(m);
-    print_layer(m);
+    if (m->ops.encoder) {
+        print_encoder(m);
+    } else {
+        print_rope(m);
+        print_window(m);
+        print_layer(m);
+    }
+    print_pooling(m);
     print_text(m, template_name);
     printf("fingerprint:   %s\n", m->fingerprint);
     model_free(m);

@@ -17,7 +17,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvbatch run --input JOBS.jsonl --output RESULTS.jsonl [options]\n"
                "\n"
                "Runs every request of a JSONL job (OpenAI Batch format, or the shorthand\n"
-               "{\"custom_id\":…, \"prompt\"|\"messages\":…}) and writes one result line per\n"
+               "{\"custom_id\":…, \"prompt\"|\"messages\"|\"input\":…}) and writes one result line per\n"
                "non-blank input line, as requests finish. Bad lines become error lines that\n"
                "name the line and field; the job goes on. Requests that share a prompt\n"
                "prefix share its KV cache, and are run close together to make that happen.\n"
@@ -65,6 +65,10 @@ static void usage(FILE *f)
                "      --cache-buffer SIZE  blocks waiting to be compressed and written, at most (default 64M);\n"
                "                           beyond it blocks are not stored, never waited for: raise it when the\n"
                "                           run summary says blocks were not stored\n"
+               "      --pooling P          how /v1/embeddings lines pool the final hidden states: mean | cls |\n"
+               "                           last (default: the model's own pooling_type; a generative model has\n"
+               "                           none and needs this option for embeddings)\n"
+               "      --no-normalize       embeddings as pooled, not L2-normalised\n"
                "      --scalar             plain C reference kernels (slow; for checking)\n"
                "  -q, --quiet              no progress or summary on stderr\n"
                "  -h, --help               this text\n"
@@ -147,6 +151,14 @@ int cli_run(int argc, char **argv)
             CLI_VAL();
             if (!cli_parse_size(a, val, &o.cache_buffer)) return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--scalar")) o.scalar = true;
+        else if (cli_opt_is(a, "--pooling")) {
+            CLI_VAL();
+            if (strcmp(val, "mean") && strcmp(val, "cls") && strcmp(val, "last")) {
+                fprintf(stderr, "kvbatch run: --pooling expects mean, cls or last, got '%s'\n", val);
+                return CLI_EXIT_USAGE;
+            }
+            o.pooling = val;
+        } else if (!strcmp(a, "--no-normalize")) o.no_normalize = true;
         else if (cli_opt_is(a, "--device")) {
             CLI_VAL();
             if (!be_select_device_valid(val)) {

@@ -3,7 +3,8 @@
  * Requests in flight live in a fixed table of slots (the look-ahead window);
  * each slot holds one input line and its choices (n per prompt, prompt by
  * prompt), and each choice is one scheduler sequence (user id = slot *
- * JOB_MAX_CHOICES + choice). A slot is written out and freed when its last
+ * RUNNER_UID_SPAN + choice); a pooled line's sequences (embeddings, score,
+ * rerank: runner_pool.c) are numbered the same way. A slot is written out and freed when its last
  * choice finishes. What a line needs before it can run (tokens, checks,
  * sampler parameters) is admit.c's. */
 #include "app/runner.h"
@@ -91,8 +92,8 @@ static bool cb_token(void *user, const struct sched_seq_info *info, int32_t toke
 
 static bool on_token(struct runner *r, const struct sched_seq_info *info, int32_t token)
 {
-    struct slot *s = &r->slots[info->user_id / JOB_MAX_CHOICES];
-    struct choice *c = &s->ch[info->user_id % JOB_MAX_CHOICES];
+    struct slot *s = &r->slots[info->user_id / RUNNER_UID_SPAN];
+    struct choice *c = &s->ch[info->user_id % RUNNER_UID_SPAN];
     const struct job_request *q = &s->req;
     if (s->failed) return true; /* a sibling choice failed: the line is an error whatever this one does */
     if (test_crash_is(r, q, TEST_CRASH_TOKEN)) *r->test_crash_null = 1; /* a real fault, as a bug would make */
@@ -142,8 +143,12 @@ static void cb_finish(void *user, const struct sched_seq_info *info, enum sched_
 
 static void on_finish(struct runner *r, const struct sched_seq_info *info, enum sched_finish why)
 {
-    struct slot *s = &r->slots[info->user_id / JOB_MAX_CHOICES];
-    struct choice *c = &s->ch[info->user_id % JOB_MAX_CHOICES];
+    struct slot *s = &r->slots[info->user_id / RUNNER_UID_SPAN];
+    if (job_url_pooled(s->req.url)) {
+        runner_pool_finish(r, s, info, why);
+        return;
+    }
+    struct choice *c = &s->ch[info->user_id % RUNNER_UID_SPAN];
     c->done = true;
     c->cached = info->cached_tokens;
     c->cached_store = info->store_tokens;
@@ -154,7 +159,7 @@ static void on_finish(struct runner *r, const struct sched_seq_info *info, enum 
     if (why == SCHED_FINISH_LENGTH) c->finish = JOB_FINISH_LENGTH;
     if (why == SCHED_FINISH_ERROR) fail_slot(s, info->error ? info->error : "internal error in the scheduler");
     /* a prompt's scores are the same for all its choices: its first keeps them */
-    if (why != SCHED_FINISH_ERROR && (info->user_id % JOB_MAX_CHOICES) % (uint64_t)s->req.n == 0 &&
+    if (why != SCHED_FINISH_ERROR && (info->user_id % RUNNER_UID_SPAN) % (uint64_t)s->req.n == 0 &&
         runner_keep_scores(c, info) != KVB_OK)
         fail_slot(s, "out of memory while keeping the prompt's scores");
     /* The bytes held back for a character the output ended inside of (cut
@@ -265,12 +270,13 @@ static bool submit_slot(struct runner *r, struct slot *s)
 {
     const struct job_request *q = &s->req;
     s->t_submit = cli_now();
+    if (job_url_pooled(q->url)) return runner_pool_submit(r, s);
     for (int32_t i = 0; i < s->n_choices; i++) {
         tok_stream_init(&s->ch[i].ts, r->tok);
         struct sampler_params sp;
         admit_choice_params(&s->plan, q, i, &sp);
         const struct admit_prompt *p = &s->plan.prompts[i / q->n];
-        uint64_t uid = (uint64_t)(s - r->slots) * JOB_MAX_CHOICES + (uint64_t)i;
+        uint64_t uid = (uint64_t)(s - r->slots) * RUNNER_UID_SPAN + (uint64_t)i;
         struct kvb_err err = {{0}};
         const unsigned flags = (q->logprobs ? SCHED_WANT_LOGITS : 0) | (job_scores_prompt(q) ? SCHED_SCORE_PROMPT : 0);
         const bool inject = test_crash_is(r, q, TEST_CRASH_QUEUE) && i == (s->n_choices > 1 ? 1 : 0);
@@ -319,6 +325,27 @@ static void crashed_error(const struct crashlog_line *b, uint64_t line_no, struc
                    b->sig, signal_name(b->sig), b->phase == 'p' ? " while it was being read" : "");
 }
 
+/* Whether the model can run a generating line (chat, completion): not an
+ * encoder, nor a reranker's file, whose head is its classifier (llama.cpp's
+ * converter drops a Qwen3-Reranker's LM head for cls.output). */
+static bool generates(const struct runner *r, const struct job_request *q, struct job_error *e)
+{
+    const struct model *m = r->model;
+    if (m->ops.encoder) {
+        job_error_setf(e, JOB_ERR_INVALID_REQUEST, q->line_no, "url",
+                       "this model is an encoder (bidirectional, no LM head): it takes /v1/embeddings, /v1/score and "
+                       "/v1/rerank lines, not %s",
+                       job_url_name(q->url));
+        return false;
+    }
+    if (m->pooling != MODEL_POOL_RANK) return true;
+    job_error_setf(e, JOB_ERR_INVALID_REQUEST, q->line_no, "url",
+                   "this model is a reranker (its file's pooling_type is rank): it takes /v1/score and /v1/rerank "
+                   "lines, not %s",
+                   job_url_name(q->url));
+    return false;
+}
+
 /* One line: parse, checks, preparation, then submission (or, for a line
  * that was in flight at a crash naming none, held to run alone). */
 static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash)
@@ -364,8 +391,16 @@ static bool admit_one(struct runner *r, const struct job_line *ln, uint64_t hash
         grammar_free(schema);
         return refuse(r, q, &e);
     }
-    if (admit_prepare(&r->admit, q, schema, &s->plan, &e) != KVB_OK) { /* the plan owns the grammar now */
-        if (stop_signal) { /* cut short: no error line, so that --resume runs it */
+    if (!job_url_pooled(q->url) && !generates(r, q, &e)) {
+        grammar_free(schema);
+        return refuse(r, q, &e);
+    }
+    const enum kvb_status pst = job_url_pooled(q->url)
+                                    ? admit_prepare_pooled(&r->admit, &r->pool_cfg, q, &s->plan, &s->item, &e)
+                                    : admit_prepare(&r->admit, q, schema, &s->plan, &e);
+    if (job_url_pooled(q->url)) grammar_free(schema); /* none: a pooled line has no output constraint */
+    if (pst != KVB_OK) {                              /* the plan owns the grammar now */
+        if (stop_signal) {                            /* cut short: no error line, so that --resume runs it */
             job_request_free(q);
             return true;
         }
@@ -442,8 +477,9 @@ static void progress(struct runner *r, bool final)
     sched_get_stats(r->sched, &st);
     double el = now - r->t0;
     double tps = el > 0 ? (double)(st.prefill_computed + st.decode_tokens) / el : 0;
-    double reuse =
-        st.prompt_tokens ? 100.0 * (double)(st.cached_tokens + st.store_tokens) / (double)st.prompt_tokens : 0;
+    /* sequences answered by the results cache reuse all their tokens */
+    const double all = (double)(st.prompt_tokens + r->result_tokens);
+    double reuse = all > 0 ? 100.0 * (double)(st.cached_tokens + st.store_tokens + r->result_tokens) / all : 0;
     char total[32] = "?", eta[32] = "?";
     if (r->total_lines >= 0) {
         snprintf(total, sizeof total, "%lld", (long long)r->total_lines);
@@ -659,7 +695,12 @@ static bool setup(struct runner *r)
     const bool gpu = strcmp(r->be->name, "cpu") != 0;
     r->max_batch = o->max_batch > 0 ? o->max_batch : gpu ? 256 : 128;
     r->max_step = o->max_step_tokens > 0 ? o->max_step_tokens : gpu ? 4096 : 512;
-    struct sched_opts so = {.max_batch = r->max_batch, .max_step_tokens = r->max_step, .n_ctx = r->n_ctx};
+    if (!runner_pool_setup(r)) return false;
+    struct sched_opts so = {.max_batch = r->max_batch,
+                            .max_step_tokens = r->max_step,
+                            .n_ctx = r->n_ctx,
+                            .n_hidden = r->model->hp.n_embd,
+                            .bidirectional = r->model->ops.encoder};
     struct sched_callbacks cb = {.user = r, .on_token = cb_token, .on_finish = cb_finish};
     if (sched_create(r->be, r->model->hp.n_vocab, &so, &cb, &r->sched, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: %s\n", err.msg);
@@ -672,7 +713,7 @@ static bool setup(struct runner *r)
         return false;
     }
     if (r->journal) {
-        if (crashlog_open(r->journal_path, r->n_slots, JOB_MAX_CHOICES, &err) != KVB_OK) {
+        if (crashlog_open(r->journal_path, r->n_slots, RUNNER_UID_SPAN, &err) != KVB_OK) {
             fprintf(stderr, "kvbatch run: warning: %s; a line that crashes the process would crash a resume too\n",
                     err.msg);
             r->journal = false;
@@ -682,6 +723,7 @@ static bool setup(struct runner *r)
      * on top of the journal's, so that a fault of a cache read the store
      * turns into a miss is not first recorded as a crash. */
     if (!o->no_cache) open_store(r);
+    runner_pool_store(r);
     if (!open_output(r)) return false;
 
     char mpath[4096];
@@ -833,6 +875,11 @@ static void print_summary(const struct runner *r, enum metrics_run_status status
             (long long)r->tot.requests_failed, (long long)r->skipped, (long long)r->tot.prompt_tokens,
             (long long)r->tot.cached_tokens_run, (long long)r->tot.cached_tokens_store, (long long)st->prefill_computed,
             (long long)r->tot.completion_tokens, r->tot.wall_seconds);
+    if (r->pooled_seqs > 0)
+        fprintf(stderr,
+                "kvbatch run: pooled: %lld sequences (embeddings, scores), %lld answered by the results cache "
+                "(%lld prompt tokens not computed)\n",
+                (long long)r->pooled_seqs, (long long)r->result_hits, (long long)r->result_tokens);
     if (r->be->window > 0 && st->seq_kv_peak > 0) { /* sliding-window layers: what a sequence really holds */
         const struct backend *be = r->be;
         const int64_t full = (int64_t)(st->seq_kv_peak_tokens + be->block_size - 1) / be->block_size * be->block_bytes;

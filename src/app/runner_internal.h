@@ -15,8 +15,10 @@
 #include "engine/pscore.h"
 #include "engine/scheduler.h"
 #include "jobs/job.h"
+#include "model/model.h"
 #include "store/metrics/metrics.h"
 #include "store/pstore/pstore.h"
+#include "store/pstore/pstore_results.h"
 #include "text/chat.h"
 #include "text/tok.h"
 
@@ -67,6 +69,11 @@ struct prompt_view {
     struct kvb_buf arena; /* the token texts */
 };
 
+/* A scheduler user id is slot * RUNNER_UID_SPAN + the sequence's index in
+ * its line (a choice, or an item of a pooled line). */
+#define RUNNER_UID_SPAN ((uint64_t)JOB_MAX_INPUTS)
+_Static_assert(JOB_MAX_INPUTS >= JOB_MAX_CHOICES, "a line's sequences fit its span of user ids");
+
 struct slot {
     bool used;
     struct job_request req;
@@ -78,6 +85,13 @@ struct slot {
     double t_submit;
     struct choice *ch;  /* (n_choices) */
     uint64_t line_hash; /* crashlog_hash of its input line */
+    /* pooled lines (embeddings, score, rerank; runner_pool.c): ch[i] times
+     * and counts item i */
+    enum admit_item item;  /* what its sequences are */
+    int32_t width;         /* floats of one item's result: n_embd, or 1 (a pair's logit) */
+    float *vals;           /* (n_choices, width) */
+    int32_t result_hits;   /* items answered by the persistent results cache */
+    int64_t result_tokens; /* their prompt tokens */
 };
 
 /* KVBATCH_TEST_CRASH=CUSTOM_ID:token|step makes the process crash (SIGSEGV)
@@ -124,6 +138,16 @@ struct runner {
     int64_t run_id;
     struct pstore *ps; /* persistent prefix cache, or NULL */
     struct pstore_model pm;
+    /* pooling (runner_pool.c) */
+    struct admit_pool_cfg pool_cfg;
+    enum model_pooling embed_pool; /* how embeddings pool (NONE: they cannot be made) */
+    unsigned pair_flag;            /* SCHED_POOL_* of a reranker's pair */
+    bool normalize;                /* embeddings L2-normalised */
+    char no_embed[320];            /* pool_cfg.no_embed's text */
+    bool have_rspace;              /* results are kept (a store, and spaces for them) */
+    struct pstore_rspace rs_embed, rs_pair;
+    int64_t result_hits, result_tokens; /* sequences the results cache answered, and their tokens */
+    int64_t pooled_seqs;                /* sequences of pooled lines */
     struct kvb_buf line;
     bool write_failed;
     /* progress and totals */
@@ -151,6 +175,26 @@ enum kvb_status runner_prompt_view(struct runner *r, const struct job_request *q
 void runner_prompt_view_free(struct prompt_view *v);
 /* Keeps info's prompt scores and ids in c (once). KVB_ERR_NOMEM. */
 enum kvb_status runner_keep_scores(struct choice *c, const struct sched_seq_info *info);
+
+/* Writes r->line to the output (and flushes it); false (and the run's write
+ * failed) when it cannot. */
+bool runner_write_line(struct runner *r);
+/* The metrics row of a slot whose result line was written, and the totals. */
+void runner_result_metrics(struct runner *r, const struct slot *s, int64_t prompt_tokens, int64_t completion,
+                           int64_t cached_run, int64_t cached_store);
+
+/* ---- pooled lines (runner_pool.c) ---- */
+/* Decides how the run pools (options, model); false with a message printed
+ * when the options cannot apply. Before the scheduler is made. */
+bool runner_pool_setup(struct runner *r);
+/* The results cache's spaces, once the store is open. */
+void runner_pool_store(struct runner *r);
+/* Submits a prepared pooled slot's items (those the results cache does not
+ * answer); writes its line at once when it answers all. False on a fatal
+ * error. */
+bool runner_pool_submit(struct runner *r, struct slot *s);
+/* A pooled slot's sequence ended. */
+void runner_pool_finish(struct runner *r, struct slot *s, const struct sched_seq_info *info, enum sched_finish why);
 
 /* Records the logprob of token (and the k most likely alternatives) for c. */
 enum kvb_status runner_lp_push(struct runner *r, struct choice *c, int32_t token, const float *logits, int k);

@@ -17,7 +17,7 @@
 /* False when the line is not on disk (this write or an earlier one failed):
  * then the request is not counted or recorded, since a --resume runs it
  * again. */
-static bool write_line(struct runner *r)
+bool runner_write_line(struct runner *r)
 {
     if (r->write_failed) return false;
     if (fwrite(r->line.data, 1, r->line.len, r->out) != r->line.len || fflush(r->out) != 0) {
@@ -52,7 +52,7 @@ void runner_emit_error(struct runner *r, const struct job_request *q, const stru
     r->line.len = 0;
     if (job_format_error_json(&r->line, custom_id, id_len, q ? q->custom_id_json : NULL, q ? q->custom_id_json_len : 0,
                               e) != KVB_OK ||
-        !write_line(r))
+        !runner_write_line(r))
         return;
     r->tot.requests_total++;
     r->tot.requests_failed++;
@@ -87,6 +87,8 @@ void runner_free_slot(struct runner *r, struct slot *s)
         for (int32_t i = 0; i < s->n_choices; i++) free_choice(&s->ch[i]);
     kvb_free(s->ch);
     s->ch = NULL;
+    kvb_free(s->vals);
+    s->vals = NULL;
     admit_plan_free(&s->plan);
     job_request_free(&s->req);
     s->used = false;
@@ -95,7 +97,7 @@ void runner_free_slot(struct runner *r, struct slot *s)
 
 /* The metrics row of a request whose result line was written, timed from
  * its choices' views, and the run's totals. */
-static void result_metrics(struct runner *r, const struct slot *s, int64_t prompt_tokens, int64_t completion,
+void runner_result_metrics(struct runner *r, const struct slot *s, int64_t prompt_tokens, int64_t completion,
                            int64_t cached_run, int64_t cached_store)
 {
     const struct job_request *q = &s->req;
@@ -231,14 +233,14 @@ void runner_emit_result(struct runner *r, struct slot *s)
     r->line.len = 0;
     bool written;
     if (!oom && job_format_result(&r->line, &res) == KVB_OK) {
-        written = write_line(r);
+        written = runner_write_line(r);
     } else {
         struct job_error e;
         job_error_setf(&e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory while formatting the result");
         r->line.len = 0;
         written = job_format_error_json(&r->line, q->custom_id, q->custom_id_len, q->custom_id_json,
                                         q->custom_id_json_len, &e) == KVB_OK &&
-                  write_line(r);
+                  runner_write_line(r);
     }
     kvb_free(jc);
     kvb_free(tl);
@@ -251,7 +253,7 @@ void runner_emit_result(struct runner *r, struct slot *s)
         r->lines_done++;
         return;
     }
-    result_metrics(r, s, prompt_tokens, completion, cached_run, cached_store);
+    runner_result_metrics(r, s, prompt_tokens, completion, cached_run, cached_store);
 }
 
 enum kvb_status runner_lp_push(struct runner *r, struct choice *c, int32_t token, const float *logits, int k)

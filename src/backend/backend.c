@@ -90,7 +90,13 @@ enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const 
         if (s->logits == BE_LOGITS_ARGMAX && (!be->argmax || !b->argmax))
             return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: greedy choice asked of %s, %s", i, be->name,
                             be->argmax ? "with nowhere to write it" : "which returns logits only");
+        const bool hidden = s->logits == BE_HIDDEN_LAST || s->logits == BE_HIDDEN_ALL;
+        if (hidden && !b->hidden)
+            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: hidden states asked with nowhere to write them", i);
+        if ((unsigned)s->logits > (unsigned)BE_HIDDEN_ALL)
+            return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: unknown output mode %d", i, (int)s->logits);
         sh.n_tok += s->n_tokens;
+        sh.n_hidden += s->logits == BE_HIDDEN_ALL ? s->n_tokens : s->logits == BE_HIDDEN_LAST ? 1 : 0;
         sh.n_argmax += s->logits == BE_LOGITS_ARGMAX;
         sh.n_out += s->logits == BE_LOGITS_ALL ? s->n_tokens : s->logits == BE_LOGITS_LAST ? 1 : 0;
         sh.n_tab += s->n_blocks;

@@ -36,14 +36,21 @@ struct be_seq {
      * NaN (sampler_greedy's rule), -1 when every logit is NaN or -inf. It
      * takes no row in the logits output: on a GPU the row never crosses to
      * the host, which for a 128 K vocabulary is most of what a decode step
-     * would copy back. */
-    enum { BE_LOGITS_NONE = 0, BE_LOGITS_LAST, BE_LOGITS_ALL, BE_LOGITS_ARGMAX } logits;
+     * would copy back.
+     * BE_HIDDEN_LAST / BE_HIDDEN_ALL (pooling: embeddings, rerankers): no
+     * logits row but the final-norm hidden state — the last layer's
+     * output after the model's final norm, the row the output head would
+     * read, what transformers' base model returns as last_hidden_state —
+     * of the last token / of every token, n_embd floats a row, written to
+     * batch->hidden in sequence order. */
+    enum { BE_LOGITS_NONE = 0, BE_LOGITS_LAST, BE_LOGITS_ALL, BE_LOGITS_ARGMAX, BE_HIDDEN_LAST, BE_HIDDEN_ALL } logits;
 };
 
 struct be_batch {
     const struct be_seq *seqs;
     int32_t n_seqs;
     int32_t *argmax; /* (n_seqs) out, entries of BE_LOGITS_ARGMAX sequences; NULL when none asks */
+    float *hidden;   /* (n_hidden, n_embd) out, the rows of BE_HIDDEN_* sequences; NULL when none asks */
 };
 
 struct backend {
@@ -126,13 +133,15 @@ struct be_batch_shape {
     int64_t n_tok;    /* tokens in the step */
     int64_t n_out;    /* logits rows asked for */
     int64_t n_argmax; /* BE_LOGITS_ARGMAX sequences */
+    int64_t n_hidden; /* hidden-state rows asked for (BE_HIDDEN_*) */
     int64_t n_tab;    /* block-table entries over all sequences */
     int32_t max_end;  /* largest pos + n_tokens */
 };
 
 /* Validates a batch for `be` (positive lengths, block tables long enough and
  * in range, token ids below n_vocab, BE_LOGITS_ARGMAX only where the backend
- * takes it and with batch->argmax to write to) and sums its shape. KVB_ERR_INVALID_ARG
+ * takes it and with batch->argmax to write to, BE_HIDDEN_* only with
+ * batch->hidden) and sums its shape. KVB_ERR_INVALID_ARG
  * or KVB_ERR_RANGE with a message naming the sequence. */
 enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const struct be_batch *b,
                                struct be_batch_shape *out, struct kvb_err *err);

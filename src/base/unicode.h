@@ -49,4 +49,19 @@ uint32_t unicode_decode_lenient(const char *s, size_t len, size_t *pos);
  * Code points past U+10FFFF are written as U+FFFD. */
 size_t unicode_encode(uint32_t cpt, char *out);
 
+/* ---- normalisation (BERT's WordPiece normalizer: unicode_norm.c) ------------- */
+
+#define UNICODE_NFD_MAX 4 /* code points of the longest canonical decomposition */
+
+/* The canonical decomposition (NFD) of cpt alone, fully applied (Hangul
+ * syllables by the standard's algorithm): writes 1..UNICODE_NFD_MAX code
+ * points into out, returns their count (1 and cpt itself when it does not
+ * decompose). Combining marks are not reordered across code points. */
+size_t unicode_nfd(uint32_t cpt, uint32_t out[UNICODE_NFD_MAX]);
+/* Python's str.lower() of cpt (the full mapping: 'İ' lowers to two code
+ * points): writes 1 or 2 code points into out, returns their count. */
+size_t unicode_lower(uint32_t cpt, uint32_t out[2]);
+/* General category Mn: a nonspacing mark, what accent stripping removes. */
+bool unicode_is_mn(uint32_t cpt);
+
 #endif

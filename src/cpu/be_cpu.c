@@ -23,6 +23,7 @@
 #include "base/dtype.h"
 #include "base/tpool.h"
 #include "cpu/attn.h"
+#include "cpu/enc_cpu.h"
 #include "cpu/moe.h"
 #include "model/model.h"
 
@@ -67,9 +68,10 @@ struct cpu_be {
     int32_t cap_keys;
     int64_t n_tiles;
     int64_t cap_out;
-    float *out_rows;    /* normalised rows whose logits are wanted */
-    int64_t cap_scores; /* per thread */
-    float *scores;      /* (n_threads, cap_scores) */
+    float *out_rows;     /* normalised rows whose logits are wanted */
+    int64_t cap_scores;  /* per thread */
+    float *scores;       /* (n_threads, cap_scores) */
+    struct cpu_enc *enc; /* an encoder's forward pass (enc_cpu.c): no llama layer, no KV pool */
 };
 
 static void cpu_free(struct backend *be)
@@ -77,6 +79,7 @@ static void cpu_free(struct backend *be)
     struct cpu_be *c = (struct cpu_be *)be;
     if (!c) return;
     cpu_moe_free(c->moe);
+    cpu_enc_free(c->enc);
     for (int i = 0; i < c->n_packed; i++) kvb_free(c->packed[i]);
     kvb_free(c->packed);
     kvb_free(c->lw);
@@ -424,6 +427,7 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     const int64_t bs = be->block_size;
     struct be_batch_shape sh;
     KVB_FORWARD_IF_ERROR(be_batch_check(be, hp->n_vocab, batch, &sh, err));
+    if (c->enc) return cpu_enc_forward(c->enc, batch, err);
     const int64_t n_tok = sh.n_tok, n_out = sh.n_out;
     const int32_t max_pos = sh.max_end;
     if (n_tok == 0) return KVB_OK;
@@ -500,14 +504,19 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
     for (int64_t i = 0; i < n_tok; i++)
         add_residual(c->x + i * e, c->tmp + i * e, last_post, m->ops.resid_scale, (int32_t)e, hp->rms_eps);
 
-    /* Final norm and output head, only for the rows whose logits are wanted. */
-    int64_t r = 0;
+    /* Final norm and output head, only for the rows whose logits are wanted;
+     * hidden-state rows (pooling) are the same normalised rows, written
+     * out instead of going through the head. */
+    int64_t r = 0, hr = 0;
     t = 0;
     for (int32_t i = 0; i < batch->n_seqs; i++) {
         const struct be_seq *s = &batch->seqs[i];
         for (int32_t j = 0; j < s->n_tokens; j++, t++) {
-            bool want = s->logits == BE_LOGITS_ALL || (s->logits == BE_LOGITS_LAST && j == s->n_tokens - 1);
+            const bool last = j == s->n_tokens - 1;
+            bool want = s->logits == BE_LOGITS_ALL || (s->logits == BE_LOGITS_LAST && last);
             if (want) attn_rmsnorm(c->out_rows + (r++) * e, c->x + t * e, m->output_norm, (int32_t)e, hp->rms_eps);
+            bool hidden = s->logits == BE_HIDDEN_ALL || (s->logits == BE_HIDDEN_LAST && last);
+            if (hidden) attn_rmsnorm(batch->hidden + (hr++) * e, c->x + t * e, m->output_norm, (int32_t)e, hp->rms_eps);
         }
     }
     if (n_out > 0) KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &c->output, c->out_rows, n_out, logits));
@@ -528,7 +537,7 @@ static void cpu_host_parallel(struct backend *be, void (*fn)(void *arg, int ith,
 /* A block's pages in group order, out of (to_pool false) or into the pool. */
 static enum kvb_status block_copy(struct cpu_be *c, int32_t block, void *host, bool to_pool)
 {
-    if (block < 0 || block >= c->be.n_logical) return KVB_ERR_INVALID_ARG;
+    if (block < 0 || block >= c->be.n_logical || !c->kv) return KVB_ERR_INVALID_ARG; /* an encoder has no pool */
     for (int32_t g = 0; g < c->be.n_groups; g++)
         if (page_of(c, block, g) < 0) return KVB_ERR_INVALID_ARG;
     for (int32_t g = 0; g < c->be.n_groups; g++) {
@@ -645,6 +654,15 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     }
     c->be.kernels = mm_ctx_impl_name(c->mm);
     c->be.n_threads = tpool_size(c->pool);
+    if (m->ops.encoder) { /* its own pass, which keeps K and V to itself: no pool */
+        st = cpu_enc_create(m, c->pool, c->mm, &c->enc, err);
+        if (st != KVB_OK) {
+            cpu_free(&c->be);
+            return st;
+        }
+        *out = &c->be;
+        return KVB_OK;
+    }
     st = pack_weights(c);
     if (st != KVB_OK) {
         cpu_free(&c->be);

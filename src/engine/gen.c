@@ -64,7 +64,7 @@ enum kvb_status gen_feed(struct gen_ctx *g, const int32_t *tokens, int32_t n, fl
                       : last     ? BE_LOGITS_LAST
                                  : BE_LOGITS_NONE,
         };
-        struct be_batch b = {&s, 1, NULL};
+        struct be_batch b = {&s, 1, NULL, NULL};
         float *dst = all_logits ? all_logits + (int64_t)done * nv : g->logits;
         KVB_FORWARD_IF_ERROR(g->be->forward(g->be, &b, dst, err));
         g->pos += len;

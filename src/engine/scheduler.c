@@ -45,6 +45,10 @@ struct seq {
     int32_t scored_cached;    /* scores taken from a cache at (first) admission */
     int32_t cow_at, cow_orig; /* blocks[cow_at] is a private copy of shared block cow_orig (held), for
                                  recomputing one position of it; -1: none */
+    /* SCHED_POOL_* */
+    unsigned pool; /* the flag, or 0 */
+    double *acc;   /* (n_hidden) SCHED_POOL_MEAN: sum of the rows of positions [0, n_computed) */
+    float *pooled; /* (n_hidden) the result, complete once n_computed == n_prompt */
 };
 
 struct sched {
@@ -80,6 +84,8 @@ struct sched {
     void *cow_stage;          /* host memory for copying one block (be_host_alloc) */
     struct score_task *tasks; /* (score_rows) the step's rows to score */
     int32_t n_tasks;
+    float *hidden;       /* (hidden_rows, n_hidden) the step's hidden-state rows (pooled requests) */
+    int64_t hidden_rows; /* 0 until a pooled request is submitted */
 };
 
 /* One logits row to turn into a prompt score. */
@@ -97,6 +103,8 @@ static void seq_free(struct seq *q)
 {
     if (!q) return;
     sampler_free(q->smp);
+    kvb_free(q->acc);
+    kvb_free(q->pooled);
     kvb_free(q->pscores);
     kvb_free(q->keys);
     kvb_free(q->tokens);
@@ -156,11 +164,12 @@ enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct s
         need = (int32_t)((pages + be->n_groups - 1) / be->n_groups);
     }
     if (need > be->n_blocks) {
+        const int32_t B = s->B, n_ctx = s->o.n_ctx;
         sched_free(s);
         return kvb_errf(err, KVB_ERR_RANGE,
                         "the KV pool holds %d blocks of %d tokens (%lld tokens) but one sequence may reach %d "
                         "tokens: raise --kv-mem or lower the context",
-                        be->n_blocks, s->B, (long long)be->n_blocks * s->B, s->o.n_ctx);
+                        be->n_blocks, B, (long long)be->n_blocks * B, n_ctx);
     }
     *out = s;
     return KVB_OK;
@@ -185,6 +194,7 @@ void sched_free(struct sched *s)
     kvb_free(s->bscore);
     kvb_free(s->bscored);
     kvb_free(s->tasks);
+    kvb_free(s->hidden);
     if (s->cow_stage) be_host_free(s->be, s->cow_stage);
     sstore_free(s->io); /* before the allocator: it releases the blocks it holds */
     radix_free(s->radix);
@@ -278,6 +288,26 @@ static enum kvb_status push_waiting(struct sched *s, struct seq *q)
     return KVB_OK;
 }
 
+/* Room for hidden-state rows: a step holds at most max_step_tokens tokens,
+ * or one sequence of up to n_ctx alone (a bidirectional one longer than
+ * the budget). */
+static enum kvb_status hidden_ensure(struct sched *s)
+{
+    if (s->hidden_rows) return KVB_OK;
+    const int64_t rows = s->o.max_step_tokens > s->o.n_ctx ? s->o.max_step_tokens : s->o.n_ctx;
+    if (!(s->hidden = kvb_malloc(sizeof(float) * (size_t)(rows * s->o.n_hidden)))) return KVB_ERR_NOMEM;
+    s->hidden_rows = rows;
+    return KVB_OK;
+}
+
+/* Whether q may take cached KV blocks (and give its own to others): not on
+ * a bidirectional model, where no block is a prefix of anything, nor for
+ * a pooling that reads every position's hidden state. */
+static bool seq_shares(const struct sched *s, const struct seq *q)
+{
+    return !s->o.bidirectional && q->pool != SCHED_POOL_MEAN && q->pool != SCHED_POOL_CLS;
+}
+
 /* Room for scoring: the logits buffer grows by SCORE_ROWS rows (once). */
 static enum kvb_status scoring_ensure(struct sched *s)
 {
@@ -295,9 +325,16 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
                              int32_t max_tokens, const struct sampler_params *sp, unsigned flags, struct kvb_err *err)
 {
     const bool want_logits = flags & SCHED_WANT_LOGITS, score = flags & SCHED_SCORE_PROMPT;
+    const unsigned pool = flags & (SCHED_POOL_MEAN | SCHED_POOL_CLS | SCHED_POOL_LAST);
     if (n_prompt <= 0) return kvb_errf(err, KVB_ERR_INVALID_ARG, "empty prompt");
+    if (pool && ((pool & (pool - 1)) || score || max_tokens != 0 || s->o.n_hidden <= 0))
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "a pooled request takes one pooling, no scoring, no generation");
+    if (!pool && (s->o.bidirectional || !sp))
+        return kvb_errf(err, KVB_ERR_INVALID_ARG,
+                        s->o.bidirectional ? "an encoder model only pools (embeddings, scores)" : "no sampler");
     if (score && scoring_ensure(s) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for scoring");
-    if (n_prompt >= s->o.n_ctx)
+    if (pool && hidden_ensure(s) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for hidden states");
+    if (pool ? n_prompt > s->o.n_ctx : n_prompt >= s->o.n_ctx)
         return kvb_errf(err, KVB_ERR_RANGE, "prompt of %d tokens does not fit the context of %d", n_prompt, s->o.n_ctx);
     struct seq *q = kvb_calloc(1, sizeof *q);
     if (!q) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
@@ -308,8 +345,15 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
     q->tokens = kvb_malloc(sizeof(int32_t) * (size_t)cap);
     q->cap_blocks = (int32_t)((cap + s->B - 1) / s->B);
     q->blocks = kvb_malloc(sizeof(int32_t) * (size_t)q->cap_blocks);
-    /* the sampler's own refusal (a constraint its recogniser cannot start) is said as such, not as memory */
-    const enum kvb_status sst = q->tokens && q->blocks ? sampler_create(sp, s->n_vocab, &q->smp) : KVB_ERR_NOMEM;
+    if (pool) {
+        q->pool = pool;
+        q->pooled = kvb_malloc(sizeof(float) * (size_t)s->o.n_hidden);
+        q->acc = pool == SCHED_POOL_MEAN ? kvb_malloc(sizeof(double) * (size_t)s->o.n_hidden) : NULL;
+    }
+    const bool have = q->tokens && q->blocks && (!pool || q->pooled) && (pool != SCHED_POOL_MEAN || q->acc);
+    /* the sampler's own refusal (a constraint its recogniser cannot start) is said as such, not as memory;
+     * a pooled sequence samples nothing and has none */
+    const enum kvb_status sst = !have ? KVB_ERR_NOMEM : pool ? KVB_OK : sampler_create(sp, s->n_vocab, &q->smp);
     if (sst != KVB_OK || push_waiting(s, q) != KVB_OK) {
         seq_free(q);
         if (sst != KVB_OK && sst != KVB_ERR_NOMEM)
@@ -336,7 +380,7 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
         if (q->keys) pstore_chain_keys(s->pm, q->tokens, nk, q->keys); /* no keys: no store for q */
     }
     q->max_tokens = max_tokens < 0 ? 0 : max_tokens;
-    q->greedy_on_backend = s->be->argmax && !want_logits && sampler_is_greedy(sp);
+    q->greedy_on_backend = !pool && s->be->argmax && !want_logits && sampler_is_greedy(sp);
     q->t_submit = now_s();
     s->st.prompt_tokens += n_prompt;
     return KVB_OK;
@@ -361,6 +405,7 @@ static void info_of(const struct seq *q, struct sched_seq_info *info, const floa
         .logits = logits,
         .prompt_scores = q->score ? q->pscores : NULL,
         .scored_tokens = q->scored_cached,
+        .pooled = q->pool && q->n_computed >= q->n_prompt ? q->pooled : NULL,
     };
 }
 
@@ -415,9 +460,11 @@ static int32_t shared_blocks(const int32_t *a, int32_t na, const int32_t *b, int
  * holds now: then q should wait for it. */
 static bool better_to_wait(const struct sched *s, const struct seq *q, int32_t cached_blocks)
 {
+    if (!seq_shares(s, q)) return false;
     for (int32_t i = 0; i < s->n_running; i++) {
         const struct seq *r = s->running[i];
         if (r->n_computed >= r->n_prompt) continue; /* its prompt blocks are all inserted */
+        if (s->o.bidirectional) continue;           /* its blocks are never shared */
         if (seq_scoring(q) && !r->score) continue;  /* its blocks would come without scores */
         if (shared_blocks(q->tokens, q->n_tokens - 1, r->tokens, r->n_prompt, s->B) > cached_blocks) return true;
     }
@@ -431,6 +478,7 @@ static int32_t load_from_store(struct sched *s, struct seq *q, int32_t limit);
  * already cover). */
 static int32_t cached_prefix(const struct sched *s, const struct seq *q)
 {
+    if (!seq_shares(s, q)) return 0;
     if (!seq_scoring(q)) return radix_peek(s->radix, q->tokens, q->n_tokens - 1);
     const int32_t want = q->n_prompt / s->B;
     int32_t *ids = want > 0 ? kvb_malloc(sizeof *ids * (size_t)want) : NULL;
@@ -608,7 +656,12 @@ static void admit(struct sched *s)
         /* Reuse cached blocks, always leaving at least one token to compute
          * so the step yields logits. */
         int32_t m, loaded;
-        if (q->score && q->n_have < q->n_prompt) {
+        if (!seq_shares(s, q)) { /* every position computed, from 0 */
+            m = loaded = 0;
+            q->n_blocks = 0;
+            q->n_computed = 0;
+            if (q->acc) memset(q->acc, 0, sizeof(double) * (size_t)s->o.n_hidden);
+        } else if (q->score && q->n_have < q->n_prompt) {
             m = admit_scoring(s, q, &loaded);
         } else {
             m = radix_match(s->radix, q->tokens, q->n_tokens - 1, q->blocks, q->cap_blocks);
@@ -630,7 +683,7 @@ static void admit(struct sched *s)
         }
         q->admit_seq = ++s->admit_counter;
         s->running[s->n_running++] = q;
-        if (q->max_tokens == 0 && (!q->score || q->n_have >= q->n_prompt))
+        if (q->max_tokens == 0 && !q->pool && (!q->score || q->n_have >= q->n_prompt))
             finish(s, s->n_running - 1, SCHED_FINISH_LENGTH, NULL);
     }
     kvb_free(score);
@@ -691,7 +744,9 @@ static int32_t load_from_store(struct sched *s, struct seq *q, int32_t limit)
 /* Hands q's newly computed full prompt blocks to the store. */
 static void spill_to_store(struct sched *s, struct seq *q)
 {
-    if (!s->ps || !q->keys) return;
+    /* A pooled request's result is what a later run keeps (the caller's
+     * results store), not its prompt's K/V. */
+    if (!s->ps || !q->keys || q->pool) return;
     int32_t full = (q->n_computed < q->n_prompt ? q->n_computed : q->n_prompt) / s->B;
     for (int32_t i = q->n_spilled; i < full; i++) {
         const int32_t id = q->blocks[i];
@@ -869,6 +924,10 @@ static enum kvb_status pack_step(struct sched *s, struct kvb_err *err)
             bool decode = left == 1;
             if ((pass == 0) != decode || q->n_new || left <= 0) continue;
             int32_t take = left < budget ? left : budget;
+            if (s->o.bidirectional && take < left) { /* all of it in one pass: alone, or in a later step */
+                if (budget < s->o.max_step_tokens) continue;
+                take = left;
+            }
             if (seq_scoring(q)) { /* every row comes back: they share a bound of their own */
                 if (score_left == 0) continue;
                 if (take > score_left) take = score_left;
@@ -915,16 +974,21 @@ static int32_t batch_of_step(struct sched *s)
         struct seq *q = s->running[i];
         if (!q->n_new) continue;
         bool last = q->n_computed + q->n_new == q->n_tokens;
+        int mode = seq_scoring(q)         ? BE_LOGITS_ALL
+                   : !last                ? BE_LOGITS_NONE
+                   : q->greedy_on_backend ? BE_LOGITS_ARGMAX
+                                          : BE_LOGITS_LAST;
+        if (q->pool) /* the rows pooling reads: all (mean), the first chunk's (cls), the last one */
+            mode = q->pool == SCHED_POOL_MEAN || (q->pool == SCHED_POOL_CLS && q->n_computed == 0) ? BE_HIDDEN_ALL
+                   : q->pool == SCHED_POOL_LAST && last                                            ? BE_HIDDEN_LAST
+                                                                                                   : BE_LOGITS_NONE;
         s->bseqs[nb] = (struct be_seq){
             .tokens = q->tokens + q->n_computed,
             .n_tokens = q->n_new,
             .pos = q->n_computed,
             .block_table = q->blocks,
             .n_blocks = q->n_blocks,
-            .logits = seq_scoring(q)         ? BE_LOGITS_ALL
-                      : !last                ? BE_LOGITS_NONE
-                      : q->greedy_on_backend ? BE_LOGITS_ARGMAX
-                                             : BE_LOGITS_LAST,
+            .logits = mode,
         };
         s->bsrc[nb++] = q;
         if (q->n_new > 1 || q->n_computed < q->n_prompt) s->st.prefill_computed += q->n_new;
@@ -960,15 +1024,39 @@ static int32_t rows_of_step(struct sched *s, int32_t nb)
     return row;
 }
 
+/* A pooled sequence's hidden-state rows of this step (rows: where they
+ * start in s->hidden) into its pooling, from position pos on. */
+static void pool_rows(struct sched *s, struct seq *q, int32_t pos, const float *rows)
+{
+    const int64_t e = s->o.n_hidden;
+    if (q->pool == SCHED_POOL_MEAN) {
+        for (int32_t j = 0; j < q->n_new; j++)
+            for (int64_t k = 0; k < e; k++) q->acc[k] += rows[j * e + k];
+        if (q->n_computed == q->n_prompt)
+            for (int64_t k = 0; k < e; k++) q->pooled[k] = (float)(q->acc[k] / q->n_prompt);
+    } else if (q->pool == SCHED_POOL_CLS && pos == 0) {
+        memcpy(q->pooled, rows, sizeof(float) * (size_t)e);
+    } else if (q->pool == SCHED_POOL_LAST && q->n_computed == q->n_prompt) {
+        memcpy(q->pooled, rows, sizeof(float) * (size_t)e);
+    }
+}
+
 /* After the pass: each sequence's new tokens counted, its scores kept, its
- * full blocks shared and spilled, its sampled token accepted or its end. */
+ * full blocks shared and spilled, its sampled token accepted or its end;
+ * a pooled one's rows pooled, and its end once its prompt is computed. */
 static void after_step(struct sched *s, int32_t nb)
 {
+    int64_t hrow = 0; /* the next hidden-state row */
     for (int32_t b = 0; b < nb; b++) {
         struct seq *q = s->bsrc[b];
         const int32_t pos = q->n_computed;
         q->n_computed += q->n_new;
         cow_restore(s, q); /* before the tree sees q's blocks: it knows the original */
+        const int mode = s->bseqs[b].logits;
+        if (mode == BE_HIDDEN_ALL || mode == BE_HIDDEN_LAST) {
+            pool_rows(s, q, pos, s->hidden + hrow * s->o.n_hidden);
+            hrow += mode == BE_HIDDEN_ALL ? q->n_new : 1;
+        }
         if (s->bseqs[b].logits == BE_LOGITS_ALL && !after_scoring(s, q, pos)) {
             int32_t idx = 0;
             while (s->running[idx] != q) idx++;
@@ -979,11 +1067,19 @@ static void after_step(struct sched *s, int32_t nb)
         }
         if (q->score) keep_scored_blocks(s, q); /* before the store gets them */
         int32_t full = q->n_computed / s->B;
-        if (full > 0 && radix_insert(s->radix, q->tokens, full, q->blocks) != KVB_OK) {
+        if (full > 0 && !s->o.bidirectional && radix_insert(s->radix, q->tokens, full, q->blocks) != KVB_OK) {
             /* Sharing is an optimisation: carry on without it. */
         }
         spill_to_store(s, q);
         window_advance(s, q);
+        if (q->pool) {
+            if (q->n_computed >= q->n_prompt) {
+                int32_t idx = 0;
+                while (s->running[idx] != q) idx++;
+                finish(s, idx, SCHED_FINISH_STOP, NULL);
+            }
+            continue;
+        }
         if (q->score && q->max_tokens == 0 && q->n_computed >= seq_end(q)) { /* scored: nothing to generate */
             int32_t idx = 0;
             while (s->running[idx] != q) idx++;
@@ -1022,7 +1118,7 @@ enum kvb_status sched_step(struct sched *s, struct kvb_err *err)
     KVB_FORWARD_IF_ERROR(pack_step(s, err));
     const int32_t nb = batch_of_step(s);
     if (nb == 0) return KVB_OK;
-    struct be_batch batch = {s->bseqs, nb, s->samp_amax};
+    struct be_batch batch = {s->bseqs, nb, s->samp_amax, s->hidden};
     KVB_FORWARD_IF_ERROR(s->be->forward(s->be, &batch, s->logits, err));
     s->st.steps++;
     /* The previous step's spills were copied out during this pass. */

@@ -45,6 +45,15 @@ struct sched_opts {
     int32_t max_batch;       /* most sequences running at once (default 128) */
     int32_t max_step_tokens; /* most tokens in one forward pass (default 512) */
     int32_t n_ctx;           /* most positions one sequence may reach */
+    int32_t n_hidden;        /* floats of a hidden-state row (the model's n_embd): pooled requests
+                                (SCHED_POOL_*) need it; 0: none may be submitted */
+    /* An encoder's backend (bidirectional attention: every token attends to
+     * every token of its sequence): only pooled requests, each computed in
+     * one forward pass (alone in a step when it is longer than
+     * max_step_tokens), never sharing KV blocks with another request — a
+     * block's K/V depend on tokens after it, so no prefix of it is a
+     * prefix of anything else's. */
+    bool bidirectional;
 };
 
 /* What a callback sees of a sequence. */
@@ -69,6 +78,9 @@ struct sched_seq_info {
                                          * on_finish unless SCHED_FINISH_ERROR; else NULL */
     int32_t scored_tokens;                          /* SCHED_SCORE_PROMPT: prompt scores taken from a cache (in-run or
                                 * store) rather than computed, at (first) admission */
+    const float *pooled; /* pooled requests (SCHED_POOL_*), at on_finish unless SCHED_FINISH_ERROR:
+                            (n_hidden) the prompt's final-norm hidden states pooled (engine/pool.h);
+                            else NULL */
 };
 
 enum sched_finish { SCHED_FINISH_STOP = 0, SCHED_FINISH_LENGTH, SCHED_FINISH_ERROR };
@@ -130,12 +142,27 @@ enum {
      * prefix for this request (it is computed again, and its scores kept
      * with it from then on). */
     SCHED_SCORE_PROMPT = 2u,
+    /* Pooled (embeddings, rerankers; one of the three, max_tokens 0, sp
+     * may be NULL): the prompt is computed to its end and nothing is
+     * generated; on_finish gets info->pooled, the mean of every prompt
+     * position's final-norm hidden state (accumulated in double, in
+     * position order, so chunking cannot change it), the first position's
+     * (CLS), or the last position's (LAST). LAST reuses cached prefix blocks
+     * like any request; MEAN and CLS compute every position (a cached block
+     * brings its K/V, not its hidden states). Finish: SCHED_FINISH_STOP. */
+    SCHED_POOL_MEAN = 4u,
+    SCHED_POOL_CLS = 8u,
+    SCHED_POOL_LAST = 16u,
 };
 
 /* Queues a request. max_tokens: most tokens to generate (the context may cut
  * it shorter: finish LENGTH); 0 only with SCHED_SCORE_PROMPT (the prompt is
- * scored, nothing generated: finish LENGTH). The prompt must fit: n_prompt <
- * n_ctx, otherwise KVB_ERR_RANGE. flags: SCHED_* above. */
+ * scored, nothing generated: finish LENGTH) or SCHED_POOL_*. The prompt must
+ * fit: n_prompt < n_ctx (pooled: <= n_ctx), otherwise KVB_ERR_RANGE.
+ * flags: SCHED_* above; KVB_ERR_INVALID_ARG for a combination that means
+ * nothing (two poolings, pooling with scoring or generation, a pooled
+ * request without opts.n_hidden, anything but a pooled one on a
+ * bidirectional scheduler). */
 enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *prompt, int32_t n_prompt,
                              int32_t max_tokens, const struct sampler_params *sp, unsigned flags, struct kvb_err *err);
 

@@ -3,9 +3,9 @@
 
 #include <string.h>
 
-static const struct arch_desc *const all[] = {&arch_llama,    &arch_qwen2, &arch_qwen3,   &arch_gemma2,
-                                              &arch_gemma3,   &arch_phi3,  &arch_granite, &arch_olmo2,
-                                              &arch_qwen3moe, &arch_olmoe, &arch_qwen2moe};
+static const struct arch_desc *const all[] = {&arch_llama,    &arch_qwen2, &arch_qwen3,    &arch_gemma2,
+                                              &arch_gemma3,   &arch_phi3,  &arch_granite,  &arch_olmo2,
+                                              &arch_qwen3moe, &arch_olmoe, &arch_qwen2moe, &arch_bert};
 
 const struct arch_desc *arch_find(const char *name, size_t len)
 {
@@ -16,5 +16,5 @@ const struct arch_desc *arch_find(const char *name, size_t len)
 
 const char *arch_names(void)
 {
-    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, granite, olmo2, qwen3moe, olmoe, qwen2moe";
+    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, granite, olmo2, qwen3moe, olmoe, qwen2moe, bert";
 }

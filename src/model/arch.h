@@ -69,6 +69,12 @@ struct arch_desc {
     /* Keys `<name>.<suffix>` that `read` reads, beyond the common ones
      * (model_check.c's table): NULL-terminated, or NULL. */
     const char *const *keys;
+    /* An encoder (model_ops.encoder) with a layout of its own: bind binds
+     * all its tensors (model_internal.h's binders) instead of the llama
+     * layer's, after read; NULL: the llama layer. Its epsilon is
+     * `<name>.attention.layer_norm_epsilon`. */
+    bool encoder;
+    enum kvb_status (*bind)(struct model *m, struct kvb_err *err);
     /* Reads those keys into m->ops and the layers' flags, after the common
      * hyperparameters; NULL when there are none. Errors name the key. */
     enum kvb_status (*read)(struct model *m, struct kvb_err *err);
@@ -84,5 +90,6 @@ const char *arch_names(void);
 extern const struct arch_desc arch_llama, arch_qwen2, arch_qwen3, arch_gemma2, arch_gemma3;
 extern const struct arch_desc arch_phi3, arch_granite, arch_olmo2;
 extern const struct arch_desc arch_qwen3moe, arch_olmoe, arch_qwen2moe;
+extern const struct arch_desc arch_bert;
 
 #endif

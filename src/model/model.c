@@ -203,9 +203,10 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
      * no default the authors share (transformers' configs default to 1e-6,
      * kvbatch used to take 1e-5), and every converter writes it. */
     char eps_key[128];
-    snprintf(eps_key, sizeof eps_key, "%s.attention.layer_norm_rms_epsilon", a);
+    const char *eps_name = m->arch->encoder ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon";
+    snprintf(eps_key, sizeof eps_key, "%s.%s", a, eps_name);
     if (!gguf_find(f, eps_key)) return kvb_errf(err, KVB_ERR_FORMAT, "model is missing required key '%s'", eps_key);
-    KVB_FORWARD_IF_ERROR(model_opt_f32(m, "attention.layer_norm_rms_epsilon", 0.0f, NULL, &hp->rms_eps, err));
+    KVB_FORWARD_IF_ERROR(model_opt_f32(m, eps_name, 0.0f, NULL, m->arch->encoder ? &m->enc.ln_eps : &hp->rms_eps, err));
     hp->rope = m->arch->rope;
     /* What the description fixes; its read hook (after the weights' shapes
      * are known, see model_load) sets what the file's keys decide. */
@@ -215,9 +216,16 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
         .attn_scale = 1.0f / sqrtf((float)hp->head_dim), /* the backends' expression, as it always was */
         .rope_base_swa = hp->rope_base,
         .qk_norm_whole = m->arch->qk_norm_whole,
+        .encoder = m->arch->encoder,
     };
     m->layers = kvb_calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    int32_t pooling;
+    KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "pooling_type", false, MODEL_POOL_NONE, &pooling, err));
+    if (pooling > MODEL_POOL_RANK)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "model key '%s.pooling_type' = %d is not a pooling kvbatch knows", a,
+                        pooling);
+    m->pooling = (enum model_pooling)pooling;
     return model_read_moe(m, err);
 }
 
@@ -303,6 +311,46 @@ static enum kvb_status bind_longrope(struct model *m, struct kvb_err *err)
     return KVB_OK;
 }
 
+/* A reranker's classification head (model.h), when the file has one. */
+static enum kvb_status bind_cls_head(struct model *m, struct kvb_err *err)
+{
+    const int64_t e = m->hp.n_embd;
+    KVB_FORWARD_IF_ERROR(bind_matrix(m, "cls.weight", e, e, false, &m->cls, err));
+    KVB_FORWARD_IF_ERROR(bind_vector(m, "cls.bias", e, false, &m->cls_b, err));
+    const struct gguf_tensor *co = gguf_find_tensor(m->gguf, "cls.output.weight");
+    if (co) {
+        if (co->ne[1] == 0 || co->ne[1] > 4096)
+            return kvb_errf(err, KVB_ERR_FORMAT, "tensor 'cls.output.weight' has %llu rows",
+                            (unsigned long long)co->ne[1]);
+        m->n_cls_out = (int32_t)co->ne[1];
+        KVB_FORWARD_IF_ERROR(bind_matrix(m, "cls.output.weight", e, m->n_cls_out, true, &m->cls_out, err));
+        KVB_FORWARD_IF_ERROR(bind_vector(m, "cls.output.bias", m->n_cls_out, false, &m->cls_out_b, err));
+    }
+    if ((m->cls.data || m->cls_b) && !co)
+        return kvb_errf(err, KVB_ERR_FORMAT, "model has tensor 'cls.weight' but no 'cls.output.weight'");
+    if (m->cls_b && !m->cls.data) return kvb_errf(err, KVB_ERR_FORMAT, "model has 'cls.bias' but no 'cls.weight'");
+    if (m->pooling == MODEL_POOL_RANK && !co) {
+        char key[128];
+        return kvb_errf(err, KVB_ERR_FORMAT,
+                        "model key '%s' = rank (a reranker) but the file has no classification head "
+                        "'cls.output.weight'",
+                        model_key(m, "pooling_type", key, sizeof key));
+    }
+    return KVB_OK;
+}
+
+enum kvb_status model_bind_matrix(struct model *m, const char *name, int64_t n_in, int64_t n_out, bool required,
+                                  struct mm_weight *w, struct kvb_err *err)
+{
+    return bind_matrix(m, name, n_in, n_out, required, w, err);
+}
+
+enum kvb_status model_bind_vector(struct model *m, const char *name, int64_t n, bool required, const float **out,
+                                  struct kvb_err *err)
+{
+    return bind_vector(m, name, n, required, out, err);
+}
+
 static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
 {
     struct model_hparams *hp = &m->hp;
@@ -311,6 +359,10 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
     if (emb->ne[1] == 0 || emb->ne[1] > INT32_MAX)
         return kvb_errf(err, KVB_ERR_FORMAT, "token_embd.weight has an implausible vocabulary size");
     hp->n_vocab = (int32_t)emb->ne[1];
+    if (m->arch->bind) { /* a layout of its own (an encoder) */
+        KVB_FORWARD_IF_ERROR(m->arch->bind(m, err));
+        return bind_cls_head(m, err);
+    }
     const int64_t e = hp->n_embd, q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
     KVB_FORWARD_IF_ERROR(bind_matrix(m, "token_embd.weight", e, hp->n_vocab, true, &m->tok_embd, err));
     KVB_FORWARD_IF_ERROR(bind_vector(m, "output_norm.weight", e, true, &m->output_norm, err));
@@ -375,7 +427,8 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
 #undef NAME
     }
     KVB_FORWARD_IF_ERROR(bind_vector(m, "rope_freqs.weight", hp->rope_dim / 2, false, &m->rope.freq_factors, err));
-    return m->arch->longrope != ARCH_ABSENT ? bind_longrope(m, err) : KVB_OK;
+    if (m->arch->longrope != ARCH_ABSENT) KVB_FORWARD_IF_ERROR(bind_longrope(m, err));
+    return bind_cls_head(m, err);
 }
 
 /* One set of per-frequency divisors (name: its tensor), as model_rope_freqs
@@ -482,6 +535,11 @@ static enum kvb_status compute_fingerprint(struct model *m)
         const int32_t mv[6] = {moe->n_expert,  moe->n_expert_used, moe->n_ff_exp,
                                moe->norm_topk, o->qk_norm_whole,   moe->n_ff_shexp};
         XXH3_128bits_update(st, mv, sizeof mv);
+    }
+    if (o->encoder) { /* an encoder's metadata that changes its arithmetic */
+        const int32_t ev[2] = {m->enc.n_types, m->enc.sep_token};
+        XXH3_128bits_update(st, ev, sizeof ev);
+        XXH3_128bits_update(st, &m->enc.ln_eps, sizeof m->enc.ln_eps);
     }
     for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);

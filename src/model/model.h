@@ -26,8 +26,9 @@ struct arch_desc;
 
 /* The FFN's gate activation: down(act(gate(x)) * up(x)). */
 enum model_act {
-    MODEL_ACT_SILU = 0, /* x sigmoid(x): SwiGLU (llama, qwen) */
-    MODEL_ACT_GELU_TANH /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GeGLU (gemma) */
+    MODEL_ACT_SILU = 0,  /* x sigmoid(x): SwiGLU (llama, qwen) */
+    MODEL_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GeGLU (gemma) */
+    MODEL_ACT_GELU_ERF   /* 0.5 x (1 + erf(x / sqrt(2))): BERT's ungated FFN */
 };
 
 enum rope_kind {
@@ -58,6 +59,14 @@ struct model_rope {
     const float *factors_long, *factors_short;
     bool long_factors;
 };
+
+/* How the model pools its final hidden states into one vector per input
+ * (`<arch>.pooling_type`, numbered as llama.cpp and gguf-py number them):
+ * embedding models and rerankers. NONE: the file says nothing (a
+ * generative model; `run --pooling` may still pool it). RANK: a reranker,
+ * its pooled state (the last token's for a causal model, the first's for
+ * an encoder) goes through the classification head below. */
+enum model_pooling { MODEL_POOL_NONE = 0, MODEL_POOL_MEAN, MODEL_POOL_CLS, MODEL_POOL_LAST, MODEL_POOL_RANK };
 
 struct model_hparams {
     int32_t n_vocab;
@@ -116,6 +125,23 @@ struct model_ops {
     bool swa_same_rope;   /* windowed layers rotate as the global ones (phi3: one RoPE for all
                             layers); false: with rope_base_swa, unscaled (gemma3, olmo3) */
     struct model_moe moe; /* the experts of the MoE layers (model_layer.moe); n_expert 0: none */
+    /* An encoder (bert): no llama layer at all — bidirectional attention
+     * over the whole sequence, learned absolute position and token-type
+     * embeddings, LayerNorm after each residual add, an ungated GELU FFN,
+     * biases everywhere, no RoPE and no output norm or head (struct
+     * model_encoder; the backends compute it apart from the llama layer). */
+    bool encoder;
+};
+
+/* An encoder's tensors beyond the per-layer ones (model_ops.encoder). */
+struct model_encoder {
+    struct mm_weight pos_embd;  /* (n_pos, n_embd): row p is position p's */
+    struct mm_weight type_embd; /* (n_types, n_embd), or data NULL */
+    int32_t n_pos, n_types;
+    const float *embd_norm, *embd_norm_b; /* (n_embd) LayerNorm of the summed embeddings */
+    float ln_eps;                         /* `<arch>.attention.layer_norm_epsilon` */
+    int32_t sep_token;                    /* positions after the first of these in a sequence are token type 1
+                          (a pair's second text, as a BERT tokenizer marks it); -1: all 0 */
 };
 
 struct model_layer {
@@ -146,6 +172,11 @@ struct model_layer {
     struct mm_weight w_shexp_gate;             /* (1, n_embd) ffn_gate_inp_shexp: the shared expert's gate */
     struct mm_weight w_gate_shexp, w_up_shexp; /* (n_ff_shexp, n_embd) the shared expert, or unbound */
     struct mm_weight w_down_shexp;             /* (n_embd, n_ff_shexp) */
+    /* encoder (bert) layers: biases of the output, up and down projections,
+     * and the LayerNorms after the attention's and the FFN's residual adds
+     * (weights and biases, n_embd each); NULL otherwise */
+    const float *bo, *b_up, *b_down;
+    const float *ln_attn, *ln_attn_b, *ln_out, *ln_out_b;
 };
 
 struct model {
@@ -161,13 +192,25 @@ struct model {
     int32_t n_ctx_max;          /* longest context the model is computed for: n_ctx_train, or
                                     the extended context when the RoPE is scaled */
     struct model_layer *layers; /* (n_layer), owned */
-    uint64_t weight_bytes;      /* bytes of all tensors, for reports */
-    char name[128];             /* general.name or the file's base name */
-    char fingerprint[33];       /* 128-bit hex identity of the weights: hash of every tensor's
+    struct model_encoder enc;   /* ops.encoder only */
+    enum model_pooling pooling; /* `<arch>.pooling_type`; NONE when absent */
+    /* The classification head of a reranker (llama.cpp's graph for pooling
+     * RANK): x = tanh(cls·h + cls_b) when cls is there, then
+     * cls_out·x + cls_out_b. Each part optional (data NULL when absent);
+     * llama.cpp's converter writes a Qwen3-Reranker's as cls_out alone,
+     * the LM head's rows of "yes" and "no". */
+    struct mm_weight cls;      /* (n_embd, n_embd) */
+    const float *cls_b;        /* (n_embd) */
+    struct mm_weight cls_out;  /* (n_cls_out, n_embd) */
+    const float *cls_out_b;    /* (n_cls_out) */
+    int32_t n_cls_out;         /* rows of cls_out; 0 without one */
+    uint64_t weight_bytes;     /* bytes of all tensors, for reports */
+    char name[128];            /* general.name or the file's base name */
+    char fingerprint[33];      /* 128-bit hex identity of the weights: hash of every tensor's
                                     name, type, shape and bytes, plus the hyperparameters
                                     (and the LongRoPE set model_set_ctx chose) */
-    char fingerprint_file[33];  /* the fingerprint as loaded, before model_set_ctx */
-    void **owned;               /* f32 conversions owned by the model */
+    char fingerprint_file[33]; /* the fingerprint as loaded, before model_set_ctx */
+    void **owned;              /* f32 conversions owned by the model */
     int n_owned;
     struct model_load_state *load; /* model_load's own, NULL once loaded */
 };

@@ -52,6 +52,11 @@ static const char *const read_keys[] = {
      * normalizes with RMSNorm only (transformers reads rms_norm_eps, llama.cpp
      * layer_norm_rms_epsilon), so it is never part of the arithmetic. */
     "attention.layer_norm_epsilon",
+    /* How the final hidden states pool into one vector (model.h), and the
+     * names of a classifier's outputs (descriptive: the head's rows are
+     * what is computed). */
+    "pooling_type",
+    "classifier.output_labels",
 };
 
 enum neutral { N_ZERO, N_ONE, N_TRUE, N_FALSE, N_WINDOW, N_ATTN_SCALE, N_HEAD_DIM };

@@ -33,6 +33,16 @@ enum kvb_status model_check(const struct model *m, const struct gguf_tensor *con
 enum kvb_status model_opt_f32(const struct model *m, const char *suffix, float dflt, bool *given, float *out,
                               struct kvb_err *err);
 
+/* Binders (model.c): the tensor `name` as a matrix of n_out rows of n_in
+ * (a weight the kernels read) or as an f32 vector of n, checked for its
+ * shape and type and counted as bound; absent and not required: zeroed /
+ * NULL. Errors name the tensor. For descriptions with their own layout
+ * (arch.h, bind). */
+enum kvb_status model_bind_matrix(struct model *m, const char *name, int64_t n_in, int64_t n_out, bool required,
+                                  struct mm_weight *w, struct kvb_err *err);
+enum kvb_status model_bind_vector(struct model *m, const char *name, int64_t n, bool required, const float **out,
+                                  struct kvb_err *err);
+
 /* Sliding-window attention as `<arch>.attention.sliding_window` (the
  * window, dflt_window when absent: 0 for none) and
  * `<arch>.attention.sliding_window_pattern` (a period n: layer l is

@@ -27,6 +27,7 @@ int32_t tok_n_vocab(const struct tok *t) { return t->n_vocab; }
 int32_t tok_bos(const struct tok *t) { return t->bos; }
 int32_t tok_eos(const struct tok *t) { return t->eos; }
 bool tok_wants_bos(const struct tok *t) { return t->add_bos && t->bos >= 0; }
+bool tok_wants_eos(const struct tok *t) { return t->add_eos && t->eos >= 0; }
 
 bool tok_is_eog(const struct tok *t, int32_t id)
 {
@@ -157,6 +158,8 @@ static enum kvb_status encode(const struct tok *t, const char *text, size_t len,
             KVB_FORWARD_IF_ERROR(
                 tok_spm_encode(t, text + f->off, f->len, t->add_space_prefix && prev_special, lim, out));
             prev_special = false;
+        } else if (t->kind == TOK_KIND_WPM) {
+            KVB_FORWARD_IF_ERROR(tok_wpm_encode(t, text + f->off, f->len, lim, out));
         } else {
             KVB_FORWARD_IF_ERROR(tok_bpe_encode(t, text + f->off, f->len, lim, out));
         }

@@ -2,8 +2,11 @@
  *
  * Supported: byte-level BPE (`tokenizer.ggml.model` = "gpt2") with the
  * pre-tokenizer named by `tokenizer.ggml.pre` (default GPT-2 split, "smollm"/
- * "starcoder" digits-one-by-one, "llama-bpe"/"llama3", "qwen2", …) and
- * SentencePiece-style BPE ("llama") with byte fallback. Anything else is
+ * "starcoder" digits-one-by-one, "llama-bpe"/"llama3", "qwen2", …),
+ * SentencePiece-style BPE ("llama") with byte fallback, and BERT's WordPiece
+ * ("bert": BOS/EOS are its [CLS]/[SEP]; text is lowercased and loses its
+ * accents and white space, so decoding gives its words back, not the
+ * text). Anything else is
  * refused by tok_load with KVB_ERR_UNSUPPORTED naming the model/pre value.
  *
  * Ownership: tok_load copies everything it needs; the gguf file may be closed
@@ -36,6 +39,9 @@ int32_t tok_bos(const struct tok *t); /* -1 when none */
 int32_t tok_eos(const struct tok *t); /* -1 when none */
 /* Metadata's `tokenizer.ggml.add_bos_token` (or the model type's default). */
 bool tok_wants_bos(const struct tok *t);
+/* Metadata's `tokenizer.ggml.add_eos_token` (default false): an embedding
+ * model whose input ends in EOS (Qwen3-Embedding pools that token's state). */
+bool tok_wants_eos(const struct tok *t);
 /* End of generation: EOS, EOT, <|im_end|>, <|eot_id|>, <|end|> … as the vocab marks them. */
 bool tok_is_eog(const struct tok *t, int32_t id);
 /* Token id whose text is exactly `text` (any token type), or -1. */

@@ -51,7 +51,7 @@ size_t tok_piece(const struct tok *t, int32_t id, bool render_special, char *buf
     if (e->attr & (special | TOK_ATTR_USER_DEFINED)) {
         put(&s, text, e->len);
     } else if (e->attr & TOK_ATTR_NORMAL) {
-        if (t->kind == TOK_KIND_SPM) {
+        if (t->kind == TOK_KIND_SPM || t->kind == TOK_KIND_WPM) { /* "▁" is a space (WordPiece: a word's start) */
             for (size_t i = 0; i < e->len;) {
                 if (i + 3 <= e->len && memcmp(text + i, "\xE2\x96\x81", 3) == 0) {
                     put(&s, " ", 1);

@@ -5,7 +5,8 @@
  * The tokenizer is split by job: tok_load.c reads the vocabulary, tok.c
  * drives an encode (special-token partition, BOS/EOS), tok_pre.c splits text
  * into words the way each pre-tokenizer's regex would, tok_bpe.c does
- * byte-level BPE, tok_spm.c SentencePiece BPE, tok_decode.c turns ids back
+ * byte-level BPE, tok_spm.c SentencePiece BPE, tok_wpm.c BERT's WordPiece,
+ * tok_decode.c turns ids back
  * into bytes; tok_map.c and tok_merge.c are their hash map and merge loop. */
 #ifndef KVB_TOK_INTERNAL_H
 #define KVB_TOK_INTERNAL_H
@@ -34,7 +35,8 @@ enum tok_attr {
 
 enum tok_kind {
     TOK_KIND_SPM, /* tokenizer.ggml.model = "llama" */
-    TOK_KIND_BPE  /* tokenizer.ggml.model = "gpt2" */
+    TOK_KIND_BPE, /* tokenizer.ggml.model = "gpt2" */
+    TOK_KIND_WPM  /* tokenizer.ggml.model = "bert": WordPiece (tok_wpm.c) */
 };
 
 /* Pre-tokenizer splits (BPE only), each a fixed sequence of regex passes. */
@@ -67,8 +69,9 @@ struct tok {
     int32_t *eog; /* sorted ids that end generation */
     size_t n_eog;
     int32_t bos, eos, unk; /* -1 when absent */
-    bool add_bos, add_space_prefix, ignore_merges;
-    int32_t byte_tok[256]; /* SPM byte fallback: id of <0xNN> (or of the 1-byte token), -1 none */
+    bool add_bos, add_eos, add_space_prefix, ignore_merges;
+    bool wpm_lowercase, wpm_strip_accents; /* WordPiece's normalizer (tokenizer.ggml.normalizer.*) */
+    int32_t byte_tok[256];                 /* SPM byte fallback: id of <0xNN> (or of the 1-byte token), -1 none */
     /* Bounds the encoders use to skip work (tok_load.c computes them): */
     uint32_t max_len;       /* longest token text, stored form (bytes) */
     uint32_t max_merge_len; /* BPE: longest "left right" merge string */
@@ -121,6 +124,8 @@ enum kvb_status tok_ids_push(struct tok_ids *ids, int32_t id);
 enum kvb_status tok_spm_encode(const struct tok *t, const char *text, size_t len, bool prefix_space,
                                const struct tok_limits *lim, struct tok_ids *out);
 enum kvb_status tok_bpe_encode(const struct tok *t, const char *text, size_t len, const struct tok_limits *lim,
+                               struct tok_ids *out);
+enum kvb_status tok_wpm_encode(const struct tok *t, const char *text, size_t len, const struct tok_limits *lim,
                                struct tok_ids *out);
 
 /* The GPT-2 byte ↔ printable-character mapping used by byte-level BPE: byte b

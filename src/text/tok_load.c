@@ -258,6 +258,13 @@ static enum kvb_status load_specials(struct tok *t, const struct gguf_file *f, s
     t->bos = special_id(f, "tokenizer.ggml.bos_token_id", spm ? 1 : 11, nv);
     t->eos = special_id(f, "tokenizer.ggml.eos_token_id", spm ? 2 : 11, nv);
     t->unk = special_id(f, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, nv);
+    if (t->kind == TOK_KIND_WPM) { /* BOS/EOS are BERT's [CLS] and [SEP] (llama.cpp's defaults 101, 102, 100) */
+        t->bos =
+            special_id(f, "tokenizer.ggml.bos_token_id", special_id(f, "tokenizer.ggml.cls_token_id", 101, nv), nv);
+        t->eos = special_id(f, "tokenizer.ggml.eos_token_id",
+                            special_id(f, "tokenizer.ggml.seperator_token_id", 102, nv), nv);
+        t->unk = special_id(f, "tokenizer.ggml.unknown_token_id", 100, nv);
+    }
     int32_t eot = special_id(f, "tokenizer.ggml.eot_token_id", -1, nv);
     int32_t eom = special_id(f, "tokenizer.ggml.eom_token_id", -1, nv);
     int32_t fim_pad = special_id(f, "tokenizer.ggml.fim_pad_token_id", -1, nv);
@@ -396,7 +403,8 @@ static enum kvb_status compute_bounds(struct tok *t, struct kvb_err *err)
         }
         kvb_free(cat);
     }
-    t->max_cover = merges_make_tokens ? cover : 0;
+    /* WordPiece: one unknown token stands for a whole word */
+    t->max_cover = merges_make_tokens && t->kind != TOK_KIND_WPM ? cover : 0;
     return KVB_OK;
 }
 
@@ -422,17 +430,25 @@ static enum kvb_status load(struct tok *t, const struct gguf_file *f, struct kvb
                             (int)(pname.len > 64 ? 64 : pname.len), pname.ptr);
         t->split = pre->split;
         t->ignore_merges = pre->llama3;
+    } else if (str_is(model, "bert")) {
+        t->kind = TOK_KIND_WPM;
+        /* BertNormalizer: lowercase by default, accents stripped when
+         * lowercasing unless said otherwise (llama.cpp's reading) */
+        t->wpm_lowercase = opt_bool(f, "tokenizer.ggml.normalizer.lowercase", true);
+        t->wpm_strip_accents = opt_bool(f, "tokenizer.ggml.normalizer.strip_accents", t->wpm_lowercase);
     } else {
         return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                         "tokenizer: model '%.*s' (tokenizer.ggml.model) is not supported; kvbatch handles "
-                        "'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE)",
+                        "'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE) and 'bert' (WordPiece)",
                         (int)(model.len > 64 ? 64 : model.len), model.ptr);
     }
 
     KVB_FORWARD_IF_ERROR(load_tokens(t, f, err));
     if (t->kind == TOK_KIND_BPE) KVB_FORWARD_IF_ERROR(load_merges(t, f, err));
 
-    t->add_bos = opt_bool(f, "tokenizer.ggml.add_bos_token", t->kind == TOK_KIND_SPM || (pre && pre->llama3));
+    const bool wpm = t->kind == TOK_KIND_WPM; /* [CLS] text [SEP], as a BERT tokenizer encodes */
+    t->add_bos = opt_bool(f, "tokenizer.ggml.add_bos_token", wpm || t->kind == TOK_KIND_SPM || (pre && pre->llama3));
+    t->add_eos = opt_bool(f, "tokenizer.ggml.add_eos_token", wpm && opt_bool(f, "tokenizer.ggml.add_sep_token", true));
     t->add_space_prefix = opt_bool(f, "tokenizer.ggml.add_space_prefix", t->kind == TOK_KIND_SPM);
     KVB_FORWARD_IF_ERROR(load_specials(t, f, err));
     return compute_bounds(t, err);

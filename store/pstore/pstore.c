@@ -263,7 +263,7 @@ static enum kvb_status open_dbs(struct pstore *ps, struct kvb_err *err)
     if (!rc && ((rc = mdb_dbi_open(txn, "blocks", MDB_CREATE, &ps->db_blocks)) ||
                 (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &ps->db_meta)) ||
                 (rc = mdb_dbi_open(txn, "models", MDB_CREATE, &ps->db_models)) ||
-                (rc = mdb_dbi_open(txn, "info", MDB_CREATE, &ps->db_info))))
+                (rc = mdb_dbi_open(txn, "info", MDB_CREATE, &ps->db_info)) || (rc = pstore_results_open(ps, txn))))
         pstore_txn_abort(ps, txn);
     else if (!rc) rc = pstore_txn_commit(ps, txn);
     pstore_guard_pop(&g);
@@ -333,6 +333,7 @@ void pstore_close(struct pstore *ps)
 {
     if (!ps) return;
     pstore_writer_stop(ps);
+    pstore_results_close(ps);
     tpool_free(ps->pool);
     for (int i = 0; i < ps->n_rcodec; i++) pstore_codec_free(&ps->rcodec[i]);
     kvb_free(ps->rcodec);

@@ -17,6 +17,7 @@
 #include "base/alloc.h"
 #include "base/tpool.h"
 #include "store/pstore/pstore_internal.h"
+#include "store/pstore/pstore_results.h"
 
 #define GC_MAX_PER_TXN 20000u
 #define VERIFY_BATCH 256
@@ -140,6 +141,7 @@ done:
     pstore_txn_abort(ps, txn);
     kvb_free(recs);
     kvb_free(sums);
+    if (rc == 0) pstore_results_print(ps, out);
     return rc ? pstore_lmdb_status(err, rc, "cache stats") : KVB_OK;
 }
 
@@ -425,6 +427,9 @@ enum kvb_status pstore_verify(struct pstore *ps, FILE *out, uint64_t *n_bad_out,
     if (n_bad_out) *n_bad_out = n_bad + n_orphans;
     kvb_free(bad);
     (void)n_gone;
+    uint64_t n_bad_results = 0;
+    KVB_FORWARD_IF_ERROR(pstore_results_verify(ps, out ? out : stderr, &n_bad_results, err));
+    if (n_bad_out) *n_bad_out += n_bad_results;
     return KVB_OK;
 }
 
@@ -532,11 +537,13 @@ enum kvb_status pstore_clear(struct pstore *ps, const char *fingerprint, uint64_
         fp[32] = '\0';
     }
     pstore_flush(ps);
+    pstore_results_flush(ps, NULL); /* nothing held back past the clear */
     MDB_txn *txn;
     int rc = pstore_txn_begin(ps, true, &txn);
     if (rc) return pstore_lmdb_status(err, rc, "cache clear");
     if (fingerprint) {
         rc = clear_model(ps, txn, fp, &n);
+        if (rc == 0) rc = pstore_results_clear_txn(ps, txn, fp, &n);
     } else {
         MDB_stat st;
         struct pstore_totals t;
@@ -547,6 +554,7 @@ enum kvb_status pstore_clear(struct pstore *ps, const char *fingerprint, uint64_
             t = (struct pstore_totals){0, 0, 0, t.clock};
             rc = pstore_totals_put(ps, txn, &t);
         }
+        if (rc == 0) rc = pstore_results_clear_txn(ps, txn, NULL, &n);
     }
     if (rc) {
         pstore_txn_abort(ps, txn);

@@ -347,6 +347,8 @@ struct pstore {
     struct pstore_codec *wcodec; /* one per wpool thread, or one */
     int n_wcodec;
 
+    struct pstore_results *res; /* results kept beside the blocks (pstore_results.c), engine thread only */
+
     /* readers (engine thread only) */
     struct tpool *pool;
     struct pstore_codec *rcodec; /* one per pool thread (or one without a pool) */
@@ -412,5 +414,20 @@ int pstore_model_index_locked(struct pstore *ps, const struct pstore_model *m, s
 
 /* Decoding threads for a load or a verify (created on first use). */
 enum kvb_status pstore_readers_ensure(struct pstore *ps, struct kvb_err *err);
+
+/* ---- results (pstore_results.c, pstore_results.h) ---------------------------------- */
+
+struct pstore_results;
+/* Opens the results' databases inside pstore_open's transaction. LMDB code. */
+int pstore_results_open(struct pstore *ps, MDB_txn *txn);
+/* Writes what is held, frees. Before the environment closes. */
+void pstore_results_close(struct pstore *ps);
+/* Removes every result (fp NULL) or those of one model (fp: 32 lowercase hex
+ * digits) inside the caller's write transaction; adds the count. LMDB code. */
+int pstore_results_clear_txn(struct pstore *ps, MDB_txn *txn, const char *fp, uint64_t *n_removed);
+/* One line of `cache stats` about them. */
+void pstore_results_print(struct pstore *ps, FILE *out);
+/* Checks every result value; the damaged ones are removed. */
+enum kvb_status pstore_results_verify(struct pstore *ps, FILE *out, uint64_t *n_bad, struct kvb_err *err);
 
 #endif

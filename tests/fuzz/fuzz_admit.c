@@ -159,7 +159,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (st == KVB_OK) st = admit_constraint(&q, &schema, &e);
     REQUIRE(st == KVB_OK || st == KVB_ERR_FORMAT);
     REQUIRE(!schema || (st == KVB_OK && q.constraint != JOB_CONSTRAINT_NONE));
-    if (st == KVB_OK) {
+    if (st == KVB_OK && job_url_pooled(q.url)) { /* embeddings, score, rerank */
+        grammar_free(schema);
+        struct admit_plan plan;
+        enum admit_item kind;
+        const struct admit_pool_cfg cfg = {.embed = true, .rank = q.url == JOB_URL_RERANK, .n_embd = 64};
+        st = admit_prepare_pooled(&F.ctx, &cfg, &q, &plan, &kind, &e);
+        REQUIRE(st == KVB_OK || st == KVB_ERR_FORMAT);
+        if (st == KVB_OK) {
+            REQUIRE(plan.n_choices == plan.n_prompts && plan.n_prompts >= 1 && plan.n_prompts <= JOB_MAX_INPUTS);
+            REQUIRE(kind == (q.url == JOB_URL_RERANK ? ADMIT_ITEM_PAIR : ADMIT_ITEM_EMBED));
+            for (int32_t k = 0; k < plan.n_prompts; k++) {
+                REQUIRE(plan.prompts[k].n >= 1 && plan.prompts[k].n <= N_CTX && plan.prompts[k].ids);
+                for (int32_t i = 0; i < plan.prompts[k].n; i++)
+                    REQUIRE(plan.prompts[k].ids[i] >= 0 && plan.prompts[k].ids[i] < F.ctx.n_vocab);
+            }
+            admit_plan_free(&plan);
+        }
+    } else if (st == KVB_OK) {
         struct admit_plan plan;
         st = admit_prepare(&F.ctx, &q, schema, &plan, &e);
         REQUIRE(st == KVB_OK || st == KVB_ERR_FORMAT);

@@ -67,6 +67,22 @@ static void check_request(const struct job_request *r)
             check_text(r->messages[k].content, r->messages[k].content_len);
             REQUIRE(r->messages[k].role <= JOB_ROLE_DEVELOPER);
         }
+    } else if (job_url_pooled(r->url)) { /* embeddings' inputs; score's and rerank's two sides */
+        REQUIRE(!r->messages && r->prompts && r->n_prompts >= 1 && r->n_prompts <= JOB_MAX_INPUTS);
+        REQUIRE(r->max_tokens == 0 && r->dimensions >= 0 && r->top_n >= 0);
+        for (int32_t k = 0; k < r->n_prompts; k++) {
+            const struct job_prompt *p = &r->prompts[k];
+            REQUIRE(!p->text != !p->ids);
+            if (p->text) check_text(p->text, p->text_len);
+            else REQUIRE(p->n_ids >= 1 && r->url == JOB_URL_EMBEDDINGS);
+        }
+        if (r->url == JOB_URL_EMBEDDINGS) {
+            REQUIRE(!r->docs && r->n_docs == 0);
+        } else {
+            REQUIRE(r->docs && r->n_docs >= 1 && r->n_docs <= JOB_MAX_INPUTS);
+            REQUIRE(r->url == JOB_URL_SCORE ? r->n_prompts == 1 || r->n_prompts == r->n_docs : r->n_prompts == 1);
+            for (int32_t k = 0; k < r->n_docs; k++) check_text(r->docs[k].text, r->docs[k].text_len);
+        }
     } else {
         REQUIRE(r->url == JOB_URL_COMPLETION && !r->messages && r->prompts);
         REQUIRE(r->n_prompts >= 1 && r->n_prompts <= JOB_MAX_PROMPTS && r->prompt == r->prompts[0].text);
@@ -84,7 +100,7 @@ static void check_request(const struct job_request *r)
     REQUIRE(!(r->ignore_eos && r->json_object));
     REQUIRE(!r->continue_final_message || (r->url == JOB_URL_CHAT && !r->add_generation_prompt &&
                                            r->messages[r->n_messages - 1].role == JOB_ROLE_ASSISTANT));
-    REQUIRE(r->max_tokens >= 1);
+    REQUIRE(r->max_tokens >= 1 || job_url_pooled(r->url));
     REQUIRE(r->temperature >= 0.0f && r->temperature <= 2.0f);
     REQUIRE(r->top_p > 0.0f && r->top_p <= 1.0f);
     REQUIRE(r->top_k >= 0);
@@ -147,6 +163,27 @@ static void check_line(const char *s, size_t len, const struct job_request *r)
  * UTF-8 reaches the logprobs writer). */
 static void write_result(const struct job_request *r, struct kvb_buf *b)
 {
+    if (job_url_pooled(r->url)) { /* made-up values: each item's index, some of them negative */
+        const int32_t n = r->url == JOB_URL_EMBEDDINGS ? r->n_prompts : r->n_docs, dim = 3;
+        float vals[JOB_MAX_INPUTS * 3];
+        for (int32_t i = 0; i < n * dim; i++) vals[i] = (float)(i % 7) - 2.5f;
+        struct job_pool_result res = {.custom_id = r->custom_id,
+                                      .custom_id_len = r->custom_id_len,
+                                      .custom_id_json = r->custom_id_json,
+                                      .custom_id_json_len = r->custom_id_json_len,
+                                      .url = r->url,
+                                      .model = r->model ? r->model : "fuzz",
+                                      .created = 1,
+                                      .values = vals,
+                                      .n_items = n,
+                                      .dim = dim,
+                                      .base64 = r->base64,
+                                      .docs = r->docs,
+                                      .top_n = r->top_n,
+                                      .prompt_tokens = 5};
+        REQUIRE(job_format_pooled(b, &res) == KVB_OK);
+        return;
+    }
     const char *text = r->prompt ? r->prompt : r->messages ? r->messages[r->n_messages - 1].content : "ids";
     size_t len = r->prompt ? r->prompt_len : r->messages ? r->messages[r->n_messages - 1].content_len : 3;
     size_t ntok = len < 64 ? len : 64;
