@@ -378,12 +378,13 @@ static const char *impl_label(enum mm_impl impl)
     case MM_IMPL_SCALAR: return "scalar";
     case MM_IMPL_AVX2: return "avx2";
     case MM_IMPL_AVX512: return "avx512";
+    case MM_IMPL_AMX: return "amx";
     default: return "auto";
     }
 }
 
-static const enum mm_impl impls[] = {MM_IMPL_SCALAR, MM_IMPL_AVX2, MM_IMPL_AVX512};
-#define N_IMPLS 3
+static const enum mm_impl impls[] = {MM_IMPL_SCALAR, MM_IMPL_AVX2, MM_IMPL_AVX512, MM_IMPL_AMX};
+#define N_IMPLS 4
 
 /* Relative float tolerance for a sum of `terms` float additions of values
  * whose absolute sum is the magnitude: a worst-case rounding bound with some

@@ -49,7 +49,7 @@ static enum kvb_status create_cpu(const struct model *m, const struct be_select_
 {
     struct be_cpu_opts co = {.n_threads = o->n_threads,
                              .block_size = o->block_size,
-                             .impl = o->scalar ? MM_IMPL_SCALAR : MM_IMPL_AUTO,
+                             .impl = o->kernels,
                              .kv_type = o->kv_type};
     KVB_FORWARD_IF_ERROR(pool_blocks(m, o, o->kv_mem ? o->kv_mem : DEFAULT_CPU_KV, &co.n_blocks, err));
     return be_cpu_create(m, &co, out, err);

@@ -63,7 +63,11 @@ static void usage(FILE *f)
                "      --cache-buffer SIZE  blocks waiting to be compressed and written, at most (default 64M);\n"
                "                           beyond it blocks are not stored, never waited for: raise it when the\n"
                "                           run summary says blocks were not stored\n"
-               "      --scalar             plain C reference kernels (slow; for checking)\n"
+               "      --kernels K          CPU kernels: auto (default: the best this CPU runs, amx > avx512 >\n"
+               "                           avx2 > scalar; KVBATCH_KERNELS overrides it) | amx | avx512 | avx2 |\n"
+               "                           scalar (all give the same results but scalar, which is the slow\n"
+               "                           reference); one this CPU cannot run is an error\n"
+               "      --scalar             the same as --kernels scalar\n"
                "  -q, --quiet              no progress or summary on stderr\n"
                "  -h, --help               this text\n"
                "\n"
@@ -144,7 +148,11 @@ int cli_run(int argc, char **argv)
         else if (cli_opt_is(a, "--cache-buffer")) {
             CLI_VAL();
             if (!cli_parse_size(a, val, &o.cache_buffer)) return CLI_EXIT_USAGE;
-        } else if (!strcmp(a, "--scalar")) o.scalar = true;
+        } else if (!strcmp(a, "--scalar")) o.kernels = MM_IMPL_SCALAR;
+        else if (cli_opt_is(a, "--kernels")) {
+            CLI_VAL();
+            if (!cli_parse_kernels(a, val, &o.kernels)) return CLI_EXIT_USAGE;
+        }
         else if (cli_opt_is(a, "--device")) {
             CLI_VAL();
             if (!be_select_device_valid(val)) {

@@ -12,6 +12,7 @@
 #ifndef KVB_MATMUL_IMPL_H
 #define KVB_MATMUL_IMPL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +58,9 @@ struct mm_kernels {
 extern const struct mm_kernels mm_kernels_scalar;
 extern const struct mm_kernels mm_kernels_avx2;   /* matmul_avx2.c: AVX2+FMA+F16C */
 extern const struct mm_kernels mm_kernels_avx512; /* matmul_avx512.c: AVX-512 F/BW/VL/VNNI */
+extern const struct mm_kernels mm_kernels_amx;    /* matmul_amx.c: AMX-INT8 tiles + the above */
+/* Whether matmul_amx.c was compiled with the AMX flags (else its table is empty). */
+extern const bool mm_amx_built;
 
 /* Whether a type's weights are read through the quantized input (true) or
  * the float copy (false). */

@@ -1,0 +1,610 @@
+/* matmul_amx.c — matrix products on the AMX tile unit (TDPBSSD), with the
+ * AVX-512 VNNI kernels' results bit for bit.
+ *
+ * Entered only after matmul.c checked the CPU and the kernel's permission
+ * for the tile state (cpu_features().amx). Float weights and products of few
+ * tokens (decode) go to the AVX-512 code unchanged; this file computes the
+ * quantized products of AMX_MIN_TOK or more tokens.
+ *
+ * Why the results are the AVX-512 ones. The AVX-512 kernels (matmul_avx512.c)
+ * give each output element (row r, token t) 16 float lanes; a row is cut into
+ * groups, and in each group lane L holds the exact integer dot product of one
+ * "unit" of the row (a 32-block, half of one, or 4 elements, depending on the
+ * group's kind) and takes one float step:
+ *
+ *   acc[L] = fma(float(isum[L]), dw[L] * xs[L], acc[L])   [then fma(mw[L], sxs[L], acc[L])]
+ *
+ * then the 16 lanes are added by one fixed tree. The integer isum of a unit
+ * is exact whatever unit computes it, so this file computes it on tiles, one
+ * tile product per unit (lane) of a group: C[t][r] = the unit's dot product
+ * for 16 tokens x 16 rows, K = 32 bytes (units of 16 or 4 elements read 32
+ * bytes of the input against weights padded with zeros). It then runs the
+ * same float step with the same operands, only vectorised over the 16 rows
+ * instead of over the lanes (IEEE operations are per element, so which
+ * elements share a vector cannot change a result), keeps acc[t][L] as
+ * vectors over rows, and adds the lanes by the same tree. The per-lane
+ * scales (dw, mw) are the ones the AVX-512 group code makes (the same inline
+ * functions, matmul_avx512_wgroup.h), the per-lane input scales (xs, sxs)
+ * are read from the AVX-512 form of the input, which is kept beside the
+ * natural one the tiles read.
+ *
+ * One difference in the integer step: the AVX-512 code multiplies unsigned
+ * weights (stored value + bias) by signed inputs and removes bias * sum(x);
+ * the tiles take signed weights (the stored value minus its bias) and
+ * signed inputs, so no correction is needed: the same integer either way.
+ * Lanes whose AVX-512 weights are high nibbles kept in place (x 16) get their
+ * tile sum multiplied by 16, which is what the AVX-512 lane holds.
+ *
+ * Layout of one quantized input token: the AVX-512 token (both of its forms)
+ * then the natural form: int8 q[n_in] (blocks of 32 in order, the same values
+ * as the AVX-512 forms hold), zero-padded by 64 bytes.
+ *
+ * Weights: a panel of 16 rows is unpacked once per call (and per token
+ * chunk) into B tiles, one per unit: B[k][4n + i] = weight (row n, byte
+ * 4k + i of the unit), signed, 8 rows x 64 bytes; plus dw and mw of each unit
+ * as 16 floats over the rows. Packed weights are the AVX-512 packed form
+ * (same tag), so the decode path reads what the backend packed. */
+#include <stdbool.h>
+
+#include "cpu/matmul_impl.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#include <string.h>
+
+#include "cpu/matmul_avx512_wgroup.h"
+
+const bool mm_amx_built = true;
+
+/* Quantized products of at least this many tokens run on tiles; fewer go to
+ * the AVX-512 code (the fused decode path streams the weights once). */
+#define AMX_MIN_TOK 4
+
+#define FORM_NAT 4u /* the natural int8 form (the AVX-512 forms are bits 1 and 2) */
+#define NT 16       /* tokens per tile */
+#define NR 16       /* weight rows per panel (tile columns) */
+#define BTILE 512   /* one B tile: 8 rows of 64 bytes (K = 32) */
+/* Tokens whose input is kept hot while one panel is applied. */
+#define TOKEN_BUDGET_BYTES (1024 * 1024)
+
+/* Tile registers: four C (results), two A (input), two B (weights). Plain
+ * numbers: the intrinsics paste them into the instruction's text. */
+#define TC0 0
+#define TC1 1
+#define TC2 2
+#define TC3 3
+#define TA0 4
+#define TA1 5
+#define TB0 6
+#define TB1 7
+
+struct tilecfg {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* ---- the input -------------------------------------------------------------------- */
+
+static size_t avx_bytes(int64_t n_in) { return mm_kernels_avx512.act_bytes(n_in); }
+static size_t nat_bytes(int64_t n_in) { return ((size_t)n_in + 64 + 63) & ~(size_t)63; }
+static size_t act_bytes(int64_t n_in) { return avx_bytes(n_in) + nat_bytes(n_in); }
+
+static unsigned forms_of(enum ggml_type type) { return mm_kernels_avx512.forms_of(type) | FORM_NAT; }
+
+/* One block of 32 floats -> 32 int8: the same operations as the AVX-512
+ * input (matmul_avx512.c, q8_block), so the same values. */
+static inline __m256i q8_block(const float *x)
+{
+    const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m512 vid = _mm512_set1_ps(id);
+    __m512 a0 = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v0, vid), lo), hi);
+    __m512 a1 = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v1, vid), lo), hi);
+    __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(a0));
+    __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(a1));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1);
+}
+
+static void quantize(const float *x, int64_t n_in, unsigned forms, void *dst)
+{
+    if (forms & 3u) mm_kernels_avx512.quantize(x, n_in, forms & 3u, dst);
+    if (!(forms & FORM_NAT)) return;
+    uint8_t *q = (uint8_t *)dst + avx_bytes(n_in);
+    for (int64_t b = 0; b < n_in / 32; b++) _mm256_store_si256((__m256i *)(q + 32 * b), q8_block(x + 32 * b));
+    memset(q + n_in, 0, nat_bytes(n_in) - (size_t)n_in);
+}
+
+/* ---- units: which bytes of a row lane L of group g reads ------------------------- */
+
+/* The kind of a group: S8, S4 or S1 (matmul_avx512.c), by its index. */
+static inline int group_steps(const struct lay *l, int64_t g) { return g < l->n8 ? 8 : g < l->n8 + l->n4 ? 4 : 1; }
+
+/* Byte offset of lane L's unit of group g in a natural row (nb blocks), or
+ * 0 for a lane with no unit (its weights are zero, any input will do). */
+static int64_t unit_offset(const struct lay *l, int64_t nb, int64_t g, int L)
+{
+    int64_t blk, off;
+    if (g < l->n8) {
+        blk = 16 * g + L;
+        off = 32 * blk;
+    } else if (g < l->n8 + l->n4) {
+        blk = 16 * l->n8 + 8 * (g - l->n8) + 2 * (L & 3) + (L >> 3);
+        off = 32 * blk + 16 * ((L >> 2) & 1);
+    } else {
+        blk = 16 * l->n8 + 8 * l->n4 + (L >> 3);
+        off = 32 * blk + 4 * (L & 7);
+    }
+    return blk < nb ? off : 0;
+}
+
+static inline bool unit_present(const struct lay *l, int64_t nb, int64_t g, int L)
+{
+    int64_t blk = g < l->n8 ? 16 * g + L
+                  : g < l->n8 + l->n4 ? 16 * l->n8 + 8 * (g - l->n8) + 2 * (L & 3) + (L >> 3)
+                                      : 16 * l->n8 + 8 * l->n4 + (L >> 3);
+    return blk < nb;
+}
+
+/* Lanes whose AVX-512 weights are high nibbles kept x 16 (S4 groups only). */
+static inline unsigned x16_lanes(enum ggml_type type, int steps)
+{
+    if (steps != 4) return 0;
+    if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1) return HI_NIB_LANES;
+    if (type == GGML_TYPE_Q4_K) return 0xFF00u;
+    return 0;
+}
+
+/* ---- scratch --------------------------------------------------------------------- */
+
+/* Tokens of input kept hot while the panels of a thread's rows are applied
+ * (the weights of a panel are unpacked once per chunk). */
+#define CHUNK_BYTES (768 * 1024)
+
+/* Per-thread scratch of the tile path, offsets in bytes (all 64-byte
+ * multiples). The input of a chunk of tokens is copied into tile order:
+ * per token tile, block-major int8 (A tiles load 16 rows of 32 bytes at a
+ * stride of 32, wherever the unit starts) and the per-lane xs (and sxs) as
+ * 16 floats over the tile's tokens. */
+struct amx_scratch {
+    int64_t chunk;    /* tokens per chunk, a multiple of NT */
+    size_t xa_tile;   /* bytes of one token tile's int8: nb * 512 + 64 */
+    size_t xs_tile;   /* bytes of one token tile's xs (then sxs): ng * 16 lanes * NT floats */
+    size_t facc;      /* float [NT][16 lanes][NR] */
+    size_t cbuf;      /* int32 [2][16 lanes][NT][NR]: tile results of two groups */
+    size_t xa, xs;    /* the chunk's input, [chunk / NT] tiles each */
+    size_t rowt;      /* one panel's rows as the AVX-512 code unpacks them: [NR][wbytes] */
+    size_t btile;     /* [ng][16 lanes] B tiles */
+    size_t dwt, mwt;  /* float [ng][16 lanes][NR]: dw and mw per row */
+    size_t uoff;      /* int64 [ng][16]: unit offsets within a tile's block-major input */
+    size_t total;
+};
+
+static struct amx_scratch scratch_of(const struct lay *l, int64_t n_in, int64_t n_tok, int has_min)
+{
+    struct amx_scratch s;
+    const int64_t nb = n_in / 32;
+    s.xa_tile = (size_t)nb * 512 + 64;
+    s.xs_tile = (size_t)l->ng * 16 * NT * 4 * (has_min ? 2 : 1);
+    int64_t chunk = (int64_t)(CHUNK_BYTES / (s.xa_tile + s.xs_tile)) * NT;
+    const int64_t need = (n_tok + NT - 1) / NT * NT;
+    if (chunk < NT) chunk = NT;
+    if (chunk > need) chunk = need;
+    s.chunk = chunk;
+    size_t o = 0;
+    s.facc = o;
+    o += (size_t)NT * 16 * NR * 4;
+    s.cbuf = o;
+    o += (size_t)2 * 16 * NT * NR * 4;
+    s.xa = o;
+    o += (size_t)(chunk / NT) * s.xa_tile;
+    s.xs = o;
+    o += (size_t)(chunk / NT) * s.xs_tile;
+    s.rowt = o;
+    o += (size_t)NR * l->wbytes;
+    s.btile = o;
+    o += (size_t)l->ng * 16 * BTILE;
+    s.dwt = o;
+    o += (size_t)l->ng * 16 * NR * 4;
+    s.mwt = o;
+    o += (size_t)l->ng * 16 * NR * 4;
+    s.uoff = o;
+    o += ((size_t)l->ng * 16 * 8 + 63) & ~(size_t)63;
+    s.total = o;
+    return s;
+}
+
+static size_t scratch_bytes(const struct mm_weight *w, int64_t n_tok)
+{
+    size_t a = mm_kernels_avx512.scratch_bytes(w, n_tok);
+    if (!mm_type_is_quantized(w->type) || n_tok < AMX_MIN_TOK) return a;
+    size_t xoff;
+    const struct lay l = input_form(w->type, w->n_in, &xoff);
+    size_t b = scratch_of(&l, w->n_in, n_tok, wtype_of(w->type).has_min).total;
+    return a > b ? a : b;
+}
+
+/* ---- weights: one panel of rows -> B tiles and per-row scales -------------------- */
+
+/* One row's groups, as the AVX-512 panel path unpacks them: per group its
+ * steps (S x 64 bytes), dw (64), mw (64). */
+static inline __attribute__((always_inline)) void unpack_row_t(enum ggml_type type, int packed, const uint8_t *row,
+                                                               const struct lay *lp, uint8_t *out)
+{
+    struct wtype wt = wtype_of(type);
+    int k_quant = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+    const struct lay l = *lp;
+    const uint8_t *src = row;
+    for (int64_t g = 0; g < l.n8; g++) {
+        __m512i st[8];
+        __m512 dw, mw;
+        wgroup8_any(type, packed, src, st, &dw, &mw);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) _mm512_store_si512(out + 64 * k, st[k]);
+        _mm512_store_ps(out + 512, dw);
+        _mm512_store_ps(out + 576, mw);
+        src += 16 * wt.block_bytes;
+        out += 640;
+    }
+    for (int64_t g = 0; g < l.n4; g++) {
+        __m512i st[4];
+        __m512 dw, mw;
+        wgroup_any(type, src, k_quant ? 8 : g == l.n4 - 1 ? l.last4 : GROUP_BLOCKS, st, &dw, &mw);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) _mm512_store_si512(out + 64 * k, st[k]);
+        _mm512_store_ps(out + 256, dw);
+        _mm512_store_ps(out + 320, mw);
+        src = group_src(src, k_quant, wt.block_bytes, 1);
+        out += 384;
+    }
+    if (l.n1) {
+        __m512i st;
+        __m512 dw, mw;
+        wgroup1(type, src, l.last1, &st, &dw, &mw);
+        _mm512_store_si512(out, st);
+        _mm512_store_ps(out + 64, dw);
+        _mm512_store_ps(out + 128, mw);
+    }
+}
+
+static void unpack_row(enum ggml_type type, int packed, const uint8_t *row, const struct lay *l, uint8_t *out)
+{
+    switch (type) {
+    case GGML_TYPE_Q4_0: unpack_row_t(GGML_TYPE_Q4_0, packed, row, l, out); break;
+    case GGML_TYPE_Q4_1: unpack_row_t(GGML_TYPE_Q4_1, packed, row, l, out); break;
+    case GGML_TYPE_Q5_0: unpack_row_t(GGML_TYPE_Q5_0, packed, row, l, out); break;
+    case GGML_TYPE_Q5_1: unpack_row_t(GGML_TYPE_Q5_1, packed, row, l, out); break;
+    case GGML_TYPE_Q8_0: unpack_row_t(GGML_TYPE_Q8_0, packed, row, l, out); break;
+    case GGML_TYPE_Q4_K: unpack_row_t(GGML_TYPE_Q4_K, packed, row, l, out); break;
+    case GGML_TYPE_Q6_K: unpack_row_t(GGML_TYPE_Q6_K, packed, row, l, out); break;
+    default: break;
+    }
+}
+
+/* 16 x 16 dwords: r[i] lane j -> r[j] lane i. */
+static inline void transpose16(__m512i r[16])
+{
+    __m512i t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* Now 128-bit lane k of r[4a + c] holds column 4k + c of rows 4a..4a+3;
+     * two rounds of 128-bit shuffles put the four pieces of each column in
+     * one vector. */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[4 + i], _MM_SHUFFLE(2, 0, 2, 0));
+        t[4 + i] = _mm512_shuffle_i32x4(r[i], r[4 + i], _MM_SHUFFLE(3, 1, 3, 1));
+        t[8 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], _MM_SHUFFLE(2, 0, 2, 0));
+        t[12 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], _MM_SHUFFLE(2, 0, 2, 0));
+        r[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], _MM_SHUFFLE(3, 1, 3, 1));
+        r[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], _MM_SHUFFLE(2, 0, 2, 0));
+        r[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+struct panel {
+    enum ggml_type type;
+    const struct lay *l;
+    int64_t nb;
+    int has_min;
+    uint8_t *rowt, *btile;
+    float *dwt, *mwt;
+};
+
+/* Rows [p, p + rp) of w -> B tiles and per-row scales (rows past rp: zero). */
+static void unpack_panel(const struct mm_weight *w, const struct panel *pn, int64_t p, int64_t rp)
+{
+    const struct lay *l = pn->l;
+    const int bias = wtype_of(w->type).bias;
+    for (int64_t i = 0; i < NR; i++) {
+        uint8_t *o = pn->rowt + (size_t)i * l->wbytes;
+        if (i < rp) unpack_row(w->type, w->packed != 0, (const uint8_t *)w->data + (size_t)(p + i) * w->row_bytes, l, o);
+        else memset(o, 0, l->wbytes);
+    }
+    size_t wo = 0;
+    for (int64_t g = 0; g < l->ng; g++) {
+        const int S = group_steps(l, g);
+        const unsigned x16 = x16_lanes(w->type, S);
+        uint8_t *bg = pn->btile + (size_t)g * 16 * BTILE;
+        for (int s = 0; s < S; s++) {
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int n = 0; n < 16; n++) r[n] = _mm512_load_si512(pn->rowt + (size_t)n * l->wbytes + wo + 64 * s);
+            transpose16(r);
+            for (int L = 0; L < 16; L++) {
+                __m512i v = r[L];
+                if (!unit_present(l, pn->nb, g, L)) { /* zero weights, as the AVX-512 lane has */
+                    _mm512_store_si512(bg + (size_t)L * BTILE + 64 * s, _mm512_setzero_si512());
+                    continue;
+                }
+                /* A lane kept x 16 has nibble * 16 and bias * 16: the nibble minus the bias. */
+                if (x16 >> L & 1) v = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
+                v = _mm512_sub_epi8(v, _mm512_set1_epi8((char)bias));
+                _mm512_store_si512(bg + (size_t)L * BTILE + 64 * s, v);
+            }
+        }
+        for (int L = 0; L < 16; L++)
+            for (int s = S; s < 8; s++) _mm512_store_si512(bg + (size_t)L * BTILE + 64 * s, _mm512_setzero_si512());
+        for (int m = 0; m < (pn->has_min ? 2 : 1); m++) {
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int n = 0; n < 16; n++)
+                r[n] = _mm512_load_si512(pn->rowt + (size_t)n * l->wbytes + wo + 64 * S + 64 * m);
+            transpose16(r);
+            float *dst = (m ? pn->mwt : pn->dwt) + (size_t)g * 16 * NR;
+            for (int L = 0; L < 16; L++) _mm512_store_si512(dst + 16 * L, r[L]);
+        }
+        wo += (size_t)64 * S + 128;
+    }
+}
+
+/* ---- the input of a chunk, in tile order ---------------------------------------- */
+
+/* Tokens [t0, t0 + mt) -> one token tile: block-major int8 (rows past mt
+ * zero) and the per-lane xs / sxs of the type's AVX-512 form. */
+static void input_tile(const struct mm_input *in, const struct lay *l, size_t xoff, size_t natoff, int has_min,
+                       int64_t t0, int mt, uint8_t *xa, float *xs)
+{
+    const int64_t nb = in->n_in / 32, ng = l->ng;
+    for (int t = 0; t < NT; t++) {
+        const uint8_t *src = in->xq + (size_t)(t0 + t) * in->xq_stride + natoff;
+        if (t < mt)
+            for (int64_t b = 0; b < nb; b++)
+                _mm256_store_si256((__m256i *)(xa + 512 * b + 32 * t), _mm256_load_si256((const __m256i *)(src + 32 * b)));
+        else
+            for (int64_t b = 0; b < nb; b++) _mm256_store_si256((__m256i *)(xa + 512 * b + 32 * t), _mm256_setzero_si256());
+    }
+    memset(xa + 512 * nb, 0, 64);
+    /* xs[(g * 16 + L) * NT + t]; sxs after all of them. */
+    for (int t = 0; t < NT; t++) {
+        const float *a = (const float *)(in->xq + (size_t)(t0 + (t < mt ? t : 0)) * in->xq_stride + xoff + l->qbytes);
+        for (int64_t i = 0; i < ng * 16; i++) xs[i * NT + t] = t < mt ? a[i] : 0.0f;
+        if (has_min)
+            for (int64_t i = 0; i < ng * 16; i++) xs[(ng * 16 + i) * NT + t] = t < mt ? a[ng * 16 + i] : 0.0f;
+    }
+}
+
+/* ---- the tile loop --------------------------------------------------------------- */
+
+struct tjob {
+    const struct lay *l;
+    int64_t ng;
+    int has_min;
+    const uint8_t *xa; /* the token tile's block-major input */
+    const float *xs;   /* its per-lane xs (then sxs) */
+    int mt;            /* tokens in the tile (<= NT) */
+    const int64_t *uoff;
+    const uint8_t *btile;
+    const float *dwt, *mwt;
+    float *facc;
+    int32_t *cbuf;
+    float *y; /* y[t * ldy + r], r < rp */
+    int64_t ldy;
+    int64_t rp;
+    enum ggml_type type;
+};
+
+/* The tile product of unit L of group g -> cb[L][t][r], in C tile c. */
+#define UNIT_TILE(c, a, b, L)                                                                                          \
+    do {                                                                                                               \
+        _tile_loadd(a, xa + uo[L], 32);                                                                                \
+        _tile_loadd(b, bg + (size_t)(L) * BTILE, 64);                                                                  \
+        _tile_zero(c);                                                                                                 \
+        _tile_dpbssd(c, a, b);                                                                                         \
+        _tile_stored(c, cb + 256 * (L), 64);                                                                           \
+    } while (0)
+
+/* The float step of unit L of group g for the tile's tokens, from cb. */
+static inline __attribute__((always_inline)) void unit_float(const struct tjob *j, int64_t g, int L, const int32_t *cb,
+                                                             const int has_min, const int x16)
+{
+    const __m512 dw = _mm512_load_ps(j->dwt + (size_t)g * 256 + 16 * L);
+    const __m512 mw = has_min ? _mm512_load_ps(j->mwt + (size_t)g * 256 + 16 * L) : _mm512_setzero_ps();
+    const int32_t *c = cb + 256 * L;
+    float *f = j->facc + 16 * L;
+    const float *xs = j->xs + (size_t)(g * 16 + L) * NT;
+    const float *sxs = xs + (size_t)j->ng * 16 * NT;
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; t++) {
+        __m512i is = _mm512_load_si512(c + 16 * t);
+        if (x16) is = _mm512_slli_epi32(is, 4);
+        __m512 acc = _mm512_load_ps(f + 256 * t);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(xs[t])), acc);
+        if (has_min) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(sxs[t]), acc);
+        _mm512_store_ps(f + 256 * t, acc);
+    }
+}
+
+/* Group g's float step (from cbg) with group g + 1's tile products (into
+ * cbn) interleaved, so that the tile unit and the vector units work at once. */
+static inline __attribute__((always_inline)) void group_step(const struct tjob *j, int64_t g, const int has_min,
+                                                             int next)
+{
+    const unsigned x16 = x16_lanes(j->type, group_steps(j->l, g));
+    const int32_t *cbg = j->cbuf + (size_t)(g & 1) * 16 * 256;
+    int32_t *cb = j->cbuf + (size_t)((g + 1) & 1) * 16 * 256;
+    const int64_t *uo = j->uoff + 16 * (g + 1);
+    const uint8_t *bg = j->btile + (size_t)(g + 1) * 16 * BTILE;
+    const uint8_t *xa = j->xa;
+    for (int L = 0; L < 16; L += 4) {
+        if (next) UNIT_TILE(TC0, TA0, TB0, L);
+        if (x16 >> L & 1) unit_float(j, g, L, cbg, has_min, 1);
+        else unit_float(j, g, L, cbg, has_min, 0);
+        if (next) UNIT_TILE(TC1, TA1, TB1, L + 1);
+        if (x16 >> (L + 1) & 1) unit_float(j, g, L + 1, cbg, has_min, 1);
+        else unit_float(j, g, L + 1, cbg, has_min, 0);
+        if (next) UNIT_TILE(TC2, TA0, TB0, L + 2);
+        if (x16 >> (L + 2) & 1) unit_float(j, g, L + 2, cbg, has_min, 1);
+        else unit_float(j, g, L + 2, cbg, has_min, 0);
+        if (next) UNIT_TILE(TC3, TA1, TB1, L + 3);
+        if (x16 >> (L + 3) & 1) unit_float(j, g, L + 3, cbg, has_min, 1);
+        else unit_float(j, g, L + 3, cbg, has_min, 0);
+    }
+}
+
+/* The lanes of acc[t] added by reduce16's tree (matmul_avx512_impl.h),
+ * vectorised over the rows. */
+static inline void tile_store(const struct tjob *j)
+{
+    const __mmask16 m = j->rp >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << j->rp) - 1);
+    for (int t = 0; t < j->mt; t++) {
+        const float *f = j->facc + 256 * t;
+        __m512 a[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) a[i] = _mm512_add_ps(_mm512_load_ps(f + 16 * i), _mm512_load_ps(f + 16 * (i + 8)));
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) a[i] = _mm512_add_ps(a[i], a[i + 4]);
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; i++) a[i] = _mm512_add_ps(a[i], a[i + 2]);
+        _mm512_mask_storeu_ps(j->y + t * j->ldy, m, _mm512_add_ps(a[0], a[1]));
+    }
+}
+
+static inline __attribute__((always_inline)) void tile_run_t(const struct tjob *j, const int has_min)
+{
+    memset(j->facc, 0, (size_t)NT * 16 * NR * 4);
+    {
+        /* group 0's tile products */
+        int32_t *cb = j->cbuf;
+        const int64_t *uo = j->uoff;
+        const uint8_t *bg = j->btile, *xa = j->xa;
+        for (int L = 0; L < 16; L += 4) {
+            UNIT_TILE(TC0, TA0, TB0, L);
+            UNIT_TILE(TC1, TA1, TB1, L + 1);
+            UNIT_TILE(TC2, TA0, TB0, L + 2);
+            UNIT_TILE(TC3, TA1, TB1, L + 3);
+        }
+    }
+    for (int64_t g = 0; g < j->ng; g++) group_step(j, g, has_min, g + 1 < j->ng);
+    tile_store(j);
+}
+
+static void tile_run(const struct tjob *j)
+{
+    if (j->has_min) tile_run_t(j, 1);
+    else tile_run_t(j, 0);
+}
+
+static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1,
+                     uint8_t *scratch)
+{
+    size_t xoff;
+    const struct lay l = input_form(w->type, in->n_in, &xoff);
+    const int64_t nb = in->n_in / 32;
+    const struct wtype wt = wtype_of(w->type);
+    const struct amx_scratch sc = scratch_of(&l, in->n_in, in->n_tok, wt.has_min);
+    int64_t *uoff = (int64_t *)(scratch + sc.uoff);
+    for (int64_t g = 0; g < l.ng; g++)
+        for (int L = 0; L < 16; L++) uoff[16 * g + L] = unit_offset(&l, nb, g, L) / 32 * 512 + unit_offset(&l, nb, g, L) % 32;
+    const struct panel pn = {w->type,
+                             &l,
+                             nb,
+                             wt.has_min,
+                             scratch + sc.rowt,
+                             scratch + sc.btile,
+                             (float *)(scratch + sc.dwt),
+                             (float *)(scratch + sc.mwt)};
+    const size_t natoff = avx_bytes(in->n_in);
+
+    struct tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = TC0; i <= TC3; i++) cfg.colsb[i] = 64, cfg.rows[i] = NT;
+    for (int i = TA0; i <= TA1; i++) cfg.colsb[i] = 32, cfg.rows[i] = NT;
+    for (int i = TB0; i <= TB1; i++) cfg.colsb[i] = 64, cfg.rows[i] = 8;
+    _tile_loadconfig(&cfg);
+
+    for (int64_t c0 = 0; c0 < in->n_tok; c0 += sc.chunk) {
+        const int64_t c1 = c0 + sc.chunk < in->n_tok ? c0 + sc.chunk : in->n_tok;
+        for (int64_t t0 = c0; t0 < c1; t0 += NT) {
+            const int64_t i = (t0 - c0) / NT;
+            input_tile(in, &l, xoff, natoff, wt.has_min, t0, (int)(c1 - t0 < NT ? c1 - t0 : NT),
+                       scratch + sc.xa + (size_t)i * sc.xa_tile, (float *)(scratch + sc.xs + (size_t)i * sc.xs_tile));
+        }
+        for (int64_t p = r0; p < r1; p += NR) {
+            const int64_t rp = r1 - p < NR ? r1 - p : NR;
+            unpack_panel(w, &pn, p, rp);
+            for (int64_t t0 = c0; t0 < c1; t0 += NT) {
+                const int64_t i = (t0 - c0) / NT;
+                struct tjob j = {&l,
+                                 l.ng,
+                                 wt.has_min,
+                                 scratch + sc.xa + (size_t)i * sc.xa_tile,
+                                 (const float *)(scratch + sc.xs + (size_t)i * sc.xs_tile),
+                                 (int)(c1 - t0 < NT ? c1 - t0 : NT),
+                                 uoff,
+                                 pn.btile,
+                                 pn.dwt,
+                                 pn.mwt,
+                                 (float *)(scratch + sc.facc),
+                                 (int32_t *)(scratch + sc.cbuf),
+                                 y + t0 * w->n_out + p,
+                                 w->n_out,
+                                 rp,
+                                 w->type};
+                tile_run(&j);
+            }
+        }
+    }
+    _tile_release();
+}
+
+static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1, void *scratch)
+{
+    if (!mm_type_is_quantized(w->type) || in->n_tok < AMX_MIN_TOK) mm_kernels_avx512.rows(w, in, y, r0, r1, scratch);
+    else rows_amx(w, in, y, r0, r1, scratch);
+}
+
+/* Packed rows: the AVX-512 ones (its tag, 0x512), read by both paths. */
+static int packs(enum ggml_type type) { return mm_kernels_avx512.packs(type); }
+static void pack_rows(const struct mm_weight *w, int64_t r0, int64_t r1, uint8_t *dst)
+{
+    mm_kernels_avx512.pack_rows(w, r0, r1, dst);
+}
+
+const struct mm_kernels mm_kernels_amx = {"amx", act_bytes, forms_of, quantize, scratch_bytes,
+                                          rows,  0x512u,    packs,    pack_rows};
+
+#else /* a compiler without AMX: the table exists, matmul.c never uses it */
+
+const bool mm_amx_built = false;
+const struct mm_kernels mm_kernels_amx = {"amx", NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL};
+
+#endif
