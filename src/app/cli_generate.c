@@ -173,8 +173,7 @@ static int parse_args(int argc, char **argv, struct gen_args *ga)
         else if (cli_opt_is(a, "--kernels")) {
             CLI_VAL();
             if (!cli_parse_kernels(a, val, &ga->lo.kernels)) return CLI_EXIT_USAGE;
-        }
-        else if (cli_opt_is(a, "--device")) {
+        } else if (cli_opt_is(a, "--device")) {
             CLI_VAL();
             ga->lo.device = val;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) ga->quiet = true;

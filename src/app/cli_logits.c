@@ -73,8 +73,7 @@ int cli_logits(int argc, char **argv)
         else if (cli_opt_is(a, "--kernels")) {
             CLI_VAL();
             if (!cli_parse_kernels(a, val, &lo.kernels)) return CLI_EXIT_USAGE;
-        }
-        else if (cli_opt_is(a, "--device")) {
+        } else if (cli_opt_is(a, "--device")) {
             CLI_VAL();
             lo.device = val;
         } else {

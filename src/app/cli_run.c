@@ -152,8 +152,7 @@ int cli_run(int argc, char **argv)
         else if (cli_opt_is(a, "--kernels")) {
             CLI_VAL();
             if (!cli_parse_kernels(a, val, &o.kernels)) return CLI_EXIT_USAGE;
-        }
-        else if (cli_opt_is(a, "--device")) {
+        } else if (cli_opt_is(a, "--device")) {
             CLI_VAL();
             if (!be_select_device_valid(val)) {
                 fprintf(stderr, "kvbatch run: --device expects auto, cpu, cuda or cuda:N, got '%s'\n", val);

@@ -46,7 +46,7 @@ struct run_opts {
     bool cache_lossy8;         /* 8-bit lossy cache values */
     uint64_t cache_buffer;     /* bytes of blocks waiting to be written; 0: the store's default */
     bool resume, quiet;
-    enum mm_impl kernels; /* CPU matmul kernels (--kernels, --scalar); MM_IMPL_AUTO when zeroed */
+    enum mm_impl kernels;             /* CPU matmul kernels (--kernels, --scalar); MM_IMPL_AUTO when zeroed */
     int32_t shard_index, shard_count; /* run only shard_index of shard_count (job_shard.h); count <= 1: all */
 };
 

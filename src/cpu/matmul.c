@@ -340,7 +340,10 @@ struct pack_job {
 static void pack_worker(void *arg, int ith, int nth)
 {
     struct pack_job *j = arg;
-    int64_t r0 = j->w->n_out * ith / nth, r1 = j->w->n_out * (ith + 1) / nth;
+    /* Whole grains: a packed form may interleave the rows of a grain. */
+    int64_t grains = (j->w->n_out + ROW_GRAIN - 1) / ROW_GRAIN;
+    int64_t r0 = grains * ith / nth * ROW_GRAIN, r1 = grains * (ith + 1) / nth * ROW_GRAIN;
+    if (r1 > j->w->n_out) r1 = j->w->n_out;
     if (r0 < r1) j->k->pack_rows(j->w, r0, r1, j->dst + (size_t)r0 * j->w->row_bytes);
 }
 

@@ -51,7 +51,7 @@
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #include <string.h>
 
-#include "cpu/matmul_avx512_wgroup.h"
+#include "cpu/matmul_amx_impl.h"
 
 const bool mm_amx_built = true;
 
@@ -59,12 +59,10 @@ const bool mm_amx_built = true;
  * the AVX-512 code (the fused decode path streams the weights once). */
 #define AMX_MIN_TOK 4
 
-#define FORM_NAT 4u /* the natural int8 form (the AVX-512 forms are bits 1 and 2) */
-#define NT 16       /* tokens per tile */
-#define NR 16       /* weight rows per panel (tile columns) */
-#define BTILE 512   /* one B tile: 8 rows of 64 bytes (K = 32) */
-/* Tokens whose input is kept hot while one panel is applied. */
-#define TOKEN_BUDGET_BYTES (1024 * 1024)
+#define NT 16     /* tokens per tile */
+#define BTILE 512 /* one B tile: 8 rows of 64 bytes (K = 32) */
+
+#define RING 8 /* tile results in flight (matmul loop, below) */
 
 /* Tile registers: four C (results), two A (input), two B (weights). Plain
  * numbers: the intrinsics paste them into the instruction's text. */
@@ -86,8 +84,6 @@ struct tilecfg {
 
 /* ---- the input -------------------------------------------------------------------- */
 
-static size_t avx_bytes(int64_t n_in) { return mm_kernels_avx512.act_bytes(n_in); }
-static size_t nat_bytes(int64_t n_in) { return ((size_t)n_in + 64 + 63) & ~(size_t)63; }
 static size_t act_bytes(int64_t n_in) { return avx_bytes(n_in) + nat_bytes(n_in); }
 
 static unsigned forms_of(enum ggml_type type) { return mm_kernels_avx512.forms_of(type) | FORM_NAT; }
@@ -120,42 +116,20 @@ static void quantize(const float *x, int64_t n_in, unsigned forms, void *dst)
 
 /* ---- units: which bytes of a row lane L of group g reads ------------------------- */
 
-/* The kind of a group: S8, S4 or S1 (matmul_avx512.c), by its index. */
-static inline int group_steps(const struct lay *l, int64_t g) { return g < l->n8 ? 8 : g < l->n8 + l->n4 ? 4 : 1; }
-
 /* Byte offset of lane L's unit of group g in a natural row (nb blocks), or
  * 0 for a lane with no unit (its weights are zero, any input will do). */
 static int64_t unit_offset(const struct lay *l, int64_t nb, int64_t g, int L)
 {
-    int64_t blk, off;
-    if (g < l->n8) {
-        blk = 16 * g + L;
-        off = 32 * blk;
-    } else if (g < l->n8 + l->n4) {
-        blk = 16 * l->n8 + 8 * (g - l->n8) + 2 * (L & 3) + (L >> 3);
-        off = 32 * blk + 16 * ((L >> 2) & 1);
-    } else {
-        blk = 16 * l->n8 + 8 * l->n4 + (L >> 3);
-        off = 32 * blk + 4 * (L & 7);
-    }
-    return blk < nb ? off : 0;
+    int sub;
+    const int64_t blk = unit_block(l, nb, g, L, &sub);
+    const int S = group_steps(l, g);
+    return blk < 0 ? 0 : 32 * blk + (S == 4 ? 16 * sub : S == 1 ? 4 * sub : 0);
 }
 
 static inline bool unit_present(const struct lay *l, int64_t nb, int64_t g, int L)
 {
-    int64_t blk = g < l->n8 ? 16 * g + L
-                  : g < l->n8 + l->n4 ? 16 * l->n8 + 8 * (g - l->n8) + 2 * (L & 3) + (L >> 3)
-                                      : 16 * l->n8 + 8 * l->n4 + (L >> 3);
-    return blk < nb;
-}
-
-/* Lanes whose AVX-512 weights are high nibbles kept x 16 (S4 groups only). */
-static inline unsigned x16_lanes(enum ggml_type type, int steps)
-{
-    if (steps != 4) return 0;
-    if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1) return HI_NIB_LANES;
-    if (type == GGML_TYPE_Q4_K) return 0xFF00u;
-    return 0;
+    int sub;
+    return unit_block(l, nb, g, L, &sub) >= 0;
 }
 
 /* ---- scratch --------------------------------------------------------------------- */
@@ -170,16 +144,16 @@ static inline unsigned x16_lanes(enum ggml_type type, int steps)
  * stride of 32, wherever the unit starts) and the per-lane xs (and sxs) as
  * 16 floats over the tile's tokens. */
 struct amx_scratch {
-    int64_t chunk;    /* tokens per chunk, a multiple of NT */
-    size_t xa_tile;   /* bytes of one token tile's int8: nb * 512 + 64 */
-    size_t xs_tile;   /* bytes of one token tile's xs (then sxs): ng * 16 lanes * NT floats */
-    size_t facc;      /* float [NT][16 lanes][NR] */
-    size_t cbuf;      /* int32 [2][16 lanes][NT][NR]: tile results of two groups */
-    size_t xa, xs;    /* the chunk's input, [chunk / NT] tiles each */
-    size_t rowt;      /* one panel's rows as the AVX-512 code unpacks them: [NR][wbytes] */
-    size_t btile;     /* [ng][16 lanes] B tiles */
-    size_t dwt, mwt;  /* float [ng][16 lanes][NR]: dw and mw per row */
-    size_t uoff;      /* int64 [ng][16]: unit offsets within a tile's block-major input */
+    int64_t chunk;   /* tokens per chunk, a multiple of NT */
+    size_t xa_tile;  /* bytes of one token tile's int8: nb * 512 + 64 */
+    size_t xs_tile;  /* bytes of one token tile's xs (then sxs): ng * 16 lanes * NT floats */
+    size_t facc;     /* float [NT][16 lanes][NR]: a token tile's lane sums */
+    size_t cbuf;     /* int32 [RING][NT][NR]: the ring of tile results */
+    size_t xa, xs;   /* the chunk's input, [chunk / NT] tiles each */
+    size_t rowt;     /* one panel's rows as the AVX-512 code unpacks them: [NR][wbytes] */
+    size_t btile;    /* [ng][16 lanes] B tiles */
+    size_t dwt, mwt; /* float [ng][16 lanes][NR]: dw and mw per row */
+    size_t uoff;     /* struct unit [16 * ng] (the tile loop) */
     size_t total;
 };
 
@@ -198,7 +172,7 @@ static struct amx_scratch scratch_of(const struct lay *l, int64_t n_in, int64_t 
     s.facc = o;
     o += (size_t)NT * 16 * NR * 4;
     s.cbuf = o;
-    o += (size_t)2 * 16 * NT * NR * 4;
+    o += (size_t)RING * NT * NR * 4;
     s.xa = o;
     o += (size_t)(chunk / NT) * s.xa_tile;
     s.xs = o;
@@ -212,15 +186,18 @@ static struct amx_scratch scratch_of(const struct lay *l, int64_t n_in, int64_t 
     s.mwt = o;
     o += (size_t)l->ng * 16 * NR * 4;
     s.uoff = o;
-    o += ((size_t)l->ng * 16 * 8 + 63) & ~(size_t)63;
+    o += ((size_t)l->ng * 16 * 8 + 63) & ~(size_t)63; /* sizeof (struct unit) is 8 */
     s.total = o;
     return s;
 }
 
+static bool on_tiles(const struct mm_weight *w, int64_t n_tok);
+
 static size_t scratch_bytes(const struct mm_weight *w, int64_t n_tok)
 {
     size_t a = mm_kernels_avx512.scratch_bytes(w, n_tok);
-    if (!mm_type_is_quantized(w->type) || n_tok < AMX_MIN_TOK) return a;
+    if (w->packed == PACK_TAG && decode_scratch_bytes() > a) a = decode_scratch_bytes();
+    if (!on_tiles(w, n_tok)) return a;
     size_t xoff;
     const struct lay l = input_form(w->type, w->n_in, &xoff);
     size_t b = scratch_of(&l, w->n_in, n_tok, wtype_of(w->type).has_min).total;
@@ -335,7 +312,8 @@ static void unpack_panel(const struct mm_weight *w, const struct panel *pn, int6
     const int bias = wtype_of(w->type).bias;
     for (int64_t i = 0; i < NR; i++) {
         uint8_t *o = pn->rowt + (size_t)i * l->wbytes;
-        if (i < rp) unpack_row(w->type, w->packed != 0, (const uint8_t *)w->data + (size_t)(p + i) * w->row_bytes, l, o);
+        if (i < rp)
+            unpack_row(w->type, w->packed != 0, (const uint8_t *)w->data + (size_t)(p + i) * w->row_bytes, l, o);
         else memset(o, 0, l->wbytes);
     }
     size_t wo = 0;
@@ -375,21 +353,126 @@ static void unpack_panel(const struct mm_weight *w, const struct panel *pn, int6
     }
 }
 
+/* ---- packed rows: the panel form (matmul_amx_impl.h) ------------------------------ */
+
+static int packs(enum ggml_type type) { return type_wide(type); }
+
+static void pack_rows(const struct mm_weight *w, int64_t r0, int64_t r1, uint8_t *dst)
+{
+    const int bs = wide_bs(w->type), nq = bs - (w->type == GGML_TYPE_Q4_1 ? 4 : 2), qoff = bs - nq;
+    const int64_t nb = w->n_in / 32;
+    for (int64_t p = r0; p < r1; p += NR) { /* r0 is a multiple of NR (matmul.c splits so) */
+        const int64_t rp = w->n_out - p < NR ? w->n_out - p : NR;
+        uint8_t *pd = dst + (size_t)(p - r0) * w->row_bytes;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = pd + (size_t)(b * rp * bs);
+            for (int64_t n = 0; n < rp; n++) {
+                const uint8_t *blk = (const uint8_t *)w->data + (size_t)(p + n) * w->row_bytes + (size_t)(b * bs);
+                for (int s = 0; s < nq / 4; s++) memcpy(o + 4 * (rp * s + n), blk + qoff + 4 * s, 4);
+                memcpy(o + rp * nq + 2 * n, blk, 2);                             /* d */
+                if (qoff == 4) memcpy(o + rp * nq + 2 * rp + 2 * n, blk + 2, 2); /* m */
+            }
+        }
+    }
+}
+
+/* Rows [p, p + rp) of a packed weight -> B tiles and per-row scales, the
+ * same values unpack_panel makes from stored rows. */
+static void unpack_panel_packed(const struct mm_weight *w, const struct panel *pn, int64_t p, int64_t rp)
+{
+    const struct lay *l = pn->l;
+    const int bs = wide_bs(w->type), q8 = w->type == GGML_TYPE_Q8_0, nq = bs - (w->type == GGML_TYPE_Q4_1 ? 4 : 2);
+    const __m512i bias = _mm512_set1_epi8(w->type == GGML_TYPE_Q4_0 ? 8 : 0), m4 = _mm512_set1_epi8(0x0F);
+    const __mmask16 mrows = (__mmask16)((1u << rp) - 1);
+    const uint8_t *pd = (const uint8_t *)w->data + (size_t)p * w->row_bytes;
+    /* Full S8 groups of full panels (the bulk): straight-line. */
+    if (rp == NR)
+        for (int64_t g = 0; g < l->n8; g++)
+            for (int L = 0; L < 16; L++) {
+                const uint8_t *o = pd + (size_t)((16 * g + L) * NR * bs);
+                uint8_t *bt = pn->btile + (size_t)(16 * g + L) * BTILE;
+                float *dwt = pn->dwt + (size_t)(16 * g + L) * NR, *mwt = pn->mwt + (size_t)(16 * g + L) * NR;
+                if (q8) {
+#pragma GCC unroll 8
+                    for (int k = 0; k < 8; k++) _mm512_store_si512(bt + 64 * k, _mm512_loadu_si512(o + 64 * k));
+                } else {
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        const __m512i v = _mm512_loadu_si512(o + 64 * k);
+                        _mm512_store_si512(bt + 64 * k, _mm512_sub_epi8(_mm512_and_si512(v, m4), bias));
+                        _mm512_store_si512(bt + 256 + 64 * k,
+                                           _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), bias));
+                    }
+                }
+                _mm512_store_ps(dwt, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + NR * nq))));
+                if (pn->has_min)
+                    _mm512_store_ps(mwt, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + NR * nq + 2 * NR))));
+            }
+    for (int64_t g = rp == NR ? l->n8 : 0; g < l->ng; g++) {
+        const int S = group_steps(l, g);
+        for (int L = 0; L < 16; L++) {
+            int sub;
+            const int64_t blk = unit_block(l, pn->nb, g, L, &sub);
+            uint8_t *bt = pn->btile + (size_t)(16 * g + L) * BTILE;
+            float *dwt = pn->dwt + (size_t)(16 * g + L) * NR, *mwt = pn->mwt + (size_t)(16 * g + L) * NR;
+            if (blk < 0) { /* no unit: zero weights and scales, as the AVX-512 lane has */
+                for (int k = 0; k < 8; k++) _mm512_store_si512(bt + 64 * k, _mm512_setzero_si512());
+                _mm512_store_ps(dwt, _mm512_setzero_ps());
+                _mm512_store_ps(mwt, _mm512_setzero_ps());
+                continue;
+            }
+            const uint8_t *o = pd + (size_t)(blk * rp * bs);
+            __m512i row[8];
+            if (q8) {
+                /* S8: dwords 0..7; S4 half h: 4h..4h+3; S1: dword sub */
+                const int first = S == 8 ? 0 : S == 4 ? 4 * sub : sub, n = S == 8 ? 8 : S == 4 ? 4 : 1;
+                for (int k = 0; k < 8; k++)
+                    row[k] = k < n ? _mm512_maskz_loadu_epi32(mrows, o + 4 * rp * (first + k)) : _mm512_setzero_si512();
+            } else {
+                /* nibble dword s: low nibbles are elements 4s.., high ones 16 + 4s.. */
+                __m512i lo[4], hi[4];
+                for (int s = 0; s < 4; s++) {
+                    __m512i v = _mm512_maskz_loadu_epi32(mrows, o + 4 * rp * s);
+                    lo[s] = _mm512_sub_epi8(_mm512_and_si512(v, m4), bias);
+                    hi[s] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), bias);
+                }
+                for (int k = 0; k < 8; k++) row[k] = _mm512_setzero_si512();
+                if (S == 8)
+                    for (int s = 0; s < 4; s++) row[s] = lo[s], row[4 + s] = hi[s];
+                else if (S == 4)
+                    for (int s = 0; s < 4; s++) row[s] = sub ? hi[s] : lo[s];
+                else row[0] = sub < 4 ? lo[sub] : hi[sub - 4];
+            }
+            /* rows past rp read as zero bytes, which the bias made -bias: clear them */
+            for (int k = 0; k < 8; k++) _mm512_store_si512(bt + 64 * k, _mm512_maskz_mov_epi32(mrows, row[k]));
+            __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mrows, o + rp * nq));
+            /* an S4 lane of high nibbles: dw / 16 as the AVX-512 group has it (matmul_avx512_wgroup.h) */
+            if (!q8 && S == 4 && sub) d = _mm512_mul_ps(d, _mm512_set1_ps(0.0625f));
+            _mm512_store_ps(dwt, d);
+            _mm512_store_ps(mwt, pn->has_min ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mrows, o + rp * nq + 2 * rp))
+                                             : _mm512_setzero_ps());
+        }
+    }
+}
+
 /* ---- the input of a chunk, in tile order ---------------------------------------- */
 
-/* Tokens [t0, t0 + mt) -> one token tile: block-major int8 (rows past mt
- * zero) and the per-lane xs / sxs of the type's AVX-512 form. */
+/* Tokens [t0, t0 + mt) -> one token tile of MT rows: block-major int8
+ * (rows past mt zero; a block's rows 32 bytes apart, 16 rows per block
+ * whatever MT is) and the per-lane xs / sxs of the type's AVX-512 form. */
 static void input_tile(const struct mm_input *in, const struct lay *l, size_t xoff, size_t natoff, int has_min,
-                       int64_t t0, int mt, uint8_t *xa, float *xs)
+                       int64_t t0, int mt, int MT, uint8_t *xa, float *xs)
 {
     const int64_t nb = in->n_in / 32, ng = l->ng;
-    for (int t = 0; t < NT; t++) {
+    for (int t = 0; t < MT; t++) {
         const uint8_t *src = in->xq + (size_t)(t0 + t) * in->xq_stride + natoff;
         if (t < mt)
             for (int64_t b = 0; b < nb; b++)
-                _mm256_store_si256((__m256i *)(xa + 512 * b + 32 * t), _mm256_load_si256((const __m256i *)(src + 32 * b)));
+                _mm256_store_si256((__m256i *)(xa + 512 * b + 32 * t),
+                                   _mm256_load_si256((const __m256i *)(src + 32 * b)));
         else
-            for (int64_t b = 0; b < nb; b++) _mm256_store_si256((__m256i *)(xa + 512 * b + 32 * t), _mm256_setzero_si256());
+            for (int64_t b = 0; b < nb; b++)
+                _mm256_store_si256((__m256i *)(xa + 512 * b + 32 * t), _mm256_setzero_si256());
     }
     memset(xa + 512 * nb, 0, 64);
     /* xs[(g * 16 + L) * NT + t]; sxs after all of them. */
@@ -407,10 +490,10 @@ struct tjob {
     const struct lay *l;
     int64_t ng;
     int has_min;
-    const uint8_t *xa; /* the token tile's block-major input */
-    const float *xs;   /* its per-lane xs (then sxs) */
-    int mt;            /* tokens in the tile (<= NT) */
-    const int64_t *uoff;
+    const uint8_t *xa;        /* the token tile's block-major input */
+    const float *xs;          /* its per-lane xs (then sxs) */
+    int mt;                   /* tokens in the tile (<= NT) */
+    const struct unit *units; /* [16 * ng], lane-major */
     const uint8_t *btile;
     const float *dwt, *mwt;
     float *facc;
@@ -418,64 +501,64 @@ struct tjob {
     float *y; /* y[t * ldy + r], r < rp */
     int64_t ldy;
     int64_t rp;
-    enum ggml_type type;
 };
 
-/* The tile product of unit L of group g -> cb[L][t][r], in C tile c. */
-#define UNIT_TILE(c, a, b, L)                                                                                          \
+/* Units are taken lane by lane (unit u = lane L of group g, u = L * ng + g),
+ * so that one lane's float steps follow each other with its 16 sums in
+ * registers. What unit u reads, precomputed once per call. */
+struct unit {
+    uint32_t xa;  /* offset of its input in a token tile (block-major) */
+    uint16_t k;   /* 16 * g + L: its B tile, scales and input scales */
+    uint8_t x16;  /* its AVX-512 lane holds nibbles x 16 */
+    uint8_t last; /* g == ng - 1: the lane's sums are complete */
+};
+
+/* The tile product of unit u (in C tile c, A/B tiles a, b) lands in ring
+ * slot `slot`; the float step reads it four units later, so that the tile
+ * unit and the vector units work at once, and the ring stays in L1 (a tile
+ * store to memory outside L1 is four times slower). */
+#define UNIT_TILE(c, a, b, un, slot)                                                                                   \
     do {                                                                                                               \
-        _tile_loadd(a, xa + uo[L], 32);                                                                                \
-        _tile_loadd(b, bg + (size_t)(L) * BTILE, 64);                                                                  \
+        _tile_loadd(a, j->xa + (un)->xa, 32);                                                                          \
+        _tile_loadd(b, j->btile + (size_t)(un)->k * BTILE, 64);                                                        \
         _tile_zero(c);                                                                                                 \
         _tile_dpbssd(c, a, b);                                                                                         \
-        _tile_stored(c, cb + 256 * (L), 64);                                                                           \
+        _tile_stored(c, ring + 256 * (slot), 64);                                                                      \
     } while (0)
 
-/* The float step of unit L of group g for the tile's tokens, from cb. */
-static inline __attribute__((always_inline)) void unit_float(const struct tjob *j, int64_t g, int L, const int32_t *cb,
-                                                             const int has_min, const int x16)
+/* The float step of one unit for the tile's 16 tokens from its tile result
+ * c: acc[t] is a vector over the panel's rows. */
+static inline __attribute__((always_inline)) void unit_float(const struct tjob *j, int k, const int32_t *c,
+                                                             const int has_min, const int x16, const int MT,
+                                                             __m512 acc[NT])
 {
-    const __m512 dw = _mm512_load_ps(j->dwt + (size_t)g * 256 + 16 * L);
-    const __m512 mw = has_min ? _mm512_load_ps(j->mwt + (size_t)g * 256 + 16 * L) : _mm512_setzero_ps();
-    const int32_t *c = cb + 256 * L;
-    float *f = j->facc + 16 * L;
-    const float *xs = j->xs + (size_t)(g * 16 + L) * NT;
+    const __m512 dw = _mm512_load_ps(j->dwt + 16 * k);
+    const __m512 mw = has_min ? _mm512_load_ps(j->mwt + 16 * k) : _mm512_setzero_ps();
+    const float *xs = j->xs + (size_t)k * NT;
     const float *sxs = xs + (size_t)j->ng * 16 * NT;
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; t++) {
+#pragma GCC unroll 16
+    for (int t = 0; t < MT; t++) {
         __m512i is = _mm512_load_si512(c + 16 * t);
         if (x16) is = _mm512_slli_epi32(is, 4);
-        __m512 acc = _mm512_load_ps(f + 256 * t);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(xs[t])), acc);
-        if (has_min) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(sxs[t]), acc);
-        _mm512_store_ps(f + 256 * t, acc);
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(dw, _mm512_set1_ps(xs[t])), acc[t]);
+        if (has_min) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sxs[t]), acc[t]);
     }
 }
 
-/* Group g's float step (from cbg) with group g + 1's tile products (into
- * cbn) interleaved, so that the tile unit and the vector units work at once. */
-static inline __attribute__((always_inline)) void group_step(const struct tjob *j, int64_t g, const int has_min,
-                                                             int next)
+/* A unit's float step; after a lane's last group its sums go to facc. */
+static inline __attribute__((always_inline)) void unit_step(const struct tjob *j, const struct unit *un,
+                                                            const int32_t *c, const int has_min, const int MT,
+                                                            __m512 acc[NT])
 {
-    const unsigned x16 = x16_lanes(j->type, group_steps(j->l, g));
-    const int32_t *cbg = j->cbuf + (size_t)(g & 1) * 16 * 256;
-    int32_t *cb = j->cbuf + (size_t)((g + 1) & 1) * 16 * 256;
-    const int64_t *uo = j->uoff + 16 * (g + 1);
-    const uint8_t *bg = j->btile + (size_t)(g + 1) * 16 * BTILE;
-    const uint8_t *xa = j->xa;
-    for (int L = 0; L < 16; L += 4) {
-        if (next) UNIT_TILE(TC0, TA0, TB0, L);
-        if (x16 >> L & 1) unit_float(j, g, L, cbg, has_min, 1);
-        else unit_float(j, g, L, cbg, has_min, 0);
-        if (next) UNIT_TILE(TC1, TA1, TB1, L + 1);
-        if (x16 >> (L + 1) & 1) unit_float(j, g, L + 1, cbg, has_min, 1);
-        else unit_float(j, g, L + 1, cbg, has_min, 0);
-        if (next) UNIT_TILE(TC2, TA0, TB0, L + 2);
-        if (x16 >> (L + 2) & 1) unit_float(j, g, L + 2, cbg, has_min, 1);
-        else unit_float(j, g, L + 2, cbg, has_min, 0);
-        if (next) UNIT_TILE(TC3, TA1, TB1, L + 3);
-        if (x16 >> (L + 3) & 1) unit_float(j, g, L + 3, cbg, has_min, 1);
-        else unit_float(j, g, L + 3, cbg, has_min, 0);
+    if (un->x16) unit_float(j, un->k, c, has_min, 1, MT, acc);
+    else unit_float(j, un->k, c, has_min, 0, MT, acc);
+    if (un->last) {
+        const int L = un->k & 15;
+#pragma GCC unroll 16
+        for (int t = 0; t < MT; t++) {
+            _mm512_store_ps(j->facc + 256 * t + 16 * L, acc[t]);
+            acc[t] = _mm512_setzero_ps();
+        }
     }
 }
 
@@ -497,29 +580,60 @@ static inline void tile_store(const struct tjob *j)
     }
 }
 
-static inline __attribute__((always_inline)) void tile_run_t(const struct tjob *j, const int has_min)
+/* One token tile of MT rows (1, 2, 4, 8 or 16; rows past mt are zero). */
+/* The units of lanes [L0, L0 + nl) of one token tile of MT rows (1, 2, 4,
+ * 8 or 16; rows past mt are zero), nl * ng a multiple of 4. Unit u lands in
+ * ring slot u % 8 and its float step runs four units after its product. */
+static inline __attribute__((always_inline)) void tile_lanes_t(const struct tjob *j, int L0, int nl, const int has_min,
+                                                               const int MT)
 {
-    memset(j->facc, 0, (size_t)NT * 16 * NR * 4);
-    {
-        /* group 0's tile products */
-        int32_t *cb = j->cbuf;
-        const int64_t *uo = j->uoff;
-        const uint8_t *bg = j->btile, *xa = j->xa;
-        for (int L = 0; L < 16; L += 4) {
-            UNIT_TILE(TC0, TA0, TB0, L);
-            UNIT_TILE(TC1, TA1, TB1, L + 1);
-            UNIT_TILE(TC2, TA0, TB0, L + 2);
-            UNIT_TILE(TC3, TA1, TB1, L + 3);
-        }
+    const int64_t nu = (int64_t)nl * j->ng;
+    const struct unit *un = j->units + (size_t)L0 * (size_t)j->ng;
+    int32_t *ring = j->cbuf;
+    __m512 acc[NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < MT; t++) acc[t] = _mm512_setzero_ps();
+    UNIT_TILE(TC0, TA0, TB0, un, 0);
+    UNIT_TILE(TC1, TA1, TB1, un + 1, 1);
+    UNIT_TILE(TC2, TA0, TB0, un + 2, 2);
+    UNIT_TILE(TC3, TA1, TB1, un + 3, 3);
+    for (int64_t u = 0; u < nu; u += 8, un += 8) {
+        const int more = u + 4 < nu, more2 = u + 8 < nu;
+        if (more) UNIT_TILE(TC0, TA0, TB0, un + 4, 4);
+        unit_step(j, un, ring, has_min, MT, acc);
+        if (more) UNIT_TILE(TC1, TA1, TB1, un + 5, 5);
+        unit_step(j, un + 1, ring + 256, has_min, MT, acc);
+        if (more) UNIT_TILE(TC2, TA0, TB0, un + 6, 6);
+        unit_step(j, un + 2, ring + 512, has_min, MT, acc);
+        if (more) UNIT_TILE(TC3, TA1, TB1, un + 7, 7);
+        unit_step(j, un + 3, ring + 768, has_min, MT, acc);
+        if (!more) break;
+        if (more2) UNIT_TILE(TC0, TA0, TB0, un + 8, 0);
+        unit_step(j, un + 4, ring + 1024, has_min, MT, acc);
+        if (more2) UNIT_TILE(TC1, TA1, TB1, un + 9, 1);
+        unit_step(j, un + 5, ring + 1280, has_min, MT, acc);
+        if (more2) UNIT_TILE(TC2, TA0, TB0, un + 10, 2);
+        unit_step(j, un + 6, ring + 1536, has_min, MT, acc);
+        if (more2) UNIT_TILE(TC3, TA1, TB1, un + 11, 3);
+        unit_step(j, un + 7, ring + 1792, has_min, MT, acc);
     }
-    for (int64_t g = 0; g < j->ng; g++) group_step(j, g, has_min, g + 1 < j->ng);
-    tile_store(j);
 }
 
-static void tile_run(const struct tjob *j)
+#define TILE_LANES(MT_)                                                                                                \
+    do {                                                                                                               \
+        if (j->has_min) tile_lanes_t(j, L0, nl, 1, MT_);                                                               \
+        else tile_lanes_t(j, L0, nl, 0, MT_);                                                                          \
+    } while (0)
+
+static void tile_lanes(const struct tjob *j, int L0, int nl, int MT)
 {
-    if (j->has_min) tile_run_t(j, 1);
-    else tile_run_t(j, 0);
+    switch (MT) {
+    case 1: TILE_LANES(1); break;
+    case 2: TILE_LANES(2); break;
+    case 4: TILE_LANES(4); break;
+    case 8: TILE_LANES(8); break;
+    default: TILE_LANES(16); break;
+    }
 }
 
 static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1,
@@ -530,9 +644,14 @@ static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float
     const int64_t nb = in->n_in / 32;
     const struct wtype wt = wtype_of(w->type);
     const struct amx_scratch sc = scratch_of(&l, in->n_in, in->n_tok, wt.has_min);
-    int64_t *uoff = (int64_t *)(scratch + sc.uoff);
-    for (int64_t g = 0; g < l.ng; g++)
-        for (int L = 0; L < 16; L++) uoff[16 * g + L] = unit_offset(&l, nb, g, L) / 32 * 512 + unit_offset(&l, nb, g, L) % 32;
+    struct unit *units = (struct unit *)(scratch + sc.uoff);
+    for (int L = 0, u = 0; L < 16; L++)
+        for (int64_t g = 0; g < l.ng; g++, u++) {
+            const int64_t off = unit_offset(&l, nb, g, L);
+            units[u] =
+                (struct unit){(uint32_t)(off / 32 * 512 + off % 32), (uint16_t)(16 * g + L),
+                              (uint8_t)(x16_lanes(w->type, group_steps(&l, g)) >> L & 1), (uint8_t)(g == l.ng - 1)};
+        }
     const struct panel pn = {w->type,
                              &l,
                              nb,
@@ -543,11 +662,15 @@ static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float
                              (float *)(scratch + sc.mwt)};
     const size_t natoff = avx_bytes(in->n_in);
 
+    /* Fewer than 16 tokens: tiles of MT rows, a power of two (the float
+     * steps are compiled per MT). */
+    int MT = NT;
+    while (MT / 2 >= in->n_tok) MT /= 2;
     struct tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int i = TC0; i <= TC3; i++) cfg.colsb[i] = 64, cfg.rows[i] = NT;
-    for (int i = TA0; i <= TA1; i++) cfg.colsb[i] = 32, cfg.rows[i] = NT;
+    for (int i = TC0; i <= TC3; i++) cfg.colsb[i] = 64, cfg.rows[i] = (uint8_t)MT;
+    for (int i = TA0; i <= TA1; i++) cfg.colsb[i] = 32, cfg.rows[i] = (uint8_t)MT;
     for (int i = TB0; i <= TB1; i++) cfg.colsb[i] = 64, cfg.rows[i] = 8;
     _tile_loadconfig(&cfg);
 
@@ -555,12 +678,13 @@ static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float
         const int64_t c1 = c0 + sc.chunk < in->n_tok ? c0 + sc.chunk : in->n_tok;
         for (int64_t t0 = c0; t0 < c1; t0 += NT) {
             const int64_t i = (t0 - c0) / NT;
-            input_tile(in, &l, xoff, natoff, wt.has_min, t0, (int)(c1 - t0 < NT ? c1 - t0 : NT),
+            input_tile(in, &l, xoff, natoff, wt.has_min, t0, (int)(c1 - t0 < NT ? c1 - t0 : NT), MT,
                        scratch + sc.xa + (size_t)i * sc.xa_tile, (float *)(scratch + sc.xs + (size_t)i * sc.xs_tile));
         }
         for (int64_t p = r0; p < r1; p += NR) {
             const int64_t rp = r1 - p < NR ? r1 - p : NR;
-            unpack_panel(w, &pn, p, rp);
+            if (w->packed) unpack_panel_packed(w, &pn, p, rp);
+            else unpack_panel(w, &pn, p, rp);
             for (int64_t t0 = c0; t0 < c1; t0 += NT) {
                 const int64_t i = (t0 - c0) / NT;
                 struct tjob j = {&l,
@@ -569,7 +693,7 @@ static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float
                                  scratch + sc.xa + (size_t)i * sc.xa_tile,
                                  (const float *)(scratch + sc.xs + (size_t)i * sc.xs_tile),
                                  (int)(c1 - t0 < NT ? c1 - t0 : NT),
-                                 uoff,
+                                 units,
                                  pn.btile,
                                  pn.dwt,
                                  pn.mwt,
@@ -577,30 +701,34 @@ static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float
                                  (int32_t *)(scratch + sc.cbuf),
                                  y + t0 * w->n_out + p,
                                  w->n_out,
-                                 rp,
-                                 w->type};
-                tile_run(&j);
+                                 rp};
+                tile_lanes(&j, 0, 16, MT);
+                tile_store(&j);
             }
         }
     }
     _tile_release();
 }
 
-static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1, void *scratch)
+/* Which code computes w for n_tok tokens: packed weights (whose form only
+ * this file knows) go to the decode kernel for a few tokens and to the tiles
+ * from there on; stored ones to the tiles from AMX_MIN_TOK tokens and to the
+ * AVX-512 code below that (as float weights always do). */
+static bool on_tiles(const struct mm_weight *w, int64_t n_tok)
 {
-    if (!mm_type_is_quantized(w->type) || in->n_tok < AMX_MIN_TOK) mm_kernels_avx512.rows(w, in, y, r0, r1, scratch);
-    else rows_amx(w, in, y, r0, r1, scratch);
+    if (!mm_type_is_quantized(w->type)) return false;
+    return w->packed == PACK_TAG ? n_tok > DECODE_MAX_TOK : n_tok >= AMX_MIN_TOK;
 }
 
-/* Packed rows: the AVX-512 ones (its tag, 0x512), read by both paths. */
-static int packs(enum ggml_type type) { return mm_kernels_avx512.packs(type); }
-static void pack_rows(const struct mm_weight *w, int64_t r0, int64_t r1, uint8_t *dst)
+static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1, void *scratch)
 {
-    mm_kernels_avx512.pack_rows(w, r0, r1, dst);
+    if (on_tiles(w, in->n_tok)) rows_amx(w, in, y, r0, r1, scratch);
+    else if (w->packed == PACK_TAG) mm_amx_rows_decode(w, in, y, r0, r1, scratch);
+    else mm_kernels_avx512.rows(w, in, y, r0, r1, scratch);
 }
 
 const struct mm_kernels mm_kernels_amx = {"amx", act_bytes, forms_of, quantize, scratch_bytes,
-                                          rows,  0x512u,    packs,    pack_rows};
+                                          rows,  PACK_TAG,  packs,    pack_rows};
 
 #else /* a compiler without AMX: the table exists, matmul.c never uses it */
 

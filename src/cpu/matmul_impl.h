@@ -49,7 +49,9 @@ struct mm_kernels {
      * mm_weight.packed takes for this implementation's packed rows;
      * packs(type) says whether it has a packed form of that type; pack_rows
      * writes rows [r0, r1) of w, packed, to dst (row_bytes each, same size
-     * as stored). rows() then reads them with the same arithmetic. */
+     * as stored). rows() then reads them with the same arithmetic. r0 is a
+     * multiple of 16 and r1 one too or n_out (matmul.c splits so): a packed
+     * form may interleave the rows of a 16-row panel. */
     uint32_t pack_tag;
     int (*packs)(enum ggml_type type);
     void (*pack_rows)(const struct mm_weight *w, int64_t r0, int64_t r1, uint8_t *dst);
