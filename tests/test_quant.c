@@ -16,9 +16,11 @@
  * `dequant TYPE N` it is instead a filter used by tests/pytest_quant.py. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/cpu.h"
 #include "base/dtype.h"
 #include "base/rng.h"
 #include "base/tpool.h"
@@ -824,6 +826,44 @@ static void test_errors(struct tpool *pool)
     }
 }
 
+/* What AUTO means and why a kernel is refused. Run twice by ctest: as is,
+ * and with KVBATCH_AMX_DENY=1 (test_quant_amx_denied), which acts as the
+ * operating system refusing the AMX tile state: AMX is then unavailable with
+ * that reason, and AUTO falls back to AVX-512 (the rest of this test then
+ * runs without AMX, as on a machine that refused it). */
+static void test_kernel_choice(void)
+{
+    const struct cpu_features cf = cpu_features();
+    const char *deny = getenv("KVBATCH_AMX_DENY");
+    const int denied = deny && *deny && *deny != '0';
+    CHECK(!denied || !cf.amx);
+    CHECK(!cf.amx || cf.amx_cpu);
+    CHECK(mm_impl_available(MM_IMPL_AMX) == cf.amx || !cf.amx);
+    enum mm_impl k = MM_IMPL_AUTO;
+    struct kvb_err err = {{0}};
+    const char *env = getenv("KVBATCH_KERNELS");
+    if (!env || !*env || !strcmp(env, "auto")) {
+        CHECK(mm_impl_resolve(MM_IMPL_AUTO, &k, &err) == KVB_OK);
+        CHECK(k == (mm_impl_available(MM_IMPL_AMX)      ? MM_IMPL_AMX
+                    : mm_impl_available(MM_IMPL_AVX512) ? MM_IMPL_AVX512
+                    : mm_impl_available(MM_IMPL_AVX2)   ? MM_IMPL_AVX2
+                                                        : MM_IMPL_SCALAR));
+    }
+    if (!mm_impl_available(MM_IMPL_AMX)) {
+        struct tpool *pool = NULL;
+        struct mm_ctx *ctx = NULL;
+        CHECK(tpool_create(1, &pool) == KVB_OK);
+        CHECK(mm_ctx_create(pool, MM_IMPL_AMX, &ctx, &err) == KVB_ERR_UNSUPPORTED && ctx == NULL);
+        CHECK_MSG(!cf.amx_cpu || strstr(err.msg, "refused"), "AMX refused, but the message says: %s", err.msg);
+        CHECK_MSG(cf.amx_cpu || strstr(err.msg, "no AMX"), "no AMX, but the message says: %s", err.msg);
+        tpool_free(pool);
+    }
+    enum mm_impl parsed;
+    CHECK(mm_impl_parse("amx", &parsed) && parsed == MM_IMPL_AMX && !strcmp(mm_impl_label(parsed), "amx"));
+    CHECK(mm_impl_parse("scalar", &parsed) && parsed == MM_IMPL_SCALAR);
+    CHECK(!mm_impl_parse("AMX", &parsed) && !mm_impl_parse("", &parsed) && !mm_impl_parse(NULL, &parsed));
+}
+
 /* `test_quant dequant TYPE N`: dequantizes one row of N elements read from
  * stdin to raw f32 on stdout, so that tests/pytest_quant.py can compare with
  * gguf-py's independent numpy implementation. */
@@ -862,6 +902,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "impl %s: %s\n", impl_label(impls[ii]),
                 mm_impl_available(impls[ii]) ? "tested" : "not supported by this CPU, skipped");
 
+    test_kernel_choice();
     test_errors(pools[1]);
     test_products(pools[1]);
     test_determinism(pools, 3);

@@ -136,7 +136,7 @@ static inline bool unit_present(const struct lay *l, int64_t nb, int64_t g, int 
 
 /* Tokens of input kept hot while the panels of a thread's rows are applied
  * (the weights of a panel are unpacked once per chunk). */
-#define CHUNK_BYTES (768 * 1024)
+#define CHUNK_BYTES (1536 * 1024)
 
 /* Per-thread scratch of the tile path, offsets in bytes (all 64-byte
  * multiples). The input of a chunk of tokens is copied into tile order:
