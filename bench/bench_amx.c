@@ -5,7 +5,9 @@
  * Built by scripts/bench-amx.sh (target bench_amx, outside `all`; a
  * benchmark, never a test). Prints per shape and token count ms per call for
  * each implementation, GOP/s and the ratio; then one layer's seven products.
- * Usage: bench_amx [threads=2] [reps=7] [type=q4_0|q4_1|q8_0|q5_0|q5_1|q4_k|q6_k] */
+ * Usage: bench_amx [threads=2] [reps=7] [type=q4_0|q4_1|q8_0|q5_0|q5_1|q4_k|q6_k]
+ *        bench_amx bw [threads=2] [MiB=2048]: the memory read rate (GB/s, best of 5 passes over a
+ *        buffer far larger than the caches), for a decode's bound (bytes of weights per token / rate). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,8 +72,54 @@ static enum ggml_type type_of(const char *s)
     return GGML_TYPE_COUNT_;
 }
 
+struct bw_job {
+    const uint64_t *buf;
+    size_t n; /* words */
+    uint64_t sum[64];
+};
+
+static void bw_worker(void *arg, int ith, int nth)
+{
+    struct bw_job *j = arg;
+    size_t a = j->n * (size_t)ith / (size_t)nth / 8 * 8, b = j->n * (size_t)(ith + 1) / (size_t)nth / 8 * 8;
+    const uint64_t *p = j->buf;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0; /* named: an array would live in memory */
+    for (size_t i = a; i < b; i += 8) {
+        s0 += p[i] + p[i + 4];
+        s1 += p[i + 1] + p[i + 5];
+        s2 += p[i + 2] + p[i + 6];
+        s3 += p[i + 3] + p[i + 7];
+    }
+    j->sum[ith] = s0 ^ s1 ^ s2 ^ s3;
+}
+
+static int bandwidth(int nth, size_t mib)
+{
+    struct tpool *pool;
+    if (nth > 64 || tpool_create(nth, &pool) != KVB_OK) return 1;
+    size_t bytes = mib << 20;
+    uint64_t *buf = kvb_aligned_alloc(64, bytes);
+    if (!buf) return 1;
+    for (size_t i = 0; i < bytes / 8; i++) buf[i] = i;
+    struct bw_job j = {buf, bytes / 8, {0}};
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t0 = kvb_clock_s();
+        tpool_run(pool, bw_worker, &j);
+        double gbs = (double)bytes / (kvb_clock_s() - t0) * 1e-9;
+        if (gbs > best) best = gbs;
+    }
+    printf("memory read: %.1f GB/s (%d threads, %zu MiB, best of 5) [%llx]\n", best, nth, mib,
+           (unsigned long long)j.sum[0]);
+    kvb_free(buf);
+    tpool_free(pool);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "bw"))
+        return bandwidth(argc > 2 ? atoi(argv[2]) : 2, argc > 3 ? (size_t)atol(argv[3]) : 2048);
     int nth = argc > 1 ? atoi(argv[1]) : 2;
     int reps = argc > 2 ? atoi(argv[2]) : 7;
     enum ggml_type type = type_of(argc > 3 ? argv[3] : "q4_0");

@@ -147,7 +147,7 @@ struct amx_scratch {
     int64_t chunk;   /* tokens per chunk, a multiple of NT */
     size_t xa_tile;  /* bytes of one token tile's int8: nb * 512 + 64 */
     size_t xs_tile;  /* bytes of one token tile's xs (then sxs): ng * 16 lanes * NT floats */
-    size_t facc;     /* float [NT][16 lanes][NR]: a token tile's lane sums */
+    size_t facc;     /* float [chunk / NT][NT][16 lanes][NR]: the token tiles' lane sums */
     size_t cbuf;     /* int32 [RING][NT][NR]: the ring of tile results */
     size_t xa, xs;   /* the chunk's input, [chunk / NT] tiles each */
     size_t rowt;     /* one panel's rows as the AVX-512 code unpacks them: [NR][wbytes] */
@@ -157,11 +157,10 @@ struct amx_scratch {
     size_t total;
 };
 
-static struct amx_scratch scratch_of(const struct lay *l, int64_t n_in, int64_t n_tok, int has_min)
+static struct amx_scratch scratch_of(const struct lay *l, int64_t n_tok, int has_min)
 {
     struct amx_scratch s;
-    const int64_t nb = n_in / 32;
-    s.xa_tile = (size_t)nb * 512 + 64;
+    s.xa_tile = (size_t)l->ng * 16 * 512 + 64;
     s.xs_tile = (size_t)l->ng * 16 * NT * 4 * (has_min ? 2 : 1);
     int64_t chunk = (int64_t)(CHUNK_BYTES / (s.xa_tile + s.xs_tile)) * NT;
     const int64_t need = (n_tok + NT - 1) / NT * NT;
@@ -170,7 +169,7 @@ static struct amx_scratch scratch_of(const struct lay *l, int64_t n_in, int64_t 
     s.chunk = chunk;
     size_t o = 0;
     s.facc = o;
-    o += (size_t)NT * 16 * NR * 4;
+    o += (size_t)(chunk / NT) * NT * 16 * NR * 4;
     s.cbuf = o;
     o += (size_t)RING * NT * NR * 4;
     s.xa = o;
@@ -200,7 +199,7 @@ static size_t scratch_bytes(const struct mm_weight *w, int64_t n_tok)
     if (!on_tiles(w, n_tok)) return a;
     size_t xoff;
     const struct lay l = input_form(w->type, w->n_in, &xoff);
-    size_t b = scratch_of(&l, w->n_in, n_tok, wtype_of(w->type).has_min).total;
+    size_t b = scratch_of(&l, n_tok, wtype_of(w->type).has_min).total;
     return a > b ? a : b;
 }
 
@@ -320,7 +319,6 @@ static void unpack_panel(const struct mm_weight *w, const struct panel *pn, int6
     for (int64_t g = 0; g < l->ng; g++) {
         const int S = group_steps(l, g);
         const unsigned x16 = x16_lanes(w->type, S);
-        uint8_t *bg = pn->btile + (size_t)g * 16 * BTILE;
         for (int s = 0; s < S; s++) {
             __m512i r[16];
 #pragma GCC unroll 16
@@ -328,26 +326,27 @@ static void unpack_panel(const struct mm_weight *w, const struct panel *pn, int6
             transpose16(r);
             for (int L = 0; L < 16; L++) {
                 __m512i v = r[L];
+                uint8_t *bt = pn->btile + unit_index(l, g, L) * BTILE;
                 if (!unit_present(l, pn->nb, g, L)) { /* zero weights, as the AVX-512 lane has */
-                    _mm512_store_si512(bg + (size_t)L * BTILE + 64 * s, _mm512_setzero_si512());
+                    _mm512_store_si512(bt + 64 * s, _mm512_setzero_si512());
                     continue;
                 }
                 /* A lane kept x 16 has nibble * 16 and bias * 16: the nibble minus the bias. */
                 if (x16 >> L & 1) v = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F));
                 v = _mm512_sub_epi8(v, _mm512_set1_epi8((char)bias));
-                _mm512_store_si512(bg + (size_t)L * BTILE + 64 * s, v);
+                _mm512_store_si512(bt + 64 * s, v);
             }
         }
         for (int L = 0; L < 16; L++)
-            for (int s = S; s < 8; s++) _mm512_store_si512(bg + (size_t)L * BTILE + 64 * s, _mm512_setzero_si512());
+            for (int s = S; s < 8; s++)
+                _mm512_store_si512(pn->btile + unit_index(l, g, L) * BTILE + 64 * s, _mm512_setzero_si512());
         for (int m = 0; m < (pn->has_min ? 2 : 1); m++) {
             __m512i r[16];
 #pragma GCC unroll 16
             for (int n = 0; n < 16; n++)
                 r[n] = _mm512_load_si512(pn->rowt + (size_t)n * l->wbytes + wo + 64 * S + 64 * m);
             transpose16(r);
-            float *dst = (m ? pn->mwt : pn->dwt) + (size_t)g * 16 * NR;
-            for (int L = 0; L < 16; L++) _mm512_store_si512(dst + 16 * L, r[L]);
+            for (int L = 0; L < 16; L++) _mm512_store_si512((m ? pn->mwt : pn->dwt) + unit_index(l, g, L) * NR, r[L]);
         }
         wo += (size_t)64 * S + 128;
     }
@@ -390,8 +389,9 @@ static void unpack_panel_packed(const struct mm_weight *w, const struct panel *p
         for (int64_t g = 0; g < l->n8; g++)
             for (int L = 0; L < 16; L++) {
                 const uint8_t *o = pd + (size_t)((16 * g + L) * NR * bs);
-                uint8_t *bt = pn->btile + (size_t)(16 * g + L) * BTILE;
-                float *dwt = pn->dwt + (size_t)(16 * g + L) * NR, *mwt = pn->mwt + (size_t)(16 * g + L) * NR;
+                const size_t u = unit_index(l, g, L);
+                uint8_t *bt = pn->btile + u * BTILE;
+                float *dwt = pn->dwt + u * NR, *mwt = pn->mwt + u * NR;
                 if (q8) {
 #pragma GCC unroll 8
                     for (int k = 0; k < 8; k++) _mm512_store_si512(bt + 64 * k, _mm512_loadu_si512(o + 64 * k));
@@ -413,8 +413,9 @@ static void unpack_panel_packed(const struct mm_weight *w, const struct panel *p
         for (int L = 0; L < 16; L++) {
             int sub;
             const int64_t blk = unit_block(l, pn->nb, g, L, &sub);
-            uint8_t *bt = pn->btile + (size_t)(16 * g + L) * BTILE;
-            float *dwt = pn->dwt + (size_t)(16 * g + L) * NR, *mwt = pn->mwt + (size_t)(16 * g + L) * NR;
+            const size_t u = unit_index(l, g, L);
+            uint8_t *bt = pn->btile + u * BTILE;
+            float *dwt = pn->dwt + u * NR, *mwt = pn->mwt + u * NR;
             if (blk < 0) { /* no unit: zero weights and scales, as the AVX-512 lane has */
                 for (int k = 0; k < 8; k++) _mm512_store_si512(bt + 64 * k, _mm512_setzero_si512());
                 _mm512_store_ps(dwt, _mm512_setzero_ps());
@@ -457,30 +458,35 @@ static void unpack_panel_packed(const struct mm_weight *w, const struct panel *p
 
 /* ---- the input of a chunk, in tile order ---------------------------------------- */
 
-/* Tokens [t0, t0 + mt) -> one token tile of MT rows: block-major int8
- * (rows past mt zero; a block's rows 32 bytes apart, 16 rows per block
- * whatever MT is) and the per-lane xs / sxs of the type's AVX-512 form. */
+/* Tokens [t0, t0 + mt) -> one token tile of MT rows: per unit (lane-major,
+ * unit_index), the 32 input bytes from its unit's start for each token
+ * (rows past mt zero; an S4 or S1 unit's bytes past its own end meet zero
+ * weights), so that each A tile is 512 contiguous bytes and a lane's tiles
+ * follow each other; and its xs (then sxs) over the tokens, from the type's
+ * AVX-512 form. */
 static void input_tile(const struct mm_input *in, const struct lay *l, size_t xoff, size_t natoff, int has_min,
                        int64_t t0, int mt, int MT, uint8_t *xa, float *xs)
 {
-    const int64_t nb = in->n_in / 32, ng = l->ng;
-    for (int t = 0; t < MT; t++) {
-        const uint8_t *src = in->xq + (size_t)(t0 + t) * in->xq_stride + natoff;
-        if (t < mt)
-            for (int64_t b = 0; b < nb; b++)
-                _mm256_store_si256((__m256i *)(xa + 512 * b + 32 * t),
-                                   _mm256_load_si256((const __m256i *)(src + 32 * b)));
-        else
-            for (int64_t b = 0; b < nb; b++)
-                _mm256_store_si256((__m256i *)(xa + 512 * b + 32 * t), _mm256_setzero_si256());
-    }
-    memset(xa + 512 * nb, 0, 64);
-    /* xs[(g * 16 + L) * NT + t]; sxs after all of them. */
+    const int64_t nb = in->n_in / 32, ng = l->ng, nu = 16 * ng;
+    for (int L = 0; L < 16; L++)
+        for (int64_t g = 0; g < ng; g++) {
+            const size_t u = unit_index(l, g, L);
+            const int64_t off = unit_offset(l, nb, g, L);
+            for (int t = 0; t < MT; t++)
+                _mm256_store_si256((__m256i *)(xa + 512 * u + 32 * t),
+                                   t < mt
+                                       ? _mm256_loadu_si256((
+                                             const __m256i *)(in->xq + (size_t)(t0 + t) * in->xq_stride + natoff + off))
+                                       : _mm256_setzero_si256());
+        }
     for (int t = 0; t < NT; t++) {
         const float *a = (const float *)(in->xq + (size_t)(t0 + (t < mt ? t : 0)) * in->xq_stride + xoff + l->qbytes);
-        for (int64_t i = 0; i < ng * 16; i++) xs[i * NT + t] = t < mt ? a[i] : 0.0f;
-        if (has_min)
-            for (int64_t i = 0; i < ng * 16; i++) xs[(ng * 16 + i) * NT + t] = t < mt ? a[ng * 16 + i] : 0.0f;
+        for (int L = 0; L < 16; L++)
+            for (int64_t g = 0; g < ng; g++) {
+                const size_t u = unit_index(l, g, L);
+                xs[u * NT + t] = t < mt ? a[16 * g + L] : 0.0f;
+                if (has_min) xs[(nu + u) * NT + t] = t < mt ? a[nu + 16 * g + L] : 0.0f;
+            }
     }
 }
 
@@ -507,10 +513,10 @@ struct tjob {
  * so that one lane's float steps follow each other with its 16 sums in
  * registers. What unit u reads, precomputed once per call. */
 struct unit {
-    uint32_t xa;  /* offset of its input in a token tile (block-major) */
-    uint16_t k;   /* 16 * g + L: its B tile, scales and input scales */
+    uint8_t L;    /* its lane */
     uint8_t x16;  /* its AVX-512 lane holds nibbles x 16 */
     uint8_t last; /* g == ng - 1: the lane's sums are complete */
+    uint8_t pad;
 };
 
 /* The tile product of unit u (in C tile c, A/B tiles a, b) lands in ring
@@ -519,8 +525,8 @@ struct unit {
  * store to memory outside L1 is four times slower). */
 #define UNIT_TILE(c, a, b, un, slot)                                                                                   \
     do {                                                                                                               \
-        _tile_loadd(a, j->xa + (un)->xa, 32);                                                                          \
-        _tile_loadd(b, j->btile + (size_t)(un)->k * BTILE, 64);                                                        \
+        _tile_loadd(a, j->xa + (size_t)((un)-j->units) * 512, 32);                                                     \
+        _tile_loadd(b, j->btile + (size_t)((un)-j->units) * BTILE, 64);                                                \
         _tile_zero(c);                                                                                                 \
         _tile_dpbssd(c, a, b);                                                                                         \
         _tile_stored(c, ring + 256 * (slot), 64);                                                                      \
@@ -528,7 +534,7 @@ struct unit {
 
 /* The float step of one unit for the tile's 16 tokens from its tile result
  * c: acc[t] is a vector over the panel's rows. */
-static inline __attribute__((always_inline)) void unit_float(const struct tjob *j, int k, const int32_t *c,
+static inline __attribute__((always_inline)) void unit_float(const struct tjob *j, size_t k, const int32_t *c,
                                                              const int has_min, const int x16, const int MT,
                                                              __m512 acc[NT])
 {
@@ -550,10 +556,11 @@ static inline __attribute__((always_inline)) void unit_step(const struct tjob *j
                                                             const int32_t *c, const int has_min, const int MT,
                                                             __m512 acc[NT])
 {
-    if (un->x16) unit_float(j, un->k, c, has_min, 1, MT, acc);
-    else unit_float(j, un->k, c, has_min, 0, MT, acc);
+    const size_t u = (size_t)(un - j->units);
+    if (un->x16) unit_float(j, u, c, has_min, 1, MT, acc);
+    else unit_float(j, u, c, has_min, 0, MT, acc);
     if (un->last) {
-        const int L = un->k & 15;
+        const int L = un->L;
 #pragma GCC unroll 16
         for (int t = 0; t < MT; t++) {
             _mm512_store_ps(j->facc + 256 * t + 16 * L, acc[t]);
@@ -643,15 +650,18 @@ static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float
     const struct lay l = input_form(w->type, in->n_in, &xoff);
     const int64_t nb = in->n_in / 32;
     const struct wtype wt = wtype_of(w->type);
-    const struct amx_scratch sc = scratch_of(&l, in->n_in, in->n_tok, wt.has_min);
+    const struct amx_scratch sc = scratch_of(&l, in->n_tok, wt.has_min);
     struct unit *units = (struct unit *)(scratch + sc.uoff);
-    for (int L = 0, u = 0; L < 16; L++)
-        for (int64_t g = 0; g < l.ng; g++, u++) {
-            const int64_t off = unit_offset(&l, nb, g, L);
-            units[u] =
-                (struct unit){(uint32_t)(off / 32 * 512 + off % 32), (uint16_t)(16 * g + L),
-                              (uint8_t)(x16_lanes(w->type, group_steps(&l, g)) >> L & 1), (uint8_t)(g == l.ng - 1)};
-        }
+    for (int L = 0; L < 16; L++)
+        for (int64_t g = 0; g < l.ng; g++)
+            units[unit_index(&l, g, L)] = (struct unit){
+                (uint8_t)L, (uint8_t)(x16_lanes(w->type, group_steps(&l, g)) >> L & 1), (uint8_t)(g == l.ng - 1), 0};
+    /* Lanes are taken nl at a time over every token tile of a chunk, so
+     * that their B tiles (nl * ng of them, at most 32 where it can) stay in
+     * L1 while the token tiles' A tiles stream past; nl * ng is kept a
+     * multiple of 4 (the tile loop's step). */
+    int nl = 16;
+    while (nl > 1 && nl * l.ng > 32 && (nl / 2 * l.ng) % 4 == 0) nl /= 2;
     const struct panel pn = {w->type,
                              &l,
                              nb,
@@ -685,26 +695,27 @@ static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float
             const int64_t rp = r1 - p < NR ? r1 - p : NR;
             if (w->packed) unpack_panel_packed(w, &pn, p, rp);
             else unpack_panel(w, &pn, p, rp);
-            for (int64_t t0 = c0; t0 < c1; t0 += NT) {
-                const int64_t i = (t0 - c0) / NT;
-                struct tjob j = {&l,
-                                 l.ng,
-                                 wt.has_min,
-                                 scratch + sc.xa + (size_t)i * sc.xa_tile,
-                                 (const float *)(scratch + sc.xs + (size_t)i * sc.xs_tile),
-                                 (int)(c1 - t0 < NT ? c1 - t0 : NT),
-                                 units,
-                                 pn.btile,
-                                 pn.dwt,
-                                 pn.mwt,
-                                 (float *)(scratch + sc.facc),
-                                 (int32_t *)(scratch + sc.cbuf),
-                                 y + t0 * w->n_out + p,
-                                 w->n_out,
-                                 rp};
-                tile_lanes(&j, 0, 16, MT);
-                tile_store(&j);
-            }
+            for (int L0 = 0; L0 < 16 + nl; L0 += nl) /* a last pass adds the lanes of each token tile */
+                for (int64_t t0 = c0; t0 < c1; t0 += NT) {
+                    const int64_t i = (t0 - c0) / NT;
+                    struct tjob j = {&l,
+                                     l.ng,
+                                     wt.has_min,
+                                     scratch + sc.xa + (size_t)i * sc.xa_tile,
+                                     (const float *)(scratch + sc.xs + (size_t)i * sc.xs_tile),
+                                     (int)(c1 - t0 < NT ? c1 - t0 : NT),
+                                     units,
+                                     pn.btile,
+                                     pn.dwt,
+                                     pn.mwt,
+                                     (float *)(scratch + sc.facc) + (size_t)i * NT * 16 * NR,
+                                     (int32_t *)(scratch + sc.cbuf),
+                                     y + t0 * w->n_out + p,
+                                     w->n_out,
+                                     rp};
+                    if (L0 < 16) tile_lanes(&j, L0, nl, MT);
+                    else tile_store(&j);
+                }
         }
     }
     _tile_release();

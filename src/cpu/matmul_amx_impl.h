@@ -56,6 +56,10 @@ static inline int64_t unit_block(const struct lay *l, int64_t nb, int64_t g, int
     return blk < nb ? blk : -1;
 }
 
+/* Where unit (lane L of group g) keeps its B tile, scales and input in the
+ * tile path: lane-major, so that a lane's units follow each other. */
+static inline size_t unit_index(const struct lay *l, int64_t g, int L) { return (size_t)L * (size_t)l->ng + (size_t)g; }
+
 /* Lanes whose AVX-512 weights are high nibbles kept x 16 (S4 groups of
  * Q4_0, Q4_1 and Q4_K: matmul_avx512_wgroup.h): their integer sum is 16
  * times the plain one, and their dw a sixteenth. */
