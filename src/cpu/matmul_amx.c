@@ -205,6 +205,7 @@ static size_t scratch_bytes(const struct mm_weight *w, int64_t n_tok)
     size_t a = mm_kernels_avx512.scratch_bytes(w, n_tok);
     if (w->packed == PACK_TAG && decode_scratch_bytes() > a) a = decode_scratch_bytes();
     if (!on_tiles(w, n_tok)) return a;
+    if (w->packed == PACK_TAG && n_tok % NT && n_tok % NT <= DECODE_T) n_tok -= n_tok % NT;
     size_t xoff;
     const struct lay l = input_form(w->type, w->n_in, &xoff);
     size_t b = scratch_of(&l, n_tok, wtype_of(w->type).has_min).total;
@@ -741,9 +742,23 @@ static bool on_tiles(const struct mm_weight *w, int64_t n_tok)
 
 static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1, void *scratch)
 {
-    if (on_tiles(w, in->n_tok)) rows_amx(w, in, y, r0, r1, scratch);
-    else if (w->packed == PACK_TAG) mm_amx_rows_decode(w, in, y, r0, r1, scratch);
-    else mm_kernels_avx512.rows(w, in, y, r0, r1, scratch);
+    if (!on_tiles(w, in->n_tok)) {
+        if (w->packed == PACK_TAG) mm_amx_rows_decode(w, in, 0, y, r0, r1, scratch);
+        else mm_kernels_avx512.rows(w, in, y, r0, r1, scratch);
+        return;
+    }
+    /* Packed weights: whole tiles of 16 tokens on the tiles, a remainder of
+     * up to DECODE_T tokens in one pass of the VNNI kernel (a tile of a few
+     * tokens costs as much as a full one). */
+    const int64_t rem = w->packed == PACK_TAG ? in->n_tok % NT : 0;
+    if (rem == 0 || rem > DECODE_T) {
+        rows_amx(w, in, y, r0, r1, scratch);
+        return;
+    }
+    struct mm_input full = *in;
+    full.n_tok -= rem;
+    rows_amx(w, &full, y, r0, r1, scratch);
+    mm_amx_rows_decode(w, in, full.n_tok, y, r0, r1, scratch);
 }
 
 const struct mm_kernels mm_kernels_amx = {"amx", act_bytes, forms_of, quantize, scratch_bytes,

@@ -10,8 +10,8 @@
  * the input, minus bias times the lane sum of the input: the same integer),
  * and the float steps are theirs in their order (matmul_amx.c says why that
  * makes the results equal bit for bit). Lanes are taken one at a time, so a
- * lane's sums for the 1 to 3 tokens stay in registers; the 16 lanes are
- * added at the end by reduce16's tree, vectorised over the rows. */
+ * lane's sums for the 1 to 8 tokens of a pass stay in registers; the 16
+ * lanes are added at the end by reduce16's tree, vectorised over the rows. */
 #include <string.h>
 
 #include "cpu/matmul_amx_impl.h"
@@ -38,7 +38,7 @@ static inline __attribute__((always_inline)) void decode_t(const enum ggml_type 
     const struct wtype wt = wtype_of(type);
     const int q8 = type == GGML_TYPE_Q8_0, bs = wide_bs(type), nq = bs - (type == GGML_TYPE_Q4_1 ? 4 : 2);
     const size_t natoff = avx_bytes(in->n_in);
-    const uint8_t *xn[3], *xa[3];
+    const uint8_t *xn[DECODE_T], *xa[DECODE_T];
     for (int t = 0; t < T; t++) {
         xn[t] = in->xq + (size_t)(t0 + t) * in->xq_stride + natoff;
         xa[t] = in->xq + (size_t)(t0 + t) * in->xq_stride + xoff;
@@ -54,8 +54,8 @@ static inline __attribute__((always_inline)) void decode_t(const enum ggml_type 
         if (p == r0)
             for (const uint8_t *q = pd; q < pf && q < pd + 8192; q += 64) _mm_prefetch((const char *)q, _MM_HINT_T0);
         for (int L = 0; L < 16; L++) {
-            __m512 acc[3];
-#pragma GCC unroll 3
+            __m512 acc[DECODE_T];
+#pragma GCC unroll 8
             for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
             for (int64_t g = 0; g < ng; g++) {
                 for (int k = 0; k < PREFETCH_PER_UNIT && pf < end; k += 64, pf += 64)
@@ -63,10 +63,10 @@ static inline __attribute__((always_inline)) void decode_t(const enum ggml_type 
                 const int S = group_steps(&l, g);
                 int sub;
                 const int64_t blk = unit_block(&l, nb, g, L, &sub);
-                __m512i isum[3];
+                __m512i isum[DECODE_T];
                 __m512 dw = _mm512_setzero_ps(), mw = _mm512_setzero_ps();
                 int x16 = 0;
-#pragma GCC unroll 3
+#pragma GCC unroll 8
                 for (int t = 0; t < T; t++) isum[t] = _mm512_setzero_si512();
                 if (blk >= 0 && S == 8) { /* the bulk: all 8 dwords of a block */
                     const uint8_t *o = pd + (size_t)(blk * rp * bs);
@@ -83,7 +83,7 @@ static inline __attribute__((always_inline)) void decode_t(const enum ggml_type 
                             v[d + 4] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
                         }
                     }
-#pragma GCC unroll 3
+#pragma GCC unroll 8
                     for (int t = 0; t < T; t++) {
                         int32_t sx;
                         memcpy(&sx, xa[t] + sx_off + 64 * g + 4 * L, 4);
@@ -123,7 +123,7 @@ static inline __attribute__((always_inline)) void decode_t(const enum ggml_type 
                     }
                     if (wt.has_min) mw = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mrows, o + rp * nq + 2 * rp));
                 }
-#pragma GCC unroll 3
+#pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
                     float xs, sxs;
                     memcpy(&xs, xa[t] + xs_off + 64 * g + 4 * L, 4);
@@ -161,13 +161,19 @@ static inline __attribute__((always_inline)) void decode_t(const enum ggml_type 
     default: break;                                                                                                    \
     }
 
-void mm_amx_rows_decode(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1,
-                        void *scratch)
+void mm_amx_rows_decode(const struct mm_weight *w, const struct mm_input *in, int64_t t_from, float *y, int64_t r0,
+                        int64_t r1, void *scratch)
 {
-    for (int64_t t0 = 0; t0 < in->n_tok; t0 += DECODE_MAX_TOK) {
-        const int64_t tt = in->n_tok - t0 < DECODE_MAX_TOK ? in->n_tok - t0 : DECODE_MAX_TOK;
-        if (tt == 1) DECODE_TYPE(1)
-        else if (tt == 2) DECODE_TYPE(2)
-        else DECODE_TYPE(3)
+    for (int64_t t0 = t_from; t0 < in->n_tok; t0 += DECODE_T) {
+        switch (in->n_tok - t0 < DECODE_T ? in->n_tok - t0 : DECODE_T) {
+        case 1: DECODE_TYPE(1) break;
+        case 2: DECODE_TYPE(2) break;
+        case 3: DECODE_TYPE(3) break;
+        case 4: DECODE_TYPE(4) break;
+        case 5: DECODE_TYPE(5) break;
+        case 6: DECODE_TYPE(6) break;
+        case 7: DECODE_TYPE(7) break;
+        default: DECODE_TYPE(8) break;
+        }
     }
 }
