@@ -190,6 +190,10 @@ struct job_request {
 
     struct job_message *messages; /* chat: n_messages >= 1; completion: NULL */
     size_t n_messages;
+    char *chat_template; /* chat: the request's own Jinja template (decoded, NUL-terminated), or NULL */
+    size_t chat_template_len;
+    char *chat_template_kwargs; /* chat: chat_template_kwargs, a JSON object as written, or NULL */
+    size_t chat_template_kwargs_len;
     struct job_prompt *prompts; /* completion: (n_prompts) >= 1, from "prompt": a string, a list of
                                    strings, a list of token ids, or a list of such lists; chat: NULL */
     int32_t n_prompts;

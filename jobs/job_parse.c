@@ -63,6 +63,8 @@ void job_request_free(struct job_request *r)
     kvb_free(r->logit_bias);
     kvb_free(r->json_schema);
     kvb_free(r->constraint_text);
+    kvb_free(r->chat_template);
+    kvb_free(r->chat_template_kwargs);
     memset(r, 0, sizeof *r);
 }
 
@@ -340,6 +342,8 @@ static const struct {
     {"use_beam_search", F_BOTH},
     {"add_generation_prompt", F_CHAT},
     {"continue_final_message", F_CHAT},
+    {"chat_template", F_CHAT},
+    {"chat_template_kwargs", F_CHAT},
 };
 
 /* Fields that mean nothing to an offline batch (how a reply is delivered,
@@ -372,8 +376,6 @@ static const char *refusal_hint(const char *name)
     static const struct {
         const char *name, *hint;
     } hints[] = {
-        {"chat_template", "kvbatch does not run Jinja templates; choose a family with --chat-template NAME"},
-        {"chat_template_kwargs", "kvbatch does not run Jinja templates"},
         {"guided_decoding_backend", "kvbatch has one constrained-decoding engine"},
         {"guided_whitespace_pattern", "JSON outputs follow kvbatch's whitespace policy (README)"},
         {"truncate_prompt_tokens", "prompts are never cut; a prompt too long for --ctx is an error line"},

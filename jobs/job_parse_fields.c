@@ -355,6 +355,22 @@ static int parse_vllm(struct jp_ctx *c, int obj)
             return jp_fail(c, JOB_ERR_INVALID_VALUE, path,
                            "field '%s' needs the last message to be the assistant's (the one to continue)", path);
     }
+    /* chat_template: the request's own Jinja text (JSON null: none) */
+    const int t = jp_lookup(c, obj, "chat_template");
+    if (t >= 0 && json_kind(c->j, t) != JSON_NULL &&
+        (rc = jp_get_string(c, obj, "chat_template", &r->chat_template, &r->chat_template_len, NULL)))
+        return rc;
+    /* chat_template_kwargs: kept as written; the template decides what its
+     * members mean, and the engine refuses the names it reserves */
+    const int k = jp_lookup(c, obj, "chat_template_kwargs");
+    if (k >= 0 && json_kind(c->j, k) != JSON_NULL) {
+        jp_path_of(c, "chat_template_kwargs", path);
+        if (json_kind(c->j, k) != JSON_OBJECT) return jp_fail_type(c, path, "an object");
+        const int from = c->j->tok[k].start, to = c->j->tok[k].end;
+        r->chat_template_kwargs_len = (size_t)(to - from);
+        r->chat_template_kwargs = kvb_strndup(c->j->src + from, r->chat_template_kwargs_len);
+        if (!r->chat_template_kwargs) return jp_fail_nomem(c);
+    }
     return 0;
 }
 

@@ -3,13 +3,17 @@
  * two more, beside it), KV in a device pool with
  * the CPU backend's layout.
  *
- * The step mirrors be_cpu.c operation for operation: embedding; per layer
- * RMSNorm, Q|K|V projection (+ qwen2 bias, qwen3 per-head norm), RoPE, K/V
- * stored into their slots (fp16, or quantized to q8 / q4 by the store
- * kernel itself), paged attention over the stored rows, output projection +
- * residual, RMSNorm, gate|up projection, SwiGLU, down projection +
- * residual; then final norm and output head for the rows whose logits are
- * wanted. Q, K and V are one stacked weight [wq; wk; wv] and gate and up one
+ * The step mirrors be_cpu.c operation for operation, reading the same
+ * fields of struct model (model_ops and the layers'; never the
+ * architecture's name): embedding (scaled when model_ops says); per layer
+ * RMSNorm, Q|K|V projection (+ bias, per-head Q/K norm when the layer has
+ * them), RoPE (the windowed layers' own frequencies), K/V stored into their
+ * slots (fp16, or quantized to q8 / q4 by the store kernel itself), paged
+ * attention over the stored rows (windowed, soft-capped), output projection
+ * + residual (through the post-attention norm when the layer has one),
+ * RMSNorm, gate|up projection, SwiGLU or GeGLU, down projection + residual
+ * (through the post-FFN norm); then final norm, output head and final
+ * soft-cap for the rows whose logits are wanted. Q, K and V are one stacked weight [wq; wk; wv] and gate and up one
  * [w_gate; w_up], so each is a single GEMM whose output row holds the parts
  * side by side; the kernels read the parts through row strides.
  *
@@ -44,6 +48,8 @@ struct cu_layer {
     uint16_t *wqkv;              /* (q_dim + 2*kv_dim, n_embd) bf16: wq rows, then wk, then wv */
     float *bqkv;                 /* (q_dim + 2*kv_dim) qwen2 bias, or NULL */
     float *q_norm, *k_norm;      /* (head_dim) qwen3, or NULL */
+    float *post_attn_norm;       /* (n_embd) gemma, or NULL */
+    float *post_ffn_norm;        /* (n_embd) gemma, or NULL */
     uint16_t *wo;                /* (n_embd, q_dim) bf16 */
     uint16_t *wgu;               /* (2*n_ff, n_embd) bf16: w_gate rows, then w_up */
     uint16_t *wdown;             /* (n_embd, n_ff) bf16 */
@@ -102,17 +108,21 @@ struct cuda_be {
     int32_t n_sm;                   /* multiprocessors: below that many tiles x KV heads, kcu_attn */
     char kernels_name[96];          /* be.kernels */
 
-    struct cu_layer *layers; /* (n_layer) host array of device pointers */
-    uint16_t *tok_embd;      /* (n_vocab, n_embd) bf16 */
-    uint16_t *output;        /* (n_vocab, n_embd) bf16; == tok_embd when tied */
-    float *output_norm;      /* (n_embd) */
-    float *inv_freq;         /* (rope_dim / 2) */
-    uint8_t *kv;             /* (n_blocks, be.block_bytes) as kv_type */
+    struct cu_layer *layers;  /* (n_layer) host array of device pointers */
+    uint16_t *tok_embd;       /* (n_vocab, n_embd) bf16 */
+    uint16_t *output;         /* (n_vocab, n_embd) bf16; == tok_embd when tied */
+    float *output_norm;       /* (n_embd) */
+    float *inv_freq;          /* (rope_dim / 2) */
+    float *inv_freq_swa;      /* (rope_dim / 2) the windowed layers' (model_rope_freqs_swa) */
+    uint8_t *kv;              /* (n_pages, be.page_bytes) as kv_type (backend.h's paging) */
+    int32_t *map;             /* (n_logical, n_groups) host: each block's pages; NULL with one group */
+    int32_t *lgroup, *lindex; /* (n_layer) each layer's group, its index in the group's page */
 
     /* Per-step device scratch, grown to the largest step seen. Row counts
      * are rounded up to BE_CUDA_DET_ROWS so deterministic GEMM tiles fit. */
     int64_t cap_tok, cap_out;
     float *x;      /* (cap_tok, n_embd) residual stream */
+    float *proj;   /* (cap_tok, n_embd) a projection's output on its way through a post-norm */
     float *qkv;    /* (cap_tok, qkv_dim) */
     float *gu;     /* (cap_tok, 2*n_ff) */
     uint16_t *xb;  /* (cap_tok, max(n_embd, q_dim, n_ff)) bf16 GEMM input */
@@ -218,6 +228,8 @@ int64_t be_cuda_weight_bytes(const struct model *m)
     const struct model_layer *L = &m->layers[0];
     if (L->bq) per_layer += 4 * (qd + 2 * kvd);
     if (L->q_norm) per_layer += 4 * 2 * (int64_t)hp->head_dim;
+    if (L->post_attn_norm) per_layer += 4 * e;
+    if (L->post_ffn_norm) per_layer += 4 * e;
     int64_t total = per_layer * hp->n_layer + 2 * (int64_t)hp->n_vocab * e + 4 * e;
     if (m->output.data != m->tok_embd.data) total += 2 * (int64_t)hp->n_vocab * e;
     return total;
@@ -227,9 +239,9 @@ int64_t be_cuda_weight_bytes(const struct model *m)
 
 static void free_scratch(struct cuda_be *c)
 {
-    void *bufs[] = {c->x, c->qkv, c->gu, c->xb, c->logits};
+    void *bufs[] = {c->x, c->proj, c->qkv, c->gu, c->xb, c->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
-    c->x = c->qkv = c->gu = c->logits = NULL;
+    c->x = c->proj = c->qkv = c->gu = c->logits = NULL;
     c->xb = NULL;
     c->cap_tok = c->cap_out = 0;
 }
@@ -248,7 +260,8 @@ static void cuda_free(struct backend *be)
     if (c->layers) {
         for (int l = 0; l < c->m->hp.n_layer; l++) {
             struct cu_layer *L = &c->layers[l];
-            void *bufs[] = {L->attn_norm, L->ffn_norm, L->wqkv, L->bqkv, L->q_norm, L->k_norm, L->wo, L->wgu, L->wdown};
+            void *bufs[] = {L->attn_norm, L->ffn_norm,       L->wqkv,          L->bqkv, L->q_norm, L->k_norm,
+                            L->wo,        L->post_attn_norm, L->post_ffn_norm, L->wgu,  L->wdown};
             for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]);
         }
         kvb_free(c->layers);
@@ -257,7 +270,11 @@ static void cuda_free(struct backend *be)
     cudaFree(c->tok_embd);
     cudaFree(c->output_norm);
     cudaFree(c->inv_freq);
+    cudaFree(c->inv_freq_swa);
     cudaFree(c->kv);
+    kvb_free(c->map);
+    kvb_free(c->lgroup);
+    kvb_free(c->lindex);
     cudaFree(c->d_idx);
     if (c->h_idx) cudaFreeHost(c->h_idx);
     if (c->blas) cublasDestroy(c->blas);
@@ -387,6 +404,8 @@ static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, str
             KVB_FORWARD_IF_ERROR(upload_f32(&D->q_norm, L->q_norm, hp->head_dim, name, err));
             KVB_FORWARD_IF_ERROR(upload_f32(&D->k_norm, L->k_norm, hp->head_dim, name, err));
         }
+        if (L->post_attn_norm) KVB_FORWARD_IF_ERROR(upload_f32(&D->post_attn_norm, L->post_attn_norm, e, name, err));
+        if (L->post_ffn_norm) KVB_FORWARD_IF_ERROR(upload_f32(&D->post_ffn_norm, L->post_ffn_norm, e, name, err));
     }
     const struct mm_weight *te[1] = {&m->tok_embd};
     const int64_t te_out[1] = {hp->n_vocab};
@@ -402,6 +421,8 @@ static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, str
     if (!inv) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     model_rope_freqs(m, inv); /* the CPU backend's frequencies, scaling included */
     enum kvb_status st = upload_f32(&c->inv_freq, inv, hp->rope_dim / 2 + 1, "RoPE frequencies", err);
+    model_rope_freqs_swa(m, inv);
+    if (st == KVB_OK) st = upload_f32(&c->inv_freq_swa, inv, hp->rope_dim / 2 + 1, "RoPE frequencies", err);
     kvb_free(inv);
     return st;
 }
@@ -428,6 +449,7 @@ static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_o
             int64_t bytes;
         } b[] = {
             {&c->x, nt * e * 4},
+            {&c->proj, nt * e * 4},
             {&c->qkv, nt * c->qkv_dim * 4},
             {&c->gu, nt * 2 * f * 4},
             {&c->xb, (nt > no ? nt : no) * wide * 2},
@@ -540,26 +562,30 @@ static void download_rows(struct step *s, const struct be_batch *batch, float *l
 /* Where a step's indices live in h_idx / d_idx (int32 entries):
  *   tokens | positions | table offsets | output rows | greedy rows |
  *   greedy choices | attention tiles (room for n_tok) | block tables
- * Every offset but the end depends only on (n_tok, n_out, n_am), so a
- * captured graph's pointers hold for any later step of the same shape; the
- * block tables, whose length varies from step to step, come last. The whole
+ * With n_groups groups of layers (backend.h's paging) the table offsets
+ * are n_groups arrays, one per group (token t's offset into that group's
+ * tables), and the block tables n_groups of them, of pages, one after
+ * another. Every offset but the end depends only on (n_tok, n_out, n_am)
+ * and the backend's n_groups, so a captured graph's pointers hold for any
+ * later step of the same shape; the block tables, whose length varies from
+ * step to step, come last. The whole
  * span is uploaded (the choices' part is overwritten on the device) and
  * the choices come back alone. */
 struct step_layout {
     int64_t tok, pos, tab, rows, arows, amax, tiles, blocks, end;
 };
 
-static void layout_of(const struct step_shape *sh, int64_t n_tab, struct step_layout *o)
+static void layout_of(const struct step_shape *sh, int32_t n_groups, int64_t n_tab, struct step_layout *o)
 {
     o->tok = 0;
     o->pos = sh->n_tok;
     o->tab = 2 * sh->n_tok;
-    o->rows = 3 * sh->n_tok;
+    o->rows = (2 + n_groups) * sh->n_tok;
     o->arows = o->rows + sh->n_out;
     o->amax = o->arows + sh->n_am;
     o->tiles = o->amax + sh->n_am;
     o->blocks = o->tiles + 2 * sh->n_tok;
-    o->end = o->blocks + n_tab;
+    o->end = o->blocks + n_groups * n_tab;
 }
 
 /* Enqueues the step's device work — embedding to output head and greedy
@@ -574,11 +600,11 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
     const int64_t qd = c->q_dim, kvd = c->kv_dim, qkvd = c->qkv_dim;
     const int64_t n_tok = sh->n_tok, n_out = sh->n_out, n_am = sh->n_am;
     struct step_layout lo;
-    layout_of(sh, 0, &lo);
+    layout_of(sh, c->be.n_groups, 0, &lo);
     const int32_t *d_pos = c->d_idx + lo.pos, *d_tab = c->d_idx + lo.tab, *d_rows = c->d_idx + lo.rows;
     struct kcu_paged pg = {
         .pool = c->kv,
-        .block_bytes = c->be.block_bytes,
+        .block_bytes = c->be.page_bytes,
         .kv_type = (int32_t)c->kv_type,
         .block_size = c->be.block_size,
         .kv_dim = (int32_t)kvd,
@@ -590,7 +616,9 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
     };
     const int32_t nt = (int32_t)n_tok, ne = (int32_t)e, nh = hp->n_head, nkv = hp->n_head_kv, h = (int32_t)hd;
     const int neox = hp->rope == ROPE_NEOX;
-    const float eps = hp->rms_eps, scale = 1.0f / sqrtf((float)hd);
+    const struct model_ops *mo = &c->m->ops;
+    const float eps = hp->rms_eps, scale = mo->attn_scale;
+    pg.softcap = mo->attn_softcap;
     cudaStream_t cs = c->stream;
 
     /* Ten launches per layer: norms, SwiGLU and attention write the next
@@ -598,8 +626,10 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
      * and down projections (beta = 1), and Q and K (adjacent in each fused
      * row) are rotated by one RoPE launch. */
     step_cu(s, kcu_embed(c->x, c->tok_embd, c->d_idx + lo.tok, nt, ne, cs), "embedding");
+    if (mo->embd_scale != 1.0f) step_cu(s, kcu_scale(c->x, n_tok * e, mo->embd_scale, cs), "embedding scale");
     for (int l = 0; l < hp->n_layer && !s->what; l++) {
         const struct cu_layer *L = &c->layers[l];
+        const bool swa = c->m->layers[l].swa;
         float *q = c->qkv, *k = c->qkv + qd, *v = c->qkv + qd + kvd; /* rows of qkvd floats */
         step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, NULL, nt, ne, L->attn_norm, eps, cs), "attention norm");
         step_gemm(s, c->qkv, c->xb, L->wqkv, n_tok, e, qkvd, false, "QKV projection");
@@ -608,11 +638,15 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
             step_cu(s, kcu_rmsnorm(q, qkvd, q, qkvd, NULL, nt, nh, h, L->q_norm, eps, cs), "Q norm");
             step_cu(s, kcu_rmsnorm(k, qkvd, k, qkvd, NULL, nt, nkv, h, L->k_norm, eps, cs), "K norm");
         }
-        step_cu(s, kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, c->inv_freq, c->m->rope.mscale, cs),
+        step_cu(s,
+                kcu_rope(q, qkvd, nt, nh + nkv, h, hp->rope_dim, neox, d_pos, swa ? c->inv_freq_swa : c->inv_freq,
+                         swa ? 1.0f : c->m->rope.mscale, cs),
                 "RoPE");
         /* All of the step's K/V go in before attention reads any, so the
          * tokens of one prefill chunk see each other causally. */
-        pg.layer = l;
+        pg.layer = c->lindex[l];
+        pg.tok_table = d_tab + (int64_t)c->lgroup[l] * n_tok;
+        pg.window = swa ? mo->n_swa : 0;
         step_cu(s, kcu_kv_store(&pg, k, v, qkvd, cs), "KV store");
         if (sh->n_tiles > 0)
             step_cu(
@@ -620,17 +654,31 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
                 kcu_attn_tc_bf16(c->xb, q, qkvd, &pg, c->d_idx + lo.tiles, (int32_t)sh->n_tiles, nh, nkv, h, scale, cs),
                 "attention");
         else step_cu(s, kcu_attn_bf16(c->xb, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
-        step_gemm(s, c->x, c->xb, L->wo, n_tok, qd, e, true, "output projection");
+        if (L->post_attn_norm) {
+            step_gemm(s, c->proj, c->xb, L->wo, n_tok, qd, e, false, "output projection");
+            step_cu(s, kcu_rmsnorm_add(c->x, c->proj, nt, ne, L->post_attn_norm, eps, cs), "post-attention norm");
+        } else {
+            step_gemm(s, c->x, c->xb, L->wo, n_tok, qd, e, true, "output projection");
+        }
 
         step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, NULL, nt, ne, L->ffn_norm, eps, cs), "FFN norm");
         step_gemm(s, c->gu, c->xb, L->wgu, n_tok, e, 2 * f, false, "gate/up projection");
-        step_cu(s, kcu_swiglu_bf16(c->xb, c->gu, nt, (int32_t)f, cs), "SwiGLU");
-        step_gemm(s, c->x, c->xb, L->wdown, n_tok, f, e, true, "down projection");
+        if (mo->act == MODEL_ACT_GELU_TANH) step_cu(s, kcu_geglu_bf16(c->xb, c->gu, nt, (int32_t)f, cs), "GeGLU");
+        else step_cu(s, kcu_swiglu_bf16(c->xb, c->gu, nt, (int32_t)f, cs), "SwiGLU");
+        if (L->post_ffn_norm) {
+            step_gemm(s, c->proj, c->xb, L->wdown, n_tok, f, e, false, "down projection");
+            step_cu(s, kcu_rmsnorm_add(c->x, c->proj, nt, ne, L->post_ffn_norm, eps, cs), "post-FFN norm");
+        } else {
+            step_gemm(s, c->x, c->xb, L->wdown, n_tok, f, e, true, "down projection");
+        }
     }
     if (n_out > 0 && !s->what) {
         step_cu(s, kcu_rmsnorm_bf16(c->xb, e, c->x, e, d_rows, (int32_t)n_out, ne, c->output_norm, eps, cs),
                 "output norm");
         step_gemm(s, c->logits, c->xb, c->output, n_out, e, hp->n_vocab, false, "output head");
+        if (mo->final_softcap > 0)
+            step_cu(s, kcu_softcap(c->logits, hp->n_vocab, (int32_t)n_out, hp->n_vocab, mo->final_softcap, cs),
+                    "final soft-cap");
         if (n_am > 0)
             step_cu(s,
                     kcu_argmax(c->d_idx + lo.amax, c->logits, hp->n_vocab, c->d_idx + lo.arows, (int32_t)n_am,
@@ -702,7 +750,8 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     KVB_FORWARD_IF_ERROR(cu_check(cudaSetDevice(c->device), err, "select device"));
     struct step_shape ss = {n_tok, n_out, n_am, 0};
     struct step_layout lo;
-    layout_of(&ss, n_tab, &lo);
+    const int32_t G = be->n_groups;
+    layout_of(&ss, G, n_tab, &lo);
     KVB_FORWARD_IF_ERROR(ensure_step(c, n_tok, n_out, lo.end, err));
 
     /* Step indices. Output rows are every row the head computes, greedy
@@ -723,12 +772,15 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
         for (int32_t j = 0; j < sq->n_tokens; j++, t++) {
             tok[t] = sq->tokens[j];
             pos[t] = sq->pos + j;
-            tab[t] = (int32_t)nb;
+            for (int32_t g = 0; g < G; g++) tab[g * n_tok + t] = (int32_t)(g * n_tab + nb);
             const bool last = j == sq->n_tokens - 1;
             if (sq->logits == BE_LOGITS_ARGMAX && last) arows[na++] = (int32_t)r;
             if (sq->logits == BE_LOGITS_ALL || (sq->logits != BE_LOGITS_NONE && last)) rows[r++] = (int32_t)t;
         }
-        memcpy(blocks + nb, sq->block_table, sizeof(int32_t) * (size_t)sq->n_blocks);
+        if (!c->map) memcpy(blocks + nb, sq->block_table, sizeof(int32_t) * (size_t)sq->n_blocks);
+        for (int32_t g = 0; c->map && g < G; g++) /* the pages of each group */
+            for (int32_t b = 0; b < sq->n_blocks; b++)
+                blocks[g * n_tab + nb + b] = c->map[(int64_t)sq->block_table[b] * G + g];
         nb += sq->n_blocks;
     }
     /* Too few tiles to fill the GPU (a few decode tokens): the tensor-core
@@ -774,17 +826,45 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     return step_status(&s, err);
 }
 
+/* Page of group g of block b. */
+static int32_t page_of(const struct cuda_be *c, int32_t b, int32_t g)
+{
+    return c->map ? c->map[(int64_t)b * c->be.n_groups + g] : b;
+}
+
+/* A block's pages, in group order, between the pool and host memory on
+ * `stream`; KVB_ERR_INVALID_ARG for a block without all its pages. */
+static enum kvb_status block_pages_copy(struct cuda_be *c, int32_t block, void *host, bool to_device,
+                                        cudaStream_t stream)
+{
+    const struct backend *be = &c->be;
+    if (block < 0 || block >= be->n_logical) return KVB_ERR_INVALID_ARG;
+    for (int32_t g = 0; g < be->n_groups; g++)
+        if (page_of(c, block, g) < 0) return KVB_ERR_INVALID_ARG;
+    cudaError_t e = cudaSuccess;
+    for (int32_t g = 0; g < be->n_groups && e == cudaSuccess; g++) {
+        uint8_t *dev = c->kv + (int64_t)page_of(c, block, g) * be->page_bytes;
+        uint8_t *h = (uint8_t *)host + (int64_t)g * be->page_bytes;
+        e = to_device ? cudaMemcpyAsync(dev, h, (size_t)be->page_bytes, cudaMemcpyHostToDevice, stream)
+                      : cudaMemcpyAsync(h, dev, (size_t)be->page_bytes, cudaMemcpyDeviceToHost, stream);
+    }
+    return cu_status(e);
+}
+
 static enum kvb_status cuda_block_copy(struct backend *be, int32_t block, void *host, bool to_device)
 {
     struct cuda_be *c = (struct cuda_be *)be;
-    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
-    uint8_t *dev = c->kv + (int64_t)block * be->block_bytes;
     cudaError_t e = cudaSetDevice(c->device);
-    if (e == cudaSuccess)
-        e = to_device ? cudaMemcpyAsync(dev, host, (size_t)be->block_bytes, cudaMemcpyHostToDevice, c->stream)
-                      : cudaMemcpyAsync(host, dev, (size_t)be->block_bytes, cudaMemcpyDeviceToHost, c->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
-    return cu_status(e);
+    if (e != cudaSuccess) return cu_status(e);
+    KVB_FORWARD_IF_ERROR(block_pages_copy(c, block, host, to_device, c->stream));
+    return cu_status(cudaStreamSynchronize(c->stream));
+}
+
+static void cuda_kv_map(struct backend *be, int32_t block, const int32_t *pages)
+{
+    struct cuda_be *c = (struct cuda_be *)be;
+    if (!c->map || block < 0 || block >= be->n_logical) return;
+    memcpy(c->map + (int64_t)block * be->n_groups, pages, sizeof(int32_t) * (size_t)be->n_groups);
 }
 
 static void cuda_host_parallel(struct backend *be, void (*fn)(void *arg, int ith, int nth), void *arg)
@@ -821,27 +901,22 @@ static void cuda_host_free(struct backend *be, void *p)
 static enum kvb_status cuda_read_async(struct backend *be, int32_t block, void *dst)
 {
     struct cuda_be *c = (struct cuda_be *)be;
-    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
     /* Ordered after every pass so far (each has returned, but saying so
      * costs nothing and keeps this right should passes ever overlap). */
     cudaError_t e = cudaSetDevice(c->device);
     if (e == cudaSuccess) e = cudaEventRecord(c->step_done, c->stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(c->d2h, c->step_done, 0);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(dst, c->kv + (int64_t)block * be->block_bytes, (size_t)be->block_bytes,
-                            cudaMemcpyDeviceToHost, c->d2h);
-    return cu_status(e);
+    if (e != cudaSuccess) return cu_status(e);
+    return block_pages_copy(c, block, dst, false, c->d2h);
 }
 
 static enum kvb_status cuda_write_async(struct backend *be, int32_t block, const void *src)
 {
     struct cuda_be *c = (struct cuda_be *)be;
-    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
     cudaError_t e = cudaSetDevice(c->device);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(c->kv + (int64_t)block * be->block_bytes, src, (size_t)be->block_bytes,
-                            cudaMemcpyHostToDevice, c->h2d);
-    if (e == cudaSuccess) e = cudaEventRecord(c->h2d_done, c->h2d);
+    if (e != cudaSuccess) return cu_status(e);
+    KVB_FORWARD_IF_ERROR(block_pages_copy(c, block, (void *)src, true, c->h2d));
+    e = cudaEventRecord(c->h2d_done, c->h2d);
     if (e == cudaSuccess) c->h2d_queued = true;
     return cu_status(e);
 }
@@ -908,7 +983,9 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->graphs = o->graphs;
     c->kv_type = o->kv_type;
     c->be.name = "cuda";
-    c->attn_tile = o->attn_warp ? 0 : kcu_attn_tc_tile_tokens(hp->n_head, hp->n_head_kv, hp->head_dim);
+    /* The tensor-core kernel computes neither windows nor soft-caps. */
+    const bool plain_attn = m->ops.n_swa == 0 && !(m->ops.attn_softcap > 0);
+    c->attn_tile = o->attn_warp || !plain_attn ? 0 : kcu_attn_tc_tile_tokens(hp->n_head, hp->n_head_kv, hp->head_dim);
     name_kernels(c);
     c->be.impl = c;
     c->be.forward = cuda_forward;
@@ -926,6 +1003,25 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->be.block_size = o->block_size;
     c->be.n_blocks = o->n_blocks;
     c->be.block_bytes = be_block_bytes(m, o->block_size, o->kv_type); /* same pool layout as the CPU */
+    be_paging_init(&c->be, m, o->n_blocks, o->kv_type);
+    c->be.kv_map = cuda_kv_map;
+    {
+        struct be_kv_layout klo;
+        be_kv_layout(m, o->block_size, o->kv_type, &klo);
+        c->lgroup = kvb_malloc(sizeof(int32_t) * (size_t)hp->n_layer);
+        c->lindex = kvb_malloc(sizeof(int32_t) * (size_t)hp->n_layer);
+        if (klo.n_groups > 1) c->map = kvb_malloc(sizeof(int32_t) * (size_t)c->be.n_logical * (size_t)klo.n_groups);
+        if (!c->lgroup || !c->lindex || (klo.n_groups > 1 && !c->map)) {
+            kvb_free(c->lgroup);
+            kvb_free(c->lindex);
+            kvb_free(c->map);
+            kvb_free(c);
+            return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+        }
+        for (int32_t l = 0; l < hp->n_layer; l++) be_layer_group(m, &klo, l, &c->lgroup[l], &c->lindex[l]);
+        for (int64_t i = 0; c->map && i < (int64_t)c->be.n_logical * klo.n_groups; i++)
+            c->map[i] = i < (int64_t)c->be.n_pages ? (int32_t)i : -1;
+    }
     c->be.kv_type = o->kv_type;
     c->q_dim = (int64_t)hp->n_head * hp->head_dim;
     c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;

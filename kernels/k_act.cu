@@ -1,5 +1,6 @@
-/* k_act.cu — elementwise kernels: SwiGLU, residual add, bias add and the
- * f32 -> bf16 conversion that feeds every GEMM (see kernels.h). Grid-stride
+/* k_act.cu — elementwise kernels: SwiGLU and GeGLU, residual add, bias add,
+ * scaling, soft-capping and the f32 -> bf16 conversion that feeds every GEMM
+ * (see kernels.h). Grid-stride
  * loops over 64-bit indices: a 4096-token step through a 14336-wide FFN has
  * more elements than a 32-bit int counts comfortably. */
 #include "kernels/kernels.h"
@@ -17,12 +18,35 @@ static unsigned act_grid(int64_t n)
 __device__ static void put(float *p, float v) { *p = v; }
 __device__ static void put(uint16_t *p, float v) { *p = __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
-template <typename OutT> __global__ static void swiglu_kernel(OutT *out, const float *gu, int32_t n_ff, int64_t n)
+/* The gate's activation: SiLU (attn_swiglu's expression) or tanh GELU
+ * (attn_geglu's). */
+template <bool GELU> __device__ static float gate_act(float g)
+{
+    if (GELU) return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    return g / (1.0f + expf(-g));
+}
+
+template <typename OutT, bool GELU>
+__global__ static void swiglu_kernel(OutT *out, const float *gu, int32_t n_ff, int64_t n)
 {
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = k / n_ff, i = k % n_ff;
         const float g = gu[t * 2 * n_ff + i], u = gu[t * 2 * n_ff + n_ff + i];
-        put(&out[k], g / (1.0f + expf(-g)) * u); /* attn_swiglu's expression */
+        put(&out[k], gate_act<GELU>(g) * u);
+    }
+}
+
+__global__ static void scale_kernel(float *y, int64_t n, float s)
+{
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x)
+        y[k] *= s;
+}
+
+__global__ static void softcap_kernel(float *x, int64_t ld, int32_t n, int64_t total, float cap)
+{
+    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < total; k += (int64_t)gridDim.x * blockDim.x) {
+        float *p = x + (k / n) * ld + k % n;
+        *p = cap * tanhf(*p / cap); /* attn_softcap_ref's expression */
     }
 }
 
@@ -49,7 +73,7 @@ extern "C" cudaError_t kcu_swiglu(float *out, const float *gu, int32_t n_tok, in
     if (n_tok < 0 || n_ff < 0) return cudaErrorInvalidValue;
     const int64_t n = (int64_t)n_tok * n_ff;
     if (n == 0) return cudaSuccess;
-    swiglu_kernel<float><<<act_grid(n), ACT_THREADS, 0, stream>>>(out, gu, n_ff, n);
+    swiglu_kernel<float, false><<<act_grid(n), ACT_THREADS, 0, stream>>>(out, gu, n_ff, n);
     return cudaGetLastError();
 }
 
@@ -58,7 +82,42 @@ extern "C" cudaError_t kcu_swiglu_bf16(uint16_t *out, const float *gu, int32_t n
     if (n_tok < 0 || n_ff < 0) return cudaErrorInvalidValue;
     const int64_t n = (int64_t)n_tok * n_ff;
     if (n == 0) return cudaSuccess;
-    swiglu_kernel<uint16_t><<<act_grid(n), ACT_THREADS, 0, stream>>>(out, gu, n_ff, n);
+    swiglu_kernel<uint16_t, false><<<act_grid(n), ACT_THREADS, 0, stream>>>(out, gu, n_ff, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kcu_geglu(float *out, const float *gu, int32_t n_tok, int32_t n_ff, cudaStream_t stream)
+{
+    if (n_tok < 0 || n_ff < 0) return cudaErrorInvalidValue;
+    const int64_t n = (int64_t)n_tok * n_ff;
+    if (n == 0) return cudaSuccess;
+    swiglu_kernel<float, true><<<act_grid(n), ACT_THREADS, 0, stream>>>(out, gu, n_ff, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kcu_geglu_bf16(uint16_t *out, const float *gu, int32_t n_tok, int32_t n_ff, cudaStream_t stream)
+{
+    if (n_tok < 0 || n_ff < 0) return cudaErrorInvalidValue;
+    const int64_t n = (int64_t)n_tok * n_ff;
+    if (n == 0) return cudaSuccess;
+    swiglu_kernel<uint16_t, true><<<act_grid(n), ACT_THREADS, 0, stream>>>(out, gu, n_ff, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kcu_scale(float *y, int64_t n, float s, cudaStream_t stream)
+{
+    if (n < 0) return cudaErrorInvalidValue;
+    if (n == 0) return cudaSuccess;
+    scale_kernel<<<act_grid(n), ACT_THREADS, 0, stream>>>(y, n, s);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kcu_softcap(float *x, int64_t ld, int32_t n_rows, int32_t n, float cap, cudaStream_t stream)
+{
+    if (n_rows < 0 || n < 0 || !(cap > 0)) return cudaErrorInvalidValue;
+    const int64_t total = (int64_t)n_rows * n;
+    if (total == 0) return cudaSuccess;
+    softcap_kernel<<<act_grid(total), ACT_THREADS, 0, stream>>>(x, ld, n, total, cap);
     return cudaGetLastError();
 }
 

@@ -96,6 +96,9 @@ __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct att
     const int64_t k_off = lay + kv_bytes<KK>((int64_t)g * hd), v_off = lay + bs * rk + kv_bytes<KV>((int64_t)g * hd);
     const int32_t *table = kv->blocks + kv->tok_table[t];
     const int32_t n_pos = kv->tok_pos[t] + 1;
+    /* A sliding window's first position: earlier blocks are never read. */
+    const int32_t p_lo = kv->window > 0 && n_pos > kv->window ? n_pos - kv->window : 0;
+    const float cap = kv->softcap;
 
     for (int32_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = a.q[(int64_t)t * a.q_ld + (int64_t)h * hd + i];
     __syncthreads();
@@ -104,7 +107,7 @@ __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct att
 #pragma unroll
     for (int j = 0; j < PER_LANE; j++) acc[j] = 0.0f;
 
-    for (int32_t p0 = warp; p0 < n_pos; p0 += ATTN_WARPS * ATTN_UNROLL) {
+    for (int32_t p0 = p_lo + warp; p0 < n_pos; p0 += ATTN_WARPS * ATTN_UNROLL) {
         float kr[ATTN_UNROLL][PER_LANE], vr[ATTN_UNROLL][PER_LANE];
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; u++) {
@@ -135,7 +138,8 @@ __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct att
             }
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
-            const float s = d * a.scale;
+            float s = d * a.scale;
+            if (cap > 0) s = cap * tanhf(s / cap); /* attn_softcap's expression, with the device's tanh */
             const float m_new = fmaxf(m, s);
             const float corr = expf(m - m_new); /* 0 on the first position (m = -inf) */
             const float e = expf(s - m_new);
@@ -157,7 +161,7 @@ __global__ static void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(struct att
     }
     __syncthreads();
 
-    /* Warp 0 always has position 0, so M is finite; a warp that had no
+    /* Warp 0 always has position p_lo, so M is finite; a warp that had no
      * position (m = -inf, l = 0, acc = 0) adds exactly 0. */
     float M = wm[0];
     for (int w = 1; w < ATTN_WARPS; w++) M = fmaxf(M, wm[w]);

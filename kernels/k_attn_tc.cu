@@ -330,7 +330,7 @@ static cudaError_t atc_launch(float *out, uint16_t *out_bf16, const float *q, in
                               int32_t head_dim, float scale, cudaStream_t stream)
 {
     if (kcu_attn_tc_tile_tokens(n_head, n_head_kv, head_dim) == 0 || n_tiles < 0 || kv->block_size <= 0 ||
-        kv->kv_dim != n_head_kv * head_dim ||
+        kv->window > 0 || kv->softcap > 0 || kv->kv_dim != n_head_kv * head_dim ||
         (kv->kv_type != KCU_KV_F16 && kv->kv_type != KCU_KV_Q8 && kv->kv_type != KCU_KV_Q4))
         return cudaErrorInvalidValue; /* head_dim 64 and 128 are whole groups */
     if (n_tiles == 0) return cudaSuccess;

@@ -48,6 +48,33 @@ extern "C" cudaError_t kcu_rmsnorm(float *out, int64_t out_ld, const float *x, i
     return cudaGetLastError();
 }
 
+/* kcu_rmsnorm_add: the same reduction, the result added to y's row. */
+__global__ static void rmsnorm_add_kernel(float *y, const float *x, int32_t n, const float *w, float eps)
+{
+    __shared__ float part[NORM_THREADS];
+    const float *src = x + (int64_t)blockIdx.x * n;
+    float *dst = y + (int64_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) ss += src[i] * src[i];
+    part[threadIdx.x] = ss;
+    __syncthreads();
+    for (int s = NORM_THREADS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float scale = 1.0f / sqrtf(part[0] / (float)n + eps);
+    for (int32_t i = threadIdx.x; i < n; i += NORM_THREADS) dst[i] += src[i] * scale * w[i];
+}
+
+extern "C" cudaError_t kcu_rmsnorm_add(float *y, const float *x, int32_t n_rows, int32_t n, const float *w, float eps,
+                                       cudaStream_t stream)
+{
+    if (n_rows < 0 || n <= 0) return n_rows == 0 ? cudaSuccess : cudaErrorInvalidValue;
+    if (n_rows == 0) return cudaSuccess;
+    rmsnorm_add_kernel<<<n_rows, NORM_THREADS, 0, stream>>>(y, x, n, w, eps);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t kcu_rmsnorm_bf16(uint16_t *out, int64_t out_ld, const float *x, int64_t x_ld,
                                         const int32_t *rows, int32_t n_rows, int32_t n, const float *w, float eps,
                                         cudaStream_t stream)

@@ -39,6 +39,9 @@ extern "C" {
 cudaError_t kcu_embed(float *out, const uint16_t *table, const int32_t *tokens, int32_t n_tok, int32_t n_embd,
                       cudaStream_t stream);
 
+/* y[i] *= s for i < n (Gemma's embedding scale). Reference: the loop in be_cpu.c. */
+cudaError_t kcu_scale(float *y, int64_t n, float s, cudaStream_t stream);
+
 /* ---- k_norm.cu -------------------------------------------------------------- */
 
 /* RMSNorm over sub-rows of n elements: for r < n_rows and j < n_sub,
@@ -59,6 +62,14 @@ cudaError_t kcu_rmsnorm(float *out, int64_t out_ld, const float *x, int64_t x_ld
 cudaError_t kcu_rmsnorm_bf16(uint16_t *out, int64_t out_ld, const float *x, int64_t x_ld, const int32_t *rows,
                              int32_t n_rows, int32_t n, const float *w, float eps, cudaStream_t stream);
 
+/* y[r][i] += rmsnorm(x[r])[i] for r < n_rows, i < n (rows n apart in both):
+ * the post-attention / post-FFN norm of Gemma, applied to a projection's
+ * output as it joins the residual stream. The norm is kcu_rmsnorm's, in the
+ * same fixed order. Reference: attn_rmsnorm, then the add (be_cpu.c's
+ * add_residual). */
+cudaError_t kcu_rmsnorm_add(float *y, const float *x, int32_t n_rows, int32_t n, const float *w, float eps,
+                            cudaStream_t stream);
+
 /* ---- k_rope.cu -------------------------------------------------------------- */
 
 /* Rotates, in place, n_heads heads of head_dim floats in each of n_tok rows
@@ -78,6 +89,15 @@ cudaError_t kcu_rope(float *x, int64_t ld, int32_t n_tok, int32_t n_heads, int32
 cudaError_t kcu_swiglu(float *out, const float *gu, int32_t n_tok, int32_t n_ff, cudaStream_t stream);
 /* The same, stored rounded to bf16 (the down projection's input). */
 cudaError_t kcu_swiglu_bf16(uint16_t *out, const float *gu, int32_t n_tok, int32_t n_ff, cudaStream_t stream);
+
+/* The same with GeGLU: out[t][i] = gelu_tanh(gate) * up, the tanh GELU by
+ * the device's tanhf. Reference: attn_geglu. */
+cudaError_t kcu_geglu(float *out, const float *gu, int32_t n_tok, int32_t n_ff, cudaStream_t stream);
+cudaError_t kcu_geglu_bf16(uint16_t *out, const float *gu, int32_t n_tok, int32_t n_ff, cudaStream_t stream);
+
+/* x[r * ld + i] = cap * tanh(x[r * ld + i] / cap) for r < n_rows, i < n
+ * (cap > 0): Gemma 2's final logit soft-cap. Reference: attn_softcap_ref. */
+cudaError_t kcu_softcap(float *x, int64_t ld, int32_t n_rows, int32_t n, float cap, cudaStream_t stream);
 
 /* y[i] += x[i] for i < n (the residual add). Reference: the loop in be_cpu.c. */
 cudaError_t kcu_add(float *y, const float *x, int64_t n, cudaStream_t stream);
@@ -137,6 +157,10 @@ struct kcu_paged {
     const int32_t *tok_pos;   /* (n_tok) */
     const int32_t *tok_table; /* (n_tok) offsets into blocks */
     const int32_t *blocks;    /* concatenated block tables */
+    /* Attention only (the store ignores them; zero: plain causal attention): */
+    int32_t window; /* > 0: token t attends positions (tok_pos[t] - window, tok_pos[t]] only, and never
+                       reads a block wholly before them */
+    float softcap;  /* > 0: each score s (after the scale) becomes softcap * tanh(s / softcap) */
 };
 
 /* Writes each token's K and V rows (k + t*ld, v + t*ld; kv_dim floats each)
@@ -151,8 +175,9 @@ cudaError_t kcu_kv_store(const struct kcu_paged *kv, const float *k, const float
 
 /* Causal attention for every (token, query head) of a step, prefill chunks
  * and decode tokens mixed: token t attends to positions [0, tok_pos[t]] of
- * its sequence (its own K/V and those of earlier tokens of the step must be
- * stored first). Query head h reads KV head h / (n_head / n_head_kv).
+ * its sequence, or the last kv->window of them, soft-capped when
+ * kv->softcap > 0 (its own K/V and those of earlier tokens of the step must
+ * be stored first). Query head h reads KV head h / (n_head / n_head_kv).
  * q: head h of token t at q + t * q_ld + h * head_dim.
  * out: (n_tok, n_head * head_dim). softmax in f32 with scale `scale`.
  * One thread block per (token, head) with a fixed split of positions over
@@ -175,7 +200,9 @@ cudaError_t kcu_attn_bf16(uint16_t *out, const float *q, int64_t q_ld, const str
 /* ---- k_attn_tc.cu ----------------------------------------------------------- */
 
 /* Tokens per tile of kcu_attn_tc for this head layout (64 / group), or 0
- * when it does not take it (head_dim other than 64 or 128): use kcu_attn. */
+ * when it does not take it (head_dim other than 64 or 128): use kcu_attn.
+ * It takes no window and no soft-cap (cudaErrorInvalidValue): kcu_attn
+ * computes those. */
 int32_t kcu_attn_tc_tile_tokens(int32_t n_head, int32_t n_head_kv, int32_t head_dim);
 
 /* kcu_attn's result (same contract, same arguments) on tensor cores: Q

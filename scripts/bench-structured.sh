@@ -14,7 +14,8 @@
 # max_tokens (checked with jsonschema when the Python in PATH or the test
 # venv has it, else as JSON with the required keys), and llama-server's
 # figures on the first LLAMA_N requests (default 64) with as many slots as
-# threads.
+# threads. Then the largest accepted constraint of each kind (bench_constraint_limits):
+# compile time, peak memory and token masks, and the refusal of one size more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-256}
@@ -164,6 +165,17 @@ print(f"unconstrained:  {fn} requests in {fw:.1f} s, {fg} tokens: {fr:.1f} outpu
       f"{fok}/{fn} ({100 * fok / fn:.0f}%) happen to be valid")
 print(f"constrained / unconstrained: {100 * cr / fr:.0f}% of the rate (target >= 85%)")
 PY
+
+# The budget of one constraint (README, "Limits of one constraint"): the
+# largest accepted constraint of each kind, its compile time, peak memory and
+# token masks, and the refusal of one size more.
+echo
+BUILD_DIR=$(dirname "$BIN")
+if cmake --build "$BUILD_DIR" --target bench_constraint_limits >/dev/null 2>&1 && [ -x "$BUILD_DIR/bench_constraint_limits" ]; then
+  KVB_MODEL=$PWD/$MODEL "$BUILD_DIR/bench_constraint_limits"
+else
+  echo "bench_constraint_limits: not built (cmake --build $BUILD_DIR --target bench_constraint_limits)"
+fi
 
 if [ -z "${LLAMA_SERVER:-}" ]; then
   echo "llama-server: skipped (set LLAMA_SERVER to a llama-server binary to compare)"

@@ -6,6 +6,9 @@
 # at random and resumed, every output line checked against the openai types.
 # Needs a build (build/kvbatch), the model and the venv with the openai
 # package (scripts/setup.sh --test). Exit 0 when every check passed.
+# KVB_REQSPACE_EDGE=P makes a share P of the lines (default 0.03) carry a
+# constraint sized at, just under or past one of the engine's limits
+# (tests/reqspace.py, constraint_edge).
 set -eu
 cd "$(dirname "$0")/.."
 n=${1:-200}

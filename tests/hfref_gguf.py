@@ -1,6 +1,7 @@
 """hfref_gguf.py — writes a GGUF from a Hugging Face config and state dict the
 way llama.cpp's convert_hf_to_gguf.py does, for the architectures kvbatch runs
-(LlamaForCausalLM → llama, Qwen2ForCausalLM → qwen2, Qwen3ForCausalLM → qwen3).
+(LlamaForCausalLM → llama, Qwen2ForCausalLM → qwen2, Qwen3ForCausalLM → qwen3,
+Gemma2ForCausalLM → gemma2, Gemma3ForCausalLM → gemma3).
 
 It is the converter's behaviour for these configs, written out step by step so
 that tests/pytest_hf_ref.py can put one set of random weights both into a
@@ -21,18 +22,36 @@ loader:
     config, default 8192, not from rope_parameters);
   - tensor names through gguf-py's TensorNameMap; 1-D tensors and *_norm
     weights F32, the rest F32 or F16 as the file type says; a tied output
-    (tie_word_embeddings) has no output.weight, as the checkpoint has no lm_head.
+    (tie_word_embeddings) has no output.weight, as the checkpoint has no lm_head;
+  - gemma2 and gemma3 (conversion/gemma.py, Gemma2Model / Gemma3Model): 1 added
+    to every tensor whose name ends in "norm.weight" (Gemma's RMSNorm computes
+    with 1 + weight; Gemma3Model.norm_shift, Gemma2Model.modify_tensors), no
+    lm_head for gemma2 (filter_tensors drops it: the output is the embedding),
+    and their own keys: gemma2 writes no RoPE base at all but the two soft-caps
+    and the sliding window; gemma3 writes the full-attention RoPE base (and
+    scaling), the sliding-attention base as rope.freq_base_swa (TextModel), the
+    window, and final_logit_softcapping only when the config has one. Neither
+    writes query_pre_attn_scalar or the layer pattern: the test's configs keep
+    transformers' defaults for those (head_dim; every 6th layer global for
+    gemma3, every 2nd for gemma2), which is what llama.cpp and kvbatch assume.
 The tokenizer is the one thing not taken from a Hugging Face checkpoint (there is
 none): a small byte-level BPE vocabulary (256 byte tokens, a few merges, a few
-control tokens) in the layout _set_vocab_gpt2 writes. It only has to load; the
-test feeds token ids.
+control tokens) in the layout _set_vocab_gpt2 writes (Gemma3Model's choice
+without a tokenizer.model; Gemma2Model would want a SentencePiece model). It
+only has to load; the test feeds token ids.
 """
+import logging
 import math
 
 import numpy as np
 import gguf
 
-ARCHS = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3}
+# Gemma3Model sets some keys TextModel has set: the writer says so each time.
+logging.getLogger("gguf.gguf_writer").setLevel(logging.ERROR)
+
+ARCHS = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
+         "gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+GEMMA = ("gemma2", "gemma3")
 MERGE_LETTERS = "etaoinsh"
 N_CONTROL = 8
 
@@ -98,6 +117,42 @@ def llama3_rope_factors(hp, rp):
     return np.array(out, dtype=np.float32)
 
 
+def _write_params_gemma2(w, hp, ftype):
+    """Gemma2Model.set_gguf_parameters (it does not call TextModel's)."""
+    w.add_context_length(hp["max_position_embeddings"])
+    w.add_embedding_length(hp["hidden_size"])
+    w.add_block_count(hp["num_hidden_layers"])
+    w.add_feed_forward_length(hp["intermediate_size"])
+    w.add_head_count(hp["num_attention_heads"])
+    w.add_head_count_kv(hp.get("num_key_value_heads", hp["num_attention_heads"]))
+    w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    w.add_key_length(hp["head_dim"])
+    w.add_value_length(hp["head_dim"])
+    w.add_file_type(ftype)
+    w.add_attn_logit_softcapping(hp["attn_logit_softcapping"])
+    w.add_final_logit_softcapping(hp["final_logit_softcapping"])
+    w.add_sliding_window(hp["sliding_window"])
+
+
+def _write_params_gemma3(w, hp, ftype, scaling):
+    """TextModel.set_gguf_parameters, then Gemma3Model's (which sets some keys
+    again: gguf-py's writer keeps the last value)."""
+    _write_params(w, "gemma3", hp, ftype, scaling)
+    rp = hp["rope_parameters"]
+    w.add_context_length(hp.get("max_position_embeddings", 131072))
+    w.add_head_count(hp.get("num_attention_heads", 8))
+    w.add_layer_norm_rms_eps(hp.get("rms_norm_eps", 1e-6))
+    w.add_key_length(hp.get("head_dim", 256))
+    w.add_value_length(hp.get("head_dim", 256))
+    w.add_rope_freq_base(rp.get("full_attention", rp).get("rope_theta", 1_000_000.0))
+    assert hp.get("attn_logit_softcapping") is None
+    if hp.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(hp["final_logit_softcapping"])
+    if hp.get("sliding_window_pattern") != 1:
+        w.add_sliding_window(hp["sliding_window"])
+    w.add_head_count_kv(hp.get("num_key_value_heads", 4))
+
+
 def _write_params(w, arch, hp, ftype, scaling):
     """TextModel.set_gguf_parameters (+ LlamaModel's additions). scaling=False
     leaves out the rope scaling keys (the test's deliberately broken files)."""
@@ -131,6 +186,9 @@ def _write_params(w, arch, hp, ftype, scaling):
         raise ValueError("rope_type %r: not one the converter maps for these architectures" % rope_type)
     if rp.get("rope_theta") is not None:
         w.add_rope_freq_base(rp["rope_theta"])
+    swa_theta = (hp.get("rope_parameters") or {}).get("sliding_attention", {}).get("rope_theta")
+    if swa_theta is not None:
+        w.add_rope_freq_base_swa(swa_theta)
     if hp.get("rms_norm_eps") is not None:
         w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
     if hp.get("head_dim") is not None:
@@ -164,11 +222,11 @@ def _write_vocab(w, n_vocab):
     w.add_add_bos_token(False)
 
 
-def write_gguf(path, arch, hp, state, f16=False, scaling=True, permute_qk=True, name="hfref"):
+def write_gguf(path, arch, hp, state, f16=False, scaling=True, permute_qk=True, name="hfref", norm_shift=True):
     """Writes `state` ({Hugging Face name: float32 ndarray}) with config dict
-    `hp` as the converter would with --outtype f32 (or f16). scaling=False and
-    permute_qk=False write deliberately wrong files (the test's
-    KVB_HFREF_BREAK), everything else is the converter's."""
+    `hp` as the converter would with --outtype f32 (or f16). scaling=False,
+    permute_qk=False and norm_shift=False write deliberately wrong files (the
+    test's KVB_HFREF_BREAK), everything else is the converter's."""
     march = ARCHS[arch]
     ftype = gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32
     n_head, n_kv = hp["num_attention_heads"], hp.get("num_key_value_heads")
@@ -176,14 +234,17 @@ def write_gguf(path, arch, hp, state, f16=False, scaling=True, permute_qk=True, 
     w = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[march])
     tensors = []
     rp = rope_parameters(hp)
+    gemma = arch in GEMMA
     if arch == "llama" and str(rp.get("rope_type", "")).lower() == "llama3" and scaling:
         tensors.append((gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", llama3_rope_factors(hp, rp)))
     for hf_name, data in state.items():
         if hf_name.endswith(".rotary_emb.inv_freq"):
             continue
-        if hf_name == "lm_head.weight" and hp.get("tie_word_embeddings"):
-            continue  # a tied checkpoint stores no lm_head
+        if hf_name == "lm_head.weight" and (hp.get("tie_word_embeddings") or arch == "gemma2"):
+            continue  # a tied checkpoint stores no lm_head; Gemma2Model drops it
         data = np.asarray(data, dtype=np.float32)
+        if gemma and norm_shift and hf_name.endswith("norm.weight"):
+            data = data + np.float32(1.0)  # in float32, as torch adds it to the f32 checkpoint
         if arch == "llama" and permute_qk:
             if hf_name.endswith(("q_proj.weight", "q_proj.bias")):
                 data = permute(data, n_head, n_head)
@@ -200,7 +261,12 @@ def write_gguf(path, arch, hp, state, f16=False, scaling=True, permute_qk=True, 
             w.add_tensor(new_name, data.astype(np.float16), raw_dtype=gguf.GGMLQuantizationType.F16)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(name)
-    _write_params(w, arch, hp, ftype, scaling)
+    if arch == "gemma2":
+        _write_params_gemma2(w, hp, ftype)
+    elif arch == "gemma3":
+        _write_params_gemma3(w, hp, ftype, scaling)
+    else:
+        _write_params(w, arch, hp, ftype, scaling)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _write_vocab(w, hp["vocab_size"])
     w.write_header_to_file()

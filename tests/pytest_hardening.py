@@ -20,6 +20,24 @@ one a case that once went wrong:
 - custom_ids are echoed exactly as written: "x\\ud800" and "x\\udfff" were
   both repaired to "x\\ufffd" (the second then a duplicate_custom_id).
 
+And for issue 27 (no constraint, grammar or cache fault takes down a job):
+- one job holding the lines that ended whole jobs among good ones: a GBNF
+  grammar of 100,000 nested groups (SIGSEGV), a guided_choice of 4,097
+  strings and a chain of 2,000 rules each the next one's first item ("cannot
+  queue: out of memory", exit 1, nothing written), a chain of 100,000 rules
+  each the next one's whole body (SIGSEGV): exit 0, every line answered, the
+  bad ones 400 error lines naming the field and the limit; also run by the
+  ASan build's ctest (`hardening_constraints`: this file with the argument
+  `constraints`);
+- a line whose queueing fails (KVBATCH_TEST_CRASH=ID:queue injects what an
+  allocation failure would do) is a 500 error line, and the job goes on;
+- the cache file truncated, or its meta pages zeroed, by another process
+  while `run` reads it: exit 0 and results identical to --no-cache (it was
+  SIGBUS / SIGABRT);
+- an output cut by max_tokens inside a UTF-8 character ends its text at the
+  last whole character (it ended in U+FFFD), while the logprobs' bytes carry
+  every byte.
+
 Run by ctest (KVB_BIN, KVB_MODEL, KVB_SOURCE_DIR set); exits 77 to skip when
 the model or binary is missing. Uses only the Python standard library.
 """
@@ -321,7 +339,7 @@ def test_fields(d):
               "add_generation_prompt": False, "continue_final_message": True},
              comp("cont-ids", text=None, prompt=tokenize(cont_text, special=True), max_tokens=10),
              {"custom_id": "nogen", "messages": cont_msgs, "max_tokens": 4, "add_generation_prompt": False},
-             chat("unknown", q, chat_template="{{ messages }}"),
+             chat("unknown", q, truncate_prompt_tokens=5),
              chat("misspelt", q, max_token=3),
              chat("ignored", q, stream=True, user="u", metadata={"a": "b"})]
     res = results(d, "fields3", lines)
@@ -333,7 +351,7 @@ def test_fields(d):
             check(x["usage"]["prompt_tokens"] == y["usage"]["prompt_tokens"] and text_of(x) == text_of(y),
                   f"{a}: not rendered as the template does: {x['usage']} {text_of(x)!r} vs {y['usage']} {text_of(y)!r}")
     body(res, "nogen")
-    for cid, field in (("unknown", "chat_template"), ("misspelt", "max_token")):
+    for cid, field in (("unknown", "truncate_prompt_tokens"), ("misspelt", "max_token")):
         e = res[cid]
         check(e["error"] and e["error"]["code"] == "unsupported_field" and e["error"]["param"] == field and
               field in e["error"]["message"], f"{cid}: not refused by name: {e['error']}")
@@ -400,15 +418,180 @@ def test_crash_resume(d):
           f"journal named as the input: exit {p.returncode}, input changed: {open(out + '.journal', 'rb').read() != before}")
 
 
+# ---- issue 27: constraints, queueing, the cache under damage, UTF-8 cuts ------------------------
+
+def constraint_lines():
+    """(line, expected status, words the error must hold) for the constraint lines that took jobs down."""
+    g_nest = "root ::= " + "(" * 100000 + '"a"' + ")" * 100000
+    g_left = "root ::= r0\n" + "".join(f'r{i} ::= r{i + 1} "a"\n' for i in range(1999)) + 'r1999 ::= "a"\n'
+    g_tail = "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(99999)) + 'r99999 ::= "t"\n'
+    choices = [f"c{i}" for i in range(4097)]
+    return [
+        (chat("good1"), 200, None),
+        (chat("nest", guided_grammar=g_nest), 400, ["guided_grammar", "1024"]),
+        (comp("good2"), 200, None),
+        (chat("choice_4097", guided_choice=choices), 400, ["guided_choice", "4096"]),
+        (chat("choice_4096", guided_choice=choices[:4096]), 200, None),
+        (comp("deep-left-chain", guided_grammar=g_left), 400, ["guided_grammar", "1024"]),
+        (chat("so-nest", structured_outputs={"grammar": g_nest}), 400, ["structured_outputs", "1024"]),
+        (comp("tail-chain", guided_grammar=g_tail), 200, None),
+        (chat("good3", n=2, temperature=0.7), 200, None),
+    ]
+
+
+def test_constraint_killers(d):
+    lines = constraint_lines()
+    job, out = os.path.join(d, "killers.jsonl"), os.path.join(d, "killers.out.jsonl")
+    write_job(job, [l for l, _, _ in lines])
+    p = run(["-i", job, "-o", out])
+    check(p.returncode == 0, f"constraint killers: exit {p.returncode}: {p.stderr[-600:]}")
+    if p.returncode != 0:
+        return
+    res = by_id(read_lines(out))
+    check(len(res) == len(lines), f"constraint killers: {len(res)} lines for {len(lines)}")
+    for line, status, words in lines:
+        cid = line["custom_id"]
+        got = res.get(cid)
+        if not check(got is not None, f"{cid}: no output line"):
+            continue
+        st = got["response"]["status_code"]
+        check(st == status, f"{cid}: status {st}, want {status}: {json.dumps(got)[:300]}")
+        if words and st == 400:
+            e = got["error"]
+            for w in words:
+                check(w in e["message"] and (w.isdigit() or w in (e["param"] or "")),
+                      f"{cid}: the error does not name {w!r}: {e}")
+    t = res.get("tail-chain")
+    if t and t["response"]["status_code"] == 200:
+        check(t["response"]["body"]["choices"][0]["text"] in ("", "t"), f"tail-chain: {t['response']['body']}")
+
+
+def test_queue_failure(d):
+    lines = [comp("q-one"), comp("q-ok"), comp("q-many", n=3, temperature=0.8), comp("q-ok2")]
+    for victim in ("q-one", "q-many"):
+        job, out = os.path.join(d, f"queue-{victim}.jsonl"), os.path.join(d, f"queue-{victim}.out.jsonl")
+        write_job(job, lines)
+        p = run(["-i", job, "-o", out], env={"KVBATCH_TEST_CRASH": f"{victim}:queue"})
+        check(p.returncode == 0, f"queue failure of {victim}: exit {p.returncode}: {p.stderr[-400:]}")
+        if p.returncode != 0:
+            continue
+        res = by_id(read_lines(out))
+        check(len(res) == len(lines), f"queue failure of {victim}: {len(res)} lines for {len(lines)}")
+        for cid, got in res.items():
+            st = got["response"]["status_code"]
+            want = 500 if cid == victim else 200
+            check(st == want, f"queue failure of {victim}: {cid} has status {st}, want {want}")
+            if cid == victim and st == 500:
+                check("cannot queue" in got["error"]["message"], f"{cid}: {got['error']}")
+
+
+def cache_job(path, n):
+    """n prompts of about 170 tokens, each its own from the first block, so
+    that every line of a warm run loads its own chain from the cache."""
+    body = " ".join(f"The quick brown fox jumps over the lazy dog number {i}." for i in range(14))
+    write_job(path, [{"custom_id": f"p{i}", "prompt": f"Document {i}. {body} Question: what is {i} plus {i}?",
+                      "max_tokens": 5, "temperature": 0} for i in range(n)])
+
+
+def texts(path):
+    return {d["custom_id"]: d["response"]["body"]["choices"][0]["text"] for d in read_lines(path)}
+
+
+def test_cache_damaged_under_run(d):
+    job, ref = os.path.join(d, "cd.jsonl"), os.path.join(d, "cd.ref.jsonl")
+    cache_job(job, 24)
+    p = run(["-i", job, "-o", ref])
+    if not check(p.returncode == 0, f"cache damage: the --no-cache run: exit {p.returncode}: {p.stderr[-300:]}"):
+        return
+    want = texts(ref)
+    cold = os.path.join(d, "cd.cache")
+    base = [BIN, "run", "--model", MODEL, "-i", job, "--metrics", os.path.join(d, "cd.db")]
+    p = subprocess.run(base + ["-o", os.path.join(d, "cd.cold.jsonl"), "--quiet", "--cache-dir", cold],
+                       capture_output=True, text=True)
+    if not check(p.returncode == 0, f"cache damage: the cold run: exit {p.returncode}: {p.stderr[-300:]}"):
+        return
+    for how in ("truncate", "zero meta pages"):
+        cache = os.path.join(d, "cd.cache." + how.replace(" ", "-"))
+        shutil.copytree(cold, cache)
+        out = os.path.join(d, f"cd.{how.replace(' ', '-')}.jsonl")
+        # one sequence at a time, so that loads from the cache go on all through the run
+        proc = subprocess.Popen(base + ["-o", out, "--cache-dir", cache, "--max-batch", "1"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120 and proc.poll() is None:
+            if os.path.exists(out) and open(out, "rb").read().count(b"\n") >= 2:
+                break
+            time.sleep(0.02)
+        data = os.path.join(cache, "data.mdb")
+        if how == "truncate":
+            os.truncate(data, 8192)
+        else:
+            with open(data, "r+b") as f:
+                f.write(b"\0" * 8192)
+        _, err = proc.communicate(timeout=600)
+        check(proc.returncode == 0, f"cache {how} under a run: exit {proc.returncode}: {err[-600:]}")
+        check("changed under this process" in err,
+              f"cache {how} under a run: the damage was not met while the run read the cache (too late?): "
+              f"{err[-600:]}")
+        if proc.returncode == 0:
+            got = texts(out)
+            check(got == want, f"cache {how} under a run: results differ from --no-cache: "
+                               f"{[k for k in want if got.get(k) != want[k]][:5]}")
+
+
+def test_utf8_cut(d):
+    """Outputs held to Chinese characters (3 bytes each, often split over tokens), cut by max_tokens."""
+    lines = []
+    for k in range(1, 13):
+        lines.append(chat(f"u{k}", "Write Chinese.", max_tokens=k, temperature=0.9, seed=k, logprobs=True,
+                          guided_regex="[\u4e00-\u9fff]{1,40}"))
+        lines.append(comp(f"c{k}", "Chinese:", max_tokens=k, temperature=0.9, seed=k, logprobs=0,
+                          guided_regex="[\u4e00-\u9fff]{1,40}"))
+    res = results(d, "utf8", lines)
+    cut = 0
+    for line in lines:
+        cid = line["custom_id"]
+        b = body(res, cid)
+        if not b:
+            continue
+        c = b["choices"][0]
+        text = text_of(b)
+        check("\ufffd" not in text, f"{cid}: U+FFFD in {text!r}")
+        if "message" in c:
+            raw = b"".join(bytes(t["bytes"]) for t in c["logprobs"]["content"])
+        else:
+            raw = b"".join(bytes.fromhex(t[6:].replace("\\x", "")) if t.startswith("bytes:") else t.encode()
+                           for t in c["logprobs"]["tokens"])
+        k = len(raw)
+        while k > 0:
+            try:
+                raw[:k].decode("utf-8")
+                break
+            except UnicodeDecodeError:
+                k -= 1
+        cut += k < len(raw)
+        check(text.encode() == raw[:k], f"{cid}: text {text!r} is not the whole characters of {raw!r}")
+    check(cut > 0, "utf8 cut: no output ended inside a character, so nothing was tested")
+    print(f"utf8 cut: {cut} of {len(lines)} outputs ended inside a character")
+
+
 def main():
     if not ready():
         return 77
     with tempfile.TemporaryDirectory() as d:
+        if sys.argv[1:] == ["constraints"]:  # the part the ASan build runs too (hardening_constraints)
+            test_constraint_killers(d)
+            test_queue_failure(d)
+            return finish("hardening (constraints)")
         test_logprobs_without_alternatives(d)
         test_nonfinite_model(d)
         test_custom_id_exact(d)
         test_fields(d)
         test_crash_resume(d)
+        test_constraint_killers(d)
+        test_queue_failure(d)
+        test_cache_damaged_under_run(d)
+        test_utf8_cut(d)
     return finish("hardening")
 
 

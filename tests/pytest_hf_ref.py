@@ -4,11 +4,12 @@ independent reference (tests/refmodel.py was written from the same
 understanding as the engine and shares its blind spots).
 
 For each case below: random weights go into a transformers model built from its
-Config class (LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM, float32,
-eager attention, CPU) and, through tests/hfref_gguf.py, into a GGUF written as
-llama.cpp's convert_hf_to_gguf.py writes one for that config (the Q/K row
-permutation for llama, rope_freqs for "llama3", the rope scaling keys for
-"linear" and "yarn"). transformers' own GGUF loader is not used: it drops rope
+Config class (LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
+Gemma2ForCausalLM / Gemma3ForCausalLM, float32, eager attention, CPU) and,
+through tests/hfref_gguf.py, into a GGUF written as llama.cpp's
+convert_hf_to_gguf.py writes one for that config (the Q/K row permutation for
+llama, rope_freqs for "llama3", the rope scaling keys for "linear" and "yarn",
+Gemma's norms with 1 added and its soft-cap, window and RoPE keys). transformers' own GGUF loader is not used: it drops rope
 scaling, so a reference loaded through it would agree with an engine that does.
 A prompt of 2,048 random token ids goes through both (`kvbatch logits
 --prompt-ids`), and the logits are compared at every position 0-2047: max abs
@@ -31,11 +32,16 @@ not the same numbers. Measured on the unscaled cases, kvbatch / fp16-reference
 is 0.93-1.08 for max|d| and 0.99-1.01 for NMSE; kvbatch is ~0.002-0.005 from the
 fp16 reference itself, about half its distance from the exact one.)
 Each scaled case also checks that it can see a missing scaling: the reference
-without it must differ from the reference by more than 10 x the bar.
+without it must differ from the reference by more than 10 x the bar. Likewise
+each Gemma case for what its architecture adds: the reference with every layer
+global (no sliding window) and, for gemma2, without each soft-cap, must differ
+by more than 10 x the bar; windowed cases report top-1 agreement separately
+for the positions past the window (where the window changes what is seen).
 
 KVB_HFREF_BREAK=noscale writes the scaled cases' GGUFs without their scaling
 (keys, rope_freqs), nopermute skips llama's Q/K permutation, theta writes a
-rope base 1% off: each must make the test FAIL. KVB_HFREF_CASES=a,b runs only
+rope base 1% off, nonormshift writes Gemma's norms without the 1 the
+converter adds: each must make the test FAIL. KVB_HFREF_CASES=a,b runs only
 those cases.
 
 The test needs torch and transformers: it re-runs itself under the kvbatch
@@ -92,6 +98,28 @@ def rope(theta, **kw):
     return dict(rope_theta=theta, **kw)
 
 
+def gemma3_cfg(**kw):
+    """Gemma3TextConfig's defaults where the converter cannot say otherwise
+    (query_pre_attn_scalar = head_dim, every 6th layer global), small widths."""
+    cfg = dict(vocab_size=0, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+               num_attention_heads=4, num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+               max_position_embeddings=N_TOK, rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=512,
+               rope_parameters={"full_attention": rope(1e6, rope_type="default"),
+                                "sliding_attention": rope(1e4, rope_type="default")})
+    cfg.update(kw)
+    return cfg
+
+
+def gemma2_cfg(**kw):
+    cfg = dict(vocab_size=0, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=256, query_pre_attn_scalar=256,
+               max_position_embeddings=N_TOK, rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=512,
+               attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+               rope_parameters=rope(10000.0, rope_type="default"))
+    cfg.update(kw)
+    return cfg
+
+
 # name, arch, config overrides, F16 weights
 CASES = [
     ("llama-mha", "llama", base_cfg(), False),
@@ -133,11 +161,59 @@ CASES = [
     ("qwen3-rope-yarn", "qwen3", base_cfg(
         num_key_value_heads=2, head_dim=32, rope_parameters=rope(1e6, rope_type="yarn", factor=4.0,
                                                                  original_max_position_embeddings=512)), False),
+    # Gemma 3 270M's shape (hidden 640, 4 heads over 1 KV head of 256, FFN 2048, window 512), 6 of its 18 layers
+    ("gemma3-270m-shape", "gemma3", gemma3_cfg(hidden_size=640, intermediate_size=2048), False),
+    # GQA, small heads, a window of 100 (not a whole number of KV blocks), untied output, F16 weights, two
+    # global layers (5, 11) among 12
+    ("gemma3-gqa-win100", "gemma3", gemma3_cfg(num_hidden_layers=12, num_key_value_heads=2, head_dim=64,
+                                               query_pre_attn_scalar=64, sliding_window=100,
+                                               tie_word_embeddings=False), True),
+    # Gemma 3 4B-27B's RoPE: linear factor 8 on the global layers only, a 1e4 base on the local ones
+    ("gemma3-rope-linear", "gemma3", gemma3_cfg(
+        num_key_value_heads=2, head_dim=128, query_pre_attn_scalar=128, sliding_window=256,
+        rope_parameters={"full_attention": rope(1e6, rope_type="linear", factor=8.0),
+                         "sliding_attention": rope(1e4, rope_type="default")}), False),
+    # Gemma 2 2B's shape in miniature: soft-caps 50 / 30, window 512, every other layer windowed
+    ("gemma2-2b-shape", "gemma2", gemma2_cfg(), False),
+    # caps that bite on every score and logit, a window of 200, F16 weights
+    ("gemma2-softcap-strong", "gemma2", gemma2_cfg(num_key_value_heads=1, head_dim=128, query_pre_attn_scalar=128,
+                                                   sliding_window=200, attn_logit_softcapping=4.0,
+                                                   final_logit_softcapping=2.5), True),
 ]
 
 
+def full_rope(cfg):
+    """The (global layers') rope parameters."""
+    rp = cfg["rope_parameters"]
+    return rp.get("full_attention", rp)
+
+
 def scaled(cfg):
-    return cfg["rope_parameters"].get("rope_type", "default") != "default"
+    return full_rope(cfg).get("rope_type", "default") != "default"
+
+
+def unscaled(cfg):
+    """cfg with the global layers' RoPE unscaled."""
+    plain = dict(full_rope(cfg))
+    plain = {"rope_type": "default", "rope_theta": plain["rope_theta"]}
+    rp = cfg["rope_parameters"]
+    out = dict(cfg, rope_parameters=dict(rp, full_attention=plain) if "full_attention" in rp else plain)
+    out.pop("original_max_position_embeddings", None)
+    return out
+
+
+def variants(arch, cfg):
+    """(what, config) pairs the reference must be sensitive to: each one leaves
+    out something the architecture computes."""
+    out = []
+    if scaled(cfg):
+        out.append(("rope scaling", unscaled(cfg)))
+    if arch in ("gemma2", "gemma3"):
+        out.append(("window", dict(cfg, layer_types=["full_attention"] * cfg["num_hidden_layers"])))
+    if arch == "gemma2":
+        out.append(("attn softcap", dict(cfg, attn_logit_softcapping=None)))
+        out.append(("final softcap", dict(cfg, final_logit_softcapping=None)))
+    return out
 
 
 def random_state(np, model, seed):
@@ -145,23 +221,26 @@ def random_state(np, model, seed):
     peaked (score std ~3: RoPE errors show) and activations stay O(1)."""
     rng = np.random.default_rng(seed)
     out = {}
+    gemma = model.config.model_type.startswith("gemma")
     for name, t in model.state_dict().items():
         shape = tuple(t.shape)
         if name.endswith("norm.weight"):
-            # q_norm/k_norm scale what the scores see; the others stay near 1
+            # q_norm/k_norm scale what the scores see; the others stay near 1 (Gemma's norms multiply by
+            # 1 + weight: near 0 there)
             mean = 1.7 if ("q_norm" in name or "k_norm" in name) else 1.0
-            out[name] = (mean + 0.2 * rng.standard_normal(shape)).astype(np.float32)
+            out[name] = (mean - (1.0 if gemma else 0.0) + 0.2 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith(".bias"):
             out[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith("embed_tokens.weight"):
-            # a tied output reads it as lm_head too: scale it as one
+            # a tied output reads it as lm_head too: scale it as one (Gemma scales embeddings by sqrt(hidden))
             tied = model.config.tie_word_embeddings
-            out[name] = ((2.0 / np.sqrt(shape[1]) if tied else 1.0) * rng.standard_normal(shape)).astype(np.float32)
+            gain = 2.0 / np.sqrt(shape[1]) if tied else 1.0 / np.sqrt(shape[1]) if gemma else 1.0
+            out[name] = (gain * rng.standard_normal(shape)).astype(np.float32)
         else:
             gain = 1.7 if name.endswith(("q_proj.weight", "k_proj.weight")) else \
                 2.0 if name == "lm_head.weight" else 1.0
             out[name] = (gain / np.sqrt(shape[1]) * rng.standard_normal(shape)).astype(np.float32)
-    if model.config.tie_word_embeddings:
+    if model.config.tie_word_embeddings and "lm_head.weight" in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"]
     return out
 
@@ -188,7 +267,7 @@ def main():
     if not kvb or not os.access(kvb, os.X_OK):
         skip("KVB_BIN not set or not executable (%r)" % kvb)
     brk = os.environ.get("KVB_HFREF_BREAK", "")
-    if brk not in ("", "noscale", "nopermute", "theta"):
+    if brk not in ("", "noscale", "nopermute", "theta", "nonormshift"):
         skip("unknown KVB_HFREF_BREAK=%s" % brk)
     if brk:
         print("NOTE: GGUFs deliberately broken (KVB_HFREF_BREAK=%s): this run must FAIL" % brk)
@@ -196,18 +275,19 @@ def main():
     torch.set_num_threads(2)
     t_start = time.time()
 
-    # the fp16-KV reference: K (after RoPE / QK norm) and V rounded as kvbatch's KV pool stores them
-    from transformers.models.llama.modeling_llama import eager_attention_forward
-
+    # the fp16-KV reference: K (after RoPE / QK norm) and V rounded as kvbatch's KV pool stores them, through
+    # the model's own eager attention (Gemma's soft-caps its scores)
     def fp16kv_attention(module, query, key, value, attention_mask, **kw):
-        return eager_attention_forward(module, query, key.half().float(), value.half().float(),
-                                       attention_mask, **kw)
+        eager = sys.modules[type(module).__module__].eager_attention_forward
+        return eager(module, query, key.half().float(), value.half().float(), attention_mask, **kw)
     AttentionInterface.register("kvb_fp16kv", fp16kv_attention)
     AttentionMaskInterface.register("kvb_fp16kv", eager_mask)  # the same causal mask as eager
 
     classes = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-               "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
+               "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+               "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+               "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM)}
     n_vocab = hfref_gguf.vocab_size()
     failures, table = [], []
 
@@ -238,6 +318,9 @@ def main():
                 continue
             t0 = time.time()
             cfg = dict(cfg, vocab_size=n_vocab, rope_parameters=dict(cfg["rope_parameters"]))
+            for k in ("full_attention", "sliding_attention"):
+                if k in cfg["rope_parameters"]:
+                    cfg["rope_parameters"][k] = dict(cfg["rope_parameters"][k])
             model = build(arch, cfg, None)
             state = random_state(np, model, 1000 + ci)
             if f16:  # the reference computes with the weights the file holds
@@ -246,10 +329,15 @@ def main():
             model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
             hp = model.config.to_dict()
             if brk == "theta":
-                hp["rope_parameters"] = dict(hp["rope_parameters"], rope_theta=hp["rope_parameters"]["rope_theta"] * 1.01)
+                rp = hp["rope_parameters"]
+                if "full_attention" in rp:
+                    hp["rope_parameters"] = dict(rp, full_attention=dict(
+                        rp["full_attention"], rope_theta=rp["full_attention"]["rope_theta"] * 1.01))
+                else:
+                    hp["rope_parameters"] = dict(rp, rope_theta=rp["rope_theta"] * 1.01)
             path = os.path.join(tmp, name + ".gguf")
             hfref_gguf.write_gguf(path, arch, hp, state, f16=f16, scaling=brk != "noscale",
-                                  permute_qk=brk != "nopermute", name=name)
+                                  permute_qk=brk != "nopermute", name=name, norm_shift=brk != "nonormshift")
             ids = np.random.default_rng(ci).integers(0, n_vocab, N_TOK).tolist()
 
             ref = forward(model, ids, "eager")
@@ -259,16 +347,15 @@ def main():
                 failures.append("%s: the fp16-KV reference is %.3g NMSE from the exact one: it is broken, "
                                 "or not rounding at all" % (name, n16))
             tol_d, tol_n = MARGIN * d16, MARGIN ** 2 * n16
-            sens = ""
-            if scaled(cfg):
-                plain = dict(cfg, rope_parameters={"rope_type": "default",
-                                                   "rope_theta": cfg["rope_parameters"]["rope_theta"]})
-                plain.pop("original_max_position_embeddings", None)
+            sens = []
+            for what, plain in variants(arch, cfg):
                 ds, ns, _ = metrics(np, ref, forward(build(arch, plain, state), ids, "eager"))
-                sens = "%.3g" % ds
+                sens.append(ds)
                 if ds <= SENSITIVITY * tol_d:
-                    failures.append("%s: the reference without scaling is only %.3g from it (bar %.3g): "
-                                    "this case cannot tell a missing scaling" % (name, ds, tol_d))
+                    failures.append("%s: the reference without %s is only %.3g from it (bar %.3g): "
+                                    "this case cannot tell it missing" % (name, what, ds, tol_d))
+            sens = "%.3g" % min(sens) if sens else ""
+            win = cfg.get("sliding_window") if arch in ("gemma2", "gemma3") else None
             try:
                 p = subprocess.run([kvb, "logits", "--model", path, "--prompt-ids", " ".join(map(str, ids)),
                                     "--out", out, "--threads", "2"], capture_output=True, text=True, timeout=300)
@@ -281,7 +368,8 @@ def main():
                     raise RuntimeError("%d floats, expected %d x %d" % (got.size, N_TOK, n_vocab))
             except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
                 failures.append("%s: %s" % (name, e))
-                table.append((name, None, None, None, d16, n16, tol_d, tol_n, None, sens, "FAIL", time.time() - t0))
+                table.append((name, None, None, None, None, d16, n16, tol_d, tol_n, None, sens, "FAIL",
+                              time.time() - t0))
                 continue
             got = got.reshape(N_TOK, n_vocab)
             d, n, top1 = metrics(np, ref, got)
@@ -297,7 +385,8 @@ def main():
                                 "positions; worst position %d (max|d| there %.3g; first position over the "
                                 "bar: %s)" % (name, d, tol_d, n, tol_n, bad_top1, w, dpos[w],
                                              next((int(i) for i in np.flatnonzero(dpos > tol_d)), "-")))
-            table.append((name, d, n, top1.mean(), d16, n16, tol_d, tol_n, d_vs16, sens, "ok" if ok else "FAIL",
+            past = top1[win:].mean() if win else None
+            table.append((name, d, n, top1.mean(), past, d16, n16, tol_d, tol_n, d_vs16, sens, "ok" if ok else "FAIL",
                           time.time() - t0))
 
         # --prompt-ids is the same prompt as the text it tokenizes to
@@ -321,18 +410,20 @@ def main():
 
     print("\ntransformers %s, torch %s; %d positions, vocab %d; bar = %g x the fp16-KV reference's distance"
           % (transformers.__version__, torch.__version__, N_TOK, n_vocab, MARGIN))
-    print("%-18s %9s %9s %7s | %9s %9s | %9s %9s | %9s %9s  %-6s %5s"
-          % ("case", "max|d|", "NMSE", "top-1", "fp16 d", "fp16 NMSE", "bar d", "bar NMSE", "d vs fp16",
-             "no-scale", "status", "s"))
+    print("%-21s %9s %9s %7s %7s | %9s %9s | %9s %9s | %9s %9s  %-6s %5s"
+          % ("case", "max|d|", "NMSE", "top-1", "past w", "fp16 d", "fp16 NMSE", "bar d", "bar NMSE", "d vs fp16",
+             "without", "status", "s"))
     g = lambda x: "-" if x is None else "%.3g" % x  # noqa: E731
+    pct = lambda x: "-" if x is None else "%.4f" % x  # noqa: E731
     for r in table:
-        print("%-18s %9s %9s %7s | %9s %9s | %9s %9s | %9s %9s  %-6s %5.1f"
-              % (r[0], g(r[1]), g(r[2]), "-" if r[3] is None else "%.4f" % r[3], g(r[4]), g(r[5]), g(r[6]),
-                 g(r[7]), g(r[8]), r[9] or "-", r[10], r[11]))
-    print("max|d|, NMSE, top-1: kvbatch against the exact reference over positions 0-%d; fp16 d / NMSE: the\n"
-          "reference with fp16 K/V against the exact one; bar: what kvbatch is held to (max|d| %g x, NMSE %g x\n"
-          "those); d vs fp16: kvbatch against the fp16-K/V reference (for information); no-scale: max|d| of\n"
-          "the reference without its rope scaling (must exceed %g bars)"
+        print("%-21s %9s %9s %7s %7s | %9s %9s | %9s %9s | %9s %9s  %-6s %5.1f"
+              % (r[0], g(r[1]), g(r[2]), pct(r[3]), pct(r[4]), g(r[5]), g(r[6]), g(r[7]), g(r[8]), g(r[9]),
+                 r[10] or "-", r[11], r[12]))
+    print("max|d|, NMSE, top-1: kvbatch against the exact reference over positions 0-%d (past w: top-1 over\n"
+          "the positions past the sliding window); fp16 d / NMSE: the reference with fp16 K/V against the exact\n"
+          "one; bar: what kvbatch is held to (max|d| %g x, NMSE %g x those); d vs fp16: kvbatch against the\n"
+          "fp16-K/V reference (for information); without: the smallest max|d| of the reference without one of\n"
+          "what the case computes (RoPE scaling, the window, a soft-cap; each must exceed %g bars)"
           % (N_TOK - 1, MARGIN, MARGIN ** 2, SENSITIVITY))
     print("total %.1fs" % (time.time() - t_start))
     if failures:

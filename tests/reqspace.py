@@ -4,7 +4,10 @@ release).
 
 A generator of random request lines over every body field the job format
 accepts: valid values, edge values (0, 1, empty lists, true/false, maxima,
-unicode, content-part arrays, assistant-last conversations, every role),
+unicode, content-part arrays, assistant-last conversations, every role,
+output constraints sized at, just under and past each limit of the grammar
+engine: nesting, alternation width, choice counts, rule chains, regex and
+schema nesting, text size — a refusal must name the field and the limit),
 fields ignored on purpose, and invalid ones (wrong types, out of range,
 unknown fields, broken JSON, duplicate ids). Each line carries what kvbatch
 must answer: a 200, a 400, or either where the rules leave it open. A run
@@ -59,6 +62,9 @@ class Gen:
         self.ids = {}  # custom_id -> "claimed" once a line that parses uses it
         self.k = 0
         self.pbad = 0.0  # chance of a bad value at each place that can hold one (set per line)
+        # chance of a line whose constraint is sized at or past a limit (constraint_edge); raised by
+        # KVB_REQSPACE_EDGE for a run aimed at the limits
+        self.p_edge = float(os.environ.get("KVB_REQSPACE_EDGE", "0.03"))
 
     # ---- small pieces ---------------------------------------------------------------
 
@@ -153,6 +159,77 @@ class Gen:
         info["n_prompts"] = 1
         return r.choice([[], [[]], ["a", [1]], [1, "a"], 5, {"p": 1}, [1.5], [-1], [True]])
 
+    # ---- constraints at and past the engine's limits ----------------------------------
+
+    def constraint_edge(self, info):
+        """A constraint sized at, just under or past one of the limits of
+        engine/grammar.h, grammar_regex.h and grammar_schema.h (nesting,
+        alternation width, choice count, rule chains, text size): (field,
+        value, within, limit) where within says whether it must run, and
+        limit is the number a refusal names. Sets info["choice"] or
+        info["regex"] to what the output must match."""
+        r = self.r
+        kind = r.choice(["nest", "nest", "width", "choices", "choices", "left-chain", "left-chain", "tail-chain",
+                         "regex-nest", "regex-count", "schema-nest", "schema-nest", "text-size"])
+        so = r.random() < 0.5  # structured_outputs.X or the older guided_X
+        def gbnf(g):
+            return ("structured_outputs", {"grammar": g}) if so else ("guided_grammar", g)
+        if kind == "nest":  # GRAMMAR_MAX_NEST groups inside groups
+            k = r.choice([1, 40, 1023, 1024, 1025, 1025, 3000, 100000])
+            name, value = gbnf("root ::= " + "(" * k + '"a"' + ")" * k)
+            info["choice"] = ["a"]
+            return name, value, k <= 1024, 1024
+        if kind == "width":  # GRAMMAR_MAX_STACKS alternatives open at the start
+            k = r.choice([2, 300, 4095, 4096, 4097, 4097, 20000])
+            alts = [f"c{i}" for i in range(k)]
+            name, value = gbnf("root ::= " + " | ".join(f'"{a}"' for a in alts))
+            info["choice"] = alts
+            return name, value, k <= 4096, 4096
+        if kind == "choices":  # GRAMMAR_MAX_CHOICES strings
+            k = r.choice([1, 2, 4095, 4096, 4097, 4097, 10000])
+            words = [r.choice(["w", "\u00e9", "x y ", "\u65e5"]) + str(i) for i in range(k)]
+            words = [json.loads('"' + w + '"') for w in words]
+            info["choice"] = words
+            name, value = ("structured_outputs", {"choice": words}) if so else ("guided_choice", words)
+            return name, value, k <= 4096, 4096
+        if kind == "left-chain":  # GRAMMAR_MAX_DEPTH: each rule the next one's first item
+            k = r.choice([1, 10, 1000, 1024, 1025, 1025, 2000])
+            g = "root ::= r0\n" + "".join(f'r{i} ::= r{i + 1} "a"\n' for i in range(k - 1)) + f'r{k - 1} ::= "a"\n'
+            name, value = gbnf(g)
+            info["regex"] = "a{%d}" % k
+            return name, value, k <= 1024, 1024
+        if kind == "tail-chain":  # each rule the next one's whole body: no limit, a long walk for the checks
+            k = r.choice([10, 1000, 50000])
+            g = "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(k - 1)) + f'r{k - 1} ::= "b" | "c"\n'
+            name, value = gbnf(g)
+            info["choice"] = ["b", "c"]
+            return name, value, True, None
+        if kind == "regex-nest":  # the regex parser's 100 groups inside groups
+            k = r.choice([1, 99, 100, 101, 101, 5000])
+            re_ = "(" * k + "ab" + ")" * k
+            info["regex"] = "ab"
+            name, value = ("structured_outputs", {"regex": re_}) if so else ("guided_regex", re_)
+            return name, value, k <= 100, 100
+        if kind == "regex-count":  # GREGEX_MAX_COUNT
+            k = r.choice([1, 999, 1000, 1001, 1001])
+            re_ = "x{%d}" % k
+            info["regex"] = re_
+            name, value = ("structured_outputs", {"regex": re_}) if so else ("guided_regex", re_)
+            return name, value, k <= 1000, 1000
+        if kind == "schema-nest":  # GSCHEMA_MAX_NEST schemas inside schemas
+            k = r.choice([2, 40, 63, 64, 65, 65, 100])
+            sch = {"type": "integer"}
+            for _ in range(k - 1):
+                sch = {"type": "object", "properties": {"a": sch}, "required": ["a"]}
+            name, value = ("structured_outputs", {"json": sch}) if so else ("guided_json", sch)
+            return name, value, k <= 64, 64
+        # text-size: GRAMMAR_MAX_TEXT bytes of constraint text (a grammar padded with a comment)
+        k = r.choice([8 << 20, (8 << 20) + 1, 9 << 20])
+        head = 'root ::= "z"\n#'
+        name, value = gbnf(head + "p" * (k - len(head)))
+        info["choice"] = ["z"]
+        return name, value, k <= (8 << 20), 8 << 20
+
     # ---- a line -----------------------------------------------------------------------
 
     def field(self, name, good, bad_values, body, bad, p=0.5):
@@ -226,7 +303,8 @@ class Gen:
           [{"type": "xml"}, {}, {"type": "json_schema"}, {"type": "text", "x": 1}], body, bad, p=0.12)
         # the other constraint forms (vLLM's), at most one besides response_format; choice and regex
         # outputs are checked against their constraint (check_result)
-        if r.random() < 0.12:
+        edge = r.random() < self.p_edge
+        if edge or r.random() < 0.12:
             good = [("structured_outputs", {"choice": ["yes", "no", "maybe so"]}),
                     ("structured_outputs", {"regex": "[a-c]{1,3}x?"}),
                     ("structured_outputs", {"grammar": 'root ::= "v" [0-9]+'}),
@@ -238,8 +316,16 @@ class Gen:
                      ("structured_outputs", {"regex": "a", "choice": ["b"]}), ("structured_outputs", "a"),
                      ("guided_choice", "A"), ("guided_regex", 5), ("guided_grammar", "root ::= [")]
             name, value = r.choice(wrong) if self.pbad and r.random() < 0.5 else r.choice(good)
+            if edge:
+                name, value, within, limit = self.constraint_edge(info)
+                info["edge"] = True
+                if not within:
+                    bad.append(f"{name} past its limit")
+                    info["limit"] = (name, limit)
             body[name] = value
-            if (name, value) in wrong:
+            if edge:
+                pass  # constraint_edge said what the output must match
+            elif (name, value) in wrong:
                 bad.append(name)
             elif isinstance(value, list) or (isinstance(value, dict) and "choice" in value):
                 info["choice"] = value if isinstance(value, list) else value["choice"]
@@ -291,7 +377,7 @@ class Gen:
         if r.random() < 0.03:
             body["model"] = r.choice(["SmolLM2", "gpt-4o-mini"])
         if r.random() < self.pbad:
-            body[r.choice(["max_token", "guided_json", "chat_template", "best", "truncate_prompt_tokens"])] = 1
+            body[r.choice(["max_token", "guided_json", "guided_decoding_backend", "best", "truncate_prompt_tokens"])] = 1
             bad.append("unknown field")
         if not chat and r.random() < self.pbad / 3:
             body["messages"] = [{"role": "user", "content": "x"}]  # the other endpoint's field
@@ -312,6 +398,8 @@ class Gen:
         bo = body.get("best_of")
         if isinstance(bo, int) and isinstance(n, int) and bo > n:
             bad.append("best_of")
+        elif "best_of" in bad and isinstance(bo, int) and isinstance(n, int) and 1 <= bo <= n <= 16:
+            bad.remove("best_of")  # the "bad" value 5 is allowed beside n >= 5 (best_of at most n)
 
         info["n"] = n if isinstance(n, int) and 1 <= n <= 16 else 1
         info["logprobs"] = body.get("logprobs") is not None and body.get("logprobs") is not False
@@ -320,8 +408,9 @@ class Gen:
         pl = body.get("prompt_logprobs")
         info["prompt_logprobs"] = pl if isinstance(pl, int) and 0 <= pl <= 20 else None
         info["ignore_eos"] = body.get("ignore_eos") is True and not body.get("stop") and not body.get("stop_token_ids")
-        # a stop string or an echoed prompt leaves the text something other than the constrained output
-        if body.get("stop") or body.get("stop_token_ids") or info.get("echo"):
+        # a stop string, an echoed prompt or the end-of-text token's own text (include_stop_str_in_output)
+        # leaves the text something other than the constrained output
+        if body.get("stop") or body.get("stop_token_ids") or info.get("echo") or body.get("include_stop_str_in_output"):
             info.pop("choice", None)
             info.pop("regex", None)
 
@@ -478,6 +567,16 @@ def check_output(inputs, out_text, fail, stats):
             check_result(n, d, info, fail)
         else:
             check_error(n, d, status, fail)
+            lim = info.get("limit")
+            if lim and info["why"] == [f"{lim[0]} past its limit"]:
+                # the one thing wrong: the refusal names the field and the limit
+                e = d["error"]
+                stats["limits named"] = stats.get("limits named", 0) + 1
+                if lim[0] not in (e.get("param") or "") or str(lim[1]) not in e.get("message", ""):
+                    fail(f"input line {n}: a constraint past its limit ({lim[0]}, {lim[1]}) refused without naming "
+                         f"both: {e}")
+        if info.get("limit") or "edge" in info:
+            stats["edge"] = stats.get("edge", 0) + 1
     for leftover in list(by_line.values()) + list(by_cid.values()):
         for d, _ in leftover:
             fail(f"an output line matches no input line: {json.dumps(d)[:200]}")

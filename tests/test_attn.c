@@ -2,7 +2,9 @@
  * bit for bit, over tile shapes the engine produces: sequences sharing a
  * prompt prefix, the tokens of one prefill chunk, unrelated sequences, a
  * token alone, odd head sizes and block sizes, for every KV type (f16, q8,
- * q4). Bitwise equality here is what makes a request's output independent
+ * q4), with and without a sliding window and score soft-capping (Gemma).
+ * Blocks before a window are a poisoned block (NaN rows), which a kernel
+ * that read them would carry into its output. Bitwise equality here is what makes a request's output independent
  * of the batch it ran in. The reference itself is checked, for the
  * quantized types, against attention written from its documented formula
  * over kv_dequantize_row's values. */
@@ -67,29 +69,30 @@ static void pool_init(struct pool *p, int32_t n_blocks, int32_t bs, int32_t kv_d
 
 /* attn.h's formula, written out over whole dequantized rows: what
  * attn_head must equal for every type. */
-static void naive_head(float *out, const float *q, int32_t hd, const struct attn_kv_view *kv, int32_t n_pos,
-                       float scale)
+static void naive_head(float *out, const float *q, int32_t hd, const struct attn_kv_view *kv, int32_t p_lo,
+                       int32_t n_pos, float scale)
 {
     float *s = malloc(sizeof(float) * (size_t)n_pos), *row = malloc(sizeof(float) * (size_t)hd);
     float *qs = malloc(sizeof(float) * (size_t)hd);
     for (int32_t i = 0; i < hd; i++) qs[i] = q[i] * scale;
     float m = -INFINITY, part[8] = {0};
-    for (int32_t p = 0; p < n_pos; p++) {
+    for (int32_t p = p_lo; p < n_pos; p++) {
         const int64_t off =
             (int64_t)kv->table[p / kv->block_size] * kv->block_stride + (p % kv->block_size) * kv->row_stride;
         kv_dequantize_row(kv_k_rows(kv->type), row, kv->k_base + off, hd);
         s[p] = 0.0f;
         for (int32_t i = 0; i < hd; i++) s[p] = fmaf(row[i], qs[i], s[p]);
+        if (kv->softcap > 0) s[p] = kv->softcap * attn_tanh(s[p] / kv->softcap);
         m = fmaxf(m, s[p]);
     }
     for (int32_t p = 0; p < n_pos; p++) {
-        s[p] = attn_exp(s[p] - m);
+        s[p] = p < p_lo ? 0.0f : attn_exp(s[p] - m);
         part[p % 8] += s[p];
     }
     const float inv =
         1.0f / (((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7])));
     for (int32_t i = 0; i < hd; i++) out[i] = 0.0f;
-    for (int32_t p = 0; p < n_pos; p++) {
+    for (int32_t p = p_lo; p < n_pos; p++) {
         const int64_t off =
             (int64_t)kv->table[p / kv->block_size] * kv->block_stride + (p % kv->block_size) * kv->v_row_stride;
         kv_dequantize_row(kv_v_rows(kv->type), row, kv->v_base + off, hd);
@@ -101,10 +104,23 @@ static void naive_head(float *out, const float *q, int32_t hd, const struct attn
     free(qs);
 }
 
-/* One tile: n_tok tokens with given tables and lengths, every KV head. */
+/* Window and soft-cap of the cases run_case runs (shapes() sets them). */
+static int32_t g_window;
+static float g_cap;
+
+/* One tile: n_tok tokens with given tables and lengths, every KV head;
+ * under a window (g_window), each token's blocks wholly before it are
+ * pointed at the pool's last block, which is NaN. */
 static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t hd, int32_t n_kv, int32_t n_tok,
-                    int32_t *const *tables, const int32_t *n_pos)
+                    int32_t *const *tables_in, const int32_t *n_pos)
 {
+    int32_t p_lo[64] = {0}, tab[64][24], *tables[64];
+    for (int32_t t = 0; t < n_tok; t++) {
+        tables[t] = tab[t];
+        memcpy(tab[t], tables_in[t], sizeof tab[t]);
+        p_lo[t] = g_window > 0 && n_pos[t] > g_window ? n_pos[t] - g_window : 0;
+        for (int32_t b = 0; (b + 1) * pl->bs <= p_lo[t]; b++) tables[t][b] = pl->n_blocks - 1;
+    }
     const int32_t qd = G * n_kv * hd;
     int32_t max_pos = 0;
     for (int32_t t = 0; t < n_tok; t++)
@@ -129,15 +145,16 @@ static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t 
             .block_size = pl->bs,
             .type = pl->type,
             .v_row_stride = pl->v_row_words,
+            .softcap = g_cap,
         };
         struct attn_tile_tok toks[64];
         for (int32_t t = 0; t < n_tok; t++) {
             const int64_t off = (int64_t)t * qd + (int64_t)g * G * hd;
-            toks[t] = (struct attn_tile_tok){q + off, got + off, tables[t], n_pos[t]};
+            toks[t] = (struct attn_tile_tok){q + off, got + off, tables[t], n_pos[t], p_lo[t]};
             kv.table = tables[t];
             for (int32_t h = 0; h < G; h++) {
-                attn_head(ref + off + h * hd, q + off + h * hd, hd, &kv, n_pos[t], scale, scores);
-                if (pl->type != KV_F16) naive_head(naive + off + h * hd, q + off + h * hd, hd, &kv, n_pos[t], scale);
+                attn_head(ref + off + h * hd, q + off + h * hd, hd, &kv, p_lo[t], n_pos[t], scale, scores);
+                naive_head(naive + off + h * hd, q + off + h * hd, hd, &kv, p_lo[t], n_pos[t], scale);
             }
         }
         /* an odd scratch address: the kernel aligns for itself */
@@ -147,8 +164,8 @@ static int run_case(const char *name, const struct pool *pl, int32_t G, int32_t 
             attn_tile_avx512(toks, n_tok, G, hd, &kv, scale, (float *)((char *)scratch + 4));
         }
     }
-    for (int32_t i = 0; i < n_tok * qd && pl->type != KV_F16 && !bad; i++)
-        if (memcmp(&ref[i], &naive[i], sizeof(float)) != 0) {
+    for (int32_t i = 0; i < n_tok * qd && !bad; i++)
+        if (memcmp(&ref[i], &naive[i], sizeof(float)) != 0 || !isfinite(ref[i])) {
             CHECK_MSG(0, "%s %s (G=%d hd=%d bs=%d tokens=%d): element %d: reference %.9g, formula %.9g", name,
                       kv_type_name(pl->type), G, hd, pl->bs, n_tok, i, (double)ref[i], (double)naive[i]);
             bad = 1;
@@ -179,7 +196,9 @@ static void shapes(int32_t G, int32_t hd, int32_t bs, enum kv_type type)
 {
     const int32_t n_kv = 2, max_blocks = 24;
     struct pool pl;
-    pool_init(&pl, 96, bs, n_kv * hd, hd, type);
+    pool_init(&pl, 97, bs, n_kv * hd, hd, type);
+    /* Block 96: NaN in every row (f16 0x7e00; a quantized row's scale). */
+    for (int64_t w = 0; w < pl.block_words; w++) pl.kv[96 * pl.block_words + w] = 0x7e00;
     int32_t tab[32][24];
     int32_t *tables[32];
     int32_t n_pos[32];
@@ -223,6 +242,29 @@ static void shapes(int32_t G, int32_t hd, int32_t bs, enum kv_type type)
     free(pl.kv);
 }
 
+/* Every shape, plain, under a sliding window (windows that cut a block,
+ * that match a block, of one position) and soft-capped (Gemma 2's 50 on
+ * scores made larger, and a cap small enough to bite everywhere). */
+static void shapes_all(int32_t G, int32_t hd, int32_t bs, enum kv_type type)
+{
+    static const struct {
+        int32_t window;
+        float cap;
+    } v[] = {{0, 0.0f}, {37, 0.0f}, {0, 2.0f}, {0, 50.0f}, {0, 0.25f}};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        g_window = v[i].window;
+        g_cap = v[i].cap;
+        shapes(G, hd, bs, type);
+    }
+    g_window = 2 * bs;
+    g_cap = 2.0f;
+    shapes(G, hd, bs, type);
+    g_window = 1;
+    g_cap = 0.0f;
+    shapes(G, hd, bs, type);
+    g_window = 0;
+}
+
 int main(void)
 {
     if (!attn_have_avx2()) tu_skip("no AVX2 on this CPU");
@@ -233,16 +275,21 @@ int main(void)
      * multiple of 8, block sizes that are not a multiple of 8. */
     const int32_t cfg[][3] = {{3, 64, 16}, {1, 64, 16}, {4, 128, 16}, {8, 64, 32}, {9, 16, 16}, {2, 12, 16},
                               {3, 64, 5},  {5, 24, 12}, {3, 64, 1},   {7, 40, 8},  {6, 32, 16}, {16, 64, 16}};
-    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) shapes(cfg[i][0], cfg[i][1], cfg[i][2], KV_F16);
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) shapes_all(cfg[i][0], cfg[i][1], cfg[i][2], KV_F16);
     /* The quantized types: heads of whole 32-element groups only
      * (kv_type_check refuses the rest). */
     for (int t = KV_Q8; t <= KV_Q4; t++)
         for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++)
-            if (cfg[i][1] % KV_QGROUP == 0) shapes(cfg[i][0], cfg[i][1], cfg[i][2], (enum kv_type)t);
+            if (cfg[i][1] % KV_QGROUP == 0) shapes_all(cfg[i][0], cfg[i][1], cfg[i][2], (enum kv_type)t);
 
     /* attn_exp is the scalar twin of the kernels' exp: spot values. */
     CHECK(attn_exp(0.0f) == 1.0f);
     CHECK(fabsf(attn_exp(-1.0f) - 0.36787944f) < 1e-7f);
     CHECK(attn_exp(-200.0f) < 1e-37f);
+    /* attn_tanh is tanh to the soft-cap's needs. */
+    for (float x = -30.0f; x <= 30.0f; x += 0.37f)
+        CHECK_MSG(fabsf(attn_tanh(x) - tanhf(x)) < 3e-7f, "attn_tanh(%g) = %.9g, tanhf %.9g", (double)x,
+                  (double)attn_tanh(x), (double)tanhf(x));
+    CHECK(attn_tanh(0.0f) == 0.0f && attn_tanh(1e30f) == 1.0f && attn_tanh(-1e30f) == -1.0f);
     return tu_finish();
 }

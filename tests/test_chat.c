@@ -297,7 +297,7 @@ static void check_turns(const char *what, const struct chat_template *t, const c
 static void check_family(const char *what, enum chat_family f, const char *default_system, const char *sys_user,
                          const char *user, const char *multi, const char *gen)
 {
-    struct chat_template t = {f, (char *)default_system, {0}};
+    struct chat_template t = {.family = f, .default_system = (char *)default_system};
     check_turns(what, &t, sys_user, user, multi, gen);
 }
 
@@ -362,12 +362,12 @@ static void test_apply(void)
     /* Trimming: Llama 3 and Gemma trim content (| trim), Llama 2 strips the
      * whole turn, ChatML and Zephyr keep it verbatim. */
     const struct chat_msg padded[] = {{"user", "  spaced out \n"}};
-    struct chat_template t3 = {CHAT_LLAMA3, NULL, {0}}, tg = {CHAT_GEMMA, NULL, {0}}, t2 = {CHAT_LLAMA2, NULL, {0}},
-                         tc = {CHAT_CHATML, NULL, {0}};
+    struct chat_template t3 = {.family = CHAT_LLAMA3}, tg = {.family = CHAT_GEMMA}, t2 = {.family = CHAT_LLAMA2},
+                         tc = {.family = CHAT_CHATML};
     check_apply("llama3 trim", &t3, padded, 1, false,
                 "<|start_header_id|>user<|end_header_id|>\n\nspaced out<|eot_id|>");
     const struct chat_msg padded_sys[] = {{"system", " \n sys  "}, {"user", "  spaced out \n"}};
-    struct chat_template t31 = {CHAT_LLAMA31, NULL, {0}};
+    struct chat_template t31 = {.family = CHAT_LLAMA31};
     check_apply("llama31 trim", &t31, padded_sys, 2, false,
                 L31_HEAD "sys<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nspaced out<|eot_id|>");
     check_apply("llama31 empty", &t31, NULL, 0, true,
@@ -407,7 +407,7 @@ static void test_apply(void)
 
 static void test_errors(void)
 {
-    struct chat_template t = {CHAT_CHATML, NULL, {0}};
+    struct chat_template t = {.family = CHAT_CHATML};
     const struct chat_msg bad[] = {{"user", "hi"}, {"tool", "{\"x\":1}"}};
     char *out = (char *)1;
     struct kvb_err err = {{0}};
@@ -421,7 +421,7 @@ static void test_errors(void)
     /* Allocation failures: NOMEM with nothing returned, never a crash. */
     const enum chat_family fams[] = {CHAT_CHATML, CHAT_LLAMA2, CHAT_GEMMA, CHAT_MISTRAL};
     for (int f = 0; f < 4; f++) {
-        struct chat_template tf = {fams[f], (char *)SMOLLM2_SYSTEM, {0}};
+        struct chat_template tf = {.family = fams[f], .default_system = (char *)SMOLLM2_SYSTEM};
         int ok = 0;
         for (long k = 0; k < 8; k++) {
             kvb_alloc_fail_after(k);
@@ -448,7 +448,7 @@ static void test_errors(void)
  * assistant message left open (continue_final_message). */
 static void test_developer_and_continue(void)
 {
-    struct chat_template chatml = {CHAT_CHATML, (char *)SMOLLM2_SYSTEM, {0}};
+    struct chat_template chatml = {.family = CHAT_CHATML, .default_system = (char *)SMOLLM2_SYSTEM};
     const struct chat_msg dev[] = {{"developer", "Be brief."}, {"user", "Hi"}};
     char want[512];
     snprintf(want, sizeof want,
@@ -456,13 +456,13 @@ static void test_developer_and_continue(void)
              "<|im_end|>\n<|im_start|>assistant\n",
              SMOLLM2_SYSTEM);
     check_apply("chatml developer (not a system turn: the default one stays)", &chatml, dev, 2, true, want);
-    struct chat_template l3 = {CHAT_LLAMA3, NULL, {0}};
+    struct chat_template l3 = {.family = CHAT_LLAMA3};
     check_apply("llama3 developer", &l3, dev, 2, true,
                 "<|start_header_id|>developer<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
                 "<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
     const enum chat_family refuse[] = {CHAT_LLAMA2, CHAT_MISTRAL, CHAT_GEMMA, CHAT_ZEPHYR};
     for (int f = 0; f < 4; f++) {
-        struct chat_template t = {refuse[f], NULL, {0}};
+        struct chat_template t = {.family = refuse[f]};
         char *out = NULL;
         struct kvb_err err = {{0}};
         CHECK_EQ_INT(chat_apply(&t, dev, 2, true, &out, &err), KVB_ERR_UNSUPPORTED);

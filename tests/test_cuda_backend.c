@@ -35,7 +35,10 @@
  *    mixed; against the CPU backend's own q8 / q4 (and on its blocks) when
  *    that backend takes the type.
  * Models: synthetic llama (Q8_0; Q4_K with an untied head), qwen2 (QKV
- * bias, NeoX RoPE) and qwen3 (QK norm), n_embd 256, written with synth.h;
+ * bias, NeoX RoPE), qwen3 (QK norm), gemma3 (post-norms, GeGLU, scaled
+ * embeddings, head_dim 256, a sliding window of 24 on 5 of 6 layers with
+ * their own RoPE base) and gemma2 (soft-caps, a window of 20 on every other
+ * layer), n_embd 256, written with synth.h;
  * a 4-layer synthetic of SmolLM2's width and heads with mixed weight types;
  * and the real SmolLM2 when $KVB_MODEL exists.
  *
@@ -1056,6 +1059,27 @@ int main(void)
     so.head_dim = 64; /* 8 heads of 64 over a 256-wide stream, as qwen3 allows */
     so.seed = 4;
     check_synth(dir, "qwen3-q8_0", &so, true, false);
+    /* Gemma: windows shorter than the test's sequences, so that they bind. */
+    synth_opts_default(&so);
+    so.n_embd = 256;
+    so.n_head = 4;
+    so.n_head_kv = 1;
+    so.head_dim = 256;
+    so.n_ff = 512;
+    so.n_layer = 6;
+    so.arch = "gemma3";
+    so.n_swa = 24;
+    so.seed = 5;
+    check_synth(dir, "gemma3-q8_0", &so, true, false);
+    so.arch = "gemma2";
+    so.n_layer = 2;
+    so.n_head_kv = 2;
+    so.head_dim = 128;
+    so.n_swa = 20;
+    so.attn_softcap = 5.0f;
+    so.final_softcap = 3.0f;
+    so.seed = 6;
+    check_synth(dir, "gemma2-q8_0", &so, true, false);
     /* SmolLM2's width and heads (576 wide, 9 query / 3 KV heads, FFN 1536:
      * an odd head count, a width that is no multiple of 256) with a
      * different weight type per layer, as quantized files have. Four layers

@@ -9,7 +9,9 @@
  * bytes must be kv_quantize_row's exactly (corner cases included), and
  * attention over a quantized pool is held to the f16 tolerances against
  * attn_head's arithmetic on kv_dequantize_row'd rows (ref_attn_f32, itself
- * checked to give attn_head's bits on f16 rows).
+ * checked to give attn_head's bits on f16 rows), with and without a sliding
+ * window (the blocks before it poisoned with NaN on the device) and
+ * soft-capped scores.
  *
  * Skips (77) when kvbatch was built without CUDA or no usable device is
  * present (ctest label gpu). */
@@ -305,6 +307,86 @@ static void test_swiglu(int32_t n_tok, int32_t n_ff)
     free(got);
 }
 
+/* GeGLU against attn_geglu (libm tanhf there, the device's here). */
+static void test_geglu(int32_t n_tok, int32_t n_ff)
+{
+    const int64_t n = (int64_t)n_tok * n_ff;
+    float *gu = malloc(sizeof(float) * (size_t)(2 * n)), *g = malloc(sizeof(float) * (size_t)n);
+    float *u = malloc(sizeof(float) * (size_t)n), *got = malloc(sizeof(float) * (size_t)n);
+    fill(gu, 2 * n, 6.0f);
+    for (int32_t t = 0; t < n_tok; t++)
+        for (int32_t i = 0; i < n_ff; i++) {
+            g[(int64_t)t * n_ff + i] = gu[(int64_t)t * 2 * n_ff + i];
+            u[(int64_t)t * n_ff + i] = gu[(int64_t)t * 2 * n_ff + n_ff + i];
+        }
+    attn_geglu(g, u, n);
+    float *d_gu = dev_put(gu, sizeof(float) * (size_t)(2 * n)), *d_out = dev_put(NULL, sizeof(float) * (size_t)n);
+    CU(kcu_geglu(d_out, d_gu, n_tok, n_ff, 0));
+    dev_get(got, d_out, sizeof(float) * (size_t)n);
+    char name[96];
+    snprintf(name, sizeof name, "geglu tok=%d ff=%d", n_tok, n_ff);
+    compare(name, got, g, n, 1e-12, 2e-6, 1e-6);
+    uint16_t *d_b = dev_put(NULL, sizeof(uint16_t) * (size_t)n);
+    CU(kcu_geglu_bf16(d_b, d_gu, n_tok, n_ff, 0));
+    snprintf(name, sizeof name, "geglu->bf16 tok=%d ff=%d", n_tok, n_ff);
+    compare_bf16_of(name, d_b, got, n);
+    cudaFree(d_b);
+    cudaFree(d_gu);
+    cudaFree(d_out);
+    free(gu);
+    free(g);
+    free(u);
+    free(got);
+}
+
+/* kcu_scale (exact), kcu_softcap (attn_softcap_ref, to rounding) and
+ * kcu_rmsnorm_add (attn_rmsnorm, then the add) over rows n apart. */
+static void test_gemma_ops(int32_t n_rows, int32_t n, float cap)
+{
+    const int64_t total = (int64_t)n_rows * n;
+    float *x = malloc(sizeof(float) * (size_t)total), *y = malloc(sizeof(float) * (size_t)total);
+    float *ref = malloc(sizeof(float) * (size_t)total), *got = malloc(sizeof(float) * (size_t)total);
+    float *w = malloc(sizeof(float) * (size_t)n), *row = malloc(sizeof(float) * (size_t)n);
+    fill(x, total, 40.0f);
+    fill(y, total, 3.0f);
+    fill(w, n, 1.5f);
+    char name[96];
+    float *d_x = dev_put(x, sizeof(float) * (size_t)total), *d_y = dev_put(y, sizeof(float) * (size_t)total);
+    float *d_w = dev_put(w, sizeof(float) * (size_t)n);
+
+    for (int64_t i = 0; i < total; i++) ref[i] = x[i] * 25.298221f;
+    CU(kcu_scale(d_x, total, 25.298221f, 0));
+    dev_get(got, d_x, sizeof(float) * (size_t)total);
+    snprintf(name, sizeof name, "scale n=%lld", (long long)total);
+    compare(name, got, ref, total, -1, 0, 0);
+
+    CU(cudaMemcpy(d_x, x, sizeof(float) * (size_t)total, cudaMemcpyHostToDevice));
+    for (int64_t i = 0; i < total; i++) ref[i] = attn_softcap_ref(x[i], cap);
+    CU(kcu_softcap(d_x, n, n_rows, n, cap, 0));
+    dev_get(got, d_x, sizeof(float) * (size_t)total);
+    snprintf(name, sizeof name, "softcap %g rows=%d n=%d", (double)cap, n_rows, n);
+    compare(name, got, ref, total, 1e-12, 4e-6, 1e-6);
+
+    for (int32_t r = 0; r < n_rows; r++) {
+        attn_rmsnorm(row, x + (int64_t)r * n, w, n, 1e-6f);
+        for (int32_t i = 0; i < n; i++) ref[(int64_t)r * n + i] = y[(int64_t)r * n + i] + row[i];
+    }
+    CU(cudaMemcpy(d_x, x, sizeof(float) * (size_t)total, cudaMemcpyHostToDevice));
+    CU(kcu_rmsnorm_add(d_y, d_x, n_rows, n, d_w, 1e-6f, 0));
+    dev_get(got, d_y, sizeof(float) * (size_t)total);
+    snprintf(name, sizeof name, "rmsnorm_add rows=%d n=%d", n_rows, n);
+    compare(name, got, ref, total, 1e-11, 1e-5, 1e-5);
+    cudaFree(d_x);
+    cudaFree(d_y);
+    cudaFree(d_w);
+    free(x);
+    free(y);
+    free(ref);
+    free(got);
+    free(w);
+    free(row);
+}
+
 static void test_adds(int32_t n_rows, int32_t n, int64_t ld)
 {
     const int64_t total = n_rows * ld;
@@ -377,6 +459,8 @@ static void test_to_bf16(int64_t n)
 struct paged_case {
     int32_t n_layer, layer, block_size, n_blocks, n_head, n_head_kv, hd;
     enum kv_type kv;
+    int32_t window; /* > 0: a sliding window (kcu_paged.window) */
+    float softcap;  /* > 0: soft-capped scores */
 };
 
 enum { PAGED_N_SEQ = 3 };
@@ -477,7 +561,8 @@ static void paged_setup(const struct paged_case *pc, struct paged_step *st)
     int32_t *d_blocks = dev_put(blocks, sizeof(int32_t) * (size_t)n_tab);
     int32_t *d_pos = dev_put(tok_pos, sizeof(int32_t) * (size_t)n_tok),
             *d_tab = dev_put(tok_tab, sizeof(int32_t) * (size_t)n_tok);
-    struct kcu_paged pg = {d_pool, block_bytes, (int32_t)pc->kv, bs, kvd, pc->layer, n_tok, d_pos, d_tab, d_blocks};
+    struct kcu_paged pg = {d_pool, block_bytes, (int32_t)pc->kv, bs,       kvd,        pc->layer,
+                           n_tok,  d_pos,       d_tab,           d_blocks, pc->window, pc->softcap};
     *st = (struct paged_step){.bs = bs,
                               .kvd = kvd,
                               .qd = qd,
@@ -549,27 +634,28 @@ static void paged_check_store(const struct paged_case *pc, struct paged_step *st
  * K/V rows that are already floats: the reference for the quantized types,
  * whose rows are kv_dequantize_row'd first. */
 static void ref_attn_f32(float *out, const float *q, int32_t hd, const float *k_base, const float *v_base,
-                         int64_t block_stride, int64_t row_stride, int32_t bs, const int32_t *table, int32_t n_pos,
-                         float scale, float *scores)
+                         int64_t block_stride, int64_t row_stride, int32_t bs, const int32_t *table, int32_t p_lo,
+                         int32_t n_pos, float scale, float softcap, float *scores)
 {
     float qs[KCU_ATTN_MAX_HEAD_DIM], maxs = -INFINITY;
     for (int32_t i = 0; i < hd; i++) qs[i] = q[i] * scale;
-    for (int32_t p = 0; p < n_pos; p++) {
+    for (int32_t p = p_lo; p < n_pos; p++) {
         const float *k = k_base + (int64_t)table[p / bs] * block_stride + (int64_t)(p % bs) * row_stride;
         float d = 0.0f;
         for (int32_t i = 0; i < hd; i++) d = fmaf(k[i], qs[i], d);
+        if (softcap > 0) d = attn_softcap(d, softcap);
         scores[p] = d;
         maxs = fmaxf(maxs, d);
     }
     float part[8] = {0};
-    for (int32_t p = 0; p < n_pos; p++) {
+    for (int32_t p = p_lo; p < n_pos; p++) {
         scores[p] = attn_exp(scores[p] - maxs);
         part[p % 8] += scores[p];
     }
     const float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
     const float inv = 1.0f / sum;
     for (int32_t i = 0; i < hd; i++) out[i] = 0.0f;
-    for (int32_t p = 0; p < n_pos; p++) {
+    for (int32_t p = p_lo; p < n_pos; p++) {
         const float *v = v_base + (int64_t)table[p / bs] * block_stride + (int64_t)(p % bs) * row_stride;
         for (int32_t i = 0; i < hd; i++) out[i] = fmaf(scores[p], v[i], out[i]);
     }
@@ -611,8 +697,10 @@ static void paged_ref_attn(const struct paged_case *pc, const struct paged_step 
             float *o = ref + (int64_t)t * qd + (int64_t)h * pc->hd;
             const float *q = st->qkv + t * st->ld + (int64_t)h * pc->hd;
             const int32_t *table = st->blocks + st->tok_tab[t];
+            const int32_t n_pos = st->tok_pos[t] + 1;
+            const int32_t p_lo = pc->window > 0 && n_pos > pc->window ? n_pos - pc->window : 0;
             ref_attn_f32(pc->kv == KV_F16 ? alt + (o - ref) : o, q, pc->hd, pf + k_off, pf + v_off, block_elems, kvd,
-                         bs, table, st->tok_pos[t] + 1, scale, scores);
+                         bs, table, p_lo, n_pos, scale, pc->softcap, scores);
             if (pc->kv != KV_F16) continue;
             const uint16_t *h16 = (const uint16_t *)st->pool;
             struct attn_kv_view view = {
@@ -622,8 +710,9 @@ static void paged_ref_attn(const struct paged_case *pc, const struct paged_step 
                 .row_stride = kvd,
                 .block_size = bs,
                 .table = table,
+                .softcap = pc->softcap,
             };
-            attn_head(o, q, pc->hd, &view, st->tok_pos[t] + 1, scale, scores);
+            attn_head(o, q, pc->hd, &view, p_lo, n_pos, scale, scores);
         }
     if (pc->kv == KV_F16) {
         char name[128];
@@ -673,6 +762,16 @@ static void paged_check_tc(const struct paged_case *pc, const struct paged_step 
     const int32_t tt = kcu_attn_tc_tile_tokens(pc->n_head, pc->n_head_kv, pc->hd);
     CHECK_EQ_INT(tt > 0, pc->hd == 64 || pc->hd == 128);
     if (tt <= 0) return;
+    if (pc->window > 0 || pc->softcap > 0) { /* kcu_attn's alone */
+        int32_t one[2] = {0, 1};
+        int32_t *d_one = dev_put(one, sizeof one);
+        float *d_o = dev_put(NULL, sizeof(float) * (size_t)qd);
+        CHECK(kcu_attn_tc(d_o, st->d_qkv, st->ld, &st->pg, d_one, 1, pc->n_head, pc->n_head_kv, pc->hd, scale, 0) ==
+              cudaErrorInvalidValue);
+        cudaFree(d_one);
+        cudaFree(d_o);
+        return;
+    }
     int32_t *tiles = malloc(sizeof(int32_t) * 2 * (size_t)n_tok);
     float *tc[3];
     const int32_t widths[3] = {tt, 1, tt < 3 ? tt : 3};
@@ -728,14 +827,35 @@ static void paged_free(struct paged_step *st)
     free(st->qkv);
 }
 
+/* Under a window, each sequence's blocks wholly before the window of its
+ * first new token filled with 0xff on the device (NaN in f16 and in a
+ * quantized row's scale): attention that read them would show it. */
+static void paged_poison(const struct paged_case *pc, const struct paged_step *st)
+{
+    if (pc->window <= 0) return;
+    for (int32_t t = 0; t < st->n_tok; t++) {
+        if (t > 0 && st->tok_tab[t] == st->tok_tab[t - 1]) continue; /* a sequence's first token */
+        const int32_t n_pos = st->tok_pos[t] + 1, p_lo = n_pos > pc->window ? n_pos - pc->window : 0;
+        for (int32_t b = 0; (b + 1) * st->bs <= p_lo; b++)
+            CU(cudaMemset(st->d_pool + (int64_t)st->blocks[st->tok_tab[t] + b] * st->block_bytes, 0xff,
+                          (size_t)st->block_bytes));
+    }
+}
+
 static void test_paged(const struct paged_case *pc)
 {
     struct paged_step st;
     paged_setup(pc, &st);
     paged_check_store(pc, &st);
+    paged_poison(pc, &st);
     float *ref = malloc(sizeof(float) * (size_t)(st.n_tok * st.qd));
     const float scale = 1.0f / sqrtf((float)pc->hd);
     paged_ref_attn(pc, &st, scale, ref);
+    for (int64_t i = 0; i < (int64_t)st.n_tok * st.qd; i++)
+        if (!isfinite(ref[i])) {
+            CHECK_MSG(0, "the reference attention is not finite at %lld", (long long)i);
+            break;
+        }
     paged_check_attn(pc, &st, scale, ref);
     paged_check_tc(pc, &st, scale, ref);
     free(ref);
@@ -810,7 +930,7 @@ static void test_kv_store_edges(enum kv_type kt)
     float *d_x = dev_put(x, sizeof x);
     int32_t *d_pos = dev_put(pos, sizeof pos), *d_tab = dev_put(tab, sizeof tab),
             *d_blocks = dev_put(blocks, sizeof blocks);
-    struct kcu_paged pg = {d_pool, block_bytes, (int32_t)kt, BSZ, KVD, 0, N_TOK, d_pos, d_tab, d_blocks};
+    struct kcu_paged pg = {d_pool, block_bytes, (int32_t)kt, BSZ, KVD, 0, N_TOK, d_pos, d_tab, d_blocks, 0, 0.0f};
     CU(kcu_kv_store(&pg, d_x, d_x + KVD, ld, 0));
     dev_get(got, d_pool, 2 * (size_t)block_bytes);
     char name[96];
@@ -995,7 +1115,7 @@ static void test_argmax(int32_t n_rows, int32_t n, int64_t ld, bool gather)
 /* Launchers must refuse what they cannot do rather than run off bounds. */
 static void test_refusals(void)
 {
-    struct kcu_paged pg = {NULL, 0, KCU_KV_F16, 16, 2 * 512, 0, 1, NULL, NULL, NULL};
+    struct kcu_paged pg = {NULL, 0, KCU_KV_F16, 16, 2 * 512, 0, 1, NULL, NULL, NULL, 0, 0.0f};
     CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 2, 512, 1.0f, 0) == cudaErrorInvalidValue); /* head_dim > 256 */
     pg.kv_dim = 3 * 64;
     CHECK(kcu_attn(NULL, NULL, 0, &pg, 4, 3, 64, 1.0f, 0) == cudaErrorInvalidValue);             /* 4 heads over 3 */
@@ -1050,6 +1170,12 @@ int main(void)
     test_swiglu(1, 128);
     test_swiglu(3, 1536);
     test_swiglu(17, 14336);
+    test_geglu(1, 128);
+    test_geglu(3, 2048);
+    test_geglu(17, 9216);
+    test_gemma_ops(1, 640, 30.0f);
+    test_gemma_ops(9, 2304, 2.5f);
+    test_gemma_ops(33, 640, 50.0f);
 
     test_adds(1, 64, 64);
     test_adds(13, 576, 576 + 2 * 192);
@@ -1059,27 +1185,35 @@ int main(void)
     test_to_bf16(100003);
 
     const struct paged_case pcs[] = {
-        {2, 0, 16, 24, 4, 2, 64, KV_F16},
-        {2, 1, 16, 24, 8, 2, 64, KV_F16},
-        {3, 2, 16, 24, 9, 3, 64, KV_F16},
-        {1, 0, 32, 12, 32, 8, 128, KV_F16},
-        {2, 1, 8, 48, 4, 4, 128, KV_F16},
-        {2, 0, 16, 24, 2, 1, 256, KV_F16},
-        {2, 1, 16, 24, 6, 2, 80, KV_F16},
-        {1, 0, 64, 8, 4, 1, 96, KV_F16},
+        {2, 0, 16, 24, 4, 2, 64, KV_F16, 0, 0.0f},
+        {2, 1, 16, 24, 8, 2, 64, KV_F16, 0, 0.0f},
+        {3, 2, 16, 24, 9, 3, 64, KV_F16, 0, 0.0f},
+        {1, 0, 32, 12, 32, 8, 128, KV_F16, 0, 0.0f},
+        {2, 1, 8, 48, 4, 4, 128, KV_F16, 0, 0.0f},
+        {2, 0, 16, 24, 2, 1, 256, KV_F16, 0, 0.0f},
+        {2, 1, 16, 24, 6, 2, 80, KV_F16, 0, 0.0f},
+        {1, 0, 64, 8, 4, 1, 96, KV_F16, 0, 0.0f},
         /* The quantized types on the same mix of heads (head_dim whole
          * groups of 32: 80 and 96 are refused, see test_refusals). */
-        {2, 0, 16, 24, 4, 2, 64, KV_Q8},
-        {3, 2, 16, 24, 9, 3, 64, KV_Q8},
-        {1, 0, 32, 12, 32, 8, 128, KV_Q8},
-        {2, 1, 8, 48, 4, 4, 128, KV_Q8},
-        {2, 0, 16, 24, 2, 1, 256, KV_Q8},
-        {2, 1, 16, 24, 8, 2, 64, KV_Q4},
-        {3, 2, 16, 24, 9, 3, 64, KV_Q4},
-        {1, 0, 32, 12, 32, 8, 128, KV_Q4},
-        {2, 1, 8, 48, 4, 4, 128, KV_Q4},
-        {2, 0, 16, 24, 2, 1, 256, KV_Q4},
-        {1, 0, 16, 24, 3, 1, 160, KV_Q4},
+        {2, 0, 16, 24, 4, 2, 64, KV_Q8, 0, 0.0f},
+        {3, 2, 16, 24, 9, 3, 64, KV_Q8, 0, 0.0f},
+        {1, 0, 32, 12, 32, 8, 128, KV_Q8, 0, 0.0f},
+        {2, 1, 8, 48, 4, 4, 128, KV_Q8, 0, 0.0f},
+        {2, 0, 16, 24, 2, 1, 256, KV_Q8, 0, 0.0f},
+        {2, 1, 16, 24, 8, 2, 64, KV_Q4, 0, 0.0f},
+        {3, 2, 16, 24, 9, 3, 64, KV_Q4, 0, 0.0f},
+        {1, 0, 32, 12, 32, 8, 128, KV_Q4, 0, 0.0f},
+        {2, 1, 8, 48, 4, 4, 128, KV_Q4, 0, 0.0f},
+        {2, 0, 16, 24, 2, 1, 256, KV_Q4, 0, 0.0f},
+        {1, 0, 16, 24, 3, 1, 160, KV_Q4, 0, 0.0f},
+        /* Gemma: sliding windows (cutting a block, of a whole number of
+         * blocks, short), soft-caps (Gemma 2's 50; one that bites), hd 256. */
+        {2, 1, 16, 24, 4, 1, 256, KV_F16, 37, 0.0f},
+        {2, 0, 8, 48, 4, 2, 128, KV_F16, 32, 0.0f},
+        {2, 1, 16, 24, 8, 2, 64, KV_F16, 0, 50.0f},
+        {2, 0, 16, 24, 8, 4, 256, KV_F16, 9, 2.0f},
+        {2, 1, 16, 24, 4, 1, 256, KV_Q8, 37, 50.0f},
+        {2, 0, 8, 48, 4, 2, 128, KV_Q4, 20, 0.0f},
     };
     for (size_t i = 0; i < sizeof pcs / sizeof pcs[0]; i++) test_paged(&pcs[i]);
     test_kv_store_edges(KV_Q8);

@@ -5,7 +5,7 @@
  * to exactly the ids on its line of NAME.gguf.out. Also: decode(encode(x))
  * == x, special-token parsing, end-of-generation ids, the streaming decoder,
  * and refusal of tokenizers kvbatch does not implement. */
-#include <dirent.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -572,18 +572,22 @@ int main(void)
     }
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tokenizer", td);
-    DIR *d = opendir(dir);
-    CHECK_MSG(d != NULL, "cannot open %s: the tokenizer vectors are fetched by scripts/setup.sh --test", dir);
-    size_t n_vocabs = 0;
-    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
-        size_t l = strlen(e->d_name);
-        if (l < 5 || strcmp(e->d_name + l - 5, ".gguf") != 0) continue;
-        check_vectors(dir, e->d_name);
-        n_vocabs++;
+    /* The vocabularies this tokenizer handles, named rather than listed from
+     * the directory: the test data cache is shared by every checkout on the
+     * machine, and a newer one may have added vocabularies this one refuses. */
+    static const char *const k_vocabs[] = {
+        "ggml-vocab-gpt-2.gguf",   "ggml-vocab-starcoder.gguf", "ggml-vocab-llama-spm.gguf",
+        "ggml-vocab-phi-3.gguf",   "ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf",
+    };
+    for (size_t i = 0; i < sizeof k_vocabs / sizeof k_vocabs[0]; i++) {
+        char path[1600];
+        snprintf(path, sizeof path, "%s/%s", dir, k_vocabs[i]);
+        if (access(path, R_OK) != 0) {
+            CHECK_MSG(false, "cannot read %s: the tokenizer vectors are fetched by scripts/setup.sh --test", path);
+            continue;
+        }
+        check_vectors(dir, k_vocabs[i]);
     }
-    if (d) closedir(d);
-    /* the six vocabularies fetch-testdata.sh extracts */
-    CHECK_MSG(n_vocabs >= 6, "%zu vocabularies in %s (6 expected): run scripts/setup.sh --test", n_vocabs, dir);
     check_specials(dir);
     check_alloc_failures(dir);
     return tu_finish();

@@ -90,7 +90,6 @@ static struct mem_model *mem_model_create(int32_t n_layer, int32_t e, int32_t ff
     if (!mm) return NULL;
     struct model *m = &mm->m;
     const int32_t hd = e / n_head;
-    m->arch = MODEL_ARCH_LLAMA;
     m->hp = (struct model_hparams){.n_vocab = n_vocab,
                                    .n_ctx_train = 8192,
                                    .n_embd = e,
@@ -103,6 +102,7 @@ static struct mem_model *mem_model_create(int32_t n_layer, int32_t e, int32_t ff
                                    .rope_base = 500000.0f,
                                    .rms_eps = 1e-5f,
                                    .rope = ROPE_NORM};
+    m->ops = (struct model_ops){.act = MODEL_ACT_SILU, .embd_scale = 1.0f, .attn_scale = 1.0f / sqrtf((float)hd)};
     snprintf(m->name, sizeof m->name, "in-memory bf16 model (%d layers, hidden %d)", n_layer, e);
     /* Random weights from fixed seeds: the shape is the identity (for the
      * persistent cache's keys). */

@@ -1,7 +1,11 @@
 /* admit.c — a parsed request made ready to run (see admit.h). */
 #include "app/admit.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/alloc.h"
 #include "engine/grammar.h"
@@ -10,26 +14,144 @@
 #include "model/model.h"
 #include "text/tok.h"
 
-enum kvb_status admit_template_choose(const struct model *m, const char *name, struct chat_template *out, bool *have,
-                                      char *why, size_t why_cap, struct kvb_err *err)
+/* The text of token id (control tokens as their text), kvb_malloc'd; NULL
+ * for no token. */
+static char *token_text(const struct tok *tok, int32_t id)
+{
+    if (id < 0) return NULL;
+    char buf[256];
+    size_t n = tok_piece(tok, id, true, buf, sizeof buf);
+    if (n >= sizeof buf) return NULL; /* no special token is that long */
+    return kvb_strndup(buf, n);
+}
+
+/* A template file's text, kvb_malloc'd; KVB_ERR_NOT_FOUND when there is no
+ * such file. */
+static enum kvb_status read_template_file(const char *path, char **out, size_t *len, struct kvb_err *err)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return errno == ENOENT ? KVB_ERR_NOT_FOUND
+                               : kvb_errf(err, KVB_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    enum { CAP = 4 << 20 }; /* far past the compiler's bound, which then names the size */
+    char *buf = kvb_malloc(CAP + 1);
+    size_t n = buf ? fread(buf, 1, CAP, f) : 0;
+    const bool bad = !buf || ferror(f);
+    fclose(f);
+    if (bad) {
+        kvb_free(buf);
+        return kvb_errf(err, buf ? KVB_ERR_IO : KVB_ERR_NOMEM, "cannot read %s", path);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return KVB_OK;
+}
+
+/* The names of the model's own templates (tokenizer.chat_template.NAME),
+ * comma-separated into buf. */
+static void named_templates(const struct model *m, char *buf, size_t cap)
+{
+    static const char pre[] = "tokenizer.chat_template.";
+    size_t o = 0;
+    buf[0] = '\0';
+    for (uint64_t i = 0; i < gguf_n_kv(m->gguf) && o + 1 < cap; i++) {
+        const struct gguf_kv *kv = gguf_kv_at(m->gguf, i);
+        if (kv->key.len <= sizeof pre - 1 || memcmp(kv->key.ptr, pre, sizeof pre - 1) != 0) continue;
+        int w = snprintf(buf + o, cap - o, "%s%.*s", o ? ", " : "", (int)(kv->key.len - (sizeof pre - 1)),
+                         kv->key.ptr + sizeof pre - 1);
+        if (w > 0) o += (size_t)w;
+    }
+}
+
+enum kvb_status admit_template_choose(const struct model *m, const struct tok *tok, const char *name,
+                                      struct chat_template *out, bool *have, char *why, size_t why_cap,
+                                      struct kvb_err *err)
 {
     struct kvb_err e = {{0}};
     enum kvb_status st;
+    struct gguf_str src;
     *have = false;
     if (why_cap) why[0] = '\0';
+    memset(out, 0, sizeof *out);
     if (name) {
-        st = chat_template_from_name(name, out, &e);
-        if (st != KVB_OK) return kvb_errf(err, KVB_ERR_INVALID_ARG, "%s", e.msg);
-    } else {
-        struct gguf_str src;
+        char key[256];
+        snprintf(key, sizeof key, "tokenizer.chat_template.%s", name);
+        if (chat_template_from_name(name, out, &e) == KVB_OK) {
+            /* a built-in family */
+        } else if (gguf_get_str(m->gguf, key, &src, NULL) == KVB_OK) {
+            if (chat_template_from_text(src.ptr, (size_t)src.len, key, out, &e) != KVB_OK) {
+                chat_template_free(out);
+                return kvb_errf(err, KVB_ERR_INVALID_ARG, "the model's template %s: %s", name, e.msg);
+            }
+        } else {
+            char *text = NULL;
+            size_t len = 0;
+            st = read_template_file(name, &text, &len, &e);
+            if (st == KVB_ERR_NOT_FOUND) {
+                char names[512];
+                named_templates(m, names, sizeof names);
+                return kvb_errf(err, KVB_ERR_INVALID_ARG,
+                                "unknown chat template \"%.100s\" (known: %s); the model's own named templates: %s; "
+                                "nor is it a file",
+                                name, chat_builtin_names(), names[0] ? names : "none");
+            }
+            if (st == KVB_OK) st = chat_template_from_text(text, len, name, out, &e);
+            kvb_free(text);
+            if (st != KVB_OK) {
+                chat_template_free(out);
+                return kvb_errf(err, KVB_ERR_INVALID_ARG, "%s", e.msg);
+            }
+        }
+        *have = true;
+    } else if (gguf_get_str(m->gguf, "tokenizer.chat_template", &src, NULL) != KVB_OK) {
+        snprintf(e.msg, sizeof e.msg, "the model has no chat template (run with --chat-template NAME or FILE)");
+    } else if (chat_template_from_text(src.ptr, (size_t)src.len, "tokenizer.chat_template", out, &e) != KVB_OK) {
+        chat_template_free(out);
         memset(out, 0, sizeof *out);
-        st = gguf_get_str(m->gguf, "tokenizer.chat_template", &src, &e);
-        if (st == KVB_OK) st = chat_template_detect(src.ptr, (size_t)src.len, out, &e);
-        else snprintf(e.msg, sizeof e.msg, "the model has no chat template (run with --chat-template NAME)");
+        char msg[sizeof e.msg];
+        snprintf(msg, sizeof msg, "%s", e.msg);
+        snprintf(e.msg, sizeof e.msg,
+                 "the model's chat template cannot be used: %.400s (run with --chat-template NAME or FILE)", msg);
+    } else {
+        *have = true;
     }
-    *have = st == KVB_OK;
+    if (*have && out->jinja && tok) {
+        char *bos = token_text(tok, tok_bos(tok)), *eos = token_text(tok, tok_eos(tok));
+        st = chat_template_set_tokens(out, bos, eos);
+        kvb_free(bos);
+        kvb_free(eos);
+        if (st != KVB_OK) {
+            chat_template_free(out);
+            return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+        }
+    }
     if (!*have && why_cap) snprintf(why, why_cap, "%s", e.msg);
     return KVB_OK;
+}
+
+int64_t admit_clock(void)
+{
+    const char *e = getenv("SOURCE_DATE_EPOCH");
+    if (e && *e) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(e, &end, 10);
+        if (!errno && !*end && v > 0) return v;
+    }
+    return (int64_t)time(NULL);
+}
+
+void admit_template_label(const struct admit_ctx *ctx, const struct job_request *q, char *buf, size_t cap)
+{
+    if (q->chat_template) {
+        char h[17];
+        chat_text_hash(q->chat_template, q->chat_template_len, h);
+        snprintf(buf, cap, "request@%.12s", h);
+    } else {
+        chat_template_describe(ctx->tmpl, buf, cap);
+    }
 }
 
 int32_t admit_n_ctx(const struct model *m, int32_t asked)
@@ -47,6 +169,10 @@ enum kvb_status admit_ctx_init(struct admit_ctx *ctx, const struct tok *tok, con
     ctx->tmpl_error = tmpl_error ? tmpl_error : "no chat template";
     ctx->n_vocab = n_vocab;
     ctx->n_ctx = n_ctx;
+    const int32_t bos = tok_bos(tok), eos = tok_eos(tok);
+    ctx->bos_text = token_text(tok, bos);
+    ctx->eos_text = token_text(tok, eos);
+    if ((bos >= 0 && !ctx->bos_text) || (eos >= 0 && !ctx->eos_text)) return KVB_ERR_NOMEM;
     const int32_t nt = tok_n_vocab(tok);
     int32_t n = 0;
     for (int32_t i = 0; i < nt; i++) n += tok_is_eog(tok, i);
@@ -61,6 +187,8 @@ void admit_ctx_free(struct admit_ctx *ctx)
 {
     if (!ctx) return;
     kvb_free(ctx->eog);
+    kvb_free(ctx->bos_text);
+    kvb_free(ctx->eos_text);
     grammar_vocab_free(ctx->gvocab);
     memset(ctx, 0, sizeof *ctx);
 }
@@ -115,27 +243,55 @@ static void prompt_param(const struct job_request *q, int32_t k, char *out, size
     else snprintf(out, cap, "%sprompt", pre);
 }
 
-/* The chat template applied to q's messages: the text to tokenize. */
-static enum kvb_status render_chat(const struct admit_ctx *ctx, const struct job_request *q, char **text,
-                                   struct job_error *e)
+/* The chat template applied to q's messages (the request's own template
+ * when it brings one): the text to tokenize, the user's spans in it, and
+ * whether the template wrote BOS itself. */
+static enum kvb_status render_chat(const struct admit_ctx *ctx, const struct job_request *q, struct jinja_output *out,
+                                   bool *writes_bos, struct job_error *e)
 {
     char param[64];
     prompt_param(q, 0, param, sizeof param);
-    if (!ctx->tmpl) {
+    const struct chat_template *t = ctx->tmpl;
+    struct chat_template own = {0};
+    struct kvb_err err = {{0}};
+    enum kvb_status st;
+    if (q->chat_template) {
+        st = chat_template_from_text(q->chat_template, q->chat_template_len, "request", &own, &err);
+        if (st == KVB_OK) st = chat_template_set_tokens(&own, ctx->bos_text, ctx->eos_text);
+        if (st != KVB_OK) {
+            chat_template_free(&own);
+            if (st == KVB_ERR_NOMEM) goto oom;
+            snprintf(param, sizeof param, "%schat_template", q->shorthand ? "" : "body.");
+            job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", err.msg);
+            return KVB_ERR_FORMAT;
+        }
+        t = &own;
+    } else if (!t) {
         job_error_setf(e, JOB_ERR_INVALID_REQUEST, q->line_no, param, "%s", ctx->tmpl_error);
         return KVB_ERR_FORMAT;
     }
+    *writes_bos = chat_template_writes_bos(t);
     struct chat_msg *msgs = kvb_calloc(q->n_messages, sizeof *msgs);
-    if (!msgs) goto oom;
+    if (!msgs) {
+        chat_template_free(&own);
+        goto oom;
+    }
     for (size_t i = 0; i < q->n_messages; i++)
         msgs[i] = (struct chat_msg){job_role_name(q->messages[i].role), q->messages[i].content};
-    struct kvb_err err = {{0}};
-    enum kvb_status st = q->continue_final_message
-                             ? chat_apply_continue(ctx->tmpl, msgs, q->n_messages, text, &err)
-                             : chat_apply(ctx->tmpl, msgs, q->n_messages, q->add_generation_prompt, text, &err);
+    const struct chat_input in = {.msgs = msgs,
+                                  .n = q->n_messages,
+                                  .add_generation_prompt = q->add_generation_prompt,
+                                  .continue_final_message = q->continue_final_message,
+                                  .kwargs_json = q->chat_template_kwargs,
+                                  .kwargs_len = q->chat_template_kwargs_len,
+                                  .now = ctx->now};
+    st = chat_render(t, &in, out, &err);
     kvb_free(msgs);
+    chat_template_free(&own);
     if (st == KVB_ERR_NOMEM) goto oom;
     if (st != KVB_OK) {
+        if (strncmp(err.msg, "chat_template_kwargs", 20) == 0) /* a kwarg it refuses names that field */
+            snprintf(param, sizeof param, "%schat_template_kwargs", q->shorthand ? "" : "body.");
         job_error_setf(e, JOB_ERR_INVALID_VALUE, q->line_no, param, "%s", err.msg);
         return KVB_ERR_FORMAT;
     }
@@ -151,10 +307,25 @@ enum kvb_status admit_prompt_text(const struct admit_ctx *ctx, const struct job_
     memset(out, 0, sizeof *out);
     const unsigned bos = tok_wants_bos(ctx->tok) ? TOK_ADD_BOS : 0;
     if (q->url == JOB_URL_CHAT) {
-        KVB_FORWARD_IF_ERROR(render_chat(ctx, q, &out->owned, e));
-        out->text = out->owned;
-        out->len = strlen(out->owned);
-        out->flags = bos | TOK_PARSE_SPECIAL; /* the template's control-token text is those tokens */
+        struct jinja_output o;
+        bool writes_bos = false;
+        KVB_FORWARD_IF_ERROR(render_chat(ctx, q, &o, &writes_bos, e));
+        out->owned = o.text;
+        out->text = o.text;
+        out->len = o.len;
+        out->flags = (writes_bos ? 0 : bos) | TOK_PARSE_SPECIAL; /* the template's control-token text is tokens */
+        if (o.n_user) {
+            out->plain = kvb_calloc(o.n_user, sizeof *out->plain);
+            if (!out->plain) {
+                jinja_output_free(&o);
+                memset(out, 0, sizeof *out);
+                job_error_setf(e, JOB_ERR_SERVER, q->line_no, NULL, "out of memory");
+                return KVB_ERR_NOMEM;
+            }
+            for (size_t i = 0; i < o.n_user; i++) out->plain[i] = (struct tok_span){o.user[i].off, o.user[i].len};
+            out->n_plain = o.n_user;
+        }
+        kvb_free(o.user);
     } else if (!q->prompts[k].ids) {
         out->text = q->prompts[k].text;
         out->len = q->prompts[k].text_len;
@@ -167,13 +338,14 @@ void admit_text_free(struct admit_text *t)
 {
     if (!t) return;
     kvb_free(t->owned);
+    kvb_free(t->plain);
     memset(t, 0, sizeof *t);
 }
 
 enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_request *q, int32_t k, size_t max_ids,
                                  int32_t **ids, size_t *n, struct job_error *e)
 {
-    const struct tok_limits lim = {.max_ids = max_ids, .cancel = ctx->cancel};
+    struct tok_limits lim = {.max_ids = max_ids, .cancel = ctx->cancel};
     *ids = NULL;
     *n = 0;
     char param[64];
@@ -203,6 +375,8 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
         *n = (size_t)p->n_ids;
         return KVB_OK;
     }
+    lim.plain = t.plain;
+    lim.n_plain = t.n_plain;
     enum kvb_status st = tok_encode_with(ctx->tok, t.text, t.len, t.flags, &lim, ids, n, &err);
     admit_text_free(&t);
     if (st == KVB_ERR_NOMEM) goto oom;
@@ -283,7 +457,18 @@ enum kvb_status admit_constraint(const struct job_request *q, struct grammar **o
     if (q->constraint == JOB_CONSTRAINT_NONE) return KVB_OK;
     char param[sizeof e->param] = "", msg[320] = "";
     struct kvb_buf g = {0};
-    enum kvb_status st = constraint_gbnf(q, &g, param, sizeof param, msg, sizeof msg);
+    /* The budget of the text itself, before any work on it: the compilers
+     * hold what they read several times over (a regex as code points, a
+     * schema as JSON tokens). */
+    const size_t text_len =
+        q->constraint == JOB_CONSTRAINT_JSON ? (q->json_schema ? q->json_schema_len : 0) : q->constraint_len;
+    enum kvb_status st = KVB_OK;
+    if (text_len > GRAMMAR_MAX_TEXT) {
+        snprintf(msg, sizeof msg, "the constraint is %zu bytes; at most %u are allowed", text_len,
+                 (unsigned)GRAMMAR_MAX_TEXT);
+        st = KVB_ERR_FORMAT;
+    }
+    if (st == KVB_OK) st = constraint_gbnf(q, &g, param, sizeof param, msg, sizeof msg);
     if (st == KVB_OK) {
         char cmsg[300] = "";
         st = grammar_compile(g.data, g.len, out, cmsg, sizeof cmsg);

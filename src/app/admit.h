@@ -29,6 +29,7 @@
 #include "engine/sampler.h"
 #include "jobs/job.h"
 #include "text/chat.h"
+#include "text/tok.h"
 
 struct tok;
 struct grammar_vocab;
@@ -36,8 +37,12 @@ struct model;
 
 struct admit_ctx {
     const struct tok *tok;
-    const struct chat_template *tmpl; /* NULL: chat lines fail with tmpl_error */
+    const struct chat_template *tmpl; /* NULL: chat lines fail with tmpl_error (unless they bring one) */
     const char *tmpl_error;           /* why there is no template (NUL-terminated) */
+    char *bos_text, *eos_text;        /* the vocabulary's BOS and EOS as text (owned; NULL: none), for a
+                                         request's own chat_template */
+    int64_t now;                      /* strftime_now's clock for every line (unix seconds; 0: the clock's);
+                                         a run sets it once so its lines agree */
     int32_t n_vocab;                  /* width of the model's logits */
     int32_t n_ctx;                    /* positions one sequence may reach; 0: no context check */
     int32_t *eog;                     /* (n_eog) end-of-generation ids, found by admit_ctx_init */
@@ -47,15 +52,28 @@ struct admit_ctx {
                                             (KVB_ERR_CANCELLED); set by the caller after init */
 };
 
-/* The chat template run renders chat lines with: the one named (the
- * --chat-template NAME), else the one detected from the model's
- * tokenizer.chat_template. KVB_OK with *have true and *out filled (free it
- * with chat_template_free), or with *have false and why (why_cap bytes,
- * NUL-terminated) saying why there is none: completion lines still run,
- * chat lines then fail with that message. KVB_ERR_INVALID_ARG with err when
- * name is not a template's name (a bad command line). */
-enum kvb_status admit_template_choose(const struct model *m, const char *name, struct chat_template *out, bool *have,
-                                      char *why, size_t why_cap, struct kvb_err *err);
+/* The chat template run renders chat lines with: the one name names (a
+ * built-in family, one of the model's named templates
+ * tokenizer.chat_template.NAME, or a Jinja file), else the model's own
+ * tokenizer.chat_template; a Jinja template gets the vocabulary's BOS and
+ * EOS text (none when tok is NULL: kvbatch info on a refused tokenizer). KVB_OK with *have true and *out filled (free it with
+ * chat_template_free), or with *have false and why (why_cap bytes,
+ * NUL-terminated) saying why there is none (the model has no template, or
+ * its template does not compile): completion lines still run, chat lines
+ * then fail with that message. KVB_ERR_INVALID_ARG with err when name is
+ * neither a template's name nor a file that compiles (a bad command line). */
+enum kvb_status admit_template_choose(const struct model *m, const struct tok *tok, const char *name,
+                                      struct chat_template *out, bool *have, char *why, size_t why_cap,
+                                      struct kvb_err *err);
+
+/* The time chat templates see (strftime_now): $SOURCE_DATE_EPOCH when set
+ * (the reproducible-builds convention; tests fix the date with it), else
+ * the clock's. */
+int64_t admit_clock(void);
+
+/* What q's chat prompt is rendered with, as render and summaries name it
+ * ("request@HASH" for a request's own chat_template, "none"). */
+void admit_template_label(const struct admit_ctx *ctx, const struct job_request *q, char *buf, size_t cap);
 
 /* The context one sequence may fill: asked (--ctx) when > 0, else the
  * model's trained context, at most 4096. */
@@ -128,16 +146,20 @@ enum kvb_status admit_prompt_ids(const struct admit_ctx *ctx, const struct job_r
 
 /* The text prompt k of q is tokenized from, and how: the chat template
  * applied to the messages (tokenized with TOK_PARSE_SPECIAL: the template's
- * control-token text is those tokens), or a completion's prompt text (plain
- * text); BOS by the tokenizer's rule. text is NULL for a prompt given as
- * token ids, which are used as they are. What admit_prompt_ids tokenizes,
- * so what `kvbatch render` prints. KVB_ERR_FORMAT / KVB_ERR_NOMEM with e as
+ * control-token text is those tokens, but the messages' text, in plain, is
+ * plain text whatever it holds), or a completion's prompt text (plain
+ * text); BOS by the tokenizer's rule, except after a Jinja template (it
+ * writes bos_token itself). text is NULL for a prompt given as token ids,
+ * which are used as they are. What admit_prompt_ids tokenizes, so what
+ * `kvbatch render` prints. KVB_ERR_FORMAT / KVB_ERR_NOMEM with e as
  * admit_prompt_ids. Free with admit_text_free whatever the result. */
 struct admit_text {
     const char *text; /* (len) bytes, NUL-terminated; NULL: token ids */
     size_t len;
-    unsigned flags; /* enum tok_flags for tok_encode */
-    char *owned;    /* the rendered chat text (text points at it), or NULL */
+    unsigned flags;         /* enum tok_flags for tok_encode */
+    char *owned;            /* the rendered chat text (text points at it), or NULL */
+    struct tok_span *plain; /* (n_plain) the user's text in a chat prompt (owned), for tok_limits.plain */
+    size_t n_plain;
 };
 enum kvb_status admit_prompt_text(const struct admit_ctx *ctx, const struct job_request *q, int32_t k,
                                   struct admit_text *out, struct job_error *e);

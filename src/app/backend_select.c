@@ -32,7 +32,15 @@ static enum kvb_status pool_blocks(const struct model *m, const struct be_select
                                    struct kvb_err *err)
 {
     const int64_t block_bytes = be_block_bytes(m, o->block_size, o->kv_type);
-    const int64_t need = ((int64_t)o->n_ctx + o->block_size - 1) / o->block_size;
+    int64_t need = ((int64_t)o->n_ctx + o->block_size - 1) / o->block_size;
+    struct be_kv_layout lo;
+    be_kv_layout(m, o->block_size, o->kv_type, &lo);
+    if (lo.n_groups > 1) { /* windowed layers keep a window's blocks, not the context's (the scheduler adds a step) */
+        const int64_t win = (m->ops.n_swa + o->block_size - 1) / o->block_size + 1;
+        need = (need * lo.n_global_groups + (win < need ? win : need) * (lo.n_groups - lo.n_global_groups) +
+                lo.n_groups - 1) /
+               lo.n_groups;
+    }
     int64_t n = (int64_t)(kv_mem / (uint64_t)block_bytes);
     if (n < need)
         return kvb_errf(err, KVB_ERR_RANGE,

@@ -11,5 +11,6 @@ int cli_run(int argc, char **argv);
 int cli_render(int argc, char **argv);
 int cli_report(int argc, char **argv);
 int cli_cache(int argc, char **argv);
+int cli_info(int argc, char **argv);
 
 #endif

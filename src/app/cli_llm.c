@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/admit.h"
 #include "app/backend_select.h"
 #include "app/cli_util.h"
 #include "base/alloc.h"
@@ -60,42 +61,44 @@ bool cli_llm_prompt(const struct cli_llm *l, const char *prompt, bool chat, cons
                     const char *template_name, int32_t **ids, size_t *n)
 {
     struct kvb_err err = {{0}};
-    char *text = NULL;
     unsigned flags = tok_wants_bos(l->tok) ? TOK_ADD_BOS : 0;
-    if (chat) {
-        struct chat_template tmpl = {0};
-        enum kvb_status st;
-        if (template_name) {
-            st = chat_template_from_name(template_name, &tmpl, &err);
-        } else {
-            struct gguf_str src;
-            st = gguf_get_str(l->model->gguf, "tokenizer.chat_template", &src, &err);
-            if (st == KVB_ERR_NOT_FOUND) {
-                fprintf(stderr, "kvbatch: the model has no chat template; pass --chat-template NAME\n");
-                return false;
-            }
-            if (st == KVB_OK) st = chat_template_detect(src.ptr, (size_t)src.len, &tmpl, &err);
-        }
-        if (st != KVB_OK) {
-            fprintf(stderr, "kvbatch: chat template: %s\n", err.msg);
-            chat_template_free(&tmpl);
-            return false;
-        }
-        struct chat_msg msgs[2];
-        size_t nm = 0;
-        if (system) msgs[nm++] = (struct chat_msg){"system", system};
-        msgs[nm++] = (struct chat_msg){"user", prompt};
-        st = chat_apply(&tmpl, msgs, nm, true, &text, &err);
-        chat_template_free(&tmpl);
-        if (st != KVB_OK) {
-            fprintf(stderr, "kvbatch: chat template: %s\n", err.msg);
-            return false;
-        }
-        flags |= TOK_PARSE_SPECIAL;
+    if (!chat) {
+        if (tok_encode(l->tok, prompt, strlen(prompt), flags, ids, n, &err) == KVB_OK) return true;
+        fprintf(stderr, "kvbatch: cannot tokenize the prompt: %s\n", err.msg);
+        return false;
     }
-    const char *src = text ? text : prompt;
-    enum kvb_status st = tok_encode(l->tok, src, strlen(src), flags, ids, n, &err);
-    kvb_free(text);
+    /* the template run would choose (admit.h), rendered as run renders a
+     * one-turn chat line */
+    struct chat_template tmpl = {0};
+    bool have = false;
+    char why[sizeof err.msg];
+    if (admit_template_choose(l->model, l->tok, template_name, &tmpl, &have, why, sizeof why, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch: --chat-template: %s\n", err.msg);
+        return false;
+    }
+    if (!have) {
+        fprintf(stderr, "kvbatch: %s\n", why);
+        return false;
+    }
+    struct chat_msg msgs[2];
+    size_t nm = 0;
+    if (system) msgs[nm++] = (struct chat_msg){"system", system};
+    msgs[nm++] = (struct chat_msg){"user", prompt};
+    const struct chat_input in = {.msgs = msgs, .n = nm, .add_generation_prompt = true, .now = admit_clock()};
+    struct jinja_output o;
+    enum kvb_status st = chat_render(&tmpl, &in, &o, &err);
+    if (chat_template_writes_bos(&tmpl)) flags = 0;
+    chat_template_free(&tmpl);
+    if (st != KVB_OK) {
+        fprintf(stderr, "kvbatch: chat template: %s\n", err.msg);
+        return false;
+    }
+    struct tok_span *plain = o.n_user ? calloc(o.n_user, sizeof *plain) : NULL;
+    for (size_t i = 0; plain && i < o.n_user; i++) plain[i] = (struct tok_span){o.user[i].off, o.user[i].len};
+    const struct tok_limits lim = {.plain = plain, .n_plain = plain ? o.n_user : 0};
+    st = tok_encode_with(l->tok, o.text, o.len, flags | TOK_PARSE_SPECIAL, &lim, ids, n, &err);
+    free(plain);
+    jinja_output_free(&o);
     if (st != KVB_OK) {
         fprintf(stderr, "kvbatch: cannot tokenize the prompt: %s\n", err.msg);
         return false;

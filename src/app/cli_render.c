@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "app/admit.h"
 #include "app/cli.h"
@@ -47,6 +48,8 @@ static void usage(FILE *f)
                "      --ids                print the token ids too\n"
                "      --format FMT         text (default): per prompt a header line\n"
                "                             # line N custom_id=ID [prompt=K/P] template=NAME tokens=T\n"
+               "                           (NAME: the template's source@hash, e.g.\n"
+               "                           tokenizer.chat_template@a1b2c3d4e5f6, or a built-in family's name)\n"
                "                           then the text as it is (\"\\ no newline at the end\" when it\n"
                "                           has none) and, with --ids, \"# ids: …\"; a bad line is\n"
                "                             # line N custom_id=ID error=CODE param=FIELD: MESSAGE\n"
@@ -54,8 +57,7 @@ static void usage(FILE *f)
                "                           (null for completions), prompt_tokens (run's\n"
                "                           usage.prompt_tokens), prompts [{text, n_tokens, ids}],\n"
                "                           error (null, or run's error object: code, message, param, line)\n"
-               "      --chat-template NAME as for run: chatml | llama3 | llama31 | llama2 | mistral |\n"
-               "                           mistral-v3 | mistral-tekken | zephyr | gemma (default: detected)\n"
+               "      --chat-template NAME|FILE  as for run (default: the model's tokenizer.chat_template)\n"
                "  -c, --ctx N              as for run: most tokens per sequence (default: min(model's, 4096));\n"
                "                           a prompt that does not fit is a context_length_exceeded line\n"
                "  -h, --help               this text\n"
@@ -67,7 +69,6 @@ static void usage(FILE *f)
 
 struct render {
     const struct tok *tok;
-    const struct chat_template *tmpl; /* NULL: no template */
     bool ids, json;
     struct kvb_buf buf; /* the line being written */
     int64_t n_lines, n_bad;
@@ -190,7 +191,7 @@ static bool put_ids(struct kvb_buf *b, const struct admit_prompt *p, const char 
 /* Prompt k of an admitted line: its header and text (text form) or its
  * entry of the "prompts" list (json). */
 static bool put_prompt(struct render *r, const struct job_request *q, const struct admit_plan *plan, int32_t k,
-                       const char *text, size_t len)
+                       const char *tmpl, const char *text, size_t len)
 {
     struct kvb_buf *b = &r->buf;
     const struct admit_prompt *p = &plan->prompts[k];
@@ -202,7 +203,7 @@ static bool put_prompt(struct render *r, const struct job_request *q, const stru
     const bool given = q->url != JOB_URL_CHAT && q->prompts[k].ids;
     bool ok = putf(b, "# line %llu custom_id=", (unsigned long long)q->line_no) && put_custom_id(r, q) &&
               (plan->n_prompts == 1 || putf(b, " prompt=%d/%d", k + 1, plan->n_prompts)) &&
-              putf(b, " template=%s tokens=%d%s\n", q->url == JOB_URL_CHAT ? chat_template_name(r->tmpl) : "none", p->n,
+              putf(b, " template=%s tokens=%d%s\n", q->url == JOB_URL_CHAT ? tmpl : "none", p->n,
                    given ? " (token ids as given; the text is their decoding)" : "") &&
               put(b, text, len);
     if (ok && (len == 0 || text[len - 1] != '\n')) ok = puts_(b, "\n\\ no newline at the end\n");
@@ -217,13 +218,14 @@ static bool emit_plan(struct render *r, const struct admit_ctx *ctx, const struc
 {
     struct kvb_buf *b = &r->buf;
     bool ok = true;
+    char tmpl[256];
+    admit_template_label(ctx, q, tmpl, sizeof tmpl);
     if (r->json) {
         int64_t total = 0;
         for (int32_t k = 0; k < plan->n_prompts; k++) total += plan->prompts[k].n;
         ok = puts_(b, "{\"custom_id\":") && put_custom_id(r, q) &&
              putf(b, ",\"line\":%llu,\"template\":", (unsigned long long)q->line_no) &&
-             (q->url == JOB_URL_CHAT ? puts_(b, "\"") && puts_(b, chat_template_name(r->tmpl)) && puts_(b, "\"")
-                                     : puts_(b, "null")) &&
+             (q->url == JOB_URL_CHAT ? put_json_str(b, tmpl, strlen(tmpl)) : puts_(b, "null")) &&
              putf(b, ",\"prompt_tokens\":%lld,\"prompts\":[", (long long)total);
     }
     for (int32_t k = 0; k < plan->n_prompts && ok; k++) {
@@ -234,7 +236,7 @@ static bool emit_plan(struct render *r, const struct admit_ctx *ctx, const struc
         enum kvb_status st = admit_prompt_text(ctx, q, k, &t, &e);
         if (st == KVB_OK && !t.text)
             st = decode_shown(r->tok, plan->prompts[k].ids, plan->prompts[k].n, &decoded, &dlen);
-        if (st == KVB_OK) ok = put_prompt(r, q, plan, k, t.text ? t.text : decoded, t.text ? t.len : dlen);
+        if (st == KVB_OK) ok = put_prompt(r, q, plan, k, tmpl, t.text ? t.text : decoded, t.text ? t.len : dlen);
         else ok = false; /* admit_prepare rendered this very text a moment ago: only memory can fail */
         kvb_free(decoded);
         admit_text_free(&t);
@@ -357,15 +359,6 @@ int cli_render(int argc, char **argv)
         fprintf(stderr, "kvbatch render: --input is required (see --help)\n");
         return CLI_EXIT_USAGE;
     }
-    if (tmpl_name) { /* a bad name is a bad command line: said before the model is read */
-        struct chat_template t;
-        struct kvb_err err = {{0}};
-        if (chat_template_from_name(tmpl_name, &t, &err) != KVB_OK) {
-            fprintf(stderr, "kvbatch render: --chat-template: %s\n", err.msg);
-            return CLI_EXIT_USAGE;
-        }
-        chat_template_free(&t);
-    }
 
     int rc = CLI_EXIT_FAIL;
     struct kvb_err err = {{0}};
@@ -390,8 +383,9 @@ int cli_render(int argc, char **argv)
         fprintf(stderr, "kvbatch render: cannot load the tokenizer: %s\n", err.msg);
         goto out;
     }
-    if (admit_template_choose(m, tmpl_name, &tmpl, &have_tmpl, tmpl_error, sizeof tmpl_error, &err) != KVB_OK) {
+    if (admit_template_choose(m, tok, tmpl_name, &tmpl, &have_tmpl, tmpl_error, sizeof tmpl_error, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch render: --chat-template: %s\n", err.msg);
+        rc = CLI_EXIT_USAGE; /* a bad name or file is a bad command line */
         goto out;
     }
     if (admit_ctx_init(&ctx, tok, have_tmpl ? &tmpl : NULL, tmpl_error, m->hp.n_vocab, admit_n_ctx(m, n_ctx_opt)) !=
@@ -400,8 +394,8 @@ int cli_render(int argc, char **argv)
         fprintf(stderr, "kvbatch render: out of memory\n");
         goto out;
     }
+    ctx.now = admit_clock();
     r.tok = tok;
-    r.tmpl = have_tmpl ? &tmpl : NULL;
     if (!render_all(&r, &ctx, reader, seen, input, line_only)) goto out;
     if (fflush(stdout) != 0 || ferror(stdout)) {
         if (!r.write_failed) fprintf(stderr, "kvbatch render: cannot write the output: %s\n", strerror(errno));

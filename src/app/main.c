@@ -20,6 +20,7 @@ static const struct command commands[] = {
     {"generate", cli_generate, "complete one prompt (streamed to stdout)"},
     {"tokenize", cli_tokenize, "print the token ids of a text"},
     {"logits", cli_logits, "write the raw logits of a prompt (for checking against a reference)"},
+    {"info", cli_info, "say what a model file is: architecture, sizes, weight types, window, template"},
     {"cache", cli_cache, "inspect and manage the persistent prefix cache (stats, verify, gc, clear)"},
     {"report", cli_report, "summarise a run recorded in a metrics database (or several shards' runs as one)"},
 };

@@ -26,6 +26,7 @@
 #include "backend/backend.h"
 #include "base/alloc.h"
 #include "base/crashlog.h"
+#include "base/json.h"
 #include "engine/grammar.h"
 #include "engine/scheduler.h"
 #include "jobs/job.h"
@@ -156,9 +157,11 @@ static void on_finish(struct runner *r, const struct sched_seq_info *info, enum 
     if (why != SCHED_FINISH_ERROR && (info->user_id % JOB_MAX_CHOICES) % (uint64_t)s->req.n == 0 &&
         runner_keep_scores(c, info) != KVB_OK)
         fail_slot(s, "out of memory while keeping the prompt's scores");
-    if (!c->cut_at_stop && !s->failed &&
-        tok_stream_flush(r->tok, &c->ts, &c->text.data, &c->text.len, &c->text.cap) != KVB_OK)
-        fail_slot(s, "out of memory while decoding the output");
+    /* The bytes held back for a character the output ended inside of (cut
+     * by max_tokens, or ended by the model mid-character) are not flushed
+     * as U+FFFD: the text ends at the last whole character, as OpenAI's API
+     * and vLLM end it. The token ids and logprobs still carry every byte. */
+    tok_stream_init(&c->ts, r->tok);
     if (++s->n_done < s->n_choices) return;
     if (s->failed) {
         struct job_error e;
@@ -207,8 +210,13 @@ static bool plan_shard(struct runner *r)
     const double t0 = cli_now();
     struct kvb_err err = {{0}};
     struct shard_plan_out plan;
+    /* Every shard must plan alike, on whatever day it runs: a template's
+     * strftime_now reads a fixed date here (the run itself reads the clock). */
+    const int64_t now = r->admit.now;
+    r->admit.now = 86400;
     enum kvb_status st =
         shard_plan(r->in, o->shard_index, o->shard_count, r->model->hp.n_ctx_train, prompt_of, r, &plan, &err);
+    r->admit.now = now;
     clearerr(r->in);
     if (st == KVB_OK && (start < 0 || fseek(r->in, start, SEEK_SET) != 0))
         st = kvb_errf(&err, KVB_ERR_IO, "cannot rewind %s: %s", o->input_path, strerror(errno));
@@ -247,7 +255,12 @@ static bool refuse(struct runner *r, struct job_request *q, const struct job_err
 }
 
 /* Submits every choice of a prepared slot to the scheduler, then frees the
- * prompts' token ids (the scheduler copies them). False on a fatal error. */
+ * prompts' token ids (the scheduler copies them). A choice the scheduler
+ * cannot take (out of memory for its sequence or sampler) fails its line,
+ * not the job: with none queued the line is written as a 500 error now;
+ * otherwise the choices queued end at their first token and the line is
+ * written as a 500 error when the last of them finishes. Always true (the
+ * job goes on); kept a bool for its callers' loop. */
 static bool submit_slot(struct runner *r, struct slot *s)
 {
     const struct job_request *q = &s->req;
@@ -260,10 +273,21 @@ static bool submit_slot(struct runner *r, struct slot *s)
         uint64_t uid = (uint64_t)(s - r->slots) * JOB_MAX_CHOICES + (uint64_t)i;
         struct kvb_err err = {{0}};
         const unsigned flags = (q->logprobs ? SCHED_WANT_LOGITS : 0) | (job_scores_prompt(q) ? SCHED_SCORE_PROMPT : 0);
-        if (sched_submit(r->sched, uid, p->ids, p->n, q->max_tokens, &sp, flags, &err) != KVB_OK) {
-            /* Only out of memory can get here (the context was checked). */
-            fprintf(stderr, "\nkvbatch run: cannot queue '%s': %s\n", q->custom_id, err.msg);
-            return false;
+        const bool inject = test_crash_is(r, q, TEST_CRASH_QUEUE) && i == (s->n_choices > 1 ? 1 : 0);
+        if (inject) kvb_errf(&err, KVB_ERR_NOMEM, "out of memory (injected by KVBATCH_TEST_CRASH)");
+        if (inject || sched_submit(r->sched, uid, p->ids, p->n, q->max_tokens, &sp, flags, &err) != KVB_OK) {
+            char why[sizeof s->fail_msg];
+            snprintf(why, sizeof why, "cannot queue the request: %.280s", err.msg);
+            fail_slot(s, why);
+            s->n_choices = i; /* the ones queued; those after i hold nothing yet */
+            if (i == 0) {
+                struct job_error e;
+                job_error_setf(&e, JOB_ERR_SERVER, q->line_no, NULL, "%s", s->fail_msg);
+                runner_emit_error(r, q, &e, 500);
+                runner_free_slot(r, s);
+                return true;
+            }
+            break;
         }
     }
     for (int32_t k = 0; k < s->plan.n_prompts; k++) {
@@ -600,8 +624,8 @@ static bool setup(struct runner *r)
     }
     /* A model without a usable template can still run completion lines;
      * chat lines then fail one by one with its message. */
-    if (admit_template_choose(r->model, o->chat_template, &r->tmpl, &r->have_tmpl, r->tmpl_error, sizeof r->tmpl_error,
-                              &err) != KVB_OK) {
+    if (admit_template_choose(r->model, r->tok, o->chat_template, &r->tmpl, &r->have_tmpl, r->tmpl_error,
+                              sizeof r->tmpl_error, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: --chat-template: %s\n", err.msg);
         return false;
     }
@@ -613,6 +637,8 @@ static bool setup(struct runner *r)
         return false;
     }
     r->admit.cancel = &stop_signal;
+    r->admit.now = admit_clock(); /* one date for every line of the run (strftime_now) */
+    chat_template_describe(r->have_tmpl ? &r->tmpl : NULL, r->tmpl_label, sizeof r->tmpl_label);
     if (o->shard_count > 1 && !plan_shard(r)) return false;
     struct be_select_opts bo = {.device = o->device,
                                 .n_threads = o->n_threads,
@@ -638,7 +664,6 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: %s\n", err.msg);
         return false;
     }
-    if (!o->no_cache) open_store(r);
     r->n_slots = o->lookahead > 0 ? o->lookahead : (r->max_batch * 4 > 256 ? r->max_batch * 4 : 256);
     r->slots = kvb_calloc((size_t)r->n_slots, sizeof *r->slots);
     if (!r->slots) {
@@ -652,6 +677,10 @@ static bool setup(struct runner *r)
             r->journal = false;
         }
     }
+    /* After the journal: the store's fault handler (pstore_guard.c) goes
+     * on top of the journal's, so that a fault of a cache read the store
+     * turns into a miss is not first recorded as a crash. */
+    if (!o->no_cache) open_store(r);
     if (!open_output(r)) return false;
 
     char mpath[4096];
@@ -662,7 +691,7 @@ static bool setup(struct runner *r)
         fprintf(stderr, "kvbatch run: cannot open the metrics database: %s\n", err.msg);
         return false;
     }
-    char settings[512];
+    char settings[1024];
     snprintf(settings, sizeof settings,
              "{\"threads\":%d,\"max_batch\":%d,\"max_step_tokens\":%d,\"kv_mem\":%llu,\"block_size\":%d,"
              "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\",\"shard\":\"%d/%d\","
@@ -671,6 +700,14 @@ static bool setup(struct runner *r)
              (unsigned long long)((uint64_t)r->be->n_blocks * (uint64_t)r->be->block_bytes), o->block_size, r->n_ctx,
              r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be), o->shard_index,
              o->shard_count > 1 ? o->shard_count : 1, (unsigned long long)r->plan_hash, kv_type_name(r->be->kv_type));
+    { /* the chat template used (a path may hold any byte: JSON-escaped) */
+        struct kvb_buf lb = {0};
+        size_t at = strlen(settings);
+        if (at > 0 && json_put_string(&lb, r->tmpl_label, strlen(r->tmpl_label)) == KVB_OK &&
+            at + lb.len + 20 < sizeof settings)
+            snprintf(settings + at - 1, sizeof settings - at + 1, ",\"chat_template\":%.*s}", (int)lb.len, lb.data);
+        kvb_buf_free(&lb);
+    }
     struct metrics_run_info ri = {.job_file = o->input_path,
                                   .output_file = o->output_path,
                                   .model = o->model_path,
@@ -688,9 +725,11 @@ static bool setup(struct runner *r)
     if (!o->resume) crashlog_restart(); /* a fresh job: what earlier runs recorded is of no use now */
     if (!o->quiet)
         fprintf(stderr,
-                "kvbatch run: %s on %s (%s kernels, %d threads), %d %s KV blocks of %d tokens, batch %d, run %lld\n",
+                "kvbatch run: %s on %s (%s kernels, %d threads), %d %s KV blocks of %d tokens, batch %d, run %lld\n"
+                "kvbatch run: chat template %s\n",
                 r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
-                kv_type_name(r->be->kv_type), o->block_size, r->max_batch, (long long)r->run_id);
+                kv_type_name(r->be->kv_type), o->block_size, r->max_batch, (long long)r->run_id,
+                r->have_tmpl ? r->tmpl_label : r->tmpl_error);
     return true;
 }
 
@@ -720,8 +759,9 @@ static void teardown(struct runner *r)
     metrics_close(r->db);
 }
 
-/* The clocks, and the test hook KVBATCH_TEST_CRASH=ID:token|step (a request
- * that crashes the process, for the crash journal's tests). */
+/* The clocks, and the test hook KVBATCH_TEST_CRASH=ID:token|step|queue (a
+ * request that crashes the process, for the crash journal's tests, or whose
+ * queueing fails). */
 static void runner_start(struct runner *r, const struct run_opts *o)
 {
     memset(r, 0, sizeof *r);
@@ -734,9 +774,10 @@ static void runner_start(struct runner *r, const struct run_opts *o)
     const char *tc = getenv("KVBATCH_TEST_CRASH");
     const char *colon = tc ? strrchr(tc, ':') : NULL;
     if (colon) {
-        r->test_crash = !strcmp(colon + 1, "token")  ? TEST_CRASH_TOKEN
-                        : !strcmp(colon + 1, "step") ? TEST_CRASH_STEP
-                                                     : TEST_CRASH_NONE;
+        r->test_crash = !strcmp(colon + 1, "token")   ? TEST_CRASH_TOKEN
+                        : !strcmp(colon + 1, "step")  ? TEST_CRASH_STEP
+                        : !strcmp(colon + 1, "queue") ? TEST_CRASH_QUEUE
+                                                      : TEST_CRASH_NONE;
         r->test_crash_id = tc;
         r->test_crash_id_len = (size_t)(colon - tc);
     }
@@ -791,6 +832,17 @@ static void print_summary(const struct runner *r, enum metrics_run_status status
             (long long)r->tot.requests_failed, (long long)r->skipped, (long long)r->tot.prompt_tokens,
             (long long)r->tot.cached_tokens_run, (long long)r->tot.cached_tokens_store, (long long)st->prefill_computed,
             (long long)r->tot.completion_tokens, r->tot.wall_seconds);
+    if (r->be->window > 0 && st->seq_kv_peak > 0) { /* sliding-window layers: what a sequence really holds */
+        const struct backend *be = r->be;
+        const int64_t full = (int64_t)(st->seq_kv_peak_tokens + be->block_size - 1) / be->block_size * be->block_bytes;
+        int32_t n_swa = 0;
+        for (int32_t l = 0; l < r->model->hp.n_layer; l++) n_swa += r->model->layers[l].swa;
+        fprintf(stderr,
+                "kvbatch run: KV per sequence: at most %.1f MiB held, at %d tokens (%.1f MiB on every layer): its "
+                "%d windowed layers of %d hold a %d-position window and a step, not the whole sequence\n",
+                (double)st->seq_kv_peak / (1024.0 * 1024.0), st->seq_kv_peak_tokens, (double)full / (1024.0 * 1024.0),
+                n_swa, r->model->hp.n_layer, be->window);
+    }
     if (r->ps) {
         fprintf(stderr,
                 "kvbatch run: cache: %lld prompt tokens restored in %.3f s (%.0f tok/s), %llu KiB read; "

@@ -84,9 +84,11 @@ struct slot {
  * while that request runs, for the tests of the crash journal: "token" in
  * the request's own callback, by writing through a null pointer (its line is
  * named), "step" just before a forward pass it takes part in, by raise (no
- * line is named unless it runs alone).
+ * line is named unless it runs alone). CUSTOM_ID:queue makes the scheduler's
+ * refusal of one of its choices (its second, or its only one) happen, as
+ * running out of memory would, for the test that the line fails alone.
  * Test-only; nothing else reads it. */
-enum test_crash { TEST_CRASH_NONE = 0, TEST_CRASH_TOKEN, TEST_CRASH_STEP };
+enum test_crash { TEST_CRASH_NONE = 0, TEST_CRASH_TOKEN, TEST_CRASH_STEP, TEST_CRASH_QUEUE };
 
 struct runner {
     const struct run_opts *o;
@@ -95,6 +97,7 @@ struct runner {
     struct chat_template tmpl;
     bool have_tmpl;
     char tmpl_error[sizeof(struct kvb_err)];
+    char tmpl_label[256]; /* chat_template_describe's name for it (settings, summary) */
     struct backend *be;
     struct sched *sched;
     struct slot *slots;

@@ -12,6 +12,49 @@ int64_t be_block_bytes(const struct model *m, int32_t block_size, enum kv_type k
            (kv_row_bytes(kv_k_rows(kv_type), kvd) + kv_row_bytes(kv_v_rows(kv_type), kvd));
 }
 
+static int32_t gcd(int32_t a, int32_t b)
+{
+    while (b) {
+        const int32_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+void be_kv_layout(const struct model *m, int32_t block_size, enum kv_type kv_type, struct be_kv_layout *out)
+{
+    int32_t n_swa = 0;
+    for (int32_t l = 0; l < m->hp.n_layer; l++) n_swa += m->ops.n_swa > 0 && m->layers[l].swa;
+    const int32_t n_glob = m->hp.n_layer - n_swa;
+    const int32_t g = n_swa == 0 ? m->hp.n_layer : gcd(n_glob, n_swa);
+    out->layers_per_group = g;
+    out->n_global_groups = n_swa == 0 ? 1 : n_glob / g;
+    out->n_groups = n_swa == 0 ? 1 : n_glob / g + n_swa / g;
+    out->page_bytes = be_block_bytes(m, block_size, kv_type) / m->hp.n_layer * g;
+}
+
+void be_layer_group(const struct model *m, const struct be_kv_layout *lo, int32_t l, int32_t *group, int32_t *index)
+{
+    const bool swa = lo->n_groups > 1 && m->layers[l].swa;
+    int32_t k = 0; /* l's place among the layers of its kind */
+    for (int32_t i = 0; i < l; i++) k += (lo->n_groups > 1 && m->layers[i].swa) == swa;
+    *group = (swa ? lo->n_global_groups : 0) + k / lo->layers_per_group;
+    *index = k % lo->layers_per_group;
+}
+
+void be_paging_init(struct backend *be, const struct model *m, int32_t n_blocks, enum kv_type kv_type)
+{
+    struct be_kv_layout lo;
+    be_kv_layout(m, be->block_size, kv_type, &lo);
+    be->n_groups = lo.n_groups;
+    be->n_global_groups = lo.n_global_groups;
+    be->page_bytes = lo.page_bytes;
+    be->n_pages = n_blocks * lo.n_groups;
+    be->n_logical = lo.n_groups > 1 ? be->n_pages : n_blocks;
+    be->window = lo.n_groups > 1 ? m->ops.n_swa : 0;
+}
+
 void *be_host_alloc(struct backend *be, size_t bytes)
 {
     return be->host_alloc ? be->host_alloc(be, bytes) : kvb_aligned_alloc(64, bytes);
@@ -38,7 +81,7 @@ enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const 
             return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: %d blocks cannot hold %lld positions", i,
                             s->n_blocks, (long long)end);
         for (int32_t bi = 0; bi < s->n_blocks; bi++)
-            if (s->block_table[bi] < 0 || s->block_table[bi] >= be->n_blocks)
+            if (s->block_table[bi] < 0 || s->block_table[bi] >= (be->n_logical > 0 ? be->n_logical : be->n_blocks))
                 return kvb_errf(err, KVB_ERR_INVALID_ARG, "sequence %d: block id %d out of range", i,
                                 s->block_table[bi]);
         for (int32_t t = 0; t < s->n_tokens; t++)

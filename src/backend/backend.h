@@ -57,12 +57,35 @@ struct backend {
     bool argmax;          /* forward takes BE_LOGITS_ARGMAX */
     void *impl;
 
+    /* Paging, for a model with sliding-window layers (be_kv_layout): a
+     * block (what block tables name; block_bytes, the unit of the
+     * persistent store) is n_groups pages of page_bytes, one per group of
+     * layers: groups [0, n_global_groups) hold full-attention layers, the
+     * others windowed layers, whose pages a block may lose once no
+     * sequence's window reaches it (the scheduler's kv.h says when). With
+     * one group (every model without windowed layers) a page is the block
+     * and nothing below is used: n_pages = n_logical = n_blocks. */
+    int32_t n_groups, n_global_groups;
+    int64_t page_bytes;
+    int32_t n_pages;   /* n_blocks * n_groups: the pool */
+    int32_t n_logical; /* block ids are [0, n_logical): n_pages when n_groups > 1 (blocks that lost
+                          their windowed pages cost less than n_groups pages), else n_blocks */
+    int32_t window;    /* n_groups > 1: the windowed layers' window in positions (model_ops.n_swa) */
+    /* n_groups > 1: block `block`'s pages from now on, one per group (-1:
+     * the group's page dropped: never read). A backend starts with block
+     * b < n_blocks on pages b * n_groups + g (so that a user of the first
+     * n_blocks ids, such as engine/gen.h, needs no map) and the rest on
+     * none. */
+    void (*kv_map)(struct backend *be, int32_t block, const int32_t *pages);
+
     /* Runs the batch. Writes logits rows (n_vocab floats each) into `logits`
      * in sequence order: one row for BE_LOGITS_LAST, n_tokens rows for
      * BE_LOGITS_ALL, none for BE_LOGITS_NONE. */
     enum kvb_status (*forward)(struct backend *be, const struct be_batch *batch, float *logits, struct kvb_err *err);
-    /* Copy one block's K/V (block_bytes, layout [layer][K|V][slot][row], see be_block_bytes)
-     * out of / into the pool: how the persistent cache spills and restores. */
+    /* Copy one block's K/V (block_bytes, layout [layer][K|V][slot][row], see be_block_bytes;
+     * with pages, its pages in group order, each [layer of the group][K|V][slot][row])
+     * out of / into the pool: how the persistent cache spills and restores. Every
+     * page of the block must be there. */
     enum kvb_status (*kv_block_read)(struct backend *be, int32_t block, void *dst);
     enum kvb_status (*kv_block_write)(struct backend *be, int32_t block, const void *src);
     void (*free)(struct backend *be);
@@ -119,6 +142,22 @@ enum kvb_status be_batch_check(const struct backend *be, int32_t n_vocab, const 
  * kv_k_rows(kv_type) and V rows as kv_v_rows(kv_type): a q4 pool's K rows
  * are q8): the unit of the KV pool and of the persistent store's values. */
 int64_t be_block_bytes(const struct model *m, int32_t block_size, enum kv_type kv_type);
+
+/* How a model's KV blocks are cut into pages (struct backend's paging):
+ * full-attention layers, in layer order, then windowed layers, in groups of
+ * layers_per_group = gcd(how many of each) layers, so that a page has the
+ * same size in both. One group of every layer for a model without windowed
+ * layers: its page is the block, byte for byte. */
+struct be_kv_layout {
+    int32_t n_groups, n_global_groups, layers_per_group;
+    int64_t page_bytes;
+};
+void be_kv_layout(const struct model *m, int32_t block_size, enum kv_type kv_type, struct be_kv_layout *out);
+/* Layer l's group and its index inside the group's page. */
+void be_layer_group(const struct model *m, const struct be_kv_layout *lo, int32_t l, int32_t *group, int32_t *index);
+/* Sets be's paging fields for n_blocks blocks of the model (a backend's
+ * constructor calls it, after block_size). */
+void be_paging_init(struct backend *be, const struct model *m, int32_t n_blocks, enum kv_type kv_type);
 
 static inline const char *be_kernels_name(const struct backend *be) { return be->kernels ? be->kernels : be->name; }
 static inline int be_threads(const struct backend *be) { return be->n_threads > 0 ? be->n_threads : 1; }

@@ -40,6 +40,17 @@ void attn_swiglu(float *g, const float *u, int64_t n)
     for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void attn_geglu(float *g, const float *u, int64_t n)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+float attn_softcap_ref(float x, float c) { return c * tanhf(x / c); }
+
 /* The scalar twin of exp256 (simd_avx2.h), operation for operation, so the
  * reference and the SIMD attention agree to the bit. */
 float attn_exp(float x)
@@ -60,6 +71,16 @@ float attn_exp(float x)
     return p * e;
 }
 
+/* tanh(x) = sign(x) (1 - e) / (1 + e), e = e^(-2|x|) by attn_exp: no
+ * cancellation problem that matters for a soft-cap (absolute error ~2e-7
+ * near 0, where the cap multiplies it back only by c), and the vector
+ * kernels repeat it operation for operation. */
+float attn_tanh(float x)
+{
+    const float e = attn_exp(-2.0f * fabsf(x));
+    return copysignf((1.0f - e) / (1.0f + e), x);
+}
+
 /* Element i of a row stored as t, as kv_dequantize_row gives it: read
  * where it lies, group by group, with no copy of the row. */
 static inline float row_value(enum kv_type t, const uint16_t *row, int32_t i)
@@ -77,8 +98,8 @@ static inline float row_value(enum kv_type t, const uint16_t *row, int32_t i)
     return kvb_fp16_to_f32(row[i]);
 }
 
-void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos, float scale,
-               float *scores)
+void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t p_lo, int32_t n_pos,
+               float scale, float *scores)
 {
     const enum kv_type kt = kv_k_rows(kv->type), vt = kv_v_rows(kv->type);
     const int64_t vrs = kv->v_row_stride ? kv->v_row_stride : kv->row_stride;
@@ -89,7 +110,8 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
         qq = qs;
     }
     float maxs = -INFINITY;
-    for (int32_t p = 0; p < n_pos; p++) {
+    if (p_lo < 0) p_lo = 0;
+    for (int32_t p = p_lo; p < n_pos; p++) {
         const uint16_t *k = kv->k_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
                             (int64_t)(p % kv->block_size) * kv->row_stride;
         float d = 0.0f;
@@ -97,6 +119,7 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
             for (int32_t i = 0; i < head_dim; i++) d = fmaf(row_value(kt, k, i), qs[i], d);
         else
             for (int32_t i = 0; i < head_dim; i++) d = fmaf(row_value(kt, k, i), q[i] * scale, d);
+        if (kv->softcap > 0) d = attn_softcap(d, kv->softcap);
         scores[p] = d;
         maxs = fmaxf(maxs, d);
     }
@@ -104,14 +127,14 @@ void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_k
      * 8-lane vector sum, which every kernel can reproduce exactly whether
      * its lanes run over positions or over rows. */
     float part[8] = {0};
-    for (int32_t p = 0; p < n_pos; p++) {
+    for (int32_t p = p_lo; p < n_pos; p++) {
         scores[p] = attn_exp(scores[p] - maxs);
         part[p % 8] += scores[p];
     }
     const float sum = ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
     const float inv = 1.0f / sum;
     for (int32_t i = 0; i < head_dim; i++) out[i] = 0.0f;
-    for (int32_t p = 0; p < n_pos; p++) {
+    for (int32_t p = p_lo; p < n_pos; p++) {
         const uint16_t *v = kv->v_base + (int64_t)kv->table[p / kv->block_size] * kv->block_stride +
                             (int64_t)(p % kv->block_size) * vrs;
         for (int32_t i = 0; i < head_dim; i++) out[i] = fmaf(scores[p], row_value(vt, v, i), out[i]);

@@ -25,7 +25,21 @@ void attn_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t rope_dim, en
 /* g[i] = silu(g[i]) * u[i]. */
 void attn_swiglu(float *g, const float *u, int64_t n);
 
-/* One query head over positions [0, n_pos) of one sequence. K/V rows are
+/* g[i] = gelu_tanh(g[i]) * u[i], with gelu_tanh(x) = 0.5 x (1 + tanh(
+ * sqrt(2/pi) (x + 0.044715 x^3))): PyTorch's gelu(approximate="tanh"),
+ * Gemma's hidden activation (libm tanhf: the reference). */
+void attn_geglu(float *g, const float *u, int64_t n);
+
+/* c * tanh(x / c) (c > 0): Gemma 2's soft-capping of logits (libm tanhf). */
+float attn_softcap_ref(float x, float c);
+
+/* The soft-cap of an attention score, c * attn_tanh(x / c): tanh through
+ * attn_exp, so that the SIMD kernels compute the same bits. */
+float attn_tanh(float x);
+static inline float attn_softcap(float x, float c) { return c * attn_tanh(x / c); }
+
+/* One query head over positions [p_lo, n_pos) of one sequence (p_lo > 0: a
+ * sliding window, whose earlier blocks are never read). K/V rows are
  * stored as the pool type kv->type says (backend/kvtype.h: K rows as
  * kv_k_rows, V rows as kv_v_rows): IEEE half floats, as llama.cpp stores
  * them by default (half the memory and bandwidth of f32), or quantized in
@@ -41,7 +55,9 @@ void attn_swiglu(float *g, const float *u, int64_t n);
  * or the kernel that ran it), with k[p][i] and v[p][i] the row's values as
  * kv_dequantize_row gives them (for f16, the widened half):
  *   qs[i]  = q[i] * scale
- *   s[p]   = fma chain over i ascending: s = fma(k[p][i], qs[i], s), from 0
+ *   s[p]   = fma chain over i ascending: s = fma(k[p][i], qs[i], s), from 0;
+ *            then attn_softcap(s, kv->softcap) when kv->softcap > 0
+ *   (positions p < p_lo take no part: e[p] = 0, as if skipped)
  *   m      = max s[p]
  *   e[p]   = attn_exp(s[p] - m)
  *   P[k]   = sum of e[p] over p = k, k+8, k+16, ... in that order, from 0
@@ -58,15 +74,17 @@ struct attn_kv_view {
     const int32_t *table;
     enum kv_type type;    /* the pool type (zero: f16) */
     int64_t v_row_stride; /* words between consecutive V slots; 0: row_stride */
+    float softcap;        /* > 0: scores soft-capped (model_ops.attn_softcap); 0: not */
 };
-void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t n_pos, float scale,
-               float *scores);
+void attn_head(float *out, const float *q, int32_t head_dim, const struct attn_kv_view *kv, int32_t p_lo, int32_t n_pos,
+               float scale, float *scores);
 /* e^x by a fixed polynomial (relative error ~2e-7); identical to the SIMD
  * kernels' exp on every input. */
 float attn_exp(float x);
 
-/* AVX2+FMA SwiGLU (attn_avx2.c); call only when attn_have_avx2(). */
+/* AVX2+FMA SwiGLU and GeGLU (attn_avx2.c); call only when attn_have_avx2(). */
 void attn_swiglu_avx2(float *g, const float *u, int64_t n);
+void attn_geglu_avx2(float *g, const float *u, int64_t n);
 
 /* attn_head for a tile of query tokens over one KV head, each token with
  * its own block table and length (attn_tile_avx2.c; AVX2+FMA, call only
@@ -79,8 +97,9 @@ void attn_swiglu_avx2(float *g, const float *u, int64_t n);
 struct attn_tile_tok {
     const float *q;       /* group * head_dim query floats */
     float *out;           /* group * head_dim output floats */
-    const int32_t *table; /* block table covering [0, n_pos) */
-    int32_t n_pos;        /* positions attended (causal: own position + 1) */
+    const int32_t *table; /* block table covering [p_lo, n_pos) (earlier entries are not read) */
+    int32_t n_pos;        /* positions attended end here (causal: own position + 1) */
+    int32_t p_lo;         /* and start here (0, or where a sliding window starts) */
 };
 int64_t attn_tile_scratch_floats(int32_t n_tok, int32_t group, int32_t head_dim, int32_t max_pos, int32_t block_size);
 void attn_tile_avx2(const struct attn_tile_tok *toks, int32_t n_tok, int32_t group, int32_t head_dim,

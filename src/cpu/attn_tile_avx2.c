@@ -181,30 +181,51 @@ static inline __m256 tree8_lanes(const __m256 p[8])
 }
 
 /* Softmax down the columns of S[p][rw] for rows 16v..16v+15 (rows in
- * lanes), each lane over its own n_pos; leaves weights in S, 1/sum in inv. */
-static void softmax_cols8(float *s, int64_t rw, int64_t v, const int32_t *np, int32_t max_pos, float *inv);
-static void softmax_cols(float *s, int64_t rw, int64_t v, const int32_t *np, int32_t max_pos, float *inv)
+ * lanes), each lane over its own positions [lo, np), soft-capped first when
+ * cap > 0 (in place, attn_softcap's operations); positions from p0 (a
+ * multiple of 8 no later than any lane's first block) on get their weight,
+ * 0 outside a lane's range. Leaves weights in S, 1/sum in inv. */
+static void softmax_cols8(float *s, int64_t rw, int64_t v, const int32_t *np, const int32_t *lo, int32_t p0,
+                          int32_t max_pos, float cap, float *inv);
+static void softmax_cols(float *s, int64_t rw, int64_t v, const int32_t *np, const int32_t *lo, int32_t p0,
+                         int32_t max_pos, float cap, float *inv)
 {
-    softmax_cols8(s, rw, 2 * v, np, max_pos, inv);
-    softmax_cols8(s, rw, 2 * v + 1, np, max_pos, inv);
+    softmax_cols8(s, rw, 2 * v, np, lo, p0, max_pos, cap, inv);
+    softmax_cols8(s, rw, 2 * v + 1, np, lo, p0, max_pos, cap, inv);
 }
 
-static void softmax_cols8(float *s, int64_t rw, int64_t v, const int32_t *np, int32_t max_pos, float *inv)
+/* Lanes whose range [lo, np) holds position p. */
+static inline __m256 valid8(__m256i npv, __m256i lov, int32_t p)
+{
+    const __m256i pv = _mm256_set1_epi32(p);
+    return _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(lov, pv), _mm256_cmpgt_epi32(npv, pv)));
+}
+
+static void softmax_cols8(float *s, int64_t rw, int64_t v, const int32_t *np, const int32_t *lo, int32_t p0,
+                          int32_t max_pos, float cap, float *inv)
 {
     const __m256i npv = _mm256_load_si256((const __m256i *)(const void *)(np + 8 * v));
+    const __m256i lov = _mm256_load_si256((const __m256i *)(const void *)(lo + 8 * v));
+    const __m256 c = _mm256_set1_ps(cap);
     __m256 m = _mm256_set1_ps(-INFINITY);
-    for (int32_t p = 0; p < max_pos; p++) {
-        const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(npv, _mm256_set1_epi32(p)));
-        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_load_ps(s + p * rw + 8 * v), valid));
+    for (int32_t p = p0; p < max_pos; p++) {
+        const __m256 valid = valid8(npv, lov, p);
+        float *sp = s + p * rw + 8 * v;
+        __m256 x = _mm256_load_ps(sp);
+        if (cap > 0) {
+            x = _mm256_blendv_ps(x, _mm256_mul_ps(c, tanh256(_mm256_div_ps(x, c))), valid);
+            _mm256_store_ps(sp, x);
+        }
+        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, valid));
     }
     __m256 part[8];
     for (int k = 0; k < 8; k++) part[k] = _mm256_setzero_ps();
-    for (int32_t p0 = 0; p0 < max_pos; p0 += 8) {
+    for (int32_t q0 = p0; q0 < max_pos; q0 += 8) {
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
         {
-            const int32_t p = p0 + k;
+            const int32_t p = q0 + k;
             if (p >= max_pos) break;
-            const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(npv, _mm256_set1_epi32(p)));
+            const __m256 valid = valid8(npv, lov, p);
             float *sp = s + p * rw + 8 * v;
             /* Invalid lanes go through exp(0), never through garbage. */
             const __m256 x = _mm256_blendv_ps(m, _mm256_load_ps(sp), valid);

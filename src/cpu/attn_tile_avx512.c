@@ -92,24 +92,51 @@ static void qk_rows(const float *kf, int32_t n, int32_t hd, int64_t hd8, const f
     }
 }
 
+/* tanh256 (simd_avx2.h), 16 lanes, operation for operation. */
+static inline __m512 tanh512(__m512 x)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
+    const __m512 e = exp512(_mm512_mul_ps(_mm512_set1_ps(-2.0f), a));
+    const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+    return _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_castps_si512(t), _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int32_t)0x80000000u))));
+}
+
+/* Lanes whose range [lo, np) holds position p. */
+static inline __mmask16 valid16(__m512i npv, __m512i lov, int32_t p)
+{
+    const __m512i pv = _mm512_set1_epi32(p);
+    return _mm512_cmpgt_epi32_mask(npv, pv) & _mm512_cmple_epi32_mask(lov, pv);
+}
+
 /* As the AVX2 softmax_cols8, 16 rows in lanes: the 8 interleaved partial
  * sums are 8 vectors, combined by the reference's tree. */
-static void softmax_cols(float *s, int64_t rw, int64_t v, const int32_t *np, int32_t max_pos, float *inv)
+static void softmax_cols(float *s, int64_t rw, int64_t v, const int32_t *np, const int32_t *lo, int32_t p0,
+                         int32_t max_pos, float cap, float *inv)
 {
     const __m512i npv = _mm512_load_si512((const void *)(np + 16 * v));
+    const __m512i lov = _mm512_load_si512((const void *)(lo + 16 * v));
+    const __m512 c = _mm512_set1_ps(cap);
     __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int32_t p = 0; p < max_pos; p++) {
-        const __mmask16 valid = _mm512_cmpgt_epi32_mask(npv, _mm512_set1_epi32(p));
-        m = _mm512_mask_max_ps(m, valid, m, _mm512_load_ps(s + p * rw + 16 * v));
+    for (int32_t p = p0; p < max_pos; p++) {
+        const __mmask16 valid = valid16(npv, lov, p);
+        float *sp = s + p * rw + 16 * v;
+        __m512 x = _mm512_load_ps(sp);
+        if (cap > 0) {
+            x = _mm512_mask_blend_ps(valid, x, _mm512_mul_ps(c, tanh512(_mm512_div_ps(x, c))));
+            _mm512_store_ps(sp, x);
+        }
+        m = _mm512_mask_max_ps(m, valid, m, x);
     }
     __m512 part[8];
     for (int k = 0; k < 8; k++) part[k] = _mm512_setzero_ps();
-    for (int32_t p0 = 0; p0 < max_pos; p0 += 8) {
+    for (int32_t q0 = p0; q0 < max_pos; q0 += 8) {
         _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++)
         {
-            const int32_t p = p0 + k;
+            const int32_t p = q0 + k;
             if (p >= max_pos) break;
-            const __mmask16 valid = _mm512_cmpgt_epi32_mask(npv, _mm512_set1_epi32(p));
+            const __mmask16 valid = valid16(npv, lov, p);
             float *sp = s + p * rw + 16 * v;
             /* Invalid lanes go through exp(0), never through garbage. */
             const __m512 x = _mm512_mask_blend_ps(valid, m, _mm512_load_ps(sp));

@@ -3,7 +3,7 @@
  * attn_tile_<isa>.c after that file defines its own
  *
  *   static void qk_rows(kf, n, hd, hd8, qt, rw, lo, hi, s);
- *   static void softmax_cols(s, rw, v, np, max_pos, inv);  (rows 16v..16v+15)
+ *   static void softmax_cols(s, rw, v, np, lo, p0, max_pos, cap, inv);  (rows 16v..16v+15)
  *   static void pv_token(vf, vh, vh_rs, n, hd8, w, w_ps, w_rs, G, acc);
  *
  * so that the driver below is compiled once per instruction set against
@@ -13,7 +13,8 @@
  * Layout of the scratch, in floats, each region a multiple of 16 floats
  * from a 64-byte aligned start (rw: rows rounded up to 16; hd8: head_dim
  * rounded up to 8; p8: block size rounded up to 8):
- *   qt [hd][rw] scaled queries | np [rw] n_pos per row (int32) | inv [rw]
+ *   qt [hd][rw] scaled queries | np [rw] n_pos per row (int32) | lo [rw]
+ *   p_lo per row (int32) | inv [rw]
  *   | acc [rw][hd8] | kf, vf [bs][hd8] widened rows | kt [hd][p8] K
  *   transposed | s1 [G][round8(max_pos) + 8] one token's scores, row-major
  *   | s [round8(max_pos)][rw] scores, position-major | bounce [G][p8] */
@@ -34,7 +35,7 @@ static inline int64_t round16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
 struct tile_buf {
     float *qt, *inv, *acc, *kf, *vf, *kt, *s1, *s, *bounce;
-    int32_t *np;
+    int32_t *np, *lo;
     int64_t rw;  /* row lanes: n_tok * G rounded up to 16 */
     int64_t ss1; /* row stride of s1 */
 };
@@ -49,6 +50,7 @@ static inline int64_t tile_carve(struct tile_buf *b, float *base, int32_t n_tok,
 #define TAKE(n) (off += round16(n), base ? base + off - round16(n) : NULL)
     b->qt = TAKE(hd * rw);
     b->np = (int32_t *)(void *)TAKE(rw);
+    b->lo = (int32_t *)(void *)TAKE(rw);
     b->inv = TAKE(rw);
     b->acc = TAKE(rw * hd8);
     b->kf = TAKE(bs * hd8);
@@ -251,9 +253,13 @@ static void qk_one(const float *kt, int64_t p8, int32_t n, int32_t hd, const flo
     }
 }
 
-/* Valid positions of token t in logical block ib. */
+/* Rows of logical block ib that token t reads: [0, n) up to its last
+ * position; 0 for a block wholly before its window (never read: under a
+ * sliding window the pool may have given it to someone else). Rows of the
+ * window's first block that lie before it are read and weighted 0. */
 static inline int32_t block_len(const struct attn_tile_tok *t, int32_t ib, int32_t bs)
 {
+    if ((int64_t)(ib + 1) * bs <= t->p_lo) return 0;
     const int32_t n = t->n_pos - ib * bs;
     return n <= 0 ? 0 : n > bs ? bs : n;
 }
@@ -274,20 +280,34 @@ static int32_t run_end(const struct attn_tile_tok *toks, int32_t n_tok, int32_t 
     return n;
 }
 
-/* Softmax along one row of n_pos scores (positions in lanes; the row has
- * room up to n_pos rounded up to 8). Returns 1/sum. */
-static float softmax_row(float *sc, int32_t n_pos)
+/* Softmax along one row of scores at positions [lo, n_pos) (positions in
+ * lanes; the row has room up to n_pos rounded up to 8), soft-capped first
+ * when cap > 0 (attn_softcap's operations). Vectors start at p0, a
+ * multiple of 8 at or before lo, so lane k still sums the positions
+ * p = k mod 8, as the reference's partials do; positions [p0, lo) count as
+ * absent and leave a weight of 0. Returns 1/sum. */
+static float softmax_row(float *sc, int32_t p0, int32_t lo, int32_t n_pos, float cap)
 {
     const int32_t n8 = (n_pos + 7) & ~7;
     for (int32_t p = n_pos; p < n8; p++) sc[p] = -INFINITY;
+    for (int32_t p = p0; p < lo; p++) sc[p] = -INFINITY;
+    if (cap > 0) {
+        const __m256 c = _mm256_set1_ps(cap);
+        for (int32_t p = p0; p < n8; p += 8) {
+            const __m256 x = _mm256_load_ps(sc + p);
+            const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+            const __m256 y = _mm256_mul_ps(c, tanh256(_mm256_div_ps(x, c)));
+            _mm256_store_ps(sc + p, _mm256_blendv_ps(x, y, valid));
+        }
+    }
     __m256 mv = _mm256_set1_ps(-INFINITY);
-    for (int32_t p = 0; p < n8; p += 8) mv = _mm256_max_ps(mv, _mm256_load_ps(sc + p));
+    for (int32_t p = p0; p < n8; p += 8) mv = _mm256_max_ps(mv, _mm256_load_ps(sc + p));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     mv = _mm256_set1_ps(_mm_cvtss_f32(m4));
     __m256 sum = _mm256_setzero_ps();
-    for (int32_t p = 0; p < n8; p += 8) {
+    for (int32_t p = p0; p < n8; p += 8) {
         const __m256 x = _mm256_load_ps(sc + p);
         const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
         const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_blendv_ps(mv, x, valid), mv)), valid);
@@ -304,12 +324,12 @@ static float softmax_row(float *sc, int32_t n_pos)
 static void tile_one(const struct attn_tile_tok *t, int32_t G, int32_t hd, const struct attn_kv_view *kv,
                      const struct tile_buf *b)
 {
-    const int32_t bs = kv->block_size, n_blk = (t->n_pos + bs - 1) / bs;
+    const int32_t bs = kv->block_size, n_blk = (t->n_pos + bs - 1) / bs, b_lo = t->p_lo / bs;
     const int64_t hd8 = round8(hd), p8 = round8(bs), ss = b->ss1, rw = b->rw;
     const enum kv_type vt = kv_v_rows(kv->type);
     const int64_t kb = kv_row_bytes(kv_k_rows(kv->type), hd), vb = kv_row_bytes(vt, hd);
     const int64_t vrs = kv->v_row_stride ? kv->v_row_stride : kv->row_stride;
-    for (int32_t ib = 0; ib < n_blk; ib++) {
+    for (int32_t ib = b_lo; ib < n_blk; ib++) {
         const int32_t n = block_len(t, ib, bs);
         if (ib + 1 < n_blk)
             prefetch_rows(kv->k_base + (int64_t)t->table[ib + 1] * kv->block_stride, kv->row_stride, kb,
@@ -323,8 +343,10 @@ static void tile_one(const struct attn_tile_tok *t, int32_t G, int32_t hd, const
                 for (int32_t p = 0; p < n; p++) b->s1[r * ss + (int64_t)ib * bs + p] = b->bounce[r * p8 + p];
         }
     }
-    for (int32_t r = 0; r < G; r++) b->inv[r] = softmax_row(b->s1 + r * ss, t->n_pos);
-    for (int32_t ib = 0; ib < n_blk; ib++) {
+    /* From the window's first block on, every weight P.V reads is set. */
+    const int32_t p0 = (b_lo * bs) & ~7;
+    for (int32_t r = 0; r < G; r++) b->inv[r] = softmax_row(b->s1 + r * ss, p0, t->p_lo, t->n_pos, kv->softcap);
+    for (int32_t ib = b_lo; ib < n_blk; ib++) {
         const int32_t n = block_len(t, ib, bs);
         const uint16_t *v = kv->v_base + (int64_t)t->table[ib] * kv->block_stride;
         if (ib + 1 < n_blk)
@@ -349,17 +371,26 @@ static void tile_run(const struct attn_tile_tok *toks, int32_t n_tok, int32_t G,
     struct tile_buf b;
     tile_carve(&b, (float *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63), n_tok, G, hd, max_pos, bs);
     const int64_t R = (int64_t)n_tok * G, rw = b.rw, hd8 = round8(hd), p8 = round8(bs);
+    /* Where the softmax starts: the first block any token reads, rounded
+     * down to a vector of 8 (see softmax_row). */
+    int32_t p_start = max_pos;
+    for (int32_t ti = 0; ti < n_tok; ti++) {
+        const int32_t s0 = (toks[ti].p_lo / bs * bs) & ~7;
+        if (s0 < p_start) p_start = s0;
+    }
 
     for (int64_t r = 0; r < rw; r++) {
         float *dst = b.qt + r;
         if (r >= R) {
             b.np[r] = 0;
+            b.lo[r] = 0;
             for (int32_t d = 0; d < hd; d++) dst[d * rw] = 0.0f;
             continue;
         }
         const struct attn_tile_tok *t = &toks[r / G];
         const float *src = t->q + (r % G) * hd;
         b.np[r] = t->n_pos;
+        b.lo[r] = t->p_lo;
         for (int32_t d = 0; d < hd; d++) dst[d * rw] = src[d] * scale;
     }
     for (int64_t i = 0; i < rw * hd8; i++) b.acc[i] = 0.0f;
@@ -400,7 +431,8 @@ static void tile_run(const struct attn_tile_tok *toks, int32_t n_tok, int32_t G,
                 }
             }
         }
-        for (int64_t v = 0; v < rw / 16; v++) softmax_cols(b.s, rw, v, b.np, max_pos, b.inv);
+        for (int64_t v = 0; v < rw / 16; v++)
+            softmax_cols(b.s, rw, v, b.np, b.lo, p_start, max_pos, kv->softcap, b.inv);
 
         /* P.V, runs again sharing one widened V block; each token over its
          * own positions, in ascending order across blocks. */

@@ -3,11 +3,15 @@
  * is read once per step), attention read through per-sequence block tables, in tiles
  * of tokens that read shared KV blocks once (attn_tile_*.c).
  *
- * KV pool layout, per block: [layer][K | V][slot][n_head_kv * head_dim], each
+ * KV pool layout, per page: [layer][K | V][slot][n_head_kv * head_dim], each
  * row stored as the pool's KV type says (fp16, or q8/q4 groups, a q4 pool's
  * K rows at q8: backend/kvtype.h), quantized once when the token's K and V
- * are written. Keeping a block's K and V for all layers together makes one block one
- * contiguous span, which is what the persistent cache copies in and out. */
+ * are written. A page is a whole block — all layers, one contiguous span,
+ * which is what the persistent cache copies in and out — unless the model
+ * has sliding-window layers: then a block is one page per group of layers
+ * (backend.h's paging) and each step looks its pages up per group (c->map),
+ * so that attention and the K/V store of a layer read the pages of that
+ * layer's group. */
 #include "cpu/be_cpu.h"
 
 #include <math.h>
@@ -36,13 +40,19 @@ struct cpu_be {
     struct mm_weight output;
     void **packed; /* (n_packed) owned buffers behind lw and output */
     int n_packed;
-    uint16_t *kv;                       /* (n_blocks, block_elems) 2-byte words, rows stored as be.kv_type */
-    int64_t block_elems;                /* words of a block: n_layer * layer_words */
+    uint16_t *kv;             /* (n_pages, page_words) 2-byte words, rows stored as be.kv_type */
+    int64_t page_words;       /* words of a page: layers_per_group * layer_words */
+    int32_t *map;             /* (n_logical, n_groups) each block's pages; NULL with one group */
+    int32_t *lgroup, *lindex; /* (n_layer) each layer's group, its index in the group's page */
+    int32_t *gtab;            /* (n_groups, cap_tab) the step's tables of pages, per group */
+    int64_t cap_tab, n_tab;
+    int32_t *seq_tab;                   /* (cap_keys) each sequence's offset in a group's part of gtab */
     int64_t kv_dim;                     /* n_head_kv * head_dim (elements of a K or V row) */
     int64_t k_row_words, v_row_words;   /* words of a stored K row, V row (kv_row_bytes(kv_k_rows(t), kv_dim) / 2) */
     int64_t k_head_words, v_head_words; /* words of one KV head's part of a K row, a V row */
     int64_t layer_words;                /* words of one layer's part of a block: bs K rows, bs V rows */
     float *inv_freq;                    /* (rope_dim / 2) */
+    float *inv_freq_swa;                /* (rope_dim / 2) the windowed layers' (model_rope_freqs_swa) */
     bool simd;                          /* AVX2 attention/activation kernels (else the scalar reference) */
     bool avx512;                        /* attention inner loops in AVX-512 (same results, twice the lanes) */
 
@@ -71,6 +81,12 @@ static void cpu_free(struct backend *be)
     tpool_free(c->pool);
     kvb_free(c->kv);
     kvb_free(c->inv_freq);
+    kvb_free(c->inv_freq_swa);
+    kvb_free(c->map);
+    kvb_free(c->lgroup);
+    kvb_free(c->lindex);
+    kvb_free(c->gtab);
+    kvb_free(c->seq_tab);
     float *bufs[] = {c->x, c->q, c->k, c->v, c->att, c->tmp, c->gate, c->up, c->out_rows, c->scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvb_free(bufs[i]);
     kvb_free(c->tok_pos);
@@ -181,7 +197,10 @@ static void attn_worker(void *arg, int ith, int nth)
     struct cpu_be *c = j->c;
     const struct model_hparams *hp = &c->m->hp;
     const int32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = c->m->ops.attn_scale;
+    const int32_t window = c->m->layers[j->layer].swa ? c->m->ops.n_swa : 0;
+    const int64_t lw = (int64_t)c->lindex[j->layer] * c->layer_words;
+    const int32_t *gt = c->gtab + (int64_t)c->lgroup[j->layer] * c->n_tab;
     float *scratch = c->scores + (int64_t)ith * c->cap_scores;
     const int64_t bs = c->be.block_size;
     /* Items are taken first come, first served: under causal prefill later
@@ -192,20 +211,22 @@ static void attn_worker(void *arg, int ith, int nth)
         const int32_t g = (int32_t)(it % hp->n_head_kv);
         const int64_t lo = j->n_tok * tile / c->n_tiles, hi = j->n_tok * (tile + 1) / c->n_tiles;
         struct attn_kv_view view = {
-            .k_base = c->kv + (int64_t)j->layer * c->layer_words + (int64_t)g * c->k_head_words,
-            .v_base = c->kv + (int64_t)j->layer * c->layer_words + bs * c->k_row_words + (int64_t)g * c->v_head_words,
-            .block_stride = c->block_elems,
+            .k_base = c->kv + lw + (int64_t)g * c->k_head_words,
+            .v_base = c->kv + lw + bs * c->k_row_words + (int64_t)g * c->v_head_words,
+            .block_stride = c->page_words,
             .row_stride = c->k_row_words,
             .v_row_stride = c->v_row_words,
             .block_size = (int32_t)bs,
             .type = c->be.kv_type,
+            .softcap = c->m->ops.attn_softcap,
         };
         struct attn_tile_tok toks[ATTN_TILE];
         for (int64_t i = lo; i < hi; i++) {
             const int64_t t = c->tile_order[i];
             const int64_t off = t * hp->n_head * hd + (int64_t)g * group * hd;
-            toks[i - lo] = (struct attn_tile_tok){c->q + off, c->att + off, j->batch->seqs[c->tok_seq[t]].block_table,
-                                                  c->tok_pos[t] + 1};
+            const int32_t p_lo = window > 0 && c->tok_pos[t] + 1 > window ? c->tok_pos[t] + 1 - window : 0;
+            toks[i - lo] = (struct attn_tile_tok){c->q + off, c->att + off, gt + c->seq_tab[c->tok_seq[t]],
+                                                  c->tok_pos[t] + 1, p_lo};
         }
         if (c->avx512) {
             attn_tile_avx512(toks, (int32_t)(hi - lo), group, hd, &view, scale, scratch);
@@ -218,8 +239,8 @@ static void attn_worker(void *arg, int ith, int nth)
         for (int64_t i = 0; i < hi - lo; i++) {
             view.table = toks[i].table;
             for (int32_t h = 0; h < group; h++)
-                attn_head(toks[i].out + (int64_t)h * hd, toks[i].q + (int64_t)h * hd, hd, &view, toks[i].n_pos, scale,
-                          scratch);
+                attn_head(toks[i].out + (int64_t)h * hd, toks[i].q + (int64_t)h * hd, hd, &view, toks[i].p_lo,
+                          toks[i].n_pos, scale, scratch);
         }
     }
 }
@@ -243,27 +264,36 @@ static void attn_run(struct cpu_be *c, const struct be_batch *batch, int layer, 
 #define PAR_PREP_MIN_TOK 8
 
 /* The input of Q/K/V or gate/up for token t: first the pending residual
- * (add: the previous product's rows, or NULL), then RMSNorm. Runs on the
- * matmul's threads (mm_set_input_fn); token t's residual row is its own. */
+ * (add: the previous product's rows, or NULL; RMSNormed with `post` first
+ * when the layer has a post-attention / post-FFN norm), then RMSNorm. Runs
+ * on the matmul's threads (mm_set_input_fn); token t's rows are its own. */
 struct norm_in {
     struct cpu_be *c;
     const float *norm; /* (e) */
-    const float *add;  /* (n_tok, e) or NULL */
+    float *add;        /* (n_tok, e) or NULL */
+    const float *post; /* (e) or NULL */
     int32_t e;
     float eps;
 };
+
+/* x[t] += add[t], normalised by post first when there is one. */
+static void add_residual(float *xt, float *add_t, const float *post, int32_t e, float eps)
+{
+    if (post) attn_rmsnorm(add_t, add_t, post, e, eps);
+    for (int32_t i = 0; i < e; i++) xt[i] += add_t[i];
+}
 
 static void make_norm_row(void *arg, int64_t t, float *dst)
 {
     const struct norm_in *a = arg;
     float *xt = a->c->x + t * a->e;
-    if (a->add)
-        for (int32_t i = 0; i < a->e; i++) xt[i] += a->add[t * a->e + i];
+    if (a->add) add_residual(xt, a->add + t * a->e, a->post, a->e, a->eps);
     attn_rmsnorm(dst, xt, a->norm, a->e, a->eps);
 }
 
-/* The input of the down projection for token t: SwiGLU of its gate and up
- * rows (element by element, so a row alone gives the same bits). */
+/* The input of the down projection for token t: the gate's activation
+ * times up (SwiGLU or GeGLU: model_ops.act), element by element, so a row
+ * alone gives the same bits. */
 struct swiglu_in {
     struct cpu_be *c;
     int64_t n_ff;
@@ -274,8 +304,13 @@ static void make_swiglu_row(void *arg, int64_t t, float *dst)
     const struct swiglu_in *a = arg;
     float *g = a->c->gate + t * a->n_ff;
     const float *u = a->c->up + t * a->n_ff;
-    if (a->c->simd) attn_swiglu_avx2(g, u, a->n_ff);
-    else attn_swiglu(g, u, a->n_ff);
+    if (a->c->m->ops.act == MODEL_ACT_GELU_TANH) {
+        if (a->c->simd) attn_geglu_avx2(g, u, a->n_ff);
+        else attn_geglu(g, u, a->n_ff);
+    } else {
+        if (a->c->simd) attn_swiglu_avx2(g, u, a->n_ff);
+        else attn_swiglu(g, u, a->n_ff);
+    }
     memcpy(dst, g, sizeof(float) * (size_t)a->n_ff);
 }
 
@@ -308,14 +343,16 @@ static void prep_tokens(const struct prep_job *j, int64_t t0, int64_t t1)
             for (int32_t h = 0; h < hp->n_head_kv; h++)
                 attn_rmsnorm(kt + h * hd, kt + h * hd, L->k_norm, (int32_t)hd, hp->rms_eps);
         }
-        attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq, c->m->rope.mscale);
-        attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], c->inv_freq,
-                  c->m->rope.mscale);
-        const struct be_seq *s = &j->batch->seqs[c->tok_seq[t]];
+        /* Windowed layers rotate with their own, unscaled frequencies. */
+        const float *inv_freq = L->swa ? c->inv_freq_swa : c->inv_freq;
+        const float mscale = L->swa ? 1.0f : c->m->rope.mscale;
+        attn_rope(qt, hp->n_head, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], inv_freq, mscale);
+        attn_rope(kt, hp->n_head_kv, (int32_t)hd, hp->rope_dim, hp->rope, c->tok_pos[t], inv_freq, mscale);
         const int32_t p = c->tok_pos[t];
-        uint16_t *blk = c->kv + (int64_t)s->block_table[p / bs] * c->block_elems;
-        uint16_t *kd = blk + (int64_t)j->layer * c->layer_words + (p % bs) * c->k_row_words;
-        uint16_t *vd = blk + (int64_t)j->layer * c->layer_words + bs * c->k_row_words + (p % bs) * c->v_row_words;
+        const int32_t *gt = c->gtab + (int64_t)c->lgroup[j->layer] * c->n_tab + c->seq_tab[c->tok_seq[t]];
+        uint16_t *lay = c->kv + (int64_t)gt[p / bs] * c->page_words + (int64_t)c->lindex[j->layer] * c->layer_words;
+        uint16_t *kd = lay + (p % bs) * c->k_row_words;
+        uint16_t *vd = lay + bs * c->k_row_words + (p % bs) * c->v_row_words;
         /* The reference conversion itself (for f16, kvb_f32_to_fp16_n): a
          * row's bytes are a pure function of its values, whoever writes it. */
         kv_quantize_row(kv_k_rows(c->be.kv_type), kd, kt, kvd);
@@ -329,6 +366,38 @@ static void prep_worker(void *arg, int ith, int nth)
     int64_t n = 0;
     for (int32_t i = 0; i < j->batch->n_seqs; i++) n += j->batch->seqs[i].n_tokens;
     prep_tokens(j, n * ith / nth, n * (ith + 1) / nth);
+}
+
+/* Page of group g of block b. */
+static inline int32_t page_of(const struct cpu_be *c, int32_t b, int32_t g)
+{
+    return c->map ? c->map[(int64_t)b * c->be.n_groups + g] : b;
+}
+
+/* The step's page tables: for each group, each sequence's blocks' pages
+ * (with one group, the blocks themselves). */
+static enum kvb_status step_tables(struct cpu_be *c, const struct be_batch *batch, int64_t n_tab)
+{
+    const int32_t G = c->be.n_groups;
+    if (n_tab > c->cap_tab) {
+        int32_t *t = kvb_realloc(c->gtab, sizeof(int32_t) * (size_t)(n_tab * G));
+        if (!t) return KVB_ERR_NOMEM;
+        c->gtab = t;
+        c->cap_tab = n_tab;
+    }
+    int32_t *st = kvb_realloc(c->seq_tab, sizeof(int32_t) * (size_t)(batch->n_seqs ? batch->n_seqs : 1));
+    if (!st) return KVB_ERR_NOMEM;
+    c->seq_tab = st;
+    c->n_tab = n_tab;
+    int64_t off = 0;
+    for (int32_t i = 0; i < batch->n_seqs; i++) {
+        const struct be_seq *s = &batch->seqs[i];
+        c->seq_tab[i] = (int32_t)off;
+        for (int32_t g = 0; g < G; g++)
+            for (int32_t b = 0; b < s->n_blocks; b++) c->gtab[g * n_tab + off + b] = page_of(c, s->block_table[b], g);
+        off += s->n_blocks;
+    }
+    return KVB_OK;
 }
 
 static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *batch, float *logits, struct kvb_err *err)
@@ -365,14 +434,18 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         for (int32_t j = 0; j < s->n_tokens; j++, t++) {
             c->tok_pos[t] = s->pos + j;
             c->tok_seq[t] = i;
-            KVB_FORWARD_IF_ERROR(model_embed(m, s->tokens[j], c->x + t * e));
+            float *xt = c->x + t * e;
+            KVB_FORWARD_IF_ERROR(model_embed(m, s->tokens[j], xt));
+            if (m->ops.embd_scale != 1.0f)
+                for (int64_t k = 0; k < e; k++) xt[k] *= m->ops.embd_scale;
         }
     }
 
-    if (plan_tiles(c, batch, n_tok) != KVB_OK) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    if (plan_tiles(c, batch, n_tok) != KVB_OK || step_tables(c, batch, sh.n_tab) != KVB_OK)
+        return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
 
     struct prep_job prep = {c, batch, NULL, 0};
-    struct norm_in nin = {c, NULL, NULL, (int32_t)e, hp->rms_eps};
+    struct norm_in nin = {c, NULL, NULL, NULL, (int32_t)e, hp->rms_eps};
     struct swiglu_in sin = {c, hp->n_ff};
     for (int l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
@@ -381,6 +454,7 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
          * as each token's normalised row is made for Q, K and V. */
         nin.norm = L->attn_norm;
         nin.add = l > 0 ? c->tmp : NULL;
+        nin.post = l > 0 ? m->layers[l - 1].post_ffn_norm : NULL;
         KVB_FORWARD_IF_ERROR(mm_set_input_fn(c->mm, e, n_tok, make_norm_row, &nin));
         /* Q, K and V in one pool run: fewer thread hand-offs per token. */
         const struct mm_weight *qkv_w[3] = {&W->wq, &W->wk, &W->wv};
@@ -395,6 +469,7 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
 
         nin.norm = L->ffn_norm;
         nin.add = c->tmp;
+        nin.post = L->post_attn_norm;
         KVB_FORWARD_IF_ERROR(mm_set_input_fn(c->mm, e, n_tok, make_norm_row, &nin));
         const struct mm_weight *gu_w[2] = {&W->w_gate, &W->w_up};
         float *const gu_y[2] = {c->gate, c->up};
@@ -402,7 +477,8 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         KVB_FORWARD_IF_ERROR(mm_set_input_fn(c->mm, hp->n_ff, n_tok, make_swiglu_row, &sin));
         KVB_FORWARD_IF_ERROR(mm_apply(c->mm, &W->w_down, c->tmp));
     }
-    for (int64_t i = 0; i < n_tok * e; i++) c->x[i] += c->tmp[i];
+    const float *last_post = m->layers[hp->n_layer - 1].post_ffn_norm;
+    for (int64_t i = 0; i < n_tok; i++) add_residual(c->x + i * e, c->tmp + i * e, last_post, (int32_t)e, hp->rms_eps);
 
     /* Final norm and output head, only for the rows whose logits are wanted. */
     int64_t r = 0;
@@ -415,6 +491,9 @@ static enum kvb_status cpu_forward(struct backend *be, const struct be_batch *ba
         }
     }
     if (n_out > 0) KVB_FORWARD_IF_ERROR(mm_matmul(c->mm, &c->output, c->out_rows, n_out, logits));
+    const float cap = m->ops.final_softcap;
+    if (cap > 0)
+        for (int64_t i = 0; i < n_out * hp->n_vocab; i++) logits[i] = attn_softcap_ref(logits[i], cap);
     return KVB_OK;
 }
 
@@ -423,20 +502,36 @@ static void cpu_host_parallel(struct backend *be, void (*fn)(void *arg, int ith,
     tpool_run(((struct cpu_be *)be)->pool, fn, arg);
 }
 
+/* A block's pages in group order, out of (to_pool false) or into the pool. */
+static enum kvb_status block_copy(struct cpu_be *c, int32_t block, void *host, bool to_pool)
+{
+    if (block < 0 || block >= c->be.n_logical) return KVB_ERR_INVALID_ARG;
+    for (int32_t g = 0; g < c->be.n_groups; g++)
+        if (page_of(c, block, g) < 0) return KVB_ERR_INVALID_ARG;
+    for (int32_t g = 0; g < c->be.n_groups; g++) {
+        uint16_t *page = c->kv + (int64_t)page_of(c, block, g) * c->page_words;
+        char *h = (char *)host + (size_t)g * (size_t)c->be.page_bytes;
+        if (to_pool) memcpy(page, h, (size_t)c->be.page_bytes);
+        else memcpy(h, page, (size_t)c->be.page_bytes);
+    }
+    return KVB_OK;
+}
+
 static enum kvb_status cpu_block_read(struct backend *be, int32_t block, void *dst)
 {
-    struct cpu_be *c = (struct cpu_be *)be;
-    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
-    memcpy(dst, c->kv + (int64_t)block * c->block_elems, (size_t)be->block_bytes);
-    return KVB_OK;
+    return block_copy((struct cpu_be *)be, block, dst, false);
 }
 
 static enum kvb_status cpu_block_write(struct backend *be, int32_t block, const void *src)
 {
+    return block_copy((struct cpu_be *)be, block, (void *)src, true);
+}
+
+static void cpu_kv_map(struct backend *be, int32_t block, const int32_t *pages)
+{
     struct cpu_be *c = (struct cpu_be *)be;
-    if (block < 0 || block >= be->n_blocks) return KVB_ERR_INVALID_ARG;
-    memcpy(c->kv + (int64_t)block * c->block_elems, src, (size_t)be->block_bytes);
-    return KVB_OK;
+    if (!c->map || block < 0 || block >= be->n_logical) return;
+    memcpy(c->map + (int64_t)block * be->n_groups, pages, sizeof(int32_t) * (size_t)be->n_groups);
 }
 
 /* One weight into the form the kernels read; a new buffer is kept, and the
@@ -504,7 +599,9 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     c->simd = impl != MM_IMPL_SCALAR && attn_have_avx2();
     c->avx512 = c->simd && impl != MM_IMPL_AVX2 && attn_have_avx512();
     c->be.block_bytes = be_block_bytes(m, opts->block_size, opts->kv_type);
-    c->block_elems = c->be.block_bytes / 2;
+    be_paging_init(&c->be, m, opts->n_blocks, opts->kv_type);
+    c->be.kv_map = cpu_kv_map;
+    c->page_words = c->be.page_bytes / 2;
     c->k_row_words = kv_row_bytes(kv_k_rows(opts->kv_type), c->kv_dim) / 2;
     c->v_row_words = kv_row_bytes(kv_v_rows(opts->kv_type), c->kv_dim) / 2;
     c->k_head_words = kv_row_bytes(kv_k_rows(opts->kv_type), hp->head_dim) / 2;
@@ -531,13 +628,32 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     }
     size_t kv_bytes = (size_t)c->be.block_bytes * (size_t)opts->n_blocks;
     c->kv = kvb_aligned_alloc(64, kv_bytes);
+    struct be_kv_layout lo;
+    be_kv_layout(m, opts->block_size, opts->kv_type, &lo);
+    c->lgroup = kvb_malloc(sizeof(int32_t) * (size_t)hp->n_layer);
+    c->lindex = kvb_malloc(sizeof(int32_t) * (size_t)hp->n_layer);
+    bool map_ok = true;
+    if (lo.n_groups > 1) {
+        c->map = kvb_malloc(sizeof(int32_t) * (size_t)c->be.n_logical * (size_t)lo.n_groups);
+        map_ok = c->map != NULL;
+        for (int64_t i = 0; map_ok && i < (int64_t)c->be.n_logical * lo.n_groups; i++)
+            c->map[i] = i < (int64_t)c->be.n_pages ? (int32_t)i : -1;
+    }
+    for (int32_t l = 0; c->lgroup && c->lindex && l < hp->n_layer; l++)
+        be_layer_group(m, &lo, l, &c->lgroup[l], &c->lindex[l]);
+    if (!c->lgroup || !c->lindex || !map_ok) {
+        cpu_free(&c->be);
+        return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
+    }
     c->inv_freq = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));
-    if (!c->kv || !c->inv_freq) {
+    c->inv_freq_swa = kvb_malloc(sizeof(float) * (size_t)(hp->rope_dim / 2 + 1));
+    if (!c->kv || !c->inv_freq || !c->inv_freq_swa) {
         cpu_free(&c->be);
         return kvb_errf(err, KVB_ERR_NOMEM, "cannot allocate %zu MiB of KV cache (lower --kv-mem or the context)",
                         kv_bytes >> 20);
     }
     model_rope_freqs(m, c->inv_freq);
+    model_rope_freqs_swa(m, c->inv_freq_swa);
     *out = &c->be;
     return KVB_OK;
 }

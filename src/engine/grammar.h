@@ -17,9 +17,17 @@
  * a missing root, left recursion (a rule that can reach itself before
  * matching a byte with something left to match after: its stacks would
  * grow without end; loops through rules that match nothing in tail
- * position, as (x*)* makes, are fine), a repetition bound over
- * GRAMMAR_MAX_REPEAT (llama.cpp reads a larger one as unbounded), a grammar
- * over GRAMMAR_MAX_ELEMS elements, llama.cpp's token terminals (<[id]>).
+ * position, as (x*)* makes, are fine), a root that matches no string (root
+ * ::= root; every way through it needing a rule that never ends), a
+ * repetition bound over GRAMMAR_MAX_REPEAT (llama.cpp reads a larger one as
+ * unbounded), groups nested deeper than GRAMMAR_MAX_NEST, a grammar over
+ * GRAMMAR_MAX_ELEMS elements, a start the recogniser could not hold (a
+ * stack deeper than GRAMMAR_MAX_DEPTH before the first byte, or more than
+ * GRAMMAR_MAX_STACKS alternatives open at once), llama.cpp's token
+ * terminals (<[id]>). Alternatives that can never end (they need a rule
+ * that never ends) are dropped, so that every prefix the grammar accepts
+ * can still be completed. Nothing in the compiler recurses on the text's
+ * shape deeper than GRAMMAR_MAX_NEST, and its cost is linear in its size.
  *
  * The recogniser is llama.cpp's design: a state is a set of stacks of
  * positions in the rules, each stack's top a byte set to match next (a
@@ -56,7 +64,10 @@
 #include "base/status.h"
 #include "text/tok.h"
 
+#define GRAMMAR_MAX_TEXT (8u << 20)     /* bytes of a request's constraint text (schema, regex, choices, GBNF) */
 #define GRAMMAR_MAX_ELEMS (1 << 20)     /* compiled elements (after repetitions are expanded) */
+#define GRAMMAR_MAX_NEST 1024           /* groups ( ) inside groups in GBNF text */
+#define GRAMMAR_MAX_CHOICES 4096        /* strings of a choice constraint (GRAMMAR_MAX_STACKS) */
 #define GRAMMAR_MAX_REPEAT 2000         /* m and n of {m,n} (llama.cpp's threshold) */
 #define GRAMMAR_MAX_DEPTH 1024          /* positions on one stack (nesting) */
 #define GRAMMAR_MAX_STACKS 4096         /* stacks in one state (ambiguity) */
@@ -95,7 +106,9 @@ int32_t grammar_vocab_eog(const struct grammar_vocab *v); /* the first end-of-ge
 
 struct grammar_matcher;
 
-/* v may be NULL for byte-only use (grammar_matcher_feed; no token calls). */
+/* v may be NULL for byte-only use (grammar_matcher_feed; no token calls).
+ * KVB_ERR_NOMEM; KVB_ERR_RANGE when the start state is past the recogniser's
+ * limits (never for a grammar grammar_compile accepted: it checks that). */
 enum kvb_status grammar_matcher_create(const struct grammar *g, const struct grammar_vocab *v,
                                        struct grammar_matcher **out);
 void grammar_matcher_free(struct grammar_matcher *m); /* accepts NULL */

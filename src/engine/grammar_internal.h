@@ -65,10 +65,15 @@ struct grammar_matcher {
     uint32_t *work, cap_work;      /* scratch: expansion work list (pairs) */
     uint32_t *out, n_out, cap_out; /* scratch: the ready nodes being collected */
     uint32_t *walk, cap_walk;      /* scratch: states along the trie walk, one per depth */
+    uint8_t hit;                   /* GM_HIT_*: limits met since the flags were cleared */
     size_t bytes;                  /* what the caches hold */
     size_t cache_cap;              /* flush above this (GRAMMAR_CACHE_BYTES) */
     struct grammar_stats st;
 };
+
+#define GM_HIT_DEPTH 1  /* a stack would have gone past GRAMMAR_MAX_DEPTH */
+#define GM_HIT_STACKS 2 /* a state would have held more than GRAMMAR_MAX_STACKS stacks */
+#define GM_HIT_NOMEM 4  /* an allocation failed */
 
 /* The state reached from state s by byte b, GM_DEAD when none; memoised.
  * GM_DEAD also when memory runs out (the caller sees a refusal). */
@@ -76,5 +81,10 @@ uint32_t gm_step(struct grammar_matcher *m, uint32_t s, uint8_t b);
 /* Drops every cache when over GRAMMAR_CACHE_BYTES, keeping the current state
  * (renumbered). Call only where no state id is held but m->cur. */
 void gm_maybe_flush(struct grammar_matcher *m);
+
+/* Whether g's start state can be built within the matcher's limits (see
+ * grammar_compile): KVB_OK; KVB_ERR_FORMAT with msg naming the limit;
+ * KVB_ERR_NOMEM. */
+enum kvb_status gm_check_start(const struct grammar *g, char *msg, size_t cap);
 
 #endif

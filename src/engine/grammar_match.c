@@ -13,6 +13,7 @@
  * a 256-entry transition row allocated the first time a byte is asked.
  *
  * Not here: the vocabulary and token masks (grammar_mask.c). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,8 +68,10 @@ static uint32_t node_key(const struct grammar_matcher *m, uint32_t i)
  * GRAMMAR_MAX_DEPTH or memory runs out. */
 static uint32_t node_get(struct grammar_matcher *m, uint32_t pos, uint32_t parent)
 {
-    if (2 * (m->n_nodes + 1) > m->node_hash_cap && !rehash(m, &m->node_hash, &m->node_hash_cap, m->n_nodes, node_key))
+    if (2 * (m->n_nodes + 1) > m->node_hash_cap && !rehash(m, &m->node_hash, &m->node_hash_cap, m->n_nodes, node_key)) {
+        m->hit |= GM_HIT_NOMEM;
         return GM_NIL;
+    }
     const uint32_t mask = m->node_hash_cap - 1;
     uint32_t h = hash2(pos, parent) & mask;
     for (; m->node_hash[h] != GM_NIL; h = (h + 1) & mask) {
@@ -76,8 +79,14 @@ static uint32_t node_get(struct grammar_matcher *m, uint32_t pos, uint32_t paren
         if (n->pos == pos && n->parent == parent) return m->node_hash[h];
     }
     const uint32_t depth = parent == GM_NIL ? 1 : m->nodes[parent].depth + 1;
-    if (depth > GRAMMAR_MAX_DEPTH) return GM_NIL;
-    if (!grow(m, (void **)&m->nodes, &m->cap_nodes, m->n_nodes + 1, sizeof *m->nodes)) return GM_NIL;
+    if (depth > GRAMMAR_MAX_DEPTH) {
+        m->hit |= GM_HIT_DEPTH;
+        return GM_NIL;
+    }
+    if (!grow(m, (void **)&m->nodes, &m->cap_nodes, m->n_nodes + 1, sizeof *m->nodes)) {
+        m->hit |= GM_HIT_NOMEM;
+        return GM_NIL;
+    }
     m->nodes[m->n_nodes] = (struct gm_node){pos, parent, depth, 0};
     m->node_hash[h] = m->n_nodes;
     return m->n_nodes++;
@@ -159,13 +168,16 @@ static uint32_t state_key(const struct grammar_matcher *m, uint32_t i)
 static uint32_t state_intern(struct grammar_matcher *m, bool accept)
 {
     const uint32_t n = m->n_out;
+    if (n > GRAMMAR_MAX_STACKS) m->hit |= GM_HIT_STACKS;
     if ((n == 0 && !accept) || n > GRAMMAR_MAX_STACKS) return GM_DEAD;
     if (n) qsort(m->out, n, sizeof *m->out, cmp_u32);
     uint32_t h = accept ? 0x51ed27u : 0x1234567u;
     for (uint32_t k = 0; k < n; k++) h = hash2(h, m->out[k]);
     if (2 * (m->n_states + 1) > m->state_hash_cap &&
-        !rehash(m, &m->state_hash, &m->state_hash_cap, m->n_states, state_key))
+        !rehash(m, &m->state_hash, &m->state_hash_cap, m->n_states, state_key)) {
+        m->hit |= GM_HIT_NOMEM;
         return GM_DEAD;
+    }
     const uint32_t mask = m->state_hash_cap - 1;
     uint32_t slot = h & mask;
     for (; m->state_hash[slot] != GM_NIL; slot = (slot + 1) & mask) {
@@ -174,8 +186,10 @@ static uint32_t state_intern(struct grammar_matcher *m, bool accept)
             return m->state_hash[slot];
     }
     if (!grow(m, (void **)&m->states, &m->cap_states, m->n_states + 1, sizeof *m->states) ||
-        !grow(m, (void **)&m->pool, &m->cap_pool, m->n_pool + n, sizeof *m->pool))
+        !grow(m, (void **)&m->pool, &m->cap_pool, m->n_pool + n, sizeof *m->pool)) {
+        m->hit |= GM_HIT_NOMEM;
         return GM_DEAD;
+    }
     if (n) memcpy(m->pool + m->n_pool, m->out, sizeof *m->out * n);
     m->states[m->n_states] = (struct gm_state){.off = m->n_pool, .n = n, .accept = accept};
     m->n_pool += n;
@@ -216,7 +230,10 @@ static uint32_t start_state(struct grammar_matcher *m)
     bool accept = false;
     for (uint32_t a = m->g->rule_start[m->g->root];; a++) {
         if (a == m->g->rule_start[m->g->root] || m->g->elems[a - 1].type == GE_ALT)
-            if (!expand(m, a, GM_NIL, &accept)) return GM_DEAD;
+            if (!expand(m, a, GM_NIL, &accept)) {
+                m->hit |= GM_HIT_NOMEM;
+                return GM_DEAD;
+            }
         if (m->g->elems[a].type == GE_END) break;
     }
     return state_intern(m, accept);
@@ -287,10 +304,48 @@ enum kvb_status grammar_matcher_create(const struct grammar *g, const struct gra
     m->cache_cap = GRAMMAR_CACHE_BYTES;
     m->cur = start_state(m);
     if (m->cur == GM_DEAD) {
+        /* grammar_compile checked the start: only memory can fail here */
+        const enum kvb_status st = m->hit & GM_HIT_NOMEM ? KVB_ERR_NOMEM : KVB_ERR_RANGE;
         grammar_matcher_free(m);
-        return KVB_ERR_NOMEM;
+        return st;
     }
     *out = m;
+    return KVB_OK;
+}
+
+enum kvb_status gm_check_start(const struct grammar *g, char *msg, size_t cap)
+{
+    struct grammar_matcher *m = kvb_calloc(1, sizeof *m);
+    if (!m) return KVB_ERR_NOMEM;
+    m->g = g;
+    m->cache_cap = GRAMMAR_CACHE_BYTES;
+    const uint32_t s = start_state(m);
+    const uint8_t hit = m->hit;
+    grammar_matcher_free(m);
+    if (hit & GM_HIT_NOMEM) {
+        if (msg && cap) snprintf(msg, cap, "out of memory compiling the grammar");
+        return KVB_ERR_NOMEM;
+    }
+    if (hit & GM_HIT_DEPTH) {
+        if (msg && cap)
+            snprintf(msg, cap,
+                     "grammar: rules nest more than %d deep before the first character (each rule's first item "
+                     "another rule): the recogniser's limit",
+                     GRAMMAR_MAX_DEPTH);
+        return KVB_ERR_FORMAT;
+    }
+    if (hit & GM_HIT_STACKS) {
+        if (msg && cap)
+            snprintf(msg, cap,
+                     "grammar: more than %d alternatives are open at its start (the recogniser's limit); "
+                     "factor common parts out of the alternatives",
+                     GRAMMAR_MAX_STACKS);
+        return KVB_ERR_FORMAT;
+    }
+    if (s == GM_DEAD) { /* cannot be, after the productivity check: said rather than assumed */
+        if (msg && cap) snprintf(msg, cap, "grammar: it matches no string");
+        return KVB_ERR_FORMAT;
+    }
     return KVB_OK;
 }
 

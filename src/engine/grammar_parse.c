@@ -27,7 +27,7 @@ struct gp_vec { /* a growable element list */
 
 struct gp_rule {
     struct gp_vec body;
-    char *name;      /* the GBNF name; generated rules: "<origin>_<n>" */
+    char *name;      /* the GBNF name; NULL for a generated rule (messages name its origin) */
     uint32_t origin; /* the user rule a generated one came from (itself if none) */
     bool defined;
 };
@@ -38,7 +38,10 @@ struct gp {
     uint32_t n_rules, cap_rules;
     uint64_t (*sets)[4];
     uint32_t n_sets, cap_sets;
+    uint32_t *set_hash; /* open addressing over the sets' ids, UINT32_MAX empty */
+    uint32_t set_hash_cap;
     int32_t single[256]; /* the singleton set of each byte, -1 none yet */
+    uint32_t nest;       /* groups open around the parse position (GRAMMAR_MAX_NEST) */
     uint32_t any_rule;   /* the rule for '.', UINT32_MAX before the first */
     uint32_t *names;     /* open addressing over the named rules' ids, UINT32_MAX empty */
     uint32_t names_cap, n_names;
@@ -103,12 +106,42 @@ static bool vec_push(struct gp *p, struct gp_vec *v, enum grammar_elem_type type
 
 /* ---- byte sets ---------------------------------------------------------- */
 
+static uint32_t set_hash(const uint64_t set[4])
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < 4; i++) h = (h ^ set[i]) * 0xff51afd7ed558ccdull;
+    return (uint32_t)(h >> 32);
+}
+
+/* A grammar of many classes has many sets: looked up by hash, so reading
+ * it stays linear in its size. */
+static bool set_hash_grow(struct gp *p)
+{
+    const uint32_t nc = p->set_hash_cap ? p->set_hash_cap * 2 : 256;
+    uint32_t *t = kvb_malloc(sizeof *t * nc);
+    if (!t) return gp_nomem(p);
+    memset(t, 0xff, sizeof *t * nc);
+    for (uint32_t i = 0; i < p->n_sets; i++) {
+        uint32_t h = set_hash(p->sets[i]) & (nc - 1);
+        while (t[h] != UINT32_MAX) h = (h + 1) & (nc - 1);
+        t[h] = i;
+    }
+    kvb_free(p->set_hash);
+    p->set_hash = t;
+    p->set_hash_cap = nc;
+    return true;
+}
+
 static int32_t set_add(struct gp *p, const uint64_t set[4])
 {
-    for (uint32_t i = 0; i < p->n_sets; i++)
-        if (!memcmp(p->sets[i], set, sizeof p->sets[i])) return (int32_t)i;
+    if (2 * (p->n_sets + 1) > p->set_hash_cap && !set_hash_grow(p)) return -1;
+    const uint32_t mask = p->set_hash_cap - 1;
+    uint32_t h = set_hash(set) & mask;
+    for (; p->set_hash[h] != UINT32_MAX; h = (h + 1) & mask)
+        if (!memcmp(p->sets[p->set_hash[h]], set, sizeof p->sets[0])) return (int32_t)p->set_hash[h];
     if (!grow((void **)&p->sets, &p->cap_sets, p->n_sets + 1, sizeof *p->sets)) return gp_nomem(p), -1;
     memcpy(p->sets[p->n_sets], set, sizeof p->sets[0]);
+    p->set_hash[h] = p->n_sets;
     return (int32_t)p->n_sets++;
 }
 
@@ -129,8 +162,10 @@ static uint32_t rule_new(struct gp *p, const char *name, size_t len, uint32_t or
     if (!grow((void **)&p->rules, &p->cap_rules, p->n_rules + 1, sizeof *p->rules)) return gp_nomem(p), UINT32_MAX;
     struct gp_rule *r = &p->rules[p->n_rules];
     memset(r, 0, sizeof *r);
-    r->name = kvb_strndup(name, len);
-    if (!r->name) return gp_nomem(p), UINT32_MAX;
+    if (name) {
+        r->name = kvb_strndup(name, len);
+        if (!r->name) return gp_nomem(p), UINT32_MAX;
+    }
     r->origin = origin == UINT32_MAX ? p->n_rules : origin;
     return p->n_rules++;
 }
@@ -190,12 +225,13 @@ static uint32_t rule_lookup(const struct gp *p, const char *name)
     return UINT32_MAX;
 }
 
-static uint32_t rule_gen(struct gp *p, uint32_t origin)
-{
-    char name[160];
-    snprintf(name, sizeof name, "%.120s_%u", p->rules[p->rules[origin].origin].name, p->n_rules);
-    return rule_new(p, name, strlen(name), p->rules[origin].origin);
-}
+/* A rule for a group, class or repetition inside rule `origin`'s body. It
+ * has no name of its own (a grammar of a million of them would spend more
+ * on names than on rules); messages name the user's rule it came from. */
+static uint32_t rule_gen(struct gp *p, uint32_t origin) { return rule_new(p, NULL, 0, p->rules[origin].origin); }
+
+/* The name messages give rule r: its own, or its origin's. */
+static const char *rule_name(const struct gp *p, uint32_t r) { return p->rules[p->rules[r].origin].name; }
 
 static bool rule_set(struct gp *p, uint32_t id, struct gp_vec *body)
 {
@@ -311,7 +347,7 @@ static bool emit_class(struct gp *p, uint32_t rule, struct gp_vec *seq, const st
     }
     if (!any_ascii && !any_multi)
         return gp_failf(p, KVB_ERR_FORMAT, "grammar: rule '%s' has a character class that matches nothing",
-                        p->rules[rule].name);
+                        rule_name(p, rule));
     int32_t s = any_ascii ? set_add(p, ascii) : 0;
     if (s < 0) return false;
     if (!any_multi) return vec_push(p, seq, GE_BYTES, (uint32_t)s);
@@ -466,7 +502,7 @@ static bool repeat(struct gp *p, uint32_t rule, struct gp_vec *seq, uint32_t sta
     const uint32_t len = seq->n - start;
     struct grammar_elem *prev = kvb_malloc(sizeof *prev * (len ? len : 1));
     if (!prev) return gp_nomem(p);
-    memcpy(prev, seq->e + start, sizeof *prev * len);
+    if (len) memcpy(prev, seq->e + start, sizeof *prev * len); /* an empty item ("" ?) has no elements at all */
     bool ok = true;
     if (min == 0) {
         seq->n = start;
@@ -554,8 +590,17 @@ static const char *parse_sequence(struct gp *p, const char *pos, uint32_t rule, 
                 }
                 pos = p->any_rule != UINT32_MAX && vec_push(p, seq, GE_REF, p->any_rule) ? pos + 1 : NULL;
             } else if (c == '(') {
+                /* The one recursion on the text's shape: bounded, so that no
+                 * input can exhaust the stack. */
+                if (p->nest >= GRAMMAR_MAX_NEST) {
+                    char what[96];
+                    snprintf(what, sizeof what, "groups ( ) nest deeper than %d", GRAMMAR_MAX_NEST);
+                    return gp_fail_at(p, pos, what), NULL;
+                }
                 const uint32_t id = rule_gen(p, rule);
+                p->nest++;
                 pos = id == UINT32_MAX ? NULL : parse_alternates(p, skip_space(p, pos + 1, true), id, true);
+                p->nest--;
                 if (pos && at(p, pos) != ')') pos = (gp_fail_at(p, pos, "expecting ')'"), NULL);
                 if (pos && !vec_push(p, seq, GE_REF, id)) pos = NULL;
                 if (pos) pos++;
@@ -641,57 +686,118 @@ static void left_edges(const struct gp *p, const bool *nullable, uint32_t r, uin
     }
 }
 
-static void compute_nullable(const struct gp *p, bool *nullable)
+/* The rules that derive something, as the least fixpoint of "a rule with
+ * an alternative whose references are all to such rules": nullable ones
+ * (bytes_ok false: alternatives without bytes, deriving "") or productive
+ * ones (bytes_ok true: deriving some string). Each alternative keeps a
+ * count of references not yet known; a rule found known decrements the
+ * alternatives that name it. Linear in the grammar's size whatever order
+ * its rules come in (a round-robin fixpoint is quadratic on a chain written
+ * backwards). */
+static bool derive(struct gp *p, bool bytes_ok, bool *known)
 {
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (uint32_t k = 0; k < 2 * p->n_rules; k++) { /* forward then backward: chains settle in one round */
-            const uint32_t r = k < p->n_rules ? k : 2 * p->n_rules - 1 - k;
-            if (nullable[r]) continue;
-            const struct gp_vec *b = &p->rules[r].body;
-            bool ok = true;
-            for (uint32_t i = 0; i < b->n && !nullable[r]; i++) {
-                const struct grammar_elem e = b->e[i];
-                if (e.type == GE_ALT || e.type == GE_END) {
-                    if (ok) nullable[r] = changed = true;
-                    ok = true;
-                } else if (e.type == GE_BYTES || !nullable[e.val]) {
-                    ok = false;
+    const uint32_t nr = p->n_rules;
+    uint32_t n_alts = 0, n_refs = 0;
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t i = 0; i < p->rules[r].body.n; i++) {
+            const enum grammar_elem_type t = p->rules[r].body.e[i].type;
+            n_alts += t == GE_ALT || t == GE_END;
+            n_refs += t == GE_REF;
+        }
+    uint32_t *need = kvb_malloc(sizeof *need * (n_alts + 1)), *alt_rule = kvb_malloc(sizeof *alt_rule * (n_alts + 1));
+    uint32_t *occ_off = kvb_calloc(nr + 2, sizeof *occ_off), *occ = kvb_malloc(sizeof *occ * (n_refs + 1));
+    uint32_t *queue = kvb_malloc(sizeof *queue * (nr + 1));
+    const bool ok = need && alt_rule && occ_off && occ && queue;
+    if (ok) {
+        /* occurrences of each rule, as alternatives naming it (with repeats) */
+        for (uint32_t r = 0; r < nr; r++)
+            for (uint32_t i = 0; i < p->rules[r].body.n; i++)
+                if (p->rules[r].body.e[i].type == GE_REF) occ_off[p->rules[r].body.e[i].val + 2]++;
+        for (uint32_t x = 0; x < nr; x++) occ_off[x + 2] += occ_off[x + 1];
+        uint32_t a = 0, nq = 0;
+        for (uint32_t r = 0; r < nr; r++) {
+            uint32_t refs = 0;
+            bool bytes = false;
+            for (uint32_t i = 0; i < p->rules[r].body.n; i++) {
+                const struct grammar_elem e = p->rules[r].body.e[i];
+                if (e.type == GE_REF) {
+                    refs++;
+                    occ[occ_off[e.val + 1]++] = a;
+                } else if (e.type == GE_BYTES) {
+                    bytes = true;
+                } else {
+                    alt_rule[a] = r;
+                    need[a] = bytes && !bytes_ok ? UINT32_MAX : refs;
+                    if (need[a] == 0 && !known[r]) known[r] = true, queue[nq++] = r;
+                    a++;
+                    refs = 0;
+                    bytes = false;
                 }
             }
         }
+        for (uint32_t qi = 0; qi < nq; qi++) { /* occ_off[x + 1] is now where x's occurrences end */
+            const uint32_t x = queue[qi];
+            for (uint32_t k = occ_off[x]; k < occ_off[x + 1]; k++) {
+                const uint32_t alt = occ[k];
+                if (need[alt] == UINT32_MAX || --need[alt] > 0 || known[alt_rule[alt]]) continue;
+                known[alt_rule[alt]] = true;
+                queue[nq++] = alt_rule[alt];
+            }
+        }
     }
+    kvb_free(need);
+    kvb_free(alt_rule);
+    kvb_free(occ_off);
+    kvb_free(occ);
+    kvb_free(queue);
+    return ok ? true : gp_nomem(p);
 }
 
 struct tarjan {
     const uint32_t *off, *to;
-    uint32_t *index, *low, *comp, *stack;
+    uint32_t *index, *low, *comp, *stack, *call, *edge;
     bool *on;
     uint32_t next, sp, n_comp;
 };
 
-static void strongconnect(struct tarjan *t, uint32_t v)
+static void scc_visit(struct tarjan *t, uint32_t v, uint32_t *csp)
 {
     t->index[v] = t->low[v] = t->next++;
     t->stack[t->sp++] = v;
     t->on[v] = true;
-    for (uint32_t e = t->off[v]; e < t->off[v + 1]; e++) {
-        const uint32_t w = t->to[e];
-        if (t->index[w] == UINT32_MAX) {
-            strongconnect(t, w);
-            if (t->low[w] < t->low[v]) t->low[v] = t->low[w];
-        } else if (t->on[w] && t->index[w] < t->low[v]) {
-            t->low[v] = t->index[w];
+    t->edge[v] = t->off[v];
+    t->call[(*csp)++] = v;
+}
+
+/* Tarjan's strongly connected components from r, with the recursion kept
+ * on an explicit stack (call, with each vertex's next edge in edge): a
+ * chain of rules as long as the grammar may be would overflow the
+ * machine's. */
+static void strongconnect(struct tarjan *t, uint32_t r)
+{
+    uint32_t csp = 0;
+    scc_visit(t, r, &csp);
+    while (csp) {
+        const uint32_t v = t->call[csp - 1];
+        if (t->edge[v] < t->off[v + 1]) {
+            const uint32_t w = t->to[t->edge[v]++];
+            if (t->index[w] == UINT32_MAX) scc_visit(t, w, &csp);
+            else if (t->on[w] && t->index[w] < t->low[v]) t->low[v] = t->index[w];
+            continue;
         }
-    }
-    if (t->low[v] == t->index[v]) {
-        uint32_t w;
-        do {
-            w = t->stack[--t->sp];
-            t->on[w] = false;
-            t->comp[w] = t->n_comp;
-        } while (w != v);
-        t->n_comp++;
+        if (t->low[v] == t->index[v]) {
+            uint32_t w;
+            do {
+                w = t->stack[--t->sp];
+                t->on[w] = false;
+                t->comp[w] = t->n_comp;
+            } while (w != v);
+            t->n_comp++;
+        }
+        if (--csp) {
+            const uint32_t u = t->call[csp - 1];
+            if (t->low[v] < t->low[u]) t->low[u] = t->low[v];
+        }
     }
 }
 
@@ -704,14 +810,14 @@ static bool check_left_recursion(struct gp *p)
     bool *nullable = kvb_calloc(nr, sizeof *nullable);
     uint32_t *off = kvb_calloc(nr + 1, sizeof *off);
     if (!nullable || !off) return kvb_free(nullable), kvb_free(off), gp_nomem(p);
-    compute_nullable(p, nullable);
+    if (!derive(p, false, nullable)) return kvb_free(nullable), kvb_free(off), false;
     for (uint32_t r = 0; r < nr; r++) {
         uint32_t n = 0;
         left_edges(p, nullable, r, NULL, NULL, &n);
         off[r + 1] = off[r] + n;
     }
     const uint32_t ne = off[nr];
-    uint32_t *to = kvb_malloc(sizeof *to * (ne + 1)), *idx = kvb_malloc(sizeof *idx * 4 * nr);
+    uint32_t *to = kvb_malloc(sizeof *to * (ne + 1)), *idx = kvb_malloc(sizeof *idx * 6 * nr);
     bool *grows = kvb_malloc(ne + 1), *on = kvb_calloc(nr, 1);
     bool ok = to && idx && grows && on;
     if (!ok) gp_nomem(p);
@@ -720,8 +826,15 @@ static bool check_left_recursion(struct gp *p)
         left_edges(p, nullable, r, to, grows, &n);
     }
     if (ok) {
-        struct tarjan t = {
-            .off = off, .to = to, .index = idx, .low = idx + nr, .comp = idx + 2 * nr, .stack = idx + 3 * nr, .on = on};
+        struct tarjan t = {.off = off,
+                           .to = to,
+                           .index = idx,
+                           .low = idx + nr,
+                           .comp = idx + 2 * nr,
+                           .stack = idx + 3 * nr,
+                           .call = idx + 4 * nr,
+                           .edge = idx + 5 * nr,
+                           .on = on};
         for (uint32_t r = 0; r < nr; r++) t.index[r] = UINT32_MAX;
         for (uint32_t r = 0; r < nr; r++)
             if (t.index[r] == UINT32_MAX) strongconnect(&t, r);
@@ -731,7 +844,7 @@ static bool check_left_recursion(struct gp *p)
                     ok = gp_failf(p, KVB_ERR_FORMAT,
                                   "grammar: rule '%s' is left-recursive (it can reach itself before matching a "
                                   "character); rewrite it with repetition, e.g. a ::= b (\"+\" b)*",
-                                  p->rules[p->rules[r].origin].name);
+                                  rule_name(p, r));
     }
     kvb_free(nullable);
     kvb_free(off);
@@ -739,6 +852,46 @@ static bool check_left_recursion(struct gp *p)
     kvb_free(idx);
     kvb_free(grows);
     kvb_free(on);
+    return ok;
+}
+
+/* A grammar whose root derives no string (root ::= root, or every way
+ * through it needing a rule that never ends) is refused: its recogniser
+ * could never finish. Otherwise the alternatives that need such a rule are
+ * dropped (no string goes through them), so that every prefix the grammar
+ * accepts can still be completed: a generation never walks into a dead end
+ * to run until max_tokens. */
+static bool check_productive(struct gp *p, uint32_t root)
+{
+    bool *prod = kvb_calloc(p->n_rules, sizeof *prod);
+    if (!prod) return gp_nomem(p);
+    bool ok = derive(p, true, prod);
+    if (ok && !prod[root])
+        ok = gp_failf(p, KVB_ERR_FORMAT,
+                      "grammar: rule 'root' matches no string: every way through it needs a rule that never ends "
+                      "(as in a ::= \"x\" a, or root ::= root, with no other alternative)");
+    for (uint32_t r = 0; ok && r < p->n_rules; r++) {
+        if (!prod[r]) continue; /* unreachable from root once the rest is pruned */
+        struct gp_vec *b = &p->rules[r].body;
+        uint32_t w = 0, start = 0;
+        bool keep = true;
+        for (uint32_t i = 0; i < b->n; i++) {
+            const struct grammar_elem e = b->e[i];
+            if (e.type == GE_REF && !prod[e.val]) keep = false;
+            if (e.type != GE_ALT && e.type != GE_END) continue;
+            if (keep) {
+                memmove(b->e + w, b->e + start, sizeof *b->e * (i + 1 - start));
+                w += i + 1 - start;
+            }
+            start = i + 1;
+            keep = true;
+        }
+        /* a productive rule keeps an alternative; the last one kept ends the body */
+        b->e[w - 1].type = GE_END;
+        p->total -= b->n - w;
+        b->n = w;
+    }
+    kvb_free(prod);
     return ok;
 }
 
@@ -763,7 +916,7 @@ static bool build(struct gp *p, struct grammar *g)
     return true;
 }
 
-static bool parse_all(struct gp *p)
+static bool parse_all(struct gp *p, uint32_t *root)
 {
     const char *pos = skip_space(p, p->src, true);
     while (pos && pos < p->end) pos = parse_rule(p, pos);
@@ -771,7 +924,10 @@ static bool parse_all(struct gp *p)
     for (uint32_t r = 0; r < p->n_rules; r++)
         if (!p->rules[r].defined)
             return gp_failf(p, KVB_ERR_FORMAT, "grammar: rule '%s' is used but never defined", p->rules[r].name);
-    return check_left_recursion(p);
+    if (!check_left_recursion(p)) return false;
+    *root = rule_lookup(p, "root");
+    if (*root == UINT32_MAX) return gp_failf(p, KVB_ERR_FORMAT, "grammar: no rule named root (the start rule)");
+    return check_productive(p, *root);
 }
 
 enum kvb_status grammar_compile(const char *gbnf, size_t len, struct grammar **out, char *msg, size_t cap)
@@ -786,19 +942,21 @@ enum kvb_status grammar_compile(const char *gbnf, size_t len, struct grammar **o
     for (int i = 0; i < 256; i++) p.single[i] = -1;
     struct grammar *g = kvb_calloc(1, sizeof *g);
     if (!g) gp_nomem(&p);
-    if (g) parse_all(&p);
-    if (p.st == KVB_OK) {
-        const uint32_t root = rule_lookup(&p, "root");
-        if (root == UINT32_MAX) gp_failf(&p, KVB_ERR_FORMAT, "grammar: no rule named root (the start rule)");
-        g->root = root;
-    }
+    if (g) parse_all(&p, &g->root);
     if (p.st == KVB_OK) build(&p, g);
+    /* What the recogniser's limits would cut at its very start (a stack
+     * deeper than GRAMMAR_MAX_DEPTH before the first byte, more than
+     * GRAMMAR_MAX_STACKS alternatives open at once) would make a request
+     * that can produce nothing, or less than its grammar says: refused
+     * here, by name, so that the line gets an error and not an empty output. */
+    if (p.st == KVB_OK) p.st = gm_check_start(g, msg, cap);
     for (uint32_t r = 0; r < p.n_rules; r++) {
         kvb_free(p.rules[r].body.e);
         kvb_free(p.rules[r].name);
     }
     kvb_free(p.rules);
     kvb_free(p.sets);
+    kvb_free(p.set_hash);
     kvb_free(p.names);
     if (p.st != KVB_OK) {
         grammar_free(g);

@@ -697,6 +697,18 @@ enum kvb_status gschema_to_gbnf(const char *schema_json, size_t len, const char 
         out->len = mark;
         return KVB_ERR_NOMEM;
     }
+    /* Its strings are written into the GBNF as they are: bytes that are
+     * not UTF-8 would make kvbatch's own grammar one the engine refuses. */
+    for (size_t i = 0, step = 0; i < len; i += step) {
+        size_t ill;
+        step = (unsigned char)schema_json[i] < 0x80
+                   ? 1
+                   : json_utf8_seq((const unsigned char *)schema_json + i, len - i, &ill);
+        if (step == 0) {
+            gs_fail(&g, path, "field '%s' is not valid UTF-8 (byte %zu)", path, i);
+            return KVB_ERR_FORMAT;
+        }
+    }
     struct json_doc j;
     const char *why;
     size_t where;

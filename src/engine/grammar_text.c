@@ -49,6 +49,12 @@ enum kvb_status grammar_choice_gbnf(const char *json_array, size_t len, struct k
         snprintf(msg, cap, "choice must be a non-empty array of strings");
         return KVB_ERR_FORMAT;
     }
+    if (j.tok[0].size > GRAMMAR_MAX_CHOICES) {
+        /* each string is a stack the recogniser holds at the start */
+        snprintf(msg, cap, "%d choices; at most %d are allowed", j.tok[0].size, GRAMMAR_MAX_CHOICES);
+        json_free(&j);
+        return KVB_ERR_FORMAT;
+    }
     const size_t len0 = out->len;
     st = kvb_buf_reserve(out, 16);
     if (st == KVB_OK) {

@@ -107,6 +107,7 @@ static void wait_copies(struct sstore *x)
 static void release_spills(struct sstore *x)
 {
     for (int32_t i = 0; i < x->n_spill; i++) {
+        kv_window_drop(x->kv, x->spills[i].block);
         kv_unref(x->kv, x->spills[i].block);
         if (x->spills[i].buf) put_back(x, x->spills[i].buf);
     }
@@ -233,7 +234,8 @@ void sstore_spill(struct sstore *x, const int32_t *tokens, const struct pstore_k
         return;
     }
     x->copies |= x->async;
-    kv_ref(x->kv, block);
+    kv_ref(x->kv, block); /* all its pages stay until the copy is done */
+    kv_window_hold(x->kv, block);
     struct spill *sp = &x->spills[x->n_spill];
     sp->key = keys[i];
     sp->has_parent = i > 0;

@@ -23,6 +23,8 @@ struct seq {
     int32_t n_computed; /* tokens whose K/V are in the blocks */
     int32_t *blocks;
     int32_t n_blocks, cap_blocks;
+    int32_t w_lo;            /* paged KV: blocks [w_lo, n_blocks) are those whose window part q holds */
+    int64_t kv_peak;         /* the most KV bytes q has held at once */
     int32_t n_new;           /* tokens fed in the current step */
     struct pstore_key *keys; /* (n_prompt / B) chain keys, when a store is attached */
     int32_t n_spilled;       /* prompt blocks already handed to (or found in) the store */
@@ -48,6 +50,7 @@ struct seq {
 struct sched {
     struct backend *be;
     int32_t n_vocab, B;
+    int32_t W; /* paged KV (kv_paged): the windowed layers' window in positions; 0 otherwise */
     struct sched_opts o;
     struct sched_callbacks cb;
     struct kv_alloc *kv;
@@ -70,8 +73,9 @@ struct sched {
     struct sstore *io; /* the traffic with it */
     /* Prompt scores (SCHED_SCORE_PROMPT), kept with KV blocks: a block's
      * record is a function of the tokens up to its end, as its K/V are. */
-    struct pscore **bscore;   /* (be->n_blocks) B records each, allocated on first use */
-    uint8_t *bscored;         /* (be->n_blocks) bscore[id] holds the block's current tokens' scores */
+    int32_t n_ids;            /* block ids: be->n_logical (with pages), else be->n_blocks */
+    struct pscore **bscore;   /* (n_ids) B records each, allocated on first use */
+    uint8_t *bscored;         /* (n_ids) bscore[id] holds the block's current tokens' scores */
     int32_t score_rows;       /* logits rows for scoring per step; 0 until a request scores */
     void *cow_stage;          /* host memory for copying one block (be_host_alloc) */
     struct score_task *tasks; /* (score_rows) the step's rows to score */
@@ -100,6 +104,13 @@ static void seq_free(struct seq *q)
     kvb_free(q);
 }
 
+/* kv.h's map callback: a block's pages, to the backend. */
+static void tell_backend(void *arg, int32_t block, const int32_t *pages)
+{
+    struct backend *be = arg;
+    be->kv_map(be, block, pages);
+}
+
 enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct sched_opts *o,
                              const struct sched_callbacks *cb, struct sched **out, struct kvb_err *err)
 {
@@ -115,8 +126,13 @@ enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct s
     if (s->o.n_ctx <= 0) s->o.n_ctx = 2048;
     s->cb = *cb;
     int32_t mb = s->o.max_batch;
-    if (kv_alloc_create(be->n_blocks, &s->kv) != KVB_OK || radix_create(s->B, s->kv, &s->radix) != KVB_OK ||
-        !(s->running = kvb_calloc((size_t)mb, sizeof *s->running)) ||
+    const bool paged = be->n_groups > 1 && be->kv_map;
+    s->W = paged ? be->window : 0;
+    s->n_ids = paged ? be->n_logical : be->n_blocks;
+    if ((paged ? kv_alloc_create_paged(be->n_logical, be->n_pages, be->n_groups, be->n_global_groups, tell_backend, be,
+                                       &s->kv)
+               : kv_alloc_create(be->n_blocks, &s->kv)) != KVB_OK ||
+        radix_create(s->B, s->kv, &s->radix) != KVB_OK || !(s->running = kvb_calloc((size_t)mb, sizeof *s->running)) ||
         !(s->logits = kvb_malloc(sizeof(float) * (size_t)n_vocab * (size_t)mb)) ||
         !(s->scratch = kvb_malloc(sizeof(float) * (size_t)n_vocab * (size_t)(s->n_scratch = be_threads(be)))) ||
         !(s->samp_row = kvb_calloc((size_t)mb, sizeof *s->samp_row)) ||
@@ -125,14 +141,20 @@ enum kvb_status sched_create(struct backend *be, int32_t n_vocab, const struct s
         !(s->samp_bad = kvb_calloc((size_t)mb, sizeof *s->samp_bad)) ||
         !(s->bseqs = kvb_calloc((size_t)mb, sizeof *s->bseqs)) ||
         !(s->bsrc = kvb_calloc((size_t)mb, sizeof *s->bsrc)) ||
-        !(s->bscore = kvb_calloc((size_t)be->n_blocks, sizeof *s->bscore)) ||
-        !(s->bscored = kvb_calloc((size_t)be->n_blocks, sizeof *s->bscored))) {
+        !(s->bscore = kvb_calloc((size_t)s->n_ids, sizeof *s->bscore)) ||
+        !(s->bscored = kvb_calloc((size_t)s->n_ids, sizeof *s->bscored))) {
         sched_free(s);
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for the scheduler");
     }
     /* A sequence at full context must fit in the pool by itself, or
      * preemption could never make room for it. */
     int32_t need = (s->o.n_ctx + s->B - 1) / s->B;
+    if (paged) { /* in whole blocks' worth of pages: its global parts, and window parts for a window and a step */
+        const int64_t win = (s->W + s->o.max_step_tokens + 2 * s->B - 1) / s->B;
+        const int64_t pages = (int64_t)need * be->n_global_groups +
+                              (win < need ? win : need) * (int64_t)(be->n_groups - be->n_global_groups);
+        need = (int32_t)((pages + be->n_groups - 1) / be->n_groups);
+    }
     if (need > be->n_blocks) {
         sched_free(s);
         return kvb_errf(err, KVB_ERR_RANGE,
@@ -159,7 +181,7 @@ void sched_free(struct sched *s)
     kvb_free(s->samp_bad);
     kvb_free(s->bseqs);
     kvb_free(s->bsrc);
-    for (int32_t i = 0; s->bscore && i < s->be->n_blocks; i++) kvb_free(s->bscore[i]);
+    for (int32_t i = 0; s->bscore && i < s->n_ids; i++) kvb_free(s->bscore[i]);
     kvb_free(s->bscore);
     kvb_free(s->bscored);
     kvb_free(s->tasks);
@@ -177,6 +199,70 @@ enum kvb_status sched_set_store(struct sched *s, struct pstore *ps, const struct
     s->ps = ps;
     s->pm = pm;
     return KVB_OK;
+}
+
+/* KV bytes q holds now: global parts of all its blocks, window parts of
+ * those in its window (every part without pages). */
+static int64_t seq_kv_bytes(const struct sched *s, const struct seq *q)
+{
+    const struct backend *be = s->be;
+    if (!s->W) return (int64_t)q->n_blocks * be->block_bytes;
+    return be->page_bytes * ((int64_t)q->n_blocks * be->n_global_groups +
+                             (int64_t)(q->n_blocks - q->w_lo) * (be->n_groups - be->n_global_groups));
+}
+
+static void note_kv(struct sched *s, struct seq *q)
+{
+    const int64_t b = seq_kv_bytes(s, q);
+    if (b > q->kv_peak) q->kv_peak = b;
+    if (b > s->st.seq_kv_peak) {
+        s->st.seq_kv_peak = b;
+        s->st.seq_kv_peak_tokens = q->n_tokens;
+    }
+}
+
+/* The first block whose window part a token at position pos reads: its
+ * windowed layers attend positions > pos - W. */
+static int32_t window_first(const struct sched *s, int32_t pos)
+{
+    if (!s->W) return 0;
+    const int32_t lo = pos + 1 - s->W;
+    return lo > 0 ? lo / s->B : 0;
+}
+
+/* q's window has moved on to its next position: the window parts of blocks
+ * wholly behind it are no longer q's to hold (they go loose: kept for a
+ * later request that extends the prefix there, until pages run short). */
+static void window_advance(struct sched *s, struct seq *q)
+{
+    const int32_t first = window_first(s, q->n_computed);
+    while (q->w_lo < first && q->w_lo < q->n_blocks) {
+        if (q->w_lo == q->cow_at) kv_window_drop(s->kv, q->cow_orig);
+        kv_window_drop(s->kv, q->blocks[q->w_lo++]);
+    }
+}
+
+/* Of the m blocks q reuses from the tree ([0, m), referenced), the longest
+ * prefix it can compute on from: where every block of the window of its
+ * next position still has its window part. The rest is let go; the window
+ * parts of the kept window are held. Returns the blocks kept. */
+static int32_t window_trim(struct sched *s, struct seq *q, int32_t m)
+{
+    int32_t k = m;
+    for (bool moved = s->W > 0; moved && k > 0;) {
+        moved = false;
+        for (int32_t j = k - 1; j >= window_first(s, k * s->B); j--)
+            if (!kv_window(s->kv, q->blocks[j])) {
+                k = j;
+                moved = true;
+                break;
+            }
+    }
+    for (int32_t j = k; j < m; j++) kv_unref(s->kv, q->blocks[j]);
+    q->w_lo = window_first(s, k * s->B);
+    if (q->w_lo > k) q->w_lo = k;
+    for (int32_t j = q->w_lo; j < k; j++) kv_window_hold(s->kv, q->blocks[j]);
+    return k;
 }
 
 static enum kvb_status push_waiting(struct sched *s, struct seq *q)
@@ -222,8 +308,12 @@ enum kvb_status sched_submit(struct sched *s, uint64_t user_id, const int32_t *p
     q->tokens = kvb_malloc(sizeof(int32_t) * (size_t)cap);
     q->cap_blocks = (int32_t)((cap + s->B - 1) / s->B);
     q->blocks = kvb_malloc(sizeof(int32_t) * (size_t)q->cap_blocks);
-    if (!q->tokens || !q->blocks || sampler_create(sp, s->n_vocab, &q->smp) != KVB_OK || push_waiting(s, q) != KVB_OK) {
+    /* the sampler's own refusal (a constraint its recogniser cannot start) is said as such, not as memory */
+    const enum kvb_status sst = q->tokens && q->blocks ? sampler_create(sp, s->n_vocab, &q->smp) : KVB_ERR_NOMEM;
+    if (sst != KVB_OK || push_waiting(s, q) != KVB_OK) {
         seq_free(q);
+        if (sst != KVB_OK && sst != KVB_ERR_NOMEM)
+            return kvb_errf(err, sst, "the sampler could not start: %s", kvb_strerror(sst));
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     }
     memcpy(q->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
@@ -283,10 +373,13 @@ static int32_t seq_end(const struct seq *q) { return q->score && q->max_tokens =
 
 static void release_blocks(struct sched *s, struct seq *q)
 {
+    for (int32_t i = q->w_lo; i < q->n_blocks; i++) kv_window_drop(s->kv, q->blocks[i]);
+    if (q->cow_orig >= 0 && q->cow_at >= q->w_lo) kv_window_drop(s->kv, q->cow_orig);
     for (int32_t i = 0; i < q->n_blocks; i++) kv_unref(s->kv, q->blocks[i]);
     if (q->cow_orig >= 0) kv_unref(s->kv, q->cow_orig);
     q->cow_at = q->cow_orig = -1;
     q->n_blocks = 0;
+    q->w_lo = 0;
     q->n_computed = 0;
     q->n_block_scored = 0;
 }
@@ -354,6 +447,7 @@ static int32_t cached_prefix(const struct sched *s, const struct seq *q)
 static int32_t take_block(struct sched *s)
 {
     int32_t id = kv_take(s->kv);
+    if (id < 0 && kv_evict_windows(s->kv, 1) > 0) id = kv_take(s->kv);
     if (id < 0 && radix_evict(s->radix, 1) > 0) id = kv_take(s->kv);
     if (id >= 0) s->bscored[id] = 0;
     return id;
@@ -419,6 +513,7 @@ static bool cow_last(struct sched *s, struct seq *q)
 static void cow_restore(struct sched *s, struct seq *q)
 {
     if (q->cow_orig < 0) return;
+    if (q->cow_at >= q->w_lo) kv_window_drop(s->kv, q->blocks[q->cow_at]);
     kv_unref(s->kv, q->blocks[q->cow_at]);
     q->blocks[q->cow_at] = q->cow_orig;
     q->cow_at = q->cow_orig = -1;
@@ -441,6 +536,7 @@ static int32_t admit_scoring(struct sched *s, struct seq *q, int32_t *loaded)
             m = k;
             break;
         }
+    m = window_trim(s, q, m);
     q->n_blocks = m;
     *loaded = load_from_store(s, q, q->n_prompt);
     for (int32_t k = 0; k < q->n_blocks; k++) {
@@ -467,7 +563,9 @@ static int32_t admit_scoring(struct sched *s, struct seq *q, int32_t *loaded)
         if (q->cap_blocks + 1 <= s->be->n_blocks && cow_last(s, q)) {
             q->n_computed = hit - 1;
         } else { /* compute the whole block again instead */
+            if (q->n_blocks - 1 >= q->w_lo) kv_window_drop(s->kv, q->blocks[q->n_blocks - 1]);
             kv_unref(s->kv, q->blocks[--q->n_blocks]);
+            if (q->w_lo > q->n_blocks) q->w_lo = q->n_blocks;
             q->n_computed = q->n_blocks * B;
         }
     }
@@ -495,7 +593,15 @@ static void admit(struct sched *s)
         /* Memory check: the blocks its prompt still needs must exist as free
          * or evictable blocks, or admitting it would only cause preemption. */
         int32_t need = (q->n_tokens + s->B - 1) / s->B - score[best];
-        if (need > kv_n_free(s->kv) + radix_n_cached(s->radix) && s->n_running > 0) break;
+        int32_t avail = kv_n_free(s->kv) + radix_n_cached(s->radix);
+        if (s->W) { /* window parts: loose ones are taken back; a long prompt holds a window's worth */
+            const struct backend *be = s->be;
+            const int32_t nw = be->n_groups - be->n_global_groups, win = (s->W + s->o.max_step_tokens) / s->B + 2;
+            avail += (int32_t)((int64_t)kv_n_loose(s->kv) * nw / be->n_groups);
+            if (need > win)
+                need = (int32_t)(((int64_t)need * be->n_global_groups + (int64_t)win * nw) / be->n_groups + 1);
+        }
+        if (need > avail && s->n_running > 0) break;
         memmove(&s->waiting[best], &s->waiting[best + 1], sizeof *s->waiting * (size_t)(s->n_waiting - best - 1));
         memmove(&score[best], &score[best + 1], sizeof *score * (size_t)(s->n_waiting - best - 1));
         s->n_waiting--;
@@ -506,10 +612,13 @@ static void admit(struct sched *s)
             m = admit_scoring(s, q, &loaded);
         } else {
             m = radix_match(s->radix, q->tokens, q->n_tokens - 1, q->blocks, q->cap_blocks);
+            m = window_trim(s, q, m);
             q->n_blocks = m;
             loaded = load_from_store(s, q, q->n_tokens - 1);
             q->n_computed = q->n_blocks * s->B;
         }
+        window_advance(s, q); /* what was loaded beyond the window goes loose */
+        note_kv(s, q);
         if (q->n_spilled < q->n_blocks) q->n_spilled = q->n_blocks;
         if (!q->admitted_once) {
             q->cached_tokens = m * s->B;
@@ -624,6 +733,7 @@ static bool grow_blocks(struct sched *s, struct seq *q, int32_t end)
         if (id < 0) return false;
         q->blocks[q->n_blocks++] = id;
     }
+    note_kv(s, q);
     return true;
 }
 
@@ -873,6 +983,7 @@ static void after_step(struct sched *s, int32_t nb)
             /* Sharing is an optimisation: carry on without it. */
         }
         spill_to_store(s, q);
+        window_advance(s, q);
         if (q->score && q->max_tokens == 0 && q->n_computed >= seq_end(q)) { /* scored: nothing to generate */
             int32_t idx = 0;
             while (s->running[idx] != q) idx++;

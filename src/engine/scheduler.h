@@ -96,6 +96,10 @@ struct sched_stats {
     int64_t decode_tokens;        /* generated tokens fed back */
     int64_t steps;
     int64_t preemptions;
+    int64_t seq_kv_peak;        /* the most KV bytes one sequence held at once (with sliding-window
+                                    layers: full-attention layers for every position, windowed ones
+                                    for the window only) */
+    int32_t seq_kv_peak_tokens; /* that sequence's length then */
     int32_t running, waiting;
 };
 

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "base/alloc.h"
+#include "model/arch.h"
 #include "model/model_internal.h"
 
 /* What model_load keeps while it binds: the tensors bound so far, so that
@@ -14,17 +15,8 @@
 struct model_load_state {
     const struct gguf_tensor **bound;
     uint64_t n_bound, cap;
+    bool survey; /* model_survey: a tensor's type is reported apart, not here */
 };
-
-static const char *arch_key_prefix(enum model_arch a)
-{
-    switch (a) {
-    case MODEL_ARCH_LLAMA: return "llama";
-    case MODEL_ARCH_QWEN2: return "qwen2";
-    case MODEL_ARCH_QWEN3: return "qwen3";
-    }
-    return "llama";
-}
 
 static enum kvb_status get_hp_u32(const struct gguf_file *f, const char *arch, const char *suffix, bool required,
                                   uint32_t dflt, int32_t *out, struct kvb_err *err)
@@ -60,7 +52,7 @@ static enum kvb_status find_tensor(const struct model *m, const char *name, int6
         return kvb_errf(err, KVB_ERR_FORMAT, "tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
                         (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)ne0,
                         (long long)(ne1 ? ne1 : 1));
-    if (!quant_type_supported(t->type)) {
+    if (!quant_type_supported(t->type) && !(m->load && m->load->survey)) {
         const struct ggml_type_traits *tr = ggml_type_get_traits(t->type);
         return kvb_errf(err, KVB_ERR_UNSUPPORTED, "tensor '%s' has type %s, which kvbatch cannot compute with", name,
                         tr ? tr->name : "?");
@@ -135,14 +127,11 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
     enum kvb_status st = gguf_get_str(f, "general.architecture", &arch, err);
     if (st == KVB_ERR_NOT_FOUND) return kvb_errf(err, KVB_ERR_FORMAT, "model has no 'general.architecture' key");
     KVB_FORWARD_IF_ERROR(st);
-    if (gguf_str_eq(arch, "llama")) m->arch = MODEL_ARCH_LLAMA;
-    else if (gguf_str_eq(arch, "qwen2")) m->arch = MODEL_ARCH_QWEN2;
-    else if (gguf_str_eq(arch, "qwen3")) m->arch = MODEL_ARCH_QWEN3;
-    else
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
-                        "architecture '%.*s' is not supported (kvbatch runs llama, qwen2, qwen3)",
-                        (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
-    const char *a = arch_key_prefix(m->arch);
+    m->arch = arch_find(arch.ptr, arch.len);
+    if (!m->arch)
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "architecture '%.*s' is not supported (kvbatch runs %s)",
+                        (int)(arch.len > 64 ? 64 : arch.len), arch.ptr, arch_names());
+    const char *a = m->arch->name;
     struct model_hparams *hp = &m->hp;
     KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "embedding_length", true, 0, &hp->n_embd, err));
     KVB_FORWARD_IF_ERROR(get_hp_u32(f, a, "feed_forward_length", true, 0, &hp->n_ff, err));
@@ -170,7 +159,7 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
                         "model key '%s.attention.value_length' = %d differs from the key length %d, which kvbatch "
                         "does not compute",
                         a, v_len, hp->head_dim);
-    /* Partial rotary embedding: none of llama, qwen2, qwen3 defines one
+    /* Partial rotary embedding: no architecture kvbatch runs defines one
      * (transformers rotates the whole head), so a shorter count is a file
      * kvbatch would compute differently from its authors. */
     if (hp->rope_dim != hp->head_dim)
@@ -186,7 +175,17 @@ static enum kvb_status load_hparams(struct model *m, struct kvb_err *err)
     snprintf(eps_key, sizeof eps_key, "%s.attention.layer_norm_rms_epsilon", a);
     if (!gguf_find(f, eps_key)) return kvb_errf(err, KVB_ERR_FORMAT, "model is missing required key '%s'", eps_key);
     KVB_FORWARD_IF_ERROR(model_opt_f32(m, "attention.layer_norm_rms_epsilon", 0.0f, NULL, &hp->rms_eps, err));
-    hp->rope = m->arch == MODEL_ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
+    hp->rope = m->arch->rope;
+    /* What the description fixes; its read hook (after the weights' shapes
+     * are known, see model_load) sets what the file's keys decide. */
+    m->ops = (struct model_ops){
+        .act = m->arch->act,
+        .embd_scale = 1.0f,
+        .attn_scale = 1.0f / sqrtf((float)hp->head_dim), /* the backends' expression, as it always was */
+        .rope_base_swa = hp->rope_base,
+    };
+    m->layers = kvb_calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     return KVB_OK;
 }
 
@@ -201,12 +200,12 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
     const int64_t e = hp->n_embd, q = (int64_t)hp->n_head * hp->head_dim, kv = (int64_t)hp->n_head_kv * hp->head_dim;
     KVB_FORWARD_IF_ERROR(bind_matrix(m, "token_embd.weight", e, hp->n_vocab, true, &m->tok_embd, err));
     KVB_FORWARD_IF_ERROR(bind_vector(m, "output_norm.weight", e, true, &m->output_norm, err));
-    KVB_FORWARD_IF_ERROR(bind_matrix(m, "output.weight", e, hp->n_vocab, false, &m->output, err));
+    if (m->arch->output != ARCH_ABSENT)
+        KVB_FORWARD_IF_ERROR(
+            bind_matrix(m, "output.weight", e, hp->n_vocab, m->arch->output == ARCH_REQUIRED, &m->output, err));
     m->tied_output = m->output.data == NULL;
     if (m->tied_output) m->output = m->tok_embd;
 
-    m->layers = kvb_calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->layers) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     for (int l = 0; l < hp->n_layer; l++) {
         struct model_layer *L = &m->layers[l];
         char nm[96];
@@ -216,13 +215,28 @@ static enum kvb_status load_weights(struct model *m, struct kvb_err *err)
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_k.weight"), e, kv, true, &L->wk, err));
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_v.weight"), e, kv, true, &L->wv, err));
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("attn_output.weight"), q, e, true, &L->wo, err));
-        bool bias = m->arch == MODEL_ARCH_QWEN2;
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q.bias"), q, bias, &L->bq, err));
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_k.bias"), kv, bias, &L->bk, err));
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_v.bias"), kv, bias, &L->bv, err));
-        bool qk_norm = m->arch == MODEL_ARCH_QWEN3;
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, qk_norm, &L->q_norm, err));
-        KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, qk_norm, &L->k_norm, err));
+        const struct arch_desc *d = m->arch;
+        if (d->qkv_bias != ARCH_ABSENT) {
+            bool req = d->qkv_bias == ARCH_REQUIRED;
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q.bias"), q, req, &L->bq, err));
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_k.bias"), kv, req, &L->bk, err));
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_v.bias"), kv, req, &L->bv, err));
+            /* The backends add all three or none. */
+            if ((L->bq != NULL) != (L->bk != NULL) || (L->bq != NULL) != (L->bv != NULL))
+                return kvb_errf(err, KVB_ERR_FORMAT, "layer %d has some of the Q/K/V biases but not all three", l);
+        }
+        if (d->qk_norm != ARCH_ABSENT) {
+            bool req = d->qk_norm == ARCH_REQUIRED;
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, req, &L->q_norm, err));
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, req, &L->k_norm, err));
+            if ((L->q_norm != NULL) != (L->k_norm != NULL))
+                return kvb_errf(err, KVB_ERR_FORMAT, "layer %d has one of the Q/K norms but not the other", l);
+        }
+        if (d->post_norms != ARCH_ABSENT) {
+            bool req = d->post_norms == ARCH_REQUIRED;
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("post_attention_norm.weight"), e, req, &L->post_attn_norm, err));
+            KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("post_ffw_norm.weight"), e, req, &L->post_ffn_norm, err));
+        }
         KVB_FORWARD_IF_ERROR(bind_vector(m, NAME("ffn_norm.weight"), e, true, &L->ffn_norm, err));
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_gate.weight"), e, hp->n_ff, true, &L->w_gate, err));
         KVB_FORWARD_IF_ERROR(bind_matrix(m, NAME("ffn_up.weight"), e, hp->n_ff, true, &L->w_up, err));
@@ -292,6 +306,25 @@ static enum kvb_status compute_fingerprint(struct model *m)
         XXH3_128bits_update(st, &r->orig_ctx, sizeof r->orig_ctx);
         XXH3_128bits_update(st, fv, sizeof fv);
     }
+    /* Likewise what an architecture computes beyond the llama layer: hashed
+     * only when it does (the llama, qwen2 and qwen3 fingerprints stay as
+     * they were), field by field. */
+    const struct model_ops *o = &m->ops;
+    bool swa = false;
+    for (int l = 0; l < m->hp.n_layer; l++) swa = swa || m->layers[l].swa;
+    if (o->act != MODEL_ACT_SILU || o->embd_scale != 1.0f || o->attn_scale != 1.0f / sqrtf((float)m->hp.head_dim) ||
+        o->attn_softcap != 0.0f || o->final_softcap != 0.0f || o->n_swa != 0 || swa) {
+        const uint32_t act = (uint32_t)o->act;
+        const int32_t iv[1] = {o->n_swa};
+        const float fv[5] = {o->embd_scale, o->attn_scale, o->attn_softcap, o->final_softcap, o->rope_base_swa};
+        XXH3_128bits_update(st, &act, sizeof act);
+        XXH3_128bits_update(st, iv, sizeof iv);
+        XXH3_128bits_update(st, fv, sizeof fv);
+        for (int l = 0; l < m->hp.n_layer; l++) {
+            const uint8_t w = m->layers[l].swa;
+            XXH3_128bits_update(st, &w, 1);
+        }
+    }
     for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         XXH3_128bits_update(st, t->name.ptr, (size_t)t->name.len);
@@ -316,6 +349,7 @@ enum kvb_status model_load(const char *path, struct model **out, struct kvb_err 
     enum kvb_status st = gguf_open(path, &m->gguf, err);
     if (st == KVB_OK) st = load_hparams(m, err);
     if (st == KVB_OK) st = model_rope_load(m, err);
+    if (st == KVB_OK && m->arch->read) st = m->arch->read(m, err);
     if (st == KVB_OK) st = model_check_keys(m, err);
     if (st == KVB_OK) {
         ls.cap = gguf_n_tensors(m->gguf);
@@ -343,6 +377,77 @@ enum kvb_status model_load(const char *path, struct model **out, struct kvb_err 
     }
     *out = m;
     return KVB_OK;
+}
+
+/* The survey's last part: every tensor whose type kvbatch cannot compute
+ * with, one reason per type (how many, and the first). */
+static void survey_types(const struct model *m, struct model_reasons *r)
+{
+    const uint64_t n = gguf_n_tensors(m->gguf);
+    for (uint64_t i = 0; i < n; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
+        if (quant_type_supported(t->type)) continue;
+        bool seen = false;
+        for (uint64_t j = 0; j < i && !seen; j++) seen = gguf_tensor_at(m->gguf, j)->type == t->type;
+        if (seen) continue;
+        uint64_t count = 0;
+        for (uint64_t j = i; j < n; j++) count += gguf_tensor_at(m->gguf, j)->type == t->type;
+        const struct ggml_type_traits *tr = ggml_type_get_traits(t->type);
+        char why[256];
+        char tn[32];
+        if (tr) snprintf(tn, sizeof tn, "%s", tr->name);
+        else snprintf(tn, sizeof tn, "%u", (unsigned)t->type);
+        snprintf(why, sizeof why, "%llu tensor%s of type %s, which kvbatch cannot compute with (the first: '%.*s')",
+                 (unsigned long long)count, count == 1 ? "" : "s", tn, (int)(t->name.len > 96 ? 96 : t->name.len),
+                 t->name.ptr);
+        model_reason_add(r, why);
+    }
+}
+
+int model_survey(const char *path, void (*each)(void *arg, const char *why), void *arg, struct kvb_err *err)
+{
+    struct model_reasons r = {each, arg, 0};
+    struct model *m = kvb_calloc(1, sizeof *m);
+    if (!m) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory"), -1;
+    if (gguf_open(path, &m->gguf, err) != KVB_OK) {
+        kvb_free(m);
+        return -1;
+    }
+    struct kvb_err e = {{0}};
+    struct model_load_state ls = {.survey = true};
+    enum kvb_status st = load_hparams(m, &e);
+    if (st == KVB_OK) st = model_rope_load(m, &e);
+    if (st == KVB_OK && m->arch->read) st = m->arch->read(m, &e);
+    if (st != KVB_OK) model_reason_add(&r, e.msg);
+    /* The keys with what was read; the tensors only when the architecture
+     * and its shapes are known. */
+    if (m->arch && m->layers) {
+        if (st == KVB_OK) {
+            const struct model_hparams *hp = &m->hp;
+            if (hp->n_ctx_train < 2 || !isfinite(hp->rope_base) || hp->rope_base <= 0 || !isfinite(hp->rms_eps) ||
+                hp->rms_eps < 0) {
+                model_check_keys(m, &e); /* says which */
+                model_reason_add(&r, e.msg);
+            }
+        }
+        model_check_keys_all(m, &r, &e);
+        ls.cap = gguf_n_tensors(m->gguf);
+        ls.bound = kvb_calloc(ls.cap ? ls.cap : 1, sizeof *ls.bound);
+        m->load = &ls;
+        if (st == KVB_OK && ls.bound) {
+            if (load_weights(m, &e) != KVB_OK) {
+                model_reason_add(&r, e.msg);
+            } else {
+                if (check_freq_factors(m, &e) != KVB_OK) model_reason_add(&r, e.msg);
+                model_check_tensors_all(m, ls.bound, ls.n_bound, &r, &e);
+            }
+        }
+        m->load = NULL;
+        kvb_free(ls.bound);
+    }
+    survey_types(m, &r);
+    model_free(m);
+    return r.n;
 }
 
 void model_free(struct model *m)

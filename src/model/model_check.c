@@ -2,8 +2,9 @@
  * authors do (see model.h, model_load).
  *
  * An allowlist, not a denylist: each `<arch>.*` key is either read by the
- * loader, or named here with the one value that leaves the arithmetic of a
- * llama/qwen2/qwen3 forward pass alone (a logit scale of 1, no soft-capping,
+ * loader (the common keys below, or those the architecture's description
+ * lists: model/arch.h), or named here with the one value that leaves the
+ * arithmetic of the llama layer alone (a logit scale of 1, no soft-capping,
  * causal attention, a sliding window no shorter than the context...). Any
  * other key, or another value, fails the load naming both: a key written
  * for a variant kvbatch does not implement must not be silently ignored.
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "model/arch.h"
 #include "model/model_internal.h"
 
 /* Keys the loader reads (model.c, model_rope.c); their values are checked there. */
@@ -46,8 +48,8 @@ static const char *const read_keys[] = {
     "tensor_data_layout",
     /* A LayerNorm epsilon: convert_hf_to_gguf and Ollama's converter copy
      * one from a config that has layer_norm_eps/layer_norm_epsilon/
-     * norm_epsilon next to rms_norm_eps, but llama, qwen2 and qwen3 only
-     * normalize with RMSNorm (transformers reads rms_norm_eps, llama.cpp
+     * norm_epsilon next to rms_norm_eps, but every architecture kvbatch runs
+     * normalizes with RMSNorm only (transformers reads rms_norm_eps, llama.cpp
      * layer_norm_rms_epsilon), so it is never part of the arithmetic. */
     "attention.layer_norm_epsilon",
 };
@@ -167,19 +169,36 @@ static enum kvb_status check_arch_key(const struct model *m, const char *key, co
     const char *suffix = strchr(key, '.') + 1;
     for (size_t i = 0; i < sizeof read_keys / sizeof read_keys[0]; i++)
         if (!strcmp(suffix, read_keys[i])) return KVB_OK;
+    for (const char *const *k = m->arch && m->arch->keys ? m->arch->keys : NULL; k && *k; k++)
+        if (!strcmp(suffix, *k)) return KVB_OK;
     char val[64];
     model_value_str(v, val, sizeof val);
     for (size_t i = 0; i < sizeof neutral_keys / sizeof neutral_keys[0]; i++) {
         if (strcmp(suffix, neutral_keys[i].suffix)) continue;
         if (is_neutral(m, neutral_keys[i].want, v)) return KVB_OK;
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "model key '%s' = %s asks for %s, which kvbatch does not compute",
-                        key, val, neutral_keys[i].what);
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                        "model key '%s' = %s asks for %s, which kvbatch does not compute for %s", key, val,
+                        neutral_keys[i].what, m->arch ? m->arch->name : "this architecture");
     }
     return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                     "model key '%s' = %s is not one kvbatch computes (refused rather than ignored)", key, val);
 }
 
-static enum kvb_status check_keys(const struct model *m, struct kvb_err *err)
+void model_reason_add(struct model_reasons *r, const char *why)
+{
+    r->n++;
+    if (r->each) r->each(r->arg, why);
+}
+
+/* A failed check: reported to r and the caller goes on (r set), or returned. */
+static enum kvb_status refusal(struct model_reasons *r, enum kvb_status st, struct kvb_err *err)
+{
+    if (!r || st == KVB_OK) return st;
+    model_reason_add(r, err->msg);
+    return KVB_OK;
+}
+
+static enum kvb_status check_keys(const struct model *m, struct model_reasons *r, struct kvb_err *err)
 {
     char prefix[64];
     model_key(m, "", prefix, sizeof prefix); /* "llama." */
@@ -189,27 +208,33 @@ static enum kvb_status check_keys(const struct model *m, struct kvb_err *err)
         char key[160];
         if (kv->key.len >= sizeof key) {
             if (kv->key.len > pl && !memcmp(kv->key.ptr, prefix, pl))
-                return kvb_errf(err, KVB_ERR_UNSUPPORTED, "model key '%.*s...' is not one kvbatch computes", 100,
-                                kv->key.ptr);
+                KVB_FORWARD_IF_ERROR(
+                    refusal(r,
+                            kvb_errf(err, KVB_ERR_UNSUPPORTED, "model key '%.*s...' is not one kvbatch computes", 100,
+                                     kv->key.ptr),
+                            err));
             continue;
         }
         snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
         if (!strncmp(key, prefix, pl)) {
-            KVB_FORWARD_IF_ERROR(check_arch_key(m, key, &kv->val, err));
+            KVB_FORWARD_IF_ERROR(refusal(r, check_arch_key(m, key, &kv->val, err), err));
         } else if (!strcmp(key, "split.count")) {
             double n;
             if (value_num(&kv->val, &n) && n > 1)
-                return kvb_errf(err, KVB_ERR_UNSUPPORTED,
-                                "model key 'split.count' = %g: this is one part of a split model; kvbatch reads "
-                                "single-file models (join the parts with llama-gguf-split --merge)",
-                                n);
+                KVB_FORWARD_IF_ERROR(refusal(r,
+                                             kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                                                      "model key 'split.count' = %g: this is one part of a split "
+                                                      "model; kvbatch reads single-file models (join the parts with "
+                                                      "llama-gguf-split --merge)",
+                                                      n),
+                                             err));
         }
     }
     return KVB_OK;
 }
 
 static enum kvb_status check_tensors(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
-                                     struct kvb_err *err)
+                                     struct model_reasons *r, struct kvb_err *err)
 {
     if (n_bound == gguf_n_tensors(m->gguf)) return KVB_OK; /* each bound name is distinct and in the file */
     for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
@@ -217,9 +242,12 @@ static enum kvb_status check_tensors(const struct model *m, const struct gguf_te
         bool found = false;
         for (uint64_t j = 0; j < n_bound && !found; j++) found = bound[j] == t;
         if (!found)
-            return kvb_errf(err, KVB_ERR_UNSUPPORTED,
-                            "model tensor '%.*s' is not one kvbatch computes with (refused rather than ignored)",
-                            (int)(t->name.len > 96 ? 96 : t->name.len), t->name.ptr);
+            KVB_FORWARD_IF_ERROR(
+                refusal(r,
+                        kvb_errf(err, KVB_ERR_UNSUPPORTED,
+                                 "model tensor '%.*s' is not one kvbatch computes with (refused rather than ignored)",
+                                 (int)(t->name.len > 96 ? 96 : t->name.len), t->name.ptr),
+                        err));
     }
     return KVB_OK;
 }
@@ -250,6 +278,18 @@ static enum kvb_status check_vocab(const struct model *m, struct kvb_err *err)
     return KVB_OK;
 }
 
+enum kvb_status model_check_keys_all(const struct model *m, struct model_reasons *r, struct kvb_err *err)
+{
+    return check_keys(m, r, err);
+}
+
+enum kvb_status model_check_tensors_all(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
+                                        struct model_reasons *r, struct kvb_err *err)
+{
+    enum kvb_status st = refusal(r, check_vocab(m, err), err);
+    return st != KVB_OK ? st : check_tensors(m, bound, n_bound, r, err);
+}
+
 enum kvb_status model_check_keys(const struct model *m, struct kvb_err *err)
 {
     const struct model_hparams *hp = &m->hp;
@@ -263,12 +303,12 @@ enum kvb_status model_check_keys(const struct model *m, struct kvb_err *err)
     if (!isfinite(hp->rms_eps) || hp->rms_eps < 0)
         return kvb_errf(err, KVB_ERR_FORMAT, "model key '%s' = %g must be a non-negative number",
                         model_key(m, "attention.layer_norm_rms_epsilon", key, sizeof key), (double)hp->rms_eps);
-    return check_keys(m, err);
+    return check_keys(m, NULL, err);
 }
 
 enum kvb_status model_check(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
                             struct kvb_err *err)
 {
     KVB_FORWARD_IF_ERROR(check_vocab(m, err));
-    return check_tensors(m, bound, n_bound, err);
+    return check_tensors(m, bound, n_bound, NULL, err);
 }

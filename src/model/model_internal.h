@@ -33,6 +33,42 @@ enum kvb_status model_check(const struct model *m, const struct gguf_tensor *con
 enum kvb_status model_opt_f32(const struct model *m, const char *suffix, float dflt, bool *given, float *out,
                               struct kvb_err *err);
 
+/* Sliding-window attention as `<arch>.attention.sliding_window` (the
+ * window, dflt_window when absent: 0 for none) and
+ * `<arch>.attention.sliding_window_pattern` (a period n: layer l is
+ * windowed unless l % n == n - 1, llama.cpp's set_swa_pattern and
+ * transformers' layer_types; or one bool per layer) describe it; dflt_period
+ * stands for an absent pattern. Sets m->ops.n_swa and the layers' swa flags;
+ * a window that covers the whole context is kept (it costs nothing and
+ * changes nothing). Values that cannot be right are KVB_ERR_FORMAT naming
+ * the key. */
+enum kvb_status model_read_swa(struct model *m, uint32_t dflt_window, uint32_t dflt_period, struct kvb_err *err);
+
+/* A soft-cap key (`<arch>.<suffix>`, absent: 0 = none) into *out;
+ * negative or non-finite is KVB_ERR_FORMAT naming it. */
+enum kvb_status model_read_softcap(const struct model *m, const char *suffix, float *out, struct kvb_err *err);
+
+/* Gemma's query scale as llama.cpp computes it (arch_gemma3.c): the
+ * 1/sqrt(query_pre_attn_scalar) of the released configs, which is
+ * hidden / heads for the 27B model (n_layer_27b layers), else head_dim. */
+float gemma_attn_scale(const struct model *m, int32_t n_layer_27b);
+
+/* Every reason a file is refused, for model_survey: each one to `each`,
+ * counted in n. */
+struct model_reasons {
+    void (*each)(void *arg, const char *why);
+    void *arg;
+    int n;
+};
+void model_reason_add(struct model_reasons *r, const char *why);
+
+/* model_check_keys' key loop and model_check, reporting every refused key,
+ * vocabulary mismatch and unbound tensor to r and going on (KVB_OK unless
+ * something other than a refusal failed). */
+enum kvb_status model_check_keys_all(const struct model *m, struct model_reasons *r, struct kvb_err *err);
+enum kvb_status model_check_tensors_all(const struct model *m, const struct gguf_tensor *const *bound, uint64_t n_bound,
+                                        struct model_reasons *r, struct kvb_err *err);
+
 /* "value" of a scalar metadata entry for messages: 42, 0.5, true, "yarn". */
 void model_value_str(const struct gguf_value *v, char *buf, size_t size);
 

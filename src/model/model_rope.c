@@ -200,3 +200,10 @@ void model_rope_freqs(const struct model *m, float *inv_freq)
         inv_freq[i] = (float)f;
     }
 }
+
+void model_rope_freqs_swa(const struct model *m, float *inv_freq)
+{
+    const struct model_hparams *hp = &m->hp;
+    for (int32_t i = 0; i < hp->rope_dim / 2; i++)
+        inv_freq[i] = (float)pow((double)m->ops.rope_base_swa, -2.0 * i / (double)hp->rope_dim);
+}

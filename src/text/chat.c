@@ -12,6 +12,7 @@
  * Not here: tool calls, multimodal content, Mistral's [SYSTEM_PROMPT]
  * templates (v7 and later), per-model quirks beyond these families. */
 #include "text/chat.h"
+#include "text/chat_internal.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -25,6 +26,8 @@ static const char *const family_names[CHAT_FAMILY_COUNT_] = {
 };
 
 #define NAMES_HINT "chatml, llama3, llama31, llama2, mistral, mistral-v3, mistral-tekken, zephyr, gemma"
+
+const char *chat_builtin_names(void) { return NAMES_HINT; }
 
 const char *chat_family_name(enum chat_family f)
 {
@@ -56,15 +59,39 @@ static void trim_span(const char **s, size_t *n)
     while (*n > 0 && is_space((*s)[*n - 1])) (*n)--;
 }
 
-/* Growable output string. A failed allocation sets oom and turns every later
- * append into a no-op, so formatting code checks once at the end. */
+/* Growable output string that remembers which of its bytes are the
+ * user's (message contents), for the tokenizer (chat_render). A failed
+ * allocation sets oom and turns every later append into a no-op, so
+ * formatting code checks once at the end. */
 struct sbuf {
     char *p;
     size_t len, cap;
     bool oom;
+    struct jinja_span *sp; /* (nsp) user bytes, sorted, merged when adjacent */
+    size_t nsp, capsp;
 };
 
-static void sb_putn(struct sbuf *b, const char *s, size_t n)
+static void sb_span(struct sbuf *b, size_t off, size_t n)
+{
+    if (b->oom || n == 0) return;
+    if (b->nsp && b->sp[b->nsp - 1].off + b->sp[b->nsp - 1].len == off) {
+        b->sp[b->nsp - 1].len += n;
+        return;
+    }
+    if (b->nsp == b->capsp) {
+        size_t cap = b->capsp ? b->capsp * 2 : 8;
+        struct jinja_span *sp = kvb_realloc(b->sp, cap * sizeof *sp);
+        if (!sp) {
+            b->oom = true;
+            return;
+        }
+        b->sp = sp;
+        b->capsp = cap;
+    }
+    b->sp[b->nsp++] = (struct jinja_span){off, n};
+}
+
+static void sb_putn_as(struct sbuf *b, const char *s, size_t n, bool user)
 {
     if (b->oom) return;
     if (b->len + n + 1 > b->cap) {
@@ -79,17 +106,51 @@ static void sb_putn(struct sbuf *b, const char *s, size_t n)
         b->cap = cap;
     }
     memcpy(b->p + b->len, s, n);
+    if (user) sb_span(b, b->len, n);
     b->len += n;
     b->p[b->len] = '\0';
 }
 
+static void sb_putn(struct sbuf *b, const char *s, size_t n) { sb_putn_as(b, s, n, false); }
 static void sb_puts(struct sbuf *b, const char *s) { sb_putn(b, s, strlen(s)); }
+static void sb_put_user(struct sbuf *b, const char *s) { sb_putn_as(b, s, strlen(s), true); }
 
-static void sb_put_trimmed(struct sbuf *b, const char *s)
+static void sb_put_trimmed_user(struct sbuf *b, const char *s)
 {
     size_t n = strlen(s);
     trim_span(&s, &n);
-    sb_putn(b, s, n);
+    sb_putn_as(b, s, n, true);
+}
+
+/* Bytes [off, off+n) of src, with their user spans. */
+static void sb_append(struct sbuf *b, const struct sbuf *src, size_t off, size_t n)
+{
+    if (src->oom) b->oom = true;
+    if (b->oom || n == 0) return;
+    const size_t at = b->len;
+    sb_putn(b, src->p + off, n);
+    for (size_t i = 0; i < src->nsp && !b->oom; i++) {
+        size_t a = src->sp[i].off, e = a + src->sp[i].len;
+        if (e <= off || a >= off + n) continue;
+        if (a < off) a = off;
+        if (e > off + n) e = off + n;
+        sb_span(b, at + a - off, e - a);
+    }
+}
+
+/* src with its white space trimmed, as Jinja's trim. */
+static void sb_append_trimmed(struct sbuf *b, const struct sbuf *src)
+{
+    const char *s = src->p ? src->p : "";
+    size_t n = src->len;
+    trim_span(&s, &n);
+    sb_append(b, src, src->p ? (size_t)(s - src->p) : 0, n);
+}
+
+static void sb_free(struct sbuf *b)
+{
+    kvb_free(b->p);
+    kvb_free(b->sp);
 }
 
 /* ---- default system prompt (ChatML) ------------------------------------------------- */
@@ -203,9 +264,8 @@ static struct chat_mistral mistral_variant(const char *t, size_t len)
 enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_template *out, struct kvb_err *err)
 {
     if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_template_detect: out is NULL");
+    memset(out, 0, sizeof *out);
     out->family = CHAT_CHATML;
-    out->default_system = NULL;
-    out->mistral = (struct chat_mistral){0};
     if (!text || len == 0)
         return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                         "the model has no chat template; pass --chat-template NAME (" NAMES_HINT ")");
@@ -281,10 +341,10 @@ const char *chat_template_name(const struct chat_template *t)
 enum kvb_status chat_template_from_name(const char *name, struct chat_template *out, struct kvb_err *err)
 {
     if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_template_from_name: out is NULL");
+    memset(out, 0, sizeof *out);
     out->family = CHAT_CHATML;
-    out->default_system = NULL;
-    out->mistral = (struct chat_mistral){0};
     if (name) {
+        snprintf(out->source, sizeof out->source, "%s", name);
         for (size_t i = 0; i < sizeof mistrals / sizeof mistrals[0]; i++) {
             if (strcmp(name, mistrals[i].name) == 0) {
                 out->family = CHAT_MISTRAL;
@@ -307,7 +367,12 @@ void chat_template_free(struct chat_template *t)
 {
     if (!t) return;
     kvb_free(t->default_system);
+    jinja_free(t->jinja);
+    kvb_free(t->bos_token);
+    kvb_free(t->eos_token);
     t->default_system = NULL;
+    t->jinja = NULL;
+    t->bos_token = t->eos_token = NULL;
 }
 
 /* ---- formatting -------------------------------------------------------------------- */
@@ -341,7 +406,7 @@ static void apply_chatml(const struct chat_template *t, const struct chat_msg *m
         sb_puts(b, "<|im_start|>");
         sb_puts(b, msgs[i].role);
         sb_puts(b, "\n");
-        sb_puts(b, msgs[i].content);
+        sb_put_user(b, msgs[i].content);
         sb_puts(b, "<|im_end|>\n");
     }
     if (gen) sb_puts(b, "<|im_start|>assistant\n");
@@ -353,7 +418,7 @@ static void apply_llama3(const struct chat_msg *msgs, size_t n, bool gen, struct
         sb_puts(b, "<|start_header_id|>");
         sb_puts(b, msgs[i].role);
         sb_puts(b, "<|end_header_id|>\n\n");
-        sb_put_trimmed(b, msgs[i].content);
+        sb_put_trimmed_user(b, msgs[i].content);
         sb_puts(b, "<|eot_id|>");
     }
     if (gen) sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
@@ -372,7 +437,7 @@ static void apply_llama31(const struct chat_msg *msgs, size_t n, bool gen, struc
                "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
     size_t first = 0;
     if (n > 0 && role_of(&msgs[0]) == ROLE_SYSTEM) {
-        sb_put_trimmed(b, msgs[0].content);
+        sb_put_trimmed_user(b, msgs[0].content);
         first = 1;
     }
     sb_puts(b, "<|eot_id|>");
@@ -393,32 +458,33 @@ static void apply_llama2(const struct chat_msg *msgs, size_t n, struct sbuf *b)
         enum role r = flush_sys ? ROLE_USER : role_of(&msgs[i]);
         if (r == ROLE_SYSTEM) {
             if (have_sys) sb_puts(&sys, "\n");
-            sb_puts(&sys, msgs[i].content);
+            sb_put_user(&sys, msgs[i].content);
             have_sys = true;
         } else if (r == ROLE_USER) {
             turn.len = 0;
+            turn.nsp = 0;
             if (have_sys) {
                 sb_puts(&turn, "<<SYS>>\n");
-                sb_putn(&turn, sys.p ? sys.p : "", sys.len);
+                sb_append(&turn, &sys, 0, sys.len);
                 sb_puts(&turn, "\n<</SYS>>\n\n");
                 have_sys = false;
                 sys.len = 0;
+                sys.nsp = 0;
             }
-            sb_puts(&turn, flush_sys ? "" : msgs[i].content);
+            if (!flush_sys) sb_put_user(&turn, msgs[i].content);
             if (b->len > 0) sb_puts(b, "<s>");
             sb_puts(b, "[INST] ");
-            if (turn.oom) b->oom = true;
-            else if (turn.p) sb_put_trimmed(b, turn.p);
+            sb_append_trimmed(b, &turn);
             sb_puts(b, " [/INST]");
         } else {
             sb_puts(b, " ");
-            sb_put_trimmed(b, msgs[i].content);
+            sb_put_trimmed_user(b, msgs[i].content);
             sb_puts(b, " </s>");
         }
     }
     if (sys.oom) b->oom = true;
-    kvb_free(sys.p);
-    kvb_free(turn.p);
+    sb_free(&sys);
+    sb_free(&turn);
 }
 
 /* Mistral: user turns in [INST] … [/INST], replies closed by EOS text,
@@ -436,7 +502,7 @@ static void apply_mistral(const struct chat_mistral *v, const struct chat_msg *m
         enum role r = role_of(&msgs[i]);
         if (r == ROLE_SYSTEM) {
             if (sys.len > 0) sb_puts(&sys, "\n\n");
-            sb_puts(&sys, msgs[i].content);
+            sb_put_user(&sys, msgs[i].content);
             if (!sys.p) sb_puts(&sys, ""); /* an empty system prompt still counts */
         } else if (r == ROLE_USER && target == n && !v->system_last) {
             target = i;
@@ -450,25 +516,25 @@ static void apply_mistral(const struct chat_mistral *v, const struct chat_msg *m
         if (r == ROLE_USER) {
             sb_puts(b, open);
             if (i == target && sys.p) {
-                sb_putn(b, sys.p, sys.len);
+                sb_append(b, &sys, 0, sys.len);
                 sb_puts(b, "\n\n");
             }
-            sb_puts(b, msgs[i].content);
+            sb_put_user(b, msgs[i].content);
             sb_puts(b, close);
         } else if (r == ROLE_ASSISTANT) {
             if (v->reply_space) sb_puts(b, " ");
-            if (v->reply_trim) sb_put_trimmed(b, msgs[i].content);
-            else sb_puts(b, msgs[i].content);
+            if (v->reply_trim) sb_put_trimmed_user(b, msgs[i].content);
+            else sb_put_user(b, msgs[i].content);
             sb_puts(b, "</s>");
         }
     }
     if (target == n && sys.p && !v->system_last) { /* no user turn to carry it: give it one of its own */
         sb_puts(b, open);
-        sb_putn(b, sys.p, sys.len);
+        sb_append(b, &sys, 0, sys.len);
         sb_puts(b, close);
     }
     if (sys.oom) b->oom = true;
-    kvb_free(sys.p);
+    sb_free(&sys);
 }
 
 static void apply_zephyr(const struct chat_msg *msgs, size_t n, bool gen, struct sbuf *b)
@@ -477,7 +543,7 @@ static void apply_zephyr(const struct chat_msg *msgs, size_t n, bool gen, struct
         sb_puts(b, "<|");
         sb_puts(b, msgs[i].role);
         sb_puts(b, "|>\n");
-        sb_puts(b, msgs[i].content);
+        sb_put_user(b, msgs[i].content);
         sb_puts(b, "</s>\n");
     }
     if (gen) sb_puts(b, "<|assistant|>\n");
@@ -493,35 +559,36 @@ static void apply_gemma(const struct chat_msg *msgs, size_t n, bool gen, struct 
         enum role r = role_of(&msgs[i]);
         if (r == ROLE_SYSTEM) {
             if (have_sys) sb_puts(&sys, "\n\n");
-            sb_puts(&sys, msgs[i].content);
+            sb_put_user(&sys, msgs[i].content);
             have_sys = true;
             continue;
         }
         sb_puts(b, r == ROLE_USER ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
         if (r == ROLE_USER && have_sys) {
-            sb_putn(b, sys.p ? sys.p : "", sys.len);
+            sb_append(b, &sys, 0, sys.len);
             sb_puts(b, "\n\n");
             have_sys = false;
             sys.len = 0;
+            sys.nsp = 0;
         }
-        sb_put_trimmed(b, msgs[i].content);
+        sb_put_trimmed_user(b, msgs[i].content);
         sb_puts(b, "<end_of_turn>\n");
     }
     if (have_sys) { /* no user turn to carry it: give it one of its own */
         sb_puts(b, "<start_of_turn>user\n");
-        if (sys.p) sb_put_trimmed(b, sys.p);
+        sb_append_trimmed(b, &sys);
         sb_puts(b, "<end_of_turn>\n");
     }
     if (sys.oom) b->oom = true;
-    kvb_free(sys.p);
+    sb_free(&sys);
     if (gen) sb_puts(b, "<start_of_turn>model\n");
 }
 
-enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
-                           bool add_generation_prompt, char **out, struct kvb_err *err)
+/* The family's text for msgs with its user spans (b), after the checks of
+ * roles and contents. */
+static enum kvb_status builtin_apply(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                                     bool add_generation_prompt, struct sbuf *b, struct kvb_err *err)
 {
-    if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_apply: out is NULL");
-    *out = NULL;
     if (!t || (unsigned)t->family >= CHAT_FAMILY_COUNT_)
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_apply: no valid template");
     if (n > 0 && !msgs) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_apply: messages are NULL");
@@ -539,40 +606,30 @@ enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg 
                             "message %zu: role \"%.64s\" is not supported (system, user, assistant or developer)", i,
                             r);
     }
-
-    struct sbuf b = {0};
     switch (t->family) {
-    case CHAT_CHATML: apply_chatml(t, msgs, n, add_generation_prompt, &b); break;
-    case CHAT_LLAMA3: apply_llama3(msgs, n, add_generation_prompt, &b); break;
-    case CHAT_LLAMA31: apply_llama31(msgs, n, add_generation_prompt, &b); break;
-    case CHAT_LLAMA2: apply_llama2(msgs, n, &b); break;
-    case CHAT_MISTRAL: apply_mistral(&t->mistral, msgs, n, &b); break;
-    case CHAT_ZEPHYR: apply_zephyr(msgs, n, add_generation_prompt, &b); break;
-    case CHAT_GEMMA: apply_gemma(msgs, n, add_generation_prompt, &b); break;
+    case CHAT_CHATML: apply_chatml(t, msgs, n, add_generation_prompt, b); break;
+    case CHAT_LLAMA3: apply_llama3(msgs, n, add_generation_prompt, b); break;
+    case CHAT_LLAMA31: apply_llama31(msgs, n, add_generation_prompt, b); break;
+    case CHAT_LLAMA2: apply_llama2(msgs, n, b); break;
+    case CHAT_MISTRAL: apply_mistral(&t->mistral, msgs, n, b); break;
+    case CHAT_ZEPHYR: apply_zephyr(msgs, n, add_generation_prompt, b); break;
+    case CHAT_GEMMA: apply_gemma(msgs, n, add_generation_prompt, b); break;
     case CHAT_FAMILY_COUNT_: break;
     }
-    sb_puts(&b, ""); /* an empty conversation still yields "" */
-    if (b.oom) {
-        kvb_free(b.p);
-        return kvb_errf(err, KVB_ERR_NOMEM, "chat template: out of memory");
-    }
-    *out = b.p;
+    sb_puts(b, ""); /* an empty conversation still yields "" */
+    if (b->oom) return kvb_errf(err, KVB_ERR_NOMEM, "chat template: out of memory");
     return KVB_OK;
 }
 
-enum kvb_status chat_apply_continue(const struct chat_template *t, const struct chat_msg *msgs, size_t n, char **out,
-                                    struct kvb_err *err)
+/* The final message continued: the text cut just after the last
+ * occurrence of its content (or of the content trimmed, for templates that
+ * trim it), as Hugging Face's continue_final_message did before its tag. */
+static enum kvb_status builtin_cut(const struct chat_template *t, const struct chat_msg *msgs, size_t n, struct sbuf *b,
+                                   struct kvb_err *err)
 {
-    if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_apply_continue: out is NULL");
-    *out = NULL;
-    if (n == 0 || !msgs || !msgs[n - 1].role || strcmp(msgs[n - 1].role, "assistant") != 0)
-        return kvb_errf(err, KVB_ERR_INVALID_ARG, "the last message must be the assistant's to be continued");
-    char *text = NULL;
-    KVB_FORWARD_IF_ERROR(chat_apply(t, msgs, n, false, &text, err));
-    /* Hugging Face's rule: cut after the last occurrence of the final
-     * content, or of that content trimmed, for templates that trim it. */
     const char *fin = msgs[n - 1].content;
-    size_t fl = strlen(fin), tl = strlen(text);
+    size_t fl = strlen(fin), tl = b->len;
+    const char *text = b->p;
     const char *at = NULL;
     for (int pass = 0; pass < 2 && !at; pass++) {
         if (pass == 1) trim_span(&fin, &fl);
@@ -582,13 +639,64 @@ enum kvb_status chat_apply_continue(const struct chat_template *t, const struct 
                 break;
             }
     }
-    if (!at) {
-        kvb_free(text);
+    if (!at)
         return kvb_errf(err, KVB_ERR_UNSUPPORTED,
                         "the %s chat template does not write the final message where it could be continued",
                         chat_family_name(t->family));
+    const size_t cut = (size_t)(at - text) + fl;
+    b->len = cut;
+    b->p[cut] = '\0';
+    size_t k = 0;
+    for (size_t i = 0; i < b->nsp; i++) {
+        if (b->sp[i].off >= cut) break;
+        if (b->sp[i].off + b->sp[i].len > cut) b->sp[i].len = cut - b->sp[i].off;
+        k++;
     }
-    text[at - text + fl] = '\0';
-    *out = text;
+    b->nsp = k;
+    return KVB_OK;
+}
+
+enum kvb_status chat_builtin_render(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                                    bool add_generation_prompt, bool continue_final, struct jinja_output *out,
+                                    struct kvb_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (continue_final && (n == 0 || !msgs || !msgs[n - 1].role || strcmp(msgs[n - 1].role, "assistant") != 0))
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "the last message must be the assistant's to be continued");
+    struct sbuf b = {0};
+    enum kvb_status st = builtin_apply(t, msgs, n, continue_final ? false : add_generation_prompt, &b, err);
+    if (st == KVB_OK && continue_final) st = builtin_cut(t, msgs, n, &b, err);
+    if (st != KVB_OK) {
+        sb_free(&b);
+        return st;
+    }
+    out->text = b.p;
+    out->len = b.len;
+    out->user = b.sp;
+    out->n_user = b.nsp;
+    return KVB_OK;
+}
+
+enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg *msgs, size_t n,
+                           bool add_generation_prompt, char **out, struct kvb_err *err)
+{
+    if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_apply: out is NULL");
+    *out = NULL;
+    struct jinja_output o;
+    KVB_FORWARD_IF_ERROR(chat_builtin_render(t, msgs, n, add_generation_prompt, false, &o, err));
+    kvb_free(o.user);
+    *out = o.text;
+    return KVB_OK;
+}
+
+enum kvb_status chat_apply_continue(const struct chat_template *t, const struct chat_msg *msgs, size_t n, char **out,
+                                    struct kvb_err *err)
+{
+    if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "chat_apply_continue: out is NULL");
+    *out = NULL;
+    struct jinja_output o;
+    KVB_FORWARD_IF_ERROR(chat_builtin_render(t, msgs, n, false, true, &o, err));
+    kvb_free(o.user);
+    *out = o.text;
     return KVB_OK;
 }

@@ -1,12 +1,26 @@
-/* chat.h — chat templates applied in C.
+/* chat.h — chat templates: the model's own Jinja template, rendered as
+ * Hugging Face transformers renders it (text/jinja.h), or one of nine
+ * built-in families applied in C (for model files that carry no template).
  *
- * kvbatch does not run Jinja. It recognises the common template families from
- * the text of `tokenizer.chat_template` and formats messages itself. An
- * unknown template is an error (the CLI offers --chat-template NAME).
+ * The model's template is tokenizer.chat_template from its GGUF (or a named
+ * one, tokenizer.chat_template.NAME), rendered with the messages,
+ * add_generation_prompt, tools and documents as none, the vocabulary's
+ * bos_token and eos_token, and the request's chat_template_kwargs, exactly
+ * as apply_chat_template passes them; continue_final_message follows
+ * transformers (a tag appended to the final message marks where the text
+ * is cut). The rendered text says which bytes are the user's (message
+ * contents, kwargs): those are tokenized as plain text, the template's own
+ * control-token text as control tokens.
+ *
+ * The built-in families are recognised by name (chat_template_from_name);
+ * chat_template_detect still recognises a family from a template's text.
  *
  * Ownership: chat_apply returns a kvb_malloc'd NUL-terminated string, caller
- * frees. chat_detect copies nothing it returns beyond the default system
- * prompt, which it kvb_mallocs into *out (freed by chat_template_free). */
+ * frees. A struct chat_template owns what it holds (its default system
+ * prompt, the compiled Jinja template, the token strings) until
+ * chat_template_free; it is immutable once made and may be used by several
+ * threads. chat_render fills a struct jinja_output the caller frees with
+ * jinja_output_free. */
 #ifndef KVB_CHAT_H
 #define KVB_CHAT_H
 
@@ -14,6 +28,7 @@
 #include <stddef.h>
 
 #include "base/status.h"
+#include "text/jinja.h"
 
 enum chat_family {
     CHAT_CHATML = 0, /* <|im_start|>role\n…<|im_end|>\n (SmolLM2, Qwen2) */
@@ -47,9 +62,14 @@ struct chat_mistral {
 };
 
 struct chat_template {
-    enum chat_family family;
-    char *default_system;        /* system prompt the template inserts when none is given, or NULL */
-    struct chat_mistral mistral; /* CHAT_MISTRAL only */
+    enum chat_family family;      /* the built-in family, when jinja is NULL */
+    char *default_system;         /* system prompt the template inserts when none is given, or NULL */
+    struct chat_mistral mistral;  /* CHAT_MISTRAL only */
+    struct jinja_template *jinja; /* the template's own text, compiled; NULL: a built-in family */
+    char source[192];             /* where it came from, as `render` and the run's settings name it:
+                                    "tokenizer.chat_template", a file's path, "request", "chatml" … */
+    char hash[17];                /* the text's FNV-1a 64 in hex ("" for a built-in family) */
+    char *bos_token, *eos_token;  /* the vocabulary's, given to the template (NULL: none) */
 };
 
 struct chat_msg {
@@ -64,7 +84,25 @@ enum kvb_status chat_template_detect(const char *text, size_t len, struct chat_t
 /* By name: "chatml", "llama3", "llama31", "llama2", "mistral" (v1), "mistral-v3",
  * "mistral-tekken", "zephyr", "gemma". */
 enum kvb_status chat_template_from_name(const char *name, struct chat_template *out, struct kvb_err *err);
-void chat_template_free(struct chat_template *t); /* frees default_system; accepts NULL */
+/* Compiles text (len bytes) as a Jinja template; source names it in
+ * errors and summaries. KVB_ERR_FORMAT with the syntax error, KVB_ERR_RANGE
+ * for a template over the size bound. */
+enum kvb_status chat_template_from_text(const char *text, size_t len, const char *source, struct chat_template *out,
+                                        struct kvb_err *err);
+/* The same with the bounds its renders keep (NULL: jinja's defaults). */
+enum kvb_status chat_template_from_text_limited(const char *text, size_t len, const char *source,
+                                                const struct jinja_limits *lim, struct chat_template *out,
+                                                struct kvb_err *err);
+/* The strings the template sees as bos_token and eos_token (copied; NULL:
+ * undefined). KVB_ERR_NOMEM. */
+enum kvb_status chat_template_set_tokens(struct chat_template *t, const char *bos, const char *eos);
+void chat_template_free(struct chat_template *t); /* frees what it holds; accepts NULL */
+/* The built-in families' names, comma-separated ("chatml, llama3, …"). */
+const char *chat_builtin_names(void);
+/* Whether text rendered by t holds the BOS the model wants already: a Jinja
+ * template writes bos_token itself (apply_chat_template tokenizes its text
+ * adding no special tokens); a built-in family leaves BOS to the caller. */
+bool chat_template_writes_bos(const struct chat_template *t);
 const char *chat_family_name(enum chat_family f);
 /* The name of t's formatting: its family's, with Mistral's variants told
  * apart by the names chat_template_from_name gives them ("mistral",
@@ -73,8 +111,35 @@ const char *chat_family_name(enum chat_family f);
  * template's default system prompt is not part of the name.) */
 const char *chat_template_name(const struct chat_template *t);
 
-/* Formats msgs and, when add_generation_prompt, the opening of the
- * assistant's turn. The result contains special-token text (e.g.
+/* A chat request to render. */
+struct chat_input {
+    const struct chat_msg *msgs;
+    size_t n;
+    bool add_generation_prompt;
+    bool continue_final_message; /* the last message left open (add_generation_prompt must be false) */
+    const char *kwargs_json;     /* chat_template_kwargs: a JSON object (its strings are user text), or NULL */
+    size_t kwargs_len;
+    int64_t now; /* strftime_now's clock (unix seconds); 0: the time of the call */
+};
+
+/* Renders in with t: the text and the spans of it that are the user's.
+ * Errors (KVB_ERR_FORMAT: the template raised or failed; KVB_ERR_RANGE: a
+ * bound; KVB_ERR_INVALID_ARG / KVB_ERR_UNSUPPORTED: a request the template
+ * cannot take, e.g. kwargs for a built-in family, a reserved kwarg, a final
+ * message the template does not write) say why, naming the template. */
+enum kvb_status chat_render(const struct chat_template *t, const struct chat_input *in, struct jinja_output *out,
+                            struct kvb_err *err);
+
+/* A short text naming t, as `render` and the run's settings print it: its
+ * source and the first 12 hex digits of its hash for a Jinja template
+ * ("tokenizer.chat_template@a1b2c3d4e5f6"), the name of a built-in family
+ * ("chatml"). */
+void chat_template_describe(const struct chat_template *t, char *buf, size_t cap);
+/* The hash chat_template_from_text records for text (16 hex digits + NUL). */
+void chat_text_hash(const char *text, size_t len, char out[17]);
+
+/* A built-in family's text (t->jinja NULL): formats msgs and, when
+ * add_generation_prompt, the opening of the assistant's turn. The result contains special-token text (e.g.
  * "<|im_start|>") to be tokenized with TOK_PARSE_SPECIAL. BOS is not
  * included: the caller adds it by the tokenizer's rule. */
 enum kvb_status chat_apply(const struct chat_template *t, const struct chat_msg *msgs, size_t n,

@@ -72,10 +72,23 @@ static enum kvb_status frag_push(struct frags *fs, struct frag f)
 /* C-locale isspace, which is what the reference strips around special tokens. */
 static bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
+/* Whether bytes [at, at+n) touch one of lim's plain spans (sorted). */
+static bool in_plain(const struct tok_limits *lim, size_t at, size_t n)
+{
+    size_t lo = 0, hi = lim->n_plain;
+    while (lo < hi) { /* the first span that ends after at */
+        size_t mid = lo + (hi - lo) / 2;
+        if (lim->plain[mid].off + lim->plain[mid].len <= at) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < lim->n_plain && lim->plain[lo].off < at + n;
+}
+
 /* Splits every raw fragment of *cur around occurrences of special token id,
- * writing the result to *next. */
+ * writing the result to *next. An occurrence that touches a plain span is
+ * left as text when guard is set (a control token in the user's text). */
 static enum kvb_status split_on(const struct tok *t, int32_t id, const char *text, const struct frags *cur,
-                                struct frags *next)
+                                struct frags *next, const struct tok_limits *lim, bool guard)
 {
     const struct tok_entry *e = &t->tokens[id];
     const char *needle = t->text + e->off;
@@ -86,14 +99,19 @@ static enum kvb_status split_on(const struct tok *t, int32_t id, const char *tex
             KVB_FORWARD_IF_ERROR(frag_push(next, f));
             continue;
         }
-        size_t off = f.off, len = f.len;
+        size_t off = f.off, len = f.len, from = off;
         for (;;) {
-            const char *m = len >= e->len ? memmem(text + off, len, needle, e->len) : NULL;
+            const size_t room = off + len - from;
+            const char *m = room >= e->len ? memmem(text + from, room, needle, e->len) : NULL;
             if (!m) {
                 if (len > 0) KVB_FORWARD_IF_ERROR(frag_push(next, (struct frag){-1, off, len}));
                 break;
             }
             size_t at = (size_t)(m - text);
+            if (guard && in_plain(lim, at, e->len)) {
+                from = at + 1;
+                continue;
+            }
             size_t left = at - off;
             if (e->attr & TOK_ATTR_LSTRIP)
                 while (left > 0 && is_space(text[off + left - 1])) left--;
@@ -104,6 +122,7 @@ static enum kvb_status split_on(const struct tok *t, int32_t id, const char *tex
                 while (r_len > 0 && is_space(text[r_off])) r_off++, r_len--;
             off = r_off;
             len = r_len;
+            from = off;
             if (len == 0) break;
         }
     }
@@ -118,9 +137,10 @@ static enum kvb_status encode(const struct tok *t, const char *text, size_t len,
         int32_t id = t->special[i];
         /* Without TOK_PARSE_SPECIAL, control and unknown tokens are plain
          * text; user-defined ones are still split out (as upstream does). */
-        if (!(flags & TOK_PARSE_SPECIAL) && (t->tokens[id].attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN))) continue;
+        const bool parsed_only = t->tokens[id].attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN);
+        if (!(flags & TOK_PARSE_SPECIAL) && parsed_only) continue;
         if (tok_cancelled(lim)) return KVB_ERR_CANCELLED; /* each pass reads all the text */
-        KVB_FORWARD_IF_ERROR(split_on(t, id, text, a, b));
+        KVB_FORWARD_IF_ERROR(split_on(t, id, text, a, b, lim, parsed_only && lim->n_plain > 0));
         struct frags tmp = *a;
         *a = *b;
         *b = tmp;

@@ -49,8 +49,14 @@ int32_t tok_find(const struct tok *t, const char *text);
 enum kvb_status tok_encode(const struct tok *t, const char *text, size_t len, unsigned flags, int32_t **out_ids,
                            size_t *out_n, struct kvb_err *err);
 
-/* What a caller that will refuse long texts anyway, or may be interrupted,
- * tells tok_encode_with. */
+/* Bytes [off, off+len) of a text. */
+struct tok_span {
+    size_t off, len;
+};
+
+/* What a caller tells tok_encode_with beyond the text: bounds (it will
+ * refuse long texts anyway, or may be interrupted) and the parts of the
+ * text to read as plain text. */
 struct tok_limits {
     /* > 0: at most this many ids (BOS/EOS included), else KVB_ERR_RANGE. It
      * is found early: a text whose bytes alone rule it out is not
@@ -60,6 +66,13 @@ struct tok_limits {
     /* Non-NULL: polled during a long encode; once nonzero (a signal
      * handler's flag), the encode stops with KVB_ERR_CANCELLED. */
     const volatile sig_atomic_t *cancel;
+    /* (n_plain) sorted, disjoint spans read as without TOK_PARSE_SPECIAL
+     * even when it is given: a control token whose text touches one is
+     * plain text there (a chat template's output: the template's own
+     * control tokens are tokens, the user's text that looks like one is
+     * not). */
+    const struct tok_span *plain;
+    size_t n_plain;
 };
 
 /* tok_encode within lim (NULL: none). The ids are those of tok_encode

@@ -70,6 +70,9 @@ static int env_open(struct pstore *ps)
         ps->env = NULL;
         return rc;
     }
+    /* An assertion LMDB trips on a file damaged under this process is a
+     * fault of a guarded read (pstore_guard.c), not an abort(). */
+    mdb_env_set_assert(ps->env, pstore_guard_assert);
     /* NOTLS: the engine thread and the writer thread each run transactions.
      * NOMETASYNC: a crash may lose the last commit but never corrupts, and
      * it halves the fsyncs; losing a cache write costs only a recompute. */
@@ -244,6 +247,29 @@ static enum kvb_status open_checked(struct pstore *ps, struct kvb_err *err)
     return st;
 }
 
+/* The named databases, made when missing: one write transaction, guarded
+ * like every other (the file was just checked, but another process may be
+ * at it already). */
+static enum kvb_status open_dbs(struct pstore *ps, struct kvb_err *err)
+{
+    struct pstore_guard g;
+    pstore_guard_push(&g);
+    if (sigsetjmp(g.jb, 1)) {
+        pstore_guard_fault(ps, &g, "opening it");
+        return kvb_errf(err, KVB_ERR_IO, "%s/data.mdb changed while it was being opened", ps->dir);
+    }
+    MDB_txn *txn;
+    int rc = pstore_txn_begin(ps, true, &txn);
+    if (!rc && ((rc = mdb_dbi_open(txn, "blocks", MDB_CREATE, &ps->db_blocks)) ||
+                (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &ps->db_meta)) ||
+                (rc = mdb_dbi_open(txn, "models", MDB_CREATE, &ps->db_models)) ||
+                (rc = mdb_dbi_open(txn, "info", MDB_CREATE, &ps->db_info))))
+        pstore_txn_abort(ps, txn);
+    else if (!rc) rc = pstore_txn_commit(ps, txn);
+    pstore_guard_pop(&g);
+    return pstore_lmdb_status(err, rc, ps->dir);
+}
+
 enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, struct pstore **out, struct kvb_err *err)
 {
     if (!out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "NULL out");
@@ -292,24 +318,9 @@ enum kvb_status pstore_open(const char *dir, const struct pstore_opts *opts, str
     }
     ps->map_size = (ps->map_size + MIB - 1) / MIB * MIB;
 
+    pstore_guard_install();
     if ((st = open_checked(ps, err)) != KVB_OK) goto fail;
-    MDB_txn *txn;
-    if ((rc = pstore_txn_begin(ps, true, &txn))) {
-        st = pstore_lmdb_status(err, rc, dir);
-        goto fail;
-    }
-    if ((rc = mdb_dbi_open(txn, "blocks", MDB_CREATE, &ps->db_blocks)) ||
-        (rc = mdb_dbi_open(txn, "meta", MDB_CREATE, &ps->db_meta)) ||
-        (rc = mdb_dbi_open(txn, "models", MDB_CREATE, &ps->db_models)) ||
-        (rc = mdb_dbi_open(txn, "info", MDB_CREATE, &ps->db_info))) {
-        pstore_txn_abort(ps, txn);
-        st = pstore_lmdb_status(err, rc, dir);
-        goto fail;
-    }
-    if ((rc = pstore_txn_commit(ps, txn))) {
-        st = pstore_lmdb_status(err, rc, dir);
-        goto fail;
-    }
+    if ((st = open_dbs(ps, err)) != KVB_OK) goto fail;
     if ((st = pstore_writer_start(ps, err)) != KVB_OK) goto fail;
     *out = ps;
     return KVB_OK;
@@ -417,15 +428,26 @@ struct load_job {
     int32_t n;
     atomic_int next;
     atomic_int first_fail; /* no block after it needs decoding */
+    atomic_int fault_sig;  /* a decoding thread's read of the map faulted (pstore_guard.c): its signal */
 };
 
+/* Decodes values straight from the map: in a guarded region of this
+ * thread, so a value whose pages went away under the process (the file
+ * truncated by another) ends this worker, not the process. */
 static void load_worker(void *arg, int ith, int nth)
 {
     struct load_job *j = arg;
     (void)nth;
+    struct pstore_guard g;
+    pstore_guard_push(&g);
+    if (sigsetjmp(g.jb, 1)) {
+        atomic_store(&j->fault_sig, g.sig ? g.sig : 1);
+        atomic_store(&j->first_fail, -1); /* nothing of this load is used */
+        return;
+    }
     for (;;) {
         int i = atomic_fetch_add(&j->next, 1);
-        if (i >= j->n || i > atomic_load(&j->first_fail)) return;
+        if (i >= j->n || i > atomic_load(&j->first_fail)) break;
         j->status[i] = pstore_codec_decode(&j->ps->rcodec[ith], j->s, j->tokens + (size_t)i * j->s->block_size,
                                            j->ps->opts.lossy8, j->vals[i].mv_data, j->vals[i].mv_size, j->dst[i],
                                            j->annex ? &j->annex[i] : NULL, NULL);
@@ -434,6 +456,7 @@ static void load_worker(void *arg, int ith, int nth)
             while (i < f && !atomic_compare_exchange_weak(&j->first_fail, &f, i)) {}
         }
     }
+    pstore_guard_pop(&g);
 }
 
 enum kvb_status pstore_load_chain(struct pstore *ps, const struct pstore_model *m, const int32_t *tokens,
@@ -450,7 +473,7 @@ enum kvb_status pstore_load_chain_annex(struct pstore *ps, const struct pstore_m
     if (n_loaded) *n_loaded = 0;
     if (!ps || !m || !tokens || !keys || !dst || !n_loaded || from < 0)
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "pstore_load_chain: bad argument");
-    if (from >= n) return KVB_OK;
+    if (from >= n || atomic_load(&ps->broken)) return KVB_OK; /* a store turned off after a fault: a miss */
     struct pstore_shape s;
     KVB_FORWARD_IF_ERROR(pstore_shape_init(m, &s, err));
     KVB_FORWARD_IF_ERROR(pstore_readers_ensure(ps, err));
@@ -462,12 +485,21 @@ enum kvb_status pstore_load_chain_annex(struct pstore *ps, const struct pstore_m
         kvb_free(status);
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     }
+    struct pstore_guard g;
+    pstore_guard_push(&g);
+    if (sigsetjmp(g.jb, 1)) { /* the file changed under this process: a miss, and the store off */
+        pstore_guard_fault(ps, &g, "loading a prefix");
+        kvb_free(vals);
+        kvb_free(status);
+        return KVB_OK;
+    }
     MDB_txn *txn;
     int rc = pstore_txn_begin(ps, false, &txn);
     if (rc) {
+        pstore_guard_pop(&g);
         kvb_free(vals);
         kvb_free(status);
-        return pstore_lmdb_status(err, rc, "cache read");
+        return atomic_load(&ps->broken) ? KVB_OK : pstore_lmdb_status(err, rc, "cache read");
     }
     enum kvb_status st = KVB_OK;
     int32_t cnt = 0;
@@ -480,16 +512,18 @@ enum kvb_status pstore_load_chain_annex(struct pstore *ps, const struct pstore_m
             break;
         }
     }
-    struct load_job job = {ps, &s, tokens + (size_t)from * s.block_size, vals, dst, annex, status, cnt, 0, cnt};
+    struct load_job job = {ps, &s, tokens + (size_t)from * s.block_size, vals, dst, annex, status, cnt, 0, cnt, 0};
     if (cnt == 1 || !ps->pool) load_worker(&job, 0, 1);
     else if (cnt > 1) tpool_run(ps->pool, load_worker, &job);
+    const int fault = atomic_load(&job.fault_sig);
     int32_t ok = 0;
     uint64_t bytes = 0;
-    while (ok < cnt && status[ok] == KVB_OK) bytes += vals[ok++].mv_size;
+    while (!fault && ok < cnt && status[ok] == KVB_OK) bytes += vals[ok++].mv_size;
 
     bool damaged = false;
     struct kvb_err derr = {{0}};
-    if (ok < cnt && status[ok] != KVB_ERR_NOT_FOUND) {
+    uint64_t bad_hash = 0;
+    if (!fault && ok < cnt && status[ok] != KVB_ERR_NOT_FOUND) {
         /* Decode it again for the message: failures are rare, and the
          * parallel path keeps no per-block messages. */
         enum kvb_status dst_st =
@@ -498,6 +532,15 @@ enum kvb_status pstore_load_chain_annex(struct pstore *ps, const struct pstore_m
         if (dst_st == KVB_ERR_FORMAT) damaged = true;
         else if (dst_st != KVB_OK && dst_st != KVB_ERR_NOT_FOUND && st == KVB_OK)
             st = kvb_errf(err, dst_st, "cache read: %s", derr.msg);
+        if (damaged) bad_hash = XXH3_64bits(vals[ok].mv_data, vals[ok].mv_size); /* before ps->mu: it reads the map */
+    }
+    pstore_txn_abort(ps, txn);
+    pstore_guard_pop(&g);
+    if (fault) {
+        pstore_guard_off(ps, fault, "", "decoding a cached block");
+        kvb_free(vals);
+        kvb_free(status);
+        return KVB_OK;
     }
     pthread_mutex_lock(&ps->mu);
     ps->stats.blocks_loaded += (uint64_t)ok;
@@ -505,7 +548,7 @@ enum kvb_status pstore_load_chain_annex(struct pstore *ps, const struct pstore_m
     for (int32_t i = 0; i < ok; i++) pstore_queue_touch_locked(ps, &keys[from + i]);
     if (damaged) {
         ps->stats.damaged++;
-        pstore_queue_damage_locked(ps, &keys[from + ok], vals[ok].mv_data, vals[ok].mv_size);
+        pstore_queue_damage_locked(ps, &keys[from + ok], bad_hash, vals[ok].mv_size);
         if (!ps->warned_damage && !ps->opts.quiet) {
             char hex[33];
             pstore_hex16(keys[from + ok].b, hex);
@@ -518,7 +561,6 @@ enum kvb_status pstore_load_chain_annex(struct pstore *ps, const struct pstore_m
     }
     pthread_cond_signal(&ps->cv_work);
     pthread_mutex_unlock(&ps->mu);
-    pstore_txn_abort(ps, txn);
     kvb_free(vals);
     kvb_free(status);
     *n_loaded = ok;
@@ -538,12 +580,21 @@ bool pstore_contains_annex(struct pstore *ps, const struct pstore_key *key, size
         queued = !memcmp(it->key.b, key->b, 16) && (annex_len == 0 || it->annex_len == annex_len);
     pthread_mutex_unlock(&ps->mu);
     if (queued) return true;
+    if (atomic_load(&ps->broken)) return false;
+    struct pstore_guard g;
+    pstore_guard_push(&g);
+    if (sigsetjmp(g.jb, 1)) {
+        pstore_guard_fault(ps, &g, "looking a block up");
+        return false;
+    }
     MDB_txn *txn;
-    if (pstore_txn_begin(ps, false, &txn)) return false;
-    MDB_val k = {16, (void *)key->b}, v;
-    bool have =
-        mdb_get(txn, ps->db_blocks, &k, &v) == 0 && pstore_value_acceptable(ps, v.mv_data, v.mv_size, annex_len);
-    pstore_txn_abort(ps, txn);
+    bool have = false;
+    if (!pstore_txn_begin(ps, false, &txn)) {
+        MDB_val k = {16, (void *)key->b}, v;
+        have = mdb_get(txn, ps->db_blocks, &k, &v) == 0 && pstore_value_acceptable(ps, v.mv_data, v.mv_size, annex_len);
+        pstore_txn_abort(ps, txn);
+    }
+    pstore_guard_pop(&g);
     return have;
 }
 

@@ -36,6 +36,16 @@
  * cache of SmolLM2-135M blocks is about that) took 42k reads: 55 ms from
  * the page cache, 0.7 s cold on the development VM's disk.
  *
+ * Damage that comes while a process has the file open (another process
+ * truncates or overwrites it) cannot be checked for ahead: every read of
+ * the map runs guarded (pstore_guard.c), and a fault there (SIGBUS, SIGSEGV,
+ * an LMDB assertion) is a miss that turns the store off for the rest of the
+ * process (reads miss, puts are dropped, pstore_stats.map_faults counts it,
+ * one warning). pstore_open installs the handler for SIGBUS and SIGSEGV;
+ * faults outside the store's reads go on to the handler that was there
+ * before, so install a crash handler (the run's journal) before opening a
+ * store, or it sees the store's own faults first.
+ *
  * Thread-safety: one struct pstore is used by one engine thread; the writer
  * and decompression threads are internal.
  *
@@ -116,6 +126,8 @@ struct pstore_stats {
                                                     parent no longer stored) */
     uint64_t damaged;                       /* values found bad and removed (loads, verify) */
     uint64_t evicted;                       /* values removed by the size cap */
+    uint64_t map_faults;                    /* reads of the file that faulted (it was changed under this
+                                                    process): the store is off after the first */
     bool writing_disabled;                  /* after map-full / disk-full */
     bool set_aside;                         /* open found the file damaged and moved it aside */
     bool checked;                           /* the open-time structural check ran (not: another LMDB

@@ -27,19 +27,39 @@
 
 /* ---- transactions ------------------------------------------------------------ */
 
+/* The calling thread's guarded region (pstore_guard.c) is told what to
+ * undo should the map fault: the open transaction, the held lock. */
+static void guard_note(MDB_txn *txn, bool locked)
+{
+    struct pstore_guard *g = pstore_guard_current();
+    if (!g) return;
+    g->txn = txn;
+    g->env_locked = locked;
+}
+
 int pstore_txn_begin(struct pstore *ps, bool write, MDB_txn **txn)
 {
+    *txn = NULL;
+    if (atomic_load(&ps->broken)) return MDB_PANIC; /* the file faulted under this process: off */
     for (int tries = 0;; tries++) {
         pthread_rwlock_rdlock(&ps->env_lock);
+        guard_note(NULL, true);
         int rc = mdb_txn_begin(ps->env, NULL, write ? 0 : MDB_RDONLY, txn);
-        if (rc == 0) return 0;
+        if (rc == 0) {
+            guard_note(*txn, true);
+            return 0;
+        }
+        *txn = NULL;
         pthread_rwlock_unlock(&ps->env_lock);
+        guard_note(NULL, false);
         if (rc != MDB_MAP_RESIZED || tries >= 3) return rc;
         /* Another process grew the map beyond ours: adopt its size. Only
          * legal with no transaction of ours open, hence the write lock. */
         pthread_rwlock_wrlock(&ps->env_lock);
+        guard_note(NULL, true);
         rc = mdb_env_set_mapsize(ps->env, 0);
         pthread_rwlock_unlock(&ps->env_lock);
+        guard_note(NULL, false);
         if (rc) return rc;
     }
 }
@@ -48,13 +68,17 @@ void pstore_txn_abort(struct pstore *ps, MDB_txn *txn)
 {
     if (!txn) return;
     mdb_txn_abort(txn);
+    guard_note(NULL, true);
     pthread_rwlock_unlock(&ps->env_lock);
+    guard_note(NULL, false);
 }
 
 int pstore_txn_commit(struct pstore *ps, MDB_txn *txn)
 {
     int rc = mdb_txn_commit(txn); /* frees txn even when it fails */
+    guard_note(NULL, true);
     pthread_rwlock_unlock(&ps->env_lock);
+    guard_note(NULL, false);
     return rc;
 }
 

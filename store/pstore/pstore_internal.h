@@ -14,6 +14,8 @@
 
 #include <lmdb.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -325,7 +327,8 @@ struct pstore {
     pthread_cond_t cv_work; /* writer: something queued, or stop */
     pthread_cond_t cv_idle; /* flush: the writer finished a batch */
     struct pstore_stats stats;
-    bool warned_damage, warned_write;
+    bool warned_damage, warned_write, warned_fault;
+    atomic_bool broken; /* the map faulted (pstore_guard.c): every read a miss, no writes */
     struct pstore_known_model *models;
     int n_models, cap_models;
     struct pstore_put_item *q_head, *q_tail;
@@ -350,6 +353,43 @@ struct pstore {
     int n_rcodec;
 };
 
+/* ---- reads of the map that a damaged file cannot crash (pstore_guard.c) --------
+ * Every stretch of code that reads LMDB's map (a transaction, a value
+ * decoded from it) runs in a region:
+ *     struct pstore_guard g;
+ *     pstore_guard_push(&g);
+ *     if (sigsetjmp(g.jb, 1)) { pstore_guard_fault(ps, &g, "loading"); ...a miss...; }
+ *     ... pstore_txn_begin ... reads ... pstore_txn_abort ...
+ *     pstore_guard_pop(&g);
+ * A SIGBUS or SIGSEGV in the region (the file truncated or overwritten under
+ * this process), or an LMDB assertion, comes back from sigsetjmp as 1;
+ * pstore_guard_fault then ends the transaction the region has open and
+ * turns the store off (ps->broken). Locals changed inside the region and
+ * read after a fault must be volatile. */
+struct pstore_guard {
+    sigjmp_buf jb;
+    struct pstore_guard *prev; /* the region this one is inside, on this thread */
+    MDB_txn *volatile txn;     /* the transaction open in it (pstore_txn_*), or NULL */
+    volatile bool env_locked;  /* ps->env_lock held by it */
+    volatile int sig;          /* after a fault: SIGBUS, SIGSEGV, or SIGABRT for an LMDB assertion */
+    char what[200];            /* the assertion's text, or "" */
+};
+/* Installs the fault handler (once per process; pstore_open). */
+void pstore_guard_install(void);
+void pstore_guard_push(struct pstore_guard *g);
+void pstore_guard_pop(struct pstore_guard *g); /* on leaving the region normally (a fault pops it) */
+/* The innermost region of this thread, or NULL. */
+struct pstore_guard *pstore_guard_current(void);
+/* LMDB's assertion hook (mdb_env_set_assert): jumps out of the region, or
+ * returns (LMDB then aborts) outside one. */
+void pstore_guard_assert(MDB_env *env, const char *msg);
+/* After a fault: ends g's transaction, releases the environment lock, and
+ * turns the store off (pstore_guard_off). doing names what was under way. */
+void pstore_guard_fault(struct pstore *ps, struct pstore_guard *g, const char *doing);
+/* Turns the store off after a fault (a decoding thread's, which has no
+ * transaction of its own): reads are misses, puts are dropped, one warning. */
+void pstore_guard_off(struct pstore *ps, int sig, const char *what, const char *doing);
+
 /* The writer thread (pstore_writer.c). */
 enum kvb_status pstore_writer_start(struct pstore *ps, struct kvb_err *err);
 void pstore_writer_stop(struct pstore *ps); /* writes what is queued, joins */
@@ -361,7 +401,9 @@ void pstore_writer_stop(struct pstore *ps); /* writes what is queued, joins */
 #define PSTORE_DAMAGE_MAX 1024u
 /* Called with ps->mu held. */
 void pstore_queue_touch_locked(struct pstore *ps, const struct pstore_key *key);
-void pstore_queue_damage_locked(struct pstore *ps, const struct pstore_key *key, const uint8_t *val, size_t len);
+/* hash: XXH3-64 of the bad value (taken from the map before ps->mu is
+ * locked: a fault must not happen with it held), len its length. */
+void pstore_queue_damage_locked(struct pstore *ps, const struct pstore_key *key, uint64_t hash, size_t len);
 /* Turns writing off for the rest of the process, warning once. mu held. */
 void pstore_disable_writing_locked(struct pstore *ps, int rc, const char *what);
 

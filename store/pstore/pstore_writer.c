@@ -18,6 +18,7 @@
  * and turns writing off for the rest of the process with one warning:
  * retrying every batch against a full disk would only slow the job down. */
 #include <errno.h>
+#include <setjmp.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -64,7 +65,7 @@ void pstore_queue_touch_locked(struct pstore *ps, const struct pstore_key *key)
     ps->touches[ps->n_touches++] = *key;
 }
 
-void pstore_queue_damage_locked(struct pstore *ps, const struct pstore_key *key, const uint8_t *val, size_t len)
+void pstore_queue_damage_locked(struct pstore *ps, const struct pstore_key *key, uint64_t hash, size_t len)
 {
     if (ps->stats.writing_disabled) return;
     for (size_t i = 0; i < ps->n_damage; i++)
@@ -78,7 +79,7 @@ void pstore_queue_damage_locked(struct pstore *ps, const struct pstore_key *key,
         ps->damage = p;
         ps->cap_damage = nc;
     }
-    ps->damage[ps->n_damage++] = (struct pstore_damage){*key, XXH3_64bits(val, len), len};
+    ps->damage[ps->n_damage++] = (struct pstore_damage){*key, hash, len};
 }
 
 /* A full disk can come back as EIO from LMDB's writes (tmpfs does): say so
@@ -337,9 +338,21 @@ static bool encoders_ensure(struct pstore *ps)
     return true;
 }
 
+/* One batch, in a guarded region (pstore_guard.c): a file truncated or
+ * overwritten under this process turns the store off and drops the batch,
+ * instead of crashing the writer's thread and the process with it. */
 static void process(struct pstore *ps, struct batch *b)
 {
     struct outcome o = {0};
+    struct pstore_guard g;
+    pstore_guard_push(&g);
+    if (sigsetjmp(g.jb, 1)) {
+        pstore_guard_fault(ps, &g, "writing");
+        pthread_mutex_lock(&ps->mu);
+        ps->stats.blocks_dropped += (uint64_t)b->n;
+        pthread_mutex_unlock(&ps->mu);
+        return;
+    }
     mark_present(ps, b);
     int to_encode = 0;
     for (int i = 0; i < b->n; i++) to_encode += !b->present[i];
@@ -356,9 +369,10 @@ static void process(struct pstore *ps, struct batch *b)
     } else {
         rc = gc_to_cap(ps, &t, &o, &what);
     }
+    pstore_guard_pop(&g);
 
     pthread_mutex_lock(&ps->mu);
-    if (rc) pstore_disable_writing_locked(ps, rc, what);
+    if (rc && !atomic_load(&ps->broken)) pstore_disable_writing_locked(ps, rc, what);
     ps->stats.blocks_written += o.written;
     ps->stats.bytes_written += o.bytes;
     ps->stats.raw_bytes_written += o.raw;

@@ -62,8 +62,16 @@ static bool load_tokenizer(const char *path)
     if (access(path, R_OK) != 0 || gguf_open(path, &g, &err) != KVB_OK) return false;
     bool ok = tok_load(g, &F.tok, &err) == KVB_OK;
     struct gguf_str src;
-    if (ok && gguf_get_str(g, "tokenizer.chat_template", &src, &err) == KVB_OK)
-        F.have_tmpl = chat_template_detect(src.ptr, (size_t)src.len, &F.tmpl, &err) == KVB_OK;
+    if (ok && gguf_get_str(g, "tokenizer.chat_template", &src, &err) == KVB_OK) { /* the model's own, as run */
+        char bos[64], eos[64];
+        size_t nb = tok_bos(F.tok) >= 0 ? tok_piece(F.tok, tok_bos(F.tok), true, bos, sizeof bos - 1) : 0;
+        size_t ne = tok_eos(F.tok) >= 0 ? tok_piece(F.tok, tok_eos(F.tok), true, eos, sizeof eos - 1) : 0;
+        bos[nb < sizeof bos ? nb : sizeof bos - 1] = '\0';
+        eos[ne < sizeof eos ? ne : sizeof eos - 1] = '\0';
+        F.have_tmpl =
+            chat_template_from_text(src.ptr, (size_t)src.len, "tokenizer.chat_template", &F.tmpl, &err) == KVB_OK &&
+            chat_template_set_tokens(&F.tmpl, bos, eos) == KVB_OK;
+    }
     gguf_close(g);
     return ok;
 }

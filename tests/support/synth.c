@@ -198,12 +198,17 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
     gguf_writer_add_u32(w, KEY("rope.dimension_count"), (uint32_t)hd);
     gguf_writer_add_f32(w, KEY("rope.freq_base"), 10000.0f);
     gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    const bool gemma2 = !strcmp(a, "gemma2"), gemma3 = !strcmp(a, "gemma3");
+    if ((gemma2 || gemma3) && o->n_swa > 0) gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)o->n_swa);
+    if (gemma2 && o->attn_softcap > 0) gguf_writer_add_f32(w, KEY("attn_logit_softcapping"), o->attn_softcap);
+    if ((gemma2 || gemma3) && o->final_softcap > 0)
+        gguf_writer_add_f32(w, KEY("final_logit_softcapping"), o->final_softcap);
 #undef KEY
     enum kvb_status st = add_vocab(w);
-    const bool bias = !strcmp(a, "qwen2"), qk_norm = !strcmp(a, "qwen3");
+    const bool bias = !strcmp(a, "qwen2"), qk_norm = !strcmp(a, "qwen3") || gemma3, post = gemma2 || gemma3;
     if (st == KVB_OK) st = add_tensor(w, "token_embd.weight", o->embd_type, e, n_vocab, 1.0f, 0, &r, err);
     if (st == KVB_OK) st = add_tensor(w, "output_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f, &r, err);
-    if (st == KVB_OK && !o->tied_output)
+    if (st == KVB_OK && !o->tied_output && !gemma2) /* gemma2's output is always the embedding */
         st = add_tensor(w, "output.weight", o->embd_type, e, n_vocab, 1.0f / sqrtf((float)e), 0, &r, err);
     for (int l = 0; l < o->n_layer && st == KVB_OK; l++) {
         enum ggml_type mt =
@@ -226,6 +231,10 @@ enum kvb_status synth_model_write(const char *path, const struct synth_opts *o, 
         if (qk_norm) {
             T("attn_q_norm.weight", o->norm_type, hd, 1, 0.1f, 1.0f);
             T("attn_k_norm.weight", o->norm_type, hd, 1, 0.1f, 1.0f);
+        }
+        if (post) {
+            T("post_attention_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
+            T("post_ffw_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
         }
         T("ffn_norm.weight", o->norm_type, e, 1, 0.1f, 1.0f);
         T("ffn_gate.weight", mt, e, o->n_ff, si, 0);

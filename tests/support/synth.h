@@ -18,7 +18,7 @@
 #include "base/status.h"
 
 struct synth_opts {
-    const char *arch;                                           /* "llama" (default), "qwen2", "qwen3" */
+    const char *arch; /* "llama" (default), "qwen2", "qwen3", "gemma2", "gemma3" */
     int32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim; /* head_dim 0: n_embd / n_head */
     int32_t n_ctx;                                              /* context_length written (default 2048) */
     enum ggml_type matrix_type;                                 /* type of the attention/FFN matrices */
@@ -31,6 +31,10 @@ struct synth_opts {
     const enum ggml_type *layer_types;
     int n_layer_types;
     uint64_t seed;
+    /* gemma2 / gemma3: the sliding window (0: gemma3 none, gemma2 the
+     * loader's 4096) and soft-caps (0: keys not written). */
+    int32_t n_swa;
+    float attn_softcap, final_softcap;
 };
 
 /* Fills o with a tiny default: 2 layers, 64 wide, 4 heads / 2 KV heads,

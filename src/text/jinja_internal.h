@@ -1,0 +1,532 @@
+/* jinja_internal.h — what the files of the Jinja interpreter share (see
+ * jinja.h): the arena every value and node lives in, strings that carry
+ * which of their bytes are user text, values, the syntax tree, and the
+ * runtime state.
+ *
+ * Errors inside the interpreter unwind with longjmp to jinja_compile or
+ * jinja_render (jfail), which free the arenas: every allocation of a
+ * compile or a render is in its arena, so nothing leaks on that path and no
+ * function between has to check a status. Only the interpreter's own files
+ * include this header. */
+#ifndef KVB_JINJA_INTERNAL_H
+#define KVB_JINJA_INTERNAL_H
+
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/json.h"
+#include "base/status.h"
+#include "text/jinja.h"
+
+/* ---- failure and arena ----------------------------------------------------------- */
+
+struct jfail {
+    jmp_buf jb;
+    struct kvb_err *err;
+    const char *name; /* the template's name, for messages */
+    uint32_t line;    /* the line being compiled or run (0: none) */
+};
+
+_Noreturn void jfail(struct jfail *f, enum kvb_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+struct ja_chunk;
+struct jarena {
+    struct ja_chunk *head;
+    size_t total; /* bytes taken from the allocator */
+    size_t limit; /* total may not pass this */
+    struct jfail *f;
+    uint64_t *steps;    /* a render's step count (NULL when compiling): building strings costs steps, */
+    uint64_t max_steps; /* one per append and one per 4 bytes, so no string work escapes the bound */
+};
+
+void *ja_alloc(struct jarena *a, size_t n); /* zeroed, 16-aligned; fails through a->f */
+void ja_free_all(struct jarena *a);
+char *ja_strndup(struct jarena *a, const char *s, size_t n);
+
+/* ---- strings ---------------------------------------------------------------------- */
+
+/* Bytes [a, b) of a string are user text. */
+struct jsp {
+    uint32_t a, b;
+};
+
+/* An immutable string: bytes (not NUL-terminated; may point into another
+ * string's bytes) and the spans of user text in it, sorted and disjoint.
+ * markup: jinja2's Markup (the safe filter), which escapes what `+` joins
+ * to it. */
+struct jstr {
+    const char *s;
+    uint32_t len;
+    uint32_t nsp;
+    const struct jsp *sp;
+    bool markup;
+};
+
+/* A string being built. */
+struct jsb {
+    struct jarena *ar;
+    char *p;
+    size_t len, cap;
+    struct jsp *sp;
+    size_t nsp, capsp;
+    size_t limit;     /* len may not pass it (0: none) */
+    const char *what; /* names the limit in its error */
+    char **heap;      /* non-NULL: p lives on the heap (kvb_realloc) and *heap tracks it for the unwinding */
+};
+
+void jsb_init(struct jsb *b, struct jarena *ar);
+void jsb_put(struct jsb *b, const char *s, size_t n, bool user); /* all user text or none */
+void jsb_putc(struct jsb *b, char c);
+void jsb_puts(struct jsb *b, const char *s);
+void jsb_printf(struct jsb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Bytes [off, off+n) of s, with their user spans. */
+void jsb_put_slice(struct jsb *b, const struct jstr *s, size_t off, size_t n);
+void jsb_put_str(struct jsb *b, const struct jstr *s);
+const struct jstr *jsb_finish(struct jsb *b); /* the builder may be reused after */
+void jsb_reserve(struct jsb *b, size_t n);    /* room for n more bytes (exactly, when it is empty) */
+
+const struct jstr *jstr_new(struct jarena *ar, const char *s, size_t n, bool user); /* copies */
+const struct jstr *jstr_lit(struct jarena *ar, const char *s);                      /* borrows s */
+const struct jstr *jstr_sub(struct jarena *ar, const struct jstr *s, size_t off, size_t n);
+bool jstr_user_at(const struct jstr *s, size_t off);
+bool jstr_eq(const struct jstr *a, const struct jstr *b);
+bool jstr_eqc(const struct jstr *a, const char *c);
+int jstr_cmp(const struct jstr *a, const struct jstr *b);
+
+/* Python's str semantics on UTF-8. */
+uint32_t ju_decode(const char *s, size_t n, size_t *pos); /* one code point, advancing *pos */
+size_t ju_cplen(const char *s, size_t n);                 /* code points */
+size_t ju_offset(const char *s, size_t n, size_t cp);     /* byte offset of code point cp (n past the end) */
+bool ju_isspace(uint32_t c);                              /* str.isspace */
+bool ju_islinebreak(uint32_t c);                          /* str.splitlines' breaks */
+bool ju_isprintable(uint32_t c);                          /* str.isprintable */
+bool ju_isalpha(uint32_t c);
+bool ju_isdigit(uint32_t c);
+bool ju_isalnum(uint32_t c);
+enum ju_case { JU_UPPER, JU_LOWER, JU_TITLE };
+/* The full case mapping of c (1..3 code points into out), as Python's. */
+int ju_case(uint32_t c, enum ju_case k, uint32_t out[3]);
+bool ju_iscased(uint32_t c);
+bool ju_isupper(uint32_t c);
+bool ju_islower(uint32_t c);
+bool ju_iscaseignorable(uint32_t c);
+void jsb_put_cp(struct jsb *b, uint32_t c, bool user);
+
+/* The case tables (jinja_case_tables.c, generated by
+ * scripts/gen-jinja-case.py): code points whose mappings are not all
+ * themselves; a mapping with the high bit set indexes jcase_multi (up to
+ * three code points, 0-padded). */
+struct jcase_row {
+    uint32_t cp, upper, lower, title;
+};
+extern const struct jcase_row jcase_rows[]; /* sorted by cp */
+extern const size_t jcase_nrows;
+extern const uint32_t jcase_multi[][3];
+extern const uint32_t jcase_cased[][2]; /* sorted, disjoint ranges [a, b] */
+extern const size_t jcase_ncased;
+
+/* repr() of a float as Python writes it ("1.0", "1e-05", "inf"); buf >= 32. */
+void jfmt_float(double d, char *buf, size_t cap);
+
+/* ---- values ----------------------------------------------------------------------- */
+
+enum jk {
+    JK_UNDEF,
+    JK_NONE,
+    JK_BOOL,
+    JK_INT,
+    JK_FLOAT,
+    JK_STR,
+    JK_LIST,  /* sub: enum jl */
+    JK_DICT,  /* sub: JD_DICT, JD_NS */
+    JK_FUNC,  /* a builtin function or a bound method */
+    JK_MACRO, /* a macro or a call block's caller */
+    JK_LOOP,  /* a for loop's `loop` */
+};
+
+enum jl {
+    JL_LIST,
+    JL_TUPLE,
+    JL_GEN,   /* a one-shot generator (map, select, items …): pos advances as it is consumed */
+    JL_ITEMS, /* dict.items(), keys(), values(): views */
+    JL_KEYS,
+    JL_VALUES,
+    JL_REVERSED, /* reversed(list): an iterator, one-shot like JL_GEN */
+};
+
+enum jd {
+    JD_DICT,
+    JD_NS,
+};
+
+struct jlist;
+struct jdict;
+struct jundef;
+struct jfunc;
+struct jmacro;
+struct jloop;
+
+struct jv {
+    uint8_t k;   /* enum jk */
+    uint8_t sub; /* enum jl / enum jd */
+    union {
+        bool b;
+        int64_t i;
+        double f;
+        const struct jstr *s;
+        struct jlist *l;
+        struct jdict *d;
+        const struct jundef *u;
+        const struct jfunc *fn;
+        const struct jmacro *m;
+        struct jloop *lp;
+    } u;
+};
+
+struct jlist {
+    size_t n;
+    size_t pos; /* generators: items before pos were consumed */
+    struct jv *v;
+};
+
+struct jdict {
+    size_t n, cap;
+    struct jv *k, *v;
+};
+
+enum jundef_why {
+    JU_NAME, /* 'x' is undefined */
+    JU_ATTR, /* 'T object' has no attribute 'x' */
+    JU_ITEM, /* 'T object' has no element x */
+    JU_HINT, /* the hint as it is */
+};
+
+struct jundef {
+    uint8_t why;
+    const char *name; /* NUL-terminated */
+    const char *type; /* the object's type name, for JU_ATTR / JU_ITEM */
+};
+
+static inline struct jv jv_undef(const struct jundef *u) { return (struct jv){.k = JK_UNDEF, .u.u = u}; }
+static inline struct jv jv_none(void) { return (struct jv){.k = JK_NONE}; }
+static inline struct jv jv_bool(bool b) { return (struct jv){.k = JK_BOOL, .u.b = b}; }
+static inline struct jv jv_int(int64_t i) { return (struct jv){.k = JK_INT, .u.i = i}; }
+static inline struct jv jv_float(double f) { return (struct jv){.k = JK_FLOAT, .u.f = f}; }
+static inline struct jv jv_str(const struct jstr *s) { return (struct jv){.k = JK_STR, .u.s = s}; }
+static inline struct jv jv_list(struct jlist *l, enum jl sub)
+{
+    return (struct jv){.k = JK_LIST, .sub = (uint8_t)sub, .u.l = l};
+}
+static inline struct jv jv_dict(struct jdict *d, enum jd sub)
+{
+    return (struct jv){.k = JK_DICT, .sub = (uint8_t)sub, .u.d = d};
+}
+
+/* ---- syntax tree -------------------------------------------------------------------- */
+
+enum jn {
+    /* statements */
+    JN_BODY,    /* kid[]: statements */
+    JN_TEXT,    /* cv: template data */
+    JN_PRINT,   /* a: expression */
+    JN_IF,      /* a: test, b: body, c: else (a body or an elif's JN_IF) */
+    JN_FOR,     /* a: target, b: iterable, c: body, d: else body, e: filter test */
+    JN_SET,     /* a: target (name, tuple of names, namespace attribute), b: value */
+    JN_SETBLK,  /* a: target, b: filter chain or NULL, c: body */
+    JN_MACRO,   /* sym: name; kid[]: parameters (JN_NAME), kv[]: defaults of the last nkv; c: body */
+    JN_CALLBLK, /* a: the call; kid[]/kv[]: the caller's parameters and defaults; c: body */
+    JN_FILTBLK, /* a: filter chain (innermost input NULL); c: body */
+    JN_WITH,    /* kid[]: targets, kv[]: values; c: body */
+    JN_BREAK,
+    JN_CONTINUE,
+    JN_SCOPE, /* c: body run in a scope of its own (transformers' generation tag) */
+    /* expressions */
+    JN_CONST,   /* cv */
+    JN_NAME,    /* sym */
+    JN_NSREF,   /* sym: namespace, sym2: attribute (assignment targets) */
+    JN_LIST,    /* kid[] */
+    JN_TUPLE,   /* kid[] */
+    JN_DICT,    /* kid[]: keys, kv[]: values */
+    JN_GETATTR, /* a, sym */
+    JN_GETITEM, /* a, b */
+    JN_SLICE,   /* a, b, c: start, stop, step (NULL: none) */
+    JN_CALL,    /* a: callee; kid[]: args; kwsym[]/kv[]: keywords; c: *args; d: **kwargs */
+    JN_FILTER,  /* a: input (NULL: a filter block's body); sym: filter; args as JN_CALL */
+    JN_TEST,    /* a: input; sym: test; args as JN_CALL */
+    JN_NOT,     /* a */
+    JN_NEG,
+    JN_POS,
+    JN_AND, /* a, b */
+    JN_OR,
+    JN_BIN,    /* op: enum jop; a, b */
+    JN_CONCAT, /* kid[] */
+    JN_CMP,    /* a: first; kid[]: operands; kwsym[]: enum jop of each */
+    JN_COND,   /* a: test, b: value, c: else value (NULL: undefined) */
+};
+
+enum jop {
+    JO_ADD,
+    JO_SUB,
+    JO_MUL,
+    JO_DIV,
+    JO_FLOORDIV,
+    JO_MOD,
+    JO_POW,
+    JO_EQ,
+    JO_NE,
+    JO_LT,
+    JO_LE,
+    JO_GT,
+    JO_GE,
+    JO_IN,
+    JO_NOTIN,
+};
+
+/* Node flags. */
+enum {
+    JF_USES_CALLER = 1u << 0, /* macros: the body names caller / varargs / kwargs */
+    JF_USES_VARARGS = 1u << 1,
+    JF_USES_KWARGS = 1u << 2,
+    JF_UNKNOWN = 1u << 3, /* filters and tests: no such name (an error when run, as jinja2 in if blocks) */
+};
+
+struct jnode {
+    uint8_t kind; /* enum jn */
+    uint8_t op;   /* enum jop */
+    uint16_t flags;
+    uint32_t line;
+    uint32_t sym, sym2;
+    int32_t fid; /* filters and tests: their index */
+    struct jv cv;
+    struct jnode *a, *b, *c, *d, *e;
+    struct jnode **kid;
+    uint32_t nkid;
+    struct jnode **kv;
+    uint32_t *kwsym;
+    uint32_t nkv;
+};
+
+/* Symbols: every name the template uses, interned. */
+struct jsym {
+    const char *s; /* NUL-terminated */
+    size_t n;
+    int32_t global; /* enum jglobal + 1, or 0 */
+};
+
+/* Names the interpreter knows by symbol. */
+enum jwell { JW_LOOP, JW_CALLER, JW_VARARGS, JW_KWARGS, JW_COUNT_ };
+
+struct jinja_template {
+    struct jarena ar;
+    struct jfail f;
+    char *name;
+    char *src; /* the source after newline normalisation */
+    size_t src_len;
+    struct jnode *root;
+    struct jsym *syms;
+    uint32_t nsym;
+    size_t symcap;
+    uint32_t *symslot; /* (symslot_cap, a power of two) hash slots: symbol + 1, 0 empty */
+    size_t symslot_cap;
+    uint32_t well[JW_COUNT_];   /* their symbols */
+    const struct jstr **symstr; /* (nsym) each symbol as a string, for attribute access */
+    struct jinja_limits lim;
+};
+
+/* Lexer and parser (jinja_lex.c, jinja_parse.c). */
+enum jt {
+    JT_EOF,
+    JT_DATA,
+    JT_VAR_BEGIN,
+    JT_VAR_END,
+    JT_BLOCK_BEGIN,
+    JT_BLOCK_END,
+    JT_NAME,
+    JT_STRING,
+    JT_INT,
+    JT_FLOAT,
+    JT_OP, /* op: the operator's text (1 or 2 bytes) */
+};
+
+struct jtok {
+    uint8_t type;
+    char op[3];
+    uint32_t line;
+    const char *s; /* name or data: into the source; string: decoded (arena) */
+    size_t n;
+    int64_t i;
+    double f;
+};
+
+struct jtoks {
+    struct jtok *v;
+    size_t n, cap;
+};
+
+/* Tokenizes t->src (trim_blocks, lstrip_blocks, no trailing newline). */
+void jlex(struct jinja_template *t, struct jtoks *out);
+void jparse(struct jinja_template *t, const struct jtoks *toks);
+uint32_t jsym_intern(struct jinja_template *t, const char *s, size_t n);
+/* The symbol of a name, or -1 when the template never uses it. */
+int64_t jsym_find(const struct jinja_template *t, const char *s, size_t n);
+
+/* ---- runtime ---------------------------------------------------------------------- */
+
+struct jframe {
+    struct jframe *parent;
+    bool captured; /* a macro or a lazily filtered loop holds it: a loop body may not reuse it */
+    uint32_t n, cap;
+    uint32_t *sym;
+    struct jv *val;
+};
+
+struct jrt {
+    struct jfail f;
+    struct jarena ar;
+    const struct jinja_template *t;
+    const struct jinja_limits *lim;
+    uint64_t steps;
+    uint32_t depth;
+    struct jv *ctx;  /* (t->nsym) the render's variables by symbol; JK_UNDEF with u NULL: absent */
+    struct jsb *out; /* where output goes now */
+    int64_t now;
+    struct json_doc *json;  /* a JSON document being read (freed when a failure unwinds) */
+    char *out_heap;         /* the output's buffer (freed when a failure unwinds) */
+    struct jv filter_input; /* a filter block's body, for its innermost filter */
+};
+
+/* Counts n steps against the bound. */
+static inline void jstep(struct jrt *rt, uint64_t n)
+{
+    rt->steps += n;
+    if (rt->steps > rt->lim->max_steps)
+        jfail(&rt->f, KVB_ERR_RANGE, "the template ran past %llu evaluation steps (a loop that does not end?)",
+              (unsigned long long)rt->lim->max_steps);
+}
+
+/* Counts the steps of walking n bytes of a string (one per 32). */
+static inline void jstep_bytes(struct jrt *rt, size_t n) { jstep(rt, n / 32); }
+
+void jdepth_enter(struct jrt *rt);
+static inline void jdepth_leave(struct jrt *rt) { rt->depth--; }
+
+/* jinja_value.c */
+const char *jv_type(struct jv v); /* Python's type name: "str", "dict", "NoneType" … */
+bool jv_truthy(struct jrt *rt, struct jv v);
+bool jv_eq(struct jrt *rt, struct jv a, struct jv b);
+int jv_cmp(struct jrt *rt, struct jv a, struct jv b, const char *op); /* < 0, 0, > 0; TypeError as Python */
+void jv_str_to(struct jrt *rt, struct jsb *b, struct jv v);           /* str(v) */
+void jv_repr_to(struct jrt *rt, struct jsb *b, struct jv v);          /* repr(v) */
+const struct jstr *jv_to_str(struct jrt *rt, struct jv v);
+_Noreturn void jv_undef_fail(struct jrt *rt, struct jv v); /* the UndefinedError of using v */
+struct jv jv_undef_named(struct jrt *rt, const char *name);
+struct jv jv_undef_hint(struct jrt *rt, const char *hint);
+struct jv jv_undef_attr(struct jrt *rt, struct jv obj, const struct jstr *name, enum jundef_why why);
+struct jlist *jlist_new(struct jrt *rt, size_t n);
+struct jdict *jdict_new(struct jrt *rt, size_t cap);
+void jdict_set(struct jrt *rt, struct jdict *d, struct jv k, struct jv v);
+bool jdict_get(struct jrt *rt, const struct jdict *d, struct jv k, struct jv *out);
+bool jdict_gets(const struct jdict *d, const char *key, size_t n, struct jv *out);
+/* Items of an iterable as a list (a generator is consumed). TypeError for
+ * what Python cannot iterate; undefined: empty. */
+struct jlist *jv_iter(struct jrt *rt, struct jv v);
+/* len(); TypeError when there is none. */
+int64_t jv_len(struct jrt *rt, struct jv v);
+struct jv jv_getattr(struct jrt *rt, struct jv obj, const struct jstr *name);
+struct jv jv_getitem(struct jrt *rt, struct jv obj, struct jv key);
+struct jv jv_slice(struct jrt *rt, struct jv obj, struct jv start, struct jv stop, struct jv step);
+/* json.dumps as transformers' tojson calls it. */
+struct jtojson {
+    bool ensure_ascii, sort_keys;
+    int64_t indent;                        /* < 0: none */
+    const struct jstr *indent_str;         /* a string indent (NULL: indent spaces) */
+    const struct jstr *item_sep, *key_sep; /* NULL: the defaults */
+};
+void jv_tojson(struct jrt *rt, struct jsb *b, struct jv v, const struct jtojson *o);
+/* The value of JSON text (strings user text when user). */
+struct jv jv_from_json(struct jrt *rt, const char *s, size_t n, bool user, const char *what);
+struct jv jv_binop(struct jrt *rt, enum jop op, struct jv a, struct jv b);
+bool jv_in(struct jrt *rt, struct jv item, struct jv container);
+
+/* jinja_filters.c (filters, tests) and jinja_methods.c (methods, globals). */
+struct jargs {
+    struct jv *pos;
+    size_t npos;
+    const struct jstr **kwname; /* (nkw) */
+    struct jv *kw;
+    size_t nkw;
+};
+
+enum jglobal { JG_RANGE, JG_DICT, JG_NAMESPACE, JG_RAISE, JG_STRFTIME, JG_CYCLER, JG_JOINER, JG_COUNT_ };
+const char *jglobal_name(int g);
+
+/* Binds a's arguments to the parameters names[0..n) of what (a filter's or
+ * method's name, for errors): positional first, then by keyword. A
+ * parameter not given is left as jv_missing(). Too many, unknown or twice
+ * given arguments are TypeErrors, as in Python. */
+void jbind(struct jrt *rt, const char *what, const struct jargs *a, const char *const *names, size_t n, struct jv *out);
+static inline struct jv jv_missing(void) { return (struct jv){.k = JK_UNDEF}; }
+static inline bool jgiven(struct jv v) { return !(v.k == JK_UNDEF && !v.u.u); }
+
+/* String operations the filters share with the methods (jinja_methods.c). */
+enum jstrip { JS_BOTH, JS_LEFT, JS_RIGHT };
+const struct jstr *jstr_strip(struct jrt *rt, const struct jstr *s, const struct jstr *chars, enum jstrip how);
+enum jcasefn { JC_UPPER, JC_LOWER, JC_CAPITALIZE, JC_TITLE };
+const struct jstr *jstr_case(struct jrt *rt, const struct jstr *s, enum jcasefn how);
+const struct jstr *jstr_replace(struct jrt *rt, const struct jstr *s, const struct jstr *old, const struct jstr *new_,
+                                int64_t count);
+struct jlist *jstr_splitlines(struct jrt *rt, const struct jstr *s, bool keepends);
+/* str(v) as a filter sees it: an undefined value is "". */
+const struct jstr *jv_soft_str(struct jrt *rt, struct jv v);
+int64_t jv_to_int(struct jrt *rt, struct jv v, const char *what);
+int jfilter_find(const char *name, size_t n);
+int jtest_find(const char *name, size_t n);
+struct jv jfilter_call(struct jrt *rt, int id, const char *name, struct jv in, struct jargs *a);
+bool jtest_call(struct jrt *rt, int id, const char *name, struct jv in, struct jargs *a);
+struct jv jglobal_value(struct jrt *rt, int g);
+/* obj.name as a bound method, or false. */
+bool jmethod_get(struct jrt *rt, struct jv obj, const struct jstr *name, struct jv *out);
+struct jv jfunc_call(struct jrt *rt, const struct jfunc *fn, struct jargs *a);
+
+/* Builtin functions and methods (struct jfunc.id). */
+enum jfn {
+    JF_G_RANGE,
+    JF_G_DICT,
+    JF_G_NAMESPACE,
+    JF_G_RAISE,
+    JF_G_STRFTIME,
+    JF_G_CYCLER,
+    JF_G_JOINER,
+    JF_LOOP_CYCLE,
+    JF_LOOP_CHANGED,
+    JF_CYCLER_NEXT,
+    JF_CYCLER_RESET,
+    JF_JOINER_CALL,
+    JF_METHOD, /* a method of str, dict or list: name says which */
+};
+
+struct jfunc {
+    uint16_t id;      /* enum jfn */
+    struct jv self;   /* bound methods: the object */
+    const char *name; /* for messages */
+    struct jv state;  /* cycler / joiner state (a namespace-like dict) */
+};
+
+struct jmacro {
+    const struct jnode *n; /* JN_MACRO or JN_CALLBLK */
+    struct jframe *closure;
+    const char *name;
+};
+
+/* jinja_eval.c */
+struct jv jeval(struct jrt *rt, const struct jnode *n, struct jframe *fr);
+void jexec_root(struct jrt *rt);
+struct jv jcall(struct jrt *rt, struct jv callee, struct jargs *a);
+/* Whether a loop's attribute exists (index, first …): *out set. */
+bool jloop_attr(struct jrt *rt, struct jloop *lp, const struct jstr *name, struct jv *out);
+struct jv jloop_cycle(struct jrt *rt, struct jloop *lp, struct jargs *a);
+struct jv jloop_changed(struct jrt *rt, struct jloop *lp, struct jargs *a);
+
+#endif
