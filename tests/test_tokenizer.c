@@ -5,11 +5,11 @@
  * to exactly the ids on its line of NAME.gguf.out. Also: decode(encode(x))
  * == x, special-token parsing, end-of-generation ids, the streaming decoder,
  * and refusal of tokenizers kvbatch does not implement. */
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/unicode.h"
@@ -576,8 +576,8 @@ int main(void)
      * the directory: the test data cache is shared by every checkout on the
      * machine, and a newer one may have added vocabularies this one refuses. */
     static const char *const k_vocabs[] = {
-        "ggml-vocab-gpt-2.gguf",   "ggml-vocab-starcoder.gguf", "ggml-vocab-llama-spm.gguf",
-        "ggml-vocab-phi-3.gguf",   "ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf",
+        "ggml-vocab-gpt-2.gguf", "ggml-vocab-starcoder.gguf", "ggml-vocab-llama-spm.gguf",
+        "ggml-vocab-phi-3.gguf", "ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf",
     };
     for (size_t i = 0; i < sizeof k_vocabs / sizeof k_vocabs[0]; i++) {
         char path[1600];
