@@ -146,9 +146,13 @@ int main(int argc, char **argv)
            "ratio");
     double layer[3][2] = {{0}};
     for (int s = 0; s < N_SHAPES; s++) {
-        struct mm_weight w0 = make_weight(s == 4 ? GGML_TYPE_Q6_K : type, shapes[s].n_in, shapes[s].n_out), w;
-        void *owned = NULL;
-        if (mm_pack_weight(ctx[0], &w0, &w, &owned) != KVB_OK) return 1;
+        /* Each implementation gets the weight in its own packed form (a
+         * context refuses another's packing with an error, which must not be
+         * timed as a product). */
+        struct mm_weight w0 = make_weight(s == 4 ? GGML_TYPE_Q6_K : type, shapes[s].n_in, shapes[s].n_out), w[2];
+        void *owned[2] = {NULL, NULL};
+        for (int k = 0; k < 2; k++)
+            if (mm_pack_weight(ctx[k], &w0, &w[k], &owned[k]) != KVB_OK) return 1;
         for (int ti = 0; ti < 3; ti++) {
             int64_t nt = toks[ti];
             if (s == 4 && nt == 512) continue; /* a prefill samples the last token only */
@@ -156,7 +160,10 @@ int main(int argc, char **argv)
             for (int r = -1; r < reps; r++)
                 for (int k = 0; k < 2; k++) {
                     double t0 = kvb_clock_s();
-                    mm_matmul(ctx[k], &w, x, nt, y);
+                    if (mm_matmul(ctx[k], &w[k], x, nt, y) != KVB_OK) {
+                        fprintf(stderr, "bench_amx: the %s product failed\n", k ? "amx" : "avx512");
+                        return 1;
+                    }
                     if (r >= 0) t[k][r] = kvb_clock_s() - t0;
                 }
             double med[2];
@@ -170,7 +177,7 @@ int main(int argc, char **argv)
             static const int per_layer[N_SHAPES] = {2, 2, 2, 1, 0};
             for (int k = 0; k < 2; k++) layer[ti][k] += per_layer[s] * med[k];
         }
-        kvb_free(owned);
+        for (int k = 0; k < 2; k++) kvb_free(owned[k]);
         kvb_free((void *)w0.data);
     }
     for (int ti = 0; ti < 3; ti++)
