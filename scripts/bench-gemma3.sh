@@ -10,6 +10,11 @@
 # best of each is kept: the machine is shared and noisy. llama.cpp runs with
 # --repack 0 (its AMX repacking crashes on this model here: ggml's
 # ggml_backend_amx_mul_mat segfaults) and f16 KV, as kvbatch does.
+# On a machine busy with other work, compare at THREADS=1: llama.cpp's
+# threads meet at every graph node, and when the cores are oversubscribed a
+# descheduled thread stalls the others (measured at load ~20 on 2 cores:
+# llama.cpp decode 0.4 tok/s at 2 threads, 5 tok/s at 1), which is a figure
+# of the machine, not of llama.cpp.
 #   scripts/bench-gemma3.sh [THREADS] [RUNS] [N_REQ]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -34,9 +34,13 @@ fp16 reference itself, about half its distance from the exact one.)
 Each scaled case also checks that it can see a missing scaling: the reference
 without it must differ from the reference by more than 10 x the bar. Likewise
 each Gemma case for what its architecture adds: the reference with every layer
-global (no sliding window) and, for gemma2, without each soft-cap, must differ
-by more than 10 x the bar; windowed cases report top-1 agreement separately
-for the positions past the window (where the window changes what is seen).
+global (no sliding window), with the other query-scale rule (hidden / heads)
+where that differs, for gemma3 with the windowed layers on the global RoPE
+base, and for gemma2 without each soft-cap, must differ by more than 10 x the
+bar, and the reference with its window one position shorter or longer by more
+than 3 x (so an engine off by one at the window's edge fails); windowed cases
+report top-1 agreement separately for the positions past the window (where the
+window changes what is seen).
 
 KVB_HFREF_BREAK=noscale writes the scaled cases' GGUFs without their scaling
 (keys, rope_freqs), nopermute skips llama's Q/K permutation, theta writes a
@@ -58,6 +62,9 @@ import time
 N_TOK = 2048
 MARGIN = 2.0
 SENSITIVITY = 10.0  # a scaled case's no-scaling reference must be this many bars away
+# a detail one step off (the window one position short) must be this many bars away: kvbatch, as far from
+# a wrong reference as it is from the right one (~half a bar), would then be over a bar from the right one
+EDGE_SENSITIVITY = 3.0
 
 
 def skip(msg):
@@ -203,16 +210,32 @@ def unscaled(cfg):
 
 
 def variants(arch, cfg):
-    """(what, config) pairs the reference must be sensitive to: each one leaves
-    out something the architecture computes."""
+    """(what, config, bars) triples the reference must be sensitive to, each by
+    more than `bars` x the case's bar: each leaves out something the
+    architecture computes, or gets a detail of it one step wrong."""
     out = []
     if scaled(cfg):
-        out.append(("rope scaling", unscaled(cfg)))
+        out.append(("no rope scaling", unscaled(cfg), SENSITIVITY))
     if arch in ("gemma2", "gemma3"):
-        out.append(("window", dict(cfg, layer_types=["full_attention"] * cfg["num_hidden_layers"])))
+        w = cfg["sliding_window"]
+        out.append(("no window", dict(cfg, layer_types=["full_attention"] * cfg["num_hidden_layers"]), SENSITIVITY))
+        # transformers' window holds the position itself and the w - 1 before it (kv > q - w): an engine
+        # one off either way must fail
+        out.append(("window %d (one short)" % (w - 1), dict(cfg, sliding_window=w - 1), EDGE_SENSITIVITY))
+        out.append(("window %d (one long)" % (w + 1), dict(cfg, sliding_window=w + 1), EDGE_SENSITIVITY))
+        # the query scale is 1/sqrt(query_pre_attn_scalar), which the GGUF does not carry: the other rule
+        # (hidden / heads, Gemma 2 27B's) must show
+        alt = cfg["hidden_size"] // cfg["num_attention_heads"]
+        if alt != cfg["query_pre_attn_scalar"]:
+            out.append(("query scale 1/sqrt(%d)" % alt, dict(cfg, query_pre_attn_scalar=alt), SENSITIVITY))
+    if arch == "gemma3":
+        rp = cfg["rope_parameters"]
+        glob = {"rope_type": "default", "rope_theta": full_rope(cfg)["rope_theta"]}
+        out.append(("the global RoPE base on the windowed layers",
+                    dict(cfg, rope_parameters=dict(rp, sliding_attention=glob)), SENSITIVITY))
     if arch == "gemma2":
-        out.append(("attn softcap", dict(cfg, attn_logit_softcapping=None)))
-        out.append(("final softcap", dict(cfg, final_logit_softcapping=None)))
+        out.append(("no attn softcap", dict(cfg, attn_logit_softcapping=None), SENSITIVITY))
+        out.append(("no final softcap", dict(cfg, final_logit_softcapping=None), SENSITIVITY))
     return out
 
 
@@ -348,13 +371,14 @@ def main():
                                 "or not rounding at all" % (name, n16))
             tol_d, tol_n = MARGIN * d16, MARGIN ** 2 * n16
             sens = []
-            for what, plain in variants(arch, cfg):
+            for what, plain, bars in variants(arch, cfg):
                 ds, ns, _ = metrics(np, ref, forward(build(arch, plain, state), ids, "eager"))
-                sens.append(ds)
-                if ds <= SENSITIVITY * tol_d:
-                    failures.append("%s: the reference without %s is only %.3g from it (bar %.3g): "
-                                    "this case cannot tell it missing" % (name, what, ds, tol_d))
-            sens = "%.3g" % min(sens) if sens else ""
+                sens.append(ds / (bars * tol_d))
+                print("  %s: the reference with %s is %.3g from it (%.1f bars)" % (name, what, ds, ds / tol_d))
+                if ds <= bars * tol_d:
+                    failures.append("%s: the reference with %s is only %.3g from it (must exceed %.3g): "
+                                    "this case cannot tell them apart" % (name, what, ds, bars * tol_d))
+            sens = "%.3g" % min(sens) if sens else ""  # > 1: every variant far enough
             win = cfg.get("sliding_window") if arch in ("gemma2", "gemma3") else None
             try:
                 p = subprocess.run([kvb, "logits", "--model", path, "--prompt-ids", " ".join(map(str, ids)),
@@ -422,9 +446,11 @@ def main():
     print("max|d|, NMSE, top-1: kvbatch against the exact reference over positions 0-%d (past w: top-1 over\n"
           "the positions past the sliding window); fp16 d / NMSE: the reference with fp16 K/V against the exact\n"
           "one; bar: what kvbatch is held to (max|d| %g x, NMSE %g x those); d vs fp16: kvbatch against the\n"
-          "fp16-K/V reference (for information); without: the smallest max|d| of the reference without one of\n"
-          "what the case computes (RoPE scaling, the window, a soft-cap; each must exceed %g bars)"
-          % (N_TOK - 1, MARGIN, MARGIN ** 2, SENSITIVITY))
+          "fp16-K/V reference (for information); without: over the case's changed references (RoPE scaling,\n"
+          "the window or a soft-cap left out, the other query-scale rule, the global RoPE base on the windowed\n"
+          "layers: each must be over %g bars away; the window one position off: over %g bars), the smallest\n"
+          "distance from the reference in units of what it must exceed (> 1 everywhere)"
+          % (N_TOK - 1, MARGIN, MARGIN ** 2, SENSITIVITY, EDGE_SENSITIVITY))
     print("total %.1fs" % (time.time() - t_start))
     if failures:
         print("\nFAIL:\n  " + "\n  ".join(failures))

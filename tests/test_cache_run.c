@@ -324,8 +324,14 @@ int main(void)
            (unsigned long long)tpst.blocks_written, (unsigned long long)tpst.blocks_dropped);
     CHECK_MSG(same(&ref, &tcold), "cold run with a one-block queue differs from the run without a cache");
     CHECK(tpst.blocks_written > 0 && tpst.blocks_dropped > 0);
-    CHECK_MSG((uint64_t)staged <= tpst.blocks_written + tpst.blocks_dropped / 4,
-              "%lld blocks copied off for %llu written", (long long)staged, (unsigned long long)tpst.blocks_written);
+    /* Fewer copies than spills: those refused at admission were never copied.
+     * Not "about as many as written": a staged block's put can still be
+     * dropped when its parent was (how many depends on how far the writer
+     * thread is behind, i.e. on the machine's load; a loaded ASan run had 4
+     * copied for 1 written). */
+    CHECK_MSG((uint64_t)staged < tpst.blocks_written + tpst.blocks_dropped,
+              "%lld blocks copied off for %llu spills (%llu written)", (long long)staged,
+              (unsigned long long)(tpst.blocks_written + tpst.blocks_dropped), (unsigned long long)tpst.blocks_written);
 
     int n_damaged = plant_damage(store_a);
     struct sched_stats s3 = run(store_a, false, &damaged, &pst);
