@@ -14,6 +14,10 @@
 # (--max-batch EQ_BATCH=32 with --kv-mem 2G: no type is short of blocks) and
 # at equal memory (--kv-mem EQ_MEM=48M, --ctx 1024, --max-batch 256: the pool decides how
 # many sequences run, and a quantized pool holds more).
+# Then the CPU kernels side by side on the batched job (KERNELS, default
+# "avx512 amx" where the CPU has AMX; empty skips it), interleaved, best and
+# median of REPS, with their ratio and whether they write the same outputs.
+# BENCH_MODEL: another GGUF.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-256}
@@ -22,7 +26,7 @@ THREADS=${3:-$(nproc)}
 REPS=${4:-2}
 MB=${MAX_BATCH:-128} # sequences at once in the batched run (kvbatch's default)
 BIN=${KVBATCH_BIN:-build/kvbatch} # KVBATCH_BIN: another build, for paired before/after runs
-MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL=${BENCH_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 [ -x "$BIN" ] || { cmake -S . -B build >/dev/null && cmake --build build -j"$(nproc)" >/dev/null; }
 [ -f "$MODEL" ] || scripts/fetch-model.sh
 tmp=$(mktemp -d)
@@ -105,6 +109,43 @@ bound = submitted - (n - 1) * shared + n * 16
 print(f"shared prefix {shared} tokens; prefill computed {computed} vs bound {bound} "
       f"(unique + one block per request): {'OK' if computed <= bound else 'OVER'}")
 PY
+
+if [ -z "${KERNELS+x}" ]; then
+  KERNELS=""
+  "$BIN" generate --model "$MODEL" --kernels amx -p a -n 1 -q >/dev/null 2>&1 && KERNELS="avx512 amx"
+fi
+if [ -n "$KERNELS" ]; then
+  echo
+  echo "kernels ($KERNELS) on the batched job, interleaved, $REPS reps"
+  for r in $(seq 1 "$REPS"); do
+    for k in $KERNELS; do
+      rm -f "$tmp"/kk.db*
+      "$BIN" run --model "$MODEL" -i "$tmp/job.jsonl" -o "$tmp/k-$k.jsonl" --metrics "$tmp/kk.db" \
+        --threads "$THREADS" --max-batch "$MB" --quiet --no-cache --kernels "$k"
+      read -r w kp kc kg kcache <<<"$(stats "$tmp/kk.db")"
+      echo "$w $kp $kg" >>"$tmp/kern-$k"
+    done
+  done
+  python3 - "$tmp" "$KERNELS" <<'PY'
+import json, os, statistics, sys
+tmp, ks = sys.argv[1], sys.argv[2].split()
+out = {}
+for k in ks:
+    rows = [tuple(map(float, l.split())) for l in open(os.path.join(tmp, "kern-" + k))]
+    rate = [g / w for w, p, g in rows]
+    tot = [(p + g) / w for w, p, g in rows]
+    out[k] = statistics.median(rate)
+    print(f"  {k:<7} output {max(rate):.1f} best / {out[k]:.1f} median tok/s, "
+          f"total {statistics.median(tot):.1f} median tok/s")
+if len(ks) > 1:
+    print("  " + ", ".join(f"{k}/{ks[0]} {out[k] / out[ks[0]]:.2f}x (output tok/s, medians)" for k in ks[1:]))
+    def text(d):
+        ch = d["response"]["body"]["choices"] if d.get("response") else []
+        return [c["message"]["content"] if "message" in c else c.get("text") for c in ch]
+    texts = [{d["custom_id"]: text(d) for d in map(json.loads, open(os.path.join(tmp, f"k-{k}.jsonl")))} for k in ks]
+    print("  outputs identical across kernels" if all(t == texts[0] for t in texts) else "  WARNING: outputs differ")
+PY
+fi
 
 KV_TYPES=${KV_TYPES-f16 q8 q4}
 [ -n "$KV_TYPES" ] || exit 0

@@ -16,9 +16,11 @@
  * `dequant TYPE N` it is instead a filter used by tests/pytest_quant.py. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/cpu.h"
 #include "base/dtype.h"
 #include "base/rng.h"
 #include "base/tpool.h"
@@ -508,12 +510,13 @@ static const char *impl_label(enum mm_impl impl)
     case MM_IMPL_SCALAR: return "scalar";
     case MM_IMPL_AVX2: return "avx2";
     case MM_IMPL_AVX512: return "avx512";
+    case MM_IMPL_AMX: return "amx";
     default: return "auto";
     }
 }
 
-static const enum mm_impl impls[] = {MM_IMPL_SCALAR, MM_IMPL_AVX2, MM_IMPL_AVX512};
-#define N_IMPLS 3
+static const enum mm_impl impls[] = {MM_IMPL_SCALAR, MM_IMPL_AVX2, MM_IMPL_AVX512, MM_IMPL_AMX};
+#define N_IMPLS 4
 
 /* Relative float tolerance for a sum of `terms` float additions of values
  * whose absolute sum is the magnitude: a worst-case rounding bound with some
@@ -717,6 +720,84 @@ static void test_determinism(struct tpool **pools, int n_pools)
     }
 }
 
+/* ---- (e) AMX against AVX-512, bit for bit --------------------------------------------- */
+
+/* The AMX kernels compute every output with the AVX-512 kernels' float
+ * operations on the same exact integer sums (matmul_amx.c), so the two are
+ * equal bit for bit: for every type, at every tile edge (token counts around
+ * the tile heights 1, 2, 4, 8, 16 and their multiples; rows around the
+ * 16-row panels), every group kind of the wide types (S8, partial S4, S1 of
+ * one and two blocks), stored and packed weights (each implementation's own
+ * packed form), token chunks (n_in 8192 with 40 tokens is two chunks) and
+ * any thread split. */
+static int amx_vs_avx512(struct tpool *pool, enum ggml_type type, int64_t n_in, int64_t n_out, int64_t n_tok, int pack)
+{
+    size_t rb;
+    uint8_t *w = make_weights(type, n_in, n_out, &rb);
+    float *x = make_input(n_in, n_tok);
+    if (n_tok > 2) memset(x + n_in, 0, sizeof(float) * (size_t)n_in); /* an all-zero token: block scales 0 */
+    struct mm_weight mw = {type, n_in, n_out, w, rb, 0};
+    size_t ny = (size_t)(n_out * n_tok);
+    float *y[2] = {malloc(sizeof(float) * ny), malloc(sizeof(float) * ny)};
+    const enum mm_impl im[2] = {MM_IMPL_AVX512, MM_IMPL_AMX};
+    void *owned[2] = {NULL, NULL};
+    int ok = 1;
+    for (int k = 0; k < 2; k++) {
+        struct mm_ctx *ctx = NULL;
+        CHECK(mm_ctx_create(pool, im[k], &ctx, NULL) == KVB_OK);
+        struct mm_weight use = mw;
+        if (pack) CHECK(mm_pack_weight(ctx, &mw, &use, &owned[k]) == KVB_OK);
+        for (size_t i = 0; i < ny; i++) y[k][i] = NAN;
+        CHECK(mm_matmul(ctx, &use, x, n_tok, y[k]) == KVB_OK);
+        mm_ctx_free(ctx);
+    }
+    for (size_t i = 0; i < ny; i++)
+        if (memcmp(&y[0][i], &y[1][i], sizeof(float)) != 0) {
+            CHECK_MSG(0, "amx vs avx512 %s n_in=%lld n_out=%lld n_tok=%lld%s: [t=%lld r=%lld] %.9g vs %.9g",
+                      type_name(type), (long long)n_in, (long long)n_out, (long long)n_tok, pack ? " packed" : "",
+                      (long long)(i / (size_t)n_out), (long long)(i % (size_t)n_out), y[1][i], y[0][i]);
+            ok = 0;
+            break;
+        }
+    for (int k = 0; k < 2; k++) kvb_free(owned[k]);
+    free(y[0]);
+    free(y[1]);
+    free(x);
+    free(w);
+    return ok;
+}
+
+static void test_amx_bits(struct tpool **pools, int n_pools)
+{
+    if (!mm_impl_available(MM_IMPL_AMX) || !mm_impl_available(MM_IMPL_AVX512)) {
+        fprintf(stderr, "amx vs avx512: not both supported by this CPU, skipped\n");
+        return;
+    }
+    /* wide types: 1..3 blocks (S4/S1 only), 9, 10, 11 (S4 + S1), 16 (S8), 17, 18 (S8 + S1),
+     * 25 (S8 + S4 + S1), 33, 96, 256 */
+    static const int64_t in_wide[] = {32, 64, 96, 288, 320, 352, 512, 544, 576, 800, 1056, 3072, 8192};
+    static const int64_t in_k[] = {256, 512, 768, 3072};
+    static const int64_t outs[] = {1, 15, 16, 17, 33, 67};
+    static const int64_t toks[] = {1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 40};
+    static const enum ggml_type types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, GGML_TYPE_Q5_0,
+                                           GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
+    int n = 0, bad = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const int k = types[ti] == GGML_TYPE_Q4_K || types[ti] == GGML_TYPE_Q6_K;
+        const int64_t *ins = k ? in_k : in_wide;
+        const int n_ins = k ? 4 : 13;
+        for (int i = 0; i < n_ins; i++)
+            for (size_t j = 0; j < sizeof toks / sizeof toks[0]; j++) {
+                if (ins[i] >= 8192 && toks[j] != 40 && toks[j] != 1) continue; /* the chunked shape: a few */
+                const int64_t n_out = outs[(i + j) % 6];
+                for (int pack = 0; pack < 2; pack++, n++)
+                    bad += !amx_vs_avx512(pools[(i + j + (size_t)pack) % (size_t)n_pools], types[ti], ins[i], n_out,
+                                          toks[j], pack);
+            }
+    }
+    fprintf(stderr, "amx vs avx512: %d shapes, %d differ\n", n, bad);
+}
+
 /* One input read by weights of several types: an implementation may keep
  * several arrangements (forms) of the quantized input and make each the first
  * time a weight needs it, so every order of use must give each weight the
@@ -875,6 +956,44 @@ static void test_errors(struct tpool *pool)
     }
 }
 
+/* What AUTO means and why a kernel is refused. Run twice by ctest: as is,
+ * and with KVBATCH_AMX_DENY=1 (test_quant_amx_denied), which acts as the
+ * operating system refusing the AMX tile state: AMX is then unavailable with
+ * that reason, and AUTO falls back to AVX-512 (the rest of this test then
+ * runs without AMX, as on a machine that refused it). */
+static void test_kernel_choice(void)
+{
+    const struct cpu_features cf = cpu_features();
+    const char *deny = getenv("KVBATCH_AMX_DENY");
+    const int denied = deny && *deny && *deny != '0';
+    CHECK(!denied || !cf.amx);
+    CHECK(!cf.amx || cf.amx_cpu);
+    CHECK(mm_impl_available(MM_IMPL_AMX) == cf.amx || !cf.amx);
+    enum mm_impl k = MM_IMPL_AUTO;
+    struct kvb_err err = {{0}};
+    const char *env = getenv("KVBATCH_KERNELS");
+    if (!env || !*env || !strcmp(env, "auto")) {
+        CHECK(mm_impl_resolve(MM_IMPL_AUTO, &k, &err) == KVB_OK);
+        CHECK(k == (mm_impl_available(MM_IMPL_AMX)      ? MM_IMPL_AMX
+                    : mm_impl_available(MM_IMPL_AVX512) ? MM_IMPL_AVX512
+                    : mm_impl_available(MM_IMPL_AVX2)   ? MM_IMPL_AVX2
+                                                        : MM_IMPL_SCALAR));
+    }
+    if (!mm_impl_available(MM_IMPL_AMX)) {
+        struct tpool *pool = NULL;
+        struct mm_ctx *ctx = NULL;
+        CHECK(tpool_create(1, &pool) == KVB_OK);
+        CHECK(mm_ctx_create(pool, MM_IMPL_AMX, &ctx, &err) == KVB_ERR_UNSUPPORTED && ctx == NULL);
+        CHECK_MSG(!cf.amx_cpu || strstr(err.msg, "refused"), "AMX refused, but the message says: %s", err.msg);
+        CHECK_MSG(cf.amx_cpu || strstr(err.msg, "no AMX"), "no AMX, but the message says: %s", err.msg);
+        tpool_free(pool);
+    }
+    enum mm_impl parsed;
+    CHECK(mm_impl_parse("amx", &parsed) && parsed == MM_IMPL_AMX && !strcmp(mm_impl_label(parsed), "amx"));
+    CHECK(mm_impl_parse("scalar", &parsed) && parsed == MM_IMPL_SCALAR);
+    CHECK(!mm_impl_parse("AMX", &parsed) && !mm_impl_parse("", &parsed) && !mm_impl_parse(NULL, &parsed));
+}
+
 /* `test_quant dequant TYPE N`: dequantizes one row of N elements read from
  * stdin to raw f32 on stdout, so that tests/pytest_quant.py can compare with
  * gguf-py's independent numpy implementation. */
@@ -917,9 +1036,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "impl %s: %s\n", impl_label(impls[ii]),
                 mm_impl_available(impls[ii]) ? "tested" : "not supported by this CPU, skipped");
 
+    test_kernel_choice();
     test_errors(pools[1]);
     test_products(pools[1]);
     test_determinism(pools, 3);
+    test_amx_bits(pools, 3);
     test_mixed_types(pools[1]);
     test_input_fn(pools[1]);
     for (int i = 0; i < 3; i++) tpool_free(pools[i]);

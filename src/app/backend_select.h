@@ -19,7 +19,7 @@ struct be_select_opts {
     int32_t block_size;   /* tokens per KV block */
     uint64_t kv_mem;      /* bytes for the KV pool; 0 = default (CPU 1 GiB, GPU 90 % of what the weights leave) */
     int32_t n_ctx;        /* one sequence must fit: the pool gets at least this many positions */
-    bool scalar;          /* CPU: plain C reference kernels */
+    enum mm_impl kernels; /* CPU matmul kernels (--kernels; MM_IMPL_AUTO when zeroed) */
     bool deterministic;   /* GPU: batch-invariant mode */
     bool cuda_graphs;     /* GPU: CUDA graphs for repeated step shapes */
     enum kv_type kv_type; /* how the KV pool stores K/V (KV_F16 when zeroed) */

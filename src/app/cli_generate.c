@@ -48,7 +48,9 @@ static void usage(FILE *f)
                "      --print-ids         print generated token ids instead of text\n"
                "      --device DEV        auto | cpu | cuda | cuda:N (default auto: a CUDA device when usable)\n"
                "      --kv-type T         KV cache rows: f16 | q8 | q4 (default f16; q4: 4-bit V, 8-bit K)\n"
-               "      --scalar            use the plain C reference kernels (slow; for checking)\n"
+               "      --kernels K         CPU kernels: auto | amx | avx512 | avx2 | scalar (default auto: the\n"
+               "                          best this CPU runs; KVBATCH_KERNELS overrides auto)\n"
+               "      --scalar            the same as --kernels scalar (the slow reference)\n"
                "  -q, --quiet             no speed report on stderr\n"
                "  -h, --help              this text\n");
 }
@@ -166,8 +168,11 @@ static int parse_args(int argc, char **argv, struct gen_args *ga)
             CLI_VAL();
             if (!cli_parse_kv_type(a, val, &ga->lo.kv_type)) return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--print-ids")) ga->print_ids = true;
-        else if (!strcmp(a, "--scalar")) ga->lo.scalar = true;
-        else if (cli_opt_is(a, "--device")) {
+        else if (!strcmp(a, "--scalar")) ga->lo.kernels = MM_IMPL_SCALAR;
+        else if (cli_opt_is(a, "--kernels")) {
+            CLI_VAL();
+            if (!cli_parse_kernels(a, val, &ga->lo.kernels)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--device")) {
             CLI_VAL();
             ga->lo.device = val;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) ga->quiet = true;

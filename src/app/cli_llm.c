@@ -40,7 +40,7 @@ bool cli_llm_open(const struct cli_llm_opts *o, struct cli_llm *l)
                                 .block_size = 16,
                                 .kv_mem = be_block_bytes(l->model, 16, o->kv_type) * (uint64_t)((n_ctx + 15) / 16),
                                 .n_ctx = n_ctx,
-                                .scalar = o->scalar,
+                                .kernels = o->kernels,
                                 .kv_type = o->kv_type};
     st = be_select_create(l->model, &bo, &l->be, &err);
     if (st != KVB_OK) {

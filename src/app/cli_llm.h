@@ -22,7 +22,7 @@ struct cli_llm_opts {
     const char *model_path;
     int n_threads;
     int32_t n_ctx;        /* 0: min(trained context, 4096) */
-    bool scalar;          /* force the plain C reference kernels */
+    enum mm_impl kernels; /* --kernels (--scalar: MM_IMPL_SCALAR); MM_IMPL_AUTO when zeroed */
     const char *device;   /* --device: auto | cpu | cuda[:N] */
     enum kv_type kv_type; /* --kv-type (KV_F16 when zeroed) */
 };

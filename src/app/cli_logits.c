@@ -32,7 +32,8 @@ static void usage(FILE *f)
                "      --batch N          most tokens per forward pass (default 512)\n"
                "      --device DEV       auto | cpu | cuda | cuda:N (default auto)\n"
                "      --kv-type T        KV cache rows: f16 | q8 | q4 (default f16; q4: 4-bit V, 8-bit K)\n"
-               "      --scalar           use the plain C reference kernels\n"
+               "      --kernels K        CPU kernels: auto | amx | avx512 | avx2 | scalar (default auto)\n"
+               "      --scalar           the same as --kernels scalar (the slow reference)\n"
                "  -h, --help             this text\n");
 }
 
@@ -74,8 +75,11 @@ int cli_logits(int argc, char **argv)
         } else if (cli_opt_is(a, "--kv-type")) {
             CLI_VAL();
             if (!cli_parse_kv_type(a, val, &lo.kv_type)) return CLI_EXIT_USAGE;
-        } else if (!strcmp(a, "--scalar")) lo.scalar = true;
-        else if (cli_opt_is(a, "--device")) {
+        } else if (!strcmp(a, "--scalar")) lo.kernels = MM_IMPL_SCALAR;
+        else if (cli_opt_is(a, "--kernels")) {
+            CLI_VAL();
+            if (!cli_parse_kernels(a, val, &lo.kernels)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--device")) {
             CLI_VAL();
             lo.device = val;
         } else {

@@ -69,7 +69,11 @@ static void usage(FILE *f)
                "                           last (default: the model's own pooling_type; a generative model has\n"
                "                           none and needs this option for embeddings)\n"
                "      --no-normalize       embeddings as pooled, not L2-normalised\n"
-               "      --scalar             plain C reference kernels (slow; for checking)\n"
+               "      --kernels K          CPU kernels: auto (default: the best this CPU runs, amx > avx512 >\n"
+               "                           avx2 > scalar; KVBATCH_KERNELS overrides it) | amx | avx512 | avx2 |\n"
+               "                           scalar (all give the same results but scalar, which is the slow\n"
+               "                           reference); one this CPU cannot run is an error\n"
+               "      --scalar             the same as --kernels scalar\n"
                "  -q, --quiet              no progress or summary on stderr\n"
                "  -h, --help               this text\n"
                "\n"
@@ -150,8 +154,11 @@ int cli_run(int argc, char **argv)
         else if (cli_opt_is(a, "--cache-buffer")) {
             CLI_VAL();
             if (!cli_parse_size(a, val, &o.cache_buffer)) return CLI_EXIT_USAGE;
-        } else if (!strcmp(a, "--scalar")) o.scalar = true;
-        else if (cli_opt_is(a, "--pooling")) {
+        } else if (!strcmp(a, "--scalar")) o.kernels = MM_IMPL_SCALAR;
+        else if (cli_opt_is(a, "--kernels")) {
+            CLI_VAL();
+            if (!cli_parse_kernels(a, val, &o.kernels)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--pooling")) {
             CLI_VAL();
             if (strcmp(val, "mean") && strcmp(val, "cls") && strcmp(val, "last")) {
                 fprintf(stderr, "kvbatch run: --pooling expects mean, cls or last, got '%s'\n", val);

@@ -62,6 +62,22 @@ bool cli_parse_kv_type(const char *opt, const char *val, enum kv_type *out)
     return false;
 }
 
+bool cli_parse_kernels(const char *opt, const char *val, enum mm_impl *out)
+{
+    enum mm_impl k, resolved;
+    if (!mm_impl_parse(val, &k)) {
+        fprintf(stderr, "kvbatch: %s expects auto, amx, avx512, avx2 or scalar, got '%s'\n", opt, val);
+        return false;
+    }
+    struct kvb_err err = {{0}};
+    if (mm_impl_resolve(k, &resolved, &err) != KVB_OK) {
+        fprintf(stderr, "kvbatch: %s %s: %s\n", opt, val, err.msg);
+        return false;
+    }
+    *out = k;
+    return true;
+}
+
 bool cli_parse_size(const char *opt, const char *val, uint64_t *out)
 {
     char *end;

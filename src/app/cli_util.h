@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "backend/kvtype.h"
+#include "model/quant.h"
 
 /* Exit codes of kvbatch commands. */
 enum {
@@ -23,6 +24,10 @@ bool cli_parse_i64(const char *opt, const char *val, int64_t lo, int64_t hi, int
 bool cli_parse_f32(const char *opt, const char *val, float lo, float hi, float *out);
 /* --kv-type: f16, q8 or q4 (backend/kvtype.h). */
 bool cli_parse_kv_type(const char *opt, const char *val, enum kv_type *out);
+/* --kernels NAME: auto | amx | avx512 | avx2 | scalar, and one this CPU can
+ * run (auto: what it resolves to, so a bad KVBATCH_KERNELS is reported here
+ * too); prints why not. */
+bool cli_parse_kernels(const char *opt, const char *val, enum mm_impl *out);
 /* Sizes like 512M, 2G, 1.5GiB, 4096 (bytes). */
 bool cli_parse_size(const char *opt, const char *val, uint64_t *out);
 

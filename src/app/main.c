@@ -6,6 +6,7 @@
 #include "app/cli_util.h"
 #include "base/cpu.h"
 #include "kvb_build_info.h"
+#include "model/quant.h"
 
 struct command {
     const char *name;
@@ -52,11 +53,15 @@ static void version(void)
     const char *cuda = "no CUDA backend";
 #endif
     printf("%s; %s\n", cuda, KVB_BUILD_OPTS);
-    printf("CPU kernels this machine runs: %s (AVX2 %s, AVX-512 VNNI %s)\n",
-           cf.avx512 ? "avx512"
-           : cf.avx2 ? "avx2"
-                     : "scalar",
-           cf.avx2 ? "yes" : "no", cf.avx512 ? "yes" : "no");
+    enum mm_impl best = MM_IMPL_SCALAR;
+    struct kvb_err err = {{0}};
+    const bool env_ok = mm_impl_resolve(MM_IMPL_AUTO, &best, &err) == KVB_OK;
+    printf("CPU kernels this machine runs: %s (AVX2 %s, AVX-512 VNNI %s, AMX %s)\n", env_ok ? mm_impl_label(best) : "?",
+           cf.avx2 ? "yes" : "no", cf.avx512 ? "yes" : "no",
+           mm_impl_available(MM_IMPL_AMX) ? "yes"
+           : cf.amx_cpu                   ? "in the CPU, but not usable here"
+                                          : "no");
+    if (!env_ok) printf("%s\n", err.msg);
 }
 
 int main(int argc, char **argv)

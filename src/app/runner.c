@@ -682,7 +682,7 @@ static bool setup(struct runner *r)
                                 .block_size = o->block_size,
                                 .kv_mem = o->kv_mem,
                                 .n_ctx = r->n_ctx,
-                                .scalar = o->scalar,
+                                .kernels = o->kernels,
                                 .deterministic = o->deterministic,
                                 .cuda_graphs = o->cuda_graphs,
                                 .kv_type = o->kv_type};

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "backend/kvtype.h"
+#include "model/quant.h"
 
 struct run_opts {
     const char *model_path;
@@ -44,7 +45,8 @@ struct run_opts {
     int cache_level;           /* zstd level; 0: default */
     bool cache_lossy8;         /* 8-bit lossy cache values */
     uint64_t cache_buffer;     /* bytes of blocks waiting to be written; 0: the store's default */
-    bool resume, quiet, scalar;
+    bool resume, quiet;
+    enum mm_impl kernels;             /* CPU matmul kernels (--kernels, --scalar); MM_IMPL_AUTO when zeroed */
     const char *pooling;              /* --pooling mean|cls|last for embeddings; NULL: the model's pooling_type */
     bool no_normalize;                /* embeddings as pooled, not L2-normalised */
     int32_t shard_index, shard_count; /* run only shard_index of shard_count (job_shard.h); count <= 1: all */

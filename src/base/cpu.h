@@ -6,7 +6,8 @@
  * saves the vector registers (XCR0). Each set matches the flags its sources
  * are compiled with (CMakeLists.txt): a kernel may use all of them. All
  * false off x86. Read once per process (thread-safe), so kernels may ask
- * on every call. */
+ * on every call. The first call also asks Linux for the AMX tile state when
+ * the CPU has AMX (a permission per process, inherited by every thread). */
 #ifndef KVB_CPU_H
 #define KVB_CPU_H
 
@@ -16,6 +17,13 @@ struct cpu_features {
     bool f16c;   /* F16C with AVX state saved */
     bool avx2;   /* AVX2 + FMA + F16C: the *_avx2.c sources */
     bool avx512; /* AVX-512 F/BW/VL/VNNI + the above: the *_avx512.c sources */
+    /* AMX-TILE/INT8/BF16 + avx512, the OS saves tile state (XCR0), and the
+     * kernel granted this process the tile data (Linux: arch_prctl
+     * ARCH_REQ_XCOMP_PERM, asked once per process by cpu_features): the
+     * *_amx.c sources. amx_cpu: the CPU and XCR0 have it, whatever the
+     * kernel said (so a refusal can be told apart from a CPU without AMX). */
+    bool amx;
+    bool amx_cpu;
 };
 
 struct cpu_features cpu_features(void);

@@ -616,6 +616,8 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "block size %d and block count %d must be positive", opts->block_size,
                         opts->n_blocks);
     KVB_FORWARD_IF_ERROR(kv_type_check(opts->kv_type, m->hp.head_dim, err));
+    enum mm_impl impl; /* AUTO resolved (KVBATCH_KERNELS or the best), so attention follows the matmuls */
+    KVB_FORWARD_IF_ERROR(mm_impl_resolve(opts->impl, &impl, err));
     struct cpu_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     const struct model_hparams *hp = &m->hp;
@@ -630,8 +632,8 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
     c->be.block_size = opts->block_size;
     c->be.n_blocks = opts->n_blocks;
     c->kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    c->simd = opts->impl != MM_IMPL_SCALAR && attn_have_avx2();
-    c->avx512 = c->simd && opts->impl != MM_IMPL_AVX2 && attn_have_avx512();
+    c->simd = impl != MM_IMPL_SCALAR && attn_have_avx2();
+    c->avx512 = c->simd && impl != MM_IMPL_AVX2 && attn_have_avx512();
     c->be.block_bytes = be_block_bytes(m, opts->block_size, opts->kv_type);
     be_paging_init(&c->be, m, opts->n_blocks, opts->kv_type);
     c->be.kv_map = cpu_kv_map;
@@ -647,7 +649,7 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
         cpu_free(&c->be);
         return kvb_errf(err, st, "cannot start %d threads", opts->n_threads);
     }
-    st = mm_ctx_create(c->pool, opts->impl, &c->mm, err);
+    st = mm_ctx_create(c->pool, impl, &c->mm, err);
     if (st != KVB_OK) {
         cpu_free(&c->be);
         return st;

@@ -9,6 +9,7 @@
  * copy, or a caller's callback) and the quantized forms the weights of an
  * mm_apply*() read are made in one parallel pass just before that product,
  * once per input. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -49,6 +50,7 @@ struct mm_ctx {
 
 static bool cpu_has_avx2(void) { return cpu_features().avx2; }
 static bool cpu_has_avx512(void) { return cpu_features().avx512; }
+static bool cpu_has_amx(void) { return mm_amx_built && cpu_features().amx; }
 
 bool mm_impl_available(enum mm_impl impl)
 {
@@ -57,24 +59,75 @@ bool mm_impl_available(enum mm_impl impl)
     case MM_IMPL_SCALAR: return true;
     case MM_IMPL_AVX2: return cpu_has_avx2();
     case MM_IMPL_AVX512: return cpu_has_avx512();
+    case MM_IMPL_AMX: return cpu_has_amx();
     }
     return false;
+}
+
+static const char *const impl_names[] = {"auto", "scalar", "avx2", "avx512", "amx"};
+
+bool mm_impl_parse(const char *name, enum mm_impl *out)
+{
+    for (size_t i = 0; name && i < sizeof impl_names / sizeof impl_names[0]; i++)
+        if (!strcmp(name, impl_names[i])) {
+            *out = (enum mm_impl)i;
+            return true;
+        }
+    return false;
+}
+
+const char *mm_impl_label(enum mm_impl impl)
+{
+    return (unsigned)impl < sizeof impl_names / sizeof impl_names[0] ? impl_names[impl] : "?";
+}
+
+/* Why `impl` cannot run here. */
+static const char *why_not(enum mm_impl impl)
+{
+    if (impl != MM_IMPL_AMX) return "this CPU does not have it";
+    if (!cpu_features().amx_cpu) return "this CPU has no AMX (amx_tile, amx_int8, amx_bf16 with AVX-512 VNNI)";
+    if (!mm_amx_built) return "this kvbatch was built by a compiler without AMX support";
+    return "the operating system refused this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)";
+}
+
+enum kvb_status mm_impl_resolve(enum mm_impl impl, enum mm_impl *out, struct kvb_err *err)
+{
+    const char *from = "";
+    if (impl == MM_IMPL_AUTO) {
+        const char *env = getenv("KVBATCH_KERNELS");
+        if (env && *env && strcmp(env, "auto")) {
+            if (!mm_impl_parse(env, &impl))
+                return kvb_errf(err, KVB_ERR_INVALID_ARG,
+                                "KVBATCH_KERNELS='%s': expected auto, amx, avx512, avx2 or scalar", env);
+            from = "KVBATCH_KERNELS=";
+        } else {
+            impl = cpu_has_amx()      ? MM_IMPL_AMX
+                   : cpu_has_avx512() ? MM_IMPL_AVX512
+                   : cpu_has_avx2()   ? MM_IMPL_AVX2
+                                      : MM_IMPL_SCALAR;
+        }
+    }
+    if ((unsigned)impl >= sizeof impl_names / sizeof impl_names[0])
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "unknown matmul implementation %d", (int)impl);
+    if (!mm_impl_available(impl))
+        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "%s%s kernels cannot run here: %s", from, impl_names[impl],
+                        why_not(impl));
+    *out = impl;
+    return KVB_OK;
 }
 
 enum kvb_status mm_ctx_create(struct tpool *pool, enum mm_impl impl, struct mm_ctx **out, struct kvb_err *err)
 {
     if (!pool || !out) return kvb_errf(err, KVB_ERR_INVALID_ARG, "mm_ctx_create: NULL argument");
-    if (impl == MM_IMPL_AUTO) impl = cpu_has_avx512() ? MM_IMPL_AVX512 : cpu_has_avx2() ? MM_IMPL_AVX2 : MM_IMPL_SCALAR;
+    KVB_FORWARD_IF_ERROR(mm_impl_resolve(impl, &impl, err));
     const struct mm_kernels *k;
     switch (impl) {
     case MM_IMPL_SCALAR: k = &mm_kernels_scalar; break;
     case MM_IMPL_AVX2: k = &mm_kernels_avx2; break;
     case MM_IMPL_AVX512: k = &mm_kernels_avx512; break;
+    case MM_IMPL_AMX: k = &mm_kernels_amx; break;
     default: return kvb_errf(err, KVB_ERR_INVALID_ARG, "mm_ctx_create: unknown impl %d", (int)impl);
     }
-    if (!mm_impl_available(impl))
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED, "mm_ctx_create: this CPU cannot run the %s matmul (use MM_IMPL_AUTO)",
-                        k->name);
     struct mm_ctx *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "mm_ctx_create: out of memory");
     c->pool = pool;
@@ -289,7 +342,10 @@ struct pack_job {
 static void pack_worker(void *arg, int ith, int nth)
 {
     struct pack_job *j = arg;
-    int64_t r0 = j->w->n_out * ith / nth, r1 = j->w->n_out * (ith + 1) / nth;
+    /* Whole grains: a packed form may interleave the rows of a grain. */
+    int64_t grains = (j->w->n_out + ROW_GRAIN - 1) / ROW_GRAIN;
+    int64_t r0 = grains * ith / nth * ROW_GRAIN, r1 = grains * (ith + 1) / nth * ROW_GRAIN;
+    if (r1 > j->w->n_out) r1 = j->w->n_out;
     if (r0 < r1) j->k->pack_rows(j->w, r0, r1, j->dst + (size_t)r0 * j->w->row_bytes);
 }
 

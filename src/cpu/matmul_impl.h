@@ -12,6 +12,7 @@
 #ifndef KVB_MATMUL_IMPL_H
 #define KVB_MATMUL_IMPL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,7 +49,9 @@ struct mm_kernels {
      * mm_weight.packed takes for this implementation's packed rows;
      * packs(type) says whether it has a packed form of that type; pack_rows
      * writes rows [r0, r1) of w, packed, to dst (row_bytes each, same size
-     * as stored). rows() then reads them with the same arithmetic. */
+     * as stored). rows() then reads them with the same arithmetic. r0 is a
+     * multiple of 16 and r1 one too or n_out (matmul.c splits so): a packed
+     * form may interleave the rows of a 16-row panel. */
     uint32_t pack_tag;
     int (*packs)(enum ggml_type type);
     void (*pack_rows)(const struct mm_weight *w, int64_t r0, int64_t r1, uint8_t *dst);
@@ -57,6 +60,9 @@ struct mm_kernels {
 extern const struct mm_kernels mm_kernels_scalar;
 extern const struct mm_kernels mm_kernels_avx2;   /* matmul_avx2.c: AVX2+FMA+F16C */
 extern const struct mm_kernels mm_kernels_avx512; /* matmul_avx512.c: AVX-512 F/BW/VL/VNNI */
+extern const struct mm_kernels mm_kernels_amx;    /* matmul_amx.c: AMX-INT8 tiles + the above */
+/* Whether matmul_amx.c was compiled with the AMX flags (else its table is empty). */
+extern const bool mm_amx_built;
 
 /* The implementation ctx resolved to, for code of this folder that runs the
  * kernels over a split of its own (moe.c: many small products in one pool

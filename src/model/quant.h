@@ -51,14 +51,15 @@ enum mm_impl {
     MM_IMPL_AUTO = 0, /* best the CPU supports, chosen at run time */
     MM_IMPL_SCALAR,   /* plain C reference path */
     MM_IMPL_AVX2,     /* AVX2+FMA (+F16C); refused when the CPU lacks it */
-    MM_IMPL_AVX512    /* AVX-512 F/BW/VL + VNNI; refused when the CPU lacks it */
+    MM_IMPL_AVX512,   /* AVX-512 F/BW/VL + VNNI; refused when the CPU lacks it */
+    MM_IMPL_AMX       /* AMX int8 tiles (+ AVX-512); refused without AMX or the kernel's tile permission */
 };
 
 struct mm_ctx;
 
 enum kvb_status mm_ctx_create(struct tpool *pool, enum mm_impl impl, struct mm_ctx **out, struct kvb_err *err);
 void mm_ctx_free(struct mm_ctx *ctx); /* accepts NULL */
-/* "scalar", "avx2" or "avx512" (what AUTO resolved to). */
+/* "scalar", "avx2", "avx512" or "amx" (what AUTO resolved to). */
 const char *mm_ctx_impl_name(const struct mm_ctx *ctx);
 
 /* Two-step form so several weights with the same n_in share one quantized
@@ -97,5 +98,18 @@ enum kvb_status mm_pack_weight(struct mm_ctx *ctx, const struct mm_weight *w, st
 
 /* Whether this CPU can run `impl` (AUTO and SCALAR: always). */
 bool mm_impl_available(enum mm_impl impl);
+
+/* "auto", "amx", "avx512", "avx2", "scalar" <-> enum mm_impl (false: none of them). */
+bool mm_impl_parse(const char *name, enum mm_impl *out);
+const char *mm_impl_label(enum mm_impl impl);
+
+/* What `impl` means here: AUTO is the environment's KVBATCH_KERNELS when it
+ * is set to something other than "auto" (so that a test run can force one
+ * implementation on everything that asks for AUTO), else the best this CPU
+ * runs (amx, avx512, avx2, scalar in that order). KVB_ERR_UNSUPPORTED, with
+ * the reason (no such unit, the kernel refused AMX's tile state, a build
+ * without AMX), when the result cannot run here; KVB_ERR_INVALID_ARG for a
+ * KVBATCH_KERNELS value that names none. mm_ctx_create resolves with it. */
+enum kvb_status mm_impl_resolve(enum mm_impl impl, enum mm_impl *out, struct kvb_err *err);
 
 #endif
