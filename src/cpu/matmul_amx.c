@@ -732,9 +732,26 @@ static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float
  * this file knows) go to the decode kernel for a few tokens and to the tiles
  * from there on; stored ones to the tiles from AMX_MIN_TOK tokens and to the
  * AVX-512 code below that (as float weights always do). */
+/* The types the tile path was written and tested for; the others (Q2_K,
+ * Q3_K, Q5_K, IQ4_NL, IQ4_XS: super-blocks whose scales it does not unpack)
+ * run the AVX-512 kernels, which give the same results. */
+static bool tile_type(enum ggml_type t)
+{
+    switch (t) {
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q6_K: return true;
+    default: return false;
+    }
+}
+
 static bool on_tiles(const struct mm_weight *w, int64_t n_tok)
 {
-    if (!mm_type_is_quantized(w->type)) return false;
+    if (!tile_type(w->type)) return false;
     return w->packed == PACK_TAG ? n_tok > DECODE_MAX_TOK : n_tok >= AMX_MIN_TOK;
 }
 
