@@ -39,6 +39,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvbcheck import need_modules  # noqa: E402
+
 N_TOK = 1024
 WINDOW = 512
 BAR_TOP1, BAR_TOP1_PAST, BAR_NLL, CLEAR_GAP = 0.95, 0.96, 0.002, 0.25
@@ -50,24 +53,6 @@ def skip(msg):
     sys.exit(77)
 
 
-def ensure_torch():
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-        import numpy  # noqa: F401
-        return
-    except ImportError as e:
-        why = str(e)
-    venv = os.environ.get("KVBATCH_VENV") or os.path.join(os.path.expanduser("~"), ".cache", "kvbatch-venv")
-    py = os.path.join(venv, "bin", "python")
-    if os.environ.get("KVB_G3_REEXEC") or not os.access(py, os.X_OK):
-        skip("torch/transformers not importable (%s) and no venv python at %s (scripts/setup.sh makes it)"
-             % (why, py))
-    os.environ["KVB_G3_REEXEC"] = "1"
-    sys.stdout.flush()
-    os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
-
-
 def log_softmax(np, x):
     x = x.astype(np.float64)
     m = x.max(-1, keepdims=True)
@@ -75,7 +60,7 @@ def log_softmax(np, x):
 
 
 def main():
-    ensure_torch()
+    need_modules("torch", "transformers", "numpy")
     import numpy as np
     import torch
     import transformers
