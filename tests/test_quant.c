@@ -523,6 +523,28 @@ static const enum mm_impl impls[] = {MM_IMPL_SCALAR, MM_IMPL_AVX2, MM_IMPL_AVX51
  * room (scale products and int->float conversions add a few more roundings). */
 static double float_tol(int64_t terms) { return (double)(terms + 16) * 1.2e-7; }
 
+/* The AMX kernels' F16 and BF16 weights run on BF16 tiles with a split
+ * input (matmul_bf16_amx.c): not the AVX-512 results, held to this bound
+ * instead, relative to sum |w x|. Per product: the input is split into two
+ * bf16 (what is left, at most 2^-16 |x|, is lost) and an F16 weight into two
+ * (hi cut to 8 bits, |lo| < 2^-7 |w|; lo * xlo is lost, at most 2^-15
+ * (1 + 2^-8) |w x|). Sums: each tile instruction adds 16 pairs to C, off by
+ * at most 16 ulp of (|C| + sum |pairs|) (measured here: at most 7; the tile
+ * unit's dot product is not a chain of fp32 adds), over chains of
+ * ceil(blocks / 2) blocks of 3 (F16) or 2 (BF16) instructions, then one add
+ * of the two chains. */
+static double bf16_tol(enum ggml_type type, int64_t n_in)
+{
+    const int64_t kp = (n_in + 31) / 32, chain = (type == GGML_TYPE_F16 ? 3 : 2) * ((kp + 1) / 2);
+    const double split = type == GGML_TYPE_F16 ? 3.02 * ldexp(1.0, -16) : 1.01 * ldexp(1.0, -16);
+    return split + (16.0 * (double)(chain + 1) + 1.0) * 1.01 * ldexp(1.0, -24);
+}
+
+static int on_bf16_tiles(enum mm_impl impl, enum ggml_type type)
+{
+    return impl == MM_IMPL_AMX && (type == GGML_TYPE_F16 || type == GGML_TYPE_BF16);
+}
+
 /* Runs one shape of one type through every available implementation. */
 static void check_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, int64_t n_out, int64_t n_tok)
 {
@@ -545,8 +567,9 @@ static void check_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, i
         for (size_t i = 0; i < ny; i++) y[i] = NAN;
         CHECK(mm_matmul(ctx, &mw, x, n_tok, y) == KVB_OK);
         int bad = 0;
+        const double rel = on_bf16_tiles(impls[ii], type) ? bf16_tol(type, n_in) : float_tol(terms);
         for (size_t i = 0; i < ny && bad < 3; i++) {
-            double tq = float_tol(terms) * r.magq[i] + 1e-30;
+            double tq = rel * r.magq[i] + 1e-30;
             double tf = 1.001 * r.errf[i] + tq;
             if (!(fabs(y[i] - r.yq[i]) <= tq) || !(fabs(y[i] - r.yf[i]) <= tf)) {
                 CHECK_MSG(0,
@@ -564,7 +587,7 @@ static void check_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, i
             /* (d) SIMD vs scalar: both are within float rounding of the same
              * exact value, so within twice the tolerance of each other. */
             for (size_t i = 0; i < ny && bad < 3; i++) {
-                double tol = 2.0 * float_tol(terms) * r.magq[i] + 1e-30;
+                double tol = (float_tol(terms) + rel) * r.magq[i] + 1e-30;
                 if (!(fabs((double)y[i] - (double)y_scalar[i]) <= tol)) {
                     CHECK_MSG(0, "%s vs scalar %s n_in=%lld: [%zu] %.9g vs %.9g (tol %.3g)", impl_label(impls[ii]),
                               type_name(type), (long long)n_in, i, y[i], y_scalar[i], tol);

@@ -63,8 +63,13 @@
 #include <string.h>
 
 #include "cpu/matmul_amx_impl.h"
+#include "cpu/matmul_bf16_amx.h"
 
 const bool mm_amx_built = true;
+
+/* F16 and BF16 weights: on BF16 tiles at every token count
+ * (matmul_bf16_amx.c). */
+static bool bf16_tiles(enum ggml_type t) { return t == GGML_TYPE_F16 || t == GGML_TYPE_BF16; }
 
 /* Quantized products of stored (not packed) weights run on tiles from this
  * many tokens; fewer go to the AVX-512 code (its decode path streams the
@@ -206,6 +211,7 @@ static bool on_tiles(const struct mm_weight *w, int64_t n_tok);
 
 static size_t scratch_bytes(const struct mm_weight *w, int64_t n_tok)
 {
+    if (bf16_tiles(w->type)) return mm_amx_bf16_scratch(w, n_tok);
     size_t a = mm_kernels_avx512.scratch_bytes(w, n_tok);
     if (w->packed == PACK_TAG && decode_scratch_bytes() > a) a = decode_scratch_bytes();
     if (!on_tiles(w, n_tok)) return a;
@@ -757,6 +763,10 @@ static bool on_tiles(const struct mm_weight *w, int64_t n_tok)
 
 static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1, void *scratch)
 {
+    if (bf16_tiles(w->type)) {
+        mm_amx_rows_bf16(w, in, y, r0, r1, scratch);
+        return;
+    }
     if (!on_tiles(w, in->n_tok)) {
         if (w->packed == PACK_TAG) mm_amx_rows_decode(w, in, 0, y, r0, r1, scratch);
         else mm_kernels_avx512.rows(w, in, y, r0, r1, scratch);
