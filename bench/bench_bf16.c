@@ -42,8 +42,8 @@ int main(int argc, char **argv)
     if (tpool_create(nth, &pool) != KVB_OK) return 1;
     if (mm_ctx_create(pool, MM_IMPL_AVX512, &ctx[0], NULL) != KVB_OK) return 1;
     if (mm_ctx_create(pool, MM_IMPL_AMX, &ctx[1], NULL) != KVB_OK) return 1;
-    printf("%s weights, %d thread(s), best of %d; err = |y - exact| / sum|w x|\n", type == GGML_TYPE_F16 ? "F16" : "BF16",
-           nth, reps);
+    printf("%s weights, %d thread(s), best of %d; err = |y - exact| / sum|w x|\n",
+           type == GGML_TYPE_F16 ? "F16" : "BF16", nth, reps);
     printf("%6s %6s %5s | %10s %10s %6s | %9s %9s | %9s %9s\n", "n_in", "n_out", "tok", "avx512 ms", "amx ms", "x",
            "rms avx", "rms amx", "max avx", "max amx");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -74,7 +74,7 @@ int main(int argc, char **argv)
                 }
             double se[2] = {0, 0}, mx[2] = {0, 0};
             int n = 0;
-            for (int64_t t = 0; t < nt; t += nt > 16 ? 7 : 1)
+            for (int64_t t = 0; t<nt; t += nt> 16 ? 7 : 1)
                 for (int64_t o = 0; o < n_out; o += 5, n++) {
                     double e = 0, m = 0;
                     for (int64_t i = 0; i < n_in; i++) {

@@ -23,7 +23,9 @@
 # one), the fairer measure on a machine other work shares. Goals: kvbatch
 # >= 2x llama.cpp; warm <= 5 % of cold. Not a test: the figures are
 # printed, not judged.
-# MODELS="bert qwen3" chooses the models.
+# MODELS="bert qwen3" chooses the models. KERNELS="amx avx512" runs the cold
+# pass once per kernel set named (KVBATCH_KERNELS, each on an empty cache),
+# interleaved with llama-embedding; the first set named runs the warm pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-10000}
@@ -31,6 +33,7 @@ THREADS=${2:-$(nproc)}
 BIN=build/kvbatch
 MODELS=${MODELS:-bert qwen3}
 WTYPE=${WTYPE:-f16}
+KERNELS=${KERNELS:-auto}
 PY=${KVBATCH_VENV:-$HOME/.cache/kvbatch-venv}/bin/python
 [ -x "$PY" ] || PY=python3
 LLAMA_EMB=${LLAMA_CPP_BIN:+$LLAMA_CPP_BIN/llama-embedding}
@@ -154,12 +157,12 @@ TIMED=()
 cpu_of() { # the time file: user + system seconds, or "" without /usr/bin/time
   [ -s "$1" ] && awk 'END { printf "%.2f", $1 + $2 }' "$1" || true
 }
-kvb_run() { # model tag cache
-  local t0 t1 err="$tmp/$1-$2.err"
+kvb_run() { # model tag kernels (the tag's job is $tmp/model-${tag%%-*}.jsonl)
+  local t0 t1 err="$tmp/$1-$2.err" job="${2%%-*}"
   t0=$(date +%s.%N)
-  ${TIMED[@]+"${TIMED[@]}" "$tmp/$1-$2.time"} "$BIN" run -m "$tmp/$1.gguf" -i "$tmp/$1-$2.jsonl" \
-    -o "$tmp/$1-$2.out" --metrics "$tmp/$1-$2.db" --cache-dir "$tmp/cache-$1" --threads "$THREADS" 2>"$err" ||
-    { cat "$err"; exit 1; }
+  KVBATCH_KERNELS="$3" ${TIMED[@]+"${TIMED[@]}" "$tmp/$1-$2.time"} "$BIN" run -m "$tmp/$1.gguf" \
+    -i "$tmp/$1-$job.jsonl" -o "$tmp/$1-$2.out" --metrics "$tmp/$1-$2.db" --cache-dir "$tmp/cache-$1-$3" \
+    --threads "$THREADS" 2>"$err" || { cat "$err"; exit 1; }
   t1=$(date +%s.%N)
   RES[$1-$2-cpu]=$(cpu_of "$tmp/$1-$2.time")
   local tok comp
@@ -188,28 +191,43 @@ llama_run() { # model pooling
 for m in $MODELS; do
   pool=mean
   [ "$m" = qwen3 ] && pool=last
-  echo "== $m: cold (kvbatch) =="
-  kvb_run "$m" cold
-  echo "== $m: llama-embedding =="
-  llama_run "$m" "$pool"
-  echo "== $m: warm, 2 % of the chunks changed (kvbatch) =="
-  kvb_run "$m" warm
+  first=""
+  for k in $KERNELS; do
+    first=${first:-$k}
+    echo "== $m: cold (kvbatch, kernels $k) =="
+    kvb_run "$m" "cold-$k" "$k"
+    [ -n "${RES[$m-llama-s]:-}" ] && continue
+    echo "== $m: llama-embedding =="
+    llama_run "$m" "$pool"
+  done
+  echo "== $m: warm, 2 % of the chunks changed (kvbatch, kernels $first) =="
+  kvb_run "$m" "warm-$first" "$first"
 done
 
 printf '\n%-6s %-22s %8s %10s %9s %10s %12s %9s\n' model run chunks tokens seconds chunks/s tokens/s cpu-s
 for m in $MODELS; do
-  tok=${RES[$m-cold-tok]}
-  for r in cold llama warm; do
+  first=${KERNELS%% *}
+  tok=${RES[$m-cold-$first-tok]}
+  for r in $(for k in $KERNELS; do echo "cold-$k"; done) llama "warm-$first"; do
     s=${RES[$m-$r-s]:-}
     [ -n "$s" ] || { printf '%-6s %-22s %8s\n' "$m" "llama-embedding" "skipped (set LLAMA_CPP_BIN)"; continue; }
-    name=$([ $r = cold ] && echo "kvbatch cold" || { [ $r = warm ] && echo "kvbatch warm (2 %)" || echo "llama-embedding"; })
+    case $r in
+    cold-*) name="kvbatch cold ${r#cold-}" ;;
+    warm-*) name="kvbatch warm (2 %)" ;;
+    *) name="llama-embedding" ;;
+    esac
     printf '%-6s %-22s %8d %10d %9.1f %10.1f %12.0f %9s\n' "$m" "$name" "$N" "$tok" "$s" \
       "$(echo "$N / $s" | bc -l)" "$(echo "$tok / $s" | bc -l)" "${RES[$m-$r-cpu]:--}"
   done
-  [ -n "${RES[$m-llama-s]:-}" ] &&
-    printf '%-6s kvbatch / llama.cpp: %.2fx (goal >= 2x)\n' "$m" "$(echo "${RES[$m-llama-s]} / ${RES[$m-cold-s]}" | bc -l)"
-  [ -n "${RES[$m-llama-cpu]:-}" ] && [ -n "${RES[$m-cold-cpu]:-}" ] &&
-    printf '%-6s kvbatch / llama.cpp by CPU seconds: %.2fx\n' "$m" "$(echo "${RES[$m-llama-cpu]} / ${RES[$m-cold-cpu]}" | bc -l)"
+  for k in $KERNELS; do
+    [ -n "${RES[$m-llama-s]:-}" ] &&
+      printf '%-6s kvbatch %s / llama.cpp: %.2fx (goal >= 2x)\n' "$m" "$k" \
+        "$(echo "${RES[$m-llama-s]} / ${RES[$m-cold-$k-s]}" | bc -l)"
+    [ -n "${RES[$m-llama-cpu]:-}" ] && [ -n "${RES[$m-cold-$k-cpu]:-}" ] &&
+      printf '%-6s kvbatch %s / llama.cpp by CPU seconds: %.2fx\n' "$m" "$k" \
+        "$(echo "${RES[$m-llama-cpu]} / ${RES[$m-cold-$k-cpu]}" | bc -l)"
+  done
   printf '%-6s warm / cold: %.1f %% of the time (goal <= 5 %%); %s prompt tokens computed of %s\n' "$m" \
-    "$(echo "100 * ${RES[$m-warm-s]} / ${RES[$m-cold-s]}" | bc -l)" "${RES[$m-warm-comp]}" "${RES[$m-warm-tok]}"
+    "$(echo "100 * ${RES[$m-warm-$first-s]} / ${RES[$m-cold-$first-s]}" | bc -l)" "${RES[$m-warm-$first-comp]}" \
+    "${RES[$m-warm-$first-tok]}"
 done

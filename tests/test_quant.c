@@ -1020,6 +1020,104 @@ static void test_kernel_choice(void)
 /* `test_quant dequant TYPE N`: dequantizes one row of N elements read from
  * stdin to raw f32 on stdout, so that tests/pytest_quant.py can compare with
  * gguf-py's independent numpy implementation. */
+/* ---- (f) AMX BF16 tiles for F16 and BF16 weights ------------------------------------- */
+
+/* One shape on the BF16 tiles: every output within bf16_tol of the exact
+ * (double) product, and each token's outputs the same bits whether it runs
+ * alone (decode), in the batch, or in another sub-batch (the determinism
+ * contract, matmul_impl.h: the tiles run at every token count). */
+static int bf16_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, int64_t n_out, int64_t n_tok)
+{
+    size_t rb;
+    uint8_t *w = make_weights(type, n_in, n_out, &rb);
+    float *x = make_input(n_in, n_tok);
+    /* Values the split must survive: zeros, tiny (denormal) and huge inputs. */
+    for (int64_t i = 0; i < n_in * n_tok; i += 37) x[i] = (i / 37) % 3 == 0 ? 0.0f : (i / 37) % 3 == 1 ? 3e-39f : 3e4f;
+    struct mm_weight mw = {type, n_in, n_out, w, rb, 0};
+    const size_t ny = (size_t)(n_out * n_tok);
+    float *y = malloc(sizeof(float) * ny), *y1 = malloc(sizeof(float) * ny);
+    float *wd = malloc(sizeof(float) * (size_t)n_in);
+    struct mm_ctx *ctx = NULL;
+    int ok = 1;
+    CHECK(mm_ctx_create(pool, MM_IMPL_AMX, &ctx, NULL) == KVB_OK);
+    for (size_t i = 0; i < ny; i++) y[i] = NAN;
+    CHECK(mm_matmul(ctx, &mw, x, n_tok, y) == KVB_OK);
+    const double rel = bf16_tol(type, n_in);
+    for (int64_t o = 0; o < n_out && ok; o++) {
+        CHECK(quant_dequant_row(type, w + (size_t)o * rb, wd, n_in) == KVB_OK);
+        for (int64_t t = 0; t < n_tok; t++) {
+            double e = 0, m = 0;
+            for (int64_t k = 0; k < n_in; k++) {
+                e += (double)wd[k] * x[t * n_in + k];
+                m += fabs((double)wd[k] * x[t * n_in + k]);
+            }
+            /* tiny inputs count as zero: at most 2^-126 |w| each */
+            const double tol = rel * m + (double)n_in * ldexp(1.0, -126) + 1e-30;
+            const float got = y[t * n_out + o];
+            if (!(fabs(got - e) <= tol)) {
+                CHECK_MSG(0,
+                          "amx bf16 %s n_in=%lld n_out=%lld n_tok=%lld [t=%lld r=%lld]: %.9g vs exact %.9g (tol %.3g)",
+                          type_name(type), (long long)n_in, (long long)n_out, (long long)n_tok, (long long)t,
+                          (long long)o, got, e, tol);
+                ok = 0;
+                break;
+            }
+        }
+    }
+    /* Each token alone (at most 40 of them), then sub-batches of 1..17. */
+    for (int64_t t = 0; t < n_tok && ok; t += n_tok > 40 ? 37 : 1) {
+        CHECK(mm_matmul(ctx, &mw, x + t * n_in, 1, y1) == KVB_OK);
+        if (memcmp(y1, y + t * n_out, sizeof(float) * (size_t)n_out)) {
+            CHECK_MSG(0, "amx bf16 %s n_in=%lld n_out=%lld: token %lld alone differs from the batch of %lld",
+                      type_name(type), (long long)n_in, (long long)n_out, (long long)t, (long long)n_tok);
+            ok = 0;
+        }
+    }
+    for (int64_t t0 = 0, len = 1; t0 < n_tok && ok; t0 += len, len = len % 17 + 1) {
+        const int64_t l = t0 + len > n_tok ? n_tok - t0 : len;
+        CHECK(mm_matmul(ctx, &mw, x + t0 * n_in, l, y1) == KVB_OK);
+        if (memcmp(y1, y + t0 * n_out, sizeof(float) * (size_t)(l * n_out))) {
+            CHECK_MSG(0, "amx bf16 %s n_in=%lld n_out=%lld: sub-batch [%lld, +%lld) differs from the batch of %lld",
+                      type_name(type), (long long)n_in, (long long)n_out, (long long)t0, (long long)l,
+                      (long long)n_tok);
+            ok = 0;
+        }
+    }
+    mm_ctx_free(ctx);
+    free(wd);
+    free(y);
+    free(y1);
+    free(x);
+    free(w);
+    return ok;
+}
+
+static void test_amx_bf16(struct tpool **pools, int n_pools)
+{
+    if (!mm_impl_available(MM_IMPL_AMX)) {
+        fprintf(stderr, "amx bf16: AMX not available, skipped\n");
+        return;
+    }
+    /* n_in: under one block, around the 32-element block and the 64-byte
+     * rows, odd; n_out around the 16-row panels; n_tok 1..40 (the tile
+     * widths 1..16, two token tiles, a remainder) and 512 (chunks). */
+    static const int64_t ins[] = {1, 5, 31, 32, 33, 63, 64, 100, 255, 768, 1030, 3072};
+    static const int64_t outs[] = {1, 15, 16, 17, 33, 67};
+    static const enum ggml_type types[] = {GGML_TYPE_F16, GGML_TYPE_BF16};
+    int n = 0, bad = 0;
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++) {
+            for (int64_t t = 1; t <= 40; t += (ins[i] >= 768 ? 13 : 1), n++)
+                bad += !bf16_shape(pools[(i + (size_t)t) % (size_t)n_pools], types[ti], ins[i],
+                                   outs[(i + (size_t)t) % 6], t);
+            if (ins[i] == 100 || ins[i] == 1030 || ins[i] == 3072) {
+                bad += !bf16_shape(pools[i % (size_t)n_pools], types[ti], ins[i], 33, 512);
+                n++;
+            }
+        }
+    fprintf(stderr, "amx bf16: %d shapes, %d failed\n", n, bad);
+}
+
 static int dequant_filter(int type, long n)
 {
     uint64_t rb;
@@ -1064,6 +1162,7 @@ int main(int argc, char **argv)
     test_products(pools[1]);
     test_determinism(pools, 3);
     test_amx_bits(pools, 3);
+    test_amx_bf16(pools, 3);
     test_mixed_types(pools[1]);
     test_input_fn(pools[1]);
     for (int i = 0; i < 3; i++) tpool_free(pools[i]);

@@ -7,8 +7,13 @@
  * for the tile state (cpu_features().amx). Who computes what: quantized
  * products of many tokens (prefill chunks, batched decode) run on tiles;
  * packed weights (Q4_0, Q4_1, Q8_0) of DECODE_MAX_TOK tokens or fewer run in
- * matmul_decode_amx.c; everything else (float weights, few tokens of the
- * other types) in the AVX-512 code, unchanged.
+ * matmul_decode_amx.c; F16 and BF16 weights run on BF16 tiles at every token
+ * count (matmul_bf16_amx.c: NOT the AVX-512 results, a stated bound instead,
+ * see there); everything else (F32 weights, few tokens of the other
+ * quantized types) in the AVX-512 code, unchanged.
+ *
+ * What follows, "the AVX-512 ones bit for bit", is about the quantized
+ * types only.
  *
  * Why the results are the AVX-512 ones. The AVX-512 kernels (matmul_avx512.c)
  * give each output element (row r, token t) 16 float lanes; a row is cut into

@@ -1,36 +1,45 @@
 /* matmul_bf16_amx.c — products with F16 and BF16 weights on the AMX tile
  * unit (TDPBF16PS), for every token count.
  *
- * The split. An F16 weight w is exactly hi + lo with hi, lo bf16 (hi: w cut
- * to 8 significant bits, lo = w - hi has at most 3 and is exact); a BF16
- * weight is hi alone. An input x (float) becomes xh = bf16(x) rounded to
- * nearest even and xl = bf16(x - xh), rounded the same way. The tiles add, in
- * fp32, xh * wh + xl * wh (+ xh * wl for F16): three tile products per 32
- * inputs for F16, two for BF16. What is left out per product: xr = x - xh - xl
- * (|xr| <= 2^-16 |x|) times w and, F16, xl * wl (|wl| < 2^-7 |w|, |xl| <= 2^-8
- * (1 + 2^-8) |x|), so each product is off by at most 1.6 * 2^-16 |w x|; the
- * tile unit's sums add their rounding (test_quant holds the whole to a bound,
- * matmul_amx.c's header states it).
+ * The split. An F16 weight w is exactly wh + wl with wh, wl bf16 (wh: w cut
+ * to 8 significant bits; wl = w - wh has at most 3 and is exact, |wl| <
+ * 2^-7 |w|); a BF16 weight is wh alone. An input x (float) becomes xh =
+ * bf16(x) and xl = bf16(x - xh), both rounded to nearest even, so that x -
+ * xh - xl is at most 2^-16 |x|. The tiles add, in fp32, wh * xh and the
+ * cross products wh * xl (+ wl * xh for F16): three tile products per 32
+ * inputs for F16, two for BF16. Left out per product: (x - xh - xl) * w and,
+ * F16, wl * xl, so each product is off by at most 3.02 * 2^-16 |w x| (F16)
+ * or 1.01 * 2^-16 |w x| (BF16), plus the tile unit's rounding of its sums.
+ * test_quant (bf16_tol) holds every output to that bound against the exact
+ * product. In practice (bench_bf16, BERT and Qwen3 shapes, Gaussian inputs):
+ * RMS error 3-6e-7 of sum |w x| against 1.4e-8 for the AVX-512 kernels —
+ * about 2^-21, far below what storing the weights as F16 costs (2^-12 per
+ * weight) — but not the AVX-512 results.
  *
- * Not the AVX-512 results. The tile unit's dot product of 16 pairs is not a
- * chain of fp32 additions (measured here: it matches no order of rounded
- * adds), so no AVX-512 code can give its bits. Determinism holds another way:
- * every token count, one token (decode) included, runs on the tiles, and a
- * tile row's result depends only on that row of A and on B, so each output's
- * value is fixed by (type, n_in) alone, as matmul_impl.h requires. Inputs and
- * products too small for a normal bf16 or fp32 (below 2^-126) count as zero
- * (the tile unit's DAZ/FTZ).
+ * Not the AVX-512 bits, and no AVX-512 twin. The tile unit's dot product of
+ * 16 pairs is not a chain of fp32 additions (measured here: it matches no
+ * order of rounded adds; its error stays under 7 ulp of the sum of |terms|),
+ * so no vector code can give its bits. Determinism holds another way: every
+ * token count, one token (decode) included, runs on the tiles, and a C
+ * element depends only on its row of A and its column of B, so each
+ * output's value is fixed by (type, n_in) alone, as matmul_impl.h requires.
+ * Inputs and products too small for a normal bf16 or fp32 (below 2^-126)
+ * count as zero (the tile unit's DAZ/FTZ).
  *
- * The order for one output: C tiles accumulate the 32-input blocks kb in
- * order, even blocks into one C tile and odd ones into another (two shorter
- * chains: less rounding, and two tiles in flight); per block hh, then hl
- * (F16), then lh; the two tiles are added at the end.
+ * The layout. A tiles are 16 weight rows x 32 inputs (F16: dword j of a row
+ * pairs input j with input 16 + j, which needs no shuffle; BF16: the stored
+ * pairs, read straight from the weights), B tiles 32 inputs x up to 16
+ * tokens (one column per token, paired the same way), C tiles 16 rows x the
+ * tokens. One output's order: per 32-input block in order, wh * xh into one
+ * C tile, and the cross products (wh * xl, then wl * xh) into a second; the
+ * two are added at the end.
  *
- * Weights are converted on the fly from their stored rows, one 16-row panel
- * at a time, into B tiles (no packed copy, the mmap'd weights are read as
- * they are): 16 rows of 64 bytes transposed so that B row j holds pair j of
- * each of the 16 rows, then split into hi and lo. The input of a chunk of
- * tokens is split once per thread into A tiles. */
+ * Weights are converted on the fly from their stored rows (no copy, the
+ * mmap'd weights are read as they are), 16 rows at a time, a few rows after
+ * each block's tile products so that the vector units convert while the
+ * tile unit multiplies: for many tokens the next panel while this one is
+ * used, for a few (decode) two blocks ahead into a ring kept in L1. The
+ * input of a chunk of tokens is split once per thread into B tiles. */
 #include "cpu/matmul_bf16_amx.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -189,14 +198,13 @@ static void x_tiles(const struct mm_input *in, int f16, int64_t t0, int mt, int 
 /* F16 rows [p, p + rp) -> the panel's A tiles, per block hi then lo: row n,
  * dword j = (element j, element 16 + j) of row n's block (zero past rp and
  * past n_in). hi is the f16 value cut to 8 significant bits, lo the rest
- * (exact). Made a few rows at a time (wconv_step) between the tile products
+ * (exact). Made a block at a time (wconv_block) between the tile products
  * of the panel before, so that the vector units convert while the tile unit
  * multiplies. */
 struct wconv {
     const struct mm_weight *w;
-    int64_t rp, kp;
-    int64_t kb, n;       /* the next row to make: block kb, row n */
-    int64_t left;        /* rows still to make */
+    int64_t rp;
+    int64_t kb, kp;      /* the next block to make, and how many there are */
     int64_t slots, slot; /* dst holds `slots` blocks; block kb goes to slot kb % slots */
     const uint8_t *row0; /* the panel's first row */
     uint8_t *dst;
@@ -207,45 +215,62 @@ static inline void wconv_start(struct wconv *cv, const struct mm_weight *w, int6
 {
     cv->w = w;
     cv->rp = rp;
+    cv->kb = cv->slot = 0;
     cv->kp = (w->n_in + 31) / 32;
-    cv->kb = cv->n = cv->slot = 0;
-    cv->left = cv->kp * NR;
     cv->slots = slots;
     cv->row0 = (const uint8_t *)w->data + (size_t)p * w->row_bytes;
     cv->dst = dst;
 }
 
-/* Makes up to `count` more rows of blocks. */
-static inline void wconv_step(struct wconv *cv, int64_t count)
+/* One row's 32 inputs (f0: elements 0..15, f1: 16..31) -> its hi and lo A tile rows. */
+static inline void split_row(__m512 f0, __m512 f1, uint8_t *ah)
 {
-    const struct mm_weight *w = cv->w;
     const __m512i cut = _mm512_set1_epi32((int)0xFFFF0000u);
-    if (count > cv->left) count = cv->left;
-    cv->left -= count;
-    for (; count > 0; count--) {
-        const int64_t k = 32 * cv->kb, n = cv->n;
-        uint8_t *ah = cv->dst + (size_t)cv->slot * 2 * TILE + 64 * (size_t)n;
-        if (n < cv->rp) {
-            const uint16_t *row = (const uint16_t *)(cv->row0 + (size_t)n * w->row_bytes) + k;
-            if (k + 32 * PREFETCH_BLOCKS < w->n_in) _mm_prefetch((const char *)(row + 32 * PREFETCH_BLOCKS), _MM_HINT_T0);
-            const __m512 f0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(w->n_in - k), row));
-            const __m512 f1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(w->n_in - k - 16), row + 16));
-            const __m512i h0 = _mm512_and_si512(_mm512_castps_si512(f0), cut);
-            const __m512i h1 = _mm512_and_si512(_mm512_castps_si512(f1), cut);
-            const __m512 l0 = _mm512_sub_ps(f0, _mm512_castsi512_ps(h0));
-            const __m512 l1 = _mm512_sub_ps(f1, _mm512_castsi512_ps(h1));
-            _mm512_store_si512(ah, pair_ab(h0, h1));
-            _mm512_store_si512(ah + TILE, pair_ab(_mm512_castps_si512(l0), _mm512_castps_si512(l1)));
-        } else {
-            _mm512_store_si512(ah, _mm512_setzero_si512());
-            _mm512_store_si512(ah + TILE, _mm512_setzero_si512());
+    const __m512i h0 = _mm512_and_si512(_mm512_castps_si512(f0), cut);
+    const __m512i h1 = _mm512_and_si512(_mm512_castps_si512(f1), cut);
+    const __m512 l0 = _mm512_sub_ps(f0, _mm512_castsi512_ps(h0)), l1 = _mm512_sub_ps(f1, _mm512_castsi512_ps(h1));
+    _mm512_store_si512(ah, pair_ab(h0, h1));
+    _mm512_store_si512(ah + TILE, pair_ab(_mm512_castps_si512(l0), _mm512_castps_si512(l1)));
+}
+
+/* Makes the next block of the panel (all its 16 rows), if any is left. */
+static inline void wconv_block(struct wconv *cv)
+{
+    if (cv->kb >= cv->kp) return;
+    const struct mm_weight *w = cv->w;
+    const int64_t k = 32 * cv->kb;
+    const size_t rb = w->row_bytes;
+    const uint8_t *src = cv->row0 + 2 * (size_t)k;
+    uint8_t *ah = cv->dst + (size_t)cv->slot * 2 * TILE;
+    if (cv->rp == NR && k + 32 <= w->n_in) { /* the bulk: whole rows of a whole block */
+        const int pf = k + 32 * PREFETCH_BLOCKS < w->n_in;
+#pragma GCC unroll 16
+        for (int n = 0; n < NR; n++) {
+            const uint8_t *r = src + (size_t)n * rb;
+            if (pf) _mm_prefetch((const char *)(r + 64 * PREFETCH_BLOCKS), _MM_HINT_T0);
+            split_row(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r)),
+                      _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 32))), ah + 64 * n);
         }
-        if (++cv->n == NR) {
-            cv->n = 0;
-            cv->kb++;
-            if (++cv->slot == cv->slots) cv->slot = 0;
+    } else {
+        const __mmask16 m0 = mask16(w->n_in - k), m1 = mask16(w->n_in - k - 16);
+        for (int64_t n = 0; n < NR; n++) {
+            if (n < cv->rp) {
+                const uint8_t *r = src + (size_t)n * rb;
+                split_row(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m0, r)),
+                          _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, r + 32)), ah + 64 * n);
+            } else {
+                _mm512_store_si512(ah + 64 * n, _mm512_setzero_si512());
+                _mm512_store_si512(ah + TILE + 64 * n, _mm512_setzero_si512());
+            }
         }
     }
+    cv->kb++;
+    if (++cv->slot == cv->slots) cv->slot = 0;
+}
+
+static inline void wconv_all(struct wconv *cv)
+{
+    while (cv->kb < cv->kp) wconv_block(cv);
 }
 
 /* BF16 rows [p, p + rp), block kb: where its A tile is read (pointer and
@@ -272,7 +297,7 @@ static inline const uint8_t *w_tile_bf16(const struct mm_weight *w, int64_t p, i
 #define BLOCK()                                                                                                        \
     do {                                                                                                               \
         size_t as = 64;                                                                                                \
-        const uint8_t *ak = F16 ? wa + (size_t)(kb % slots) * 2 * TILE : w_tile_bf16(w, p, rp, kb, wa, &as);                     \
+        const uint8_t *ak = F16 ? wa + (size_t)(kb % slots) * 2 * TILE : w_tile_bf16(w, p, rp, kb, wa, &as);           \
         _tile_loadd(TAH, ak, as);                                                                                      \
         if (F16) _tile_loadd(TAL, ak + TILE, 64);                                                                      \
         _tile_loadd(TBH, x0 + (size_t)kb * 2 * TILE, bs);                                                              \
@@ -280,7 +305,10 @@ static inline const uint8_t *w_tile_bf16(const struct mm_weight *w, int64_t p, i
         _tile_dpbf16ps(C0H, TAH, TBH);                                                                                 \
         _tile_dpbf16ps(C0X, TAH, TBL);                                                                                 \
         if (F16) _tile_dpbf16ps(C0X, TAL, TBH);                                                                        \
-        wconv_step(cv, per);                                                                                           \
+        if (++*tick == per) {                                                                                          \
+            *tick = 0;                                                                                                 \
+            wconv_block(cv);                                                                                           \
+        }                                                                                                              \
         if (TWO) {                                                                                                     \
             _tile_loadd(TBH, x1 + (size_t)kb * 2 * TILE, bs);                                                          \
             _tile_loadd(TBL, x1 + (size_t)kb * 2 * TILE + TILE, bs);                                                   \
@@ -291,9 +319,9 @@ static inline const uint8_t *w_tile_bf16(const struct mm_weight *w, int64_t p, i
     } while (0)
 
 static inline __attribute__((always_inline)) void panel_t(const int F16, const int TWO, const struct mm_weight *w,
-                                                          int64_t p, int64_t rp, int64_t kp, uint8_t *wa,
-                                                          int64_t slots, const uint8_t *x0, const uint8_t *x1,
-                                                          size_t bs, float *c, struct wconv *cv, int64_t per)
+                                                          int64_t p, int64_t rp, int64_t kp, uint8_t *wa, int64_t slots,
+                                                          const uint8_t *x0, const uint8_t *x1, size_t bs, float *c,
+                                                          struct wconv *cv, int64_t per, int64_t *tick)
 {
     _tile_zero(C0H);
     _tile_zero(C0X);
@@ -312,18 +340,18 @@ static inline __attribute__((always_inline)) void panel_t(const int F16, const i
 
 static void panel(int f16, int two, const struct mm_weight *w, int64_t p, int64_t rp, int64_t kp, uint8_t *wa,
                   int64_t slots, const uint8_t *x0, const uint8_t *x1, size_t bs, float *c, struct wconv *cv,
-                  int64_t per)
+                  int64_t per, int64_t *tick)
 {
     if (f16) {
-        if (two) panel_t(1, 1, w, p, rp, kp, wa, slots, x0, x1, bs, c, cv, per);
-        else panel_t(1, 0, w, p, rp, kp, wa, slots, x0, x1, bs, c, cv, per);
+        if (two) panel_t(1, 1, w, p, rp, kp, wa, slots, x0, x1, bs, c, cv, per, tick);
+        else panel_t(1, 0, w, p, rp, kp, wa, slots, x0, x1, bs, c, cv, per, tick);
     } else {
-        if (two) panel_t(0, 1, w, p, rp, kp, wa, slots, x0, x1, bs, c, cv, per);
-        else panel_t(0, 0, w, p, rp, kp, wa, slots, x0, x1, bs, c, cv, per);
+        if (two) panel_t(0, 1, w, p, rp, kp, wa, slots, x0, x1, bs, c, cv, per, tick);
+        else panel_t(0, 0, w, p, rp, kp, wa, slots, x0, x1, bs, c, cv, per, tick);
     }
 }
 
-/* C (rows: the panel's weight rows; columns: tokens), even + odd blocks ->
+/* C (rows: the panel's weight rows; columns: tokens), hh + cross products ->
  * y rows [p, p + rp) of the tile's mt tokens. */
 static inline void out_tile(const float *ce, const float *co, int mt, int64_t rp, float *y, int64_t ldy)
 {
@@ -370,35 +398,45 @@ void mm_amx_rows_bf16(const struct mm_weight *w, const struct mm_input *in, floa
         uint8_t *wa[2] = {s + sc.w, s + sc.w + (size_t)kp * 2 * TILE};
         const int ring = ntt <= 2;
         const int64_t slots = ring ? RING_SLOTS : kp;
+        /* a block is made every `per` blocks' tile products: every one
+         * (ring), or once per token tile pair (next panel) */
+        const int64_t per = ring ? 1 : (ntt + 1) / 2;
+        int64_t tick = 0;
         int cur = 0;
         struct wconv cv;
         wconv_start(&cv, w, r0, r1 - r0 < NR ? r1 - r0 : NR, wa[0], slots);
-        if (!f16) cv.left = 0; /* BF16: read as stored */
-        wconv_step(&cv, ring ? 2 * NR : cv.left);
-        const int64_t npair = (ntt + 1) / 2, per = ring ? NR : (NR + npair - 1) / npair;
+        if (!f16) cv.kp = 0; /* BF16: read as stored */
+        if (ring) {
+            wconv_block(&cv);
+            wconv_block(&cv);
+        } else wconv_all(&cv);
         for (int64_t p = r0; p < r1; p += NR) {
             const int64_t rp = r1 - p < NR ? r1 - p : NR;
+            if (!ring) {
+                if (p + NR < r1) wconv_start(&cv, w, p + NR, r1 - p - NR < NR ? r1 - p - NR : NR, wa[!cur], slots);
+                if (p + NR >= r1 || !f16) cv.kp = 0;
+                tick = 0;
+            }
             for (int64_t i = 0; i < ntt; i += 2) {
-                if (!ring && i == 0) {
-                    if (p + NR < r1) wconv_start(&cv, w, p + NR, r1 - p - NR < NR ? r1 - p - NR : NR, wa[!cur], slots);
-                    if (p + NR >= r1 || !f16) cv.left = 0;
-                }
                 const int two = i + 1 < ntt;
                 const uint8_t *x0 = s + sc.x + (size_t)i * x_tile;
-                panel(f16, two, w, p, rp, kp, wa[cur], slots, x0, x0 + x_tile, (size_t)(4 * MT), c, &cv, per);
+                panel(f16, two, w, p, rp, kp, wa[cur], slots, x0, x0 + x_tile, (size_t)(4 * MT), c, &cv, per, &tick);
                 const int64_t t0 = c0 + NT * i;
                 out_tile(c, c + 256, (int)(c1 - t0 < NT ? c1 - t0 : NT), rp, y + t0 * w->n_out + p, w->n_out);
                 if (two)
                     out_tile(c + 512, c + 768, (int)(c1 - t0 - NT < NT ? c1 - t0 - NT : NT), rp,
                              y + (t0 + NT) * w->n_out + p, w->n_out);
             }
-            wconv_step(&cv, cv.left);
             if (ring) {
                 if (p + NR < r1 && f16) {
                     wconv_start(&cv, w, p + NR, r1 - p - NR < NR ? r1 - p - NR : NR, wa[0], slots);
-                    wconv_step(&cv, 2 * NR);
+                    wconv_block(&cv);
+                    wconv_block(&cv);
                 }
-            } else cur = !cur;
+            } else {
+                wconv_all(&cv);
+                cur = !cur;
+            }
         }
     }
     _tile_release();
