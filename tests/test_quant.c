@@ -530,14 +530,16 @@ static double float_tol(int64_t terms) { return (double)(terms + 16) * 1.2e-7; }
  * (hi cut to 8 bits, |lo| < 2^-7 |w|; lo * xlo is lost, at most 2^-15
  * (1 + 2^-8) |w x|). Sums: each tile instruction adds 16 pairs to C, off by
  * at most 16 ulp of (|C| + sum |pairs|) (measured here: at most 7; the tile
- * unit's dot product is not a chain of fp32 adds), over chains of
- * ceil(blocks / 2) blocks of 3 (F16) or 2 (BF16) instructions, then one add
- * of the two chains. */
+ * unit's dot product is not a chain of fp32 adds); wh * xh runs in one chain
+ * of one instruction per 32-input block, the cross products (at most
+ * 1.51 * 2^-7 |w x| together) in a second of two (F16) or one (BF16) per
+ * block; then one add of the two chains. */
 static double bf16_tol(enum ggml_type type, int64_t n_in)
 {
-    const int64_t kp = (n_in + 31) / 32, chain = (type == GGML_TYPE_F16 ? 3 : 2) * ((kp + 1) / 2);
+    const int64_t kp = (n_in + 31) / 32, cross = (type == GGML_TYPE_F16 ? 2 : 1) * kp;
     const double split = type == GGML_TYPE_F16 ? 3.02 * ldexp(1.0, -16) : 1.01 * ldexp(1.0, -16);
-    return split + (16.0 * (double)(chain + 1) + 1.0) * 1.01 * ldexp(1.0, -24);
+    const double sums = 16.0 * ((double)(kp + 1) + (double)(cross + 1) * 1.51 * ldexp(1.0, -7)) + 1.0;
+    return split + sums * 1.01 * ldexp(1.0, -24);
 }
 
 static int on_bf16_tiles(enum mm_impl impl, enum ggml_type type)
