@@ -609,6 +609,27 @@ static enum kvb_status pack_weights(struct cpu_be *c)
     return pack_one(c, &m->output, &c->output);
 }
 
+/* Whether some matrix of m is F16 or BF16: under the amx kernels those run
+ * on BF16 tiles, whose results are not the other kernel sets' bits
+ * (matmul_bf16_amx.c), so the store must keep them apart. Every matrix the
+ * kernels read is looked at (a vector-shaped one, such as a router, too:
+ * erring towards a separate key costs only a cache miss). */
+static bool has_bf16_tile_weights(const struct model *m)
+{
+#define BF16_TILED(w) ((w).data && ((w).type == GGML_TYPE_F16 || (w).type == GGML_TYPE_BF16))
+    if (BF16_TILED(m->output) || BF16_TILED(m->cls) || BF16_TILED(m->cls_out)) return true;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        if (BF16_TILED(L->wq) || BF16_TILED(L->wk) || BF16_TILED(L->wv) || BF16_TILED(L->wo) || BF16_TILED(L->w_gate) ||
+            BF16_TILED(L->w_up) || BF16_TILED(L->w_down) || BF16_TILED(L->w_router) || BF16_TILED(L->w_gate_exps) ||
+            BF16_TILED(L->w_up_exps) || BF16_TILED(L->w_down_exps) || BF16_TILED(L->w_shexp_gate) ||
+            BF16_TILED(L->w_gate_shexp) || BF16_TILED(L->w_up_shexp) || BF16_TILED(L->w_down_shexp))
+            return true;
+    }
+    return false;
+#undef BF16_TILED
+}
+
 enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *opts, struct backend **out,
                               struct kvb_err *err)
 {
@@ -655,6 +676,8 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
         return st;
     }
     c->be.kernels = mm_ctx_impl_name(c->mm);
+    /* Not the reference bits for F16/BF16 matrices (has_bf16_tile_weights). */
+    if (impl == MM_IMPL_AMX && has_bf16_tile_weights(m)) c->be.arith = "cpu amx bf16";
     c->be.n_threads = tpool_size(c->pool);
     if (m->ops.encoder) { /* its own pass, which keeps K and V to itself: no pool */
         st = cpu_enc_create(m, c->pool, c->mm, &c->enc, err);
