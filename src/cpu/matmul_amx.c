@@ -4,11 +4,11 @@
  * matmul_amx_impl.h.
  *
  * Entered only after matmul.c checked the CPU and the kernel's permission
- * for the tile state (cpu_features().amx). Who computes what: quantized
- * products of many tokens (prefill chunks, batched decode) run on tiles;
- * packed weights (Q4_0, Q4_1, Q8_0) of DECODE_MAX_TOK tokens or fewer run in
- * matmul_decode_amx.c; everything else (float weights, few tokens of the
- * other types) in the AVX-512 code, unchanged.
+ * for the tile state (cpu_features().amx). Who computes what: packed
+ * weights (Q4_0, Q4_1, Q8_0) of many tokens (prefill chunks, batched decode)
+ * run on tiles, of DECODE_MAX_TOK tokens or fewer in matmul_decode_amx.c;
+ * everything else (float weights, the stored types: see AMX_STORED) in the
+ * AVX-512 code, unchanged.
  *
  * Why the results are the AVX-512 ones. The AVX-512 kernels (matmul_avx512.c)
  * give each output element (row r, token t) 16 float lanes; a row is cut into
