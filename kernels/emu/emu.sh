@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # emu.sh — runs the CUDA backend's tests on the CPU, without a GPU: the
 # kernels of kernels/*.cu compiled as C++ over cuda_emu.h (threads as
-# fibers, real barriers), be_cuda.c and k_gemm.c over fake_cuda.c (CUDA
+# fibers, real barriers), be_cuda*.c and k_gemm.c over fake_cuda.c (CUDA
 # runtime and cuBLAS in host memory), linked with a CPU-only kvbcore, under
 # AddressSanitizer + UBSan. It checks logic — indexing, layouts, barriers,
 # the GEMM's leading dimensions against cuBLAS's definition, the backend's
@@ -44,7 +44,7 @@ for cc in "$bdir"/emu/k_*.cc "$root/kernels/emu/cuda_emu.cc"; do
   g++ -std=c++17 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas $flags -include cuda_emu.h -c "$cc" -o "$o"
   objs+=("$o")
 done
-for c in "$root/kernels/emu/fake_cuda.c" "$root/kernels/be_cuda.c" "$root/kernels/k_gemm.c"; do
+for c in "$root/kernels/emu/fake_cuda.c" "$root"/kernels/be_cuda*.c "$root/kernels/k_gemm.c"; do
   o="$bdir/emu/$(basename "$c").o"
   gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$c" -o "$o"
   objs+=("$o")
@@ -53,7 +53,7 @@ libs=""
 for l in testsupport app engine cpu backend text model pstore metrics jobs base; do libs="$libs $bdir/libkvb_$l.a"; done
 libs="$libs -llmdb -lzstd -lsqlite3 -lxxhash -lpthread -lm"
 rc=0
-for t in test_cuda_kernels test_cuda_backend; do
+for t in test_cuda_kernels test_cuda_enc test_cuda_backend; do
   gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$root/tests/$t.c" -o "$bdir/emu/$t.o"
   g++ $san "$bdir/emu/$t.o" "${objs[@]}" $libs -o "$bdir/emu/$t"
   echo "== $t (emulated device)"
