@@ -11,6 +11,7 @@
 #                                       the CUDA headers in $CUDA_HOME/include)
 # Set KVB_MODEL to a GGUF to include the real-model comparison (slow here);
 # KVB_CUDA_CASES=label,label runs only those synthetic models of test_cuda_backend.
+# EMU_BERT=1 adds tests/pytest_embed_bert.py over the emulated kvbatch (--device cuda).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bdir=${1:-$root/build-emu}
@@ -65,6 +66,10 @@ echo "== test_cuda_kernels (emulated device, threads in reverse order)"
 EMU_ORDER=reverse ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=0 "$bdir/emu/test_cuda_kernels" \
   > "$bdir/emu/kernels-reverse.log" 2>&1 || { rc=1; grep -E "FAIL|CHECK" "$bdir/emu/kernels-reverse.log"; }
 echo "$(grep -c ' ok' "$bdir/emu/kernels-reverse.log") checks ok, $(grep -c FAIL "$bdir/emu/kernels-reverse.log") failed"
+echo "== test_cuda_enc (emulated device, threads in reverse order)"
+EMU_ORDER=reverse ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=0 "$bdir/emu/test_cuda_enc" \
+  > "$bdir/emu/enc-reverse.log" 2>&1 || { rc=1; grep -E "FAIL|CHECK" "$bdir/emu/enc-reverse.log"; }
+echo "$(grep -c ' ok$' "$bdir/emu/enc-reverse.log") checks ok, $(grep -c "CHECK failed" "$bdir/emu/enc-reverse.log") failed"
 # The benchmark driver, on tiny models (in memory, and a synthetic file):
 # that it runs, not how fast.
 bench_objs=()
@@ -153,5 +158,19 @@ if "$bdir/emu/kvbatch" run --help 2>&1 | grep -q -- "--kv-type"; then
   done
 else
   echo "kvbatch has no --kv-type: quantized KV through the CLI not run"
+fi
+# EMU_BERT=1: BERT files end to end on the emulated device — embeddings, score
+# and rerank lines against transformers (tests/pytest_embed_bert.py with
+# --device cuda; ~45 minutes here, so not by default). 77: no torch,
+# transformers or fetched vocabulary.
+if [ "${EMU_BERT:-0}" = 1 ]; then
+  echo "== pytest_embed_bert --device cuda (emulated device)"
+  brc=0
+  KVB_BIN="$bdir/emu/kvbatch" KVB_DEVICE=cuda python3 "$root/tests/pytest_embed_bert.py" > "$bdir/emu/bert.log" 2>&1 || brc=$?
+  case $brc in
+    0) tail -n 35 "$bdir/emu/bert.log" ;;
+    77) echo "skipped: $(tail -n 1 "$bdir/emu/bert.log")" ;;
+    *) tail -n 60 "$bdir/emu/bert.log"; rc=1 ;;
+  esac
 fi
 exit $rc
