@@ -1068,6 +1068,7 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->graphs = o->graphs;
     c->kv_type = o->kv_type;
     c->be.name = "cuda";
+    c->be.arith = "cuda"; /* not the CPU's bits: its KV blocks and results are kept apart in the store */
     /* The tensor-core kernel computes neither windows nor soft-caps. */
     const bool plain_attn = m->ops.n_swa == 0 && !(m->ops.attn_softcap > 0);
     c->attn_tile = o->attn_warp || !plain_attn || m->ops.encoder
