@@ -56,11 +56,11 @@ struct be_batch {
 struct backend {
     const char *name;    /* "cpu", "cuda" */
     const char *kernels; /* which kernels run, for logs ("avx512", "scalar", …); NULL: name */
-    /* The arithmetic its results are the bits of, when not the CPU's
-     * reference (NULL: the scalar kernels' bits, which every CPU kernel set
-     * reproduces for this model); the persistent store keeps what a backend
-     * computed apart from what another arithmetic computed
-     * (pstore_model.arith). */
+    /* The arithmetic its results are the bits of (NULL: the CPU's avx512
+     * kernels'; "cuda", "cpu avx2", …: another, whose results differ in the
+     * last bits). The persistent store keeps what one arithmetic computed
+     * from answering for another (pstore_model.arith), so an output is the
+     * same bits whether its prefix was computed or loaded. */
     const char *arith;
     int n_threads;        /* host threads doing the work (0: not applicable) */
     int32_t block_size;   /* tokens per KV block */

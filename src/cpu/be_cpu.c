@@ -676,8 +676,16 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
         return st;
     }
     c->be.kernels = mm_ctx_impl_name(c->mm);
-    /* Not the reference bits for F16/BF16 matrices (has_bf16_tile_weights). */
-    if (impl == MM_IMPL_AMX && has_bf16_tile_weights(m)) c->be.arith = "cpu amx bf16";
+    /* The kernel sets give different bits (their sums run in other orders;
+     * amx is avx512's bits except on F16/BF16 matrices, has_bf16_tile_weights),
+     * so the persistent store keys each apart. avx512's is the unnamed one: the
+     * keys caches had before the store knew of arithmetics. */
+    switch (impl) {
+    case MM_IMPL_SCALAR: c->be.arith = "cpu scalar"; break;
+    case MM_IMPL_AVX2: c->be.arith = "cpu avx2"; break;
+    case MM_IMPL_AMX: c->be.arith = has_bf16_tile_weights(m) ? "cpu amx bf16" : NULL; break;
+    default: c->be.arith = NULL; break;
+    }
     c->be.n_threads = tpool_size(c->pool);
     if (m->ops.encoder) { /* its own pass, which keeps K and V to itself: no pool */
         st = cpu_enc_create(m, c->pool, c->mm, &c->enc, err);

@@ -97,12 +97,10 @@ struct pstore_model {
     int32_t block_size;      /* tokens per block */
     int32_t n_layer;
     int32_t kv_dim; /* n_head_kv * head_dim */
-    /* The arithmetic that computed the blocks, when it is not the CPU's
-     * reference one (NULL or "": every kernel set that gives the scalar
-     * kernels' bits). A backend whose results differ in the last bits
-     * (CUDA, the CPU's BF16 tiles) names its own, so that a prefix it
-     * stored never answers for another's: a request's output stays the same
-     * bits whether its prefix was computed or loaded. At most 31 bytes. */
+    /* The arithmetic that computed the blocks (NULL or "": the default one;
+     * a name, e.g. "cuda", for each that gives other bits), so that a prefix
+     * one stored never answers for another's: a request's output stays the
+     * same bits whether its prefix was computed or loaded. At most 31 bytes. */
     const char *arith;
     /* raw block bytes = n_layer * 2 * block_size * row bytes (kv_dim *
      * sizeof(dtype), or kv_dim / 32 groups); layout [layer][K|V][slot][row],
