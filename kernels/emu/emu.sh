@@ -44,7 +44,7 @@ for cc in "$bdir"/emu/k_*.cc "$root/kernels/emu/cuda_emu.cc"; do
   g++ -std=c++17 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas $flags -include cuda_emu.h -c "$cc" -o "$o"
   objs+=("$o")
 done
-for c in "$root/kernels/emu/fake_cuda.c" "$root/kernels/be_cuda.c" "$root/kernels/k_gemm.c"; do
+for c in "$root/kernels/emu/fake_cuda.c" "$root/kernels/be_cuda.c" "$root/kernels/be_cuda_moe.c" "$root/kernels/k_gemm.c"; do
   o="$bdir/emu/$(basename "$c").o"
   gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$c" -o "$o"
   objs+=("$o")
