@@ -1114,6 +1114,7 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->graphs = o->graphs && !moe_off_graphs(c, m);
     c->kv_type = o->kv_type;
     c->be.name = "cuda";
+    c->be.arith = "cuda"; /* not the CPU's bits: its KV blocks and results are kept apart in the store */
     /* The tensor-core kernel computes neither windows nor soft-caps. */
     const bool plain_attn = m->ops.n_swa == 0 && !(m->ops.attn_softcap > 0);
     c->attn_tile = o->attn_warp || !plain_attn ? 0 : kcu_attn_tc_tile_tokens(hp->n_head, hp->n_head_kv, hp->head_dim);

@@ -287,6 +287,22 @@ static void test_keys(void)
     for (int i = 0; i < 4; i++)
         CHECK(memcmp(a[i].b, q8[i].b, 16) != 0 && memcmp(a[i].b, q4[i].b, 16) != 0 &&
               memcmp(q8[i].b, q4[i].b, 16) != 0);
+    /* another arithmetic (CUDA, BF16 tiles) names other chains; "" is the
+     * reference's, whose keys are those written before the field existed */
+    struct pstore_key ar[4], a0[4];
+    struct pstore_model mar = ma, m0 = ma;
+    mar.arith = "cuda";
+    m0.arith = "";
+    pstore_chain_keys(&mar, tok, 4, ar);
+    pstore_chain_keys(&m0, tok, 4, a0);
+    CHECK(!memcmp(a, a0, sizeof a));
+    for (int i = 0; i < 4; i++) CHECK(memcmp(a[i].b, ar[i].b, 16) != 0);
+    struct pstore_shape sh;
+    struct kvb_err aerr = {{0}};
+    mar.arith = "an arithmetic name of thirty-two";
+    CHECK(pstore_shape_init(&mar, &sh, &aerr) == KVB_ERR_INVALID_ARG);
+    mar.arith = "cuda";
+    CHECK(pstore_shape_init(&mar, &sh, &aerr) == KVB_OK);
     /* upper-case fingerprint names the same model */
     struct pstore_model mu = model("0123456789ABCDEF0123456789ABCDEF", PSTORE_DTYPE_F16, 16, 2, 64);
     pstore_chain_keys(&mu, tok, 4, e);

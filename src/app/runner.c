@@ -536,6 +536,7 @@ static void open_store(struct runner *r)
     const struct model_hparams *hp = &r->model->hp;
     memcpy(r->pm.fingerprint, r->model->fingerprint, sizeof r->pm.fingerprint);
     r->pm.name = r->model->name;
+    r->pm.arith = r->be->arith;
     /* The pool's bytes are what is stored, so the KV type names the entries:
      * a q8 run never reads an f16 run's blocks, nor the other way round. */
     r->pm.dtype = r->be->kv_type == KV_Q8   ? PSTORE_DTYPE_Q8

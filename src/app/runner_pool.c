@@ -6,6 +6,7 @@
  * (an embedding, normalised unless --no-normalize; a reranker's logit) and
  * goes to that cache; the line is written once all its items are done. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -58,20 +59,33 @@ bool runner_pool_setup(struct runner *r)
 
 /* What else a result depends on besides the model and the tokens. */
 struct space_params {
-    uint32_t kind;      /* 1: an embedding, 2: a pair's logit */
-    uint32_t pooling;   /* enum model_pooling */
-    uint32_t normalize; /* 1 when normalised */
-    uint32_t kv_type;   /* the KV cache's element type: it changes the arithmetic */
+    uint32_t kind;                /* 1: an embedding, 2: a pair's logit */
+    uint32_t pooling;             /* enum model_pooling */
+    uint32_t normalize;           /* 1 when normalised */
+    uint32_t kv_type;             /* the KV cache's element type: it changes the arithmetic */
+    char arith[PSTORE_ARITH_MAX]; /* the backend's arithmetic (backend.h), zero-filled */
 };
+
+/* The params' bytes: without an arithmetic name, those of the struct before
+ * the field existed, so results stored by the reference arithmetic keep
+ * their keys. */
+static size_t params_bytes(const struct space_params *p)
+{
+    return p->arith[0] ? sizeof *p : offsetof(struct space_params, arith);
+}
 
 void runner_pool_store(struct runner *r)
 {
     if (!r->ps) return;
-    struct space_params e = {1, (uint32_t)r->embed_pool, r->normalize, (uint32_t)r->be->kv_type};
-    struct space_params p = {2, (uint32_t)MODEL_POOL_RANK, 0, (uint32_t)r->be->kv_type};
+    struct space_params e = {1, (uint32_t)r->embed_pool, r->normalize, (uint32_t)r->be->kv_type, {0}};
+    struct space_params p = {2, (uint32_t)MODEL_POOL_RANK, 0, (uint32_t)r->be->kv_type, {0}};
+    if (r->be->arith) {
+        snprintf(e.arith, sizeof e.arith, "%s", r->be->arith);
+        snprintf(p.arith, sizeof p.arith, "%s", r->be->arith);
+    }
     struct kvb_err err = {{0}};
-    r->have_rspace = pstore_rspace_init(&r->rs_embed, r->model->fingerprint, &e, sizeof e, &err) == KVB_OK &&
-                     pstore_rspace_init(&r->rs_pair, r->model->fingerprint, &p, sizeof p, &err) == KVB_OK;
+    r->have_rspace = pstore_rspace_init(&r->rs_embed, r->model->fingerprint, &e, params_bytes(&e), &err) == KVB_OK &&
+                     pstore_rspace_init(&r->rs_pair, r->model->fingerprint, &p, params_bytes(&p), &err) == KVB_OK;
 }
 
 static const struct pstore_rspace *space_of(const struct runner *r, const struct slot *s)

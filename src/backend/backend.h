@@ -54,8 +54,14 @@ struct be_batch {
 };
 
 struct backend {
-    const char *name;     /* "cpu", "cuda" */
-    const char *kernels;  /* which kernels run, for logs ("avx512", "scalar", …); NULL: name */
+    const char *name;    /* "cpu", "cuda" */
+    const char *kernels; /* which kernels run, for logs ("avx512", "scalar", …); NULL: name */
+    /* The arithmetic its results are the bits of, when not the CPU's
+     * reference (NULL: the scalar kernels' bits, which every CPU kernel set
+     * reproduces for this model); the persistent store keeps what a backend
+     * computed apart from what another arithmetic computed
+     * (pstore_model.arith). */
+    const char *arith;
     int n_threads;        /* host threads doing the work (0: not applicable) */
     int32_t block_size;   /* tokens per KV block */
     int32_t n_blocks;     /* blocks in the pool */

@@ -86,7 +86,8 @@ struct pstore_key {
  * as the pool holds them: Q8 K and V rows of q8 groups, Q4 K rows of q8
  * groups and V rows of q4 ones; kv_dim is a multiple of 32. */
 enum pstore_dtype { PSTORE_DTYPE_F16 = 1, PSTORE_DTYPE_F32 = 2, PSTORE_DTYPE_Q8 = 3, PSTORE_DTYPE_Q4 = 4 };
-#define PSTORE_QGROUP 32 /* elements per Q8/Q4 group */
+#define PSTORE_QGROUP 32    /* elements per Q8/Q4 group */
+#define PSTORE_ARITH_MAX 32 /* bytes of pstore_model.arith, its terminator included */
 
 /* What is stored: the identity of the model and the shape of one block. */
 struct pstore_model {
@@ -96,6 +97,13 @@ struct pstore_model {
     int32_t block_size;      /* tokens per block */
     int32_t n_layer;
     int32_t kv_dim; /* n_head_kv * head_dim */
+    /* The arithmetic that computed the blocks, when it is not the CPU's
+     * reference one (NULL or "": every kernel set that gives the scalar
+     * kernels' bits). A backend whose results differ in the last bits
+     * (CUDA, the CPU's BF16 tiles) names its own, so that a prefix it
+     * stored never answers for another's: a request's output stays the same
+     * bits whether its prefix was computed or loaded. At most 31 bytes. */
+    const char *arith;
     /* raw block bytes = n_layer * 2 * block_size * row bytes (kv_dim *
      * sizeof(dtype), or kv_dim / 32 groups); layout [layer][K|V][slot][row],
      * as the backend's pool holds it. */

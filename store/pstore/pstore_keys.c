@@ -4,7 +4,9 @@
  *
  * The identity covers everything that makes a stored block meaningless for
  * another reader: the weights (fingerprint), the KV element type, the block
- * size, the shape, and the format version. Keys are XXH3-128: at 2^-64
+ * size, the shape, the format version, and the arithmetic when it is not
+ * the reference one (appended only then, so the reference's keys are those
+ * of caches written before the field existed). Keys are XXH3-128: at 2^-64
  * collision odds per pair a collision is not expected in practice, and the
  * stored token ids catch one anyway. Tokens are hashed as little-endian
  * bytes so that keys are the same on every host. */
@@ -30,7 +32,7 @@ static int hexval(char c)
  * fingerprint is taken lowercase so that "AB.." and "ab.." name one model. */
 static void model_identity(const struct pstore_model *m, uint8_t id[16])
 {
-    uint8_t buf[24 + 32 + 20];
+    uint8_t buf[24 + 32 + 20 + PSTORE_ARITH_MAX];
     memcpy(buf, "kvbatch pstore identity\0", 24);
     for (int i = 0; i < 32; i++) {
         char c = m->fingerprint[i];
@@ -41,8 +43,14 @@ static void model_identity(const struct pstore_model *m, uint8_t id[16])
     put_u32(buf + 64, (uint32_t)m->block_size);
     put_u32(buf + 68, (uint32_t)m->n_layer);
     put_u32(buf + 72, (uint32_t)m->kv_dim);
+    size_t n = 76, a = m->arith ? strlen(m->arith) : 0;
+    if (a) {
+        if (a > PSTORE_ARITH_MAX - 1) a = PSTORE_ARITH_MAX - 1; /* pstore_shape_init refuses longer */
+        memcpy(buf + n, m->arith, a);
+        n += a;
+    }
     XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits(buf, sizeof buf));
+    XXH128_canonicalFromHash(&c, XXH3_128bits(buf, n));
     memcpy(id, c.digest, 16);
 }
 
@@ -54,6 +62,9 @@ enum kvb_status pstore_shape_init(const struct pstore_model *m, struct pstore_sh
             return kvb_errf(err, KVB_ERR_INVALID_ARG, "model fingerprint is not 32 hex digits");
     if (m->fingerprint[32] != '\0')
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "model fingerprint is longer than 32 hex digits");
+    if (m->arith && strlen(m->arith) >= PSTORE_ARITH_MAX)
+        return kvb_errf(err, KVB_ERR_INVALID_ARG, "arithmetic name '%.40s…' is longer than %d bytes", m->arith,
+                        PSTORE_ARITH_MAX - 1);
     uint32_t esize = 1, kg = 0, vg = 0;
     switch (m->dtype) {
     case PSTORE_DTYPE_F16: esize = 2; break;
