@@ -18,7 +18,9 @@
  * final norm, output head, logit divisor and final soft-cap for the rows
  * whose logits are wanted. Q, K and V are one stacked weight [wq; wk; wv] and gate and up one
  * [w_gate; w_up], so each is a single GEMM whose output row holds the parts
- * side by side; the kernels read the parts through row strides.
+ * side by side; the kernels read the parts through row strides. An encoder
+ * (model_ops.encoder: bert) runs its own pass instead (be_cuda_enc.c) and
+ * has no KV pool.
  *
  * Host C only: CUDA runtime and cuBLAS through their C APIs, kernels through
  * kernels.h. cudaError_t and cublasStatus_t become kvbatch statuses here, at
@@ -36,6 +38,7 @@
 #include "base/alloc.h"
 #include "base/dtype.h"
 #include "base/tpool.h"
+#include "kernels/be_cuda_internal.h"
 #include "kernels/be_cuda_moe.h"
 #include "kernels/kernels.h"
 #include "model/arch.h"
@@ -141,6 +144,10 @@ struct cuda_be {
     int64_t cap_idx; /* int32 entries */
     int32_t *h_idx;  /* pinned host */
     int32_t *d_idx;  /* device */
+
+    /* An encoder's pass (be_cuda_enc.c), run instead of the llama layer's;
+     * NULL for every other model. An encoder has no KV pool (kv NULL). */
+    struct cuda_enc *enc;
 };
 
 static void graphs_clear(struct cuda_be *c);
@@ -161,13 +168,13 @@ static enum kvb_status cu_status(cudaError_t e)
     }
 }
 
-static enum kvb_status cu_check(cudaError_t e, struct kvb_err *err, const char *what)
+enum kvb_status cu_check(cudaError_t e, struct kvb_err *err, const char *what)
 {
     if (e == cudaSuccess) return KVB_OK;
     return kvb_errf(err, cu_status(e), "CUDA: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-static enum kvb_status blas_check(cublasStatus_t s, struct kvb_err *err, const char *what)
+enum kvb_status blas_check(cublasStatus_t s, struct kvb_err *err, const char *what)
 {
     if (s == CUBLAS_STATUS_SUCCESS) return KVB_OK;
     enum kvb_status st = KVB_ERR_IO;
@@ -229,6 +236,7 @@ int64_t be_cuda_free_memory(int device)
 
 int64_t be_cuda_weight_bytes(const struct model *m)
 {
+    if (m->ops.encoder) return cuda_enc_weight_bytes(m);
     const struct model_hparams *hp = &m->hp;
     const int64_t e = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
     const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;
@@ -267,6 +275,7 @@ static void cuda_free(struct backend *be)
     if (c->d2h) cudaStreamSynchronize(c->d2h);
     if (c->h2d) cudaStreamSynchronize(c->h2d);
     graphs_clear(c);
+    cuda_enc_free(c->enc);
     cudaFree(c->blas_ws);
     free_scratch(c);
     cu_moe_free(c->moe);
@@ -302,15 +311,7 @@ static void cuda_free(struct backend *be)
 
 /* ---- weight upload ----------------------------------------------------------------- */
 
-/* Host side of the upload: a pinned staging area for bf16 rows and one f32
- * row for quant_dequant_row. */
-struct uploader {
-    uint16_t *stage; /* pinned, cap elements */
-    int64_t cap;
-    float *row; /* (max_in) */
-};
-
-static enum kvb_status dev_alloc(void *pp, int64_t bytes, const char *what, struct kvb_err *err)
+enum kvb_status dev_alloc(void *pp, int64_t bytes, const char *what, struct kvb_err *err)
 {
     void **p = pp;
     cudaError_t e = cudaMalloc(p, (size_t)(bytes > 0 ? bytes : 1));
@@ -325,8 +326,8 @@ static enum kvb_status dev_alloc(void *pp, int64_t bytes, const char *what, stru
 
 /* Dequantizes `w` (n_out rows of n_in) into bf16 rows and copies them to
  * dst (row-major, n_in per row). */
-static enum kvb_status upload_matrix(struct uploader *u, uint16_t *dst, const struct mm_weight *w, const char *name,
-                                     struct kvb_err *err)
+enum kvb_status upload_matrix(struct uploader *u, uint16_t *dst, const struct mm_weight *w, const char *name,
+                              struct kvb_err *err)
 {
     const int64_t n_in = w->n_in;
     const int64_t rows_per_chunk = u->cap / n_in;
@@ -377,7 +378,7 @@ static enum kvb_status upload_stacked(struct uploader *u, uint16_t **dst, const 
     return KVB_OK;
 }
 
-static enum kvb_status upload_f32(float **dst, const float *src, int64_t n, const char *name, struct kvb_err *err)
+enum kvb_status upload_f32(float **dst, const float *src, int64_t n, const char *name, struct kvb_err *err)
 {
     KVB_FORWARD_IF_ERROR(dev_alloc(dst, n * 4, name, err));
     return cu_check(cudaMemcpy(*dst, src, (size_t)n * 4, cudaMemcpyHostToDevice), err, name);
@@ -851,6 +852,10 @@ static enum kvb_status cuda_forward(struct backend *be, const struct be_batch *b
     const struct model_hparams *hp = &c->m->hp;
     struct be_batch_shape sh;
     KVB_FORWARD_IF_ERROR(be_batch_check(be, hp->n_vocab, batch, &sh, err));
+    if (c->enc) {
+        KVB_FORWARD_IF_ERROR(cu_check(cudaSetDevice(c->device), err, "select device"));
+        return cuda_enc_forward(c->enc, batch, err);
+    }
     const int64_t n_tok = sh.n_tok, n_am = sh.n_argmax, n_out = sh.n_out + n_am, n_tab = sh.n_tab;
     if (n_tok == 0) return KVB_OK;
     if (n_tok > 0x7fffffff / hp->n_head)
@@ -953,7 +958,7 @@ static enum kvb_status block_pages_copy(struct cuda_be *c, int32_t block, void *
                                         cudaStream_t stream)
 {
     const struct backend *be = &c->be;
-    if (block < 0 || block >= be->n_logical) return KVB_ERR_INVALID_ARG;
+    if (block < 0 || block >= be->n_logical || !c->kv) return KVB_ERR_INVALID_ARG; /* an encoder has no pool */
     for (int32_t g = 0; g < be->n_groups; g++)
         if (page_of(c, block, g) < 0) return KVB_ERR_INVALID_ARG;
     cudaError_t e = cudaSuccess;
@@ -1102,9 +1107,6 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
                         "(head_dim <= %d, whole groups)",
                         hp->head_dim, hp->n_head, hp->n_head_kv, KCU_ATTN_MAX_HEAD_DIM);
     KVB_FORWARD_IF_ERROR(kv_type_check(o->kv_type, hp->head_dim, err));
-    if (m->ops.encoder)
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
-                        "CUDA backend: encoders (bert) are computed by the CPU backend only (run with --device cpu)");
 
     struct cuda_be *c = kvb_calloc(1, sizeof *c);
     if (!c) return kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
@@ -1117,7 +1119,9 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->be.arith = "cuda"; /* not the CPU's bits: its KV blocks and results are kept apart in the store */
     /* The tensor-core kernel computes neither windows nor soft-caps. */
     const bool plain_attn = m->ops.n_swa == 0 && !(m->ops.attn_softcap > 0);
-    c->attn_tile = o->attn_warp || !plain_attn ? 0 : kcu_attn_tc_tile_tokens(hp->n_head, hp->n_head_kv, hp->head_dim);
+    c->attn_tile = o->attn_warp || !plain_attn || m->ops.encoder
+                       ? 0
+                       : kcu_attn_tc_tile_tokens(hp->n_head, hp->n_head_kv, hp->head_dim);
     name_kernels(c);
     c->be.impl = c;
     c->be.forward = cuda_forward;
@@ -1207,10 +1211,11 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
                               "pinned upload buffer")
                    : kvb_errf(err, KVB_ERR_NOMEM, "out of memory");
     }
-    if (st == KVB_OK) st = upload_weights(c, &u, err);
+    if (st == KVB_OK && m->ops.encoder) st = cuda_enc_create(m, c->blas, c->stream, c->det, &u, &c->enc, err);
+    else if (st == KVB_OK) st = upload_weights(c, &u, err);
     if (u.stage) cudaFreeHost(u.stage);
     kvb_free(u.row);
-    if (st == KVB_OK) {
+    if (st == KVB_OK && !c->enc) {
         cudaError_t e = cudaMalloc((void **)&c->kv, (size_t)kv_bytes);
         if (e == cudaErrorMemoryAllocation) {
             cudaGetLastError();
@@ -1224,7 +1229,7 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
             st = cu_check(e, err, "KV pool");
         }
     }
-    if (st == KVB_OK) st = cu_check(cudaMemsetAsync(c->kv, 0, (size_t)kv_bytes, c->stream), err, "KV pool");
+    if (st == KVB_OK && !c->enc) st = cu_check(cudaMemsetAsync(c->kv, 0, (size_t)kv_bytes, c->stream), err, "KV pool");
     if (st == KVB_OK) st = cu_check(cudaDeviceSynchronize(), err, "upload");
     if (st != KVB_OK) {
         cuda_free(&c->be);

@@ -1,7 +1,7 @@
 /* kernels.h — the CUDA kernels of the CUDA backend, behind a plain C interface.
  *
  * Each kernel family lives in its own .cu file (k_embed, k_norm, k_rope,
- * k_act, k_attn, k_sample, k_moe) and is reached through a launcher declared here: it takes
+ * k_act, k_attn, k_sample, k_enc, k_moe) and is reached through a launcher declared here: it takes
  * device pointers and a stream, enqueues the kernel and returns the launch
  * status (cudaSuccess, or e.g. cudaErrorInvalidValue for a shape the kernel
  * cannot take). Launchers never synchronise; errors raised while a kernel
@@ -224,6 +224,51 @@ cudaError_t kcu_attn_tc(float *out, const float *q, int64_t q_ld, const struct k
 cudaError_t kcu_attn_tc_bf16(uint16_t *out, const float *q, int64_t q_ld, const struct kcu_paged *kv,
                              const int32_t *tiles, int32_t n_tiles, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
                              float scale, cudaStream_t stream);
+
+/* ---- k_enc.cu (encoders: BERT) ---------------------------------------------- */
+
+/* x[t] = LayerNorm(tok_table[tokens[t]] + pos_table[pos[t]] + type_table[types[t]]) * w + b
+ * over n elements, and the same rounded to bf16 into xb (n apart; NULL:
+ * not written): the encoder's input. tok_table (n_vocab, n) bf16,
+ * pos_table (n_pos, n) and type_table (n_types, n) f32, type_table NULL
+ * when the model has none (types is then not read). The statistics are
+ * f32, reduced in a fixed order per row. Reference: the sum in enc_cpu.c's
+ * embed, then enc_layer_norm (its statistics in double: equal to float
+ * rounding). */
+cudaError_t kcu_enc_embed(float *x, uint16_t *xb, const uint16_t *tok_table, const float *pos_table,
+                          const float *type_table, const int32_t *tokens, const int32_t *pos, const int32_t *types,
+                          int32_t n_tok, int32_t n, const float *w, const float *b, float eps, cudaStream_t stream);
+
+/* x[r] = LayerNorm(x[r] + y[r] + bias) * w + b for r < n_rows (rows of n,
+ * contiguous), and bf16 into xb (NULL: not written): a projection and its
+ * bias joining the residual stream of an encoder (BERT's post-norm). y
+ * NULL: LayerNorm of x alone; bias NULL: none. Reference: enc_cpu.c's
+ * make_residual_row (the add, then enc_layer_norm). */
+cudaError_t kcu_add_layernorm(float *x, uint16_t *xb, const float *y, const float *bias, int32_t n_rows, int32_t n,
+                              const float *w, const float *b, float eps, cudaStream_t stream);
+
+/* out[t][i] = bf16(gelu_erf(up[t][i] + bias[i])) for t < n_tok, i < n (bias
+ * NULL: none), GELU by the device's erff: the input of an encoder's down
+ * projection. Reference: enc_gelu. */
+cudaError_t kcu_gelu_erf_bf16(uint16_t *out, const float *up, const float *bias, int32_t n_tok, int32_t n,
+                              cudaStream_t stream);
+
+/* Bidirectional attention over the rows of the step: for token t and head
+ * h, q = qkv + t * ld + h * head_dim attends to the keys qkv + p * ld +
+ * k_off + h * head_dim and values at v_off, for p in [tok_lo[t],
+ * tok_lo[t] + tok_n[t]) — the rows of t's own sequence, so sequences in
+ * one step never see each other (tok_n[t] >= 1). out: (n_tok, n_head *
+ * head_dim). softmax in f32 with scale `scale`, online per warp with a
+ * fixed split of keys, as kcu_attn: a token's result does not depend on
+ * the batch. cudaErrorInvalidValue when head_dim > KCU_ATTN_MAX_HEAD_DIM.
+ * Reference: enc_attn. */
+cudaError_t kcu_enc_attn(float *out, const float *qkv, int64_t ld, int64_t k_off, int64_t v_off, const int32_t *tok_lo,
+                         const int32_t *tok_n, int32_t n_tok, int32_t n_head, int32_t head_dim, float scale,
+                         cudaStream_t stream);
+/* The same, stored rounded to bf16 (the output projection's input). */
+cudaError_t kcu_enc_attn_bf16(uint16_t *out, const float *qkv, int64_t ld, int64_t k_off, int64_t v_off,
+                              const int32_t *tok_lo, const int32_t *tok_n, int32_t n_tok, int32_t n_head,
+                              int32_t head_dim, float scale, cudaStream_t stream);
 
 /* ---- k_moe.cu --------------------------------------------------------------- */
 

@@ -729,7 +729,9 @@ static void test_determinism(struct tpool **pools, int n_pools)
  * 16-row panels), every group kind of the wide types (S8, partial S4, S1 of
  * one and two blocks), stored and packed weights (each implementation's own
  * packed form), token chunks (n_in 8192 with 40 tokens is two chunks) and
- * any thread split. */
+ * any thread split. (Stored weights reach the tiles only in a build with
+ * -DAMX_STORED=1, matmul_amx.c; otherwise the AMX table hands them to the
+ * AVX-512 code, and those cases hold the routing, not the tile code.) */
 static int amx_vs_avx512(struct tpool *pool, enum ggml_type type, int64_t n_in, int64_t n_out, int64_t n_tok, int pack)
 {
     size_t rb;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # emu.sh — runs the CUDA backend's tests on the CPU, without a GPU: the
 # kernels of kernels/*.cu compiled as C++ over cuda_emu.h (threads as
-# fibers, real barriers), be_cuda.c and k_gemm.c over fake_cuda.c (CUDA
+# fibers, real barriers), be_cuda*.c and k_gemm.c over fake_cuda.c (CUDA
 # runtime and cuBLAS in host memory), linked with a CPU-only kvbcore, under
 # AddressSanitizer + UBSan. It checks logic — indexing, layouts, barriers,
 # the GEMM's leading dimensions against cuBLAS's definition, the backend's
@@ -11,6 +11,7 @@
 #                                       the CUDA headers in $CUDA_HOME/include)
 # Set KVB_MODEL to a GGUF to include the real-model comparison (slow here);
 # KVB_CUDA_CASES=label,label runs only those synthetic models of test_cuda_backend.
+# EMU_BERT=1 adds tests/pytest_embed_bert.py over the emulated kvbatch (--device cuda).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bdir=${1:-$root/build-emu}
@@ -44,7 +45,7 @@ for cc in "$bdir"/emu/k_*.cc "$root/kernels/emu/cuda_emu.cc"; do
   g++ -std=c++17 -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas $flags -include cuda_emu.h -c "$cc" -o "$o"
   objs+=("$o")
 done
-for c in "$root/kernels/emu/fake_cuda.c" "$root/kernels/be_cuda.c" "$root/kernels/be_cuda_moe.c" "$root/kernels/k_gemm.c"; do
+for c in "$root/kernels/emu/fake_cuda.c" "$root"/kernels/be_cuda*.c "$root/kernels/k_gemm.c"; do
   o="$bdir/emu/$(basename "$c").o"
   gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$c" -o "$o"
   objs+=("$o")
@@ -53,7 +54,7 @@ libs=""
 for l in testsupport app engine cpu backend text model pstore metrics jobs base; do libs="$libs $bdir/libkvb_$l.a"; done
 libs="$libs -llmdb -lzstd -lsqlite3 -lxxhash -lpthread -lm"
 rc=0
-for t in test_cuda_kernels test_cuda_backend; do
+for t in test_cuda_kernels test_cuda_enc test_cuda_backend; do
   gcc -std=c11 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter $flags -c "$root/tests/$t.c" -o "$bdir/emu/$t.o"
   g++ $san "$bdir/emu/$t.o" "${objs[@]}" $libs -o "$bdir/emu/$t"
   echo "== $t (emulated device)"
@@ -65,6 +66,10 @@ echo "== test_cuda_kernels (emulated device, threads in reverse order)"
 EMU_ORDER=reverse ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=0 "$bdir/emu/test_cuda_kernels" \
   > "$bdir/emu/kernels-reverse.log" 2>&1 || { rc=1; grep -E "FAIL|CHECK" "$bdir/emu/kernels-reverse.log"; }
 echo "$(grep -c ' ok' "$bdir/emu/kernels-reverse.log") checks ok, $(grep -c FAIL "$bdir/emu/kernels-reverse.log") failed"
+echo "== test_cuda_enc (emulated device, threads in reverse order)"
+EMU_ORDER=reverse ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=0 "$bdir/emu/test_cuda_enc" \
+  > "$bdir/emu/enc-reverse.log" 2>&1 || { rc=1; grep -E "FAIL|CHECK" "$bdir/emu/enc-reverse.log"; }
+echo "$(grep -c ' ok$' "$bdir/emu/enc-reverse.log") checks ok, $(grep -c "CHECK failed" "$bdir/emu/enc-reverse.log") failed"
 # The benchmark driver, on tiny models (in memory, and a synthetic file):
 # that it runs, not how fast.
 bench_objs=()
@@ -153,5 +158,19 @@ if "$bdir/emu/kvbatch" run --help 2>&1 | grep -q -- "--kv-type"; then
   done
 else
   echo "kvbatch has no --kv-type: quantized KV through the CLI not run"
+fi
+# EMU_BERT=1: BERT files end to end on the emulated device — embeddings, score
+# and rerank lines against transformers (tests/pytest_embed_bert.py with
+# --device cuda; ~45 minutes here, so not by default). 77: no torch,
+# transformers or fetched vocabulary.
+if [ "${EMU_BERT:-0}" = 1 ]; then
+  echo "== pytest_embed_bert --device cuda (emulated device)"
+  brc=0
+  KVB_BIN="$bdir/emu/kvbatch" KVB_DEVICE=cuda python3 "$root/tests/pytest_embed_bert.py" > "$bdir/emu/bert.log" 2>&1 || brc=$?
+  case $brc in
+    0) tail -n 35 "$bdir/emu/bert.log" ;;
+    77) echo "skipped: $(tail -n 1 "$bdir/emu/bert.log")" ;;
+    *) tail -n 60 "$bdir/emu/bert.log"; rc=1 ;;
+  esac
 fi
 exit $rc

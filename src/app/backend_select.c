@@ -69,8 +69,6 @@ enum kvb_status be_select_create(const struct model *m, const struct be_select_o
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "--device '%s': expected auto, cpu, cuda or cuda:N", d);
     if (!strcmp(d, "cpu")) return create_cpu(m, o, out, err);
 #ifdef KVBATCH_HAVE_CUDA
-    /* encoders: the CPU backend's alone (be_cuda.c refuses them) */
-    if (!strcmp(d, "auto") && m->ops.encoder) return create_cpu(m, o, out, err);
     int dev = strcmp(d, "auto") ? cuda_index(d) : 0;
     char why[256] = "";
     if (!be_cuda_available(dev, why, sizeof why)) {

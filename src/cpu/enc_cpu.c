@@ -124,8 +124,7 @@ static enum kvb_status ensure(struct cpu_enc *e, int64_t n_tok, int32_t max_len)
     return KVB_OK;
 }
 
-/* y = LayerNorm(x) with weight w and bias b, statistics in double. y may be x. */
-static void layer_norm(float *y, const float *x, const float *w, const float *b, int64_t n, float eps)
+void enc_layer_norm(float *y, const float *x, const float *w, const float *b, int64_t n, float eps)
 {
     double mean = 0, var = 0;
     for (int64_t i = 0; i < n; i++) mean += x[i];
@@ -134,6 +133,8 @@ static void layer_norm(float *y, const float *x, const float *w, const float *b,
     const double inv = 1.0 / sqrt(var / (double)n + eps);
     for (int64_t i = 0; i < n; i++) y[i] = (float)(((double)x[i] - mean) * inv) * w[i] + b[i];
 }
+
+float enc_gelu(float z) { return 0.5f * z * (1.0f + erff(z * (float)M_SQRT1_2)); }
 
 /* ---- per-token work, run as the next product's input --------------------------- */
 
@@ -154,7 +155,7 @@ static void make_residual_row(void *arg, int64_t t, float *dst)
     if (j->ln_w) {
         const float *at = e->tmp + t * d;
         for (int64_t i = 0; i < d; i++) xt[i] += at[i] + j->bias[i];
-        layer_norm(xt, xt, j->ln_w, j->ln_b, d, j->eps);
+        enc_layer_norm(xt, xt, j->ln_w, j->ln_b, d, j->eps);
     }
     memcpy(dst, xt, sizeof(float) * (size_t)d);
 }
@@ -165,10 +166,7 @@ static void make_gelu_row(void *arg, int64_t t, float *dst)
     const struct row_job *j = arg;
     const int64_t f = j->e->m->hp.n_ff;
     const float *u = j->e->up + t * f;
-    for (int64_t i = 0; i < f; i++) {
-        const float z = u[i] + j->bias[i];
-        dst[i] = 0.5f * z * (1.0f + erff(z * (float)M_SQRT1_2));
-    }
+    for (int64_t i = 0; i < f; i++) { dst[i] = enc_gelu(u[i] + j->bias[i]); }
 }
 
 /* ---- attention ---------------------------------------------------------------------- */
@@ -233,7 +231,7 @@ static void final_worker(void *arg, int ith, int nth)
         float *xt = j->rj.e->x + t * d;
         const float *at = j->rj.e->tmp + t * d;
         for (int64_t i = 0; i < d; i++) xt[i] += at[i] + j->rj.bias[i];
-        layer_norm(xt, xt, j->rj.ln_w, j->rj.ln_b, d, j->rj.eps);
+        enc_layer_norm(xt, xt, j->rj.ln_w, j->rj.ln_b, d, j->rj.eps);
     }
 }
 
@@ -264,7 +262,7 @@ static enum kvb_status embed(struct cpu_enc *e, const struct be_batch *batch, fl
                     quant_dequant_row(te->type, (const char *)te->data + (size_t)ty * te->row_bytes, row, d));
                 for (int64_t i = 0; i < d; i++) xt[i] += row[i];
             }
-            layer_norm(xt, xt, enc->embd_norm, enc->embd_norm_b, d, enc->ln_eps);
+            enc_layer_norm(xt, xt, enc->embd_norm, enc->embd_norm_b, d, enc->ln_eps);
             if (sq->tokens[j] == enc->sep_token) type = 1;
             e->tok_seq[t] = s;
             e->tok_pos[t] = j;

@@ -4,11 +4,11 @@
  * matmul_amx_impl.h.
  *
  * Entered only after matmul.c checked the CPU and the kernel's permission
- * for the tile state (cpu_features().amx). Who computes what: quantized
- * products of many tokens (prefill chunks, batched decode) run on tiles;
- * packed weights (Q4_0, Q4_1, Q8_0) of DECODE_MAX_TOK tokens or fewer run in
- * matmul_decode_amx.c; everything else (float weights, few tokens of the
- * other types) in the AVX-512 code, unchanged.
+ * for the tile state (cpu_features().amx). Who computes what: packed
+ * weights (Q4_0, Q4_1, Q8_0) of many tokens (prefill chunks, batched decode)
+ * run on tiles, of DECODE_MAX_TOK tokens or fewer in matmul_decode_amx.c;
+ * everything else (float weights, the stored types: see AMX_STORED) in the
+ * AVX-512 code, unchanged.
  *
  * Why the results are the AVX-512 ones. The AVX-512 kernels (matmul_avx512.c)
  * give each output element (row r, token t) 16 float lanes; a row is cut into
@@ -70,6 +70,19 @@ const bool mm_amx_built = true;
  * many tokens; fewer go to the AVX-512 code (its decode path streams the
  * weights once). */
 #define AMX_MIN_TOK 4
+
+/* Whether stored weights (Q5_0, Q5_1, Q4_K, Q6_K: types with no packed form
+ * here) go to the tiles at all. Off: unpacking a stored panel for the tiles
+ * (the AVX-512 group code per row, then a transpose) costs more than the
+ * tiles save. Measured on one core, CPU time, calls interleaved, 2048-wide
+ * rows: the tiles took 1.2-1.4x the AVX-512 kernels' time at 512 tokens
+ * (Q4_K, Q6_K, Q5_0, Q5_1), 1.5-1.6x at 32, 2-2.4x at 4-8; the MoE bench
+ * model (Q4_K) decoded a 32-sequence batch at 48 tokens per CPU-second with
+ * them, 78 without. Both give the same results bit for bit (the top of this
+ * file), so this choice is speed only. -DAMX_STORED=1 to measure again. */
+#ifndef AMX_STORED
+#define AMX_STORED 0
+#endif
 
 #define NT 16     /* tokens per tile */
 #define BTILE 512 /* one B tile: 8 rows of 64 bytes (K = 32) */
@@ -730,8 +743,8 @@ static void rows_amx(const struct mm_weight *w, const struct mm_input *in, float
 
 /* Which code computes w for n_tok tokens: packed weights (whose form only
  * this file knows) go to the decode kernel for a few tokens and to the tiles
- * from there on; stored ones to the tiles from AMX_MIN_TOK tokens and to the
- * AVX-512 code below that (as float weights always do). */
+ * from there on; stored ones to the AVX-512 code (as float weights always
+ * do), or with AMX_STORED to the tiles from AMX_MIN_TOK tokens. */
 /* The types the tile path was written and tested for; the others (Q2_K,
  * Q3_K, Q5_K, IQ4_NL, IQ4_XS: super-blocks whose scales it does not unpack)
  * run the AVX-512 kernels, which give the same results. */
@@ -752,7 +765,7 @@ static bool tile_type(enum ggml_type t)
 static bool on_tiles(const struct mm_weight *w, int64_t n_tok)
 {
     if (!tile_type(w->type)) return false;
-    return w->packed == PACK_TAG ? n_tok > DECODE_MAX_TOK : n_tok >= AMX_MIN_TOK;
+    return w->packed == PACK_TAG ? n_tok > DECODE_MAX_TOK : AMX_STORED && n_tok >= AMX_MIN_TOK;
 }
 
 static void rows(const struct mm_weight *w, const struct mm_input *in, float *y, int64_t r0, int64_t r1, void *scratch)

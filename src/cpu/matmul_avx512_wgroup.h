@@ -174,6 +174,32 @@ static inline void nib5_to_z(const uint8_t *src, int bs, int qoff, int hoff, int
     }
 }
 
+/* Q4_K / Q5_K: the eight 6-bit scales and mins of a super-block (the 12
+ * bytes at src + 4, unpacked as qb_q4k_scale_min does) as per-lane floats:
+ * dw = d * sc (times odd_k on odd sub-blocks), mw = -(dmin * m). The products
+ * are the scalar code's, one IEEE multiply each (odd_k is a power of two,
+ * the negation a sign flip), vectorised instead of eight scalar rounds. */
+static inline __attribute__((always_inline)) void q4k_scales(const uint8_t *src, float odd_k, __m512 *dw, __m512 *mw)
+{
+    /* bytes 0..7 the scales, 8..15 the mins; a: the low bits' byte (j < 4: q[j], q[j + 4]; j >= 4:
+     * q[j + 4], whose high nibble is the min's), b: the byte whose top two bits are bits 4-5 (j >= 4) */
+    const __m128i q = _mm_loadu_si128((const __m128i *)(src + 4));
+    __m128i a = _mm_shuffle_epi8(q, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i b = _mm_shuffle_epi8(q, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    a = _mm_mask_blend_epi8((__mmask16)0xF000, a, _mm_srli_epi16(a, 4));
+    a = _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+    const __m128i v = _mm_or_si128(a, _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30)));
+    const __m512 dd = _mm512_mask_mov_ps(_mm512_set1_ps(half_at(src)), 0xFF00, _mm512_set1_ps(half_at(src + 2)));
+    __m512 f = _mm512_mul_ps(dd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)));
+    if (odd_k != 1.0f) f = _mm512_mul_ps(f, _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), 0x00AA, _mm512_set1_ps(odd_k)));
+    f = _mm512_castsi512_ps(
+        _mm512_mask_xor_epi32(_mm512_castps_si512(f), 0xFF00, _mm512_castps_si512(f), _mm512_set1_epi32(INT32_MIN)));
+    /* lane L -> its sub-block within the super-block (per_lane's order); the mins 8 further */
+    const __m512i lane_block = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7);
+    *dw = _mm512_permutexvar_ps(lane_block, f);
+    *mw = _mm512_permutexvar_ps(_mm512_add_epi32(lane_block, _mm512_set1_epi32(8)), f);
+}
+
 /* One group of weights (nblk of 8 blocks present; K-quants: one super-block)
  * into steps and per-lane scales, in registers. */
 static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, const uint8_t *src, int nblk,
@@ -222,18 +248,8 @@ static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, co
                                      (long long)0xF0F0F0F0F0F0F0F0ull, (long long)0xF0F0F0F0F0F0F0F0ull,
                                      (long long)0xF0F0F0F0F0F0F0F0ull));
         }
-        float d = half_at(src), dmin = half_at(src + 2);
-        float ds[8], ms[8];
-#pragma GCC unroll 8
-        for (int s = 0; s < 8; s++) {
-            uint8_t sc, mn;
-            qb_q4k_scale_min(s, src + 4, &sc, &mn);
-            /* odd sub-blocks come from high nibbles, kept * 16 */
-            ds[s] = d * (float)sc * (s & 1 ? 0.0625f : 1.0f);
-            ms[s] = -(dmin * (float)mn);
-        }
-        *dw = per_lane(_mm256_loadu_ps(ds));
-        *mw = per_lane(_mm256_loadu_ps(ms));
+        /* odd sub-blocks come from high nibbles, kept * 16 */
+        q4k_scales(src, 0.0625f, dw, mw);
         break;
     }
     case GGML_TYPE_Q6_K: {
@@ -267,17 +283,7 @@ static inline __attribute__((always_inline)) void wgroup(enum ggml_type type, co
             v = _mm512_and_si512(_mm512_mask_srli_epi16(v, (__mmask32)0xFFFF0000, v, 4), _mm512_set1_epi8(0x0F));
             z[m] = _mm512_mask_add_epi8(v, high_bits(qh, m), v, _mm512_set1_epi8(16));
         }
-        float d = half_at(src), dmin = half_at(src + 2);
-        float ds[8], ms[8];
-#pragma GCC unroll 8
-        for (int s = 0; s < 8; s++) {
-            uint8_t sc, mn;
-            qb_q4k_scale_min(s, src + 4, &sc, &mn);
-            ds[s] = d * (float)sc;
-            ms[s] = -(dmin * (float)mn);
-        }
-        *dw = per_lane(_mm256_loadu_ps(ds));
-        *mw = per_lane(_mm256_loadu_ps(ms));
+        q4k_scales(src, 1.0f, dw, mw);
         break;
     }
     case GGML_TYPE_Q3_K: {
