@@ -13,7 +13,8 @@
  * paged attention over the stored rows (windowed, soft-capped), output
  * projection + residual (through the post-attention norm when the layer has
  * one, times model_ops.resid_scale when set: granite), RMSNorm, gate|up
- * projection, SwiGLU or GeGLU, down projection + residual (likewise); then
+ * projection, SwiGLU or GeGLU, down projection + residual (likewise; in a
+ * mixture-of-experts layer the experts of be_cuda_moe.c instead); then
  * final norm, output head, logit divisor and final soft-cap for the rows
  * whose logits are wanted. Q, K and V are one stacked weight [wq; wk; wv] and gate and up one
  * [w_gate; w_up], so each is a single GEMM whose output row holds the parts
@@ -38,6 +39,7 @@
 #include "base/dtype.h"
 #include "base/tpool.h"
 #include "kernels/be_cuda_internal.h"
+#include "kernels/be_cuda_moe.h"
 #include "kernels/kernels.h"
 #include "model/arch.h"
 #include "model/quant.h"
@@ -57,8 +59,8 @@ struct cu_layer {
     float *post_attn_norm;       /* (n_embd) gemma, olmo2, or NULL */
     float *post_ffn_norm;        /* (n_embd) gemma, olmo2, or NULL */
     uint16_t *wo;                /* (n_embd, q_dim) bf16 */
-    uint16_t *wgu;               /* (2*n_ff, n_embd) bf16: w_gate rows, then w_up */
-    uint16_t *wdown;             /* (n_embd, n_ff) bf16 */
+    uint16_t *wgu;               /* (2*n_ff, n_embd) bf16: w_gate rows, then w_up; NULL in a MoE layer */
+    uint16_t *wdown;             /* (n_embd, n_ff) bf16; NULL in a MoE layer */
 };
 
 /* What the device work of a step depends on besides the index values:
@@ -116,6 +118,7 @@ struct cuda_be {
     char kernels_name[96];          /* be.kernels */
 
     struct cu_layer *layers;  /* (n_layer) host array of device pointers */
+    struct cu_moe *moe;       /* the MoE layers' experts (be_cuda_moe.h), or NULL */
     uint16_t *tok_embd;       /* (n_vocab, n_embd) bf16 */
     uint16_t *output;         /* (n_vocab, n_embd) bf16; == tok_embd when tied */
     float *output_norm;       /* (n_embd) */
@@ -237,7 +240,7 @@ int64_t be_cuda_weight_bytes(const struct model *m)
     const struct model_hparams *hp = &m->hp;
     const int64_t e = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
     const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;
-    int64_t per_layer = 2 * ((qd + 2 * kvd) * e + e * qd + 2 * f * e + e * f);
+    int64_t per_layer = 2 * ((qd + 2 * kvd) * e + e * qd);
     const struct model_layer *L = &m->layers[0];
     if (L->attn_norm) per_layer += 4 * e;
     if (L->ffn_norm) per_layer += 4 * e;
@@ -246,6 +249,8 @@ int64_t be_cuda_weight_bytes(const struct model *m)
     if (L->post_attn_norm) per_layer += 4 * e;
     if (L->post_ffn_norm) per_layer += 4 * e;
     int64_t total = per_layer * hp->n_layer + 2 * (int64_t)hp->n_vocab * e + 4 * e;
+    for (int l = 0; l < hp->n_layer; l++) /* the FFN: dense, or experts (be_cuda_moe.c) */
+        total += m->layers[l].moe ? cu_moe_weight_bytes(m, l) : 2 * (2 * f * e + e * f);
     if (m->output.data != m->tok_embd.data) total += 2 * (int64_t)hp->n_vocab * e;
     return total;
 }
@@ -273,6 +278,7 @@ static void cuda_free(struct backend *be)
     cuda_enc_free(c->enc);
     cudaFree(c->blas_ws);
     free_scratch(c);
+    cu_moe_free(c->moe);
     if (c->layers) {
         for (int l = 0; l < c->m->hp.n_layer; l++) {
             struct cu_layer *L = &c->layers[l];
@@ -344,6 +350,13 @@ enum kvb_status upload_matrix(struct uploader *u, uint16_t *dst, const struct mm
     return KVB_OK;
 }
 
+/* upload_matrix for be_cuda_moe.c, which uploads the experts' slices. */
+static enum kvb_status put_matrix(void *u, uint16_t *dst, const struct mm_weight *w, const char *name,
+                                  struct kvb_err *err)
+{
+    return upload_matrix(u, dst, w, name, err);
+}
+
 /* Uploads n matrices with the same n_in stacked row-wise into one new
  * device array. */
 static enum kvb_status upload_stacked(struct uploader *u, uint16_t **dst, const struct mm_weight *const *w, int n,
@@ -392,10 +405,10 @@ static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, str
         snprintf(name, sizeof name, "layer %d FFN weights", l);
         const struct mm_weight *gu[2] = {&L->w_gate, &L->w_up};
         const int64_t gu_out[2] = {f, f};
-        KVB_FORWARD_IF_ERROR(upload_stacked(u, &D->wgu, gu, 2, e, gu_out, name, err));
+        if (!L->moe) KVB_FORWARD_IF_ERROR(upload_stacked(u, &D->wgu, gu, 2, e, gu_out, name, err));
         const struct mm_weight *wd[1] = {&L->w_down};
         const int64_t wd_out[1] = {e};
-        KVB_FORWARD_IF_ERROR(upload_stacked(u, &D->wdown, wd, 1, f, wd_out, name, err));
+        if (!L->moe) KVB_FORWARD_IF_ERROR(upload_stacked(u, &D->wdown, wd, 1, f, wd_out, name, err));
         snprintf(name, sizeof name, "layer %d norms and biases", l);
         if (L->attn_norm) KVB_FORWARD_IF_ERROR(upload_f32(&D->attn_norm, L->attn_norm, e, name, err));
         if (L->ffn_norm) KVB_FORWARD_IF_ERROR(upload_f32(&D->ffn_norm, L->ffn_norm, e, name, err));
@@ -416,6 +429,7 @@ static enum kvb_status upload_weights(struct cuda_be *c, struct uploader *u, str
         if (L->post_attn_norm) KVB_FORWARD_IF_ERROR(upload_f32(&D->post_attn_norm, L->post_attn_norm, e, name, err));
         if (L->post_ffn_norm) KVB_FORWARD_IF_ERROR(upload_f32(&D->post_ffn_norm, L->post_ffn_norm, e, name, err));
     }
+    if (m->ops.moe.n_expert > 0) KVB_FORWARD_IF_ERROR(cu_moe_create(m, put_matrix, u, &c->moe, err));
     const struct mm_weight *te[1] = {&m->tok_embd};
     const int64_t te_out[1] = {hp->n_vocab};
     KVB_FORWARD_IF_ERROR(upload_stacked(u, &c->tok_embd, te, 1, e, te_out, "token embeddings", err));
@@ -485,6 +499,7 @@ static enum kvb_status ensure_step(struct cuda_be *c, int64_t n_tok, int64_t n_o
         c->cap_tok = nt;
         c->cap_out = no;
     }
+    if (c->moe) KVB_FORWARD_IF_ERROR(cu_moe_reserve(c->moe, c->cap_tok, c->stream, err));
     if (n_idx > c->cap_idx) {
         const int64_t ni = round_up(n_idx > 2 * c->cap_idx ? n_idx : 2 * c->cap_idx, 4096); /* few moves: see graphs */
         graphs_clear(c);
@@ -618,6 +633,8 @@ static void pre_norm(struct step *s, const float *w, int64_t n_tok, const char *
     else step_cu(s, kcu_f32_to_bf16(c->xb, c->x, n_tok * hp->n_embd, c->stream), what);
 }
 
+static void join_proj(struct step *s, int64_t n_tok, const float *post, const char *what_post);
+
 /* x += post(xb · wᵀ) * resid_scale, as be_cpu.c's add_residual: the output
  * or down projection joining the residual stream, through the layer's
  * post-norm when it has one (gemma, olmo2) and times model_ops.resid_scale
@@ -634,6 +651,21 @@ static void join_residual(struct step *s, const uint16_t *w, int64_t n_tok, int6
         return;
     }
     step_gemm(s, c->proj, c->xb, w, n_tok, n_in, e, false, what);
+    join_proj(s, n_tok, post, what_post);
+}
+
+/* x += post(proj) * resid_scale: join_residual's add, for an output
+ * already in proj (the experts' sum). */
+static void join_proj(struct step *s, int64_t n_tok, const float *post, const char *what_post)
+{
+    struct cuda_be *c = s->c;
+    const struct model_hparams *hp = &c->m->hp;
+    const int64_t e = hp->n_embd;
+    const float rs = c->m->ops.resid_scale;
+    if (!post && rs == 0.0f) {
+        step_cu(s, kcu_add(c->x, c->proj, n_tok * e, c->stream), "residual add");
+        return;
+    }
     if (rs == 0.0f) {
         step_cu(s, kcu_rmsnorm_add(c->x, c->proj, (int32_t)n_tok, (int32_t)e, post, hp->rms_eps, c->stream), what_post);
         return;
@@ -720,6 +752,17 @@ static void enqueue_compute(struct step *s, const struct step_shape *sh)
         else step_cu(s, kcu_attn_bf16(c->xb, q, qkvd, &pg, nh, nkv, h, scale, cs), "attention");
         join_residual(s, L->wo, n_tok, qd, L->post_attn_norm, "output projection", "post-attention norm");
 
+        if (c->m->layers[l].moe) { /* the experts (be_cuda_moe.c), then the same residual join */
+            struct cu_moe_run mr = {cs, c->blas, c->det, cudaSuccess, CUBLAS_STATUS_SUCCESS, NULL};
+            cu_moe_ffn(c->moe, &mr, l, c->x, L->ffn_norm, n_tok, c->proj);
+            if (mr.what && !s->what) {
+                s->ce = mr.ce;
+                s->bs = mr.bs;
+                s->what = mr.what;
+            }
+            join_proj(s, n_tok, L->post_ffn_norm, "post-FFN norm");
+            continue;
+        }
         pre_norm(s, L->ffn_norm, n_tok, "FFN norm");
         step_gemm(s, c->gu, c->xb, L->wgu, n_tok, e, 2 * f, false, "gate/up projection");
         if (mo->act == MODEL_ACT_GELU_TANH) step_cu(s, kcu_geglu_bf16(c->xb, c->gu, nt, (int32_t)f, cs), "GeGLU");
@@ -1023,6 +1066,17 @@ static enum kvb_status cuda_block_write(struct backend *be, int32_t block, const
 
 /* ---- creation ---------------------------------------------------------------------------- */
 
+/* A MoE step reads its experts' row counts back on the host mid-step
+ * (be_cuda_moe.h), which a captured graph cannot: such models run without
+ * graphs, and the summary says why. */
+static bool moe_off_graphs(struct cuda_be *c, const struct model *m)
+{
+    if (m->ops.moe.n_expert <= 0) return false;
+    snprintf(c->graph_off, sizeof c->graph_off,
+             "a mixture-of-experts step sizes its experts' GEMMs from routing read back on the host");
+    return true;
+}
+
 static void name_kernels(struct cuda_be *c)
 {
     /* The KV type only when quantized: the f16 name stays what it was. */
@@ -1043,12 +1097,6 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
                         o->n_blocks);
     /* Refused before the device is looked at: what the model needs does not
      * depend on the machine, and the message should say so everywhere. */
-    const char *arch = m->arch ? m->arch->name : "this model";
-    if (m->ops.moe.n_expert > 0)
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
-                        "CUDA backend: %s is a mixture of experts (%d experts, %d per token), computed on the CPU "
-                        "only so far (--device cpu)",
-                        arch, m->ops.moe.n_expert, m->ops.moe.n_expert_used);
     char why[256];
     if (!be_cuda_available(o->device, why, sizeof why))
         return kvb_errf(err, KVB_ERR_UNSUPPORTED, "no CUDA device: %s", why);
@@ -1065,7 +1113,7 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     c->m = m;
     c->device = o->device;
     c->det = o->deterministic;
-    c->graphs = o->graphs;
+    c->graphs = o->graphs && !moe_off_graphs(c, m);
     c->kv_type = o->kv_type;
     c->be.name = "cuda";
     c->be.arith = "cuda"; /* not the CPU's bits: its KV blocks and results are kept apart in the store */
@@ -1154,6 +1202,8 @@ enum kvb_status be_cuda_create(const struct model *m, const struct be_cuda_opts 
     if (st == KVB_OK) {
         int64_t max_in = hp->n_embd > hp->n_ff ? hp->n_embd : hp->n_ff;
         if (c->q_dim > max_in) max_in = c->q_dim;
+        if (m->ops.moe.n_ff_exp > max_in) max_in = m->ops.moe.n_ff_exp; /* the experts' down rows */
+        if (m->ops.moe.n_ff_shexp > max_in) max_in = m->ops.moe.n_ff_shexp;
         u.cap = (int64_t)32 << 20;
         if (u.cap < max_in) u.cap = max_in;
         u.row = kvb_malloc(sizeof(float) * (size_t)max_in);
@@ -1202,8 +1252,8 @@ void be_cuda_set_graphs(struct backend *be, bool on)
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
     graphs_clear(c);
-    c->graphs = on;
-    name_kernels(c);
     c->graph_off[0] = '\0';
+    c->graphs = on && !moe_off_graphs(c, c->m);
+    name_kernels(c);
     c->graph_launches = 0;
 }

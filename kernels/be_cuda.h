@@ -67,7 +67,8 @@ struct be_cuda_opts {
     /* CUDA graphs: a step shape seen before is replayed from a captured
      * graph, one launch instead of ~17 per layer (decode steps repeat their
      * shape). Same results bit for bit; switched off by itself, with the
-     * reason kept, if a capture fails. */
+     * reason kept, if a capture fails, and never on for a mixture of
+     * experts (its steps read their routing back on the host: be_cuda_moe.h). */
     bool graphs;
     /* Attention by kcu_attn (a thread block per token and head, f32
      * products) even where the tensor-core kernel takes the head size (64,

@@ -43,3 +43,17 @@ cublasStatus_t kcu_gemm_bf16_acc(cublasHandle_t h, float *y, const uint16_t *x, 
 {
     return gemm(h, y, x, w, n_tok, n_in, n_out, 1.0f);
 }
+
+/* The same layout with f32 operands. CUBLAS_COMPUTE_32F under the handle's
+ * default math mode keeps f32 products (no TF32): the router's logits. */
+cublasStatus_t kcu_gemm_f32(cublasHandle_t h, float *y, const float *x, const float *w, int64_t n_tok, int64_t n_in,
+                            int64_t n_out)
+{
+    if (n_tok < 0 || n_in <= 0 || n_out <= 0 || n_tok > INT_MAX || n_in > INT_MAX || n_out > INT_MAX)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (n_tok == 0) return CUBLAS_STATUS_SUCCESS;
+    const float alpha = 1.0f, beta = 0.0f;
+    return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n_tok, (int)n_in, &alpha, w, CUDA_R_32F,
+                        (int)n_in, x, CUDA_R_32F, (int)n_in, &beta, y, CUDA_R_32F, (int)n_out, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT);
+}

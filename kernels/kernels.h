@@ -1,7 +1,7 @@
 /* kernels.h — the CUDA kernels of the CUDA backend, behind a plain C interface.
  *
  * Each kernel family lives in its own .cu file (k_embed, k_norm, k_rope,
- * k_act, k_attn, k_sample, k_enc) and is reached through a launcher declared here: it takes
+ * k_act, k_attn, k_sample, k_enc, k_moe) and is reached through a launcher declared here: it takes
  * device pointers and a stream, enqueues the kernel and returns the launch
  * status (cudaSuccess, or e.g. cudaErrorInvalidValue for a shape the kernel
  * cannot take). Launchers never synchronise; errors raised while a kernel
@@ -270,6 +270,43 @@ cudaError_t kcu_enc_attn_bf16(uint16_t *out, const float *qkv, int64_t ld, int64
                               const int32_t *tok_lo, const int32_t *tok_n, int32_t n_tok, int32_t n_head,
                               int32_t head_dim, float scale, cudaStream_t stream);
 
+/* ---- k_moe.cu --------------------------------------------------------------- */
+
+/* A mixture-of-experts layer (model.h, struct model_moe) in four kernels
+ * around the experts' GEMMs: route, plan, gather, (GEMMs), combine. A step
+ * of n_tok tokens has nr = n_tok * k routed rows, numbered by expert
+ * (expert 0's first, each expert's in token order) so that one GEMM per
+ * expert runs over contiguous rows. */
+
+/* Token t's experts from its router logits (logits + t * ld, n_expert
+ * floats): p = softmax over all experts, the k largest p (ties: the lower
+ * id), divided by their sum when norm != 0; stored in sel / wts (n_tok, k)
+ * by ascending expert id, the order they are summed in. One thread per
+ * token. Reference: cpu_moe_route (the same steps; expf is the device's). */
+cudaError_t kcu_moe_route(int32_t *sel, float *wts, const float *logits, int64_t ld, int32_t n_tok, int32_t n_expert,
+                          int32_t k, int norm, cudaStream_t stream);
+
+/* The routed rows grouped by expert, from sel (n_tok, k): start
+ * (n_expert + 1) the first row of each expert and the total (nr); slot
+ * (n_tok, k) the row of each choice; row_tok (nr) the token of each row.
+ * One thread block (one thread per expert, in token order). Reference: the
+ * counting in cpu_moe_forward. */
+cudaError_t kcu_moe_plan(int32_t *start, int32_t *slot, int32_t *row_tok, const int32_t *sel, int32_t n_tok, int32_t k,
+                         int32_t n_expert, cudaStream_t stream);
+
+/* xg[r][i] = x[row_tok[r] * ld + i] for r < n_rows, i < n (bf16 bits,
+ * copied): the experts' input rows. */
+cudaError_t kcu_moe_gather(uint16_t *xg, const uint16_t *x, int64_t ld, const int32_t *row_tok, int32_t n_rows,
+                           int32_t n, cudaStream_t stream);
+
+/* out[t][i] = sum over c < k of yd[slot[t][c]][i] * wts[t][c] (in c order,
+ * each product rounded, then added), then, when ys is not NULL,
+ * + ys[t][i] * (1 / (1 + exp(-sg[t * sg_ld]))) (qwen2moe's shared expert);
+ * yd (nr, n), ys (n_tok, n), out (n_tok, n). Reference: the CPU's sum_rows
+ * (tests/test_cuda_kernels.c repeats it). */
+cudaError_t kcu_moe_combine(float *out, const float *yd, const int32_t *slot, const float *wts, int32_t n_tok,
+                            int32_t k, int32_t n, const float *ys, const float *sg, int64_t sg_ld, cudaStream_t stream);
+
 /* ---- k_gemm.c (cuBLAS) ------------------------------------------------------ */
 
 /* y = x · wᵀ: x (n_tok, n_in) bf16, w (n_out, n_in) bf16 as GGUF stores a
@@ -280,6 +317,11 @@ cublasStatus_t kcu_gemm_bf16(cublasHandle_t h, float *y, const uint16_t *x, cons
 /* y += x · wᵀ (beta = 1): the residual add folded into the GEMM. */
 cublasStatus_t kcu_gemm_bf16_acc(cublasHandle_t h, float *y, const uint16_t *x, const uint16_t *w, int64_t n_tok,
                                  int64_t n_in, int64_t n_out);
+/* The same product all in f32 (x, w, y f32; no tensor-core rounding): the
+ * MoE router, whose top-k choice is discrete, so its logits are computed
+ * as the CPU backend computes them from f32 router weights. */
+cublasStatus_t kcu_gemm_f32(cublasHandle_t h, float *y, const float *x, const float *w, int64_t n_tok, int64_t n_in,
+                            int64_t n_out);
 
 #ifdef __cplusplus
 }

@@ -31,6 +31,7 @@
 #include "backend/kvtype.h"
 #include "base/dtype.h"
 #include "cpu/attn.h"
+#include "cpu/moe.h"
 #include "engine/sampler.h"
 #include "kernels/be_cuda.h"
 #include "kernels/kernels.h"
@@ -1116,6 +1117,180 @@ static void test_argmax(int32_t n_rows, int32_t n, int64_t ld, bool gather)
     free(got);
 }
 
+/* ---- mixture of experts --------------------------------------------------------------------- */
+
+/* The four MoE kernels on one step of n_tok tokens over ne experts, k per
+ * token, outputs n wide, with or without a shared expert: routing against
+ * cpu_moe_route (the CPU backend's own), the plan and the gather exactly,
+ * the weighted sum against the CPU's sum_rows expression (repeated here).
+ * The router logits are spaced (a shuffled ramp plus small noise) so that
+ * the device's expf cannot reorder two experts; some tokens get an exact
+ * tie between their k-th choice and an expert left out, which must go to
+ * the lower id. */
+static void test_moe(int32_t n_tok, int32_t ne, int32_t k, bool norm, bool shared, int32_t n)
+{
+    const int64_t ld = ne + (shared ? 1 : 0), nr = (int64_t)n_tok * k;
+    float *logits = malloc(sizeof(float) * (size_t)(n_tok * ld)), *p = malloc(sizeof(float) * (size_t)ne);
+    int32_t *sel = malloc(sizeof(int32_t) * (size_t)nr), *gsel = malloc(sizeof(int32_t) * (size_t)nr);
+    float *wts = malloc(sizeof(float) * (size_t)nr), *gwts = malloc(sizeof(float) * (size_t)nr);
+    for (int32_t t = 0; t < n_tok; t++) {
+        float *l = logits + t * ld;
+        for (int32_t i = 0; i < ne; i++) l[i] = 0.05f * (float)i - 0.025f * (float)ne + rnd_f(0.01f);
+        for (int32_t i = ne - 1; i > 0; i--) { /* shuffle */
+            const int32_t j = (int32_t)(rnd() % (uint64_t)(i + 1));
+            const float x = l[i];
+            l[i] = l[j];
+            l[j] = x;
+        }
+        if (t % 3 == 1 && k < ne) { /* an exact tie between the k-th choice and one left out */
+            int32_t kth = -1;
+            for (int32_t j = 0; j < k; j++) { /* the k-th largest, by rank */
+                int32_t b = -1;
+                for (int32_t i = 0; i < ne; i++)
+                    if ((kth < 0 || l[i] < l[kth]) && (b < 0 || l[i] > l[b])) b = i;
+                kth = b;
+            }
+            int32_t other = (int32_t)(rnd() % (uint64_t)ne);
+            while (l[other] >= l[kth]) other = (other + 1) % ne;
+            l[other] = l[kth];
+        }
+        if (shared) l[ne] = rnd_f(3.0f);
+        memcpy(p, l, sizeof(float) * (size_t)ne);
+        cpu_moe_route(p, ne, k, norm, sel + t * k, wts + t * k);
+    }
+    float *d_logits = dev_put(logits, sizeof(float) * (size_t)(n_tok * ld));
+    int32_t *d_sel = dev_put(NULL, sizeof(int32_t) * (size_t)nr);
+    float *d_wts = dev_put(NULL, sizeof(float) * (size_t)nr);
+    CU(kcu_moe_route(d_sel, d_wts, d_logits, ld, n_tok, ne, k, norm, 0));
+    dev_get(gsel, d_sel, sizeof(int32_t) * (size_t)nr);
+    dev_get(gwts, d_wts, sizeof(float) * (size_t)nr);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < nr; i++) bad += gsel[i] != sel[i];
+    char name[96];
+    snprintf(name, sizeof name, "moe route tok=%d ne=%d k=%d%s%s", n_tok, ne, k, norm ? " norm" : "",
+             shared ? " +shared" : "");
+    printf("%-44s n=%-8lld experts differ=%lld%s\n", name, (long long)nr, (long long)bad, bad ? "  FAIL" : "  ok");
+    CHECK_MSG(bad == 0, "%s: %lld choices differ from cpu_moe_route", name, (long long)bad);
+    snprintf(name, sizeof name, "moe route weights tok=%d ne=%d k=%d", n_tok, ne, k);
+    compare(name, gwts, wts, nr, 1e-12, 2e-6, 1e-7);
+
+    /* The plan, from the reference's choices (the CPU's numbering). */
+    int32_t *start = calloc((size_t)ne + 1, sizeof(int32_t)), *slot = malloc(sizeof(int32_t) * (size_t)nr);
+    int32_t *row_tok = malloc(sizeof(int32_t) * (size_t)nr), *fillc = malloc(sizeof(int32_t) * (size_t)ne);
+    for (int64_t i = 0; i < nr; i++) start[sel[i] + 1]++;
+    for (int32_t x = 0; x < ne; x++) {
+        start[x + 1] += start[x];
+        fillc[x] = start[x];
+    }
+    for (int64_t i = 0; i < nr; i++) {
+        slot[i] = fillc[sel[i]]++;
+        row_tok[slot[i]] = (int32_t)(i / k);
+    }
+    int32_t *d_start = dev_put(NULL, sizeof(int32_t) * (size_t)(ne + 1)),
+            *d_slot = dev_put(NULL, sizeof(int32_t) * (size_t)nr);
+    int32_t *d_row_tok = dev_put(NULL, sizeof(int32_t) * (size_t)nr);
+    CU(cudaMemcpy(d_sel, sel, sizeof(int32_t) * (size_t)nr, cudaMemcpyHostToDevice));
+    CU(kcu_moe_plan(d_start, d_slot, d_row_tok, d_sel, n_tok, k, ne, 0));
+    int32_t *g_start = malloc(sizeof(int32_t) * (size_t)(ne + 1)), *g_slot = malloc(sizeof(int32_t) * (size_t)nr);
+    int32_t *g_row_tok = malloc(sizeof(int32_t) * (size_t)nr);
+    dev_get(g_start, d_start, sizeof(int32_t) * (size_t)(ne + 1));
+    dev_get(g_slot, d_slot, sizeof(int32_t) * (size_t)nr);
+    dev_get(g_row_tok, d_row_tok, sizeof(int32_t) * (size_t)nr);
+    bad = 0;
+    for (int32_t x = 0; x <= ne; x++) bad += g_start[x] != start[x];
+    for (int64_t i = 0; i < nr; i++) bad += (g_slot[i] != slot[i]) + (g_row_tok[i] != row_tok[i]);
+    snprintf(name, sizeof name, "moe plan tok=%d ne=%d k=%d", n_tok, ne, k);
+    printf("%-44s n=%-8lld mismatches=%lld%s\n", name, (long long)nr, (long long)bad, bad ? "  FAIL" : "  ok (exact)");
+    CHECK_MSG(bad == 0, "%s: %lld entries differ", name, (long long)bad);
+
+    /* The gather of bf16 rows (n wide in rows ld_x apart), bit for bit. */
+    const int64_t ld_x = n + 3;
+    uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)(n_tok * ld_x)), *xg = malloc(sizeof(uint16_t) * (size_t)(nr * n));
+    uint16_t *gxg = malloc(sizeof(uint16_t) * (size_t)(nr * n));
+    for (int64_t i = 0; i < n_tok * ld_x; i++) xb[i] = kvb_f32_to_bf16(rnd_f(2.0f));
+    for (int64_t r = 0; r < nr; r++) memcpy(xg + r * n, xb + row_tok[r] * ld_x, sizeof(uint16_t) * (size_t)n);
+    uint16_t *d_xb = dev_put(xb, sizeof(uint16_t) * (size_t)(n_tok * ld_x)),
+             *d_xg = dev_put(NULL, sizeof(uint16_t) * (size_t)(nr * n));
+    CU(kcu_moe_gather(d_xg, d_xb, ld_x, d_row_tok, (int32_t)nr, n, 0));
+    dev_get(gxg, d_xg, sizeof(uint16_t) * (size_t)(nr * n));
+    snprintf(name, sizeof name, "moe gather rows=%lld n=%d", (long long)nr, n);
+    compare_u16(name, gxg, xg, nr * n);
+
+    /* The weighted sum (sum_rows: products rounded, added in choice order,
+     * then the shared expert times sigmoid of its gate). */
+    float *yd = malloc(sizeof(float) * (size_t)(nr * n)), *ys = malloc(sizeof(float) * (size_t)(n_tok * n));
+    float *out = malloc(sizeof(float) * (size_t)(n_tok * n)), *gout = malloc(sizeof(float) * (size_t)(n_tok * n));
+    fill(yd, nr * n, 4.0f);
+    fill(ys, (int64_t)n_tok * n, 4.0f);
+    for (int32_t t = 0; t < n_tok; t++) {
+        float *o = out + (int64_t)t * n;
+        for (int32_t c = 0; c < k; c++) {
+            const float w = wts[t * k + c], *y = yd + (int64_t)slot[t * k + c] * n;
+            for (int32_t i = 0; i < n; i++) {
+                const float wy = y[i] * w;
+                o[i] = c == 0 ? wy : o[i] + wy;
+            }
+        }
+        if (shared) {
+            const float sg = 1.0f / (1.0f + expf(-logits[t * ld + ne]));
+            for (int32_t i = 0; i < n; i++) {
+                const float sy = ys[(int64_t)t * n + i] * sg;
+                o[i] += sy;
+            }
+        }
+    }
+    float *d_yd = dev_put(yd, sizeof(float) * (size_t)(nr * n)),
+          *d_ys = dev_put(ys, sizeof(float) * (size_t)(n_tok * n));
+    float *d_out = dev_put(NULL, sizeof(float) * (size_t)(n_tok * n));
+    CU(cudaMemcpy(d_wts, wts, sizeof(float) * (size_t)nr, cudaMemcpyHostToDevice));
+    CU(kcu_moe_combine(d_out, d_yd, d_slot, d_wts, n_tok, k, n, shared ? d_ys : NULL, shared ? d_logits + ne : NULL, ld,
+                       0));
+    dev_get(gout, d_out, sizeof(float) * (size_t)(n_tok * n));
+    snprintf(name, sizeof name, "moe combine tok=%d k=%d n=%d%s", n_tok, k, n, shared ? " +shared" : "");
+    /* Exact but for the device's expf in the shared gate's sigmoid. */
+    if (shared) compare(name, gout, out, (int64_t)n_tok * n, 1e-12, 1e-6, 1e-7);
+    else compare(name, gout, out, (int64_t)n_tok * n, -1, 0, 0);
+
+    void *dbufs[] = {d_logits, d_sel, d_wts, d_start, d_slot, d_row_tok, d_xb, d_xg, d_yd, d_ys, d_out};
+    for (size_t i = 0; i < sizeof dbufs / sizeof dbufs[0]; i++) cudaFree(dbufs[i]);
+    void *hbufs[] = {logits,  p,      sel,       gsel, wts, gwts, start, slot, row_tok, fillc,
+                     g_start, g_slot, g_row_tok, xb,   xg,  gxg,  yd,    ys,   out,     gout};
+    for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
+}
+
+/* The f32 product of the MoE router against a double-precision dot per
+ * (token, row): only f32 accumulation error allowed. */
+static void test_gemm_f32(cublasHandle_t h, int64_t n_tok, int64_t n_in, int64_t n_out)
+{
+    float *x = malloc(sizeof(float) * (size_t)(n_tok * n_in)), *w = malloc(sizeof(float) * (size_t)(n_out * n_in));
+    float *ref = malloc(sizeof(float) * (size_t)(n_tok * n_out)),
+          *got = malloc(sizeof(float) * (size_t)(n_tok * n_out));
+    fill(x, n_tok * n_in, 1.0f);
+    fill(w, n_out * n_in, 1.0f);
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < n_out; r++) {
+            double s = 0;
+            for (int64_t i = 0; i < n_in; i++) s += (double)x[t * n_in + i] * w[r * n_in + i];
+            ref[t * n_out + r] = (float)s;
+        }
+    float *d_x = dev_put(x, sizeof(float) * (size_t)(n_tok * n_in)),
+          *d_w = dev_put(w, sizeof(float) * (size_t)(n_out * n_in));
+    float *d_y = dev_put(NULL, sizeof(float) * (size_t)(n_tok * n_out));
+    CHECK(kcu_gemm_f32(h, d_y, d_x, d_w, n_tok, n_in, n_out) == CUBLAS_STATUS_SUCCESS);
+    dev_get(got, d_y, sizeof(float) * (size_t)(n_tok * n_out));
+    char name[96];
+    snprintf(name, sizeof name, "gemm f32 tok=%lld in=%lld out=%lld", (long long)n_tok, (long long)n_in,
+             (long long)n_out);
+    compare(name, got, ref, n_tok * n_out, 1e-10, 1e-4, 1e-5);
+    cudaFree(d_x);
+    cudaFree(d_w);
+    cudaFree(d_y);
+    free(x);
+    free(w);
+    free(ref);
+    free(got);
+}
+
 /* Launchers must refuse what they cannot do rather than run off bounds. */
 static void test_refusals(void)
 {
@@ -1231,7 +1406,15 @@ int main(void)
     test_gemm(h, 33, 256, 259);
     test_gemm(h, 128, 1024, 512);
     test_gemm(h, 200, 4096, 72);
+    test_gemm_f32(h, 1, 256, 8);
+    test_gemm_f32(h, 37, 2048, 129); /* a qwen2moe-shaped router: 128 experts + the shared gate */
     cublasDestroy(h);
+
+    test_moe(1, 8, 2, true, false, 64);     /* Mixtral: decode */
+    test_moe(37, 128, 8, true, false, 96);  /* Qwen3-30B-A3B's router */
+    test_moe(21, 64, 8, false, false, 64);  /* OLMoE: not renormalised */
+    test_moe(19, 60, 4, false, true, 128);  /* Qwen1.5-MoE: shared expert */
+    test_moe(300, 16, 16, true, false, 32); /* k = n_expert */
 
     test_argmax(18, 1, 1, false);
     test_argmax(18, 255, 255, false);

@@ -26,12 +26,13 @@
  * C at C[i + j*ldc], op(A) = A or Aᵀ with A[i + p*lda] / A[p + i*lda]),
  * written independently of kernels/k_gemm.c so that it checks k_gemm.c's
  * leading dimensions against the definition. It supports only the types
- * kvbatch uses (bf16 inputs, f32 output, f32 compute).
+ * kvbatch uses (bf16 or f32 inputs, f32 output, f32 compute).
  *
  * Knobs (environment): FAKE_CUDA_DEVICES (default 1) devices present,
  * FAKE_CUDA_MEM_MB device memory (default 4096): cudaMalloc fails with
  * cudaErrorMemoryAllocation beyond it, to exercise out-of-memory messages. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -581,8 +582,16 @@ static float bf16(const void *base, int64_t i)
     return f;
 }
 
+static float f32(const void *base, int64_t i)
+{
+    float f;
+    memcpy(&f, (const char *)base + 4 * i, 4);
+    return f;
+}
+
 /* One GEMM, arguments by value (a captured one runs later). */
 struct gemm_op {
+    bool f32; /* A and B are f32, else bf16 */
     cublasOperation_t transa, transb;
     int m, n, k, lda, ldb, ldc;
     float alpha, beta;
@@ -597,12 +606,13 @@ static void gemm_now(const struct gemm_op *o)
     const void *A = o->A, *B = o->B;
     const float al = o->alpha, be = o->beta;
     float *c = o->C;
+    float (*const ld)(const void *, int64_t) = o->f32 ? f32 : bf16;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             float s = 0.0f;
             for (int p = 0; p < k; p++) {
-                const float a = transa == CUBLAS_OP_N ? bf16(A, i + (int64_t)p * lda) : bf16(A, p + (int64_t)i * lda);
-                const float b = transb == CUBLAS_OP_N ? bf16(B, p + (int64_t)j * ldb) : bf16(B, j + (int64_t)p * ldb);
+                const float a = transa == CUBLAS_OP_N ? ld(A, i + (int64_t)p * lda) : ld(A, p + (int64_t)i * lda);
+                const float b = transb == CUBLAS_OP_N ? ld(B, p + (int64_t)j * ldb) : ld(B, j + (int64_t)p * ldb);
                 s += a * b;
             }
             float *cij = &c[i + (int64_t)j * ldc];
@@ -618,7 +628,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo)
 {
     (void)algo;
-    if (Atype != CUDA_R_16BF || Btype != CUDA_R_16BF || Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F)
+    const bool is_f32 = Atype == CUDA_R_32F && Btype == CUDA_R_32F;
+    if (!(is_f32 || (Atype == CUDA_R_16BF && Btype == CUDA_R_16BF)) || Ctype != CUDA_R_32F ||
+        computeType != CUBLAS_COMPUTE_32F)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
     /* cuBLAS's own argument checks: the leading dimensions must cover the
@@ -627,8 +639,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     if (lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
     /* Host pointer mode: alpha and beta are read now, as cuBLAS does. */
-    const struct gemm_op o = {transa, transb, m, n, k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta,
-                              A,      B,      C};
+    const struct gemm_op o = {
+        is_f32, transa, transb, m, n, k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta, A, B, C};
     struct gemm_op *rec = malloc(sizeof *rec);
     if (!rec) return CUBLAS_STATUS_ALLOC_FAILED;
     *rec = o;

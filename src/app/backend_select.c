@@ -88,8 +88,8 @@ enum kvb_status be_select_create(const struct model *m, const struct be_select_o
                               .kv_type = o->kv_type};
     KVB_FORWARD_IF_ERROR(pool_blocks(m, o, kv, &go.n_blocks, err));
     enum kvb_status st = be_cuda_create(m, &go, out, err);
-    /* auto: a model the CUDA backend does not compute yet (a mixture of
-     * experts) runs on the CPU, as on a machine without a GPU; the run's
+    /* auto: a model the CUDA backend does not compute yet (one it refuses
+     * by name) runs on the CPU, as on a machine without a GPU; the run's
      * settings name the backend it got. --device cuda keeps the refusal. */
     if (st == KVB_ERR_UNSUPPORTED && !strcmp(d, "auto")) return create_cpu(m, o, out, err);
     return st;

@@ -272,7 +272,7 @@ static enum kvb_status ensure(struct cpu_moe *moe, int64_t n_tok)
  * lower id), in descending order; divided by their sum (summed in that
  * order) when norm. Stored by ascending expert id, the order the token's
  * outputs are summed in (transformers adds them expert by expert too). */
-static void route(float *p, int32_t ne, int32_t k, bool norm, int32_t *sel, float *wts)
+void cpu_moe_route(float *p, int32_t ne, int32_t k, bool norm, int32_t *sel, float *wts)
 {
     float mx = p[0]; /* p holds the logits; the probabilities replace them */
     for (int32_t i = 1; i < ne; i++) mx = p[i] > mx ? p[i] : mx;
@@ -569,7 +569,7 @@ enum kvb_status cpu_moe_forward(struct cpu_moe *moe, int layer, int64_t n_tok,
 
     /* Each token's experts, then the routed rows numbered by expert. */
     for (int64_t t = 0; t < n_tok; t++)
-        route(moe->logits + t * ne, (int32_t)ne, (int32_t)k, mo->norm_topk, moe->sel + t * k, moe->wts + t * k);
+        cpu_moe_route(moe->logits + t * ne, (int32_t)ne, (int32_t)k, mo->norm_topk, moe->sel + t * k, moe->wts + t * k);
     memset(moe->start, 0, sizeof *moe->start * (size_t)(ne + 1));
     for (int64_t i = 0; i < nr; i++) moe->start[moe->sel[i] + 1]++;
     for (int64_t x = 0; x < ne; x++) {

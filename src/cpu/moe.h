@@ -48,4 +48,12 @@ enum kvb_status cpu_moe_forward(struct cpu_moe *moe, int layer, int64_t n_tok,
                                 void (*make)(void *arg, int64_t t, float *dst), void *arg, float *out,
                                 struct kvb_err *err);
 
+/* One token's routing (the step cpu_moe_forward takes per token; also the
+ * reference of the CUDA backend's kcu_moe_route): p (ne) holds the router
+ * logits and is overwritten; p = softmax(logits) in float; the k largest p
+ * (ties: the lower id), divided by their sum (summed in descending order)
+ * when norm; sel and wts (k) get them by ascending expert id, the order a
+ * token's expert outputs are summed in. */
+void cpu_moe_route(float *p, int32_t ne, int32_t k, bool norm, int32_t *sel, float *wts);
+
 #endif
