@@ -46,6 +46,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "cpu/transpose16_avx512.h"
+
 #define NT 16                  /* tokens per tile (B columns) */
 #define TILE 1024              /* bytes of one tile: 16 rows of 64 */
 #define B_BUDGET (1024 * 1024) /* bytes of split input kept per chunk */
@@ -127,38 +129,6 @@ static inline __m512i pair_seq(__m512i a, __m512i b)
     const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25,
                                          23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     return _mm512_permutex2var_epi16(a, odd, b);
-}
-
-/* 16 x 16 dwords: r[i] lane j -> r[j] lane i. */
-static inline void transpose16(__m512i r[16])
-{
-    __m512i t[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(r[i], r[4 + i], _MM_SHUFFLE(2, 0, 2, 0));
-        t[4 + i] = _mm512_shuffle_i32x4(r[i], r[4 + i], _MM_SHUFFLE(3, 1, 3, 1));
-        t[8 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], _MM_SHUFFLE(2, 0, 2, 0));
-        t[12 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], _MM_SHUFFLE(3, 1, 3, 1));
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], _MM_SHUFFLE(2, 0, 2, 0));
-        r[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], _MM_SHUFFLE(3, 1, 3, 1));
-        r[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], _MM_SHUFFLE(2, 0, 2, 0));
-        r[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], _MM_SHUFFLE(3, 1, 3, 1));
-    }
 }
 
 /* Tokens [t0, t0 + mt) -> a token tile's B tiles of MT columns, per block hi
