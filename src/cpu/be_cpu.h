@@ -17,9 +17,12 @@ struct be_cpu_opts {
     int32_t n_blocks;     /* KV pool size in blocks, > 0 */
     enum mm_impl impl;    /* MM_IMPL_AUTO unless forcing the scalar reference */
     enum kv_type kv_type; /* KV pool rows (backend/kvtype.h); KV_F16 when zeroed */
+    bool act16;           /* 16-bit activations in quantized products (mm_ctx_set_act16); 8 when false */
 };
 
-/* The model must outlive the backend. */
+/* The model must outlive the backend. act16 with a mixture-of-experts
+ * model is refused (KVB_ERR_UNSUPPORTED, named): its expert products
+ * quantize their own inputs, at 8 bits only so far. */
 enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *opts, struct backend **out,
                               struct kvb_err *err);
 /* Name of the matmul implementation in use ("avx2", "scalar", …). */
