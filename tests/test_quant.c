@@ -749,14 +749,14 @@ static void test_act16(struct tpool *pool)
 {
     /* n_tok 300 at n_out 450: the product runs in several row blocks
      * (matmul.c's act16_block), as a prefill chunk does. */
-    static const int64_t shapes[][3] = {{32, 7, 1}, {288, 33, 5}, {576, 67, 2}, {64, 450, 300}};
+    static const int64_t shapes[][3] = {{32, 7, 1}, {288, 33, 5}, {576, 67, 2}, {64, 450, 300}, {96, 450, 300}};
     static const int64_t shapes_k[][3] = {{256, 7, 1}, {512, 33, 5}, {256, 450, 300}};
     int n = 0;
     for (int ti = 0; ti < N_TYPES; ti++) {
         enum ggml_type type = all_types[ti];
         if (is_float_type(type)) continue;
         const int64_t(*sh)[3] = is_super_type(type) ? shapes_k : shapes;
-        int ns = is_super_type(type) ? 3 : 4;
+        int ns = is_super_type(type) ? 3 : 5;
         for (int i = 0; i < ns; i++) n += act16_shape(pool, type, sh[i][0], sh[i][1], sh[i][2]) == 0;
     }
     fprintf(stderr, "act16: %d shapes pass in every implementation\n", n);
