@@ -637,11 +637,6 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "block size %d and block count %d must be positive", opts->block_size,
                         opts->n_blocks);
     KVB_FORWARD_IF_ERROR(kv_type_check(opts->kv_type, m->hp.head_dim, err));
-    if (opts->act16 && m->ops.moe.n_expert > 0)
-        return kvb_errf(err, KVB_ERR_UNSUPPORTED,
-                        "--activations 16: not implemented for a mixture-of-experts model (%d experts) yet: its expert "
-                        "products round their inputs to 8 bits (use --activations 8)",
-                        (int)m->ops.moe.n_expert);
     enum mm_impl impl; /* AUTO resolved (KVBATCH_KERNELS or the best), so attention follows the matmuls */
     KVB_FORWARD_IF_ERROR(mm_impl_resolve(opts->impl, &impl, err));
     struct cpu_be *c = kvb_calloc(1, sizeof *c);

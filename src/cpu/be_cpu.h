@@ -20,9 +20,7 @@ struct be_cpu_opts {
     bool act16;           /* 16-bit activations in quantized products (mm_ctx_set_act16); 8 when false */
 };
 
-/* The model must outlive the backend. act16 with a mixture-of-experts
- * model is refused (KVB_ERR_UNSUPPORTED, named): its expert products
- * quantize their own inputs, at 8 bits only so far. */
+/* The model must outlive the backend. */
 enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *opts, struct backend **out,
                               struct kvb_err *err);
 /* Name of the matmul implementation in use ("avx2", "scalar", …). */

@@ -210,10 +210,7 @@ struct quant_job {
     unsigned forms; /* forms to quantize from it (and from the residual, act16) */
 };
 
-/* What the 8-bit rounding of x leaves out: x - d q per 32-block, with d and
- * q as every implementation's quantize() makes them (amax / 127, q rounded
- * to nearest even in [-127, 127]; matmul_impl.h's contract). */
-static void residual(const float *x, int64_t n_in, float *r)
+void mm_act16_residual(const float *x, int64_t n_in, float *r)
 {
     for (int64_t b = 0; b < n_in / 32; b++) {
         const float *xb = x + 32 * b;
@@ -246,7 +243,7 @@ static void quant_tokens(struct mm_ctx *c, const struct quant_job *j, int64_t t0
         c->k->quantize(xf, in->n_in, j->forms, c->xq + (size_t)t * in->xq_stride);
         if (c->act16) {
             float *xr = c->xr + t * in->xf_stride;
-            if (j->make_xr) residual(xf, in->n_in, xr);
+            if (j->make_xr) mm_act16_residual(xf, in->n_in, xr);
             c->k->quantize(xr, in->n_in, j->forms, c->xq + (size_t)(in->n_tok + t) * in->xq_stride);
         }
     }
