@@ -63,6 +63,22 @@ def main():
             runs = c.execute("select store_bytes_read, store_bytes_written from runs order by id").fetchall()
         check(len(rows) == 2 and rows[0][2] == 0 and rows[1][2] > 0, f"store reuse not recorded: {rows}")
         check(runs[0][1] > 0 and runs[1][0] > 0, f"store bytes not recorded: {runs}")
+        # --activations 16 computes other bits than the 8-bit runs above: on the
+        # same cache its first run restores nothing of theirs, its second
+        # restores its own, and both give the --no-cache 16-bit texts.
+        a16 = ("--activations", "16")
+        adb = os.path.join(tmp, "a16.db")
+        a16_cold, _ = run(job, os.path.join(tmp, "a16-cold.jsonl"), adb, "--cache-dir", cache, *a16)
+        a16_warm, _ = run(job, os.path.join(tmp, "a16-warm.jsonl"), adb, "--cache-dir", cache, *a16)
+        a16_none, _ = run(job, os.path.join(tmp, "a16-none.jsonl"), os.path.join(tmp, "a16n.db"), "--no-cache", *a16)
+        check(texts(a16_cold) == texts(a16_warm) == texts(a16_none),
+              "--activations 16: cold, warm and --no-cache results differ")
+        with sqlite3.connect(adb) as c:
+            store = [r[0] for r in c.execute("select sum(cached_tokens_store) from requests group by run_id "
+                                             "order by run_id")]
+        check(len(store) == 2 and store[0] == 0 and store[1] > 0,
+              f"--activations 16 on a cache written at 8 bits: tokens restored per run {store} "
+              "(the first must restore none of the 8-bit blocks, the second its own)")
         rep = kvb("report", os.path.join(tmp, "m.db"))
         check(rep.returncode == 0 and "persistent store" in rep.stdout, "report lacks the store hit rate")
 
