@@ -153,7 +153,9 @@ static void copy_row(void *arg, int64_t t, float *dst)
     memcpy(dst, a->x + t * a->e, sizeof(float) * (size_t)a->e);
 }
 
-static void check_layer(const char *label, const struct model *m, enum mm_impl impl, bool act16)
+/* same_rows: every token of a step has one input, so all choose the same
+ * experts (each chosen group holds every token, the others none). */
+static void check_layer_rows(const char *label, const struct model *m, enum mm_impl impl, bool act16, bool same_rows)
 {
     if (!mm_impl_available(impl)) return;
     struct tpool *pool = NULL;
@@ -176,6 +178,8 @@ static void check_layer(const char *label, const struct model *m, enum mm_impl i
             s = s * 6364136223846793005ull + 1442695040888963407ull;
             x[i] = (float)((double)(s >> 40) / (double)(1ull << 24) - 0.5) * 3.0f;
         }
+        if (same_rows)
+            for (int64_t i = e; i < n * e; i++) x[i] = x[i % e];
         struct rows_in in = {x, e};
         for (int l = 0; l < m->hp.n_layer; l++) {
             CHECK_MSG(cpu_moe_forward(moe, l, n, copy_row, &in, got, &err) == KVB_OK, "%s", err.msg);
@@ -184,8 +188,9 @@ static void check_layer(const char *label, const struct model *m, enum mm_impl i
                 ref_layer(m, l, mm, simd, x + t * e, want);
                 bad += memcmp(want, got + t * e, sizeof(float) * (size_t)e) != 0;
             }
-            CHECK_MSG(bad == 0, "%s (%s%s), layer %d, %lld tokens: %d tokens differ from one at a time", label,
-                      mm_ctx_impl_name(mm), act16 ? ", 16-bit activations" : "", l, (long long)n, bad);
+            CHECK_MSG(bad == 0, "%s (%s%s%s), layer %d, %lld tokens: %d tokens differ from one at a time", label,
+                      mm_ctx_impl_name(mm), act16 ? ", 16-bit activations" : "", same_rows ? ", one input" : "", l,
+                      (long long)n, bad);
         }
         kvb_free(x);
         kvb_free(got);
@@ -194,6 +199,11 @@ static void check_layer(const char *label, const struct model *m, enum mm_impl i
     cpu_moe_free(moe);
     mm_ctx_free(mm);
     tpool_free(pool);
+}
+
+static void check_layer(const char *label, const struct model *m, enum mm_impl impl, bool act16)
+{
+    check_layer_rows(label, m, impl, act16, false);
 }
 
 static void test_layer_exact(void)
@@ -250,6 +260,26 @@ static void test_layer_exact(void)
         check_layer("qwen2moe", m, MM_IMPL_AUTO, false);
         check_layer("qwen2moe", m, MM_IMPL_SCALAR, true);
         check_layer("qwen2moe", m, MM_IMPL_AUTO, true);
+        check_layer_rows("qwen2moe", m, MM_IMPL_AUTO, true, true);
+        model_free(m);
+    }
+    /* 16-bit activations where some products have a residual's half and
+     * others not: the routed down F16 (its sums add no second half) beside
+     * a quantized shared down (whose sums do), and the reverse, float gate
+     * and up over a quantized routed down (Q8_0) with a float shared expert */
+    const enum ggml_type mix[2][2] = {{GGML_TYPE_Q4_0, GGML_TYPE_F16}, {GGML_TYPE_F16, GGML_TYPE_Q8_0}};
+    for (int i = 0; i < 2; i++) {
+        opts_qwen3moe(&o, mix[i][0]);
+        o.arch = "qwen2moe";
+        o.head_dim = 0;
+        o.n_ff_shexp = 320;
+        o.down_type = mix[i][1];
+        m = write_load(i ? "layer-qwen2moe-f16-q8" : "layer-qwen2moe-q4-f16", &o);
+        if (!m) continue;
+        CHECK(m->layers[0].w_down_exps.type == mix[i][1] && m->layers[0].w_down_shexp.type == mix[i][0]);
+        check_layer(i ? "qwen2moe f16, down q8_0" : "qwen2moe q4_0, down f16", m, MM_IMPL_SCALAR, true);
+        check_layer(i ? "qwen2moe f16, down q8_0" : "qwen2moe q4_0, down f16", m, MM_IMPL_AUTO, true);
+        check_layer_rows(i ? "qwen2moe f16, down q8_0" : "qwen2moe q4_0, down f16", m, MM_IMPL_AUTO, true, true);
         model_free(m);
     }
 }
