@@ -15,12 +15,15 @@
 # descheduled thread stalls the others (measured at load ~20 on 2 cores:
 # llama.cpp decode 0.4 tok/s at 2 threads, 5 tok/s at 1), which is a figure
 # of the machine, not of llama.cpp.
-#   scripts/bench-gemma3.sh [THREADS] [RUNS] [N_REQ]
+# ACTIVATIONS=16 runs kvbatch with --activations 16 (default 8: README,
+# "CPU kernels").
+#   [ACTIVATIONS=8|16] scripts/bench-gemma3.sh [THREADS] [RUNS] [N_REQ]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${1:-$(nproc)}
 RUNS=${2:-3}
 N_REQ=${3:-32}
+ACTS=${ACTIVATIONS:-8}
 BIN=${KVBATCH_BIN:-build/kvbatch}
 TD=${KVBATCH_TESTDATA:-$HOME/.cache/kvbatch/testdata}
 MODEL=$TD/gemma3/gemma-3-270m-q4_k_m.gguf
@@ -49,12 +52,12 @@ best() { python3 -c "import sys; print(max([float(x) for x in sys.argv[1:]] or [
 kp=(); kd=(); kb=(); lp=(); ld=()
 for r in $(seq 1 "$RUNS"); do
   out=$("$BIN" generate --model "$MODEL" --prompt-ids "$ids" -n 128 --temperature 0 --ignore-eos \
-        --threads "$THREADS" 2>&1 >/dev/null)
+        --threads "$THREADS" --activations "$ACTS" 2>&1 >/dev/null)
   kp+=("$(echo "$out" | sed -n 's/^prefill: .*(\([0-9.]*\) tok\/s)/\1/p')")
   kd+=("$(echo "$out" | sed -n 's/^decode: .*(\([0-9.]*\) tok\/s)/\1/p')")
   t0=$(date +%s.%N)
   "$BIN" run --model "$MODEL" -i "$tmp/job.jsonl" -o "$tmp/res.jsonl" --metrics "$tmp/m.db" --no-cache \
-    --threads "$THREADS" -q
+    --threads "$THREADS" --activations "$ACTS" -q
   t1=$(date +%s.%N)
   gen=$(python3 -c "import json,sys; print(sum(json.loads(l)['response']['body']['usage']['completion_tokens'] for l in open(sys.argv[1])))" "$tmp/res.jsonl")
   kb+=("$(python3 -c "print($gen / ($t1 - $t0))")")
@@ -66,7 +69,7 @@ for r in $(seq 1 "$RUNS"); do
   echo "run $r: kvbatch prefill ${kp[-1]} decode ${kd[-1]} batched ${kb[-1]} tok/s${LB:+; llama.cpp prefill ${lp[-1]} decode ${ld[-1]} tok/s}"
 done
 P=$(best "${kp[@]}"); D=$(best "${kd[@]}"); B=$(best "${kb[@]}")
-printf 'Gemma 3 270M Q4_K_M, %s threads, best of %s\n' "$THREADS" "$RUNS"
+printf 'Gemma 3 270M Q4_K_M, %s threads, best of %s, kvbatch with %s-bit activations\n' "$THREADS" "$RUNS" "$ACTS"
 if [ -n "$LB" ]; then
   LP=$(best "${lp[@]}"); LD=$(best "${ld[@]}")
   printf 'prefill 512, batch 1:  kvbatch %8.1f tok/s   llama.cpp %8.1f tok/s   ratio %.2f (goal >= 2)\n' "$P" "$LP" \

@@ -16,7 +16,10 @@
      32 (as llama.cpp's do), each hidden state moves by a few 1e-4 in cosine (measured on a
      46-token text: mean 1 - cos 4.4e-4 for kvbatch's AVX-512 kernels, 5.1e-4 for llama.cpp's
      llama-embedding, at most 1.8e-3 and 2.2e-3): cosine >= 0.998 on every text and >= 0.9995
-     on average.
+     on average. With `--activations 16` (the rounding's residual rounded and multiplied too)
+     that noise goes: cosine >= 0.99999 on every text (issue 25 asks 0.999). The 16-bit run
+     uses the 8-bit run's cache and must compute every token again: the store keeps the two
+     arithmetics apart.
 2. Shapes. Every result line validates strictly with the openai package's
    CreateEmbeddingResponse (pydantic strict mode, no field it does not know, the same JSON
    back); a base64 line decodes (little-endian float32) to the float line's values exactly
@@ -185,18 +188,30 @@ def main():
                 print(f"F16 copy, one cache, kernels avx512, amx, amx, avx512: {seen} prompt tokens computed")
         os.unlink(f16)
         refs = hf_refs(real)
-        for pooling in ("mean", "last"):
+        # 8-bit activations (the default: llama.cpp's rounding) and 16-bit ones (--activations 16),
+        # each pooling's two on one cache: the 16-bit run must compute what the 8-bit one left there.
+        first_computed = {}
+        for pooling, bits in (("mean", 8), ("last", 8), ("mean", 16), ("last", 16)):
             cache = os.path.join(tmp, "cache-" + pooling)
-            out = os.path.join(tmp, f"out-{pooling}.jsonl")
+            tag = f"{pooling}/{bits}-bit"
+            out = os.path.join(tmp, f"out-{pooling}-{bits}.jsonl")
             args = ["run", "-m", MODEL, "-i", job, "-o", out, "--cache-dir", cache, "--pooling", pooling,
-                    "--max-step-tokens", "64", "--metrics", os.path.join(tmp, f"m-{pooling}.db")]
+                    "--max-step-tokens", "64", "--metrics", os.path.join(tmp, f"m-{pooling}-{bits}.db"),
+                    "--activations", str(bits)]
             p = run(args)
-            if not check(p.returncode == 0, f"{pooling}: kvbatch run failed: {p.stderr[-800:]}"):
+            if not check(p.returncode == 0, f"{tag}: kvbatch run failed: {p.stderr[-800:]}"):
                 continue
+            computed0 = computed_tokens(p.stderr)[1]
+            if bits == 8:
+                first_computed[pooling] = computed0
+            else:
+                check(computed0 == first_computed.get(pooling, -1) and computed0 > 0,
+                      f"{tag}: the first run on the 8-bit run's cache computed {computed0} prompt tokens "
+                      f"(want {first_computed.get(pooling)}: 8-bit results must not answer)")
             res = read_out(out)
-            check(set(res) == {"ids", "text", "b64", "dims"}, f"{pooling}: results {sorted(res)}")
+            check(set(res) == {"ids", "text", "b64", "dims"}, f"{tag}: results {sorted(res)}")
             for cid, o in res.items():
-                check(o["error"] is None and o["response"]["status_code"] == 200, f"{pooling} {cid}: {o}")
+                check(o["error"] is None and o["response"]["status_code"] == 200, f"{tag} {cid}: {o}")
             if any(o["error"] is not None for o in res.values()):
                 continue
             # 1. values against transformers
@@ -206,51 +221,55 @@ def main():
                 ref = refs[pooling][i] / np.linalg.norm(refs[pooling][i])
                 cos = float(got @ ref / np.linalg.norm(got))
                 coss.append(cos)
-                table.append(("Q4_1", pooling, i, len(ids[i]), cos))
-                check(cos >= 0.998, f"{pooling} text {i}: cosine {cos:.6f} with transformers < 0.998")
-                check(abs(np.linalg.norm(got) - 1) < 1e-5, f"{pooling} text {i}: not normalised")
-            check(np.mean(coss) >= 0.9995, f"{pooling}: mean cosine {np.mean(coss):.6f} with transformers < 0.9995")
+                table.append((f"Q4_1 a{bits}", pooling, i, len(ids[i]), cos))
+                # 8 bits: llama.cpp's rounding, as close as llama-embedding (text 0: 0.9988 vs its 0.9994);
+                # 16 bits: issue 25 asks >= 0.999 on every text; measured >= 0.9999998, held at 0.99999.
+                bar = 0.998 if bits == 8 else 0.99999
+                check(cos >= bar, f"{tag} text {i}: cosine {cos:.7f} with transformers < {bar}")
+                check(abs(np.linalg.norm(got) - 1) < 1e-5, f"{tag} text {i}: not normalised")
+            check(bits == 16 or np.mean(coss) >= 0.9995,
+                  f"{tag}: mean cosine {np.mean(coss):.6f} with transformers < 0.9995")
             # text inputs: the transformers tokenizer's tokens, so the same vectors bit for bit
             body = res["text"]["response"]["body"]
             check(body["usage"]["prompt_tokens"] == sum(len(x) for x in ids),
-                  f"{pooling}: text usage {body['usage']} vs {sum(len(x) for x in ids)} transformers tokens")
+                  f"{tag}: text usage {body['usage']} vs {sum(len(x) for x in ids)} transformers tokens")
             for i in range(len(TEXTS)):
                 check(np.array_equal(vec(res["text"], i), vec(res["ids"], i)),
-                      f"{pooling} text {i}: the text input's vector differs from the ids input's")
+                      f"{tag} text {i}: the text input's vector differs from the ids input's")
             # 2. shapes
             for cid in ("ids", "text", "dims"):
-                strict(CreateEmbeddingResponse, res[cid]["response"]["body"], f"{pooling} {cid}", fail)
+                strict(CreateEmbeddingResponse, res[cid]["response"]["body"], f"{tag} {cid}", fail)
             b = json.loads(json.dumps(res["b64"]["response"]["body"]))
             for i, d in enumerate(b["data"]):
                 raw = base64.b64decode(d["embedding"], validate=True)
-                check(len(raw) == 4 * 576, f"{pooling} b64 {i}: {len(raw)} bytes")
+                check(len(raw) == 4 * 576, f"{tag} b64 {i}: {len(raw)} bytes")
                 check(np.array_equal(np.frombuffer(raw, dtype="<f4"), vec(res["ids"], i)),
-                      f"{pooling} b64 {i}: decodes to other values than the float line")
+                      f"{tag} b64 {i}: decodes to other values than the float line")
                 d["embedding"] = [float(x) for x in np.frombuffer(raw, dtype="<f4")]
             m = CreateEmbeddingResponse.model_validate(b, strict=True)
-            check(len(m.data) == len(TEXTS), f"{pooling} b64: {len(m.data)} embeddings")
+            check(len(m.data) == len(TEXTS), f"{tag} b64: {len(m.data)} embeddings")
             for i in range(2):
                 d = vec(res["dims"], i).astype(np.float64)
                 full = vec(res["ids"], i).astype(np.float64)[:64]
                 check(len(d) == 64 and np.allclose(d, full / np.linalg.norm(full), atol=1e-6),
-                      f"{pooling} dims {i}: not the first 64 values renormalised")
+                      f"{tag} dims {i}: not the first 64 values renormalised")
             check(res["ids"]["response"]["body"]["model"] == "smol", "model not echoed")
             # 3. remembered: the same job again on the same cache
-            out2 = os.path.join(tmp, f"out2-{pooling}.jsonl")
+            out2 = os.path.join(tmp, f"out2-{pooling}-{bits}.jsonl")
             p2 = run(args[:6] + [out2] + args[7:])
-            if check(p2.returncode == 0, f"{pooling}: second run failed: {p2.stderr[-600:]}"):
+            if check(p2.returncode == 0, f"{tag}: second run failed: {p2.stderr[-600:]}"):
                 store, computed = computed_tokens(p2.stderr)
-                check(computed == 0, f"{pooling}: the second run computed {computed} prompt tokens (want 0)")
+                check(computed == 0, f"{tag}: the second run computed {computed} prompt tokens (want 0)")
                 res2 = read_out(out2)
                 for cid in res:
                     check(res2[cid]["response"]["body"]["data"] == res[cid]["response"]["body"]["data"],
-                          f"{pooling} {cid}: the second run's vectors differ")
-                rep = run(["report", os.path.join(tmp, f"m-{pooling}.db"), "--format", "json"])
+                          f"{tag} {cid}: the second run's vectors differ")
+                rep = run(["report", os.path.join(tmp, f"m-{pooling}-{bits}.db"), "--format", "json"])
                 if check(rep.returncode == 0, f"report failed: {rep.stderr[-300:]}"):
                     reuse = json.loads(rep.stdout)["prefix_reuse"]
                     check(reuse["computed"]["tokens"] == 0 and reuse["persistent_store"]["share"] == 1,
-                          f"{pooling}: the report's prefix reuse of the second run: {reuse}")
-                print(f"{pooling}: second run: {store} prompt tokens from the cache, {computed} computed")
+                          f"{tag}: the report's prefix reuse of the second run: {reuse}")
+                print(f"{tag}: second run: {store} prompt tokens from the cache, {computed} computed")
 
         # errors: no pooling, bad fields, too many dimensions
         bad = os.path.join(tmp, "bad.jsonl")
@@ -295,7 +314,7 @@ def main():
 
     print("file      pooling  text  tokens  cosine vs transformers")
     for what, pooling, i, n, cos in table:
-        print(f"{what:8s}  {pooling:7s}  {i:4d}  {n:6d}  {cos:.7f}")
+        print(f"{what:9s} {pooling:7s}  {i:4d}  {n:6d}  {cos:.7f}")
     return finish("embeddings")
 
 

@@ -15,13 +15,18 @@ quantized weights by 8-bit activations (as llama.cpp does) where transformers
 dequantizes to float32, so the two are not equal. The bar: top-1 >= 95 %
 overall, >= 96 % past the window, mean NLL within 0.2 %, and agreement at
 every position where transformers' top two logits are more than 0.25 apart
-(a real error shows there; rounding does not). Issue 28 asked >= 97 % past
-the window, from llama.cpp's 98.4 % on a 764-token text of its own; on this
-text llama.cpp (the same file, its CPU backend) agrees at 95.2 % overall and
-94.5 % past the window with NLL 0.08 % apart, kvbatch at 97.1 %, 96.9 % and
-0.05 % (16 of 512 positions past the window differ, every one at a top-2
-gap under 0.06): the bar is set a point under what kvbatch measures, where
-llama.cpp would not pass it.
+(a real error shows there; rounding does not). On this text llama.cpp (the
+same file, its CPU backend) agrees at 95.2 % overall and 94.5 % past the
+window with NLL 0.08 % apart, kvbatch at 97.1 %, 96.9 % and 0.05 % (16 of 512
+positions past the window differ, every one at a top-2 gap under 0.06).
+
+The same logits again with `--activations 16` (the 8-bit rounding's residual
+rounded and multiplied too: about 16 bits of each activation) must meet
+issue 28's bar and more: the issue asks >= 95 % overall, >= 97 % past the
+window and NLL within 0.2 %, from llama.cpp's 96.6 % / 98.4 % / 0.02 % on a
+764-token text of its own; measured here 100 % / 100 % / 0.001 %, held at
+99 % / 99 % / 0.02 %. A window, RoPE base or query scale off by one step
+would show there, where the 8-bit noise no longer hides it.
 
 Also checked: transformers' tokenizer (read from the same GGUF) gives the same
 ids for the text, and the whole file runs a job through `kvbatch run` with
@@ -44,7 +49,10 @@ from kvbcheck import need_modules  # noqa: E402
 
 N_TOK = 1024
 WINDOW = 512
-BAR_TOP1, BAR_TOP1_PAST, BAR_NLL, CLEAR_GAP = 0.95, 0.96, 0.002, 0.25
+# (top-1 overall, top-1 past the window, mean NLL apart) per activation width
+BITS = (8, 16)
+BARS = {8: (0.95, 0.96, 0.002), 16: (0.99, 0.99, 0.0002)}
+CLEAR_GAP = 0.25
 FILE = "gemma-3-270m-q4_k_m.gguf"
 
 
@@ -82,7 +90,6 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="kvb_g3_") as tmp:
         # kvbatch's ids for enough of the text, cut to N_TOK
-        out = os.path.join(tmp, "logits.f32")
         p = subprocess.run([kvb, "tokenize", "--model", path, "--bos", "--", text[:8000]],
                            capture_output=True, text=True, timeout=120)
         if p.returncode != 0:
@@ -92,11 +99,15 @@ def main():
         if len(ids) < N_TOK:
             print("FAIL: the text gave only %d tokens" % len(ids))
             return 1
-        p = subprocess.run([kvb, "logits", "--model", path, "--prompt-ids", " ".join(map(str, ids)),
-                            "--out", out, "--threads", "2"], capture_output=True, text=True, timeout=900)
-        if p.returncode != 0:
-            print("FAIL: kvbatch logits: %s" % p.stderr.strip()[-300:])
-            return 1
+        outs = {}
+        for bits in BITS:
+            outs[bits] = os.path.join(tmp, "logits-%d.f32" % bits)
+            p = subprocess.run([kvb, "logits", "--model", path, "--prompt-ids", " ".join(map(str, ids)),
+                                "--out", outs[bits], "--threads", "2", "--activations", str(bits)],
+                               capture_output=True, text=True, timeout=900)
+            if p.returncode != 0:
+                print("FAIL: kvbatch logits --activations %d: %s" % (bits, p.stderr.strip()[-300:]))
+                return 1
         t_kvb = time.time() - t0
 
         tok = AutoTokenizer.from_pretrained(td + "/gemma3", gguf_file=FILE)
@@ -113,53 +124,61 @@ def main():
             failures.append("transformers' tokenizer differs from kvbatch's from token %d (%s vs %s)"
                             % (first, hf_ids[first:first + 4], ids[first:first + 4]))
         n_vocab = cfg.vocab_size
-        got = np.memmap(out, dtype="<f4", mode="r")
-        if got.size != N_TOK * n_vocab:
-            print("FAIL: kvbatch wrote %d floats, expected %d x %d" % (got.size, N_TOK, n_vocab))
-            return 1
-        got = got.reshape(N_TOK, n_vocab)
+        got = {}
+        for bits in BITS:
+            g = np.memmap(outs[bits], dtype="<f4", mode="r")
+            if g.size != N_TOK * n_vocab:
+                print("FAIL: kvbatch wrote %d floats, expected %d x %d" % (g.size, N_TOK, n_vocab))
+                return 1
+            got[bits] = g.reshape(N_TOK, n_vocab)
         with torch.inference_mode():
             hidden = model.model(input_ids=torch.tensor([ids]), use_cache=False).last_hidden_state[0]
-        agree = np.zeros(N_TOK, dtype=bool)
+        agree = {b: np.zeros(N_TOK, dtype=bool) for b in BITS}
+        nll_k = {b: np.zeros(N_TOK - 1) for b in BITS}
+        max_d = {b: 0.0 for b in BITS}
         clear = np.zeros(N_TOK, dtype=bool)
-        nll_k = np.zeros(N_TOK - 1)
         nll_h = np.zeros(N_TOK - 1)
-        max_d = 0.0
         for c0 in range(0, N_TOK, 128):  # the head's logits a chunk at a time: 1 GB at once otherwise
             with torch.inference_mode():
                 ref = model.lm_head(hidden[c0:c0 + 128]).float().numpy()
             if cfg.final_logit_softcapping:
                 ref = np.tanh(ref / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
-            g = np.asarray(got[c0:c0 + 128])
-            agree[c0:c0 + len(ref)] = ref.argmax(1) == g.argmax(1)
             srt = np.sort(ref, 1)
             clear[c0:c0 + len(ref)] = srt[:, -1] - srt[:, -2] > CLEAR_GAP
-            max_d = max(max_d, float(np.abs(g - ref).max()))
-            lk, lh = log_softmax(np, g), log_softmax(np, ref)
+            lh = log_softmax(np, ref)
             for i in range(len(ref)):
-                t = c0 + i
-                if t + 1 < N_TOK:
-                    nll_k[t] = -lk[i, ids[t + 1]]
-                    nll_h[t] = -lh[i, ids[t + 1]]
-        top1, past = float(agree.mean()), float(agree[WINDOW:].mean())
-        mk, mh = float(nll_k.mean()), float(nll_h.mean())
-        rel = abs(mk - mh) / mh
-        print("transformers %s, torch %s; %s, %d tokens of tests/data/ppl-english.txt, window %d"
-              % (transformers.__version__, torch.__version__, FILE, N_TOK, WINDOW))
-        print("top-1 agreement %.4f overall (bar %.2f), %.4f past the window (%d positions, bar %.2f)"
-              % (top1, BAR_TOP1, past, N_TOK - WINDOW, BAR_TOP1_PAST))
-        print("mean NLL kvbatch %.5f, transformers %.5f: %.3f %% apart (bar %.1f %%); max|d| %.3g; "
-              "tokenizers agree: %s; kvbatch %.0f s, total %.0f s"
-              % (mk, mh, 100 * rel, 100 * BAR_NLL, max_d, same_ids, t_kvb, time.time() - t0))
-        if top1 < BAR_TOP1:
-            failures.append("top-1 agreement %.4f < %.2f" % (top1, BAR_TOP1))
-        if past < BAR_TOP1_PAST:
-            failures.append("top-1 agreement past the window %.4f < %.2f" % (past, BAR_TOP1_PAST))
-        if (clear & ~agree).any():
-            failures.append("top-1 differs at %d positions where transformers' top two are over %g apart (first %d)"
-                            % (int((clear & ~agree).sum()), CLEAR_GAP, int(np.flatnonzero(clear & ~agree)[0])))
-        if rel > BAR_NLL:
-            failures.append("mean NLL %.5f vs %.5f: %.3f %% apart" % (mk, mh, 100 * rel))
+                if c0 + i + 1 < N_TOK:
+                    nll_h[c0 + i] = -lh[i, ids[c0 + i + 1]]
+            for b in BITS:
+                g = np.asarray(got[b][c0:c0 + 128])
+                agree[b][c0:c0 + len(ref)] = ref.argmax(1) == g.argmax(1)
+                max_d[b] = max(max_d[b], float(np.abs(g - ref).max()))
+                lk = log_softmax(np, g)
+                for i in range(len(ref)):
+                    if c0 + i + 1 < N_TOK:
+                        nll_k[b][c0 + i] = -lk[i, ids[c0 + i + 1]]
+        mh = float(nll_h.mean())
+        print("transformers %s, torch %s; %s, %d tokens of tests/data/ppl-english.txt, window %d; kvbatch %.0f s, "
+              "total %.0f s, tokenizers agree: %s" % (transformers.__version__, torch.__version__, FILE, N_TOK, WINDOW,
+                                                       t_kvb, time.time() - t0, same_ids))
+        for b in BITS:
+            bar_top1, bar_past, bar_nll = BARS[b]
+            top1, past = float(agree[b].mean()), float(agree[b][WINDOW:].mean())
+            mk = float(nll_k[b].mean())
+            rel = abs(mk - mh) / mh
+            print("%2d-bit activations: top-1 agreement %.4f overall (bar %.2f), %.4f past the window (%d positions, "
+                  "bar %.2f); mean NLL kvbatch %.5f, transformers %.5f: %.3f %% apart (bar %.2f %%); max|d| %.3g"
+                  % (b, top1, bar_top1, past, N_TOK - WINDOW, bar_past, mk, mh, 100 * rel, 100 * bar_nll, max_d[b]))
+            if top1 < bar_top1:
+                failures.append("%d-bit: top-1 agreement %.4f < %.2f" % (b, top1, bar_top1))
+            if past < bar_past:
+                failures.append("%d-bit: top-1 agreement past the window %.4f < %.2f" % (b, past, bar_past))
+            if (clear & ~agree[b]).any():
+                failures.append("%d-bit: top-1 differs at %d positions where transformers' top two are over %g apart "
+                                "(first %d)" % (b, int((clear & ~agree[b]).sum()), CLEAR_GAP,
+                                                int(np.flatnonzero(clear & ~agree[b])[0])))
+            if rel > bar_nll:
+                failures.append("%d-bit: mean NLL %.5f vs %.5f: %.3f %% apart" % (b, mk, mh, 100 * rel))
 
         # the file through a job: greedy chat requests, answered as generate answers them
         job = os.path.join(tmp, "job.jsonl")

@@ -447,6 +447,11 @@ def main():
     if brk:
         print("NOTE: GGUFs deliberately broken (KVB_HFREF_BREAK=%s): this run must FAIL" % brk)
     only = [c for c in os.environ.get("KVB_HFREF_CASES", "").split(",") if c]
+    # KVB_HFREF_ACTIVATIONS=16: kvbatch with --activations 16 (the quantized cases then come within the
+    # fp16-K/V reference's distance: mixtral-8x2 Q8_0 NMSE 3.4e-4 -> 1.2e-7, max|d| 2.6 -> 0.007)
+    acts = os.environ.get("KVB_HFREF_ACTIVATIONS", "")
+    if acts not in ("", "8", "16"):
+        skip("KVB_HFREF_ACTIVATIONS=%s: 8 or 16" % acts)
     torch.set_num_threads(2)
     t_start = time.time()
 
@@ -500,6 +505,8 @@ def main():
             if only and name not in only:
                 continue
             extra = extra[0] if extra else []
+            if acts:
+                extra = extra + ["--activations", acts]
             t0 = time.time()
             cfg = dict(cfg, vocab_size=n_vocab, rope_parameters=dict(cfg["rope_parameters"]))
             for k in ("full_attention", "sliding_attention"):

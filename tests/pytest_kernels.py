@@ -11,7 +11,10 @@
 - KVBATCH_KERNELS picks what auto means (the test suite forces kernels with
   it), and --kernels overrides it;
 - `kvbatch run --kernels K` records K in the run's settings, and the AMX and
-  AVX-512 runs write the same results.
+  AVX-512 runs write the same results;
+- `--activations 8|16`: anything else is a usage error; 16 gives other logits
+  than 8, the same bits whatever the chunking and under amx as under avx512
+  (two 8-bit products added), and the run's settings name it.
 
 Run by ctest (KVB_BIN, KVB_MODEL, KVB_SOURCE_DIR set); exits 77 to skip when
 the model or binary is missing, and checks only what this CPU can run.
@@ -41,11 +44,12 @@ def available(k):
     return p.returncode == 0
 
 
-def logits(tmp, k, batch, env=None):
-    out = os.path.join(tmp, f"logits-{k}-{batch}.f32")
-    p = kv(["logits", "--model", MODEL, "--kernels", k, "--batch", str(batch), "-p", PROMPT, "-o", out, "-t", "2"],
-           env=env)
-    check(p.returncode == 0, f"logits --kernels {k} --batch {batch}: exit {p.returncode}: {p.stderr.strip()}")
+def logits(tmp, k, batch, env=None, bits=8):
+    out = os.path.join(tmp, f"logits-{k}-{batch}-{bits}.f32")
+    p = kv(["logits", "--model", MODEL, "--kernels", k, "--batch", str(batch), "-p", PROMPT, "-o", out, "-t", "2",
+            "--activations", str(bits)], env=env)
+    check(p.returncode == 0, f"logits --kernels {k} --batch {batch} --activations {bits}: exit {p.returncode}: "
+                             f"{p.stderr.strip()}")
     return open(out, "rb").read() if p.returncode == 0 else None
 
 
@@ -81,12 +85,30 @@ def main():
     p = kv(["generate", "--model", MODEL, "-p", "a", "-n", "1", "--kernels", "scalar"], env={"KVBATCH_KERNELS": kernels[0]})
     check(p.returncode == 0 and "scalar kernels" in p.stderr, "--kernels does not override KVBATCH_KERNELS")
 
+    # --activations: 8 or 16, nothing else; 16 is other bits than 8, the same whatever the chunking
+    for bad in ("12", "int8", ""):
+        p = kv(["generate", "--model", MODEL, "-p", "a", "-n", "1", "--activations", bad])
+        check(p.returncode == 2 and "--activations expects 8 or 16" in p.stderr,
+              f"--activations {bad!r}: exit {p.returncode}, {p.stderr.strip()!r}")
+    p = kv(["generate", "--model", MODEL, "-p", "a", "-n", "1", "--activations", "16"])
+    check(p.returncode == 0 and "16-bit activations" in p.stderr, f"--activations 16: {p.stderr.strip()!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        k = kernels[0]
+        a8, a16 = logits(tmp, k, 512), logits(tmp, k, 512, bits=16)
+        check(a8 is not None and a16 is not None and a8 != a16, f"{k}: --activations 16 gives the 8-bit logits")
+        for batch in (3, 1):
+            check(logits(tmp, k, batch, bits=16) == a16, f"{k} --activations 16: --batch {batch} changes the logits")
+
     if "amx" in kernels and "avx512" in kernels:
         with tempfile.TemporaryDirectory() as tmp:
             ref = logits(tmp, "avx512", 512)
             for batch in (512, 3, 1):
                 got = logits(tmp, "amx", batch)
                 check(ref is not None and got == ref, f"amx logits (--batch {batch}) differ from avx512's")
+            # 16-bit activations are two 8-bit products added: amx is avx512's bits there too
+            ref16 = logits(tmp, "avx512", 512, bits=16)
+            check(ref16 is not None and logits(tmp, "amx", 512, bits=16) == ref16,
+                  "amx --activations 16 logits differ from avx512's")
             ids = {}
             for k in ("avx512", "amx"):
                 p = kv(["generate", "--model", MODEL, "--kernels", k, "-p", PROMPT, "-n", "24", "--temperature", "0",
@@ -104,15 +126,18 @@ def main():
                                      {"role": "user", "content": f"Question {i}: what happened next?"}],
                         "max_tokens": 12, "temperature": 0}}) + "\n")
             res = {}
-            for k in ("avx512", "amx"):
-                out, db = os.path.join(tmp, f"out-{k}.jsonl"), os.path.join(tmp, f"m-{k}.db")
+            for k, bits in (("avx512", 8), ("amx", 8), ("amx", 16)):
+                out, db = os.path.join(tmp, f"out-{k}-{bits}.jsonl"), os.path.join(tmp, f"m-{k}-{bits}.db")
                 p = kv(["run", "--model", MODEL, "--kernels", k, "-i", job, "-o", out, "--metrics", db, "--quiet",
-                        "--no-cache", "-t", "2"])
+                        "--no-cache", "-t", "2"] + (["--activations", "16"] if bits == 16 else []))
                 check(p.returncode == 0, f"run --kernels {k}: exit {p.returncode}: {p.stderr.strip()}")
                 if p.returncode:
                     continue
-                settings = sqlite3.connect(db).execute("select settings from runs").fetchone()[0]
-                check(json.loads(settings).get("kernels") == k, f"run --kernels {k}: settings say {settings}")
+                settings = json.loads(sqlite3.connect(db).execute("select settings from runs").fetchone()[0])
+                check(settings.get("kernels") == k and settings.get("activations") == f"{bits}-bit",
+                      f"run --kernels {k}, {bits}-bit activations: settings say {settings}")
+                if bits == 16:
+                    continue
                 lines = [json.loads(x) for x in open(out)]
                 res[k] = sorted((d["custom_id"], d["response"]["body"]["choices"][0]["message"]["content"])
                                 for d in lines)

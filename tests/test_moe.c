@@ -153,7 +153,7 @@ static void copy_row(void *arg, int64_t t, float *dst)
     memcpy(dst, a->x + t * a->e, sizeof(float) * (size_t)a->e);
 }
 
-static void check_layer(const char *label, const struct model *m, enum mm_impl impl)
+static void check_layer(const char *label, const struct model *m, enum mm_impl impl, bool act16)
 {
     if (!mm_impl_available(impl)) return;
     struct tpool *pool = NULL;
@@ -162,6 +162,7 @@ static void check_layer(const char *label, const struct model *m, enum mm_impl i
     struct kvb_err err = {{0}};
     CHECK(tpool_create(2, &pool) == KVB_OK);
     CHECK(mm_ctx_create(pool, impl, &mm, &err) == KVB_OK);
+    mm_ctx_set_act16(mm, act16); /* the reference's dense products then take 16 bits too */
     const bool simd = impl != MM_IMPL_SCALAR && attn_have_avx2();
     CHECK_MSG(cpu_moe_create(m, mm, pool, simd, &moe, &err) == KVB_OK, "%s", err.msg);
     const int64_t e = m->hp.n_embd;
@@ -183,8 +184,8 @@ static void check_layer(const char *label, const struct model *m, enum mm_impl i
                 ref_layer(m, l, mm, simd, x + t * e, want);
                 bad += memcmp(want, got + t * e, sizeof(float) * (size_t)e) != 0;
             }
-            CHECK_MSG(bad == 0, "%s (%s), layer %d, %lld tokens: %d tokens differ from one at a time", label,
-                      mm_ctx_impl_name(mm), l, (long long)n, bad);
+            CHECK_MSG(bad == 0, "%s (%s%s), layer %d, %lld tokens: %d tokens differ from one at a time", label,
+                      mm_ctx_impl_name(mm), act16 ? ", 16-bit activations" : "", l, (long long)n, bad);
         }
         kvb_free(x);
         kvb_free(got);
@@ -213,9 +214,11 @@ static void test_layer_exact(void)
         CHECK_EQ_INT(m->ops.moe.n_ff_exp, o.n_ff_exp);
         CHECK(m->ops.moe.norm_topk);
         CHECK(m->layers[0].moe && m->layers[0].w_gate_exps.n_out == 16 * o.n_ff_exp && !m->layers[0].w_gate.data);
-        check_layer(name, m, MM_IMPL_SCALAR);
-        check_layer(name, m, MM_IMPL_AVX2);
-        check_layer(name, m, MM_IMPL_AVX512);
+        check_layer(name, m, MM_IMPL_SCALAR, false);
+        check_layer(name, m, MM_IMPL_AVX2, false);
+        check_layer(name, m, MM_IMPL_AVX512, false);
+        check_layer(name, m, MM_IMPL_SCALAR, true);
+        check_layer(name, m, MM_IMPL_AUTO, true);
         model_free(m);
     }
     /* olmoe: not renormalised; every expert of 8 chosen by some token */
@@ -230,8 +233,9 @@ static void test_layer_exact(void)
     struct model *m = write_load("layer-olmoe", &o);
     if (m) {
         CHECK(!m->ops.moe.norm_topk && m->ops.qk_norm_whole && m->ops.moe.n_ff_exp == 96);
-        check_layer("olmoe", m, MM_IMPL_SCALAR);
-        check_layer("olmoe", m, MM_IMPL_AUTO);
+        check_layer("olmoe", m, MM_IMPL_SCALAR, false);
+        check_layer("olmoe", m, MM_IMPL_AUTO, false);
+        check_layer("olmoe", m, MM_IMPL_AUTO, true);
         model_free(m);
     }
     /* qwen2moe: a shared expert (Q4_0, wider than the routed ones), not renormalised */
@@ -242,8 +246,10 @@ static void test_layer_exact(void)
     m = write_load("layer-qwen2moe", &o);
     if (m) {
         CHECK(!m->ops.moe.norm_topk && m->ops.moe.n_ff_shexp == 320 && m->layers[1].w_down_shexp.n_in == 320);
-        check_layer("qwen2moe", m, MM_IMPL_SCALAR);
-        check_layer("qwen2moe", m, MM_IMPL_AUTO);
+        check_layer("qwen2moe", m, MM_IMPL_SCALAR, false);
+        check_layer("qwen2moe", m, MM_IMPL_AUTO, false);
+        check_layer("qwen2moe", m, MM_IMPL_SCALAR, true);
+        check_layer("qwen2moe", m, MM_IMPL_AUTO, true);
         model_free(m);
     }
 }

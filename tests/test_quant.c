@@ -12,6 +12,8 @@
  *     it is computed alone or inside any batch, with 1, 2 or 3 threads, and
  *     through mm_apply_n;
  * (d) each SIMD implementation against the scalar one;
+ * (e) the 16-bit activations (mm_ctx_set_act16) against both references,
+ *     alone and packed, in every implementation;
  * plus argument errors and allocation failure. With arguments
  * `dequant TYPE N` it is instead a filter used by tests/pytest_quant.py. */
 #include <math.h>
@@ -634,6 +636,132 @@ static void test_products(struct tpool *pool)
     }
 }
 
+/* ---- (e) 16-bit activations (mm_ctx_set_act16) ----------------------------------- */
+
+/* The residual's rounding as the test reads mm_ctx_set_act16's contract:
+ * r = x - d q in float, then rounded like any input (quantize_ref). */
+static void residual_ref(const float *x, int64_t n, float *r)
+{
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float v = x[32 * b + j] * id;
+            v = v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v;
+            float dq = d * nearbyintf(v);
+            r[32 * b + j] = x[32 * b + j] - dq;
+        }
+    }
+}
+
+/* One shape: every implementation's act16 product against
+ * (a) W (d q + d' q') in double, to float rounding of the two sums;
+ * (b) W x in double, to the residual's rounding (|r - d' q'| <= d' / 2, d'
+ *     <= d / 254) and the float error of r itself, which must come out over
+ *     100 times tighter than the 8-bit bound in total;
+ * (c) each token alone, and the packed weights, bit for bit. Returns the
+ * number of failures. */
+static int act16_shape(struct tpool *pool, enum ggml_type type, int64_t n_in, int64_t n_out, int64_t n_tok)
+{
+    size_t rb;
+    uint8_t *w = make_weights(type, n_in, n_out, &rb);
+    float *x = make_input(n_in, n_tok);
+    size_t ny = (size_t)(n_out * n_tok);
+    double *y2 = calloc(ny, sizeof(double)), *mag = calloc(ny, sizeof(double)), *yf = calloc(ny, sizeof(double));
+    double *e16 = calloc(ny, sizeof(double)), *e8 = calloc(ny, sizeof(double));
+    double *q1 = malloc(sizeof(double) * (size_t)n_in), *h1 = malloc(sizeof(double) * (size_t)n_in);
+    double *q2 = malloc(sizeof(double) * (size_t)n_in), *h2 = malloc(sizeof(double) * (size_t)n_in);
+    float *r = malloc(sizeof(float) * (size_t)n_in), *wd = malloc(sizeof(float) * (size_t)n_in);
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *xt = x + t * n_in;
+        quantize_ref(xt, n_in, q1, h1);
+        residual_ref(xt, n_in, r);
+        quantize_ref(r, n_in, q2, h2);
+        for (int64_t o = 0; o < n_out; o++) {
+            CHECK(quant_dequant_row(type, w + (size_t)o * rb, wd, n_in) == KVB_OK);
+            double a = 0, m = 0, f = 0, e = 0, e_8 = 0;
+            for (int64_t k = 0; k < n_in; k++) {
+                a += (double)wd[k] * (q1[k] + q2[k]);
+                m += fabs((double)wd[k] * q1[k]) + fabs((double)wd[k] * q2[k]);
+                f += (double)wd[k] * (double)xt[k];
+                e += fabs((double)wd[k]) * (h2[k] + ldexp(fabs((double)xt[k]) + 2.0 * h1[k], -23));
+                e_8 += fabs((double)wd[k]) * h1[k];
+            }
+            size_t i = (size_t)(t * n_out + o);
+            y2[i] = a, mag[i] = m, yf[i] = f, e16[i] = e, e8[i] = e_8;
+        }
+    }
+    float *y = malloc(sizeof(float) * ny), *y1 = malloc(sizeof(float) * (size_t)n_out),
+          *yp = malloc(sizeof(float) * ny);
+    const int64_t terms = 2 * (n_in / 32) + 2;
+    int bad = 0;
+    for (int ii = 0; ii < N_IMPLS; ii++) {
+        if (!mm_impl_available(impls[ii])) continue;
+        struct mm_ctx *ctx = NULL;
+        CHECK(mm_ctx_create(pool, impls[ii], &ctx, NULL) == KVB_OK);
+        if (!ctx) continue;
+        mm_ctx_set_act16(ctx, true);
+        CHECK(mm_ctx_act16(ctx));
+        struct mm_weight mw = {type, n_in, n_out, w, rb, 0}, pw;
+        void *owned = NULL;
+        CHECK(mm_pack_weight(ctx, &mw, &pw, &owned) == KVB_OK);
+        CHECK(mm_matmul(ctx, &mw, x, n_tok, y) == KVB_OK);
+        CHECK(mm_matmul(ctx, &pw, x, n_tok, yp) == KVB_OK);
+        double s16 = 0, s8 = 0;
+        for (size_t i = 0; i < ny && bad < 3; i++) {
+            const double tq = float_tol(terms) * mag[i] + 1e-30, tf = 1.001 * e16[i] + tq;
+            s16 += fabs(y[i] - yf[i]);
+            s8 += e8[i];
+            if (!(fabs(y[i] - y2[i]) <= tq) || !(fabs(y[i] - yf[i]) <= tf) || memcmp(&y[i], &yp[i], 4)) {
+                CHECK_MSG(0,
+                          "act16 %s %s n_in=%lld n_out=%lld n_tok=%lld [t=%zu r=%zu]: got %.9g (packed %.9g), "
+                          "ref(two-level x) %.9g (tol %.3g), ref(float x) %.9g (tol %.3g)",
+                          impl_label(impls[ii]), type_name(type), (long long)n_in, (long long)n_out, (long long)n_tok,
+                          i / (size_t)n_out, i % (size_t)n_out, y[i], yp[i], y2[i], tq, yf[i], tf);
+                bad++;
+            }
+        }
+        if (!(s16 * 100.0 <= s8)) {
+            CHECK_MSG(0, "act16 %s %s n_in=%lld: total error %.3g not 100x under the 8-bit bound %.3g",
+                      impl_label(impls[ii]), type_name(type), (long long)n_in, s16, s8);
+            bad++;
+        }
+        for (int64_t t = 0; t < n_tok && t < 3 && !bad; t++) {
+            int64_t tt = t == 2 ? n_tok - 1 : t;
+            CHECK(mm_matmul(ctx, &pw, x + tt * n_in, 1, y1) == KVB_OK);
+            if (memcmp(y1, y + tt * n_out, sizeof(float) * (size_t)n_out)) {
+                CHECK_MSG(0, "act16 %s %s n_in=%lld n_tok=%lld: token %lld alone differs", impl_label(impls[ii]),
+                          type_name(type), (long long)n_in, (long long)n_tok, (long long)tt);
+                bad++;
+            }
+        }
+        kvb_free(owned);
+        mm_ctx_free(ctx);
+    }
+    free(y), free(y1), free(yp), free(y2), free(mag), free(yf), free(e16), free(e8);
+    free(q1), free(h1), free(q2), free(h2), free(r), free(wd), free(x), free(w);
+    return bad;
+}
+
+static void test_act16(struct tpool *pool)
+{
+    /* n_tok 300 at n_out 450: the product runs in several row blocks
+     * (matmul.c's act16_block), as a prefill chunk does. */
+    static const int64_t shapes[][3] = {{32, 7, 1}, {288, 33, 5}, {576, 67, 2}, {64, 450, 300}, {96, 450, 300}};
+    static const int64_t shapes_k[][3] = {{256, 7, 1}, {512, 33, 5}, {256, 450, 300}};
+    int n = 0;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        enum ggml_type type = all_types[ti];
+        if (is_float_type(type)) continue;
+        const int64_t(*sh)[3] = is_super_type(type) ? shapes_k : shapes;
+        int ns = is_super_type(type) ? 3 : 5;
+        for (int i = 0; i < ns; i++) n += act16_shape(pool, type, sh[i][0], sh[i][1], sh[i][2]) == 0;
+    }
+    fprintf(stderr, "act16: %d shapes pass in every implementation\n", n);
+}
+
 /* ---- (c) determinism -------------------------------------------------------------- */
 
 static void test_determinism_type(struct tpool **pools, int n_pools, enum mm_impl impl, enum ggml_type type,
@@ -1169,6 +1297,7 @@ int main(int argc, char **argv)
     test_amx_bf16(pools, 3);
     test_mixed_types(pools[1]);
     test_input_fn(pools[1]);
+    test_act16(pools[1]);
     for (int i = 0; i < 3; i++) tpool_free(pools[i]);
     return tu_finish();
 }

@@ -55,8 +55,11 @@ static enum kvb_status pool_blocks(const struct model *m, const struct be_select
 static enum kvb_status create_cpu(const struct model *m, const struct be_select_opts *o, struct backend **out,
                                   struct kvb_err *err)
 {
-    struct be_cpu_opts co = {
-        .n_threads = o->n_threads, .block_size = o->block_size, .impl = o->kernels, .kv_type = o->kv_type};
+    struct be_cpu_opts co = {.n_threads = o->n_threads,
+                             .block_size = o->block_size,
+                             .impl = o->kernels,
+                             .kv_type = o->kv_type,
+                             .act16 = o->act16};
     KVB_FORWARD_IF_ERROR(pool_blocks(m, o, o->kv_mem ? o->kv_mem : DEFAULT_CPU_KV, &co.n_blocks, err));
     return be_cpu_create(m, &co, out, err);
 }

@@ -23,6 +23,7 @@ struct be_select_opts {
     bool deterministic;   /* GPU: batch-invariant mode */
     bool cuda_graphs;     /* GPU: CUDA graphs for repeated step shapes */
     enum kv_type kv_type; /* how the KV pool stores K/V (KV_F16 when zeroed) */
+    bool act16;           /* CPU: --activations 16 (be_cpu_opts.act16); the CUDA backend's stay float */
 };
 
 /* Whether a device string is well-formed (for option parsing). */

@@ -51,6 +51,9 @@ static void usage(FILE *f)
                "      --kernels K         CPU kernels: auto | amx | avx512 | avx2 | scalar (default auto: the\n"
                "                          best this CPU runs; KVBATCH_KERNELS overrides auto)\n"
                "      --scalar            the same as --kernels scalar (the slow reference)\n"
+               "      --activations N     8 | 16: bits the CPU keeps of each activation in products with\n"
+               "                          quantized weights (default 8; 16: near float, about twice the\n"
+               "                          prefill time; see run --help)\n"
                "  -q, --quiet             no speed report on stderr\n"
                "  -h, --help              this text\n");
 }
@@ -172,6 +175,9 @@ static int parse_args(int argc, char **argv, struct gen_args *ga)
         else if (cli_opt_is(a, "--kernels")) {
             CLI_VAL();
             if (!cli_parse_kernels(a, val, &ga->lo.kernels)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--activations")) {
+            CLI_VAL();
+            if (!cli_parse_activations(a, val, &ga->lo.act16)) return CLI_EXIT_USAGE;
         } else if (cli_opt_is(a, "--device")) {
             CLI_VAL();
             ga->lo.device = val;
@@ -291,8 +297,8 @@ static void finish_output(struct gen_run *gr, size_t n_ids, double t0, double t1
     if (ga->quiet) return;
     /* Decode speed counts the forward passes after the first sampled token. */
     int64_t n_dec = gr->n_gen > 1 ? gr->n_gen - 1 : 0;
-    fprintf(stderr, "kvbatch: %s on %s, %s kernels, %d threads\n", gr->llm->model->name, gr->llm->be->name,
-            be_kernels_name(gr->llm->be), be_threads(gr->llm->be));
+    fprintf(stderr, "kvbatch: %s on %s, %s kernels, %s activations, %d threads\n", gr->llm->model->name,
+            gr->llm->be->name, be_kernels_name(gr->llm->be), be_acts_name(gr->llm->be), be_threads(gr->llm->be));
     fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tok/s)\n", n_ids, t1 - t0, (double)n_ids / (t1 - t0));
     fprintf(stderr, "decode:  %lld tokens in %.3f s (%.1f tok/s)\n", (long long)n_dec, t2 - t1,
             n_dec > 0 ? (double)n_dec / (t2 - t1) : 0.0);

@@ -41,7 +41,8 @@ bool cli_llm_open(const struct cli_llm_opts *o, struct cli_llm *l)
                                 .kv_mem = be_block_bytes(l->model, 16, o->kv_type) * (uint64_t)((n_ctx + 15) / 16),
                                 .n_ctx = n_ctx,
                                 .kernels = o->kernels,
-                                .kv_type = o->kv_type};
+                                .kv_type = o->kv_type,
+                                .act16 = o->act16};
     st = be_select_create(l->model, &bo, &l->be, &err);
     if (st != KVB_OK) {
         fprintf(stderr, "kvbatch: cannot start the backend: %s\n", err.msg);

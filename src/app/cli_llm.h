@@ -25,6 +25,7 @@ struct cli_llm_opts {
     enum mm_impl kernels; /* --kernels (--scalar: MM_IMPL_SCALAR); MM_IMPL_AUTO when zeroed */
     const char *device;   /* --device: auto | cpu | cuda[:N] */
     enum kv_type kv_type; /* --kv-type (KV_F16 when zeroed) */
+    bool act16;           /* --activations 16 */
 };
 
 /* Returns false (after printing why) on failure; cli_llm_close is safe then. */

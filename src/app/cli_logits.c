@@ -34,6 +34,8 @@ static void usage(FILE *f)
                "      --kv-type T        KV cache rows: f16 | q8 | q4 (default f16; q4: 4-bit V, 8-bit K)\n"
                "      --kernels K        CPU kernels: auto | amx | avx512 | avx2 | scalar (default auto)\n"
                "      --scalar           the same as --kernels scalar (the slow reference)\n"
+               "      --activations N    8 | 16: bits the CPU keeps of each activation in products with\n"
+               "                         quantized weights (default 8; 16: near float; see run --help)\n"
                "  -h, --help             this text\n");
 }
 
@@ -79,6 +81,9 @@ int cli_logits(int argc, char **argv)
         else if (cli_opt_is(a, "--kernels")) {
             CLI_VAL();
             if (!cli_parse_kernels(a, val, &lo.kernels)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--activations")) {
+            CLI_VAL();
+            if (!cli_parse_activations(a, val, &lo.act16)) return CLI_EXIT_USAGE;
         } else if (cli_opt_is(a, "--device")) {
             CLI_VAL();
             lo.device = val;

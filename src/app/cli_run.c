@@ -76,6 +76,12 @@ static void usage(FILE *f)
                "                           persistent cache keeps each one's apart. One this CPU cannot run\n"
                "                           is an error\n"
                "      --scalar             the same as --kernels scalar\n"
+               "      --activations N      bits the CPU keeps of each activation in products with quantized\n"
+               "                           weights: 8 (default; llama.cpp's rounding, fastest) or 16 (the\n"
+               "                           8-bit rounding plus its residual, two products: outputs within a\n"
+               "                           hair of float arithmetic, for evaluations and embeddings; about\n"
+               "                           twice the prefill time, batch-1 decode a few %% slower). The\n"
+               "                           persistent cache keeps the two apart; CUDA's stay float\n"
                "  -q, --quiet              no progress or summary on stderr\n"
                "  -h, --help               this text\n"
                "\n"
@@ -160,6 +166,9 @@ int cli_run(int argc, char **argv)
         else if (cli_opt_is(a, "--kernels")) {
             CLI_VAL();
             if (!cli_parse_kernels(a, val, &o.kernels)) return CLI_EXIT_USAGE;
+        } else if (cli_opt_is(a, "--activations")) {
+            CLI_VAL();
+            if (!cli_parse_activations(a, val, &o.act16)) return CLI_EXIT_USAGE;
         } else if (cli_opt_is(a, "--pooling")) {
             CLI_VAL();
             if (strcmp(val, "mean") && strcmp(val, "cls") && strcmp(val, "last")) {

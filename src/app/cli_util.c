@@ -62,6 +62,16 @@ bool cli_parse_kv_type(const char *opt, const char *val, enum kv_type *out)
     return false;
 }
 
+bool cli_parse_activations(const char *opt, const char *val, bool *act16)
+{
+    if (strcmp(val, "8") && strcmp(val, "16")) {
+        fprintf(stderr, "kvbatch: %s expects 8 or 16, got '%s'\n", opt, val);
+        return false;
+    }
+    *act16 = !strcmp(val, "16");
+    return true;
+}
+
 bool cli_parse_kernels(const char *opt, const char *val, enum mm_impl *out)
 {
     enum mm_impl k, resolved;

@@ -28,6 +28,8 @@ bool cli_parse_kv_type(const char *opt, const char *val, enum kv_type *out);
  * run (auto: what it resolves to, so a bad KVBATCH_KERNELS is reported here
  * too); prints why not. */
 bool cli_parse_kernels(const char *opt, const char *val, enum mm_impl *out);
+/* --activations BITS: 8 or 16 (*act16 set for 16). */
+bool cli_parse_activations(const char *opt, const char *val, bool *act16);
 /* Sizes like 512M, 2G, 1.5GiB, 4096 (bytes). */
 bool cli_parse_size(const char *opt, const char *val, uint64_t *out);
 

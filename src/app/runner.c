@@ -686,7 +686,8 @@ static bool setup(struct runner *r)
                                 .kernels = o->kernels,
                                 .deterministic = o->deterministic,
                                 .cuda_graphs = o->cuda_graphs,
-                                .kv_type = o->kv_type};
+                                .kv_type = o->kv_type,
+                                .act16 = o->act16};
     if (be_select_create(r->model, &bo, &r->be, &err) != KVB_OK) {
         fprintf(stderr, "kvbatch run: cannot start the backend: %s\n", err.msg);
         return false;
@@ -739,11 +740,12 @@ static bool setup(struct runner *r)
     snprintf(settings, sizeof settings,
              "{\"threads\":%d,\"max_batch\":%d,\"max_step_tokens\":%d,\"kv_mem\":%llu,\"block_size\":%d,"
              "\"ctx\":%d,\"lookahead\":%d,\"resume\":%s,\"kernels\":\"%s\",\"shard\":\"%d/%d\","
-             "\"shard_plan\":\"%016llx\",\"kv_type\":\"%s\"}",
+             "\"shard_plan\":\"%016llx\",\"kv_type\":\"%s\",\"activations\":\"%s\"}",
              be_threads(r->be), r->max_batch, r->max_step,
              (unsigned long long)((uint64_t)r->be->n_blocks * (uint64_t)r->be->block_bytes), o->block_size, r->n_ctx,
              r->n_slots, o->resume ? "true" : "false", be_kernels_name(r->be), o->shard_index,
-             o->shard_count > 1 ? o->shard_count : 1, (unsigned long long)r->plan_hash, kv_type_name(r->be->kv_type));
+             o->shard_count > 1 ? o->shard_count : 1, (unsigned long long)r->plan_hash, kv_type_name(r->be->kv_type),
+             be_acts_name(r->be));
     { /* the chat template used (a path may hold any byte: JSON-escaped) */
         struct kvb_buf lb = {0};
         size_t at = strlen(settings);
@@ -768,12 +770,14 @@ static bool setup(struct runner *r)
     }
     if (!o->resume) crashlog_restart(); /* a fresh job: what earlier runs recorded is of no use now */
     if (!o->quiet)
-        fprintf(stderr,
-                "kvbatch run: %s on %s (%s kernels, %d threads), %d %s KV blocks of %d tokens, batch %d, run %lld\n"
-                "kvbatch run: chat template %s\n",
-                r->model->name, r->be->name, be_kernels_name(r->be), be_threads(r->be), r->be->n_blocks,
-                kv_type_name(r->be->kv_type), o->block_size, r->max_batch, (long long)r->run_id,
-                r->have_tmpl ? r->tmpl_label : r->tmpl_error);
+        fprintf(
+            stderr,
+            "kvbatch run: %s on %s (%s kernels, %s activations, %d threads), %d %s KV blocks of %d tokens, batch %d, "
+            "run %lld\n"
+            "kvbatch run: chat template %s\n",
+            r->model->name, r->be->name, be_kernels_name(r->be), be_acts_name(r->be), be_threads(r->be),
+            r->be->n_blocks, kv_type_name(r->be->kv_type), o->block_size, r->max_batch, (long long)r->run_id,
+            r->have_tmpl ? r->tmpl_label : r->tmpl_error);
     return true;
 }
 

@@ -47,6 +47,7 @@ struct run_opts {
     uint64_t cache_buffer;     /* bytes of blocks waiting to be written; 0: the store's default */
     bool resume, quiet;
     enum mm_impl kernels;             /* CPU matmul kernels (--kernels, --scalar); MM_IMPL_AUTO when zeroed */
+    bool act16;                       /* --activations 16 (be_cpu_opts.act16) */
     const char *pooling;              /* --pooling mean|cls|last for embeddings; NULL: the model's pooling_type */
     bool no_normalize;                /* embeddings as pooled, not L2-normalised */
     int32_t shard_index, shard_count; /* run only shard_index of shard_count (job_shard.h); count <= 1: all */

@@ -62,6 +62,10 @@ struct backend {
      * from answering for another (pstore_model.arith), so an output is the
      * same bits whether its prefix was computed or loaded. */
     const char *arith;
+    /* Bits each activation keeps in the products with quantized weights:
+     * 8 or 16 on the CPU (--activations; mm_ctx_set_act16), 0 where they
+     * stay floating point (CUDA). For logs and the run's settings. */
+    int act_bits;
     int n_threads;        /* host threads doing the work (0: not applicable) */
     int32_t block_size;   /* tokens per KV block */
     int32_t n_blocks;     /* blocks in the pool */
@@ -175,6 +179,11 @@ void be_layer_group(const struct model *m, const struct be_kv_layout *lo, int32_
 void be_paging_init(struct backend *be, const struct model *m, int32_t n_blocks, enum kv_type kv_type);
 
 static inline const char *be_kernels_name(const struct backend *be) { return be->kernels ? be->kernels : be->name; }
+/* "8-bit", "16-bit" or "float": act_bits in words, for logs and settings. */
+static inline const char *be_acts_name(const struct backend *be)
+{
+    return be->act_bits == 16 ? "16-bit" : be->act_bits == 8 ? "8-bit" : "float";
+}
 static inline int be_threads(const struct backend *be) { return be->n_threads > 0 ? be->n_threads : 1; }
 
 void *be_host_alloc(struct backend *be, size_t bytes); /* NULL when out of memory */

@@ -680,12 +680,18 @@ enum kvb_status be_cpu_create(const struct model *m, const struct be_cpu_opts *o
      * amx is avx512's bits except on F16/BF16 matrices, has_bf16_tile_weights),
      * so the persistent store keys each apart. avx512's is the unnamed one: the
      * keys caches had before the store knew of arithmetics. */
+    const bool a16 = opts->act16;
     switch (impl) {
-    case MM_IMPL_SCALAR: c->be.arith = "cpu scalar"; break;
-    case MM_IMPL_AVX2: c->be.arith = "cpu avx2"; break;
-    case MM_IMPL_AMX: c->be.arith = has_bf16_tile_weights(m) ? "cpu amx bf16" : NULL; break;
-    default: c->be.arith = NULL; break;
+    case MM_IMPL_SCALAR: c->be.arith = a16 ? "cpu scalar act16" : "cpu scalar"; break;
+    case MM_IMPL_AVX2: c->be.arith = a16 ? "cpu avx2 act16" : "cpu avx2"; break;
+    case MM_IMPL_AMX:
+        c->be.arith =
+            has_bf16_tile_weights(m) ? (a16 ? "cpu amx bf16 act16" : "cpu amx bf16") : (a16 ? "cpu act16" : NULL);
+        break;
+    default: c->be.arith = a16 ? "cpu act16" : NULL; break;
     }
+    mm_ctx_set_act16(c->mm, a16);
+    c->be.act_bits = a16 ? 16 : 8;
     c->be.n_threads = tpool_size(c->pool);
     if (m->ops.encoder) { /* its own pass, which keeps K and V to itself: no pool */
         st = cpu_enc_create(m, c->pool, c->mm, &c->enc, err);

@@ -17,6 +17,7 @@ struct be_cpu_opts {
     int32_t n_blocks;     /* KV pool size in blocks, > 0 */
     enum mm_impl impl;    /* MM_IMPL_AUTO unless forcing the scalar reference */
     enum kv_type kv_type; /* KV pool rows (backend/kvtype.h); KV_F16 when zeroed */
+    bool act16;           /* 16-bit activations in quantized products (mm_ctx_set_act16); 8 when false */
 };
 
 /* The model must outlive the backend. */

@@ -9,6 +9,7 @@
  * copy, or a caller's callback) and the quantized forms the weights of an
  * mm_apply*() read are made in one parallel pass just before that product,
  * once per input. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,6 +47,16 @@ struct mm_ctx {
 
     void **scratch;      /* [nth] per-thread buffers */
     size_t *scratch_cap; /* [nth] bytes */
+
+    /* Two-level activations (mm_ctx_set_act16): xq holds 2 n_tok tokens,
+     * the input's rounding in [0, n_tok) and its residual's in [n_tok,
+     * 2 n_tok); xr the residual rows (made with the first form, kept for
+     * forms made later). */
+    bool act16;
+    float *xr;
+    size_t xr_cap;
+    float **ysum;     /* [nth] per-thread: both halves' outputs of a row block */
+    size_t *ysum_cap; /* [nth] bytes */
 };
 
 static bool cpu_has_avx2(void) { return cpu_features().avx2; }
@@ -136,7 +147,9 @@ enum kvb_status mm_ctx_create(struct tpool *pool, enum mm_impl impl, struct mm_c
     c->k = k;
     c->scratch = kvb_calloc((size_t)c->nth, sizeof *c->scratch);
     c->scratch_cap = kvb_calloc((size_t)c->nth, sizeof *c->scratch_cap);
-    if (!c->scratch || !c->scratch_cap) {
+    c->ysum = kvb_calloc((size_t)c->nth, sizeof *c->ysum);
+    c->ysum_cap = kvb_calloc((size_t)c->nth, sizeof *c->ysum_cap);
+    if (!c->scratch || !c->scratch_cap || !c->ysum || !c->ysum_cap) {
         mm_ctx_free(c);
         return kvb_errf(err, KVB_ERR_NOMEM, "mm_ctx_create: out of memory");
     }
@@ -151,12 +164,25 @@ void mm_ctx_free(struct mm_ctx *ctx)
         for (int i = 0; i < ctx->nth; i++) kvb_free(ctx->scratch[i]);
     kvb_free(ctx->scratch);
     kvb_free(ctx->scratch_cap);
+    if (ctx->ysum)
+        for (int i = 0; i < ctx->nth; i++) kvb_free(ctx->ysum[i]);
+    kvb_free(ctx->ysum);
+    kvb_free(ctx->ysum_cap);
     kvb_free(ctx->xf);
     kvb_free(ctx->xq);
+    kvb_free(ctx->xr);
     kvb_free(ctx);
 }
 
 const char *mm_ctx_impl_name(const struct mm_ctx *ctx) { return ctx->k->name; }
+
+void mm_ctx_set_act16(struct mm_ctx *ctx, bool on)
+{
+    ctx->act16 = on;
+    ctx->have_input = false; /* the buffers' layout changes with it */
+}
+
+bool mm_ctx_act16(const struct mm_ctx *ctx) { return ctx->act16; }
 
 const struct mm_kernels *mm_ctx_kernels(const struct mm_ctx *ctx) { return ctx->k; }
 
@@ -180,8 +206,28 @@ static enum kvb_status grow(void **buf, size_t *cap, size_t need)
 struct quant_job {
     struct mm_ctx *ctx;
     bool make_xf;   /* the float copy is still to be made */
-    unsigned forms; /* forms to quantize from it */
+    bool make_xr;   /* the residual rows too (act16) */
+    unsigned forms; /* forms to quantize from it (and from the residual, act16) */
 };
+
+void mm_act16_residual(const float *x, int64_t n_in, float *r)
+{
+    for (int64_t b = 0; b < n_in / 32; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float v = xb[j] * id;
+            if (!(v >= -127.0f)) v = -127.0f;
+            if (v > 127.0f) v = 127.0f;
+            float q = nearbyintf(v);
+            float dq = d * q;
+            r[32 * b + j] = xb[j] - dq;
+        }
+    }
+}
 
 static void quant_tokens(struct mm_ctx *c, const struct quant_job *j, int64_t t0, int64_t t1)
 {
@@ -193,7 +239,13 @@ static void quant_tokens(struct mm_ctx *c, const struct quant_job *j, int64_t t0
             else c->make(c->make_arg, t, xf);
             memset(xf + in->n_in, 0, (size_t)(in->xf_stride - in->n_in) * sizeof(float));
         }
-        if (j->forms) c->k->quantize(xf, in->n_in, j->forms, c->xq + (size_t)t * in->xq_stride);
+        if (!j->forms) continue;
+        c->k->quantize(xf, in->n_in, j->forms, c->xq + (size_t)t * in->xq_stride);
+        if (c->act16) {
+            float *xr = c->xr + t * in->xf_stride;
+            if (j->make_xr) mm_act16_residual(xf, in->n_in, xr);
+            c->k->quantize(xr, in->n_in, j->forms, c->xq + (size_t)(in->n_tok + t) * in->xq_stride);
+        }
     }
 }
 
@@ -214,7 +266,9 @@ static enum kvb_status input_begin(struct mm_ctx *ctx, int64_t n_in, int64_t n_t
     size_t xq_stride = q ? ctx->k->act_bytes(n_in) : 0;
     size_t n = (size_t)(n_tok > 0 ? n_tok : 1);
     KVB_FORWARD_IF_ERROR(grow((void **)&ctx->xf, &ctx->xf_cap, n * (size_t)xf_stride * sizeof(float)));
-    if (q) KVB_FORWARD_IF_ERROR(grow((void **)&ctx->xq, &ctx->xq_cap, n * xq_stride));
+    if (q) KVB_FORWARD_IF_ERROR(grow((void **)&ctx->xq, &ctx->xq_cap, (ctx->act16 ? 2 : 1) * n * xq_stride));
+    if (q && ctx->act16)
+        KVB_FORWARD_IF_ERROR(grow((void **)&ctx->xr, &ctx->xr_cap, n * (size_t)xf_stride * sizeof(float)));
     ctx->in = (struct mm_input){n_in, n_tok, ctx->xf, xf_stride, ctx->xq, xq_stride};
     ctx->have_xq = q;
     ctx->forms_made = 0;
@@ -230,7 +284,7 @@ enum kvb_status mm_set_input(struct mm_ctx *ctx, const float *x, int64_t n_in, i
     /* A plain copy, on this thread: cheaper than a pool run at any size the
      * forward pass uses. */
     ctx->src = x;
-    struct quant_job j = {ctx, true, 0};
+    struct quant_job j = {ctx, true, false, 0};
     quant_tokens(ctx, &j, 0, n_tok);
     ctx->xf_made = true;
     return KVB_OK;
@@ -262,7 +316,7 @@ static void make_forms(struct mm_ctx *ctx, unsigned need)
         ctx->xf_made = true;
         return;
     }
-    struct quant_job j = {ctx, !ctx->xf_made, missing};
+    struct quant_job j = {ctx, !ctx->xf_made, ctx->act16 && missing && !ctx->forms_made, missing};
     if (ctx->in.n_tok >= PAR_QUANT_MIN_TOK && ctx->nth > 1) tpool_run(ctx->pool, quant_worker, &j);
     else quant_tokens(ctx, &j, 0, ctx->in.n_tok);
     ctx->xf_made = true;
@@ -289,6 +343,35 @@ struct apply_job {
     int n;
 };
 
+/* Rows of one block computed for both halves of the input at once (the
+ * weights are read once for both), in blocks small enough for the thread's
+ * ysum buffer. */
+static int64_t act16_block(int64_t n_tok)
+{
+    int64_t r = ((int64_t)1 << 20) / (2 * n_tok * ROW_GRAIN * (int64_t)sizeof(float));
+    return (r < 1 ? 1 : r) * ROW_GRAIN;
+}
+
+/* y = W (d1 q1) + W (d2 q2): the products of the input's rounding and of its
+ * residual's, added in that order, element by element. */
+static void rows_act16(struct mm_ctx *c, const struct mm_weight *w, float *y, int64_t r0, int64_t r1, int ith)
+{
+    int64_t n = c->in.n_tok;
+    struct mm_input in2 = c->in;
+    in2.n_tok = 2 * n;
+    float *t = c->ysum[ith];
+    int64_t blk = act16_block(n);
+    for (int64_t a = r0; a < r1; a += blk) {
+        int64_t m = r1 - a < blk ? r1 - a : blk;
+        struct mm_weight v = *w;
+        v.data = (const uint8_t *)w->data + (size_t)a * w->row_bytes;
+        v.n_out = m;
+        c->k->rows(&v, &in2, t, 0, m, c->scratch[ith]);
+        for (int64_t tk = 0; tk < n; tk++)
+            for (int64_t i = 0; i < m; i++) y[tk * w->n_out + a + i] = t[tk * m + i] + t[(n + tk) * m + i];
+    }
+}
+
 static void apply_worker(void *arg, int ith, int nth)
 {
     struct apply_job *j = arg;
@@ -300,7 +383,8 @@ static void apply_worker(void *arg, int ith, int nth)
         int64_t r0 = g0 * ROW_GRAIN, r1 = g1 * ROW_GRAIN;
         if (r1 > w->n_out) r1 = w->n_out;
         if (r0 >= r1) continue;
-        j->ctx->k->rows(w, &j->ctx->in, j->y[i], r0, r1, j->ctx->scratch[ith]);
+        if (j->ctx->act16 && mm_type_is_quantized(w->type)) rows_act16(j->ctx, w, j->y[i], r0, r1, ith);
+        else j->ctx->k->rows(w, &j->ctx->in, j->y[i], r0, r1, j->ctx->scratch[ith]);
     }
 }
 
@@ -309,15 +393,22 @@ enum kvb_status mm_apply_n(struct mm_ctx *ctx, const struct mm_weight *const *w,
     if (!ctx || (n > 0 && (!w || !y)) || n < 0) return KVB_ERR_INVALID_ARG;
     size_t need = 0;
     unsigned forms = 0;
+    bool wide = false;
     for (int i = 0; i < n; i++) {
         KVB_FORWARD_IF_ERROR(check_weight(ctx, w[i]));
         forms |= forms_of(ctx, w[i]->type);
         if (!y[i]) return KVB_ERR_INVALID_ARG;
-        size_t s = ctx->k->scratch_bytes(w[i], ctx->in.n_tok);
+        bool two = ctx->act16 && mm_type_is_quantized(w[i]->type);
+        size_t s = ctx->k->scratch_bytes(w[i], (two ? 2 : 1) * ctx->in.n_tok);
         if (s > need) need = s;
+        if (two) wide = true;
     }
     if (n == 0 || ctx->in.n_tok == 0) return KVB_OK;
     for (int i = 0; i < ctx->nth; i++) KVB_FORWARD_IF_ERROR(grow(&ctx->scratch[i], &ctx->scratch_cap[i], need));
+    if (wide) {
+        size_t yb = (size_t)(2 * ctx->in.n_tok * act16_block(ctx->in.n_tok)) * sizeof(float);
+        for (int i = 0; i < ctx->nth; i++) KVB_FORWARD_IF_ERROR(grow((void **)&ctx->ysum[i], &ctx->ysum_cap[i], yb));
+    }
     make_forms(ctx, forms);
     struct apply_job j = {ctx, w, y, n};
     tpool_run(ctx->pool, apply_worker, &j);

@@ -70,6 +70,14 @@ extern const bool mm_amx_built;
 struct mm_ctx;
 const struct mm_kernels *mm_ctx_kernels(const struct mm_ctx *ctx);
 
+/* What the 8-bit rounding of x (n_in floats, n_in % 32 == 0) leaves out:
+ * r = x - d q per 32-block, with d and q as every implementation's
+ * quantize() makes them (d = amax / 127, q rounded to nearest even in
+ * [-127, 127]). Under mm_ctx_set_act16 a product reads r's own rounding as
+ * a second token and adds the two outputs (t(x) + t(r), in that order);
+ * moe.c lays its rows out the same way. */
+void mm_act16_residual(const float *x, int64_t n_in, float *r);
+
 /* Whether a type's weights are read through the quantized input (true) or
  * the float copy (false). */
 static inline int mm_type_is_quantized(enum ggml_type t)

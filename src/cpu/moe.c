@@ -12,12 +12,20 @@
  * one run per expert. Which thread computes an item never changes its
  * result.
  *
+ * Under 16-bit activations (mm_ctx_set_act16) every quantized product reads
+ * each input row twice, its 8-bit rounding and its residual's, as two tokens
+ * (matmul_impl.h, mm_act16_residual), and the two outputs are added as
+ * matmul.c adds them. So each expert's group of n routed rows is 2n rows in
+ * the quantized inputs and in the products' outputs: the roundings first
+ * (hi_at), then the residuals (lo_at); the shared expert's n_tok likewise.
+ * Float rows and float weights keep one row per routed row.
+ *
  * The stacked expert matrices the kernels read as stored (no packed form,
  * Q4_K among them) are copied out of the file's mapping into anonymous
  * memory backed by 2 MiB pages: a step streams most of the experts' bytes
- * once, and through the file's 4 KiB pages (a TLB miss every 4 KiB) a
- * batch-32 decode step of a Qwen3-30B-A3B-shaped Q4_K file took about
- * twice the CPU time (scripts/moe-bench-cpu.py). */
+ * once, and through the file's 4 KiB pages (a TLB miss every 4 KiB) the
+ * decode steps of a Qwen3-30B-A3B-shaped Q4_K file took 8 % (batch 32) to
+ * 14 % (batch 1) more CPU time (scripts/moe-bench-cpu.py). */
 #include "cpu/moe.h"
 
 #include <math.h>
@@ -62,6 +70,7 @@ struct cpu_moe {
     void **owned;             /* packed copies */
     int64_t n_owned, cap_owned;
     bool need_xf, need_hf; /* some layer's gate/up, down matrices are float (read the float rows) */
+    bool act16;            /* the mm context's 16-bit activations: two rows per routed row (above) */
 
     /* Scratch, grown to the largest step seen (cap_tok tokens). "Rows" are
      * the routed rows (n_tok * k) for the routed experts, tokens for the
@@ -75,6 +84,9 @@ struct cpu_moe {
     int32_t *slot_row; /* (n_tok, k) the routed row of each choice */
     int32_t *start;    /* (n_expert + 1) first routed row of each expert */
     int32_t *fill;     /* (n_expert) */
+    int32_t *hi_at;    /* (n_tok * k) act16: a routed row's place in xq, hq and the outputs; */
+    int32_t *lo_at;    /*   its residual's place (start[x] + r and start[x + 1] + r) */
+    float *xr;         /* (n_tok, n_embd) act16: the residuals of the FFN inputs */
     uint8_t *xqt, *xq; /* (n_tok | n_tok * k, xq_stride) quantized inputs: per token, per routed row */
     float *xft, *xf;   /* likewise, float (xf_stride), when need_xf */
     float *g, *u;      /* (n_tok * k, n_ff_exp) gate and up outputs; g becomes the activation */
@@ -142,7 +154,8 @@ void cpu_moe_free(struct cpu_moe *moe)
     kvb_free(moe->layers);
     void *bufs[] = {moe->xn,  moe->logits, moe->sg,  moe->sel, moe->wts, moe->slot_row, moe->start, moe->fill,
                     moe->xqt, moe->xq,     moe->xft, moe->xf,  moe->g,   moe->u,        moe->gs,    moe->us,
-                    moe->hq,  moe->hqs,    moe->hf,  moe->hfs, moe->yd,  moe->ys,       moe->items};
+                    moe->hq,  moe->hqs,    moe->hf,  moe->hfs, moe->yd,  moe->ys,       moe->items,
+                    moe->hi_at, moe->lo_at, moe->xr};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvb_free(bufs[i]);
     if (moe->scratch)
         for (int i = 0; i < moe->nth; i++) kvb_free(moe->scratch[i]);
@@ -231,6 +244,7 @@ enum kvb_status cpu_moe_create(const struct model *m, struct mm_ctx *mm, struct 
     moe->k = mm_ctx_kernels(mm);
     moe->nth = tpool_size(pool);
     moe->simd = simd;
+    moe->act16 = mm_ctx_act16(mm);
     moe->layers = kvb_calloc((size_t)m->hp.n_layer, sizeof *moe->layers);
     moe->scratch = kvb_calloc((size_t)moe->nth, sizeof *moe->scratch);
     moe->scratch_cap = kvb_calloc((size_t)moe->nth, sizeof *moe->scratch_cap);
@@ -284,22 +298,28 @@ static enum kvb_status ensure(struct cpu_moe *moe, int64_t n_tok)
     moe->hf_stride = (fe + 15) & ~(int64_t)15;
     moe->hfs_stride = (fs + 15) & ~(int64_t)15;
     const size_t f = sizeof(float), i32 = sizeof(int32_t);
+    const int64_t m2 = moe->act16 ? 2 : 1; /* rows per routed row in the quantized inputs and the outputs */
     KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->xn, (size_t)(n_tok * e) * f));
     KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->logits, (size_t)(n_tok * ne) * f));
     KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->sg, (size_t)n_tok * f));
     KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->sel, (size_t)nr * i32));
     KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->wts, (size_t)nr * f));
     KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->slot_row, (size_t)nr * i32));
-    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->xqt, (size_t)n_tok * moe->xq_stride));
-    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->xq, (size_t)nr * moe->xq_stride));
-    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->g, (size_t)(nr * fe) * f));
-    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->u, (size_t)(nr * fe) * f));
-    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->hq, (size_t)nr * moe->hq_stride));
-    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->yd, (size_t)(nr * e) * f));
-    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->gs, (size_t)(ns * fs) * f));
-    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->us, (size_t)(ns * fs) * f));
-    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->hqs, (size_t)ns * moe->hqs_stride));
-    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->ys, (size_t)(ns * e) * f));
+    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->xqt, (size_t)(m2 * n_tok) * moe->xq_stride));
+    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->xq, (size_t)(m2 * nr) * moe->xq_stride));
+    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->g, (size_t)(m2 * nr * fe) * f));
+    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->u, (size_t)(m2 * nr * fe) * f));
+    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->hq, (size_t)(m2 * nr) * moe->hq_stride));
+    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->yd, (size_t)(m2 * nr * e) * f));
+    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->gs, (size_t)(m2 * ns * fs) * f));
+    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->us, (size_t)(m2 * ns * fs) * f));
+    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->hqs, (size_t)(m2 * ns) * moe->hqs_stride));
+    KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->ys, (size_t)(m2 * ns * e) * f));
+    if (moe->act16) {
+        KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->hi_at, (size_t)nr * i32));
+        KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->lo_at, (size_t)nr * i32));
+        KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->xr, (size_t)(n_tok * e) * f));
+    }
     if (moe->need_xf) {
         KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->xft, (size_t)(n_tok * moe->xf_stride) * f));
         KVB_FORWARD_IF_ERROR(grow_bytes((void **)&moe->xf, (size_t)(nr * moe->xf_stride) * f));
@@ -379,8 +399,15 @@ struct rows_job {
     unsigned forms;  /* inputs: of every gate and up; activations: of the routed down */
     unsigned forms2; /* activations: of the shared down */
     bool floats, floats2;
+    /* act16: which outputs have a residual's half to add (their weights are
+     * quantized): activations: routed gate, up, shared gate, up; sums:
+     * routed down (lo[0]), shared down (lo[1]). */
+    bool lo[4];
     float *out;
 };
+
+/* Where routed row r's rounding and residual lie (act16), or r alone. */
+static inline int64_t hi_of(const struct cpu_moe *moe, int64_t r) { return moe->act16 ? moe->hi_at[r] : r; }
 
 /* Token t's input: quantized once (and copied as floats, when some matrix
  * reads those) per token, then copied into the routed rows of its k
@@ -396,7 +423,14 @@ static void input_rows(const struct rows_job *j, int64_t t0, int64_t t1)
         if (j->forms) {
             uint8_t *q = moe->xqt + (size_t)t * qs;
             moe->k->quantize(x, e, j->forms, q);
-            for (int64_t c = 0; c < k; c++) memcpy(moe->xq + (size_t)rows[c] * qs, q, qs);
+            for (int64_t c = 0; c < k; c++) memcpy(moe->xq + (size_t)hi_of(moe, rows[c]) * qs, q, qs);
+            if (moe->act16) { /* the residual's rounding: after the step's n_tok roundings, and per routed row */
+                float *r = moe->xr + t * e;
+                uint8_t *q2 = moe->xqt + (size_t)(j->n + t) * qs;
+                mm_act16_residual(x, e, r);
+                moe->k->quantize(r, e, j->forms, q2);
+                for (int64_t c = 0; c < k; c++) memcpy(moe->xq + (size_t)moe->lo_at[rows[c]] * qs, q2, qs);
+            }
         }
         if (j->floats) {
             float *xf = moe->xft + t * moe->xf_stride;
@@ -408,9 +442,17 @@ static void input_rows(const struct rows_job *j, int64_t t0, int64_t t1)
     }
 }
 
-/* act(gate) * up in place of gate (n wide), then the down product's input. */
+/* a += b, element by element: the second half of a product under act16. */
+static void add_half(float *a, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) a[i] = a[i] + b[i];
+}
+
+/* act(gate) * up in place of gate (n wide), then the down product's input:
+ * its rounding into q and, with q2 (act16), its residual's into q2, made in
+ * r (n floats of scratch). */
 static void act_row(const struct cpu_moe *moe, float *g, const float *u, int64_t n, unsigned forms, uint8_t *q,
-                    float *f, int64_t f_stride)
+                    uint8_t *q2, float *r, float *f, int64_t f_stride)
 {
     if (moe->m->ops.act == MODEL_ACT_GELU_TANH) {
         if (moe->simd) attn_geglu_avx2(g, u, n);
@@ -420,6 +462,10 @@ static void act_row(const struct cpu_moe *moe, float *g, const float *u, int64_t
         else attn_swiglu(g, u, n);
     }
     if (forms) moe->k->quantize(g, n, forms, q);
+    if (forms && q2) {
+        mm_act16_residual(g, n, r);
+        moe->k->quantize(r, n, forms, q2);
+    }
     if (f) {
         memcpy(f, g, sizeof(float) * (size_t)n);
         memset(f + n, 0, sizeof(float) * (size_t)(f_stride - n));
@@ -435,11 +481,20 @@ static void act_rows(const struct rows_job *j, int64_t r0, int64_t r1)
     const int64_t nr = j->nr, fe = mo->n_ff_exp, fs = mo->n_ff_shexp;
     for (int64_t r = r0; r < r1; r++) {
         if (r < nr) {
-            act_row(moe, moe->g + r * fe, moe->u + r * fe, fe, j->forms, moe->hq + (size_t)r * moe->hq_stride,
+            const int64_t hi = hi_of(moe, r), lo = moe->act16 ? moe->lo_at[r] : -1;
+            float *g = moe->g + hi * fe, *u = moe->u + hi * fe;
+            if (j->lo[0]) add_half(g, moe->g + lo * fe, fe);
+            if (j->lo[1]) add_half(u, moe->u + lo * fe, fe);
+            act_row(moe, g, u, fe, j->forms, moe->hq + (size_t)hi * moe->hq_stride,
+                    lo >= 0 ? moe->hq + (size_t)lo * moe->hq_stride : NULL, lo >= 0 ? moe->g + lo * fe : NULL,
                     j->floats ? moe->hf + r * moe->hf_stride : NULL, moe->hf_stride);
         } else {
-            const int64_t t = r - nr;
-            act_row(moe, moe->gs + t * fs, moe->us + t * fs, fs, j->forms2, moe->hqs + (size_t)t * moe->hqs_stride,
+            const int64_t t = r - nr, n_tok = j->n - nr, lo = n_tok + t; /* the shared expert: one row a token */
+            float *g = moe->gs + t * fs, *u = moe->us + t * fs;
+            if (j->lo[2]) add_half(g, moe->gs + lo * fs, fs);
+            if (j->lo[3]) add_half(u, moe->us + lo * fs, fs);
+            act_row(moe, g, u, fs, j->forms2, moe->hqs + (size_t)t * moe->hqs_stride,
+                    moe->act16 ? moe->hqs + (size_t)lo * moe->hqs_stride : NULL, moe->act16 ? moe->gs + lo * fs : NULL,
                     j->floats2 ? moe->hfs + t * moe->hfs_stride : NULL, moe->hfs_stride);
         }
     }
@@ -458,7 +513,9 @@ static void sum_rows(const struct rows_job *j, int64_t t0, int64_t t1)
         float *o = j->out + t * e;
         for (int64_t c = 0; c < k; c++) {
             const float w = moe->wts[t * k + c];
-            const float *y = moe->yd + (int64_t)moe->slot_row[t * k + c] * e;
+            const int64_t rr = moe->slot_row[t * k + c];
+            float *y = moe->yd + hi_of(moe, rr) * e;
+            if (j->lo[0]) add_half(y, moe->yd + (int64_t)moe->lo_at[rr] * e, e);
             if (c == 0)
                 for (int64_t i = 0; i < e; i++) o[i] = y[i] * w;
             else
@@ -469,7 +526,8 @@ static void sum_rows(const struct rows_job *j, int64_t t0, int64_t t1)
         }
         if (shared) {
             const float s = 1.0f / (1.0f + expf(-moe->sg[t]));
-            const float *y = moe->ys + t * e;
+            float *y = moe->ys + t * e;
+            if (j->lo[1]) add_half(y, moe->ys + (j->n + t) * e, e);
             for (int64_t i = 0; i < e; i++) {
                 const float sy = y[i] * s;
                 o[i] += sy;
@@ -525,17 +583,21 @@ static void prod_worker(void *arg, int ith, int nth)
 static void add_items(struct cpu_moe *moe, int pass, const struct mm_weight *w, int64_t n_in, int64_t n, int64_t r0,
                       const uint8_t *xq, size_t xq_stride, const float *xf, int64_t xf_stride, float *y)
 {
+    /* act16: a quantized product reads both halves of the group as 2n tokens;
+     * every product writes its outputs in the group's 2n rows (a float one
+     * the first n only) */
+    const int64_t m2 = moe->act16 ? 2 : 1, nt = mm_type_is_quantized(w->type) ? m2 * n : n;
     if (pass == 0) {
-        const size_t s = moe->k->scratch_bytes(w, n);
+        const size_t s = moe->k->scratch_bytes(w, nt);
         moe->need_scratch = s > moe->need_scratch ? s : moe->need_scratch;
         moe->n_items += (w->n_out + ITEM_ROWS - 1) / ITEM_ROWS;
         return;
     }
-    const struct mm_input in = {n_in,     n, xf ? xf + r0 * xf_stride : NULL, xf_stride, xq + (size_t)r0 * xq_stride,
+    const struct mm_input in = {n_in, nt, xf ? xf + r0 * xf_stride : NULL, xf_stride, xq + (size_t)(m2 * r0) * xq_stride,
                                 xq_stride};
     for (int64_t r = 0; r < w->n_out; r += ITEM_ROWS)
         moe->items[moe->n_items++] =
-            (struct moe_item){w, in, y + r0 * w->n_out, r, r + ITEM_ROWS < w->n_out ? r + ITEM_ROWS : w->n_out};
+            (struct moe_item){w, in, y + m2 * r0 * w->n_out, r, r + ITEM_ROWS < w->n_out ? r + ITEM_ROWS : w->n_out};
 }
 
 /* One pool run for one phase: every chosen expert's gate and up products
@@ -624,6 +686,12 @@ enum kvb_status cpu_moe_forward(struct cpu_moe *moe, int layer, int64_t n_tok,
         moe->fill[x] = moe->start[x];
     }
     for (int64_t i = 0; i < nr; i++) moe->slot_row[i] = moe->fill[moe->sel[i]]++;
+    if (moe->act16)
+        for (int64_t i = 0; i < nr; i++) {
+            const int32_t r = moe->slot_row[i], x = moe->sel[i];
+            moe->hi_at[r] = r + moe->start[x];
+            moe->lo_at[r] = r + moe->start[x + 1];
+        }
 
     /* Inputs of the gate and up products, in the forms their types read;
      * the activations as the down products' input; the products; the sums. */
@@ -634,16 +702,27 @@ enum kvb_status cpu_moe_forward(struct cpu_moe *moe, int layer, int64_t n_tok,
         return kvb_errf(err, KVB_ERR_INVALID_ARG, "layer %d: expert rows are not whole blocks of 32", layer);
     const bool xfloats =
         is_float(&ML->gate[0]) || is_float(&ML->up[0]) || is_float(&ML->sh_gate) || is_float(&ML->sh_up);
-    struct rows_job rj = {moe, n_tok, nr, xforms, 0, xfloats, false, out};
+    struct rows_job rj = {moe, n_tok, nr, xforms, 0, xfloats, false, {false, false, false, false}, out};
     run_rows(moe, &rj, 0, nr);
     if (run_products(moe, ML, n_tok, false) != KVB_OK)
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for the experts' products");
     const int64_t na = nr + (shared ? n_tok : 0);
-    rj = (struct rows_job){moe, na, nr, dforms, sforms, is_float(&ML->down[0]), is_float(&ML->sh_down), out};
+    const bool a16 = moe->act16;
+    rj = (struct rows_job){moe,
+                           na,
+                           nr,
+                           dforms,
+                           sforms,
+                           is_float(&ML->down[0]),
+                           is_float(&ML->sh_down),
+                           {a16 && forms_of(moe->k, &ML->gate[0]), a16 && forms_of(moe->k, &ML->up[0]),
+                            a16 && forms_of(moe->k, &ML->sh_gate), a16 && forms_of(moe->k, &ML->sh_up)},
+                           out};
     run_rows(moe, &rj, 1, na);
     if (run_products(moe, ML, n_tok, true) != KVB_OK)
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for the experts' products");
-    rj = (struct rows_job){moe, n_tok, nr, 0, 0, false, false, out};
+    rj = (struct rows_job){
+        moe, n_tok, nr, 0, 0, false, false, {a16 && dforms, a16 && sforms, false, false}, out};
     run_rows(moe, &rj, 2, nr);
     return KVB_OK;
 }

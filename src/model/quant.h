@@ -62,6 +62,24 @@ void mm_ctx_free(struct mm_ctx *ctx); /* accepts NULL */
 /* "scalar", "avx2", "avx512" or "amx" (what AUTO resolved to). */
 const char *mm_ctx_impl_name(const struct mm_ctx *ctx);
 
+/* Activations of the products with quantized weights. By default (off) each
+ * token's row is rounded to 8 bits per 32-block (d = amax / 127), as
+ * llama.cpp's CPU kernels round it: a block with one large element keeps
+ * the small ones at a few bits, which moves outputs near a tie (the real
+ * Gemma 3 270M file: 3 % of top-1 tokens differ from float arithmetic).
+ * On: the residual that rounding leaves (x - d q, below d / 2) is rounded
+ * the same way, each weight row is multiplied by both (read once for both:
+ * the pair is two tokens to the kernels) and the two products are added,
+ * y = W (d q) + W (d' q'): about 16 bits of each activation. It costs about
+ * twice the integer work where a product is compute bound (prefill, batched
+ * steps) and little where it is bound by reading the weights (batch-1
+ * decode). Outputs stay independent of batch, split and threads; they are
+ * other bits than the 8-bit ones, so the persistent store keys them apart
+ * (struct backend.arith). Float weights (F32/F16/BF16) read the float rows
+ * either way. Set before mm_set_input*(): it drops the current input. */
+void mm_ctx_set_act16(struct mm_ctx *ctx, bool on);
+bool mm_ctx_act16(const struct mm_ctx *ctx);
+
 /* Two-step form so several weights with the same n_in share one quantized
  * input (Q/K/V; gate/up): mm_set_input() copies/quantizes x (n_tok rows of
  * n_in floats) into ctx scratch; mm_apply() computes y (n_tok rows of
