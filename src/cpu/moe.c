@@ -152,10 +152,9 @@ void cpu_moe_free(struct cpu_moe *moe)
             kvb_free(moe->layers[l].down);
         }
     kvb_free(moe->layers);
-    void *bufs[] = {moe->xn,  moe->logits, moe->sg,  moe->sel, moe->wts, moe->slot_row, moe->start, moe->fill,
-                    moe->xqt, moe->xq,     moe->xft, moe->xf,  moe->g,   moe->u,        moe->gs,    moe->us,
-                    moe->hq,  moe->hqs,    moe->hf,  moe->hfs, moe->yd,  moe->ys,       moe->items,
-                    moe->hi_at, moe->lo_at, moe->xr};
+    void *bufs[] = {moe->xn, moe->logits, moe->sg, moe->sel, moe->wts,   moe->slot_row, moe->start, moe->fill, moe->xqt,
+                    moe->xq, moe->xft,    moe->xf, moe->g,   moe->u,     moe->gs,       moe->us,    moe->hq,   moe->hqs,
+                    moe->hf, moe->hfs,    moe->yd, moe->ys,  moe->items, moe->hi_at,    moe->lo_at, moe->xr};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvb_free(bufs[i]);
     if (moe->scratch)
         for (int i = 0; i < moe->nth; i++) kvb_free(moe->scratch[i]);
@@ -593,8 +592,8 @@ static void add_items(struct cpu_moe *moe, int pass, const struct mm_weight *w, 
         moe->n_items += (w->n_out + ITEM_ROWS - 1) / ITEM_ROWS;
         return;
     }
-    const struct mm_input in = {n_in, nt, xf ? xf + r0 * xf_stride : NULL, xf_stride, xq + (size_t)(m2 * r0) * xq_stride,
-                                xq_stride};
+    const struct mm_input in = {
+        n_in, nt, xf ? xf + r0 * xf_stride : NULL, xf_stride, xq + (size_t)(m2 * r0) * xq_stride, xq_stride};
     for (int64_t r = 0; r < w->n_out; r += ITEM_ROWS)
         moe->items[moe->n_items++] =
             (struct moe_item){w, in, y + m2 * r0 * w->n_out, r, r + ITEM_ROWS < w->n_out ? r + ITEM_ROWS : w->n_out};
@@ -721,8 +720,7 @@ enum kvb_status cpu_moe_forward(struct cpu_moe *moe, int layer, int64_t n_tok,
     run_rows(moe, &rj, 1, na);
     if (run_products(moe, ML, n_tok, true) != KVB_OK)
         return kvb_errf(err, KVB_ERR_NOMEM, "out of memory for the experts' products");
-    rj = (struct rows_job){
-        moe, n_tok, nr, 0, 0, false, false, {a16 && dforms, a16 && sforms, false, false}, out};
+    rj = (struct rows_job){moe, n_tok, nr, 0, 0, false, false, {a16 && dforms, a16 && sforms, false, false}, out};
     run_rows(moe, &rj, 2, nr);
     return KVB_OK;
 }
