@@ -24,7 +24,9 @@
 # can run several times slower on 2 threads than on 1 (seen here: 8.6 vs 61
 # tok/s), and a figure that measures that says nothing about either tool.
 # Then decode tokens per CPU-second on one thread (scripts/moe-bench-cpu.py:
-# the CPU time of 1 + N_CPU tokens less that of 1 token, least of CPU_REPS):
+# the user CPU time of 1 + N_CPU tokens less that of 1 token, least of
+# CPU_REPS; user time because kvbatch's load has seconds of varying system
+# time, its copy of the experts into huge pages):
 # on a loaded machine the wall-clock rates swing several-fold between runs,
 # the CPU time charged for a step much less, so that ratio is the one to read
 # there. CPU_REPS=0 skips it.
@@ -145,7 +147,7 @@ PY
 CPU_REPS=${CPU_REPS:-2}
 N_CPU=${N_CPU:-32}
 if [ "$CPU_REPS" -gt 0 ]; then
-  echo "decode tokens per CPU-second, 1 thread ($N_CPU tokens after the first, least CPU time of $CPU_REPS, interleaved):"
+  echo "decode tokens per CPU-second, 1 thread ($N_CPU tokens after the first, least user CPU time of $CPU_REPS, interleaved):"
   for b in 1 "$B"; do
     "$PY" scripts/moe-bench-cpu.py "$BIN" "$MODEL" "${LL:--}" "$b" "$N_CPU" "$ids" "$CPU_REPS"
   done | "$PY" -c '

@@ -16,8 +16,8 @@
  * token's output is bit for bit the same whatever else the step holds.
  *
  * Ownership: struct cpu_moe owns the experts' matrices in the form the
- * kernels read (packed copies where they have one, the file's pages
- * released) and its scratch; it borrows the model, the matmul context and
+ * kernels read (packed copies where they have one, else copies in huge
+ * pages; the file's pages released) and its scratch; it borrows the model, the matmul context and
  * the thread pool, which must outlive it. */
 #ifndef KVB_MOE_H
 #define KVB_MOE_H
